@@ -1,0 +1,167 @@
+//! `fragscope info`
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use fragscope_trace::summary::{summarize, TraceSummary};
+use serde_json::json;
+
+use crate::units;
+
+/// Summarise a trace: its processes, threads, call counts, samples and size.
+#[derive(Args)]
+pub struct InfoArgs {
+    /// The trace (from `fragscope record`).
+    trace: PathBuf,
+    /// Print one JSON document instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn progress_bar(total: u64) -> indicatif::ProgressBar {
+    if !std::io::stderr().is_terminal() || total < (64 << 20) {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:30}] {binary_bytes}/{binary_total_bytes} ({eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message("reading trace");
+    bar
+}
+
+pub fn run(a: InfoArgs) -> Result<ExitCode> {
+    let size = std::fs::metadata(&a.trace)
+        .with_context(|| format!("cannot open {}", a.trace.display()))?
+        .len();
+    let bar = progress_bar(size);
+    let sum = summarize(&a.trace, |done, _| bar.set_position(done))
+        .with_context(|| format!("reading {}", a.trace.display()))?;
+    bar.finish_and_clear();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&to_json(&sum))?);
+    } else {
+        print_text(&a.trace, &sum);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn to_json(s: &TraceSummary) -> serde_json::Value {
+    let tick_ms = s.meta.as_ref().map_or(1.0, |m| m.tick_ns as f64 / 1e6);
+    json!({
+        "truncated": s.truncated,
+        "damage": s.damage,
+        "events": s.events,
+        "file_bytes": s.file_bytes,
+        "bytes_per_event": s.bytes_per_event(),
+        "duration_ms": (s.duration_ticks as f64 * tick_ms) as u64,
+        "command": s.meta.as_ref().map(|m| m.argv.clone()),
+        "stacks": s.meta.as_ref().map(|m| m.stacks.name()),
+        "processes": s.processes.iter().map(|p| json!({
+            "stream": p.stream,
+            "pid": p.pid,
+            "ppid": p.ppid,
+            "parent_stream": p.parent_stream,
+            "forked": p.forked,
+            "argv": p.argv,
+            "exe": p.exe,
+            "threads": p.threads.len(),
+            "calls": p.calls.iter().map(|(f, n)| (f.name().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+            "events": p.events,
+            "stacks": p.stacks,
+            "rss_samples": p.rss_samples,
+            "peak_rss": p.peak_rss_kib * 1024,
+            "snapshots": p.snapshots,
+            "exit_code": p.wait.and_then(|w| w.exit_code).or(p.end.map(|e| e.status)),
+            "signal": p.wait.and_then(|w| w.signal),
+            "end": p.describe_end(),
+            "lost_buffers": p.lost_buffers,
+            "lost_events": p.lost_events,
+            "own_memory": p.own_memory_bytes,
+            "allocator": p.allocator,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn print_text(path: &std::path::Path, s: &TraceSummary) {
+    let tick_ms = s.meta.as_ref().map_or(1.0, |m| m.tick_ns as f64 / 1e6);
+    println!("trace      {}", path.display());
+    if let Some(m) = &s.meta {
+        println!("command    {}", m.argv.join(" "));
+        println!(
+            "stacks     {} (mean {} between samples)",
+            m.stacks.name(),
+            units::bytes(m.sample_bytes)
+        );
+    }
+    println!(
+        "duration   {:.2} s",
+        s.duration_ticks as f64 * tick_ms / 1000.0
+    );
+    println!(
+        "size       {} for {} events ({:.2} bytes/event)",
+        units::bytes(s.file_bytes),
+        units::count(s.events),
+        s.bytes_per_event()
+    );
+    if s.truncated {
+        println!(
+            "truncated  yes: {}; everything before it is intact",
+            s.damage
+                .as_deref()
+                .unwrap_or("the recording ended without its end marker (fragscope was killed?)")
+        );
+    }
+    for p in &s.processes {
+        println!();
+        let origin = match (p.forked, p.parent_stream) {
+            (true, Some(ps)) => format!(", forked from stream {ps}"),
+            (false, Some(ps)) => format!(", exec'd from stream {ps}"),
+            _ => String::new(),
+        };
+        println!(
+            "process    pid {} (stream {}{}): {}",
+            p.pid,
+            p.stream,
+            origin,
+            p.argv.join(" ")
+        );
+        println!("  end      {}", p.describe_end());
+        println!("  threads  {}", p.threads.len());
+        if let Some(a) = p.allocator {
+            println!("  allocator {a}");
+        }
+        let calls: Vec<String> = p
+            .calls
+            .iter()
+            .map(|(f, n)| format!("{} {}", f.name(), n))
+            .collect();
+        println!(
+            "  calls    {}",
+            if calls.is_empty() {
+                "none".into()
+            } else {
+                calls.join(", ")
+            }
+        );
+        println!(
+            "  samples  {} RSS samples (peak {}), {} page-residency snapshots, {} stacks",
+            p.rss_samples,
+            units::bytes(p.peak_rss_kib * 1024),
+            p.snapshots,
+            p.stacks
+        );
+        if p.lost_buffers + p.lost_events > 0 {
+            println!(
+                "  lost     {} buffers, {} events",
+                p.lost_buffers, p.lost_events
+            );
+        }
+    }
+}

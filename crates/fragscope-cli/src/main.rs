@@ -1,0 +1,47 @@
+//! The `fragscope` command line.
+
+mod info;
+mod record;
+mod units;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// fragscope: where does a program's resident memory go?
+///
+/// Record a program (C, C++, Rust, anything on malloc), then ask what its RSS is made of:
+/// live data, size-class rounding, free space inside pages that live objects pin, free
+/// pages the allocator keeps, and memory outside the heap.
+#[derive(Parser)]
+#[command(
+    name = "fragscope",
+    version,
+    propagate_version = true,
+    arg_required_else_help = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Record(record::RecordArgs),
+    Info(info::InfoArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Record(a) => record::run(a),
+        Command::Info(a) => info::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("fragscope: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

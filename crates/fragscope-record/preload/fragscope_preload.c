@@ -1,0 +1,1171 @@
+/* fragscope's interposer: preloaded into the traced program (LD_PRELOAD).
+ *
+ * It forwards every malloc-family call to the next allocator unchanged (no headers, no
+ * extra bytes, no changed alignment) and records each call as a compact event in a
+ * per-thread buffer. Full buffers go to the `fragscope record` process over a Unix
+ * socket; compression, /proc sampling and the trace file are that process's work, off
+ * the program's hot path.
+ *
+ * Why C and not Rust: the hot path reaches its thread buffer through initial-exec TLS
+ * (a plain %fs-relative load). A Rust cdylib gets general-dynamic TLS (a call to
+ * __tls_get_addr per access), which costs more than the event itself.
+ *
+ * Time: the recorder bumps `tick` (milliseconds since the recording began) in a shared
+ * page. Reading it is one load; an event carries no timestamp, a TICK record is written
+ * only when a thread sees the tick change. Events of one thread are in program order;
+ * across threads the reader orders them by tick and, within a tick, by causality (a free
+ * is recorded before the real free, an allocation after the real allocation returns).
+ *
+ * Record layout: docs/trace-format.md ("Event records"); the decoder is
+ * crates/fragscope-trace/src/event.rs. Socket messages: the same document,
+ * "Recorder protocol". */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <link.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <poll.h>
+#include <unistd.h>
+#include <malloc.h>
+
+#include "hooks.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* ---- event kinds and flags (docs/trace-format.md, "Event records") ---- */
+enum {
+    KIND_TICK = 10,
+    KIND_STACK = 11,
+    KIND_USABLE = 12,
+    KIND_STATS = 13,
+    KIND_LOST = 14,
+    KIND_OWN_MEMORY = 15,
+};
+enum {
+    FLAG_STACK = 0x10,     /* a stack id follows */
+    FLAG_UNALIGNED = 0x20, /* address deltas in bytes, not 16-byte units */
+    FLAG_NULL = 0x40,      /* the call returned NULL / was given NULL: no address */
+    FLAG_USABLE = 0x80,    /* usable size minus requested size follows */
+};
+enum { KIND_REALLOC = 2, KIND_REALLOCARRAY = 3, KIND_FREE = 9 };
+/* realloc's second byte */
+enum { REALLOC_OLD_NULL = 1, REALLOC_OLD_UNALIGNED = 2 };
+
+/* ---- socket messages (docs/trace-format.md, "Recorder protocol") ---- */
+enum {
+    MSG_HELLO = 1,
+    MSG_EVENTS = 2,
+    MSG_MAPS_CHANGED = 3, /* acknowledged: the recorder reads /proc/PID/maps meanwhile */
+    MSG_EXIT = 4,         /* acknowledged: the recorder takes a last snapshot meanwhile */
+    MSG_EXEC = 5,
+};
+enum { HELLO_RESUMED = 1, HELLO_FORKED = 2 };
+enum { EXIT_VIA_EXIT = 0, EXIT_VIA__EXIT = 1, EXIT_UNKNOWN_STATUS = 2 };
+
+struct msg_header {
+    uint32_t type;
+    uint32_t len; /* payload bytes after this header */
+    uint32_t tid;
+    uint32_t seq;
+    uint64_t first_tick;
+    uint64_t last_tick;
+};
+
+/* The page the recorder shares with every traced process. */
+struct shared_clock {
+    volatile uint64_t tick;          /* ms since the recording began */
+    volatile uint64_t stats_request; /* bumped when the recorder wants allocator stats */
+    volatile uint64_t flush_request; /* bumped when the recorder wants buffers flushed */
+};
+
+/* ---- sizes ---- */
+#define BUF_CAP (128 * 1024)
+#define MAX_RECORD 64          /* an event record is never longer */
+#define MAX_FRAMES 64
+#define STACK_TABLE_SLOTS 4096 /* per-thread stack dedup table, power of two */
+#define USABLE_TABLE 32768     /* requested sizes whose usable size is cached */
+#define NESTED_CAP 32          /* events recorded from a signal handler mid-record */
+#define BOOTSTRAP_BYTES (64 * 1024)
+#define FD_FLOOR 500           /* the trace socket lives at or above this fd */
+
+/* ---- the real functions ---- */
+#define DECLARE_REAL_ALLOC(name, kind, ret, params, args) static ret(*real_##name) params;
+FRAGSCOPE_ALLOC_HOOKS(DECLARE_REAL_ALLOC)
+#define DECLARE_REAL_SYSTEM(name, ret, params) static ret(*real_##name) params;
+FRAGSCOPE_SYSTEM_HOOKS(DECLARE_REAL_SYSTEM)
+static size_t (*real_malloc_usable_size)(void *);
+
+/* allocator statistics, when the allocator offers them */
+static int (*je_mallctl)(const char *, void *, size_t *, void *, size_t);
+static int (*tc_get_numeric)(const char *, size_t *);
+static void (*mi_process_info_fn)(size_t *, size_t *, size_t *, size_t *, size_t *, size_t *,
+                                  size_t *, size_t *);
+static struct mallinfo2 (*glibc_mallinfo2)(void);
+
+/* stack unwinding: libunwind, opened RTLD_LOCAL so its _Unwind_* and backtrace symbols
+ * never replace the program's own (libunwind.so exports both). */
+static int (*unwind_backtrace)(void **, int);
+
+/* ---- per-thread state ---- */
+struct nested_event {
+    uint8_t kind;
+    uintptr_t addr, old_addr;
+    size_t size, align;
+};
+
+struct thread_state {
+    uint32_t len; /* committed bytes in buf */
+    uint32_t tid;
+    uint32_t seq;
+    uint32_t next_stack_id;
+    uint64_t tick;             /* the tick of the last TICK record */
+    uint64_t chunk_first_tick; /* tick at the start of buf */
+    uint64_t last_flush_tick;
+    uint64_t seen_flush_request;
+    uintptr_t prev_addr; /* address deltas are relative to this; 0 at a chunk start */
+    int64_t sample_countdown;
+    uint64_t rng;
+    uint32_t retired; /* the thread exited; the state may be reused once it is gone */
+    uint32_t nested_count;
+    uint64_t nested_lost;
+    struct nested_event nested[NESTED_CAP];
+    struct thread_state *next_in_registry;
+    uint64_t stack_hash[STACK_TABLE_SLOTS];
+    uint32_t stack_id[STACK_TABLE_SLOTS];
+    uint64_t usable_known[USABLE_TABLE / 64];
+    uint8_t buf[BUF_CAP];
+};
+
+/* Initial-exec TLS: one %fs-relative load on the hot path. */
+static __thread struct thread_state *tls_state __attribute__((tls_model("initial-exec")));
+/* BUSY: this thread is writing a record (a nested call is a signal handler's: queue it).
+ * FORWARD: this thread is inside the real allocator or our own machinery (a nested call
+ * is the allocator's or ours, not the program's: forward it unrecorded). */
+static __thread unsigned tls_flags __attribute__((tls_model("initial-exec")));
+enum { TF_BUSY = 1, TF_FORWARD = 2 };
+
+/* ---- process state ---- */
+static atomic_int init_state; /* 0 none, 1 resolving, 2 resolved */
+static int tracing;            /* recording to a recorder */
+static int finished;           /* the process is exiting: flush after every event */
+/* Without a shared clock (none given) time stands still at tick 0. */
+static struct shared_clock no_clock;
+static struct shared_clock *clock_page = &no_clock;
+static int sock_fd = -1;
+static pthread_mutex_t sock_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct thread_state *registry;
+static pthread_key_t thread_exit_key;
+static int stacks_mode; /* 0 none, 1 sampled, 2 all */
+static double sample_mean_bytes = 512 * 1024;
+static uint64_t flush_interval_ticks = 200;
+static atomic_uint_fast64_t stats_answered;
+static atomic_uint_fast64_t own_bytes;
+static atomic_uint_fast64_t lost_events;
+static atomic_uint usable_for_size[USABLE_TABLE];
+static int exit_status = -1;
+static int exit_status_known;
+static pid_t my_pid;
+static uintptr_t self_text_lo, self_text_hi;
+static char sock_path[108];
+
+/* "NAME=value" strings of our environment, re-added to an exec'd program's environment. */
+#define ENV_VARS(X) X(LD_PRELOAD) X(FRAGSCOPE_SOCK) X(FRAGSCOPE_CLOCK) X(FRAGSCOPE_STACKS) \
+    X(FRAGSCOPE_SAMPLE_BYTES) X(FRAGSCOPE_FLUSH_MS)
+#define ENV_SLOT(n) static char env_##n[512];
+ENV_VARS(ENV_SLOT)
+
+/* ---- bootstrap arena: dlsym may allocate before the real allocator is known ---- */
+static char bootstrap[BOOTSTRAP_BYTES] __attribute__((aligned(64)));
+static size_t bootstrap_used;
+static void *bootstrap_alloc(size_t size) {
+    size_t off = (bootstrap_used + 15) & ~(size_t)15;
+    if (off + size > sizeof bootstrap) return NULL;
+    bootstrap_used = off + size;
+    return bootstrap + off;
+}
+static int in_bootstrap(const void *p) {
+    return (const char *)p >= bootstrap && (const char *)p < bootstrap + sizeof bootstrap;
+}
+
+/* ---- small helpers ---- */
+static inline uint64_t current_tick(void) { return clock_page->tick; }
+
+static inline uint8_t *put_varint(uint8_t *o, uint64_t v) {
+    while (v >= 0x80) {
+        *o++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *o++ = (uint8_t)v;
+    return o;
+}
+static inline uint64_t zigzag(int64_t v) { return ((uint64_t)v << 1) ^ (uint64_t)(v >> 63); }
+
+static void write_all(int fd, const void *data, size_t len) {
+    const char *p = data;
+    while (len > 0) {
+        ssize_t n = syscall(SYS_write, fd, p, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return;
+        p += n;
+        len -= (size_t)n;
+    }
+}
+static void warn(const char *msg) {
+    write_all(2, "fragscope: ", 11);
+    write_all(2, msg, strlen(msg));
+    write_all(2, "\n", 1);
+}
+
+static void *own_mmap(size_t bytes) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    /* Named so /proc/PID/smaps shows fragscope's own memory apart from the program's
+     * (Linux 5.17+; older kernels refuse and the recorder falls back on the byte count). */
+    prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, (unsigned long)p, bytes, (unsigned long)"fragscope");
+    atomic_fetch_add(&own_bytes, bytes);
+    return p;
+}
+
+/* ---- the connection to the recorder ---- */
+static ssize_t read_file(const char *path, char *buf, size_t cap) {
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    size_t got = 0;
+    while (got < cap) {
+        ssize_t n = syscall(SYS_read, fd, buf + got, cap - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
+    syscall(SYS_close, fd);
+    return (ssize_t)got;
+}
+
+/* Sends header and payload; the caller holds sock_lock. Returns 0 on success. */
+static int send_locked_once(const struct msg_header *h, const void *payload) {
+    if (sock_fd < 0) return -1;
+    struct iovec iov[2] = {{(void *)h, sizeof *h}, {(void *)payload, h->len}};
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = payload && h->len ? 2 : 1};
+    size_t left = sizeof *h + (payload ? h->len : 0);
+    while (left > 0) {
+        ssize_t n = sendmsg(sock_fd, &m, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        left -= (size_t)n;
+        while (m.msg_iovlen > 0 && (size_t)n >= m.msg_iov[0].iov_len) {
+            n -= (ssize_t)m.msg_iov[0].iov_len;
+            m.msg_iov++;
+            m.msg_iovlen--;
+        }
+        if (m.msg_iovlen > 0) {
+            m.msg_iov[0].iov_base = (char *)m.msg_iov[0].iov_base + n;
+            m.msg_iov[0].iov_len -= (size_t)n;
+        }
+    }
+    return 0;
+}
+
+static int connect_recorder(void) {
+    int fd = (int)socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    memcpy(addr.sun_path, sock_path, sizeof addr.sun_path);
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
+        syscall(SYS_close, fd);
+        return -1;
+    }
+    /* Out of the way of programs that use low descriptors or close them wholesale. */
+    int high = fcntl(fd, F_DUPFD_CLOEXEC, FD_FLOOR);
+    if (high >= 0) {
+        syscall(SYS_close, fd);
+        fd = high;
+    }
+    return fd;
+}
+
+/* HELLO: pid, ppid, flags, fork tick, then argv (as in /proc/PID/cmdline) and exe path. */
+static int send_hello_locked(uint32_t flags) {
+    static char payload[16384];
+    uint32_t *w = (uint32_t *)payload;
+    w[0] = (uint32_t)my_pid;
+    w[1] = (uint32_t)getppid();
+    w[2] = flags;
+    w[3] = 0;
+    uint64_t tick = current_tick();
+    memcpy(payload + 16, &tick, 8);
+    char *cmd = payload + 32;
+    ssize_t cmd_len = read_file("/proc/self/cmdline", cmd, 8192);
+    if (cmd_len < 0) cmd_len = 0;
+    char *exe = cmd + cmd_len;
+    ssize_t exe_len = readlink("/proc/self/exe", exe, 4096);
+    if (exe_len < 0) exe_len = 0;
+    uint32_t lens[2] = {(uint32_t)cmd_len, (uint32_t)exe_len};
+    memcpy(payload + 24, lens, 8);
+    struct msg_header h = {MSG_HELLO, (uint32_t)(32 + cmd_len + exe_len), 0, 0, tick, tick};
+    return send_locked_once(&h, payload);
+}
+
+/* Sends a message, reconnecting once if the program closed our descriptor behind our
+ * back (a raw close syscall, or a close_range we could not see). */
+static void send_message(const struct msg_header *h, const void *payload, int want_ack) {
+    pthread_mutex_lock(&sock_lock);
+    int ok = send_locked_once(h, payload) == 0;
+    if (!ok && sock_path[0]) {
+        int fd = connect_recorder();
+        if (fd >= 0) {
+            sock_fd = fd;
+            ok = send_hello_locked(HELLO_RESUMED) == 0 && send_locked_once(h, payload) == 0;
+        }
+    }
+    if (ok && want_ack) {
+        /* The recorder answers one byte when it has read /proc for us. */
+        struct pollfd p = {sock_fd, POLLIN, 0};
+        char ack;
+        while (poll(&p, 1, 10000) < 0 && errno == EINTR) {
+        }
+        if (p.revents & POLLIN) (void)!syscall(SYS_read, sock_fd, &ack, 1);
+    }
+    pthread_mutex_unlock(&sock_lock);
+}
+
+/* ---- thread buffers ---- */
+static void flush_thread(struct thread_state *ts) {
+    if (ts->len == 0) return;
+    struct msg_header h = {MSG_EVENTS, ts->len, ts->tid, ts->seq++, ts->chunk_first_tick, ts->tick};
+    send_message(&h, ts->buf, 0);
+    ts->len = 0;
+    ts->prev_addr = 0;
+    ts->chunk_first_tick = ts->tick;
+    ts->last_flush_tick = ts->tick;
+}
+
+static uint64_t next_sample_interval(struct thread_state *ts) {
+    if (stacks_mode == 2) return 0;
+    if (stacks_mode == 0) return INT64_MAX;
+    ts->rng ^= ts->rng << 13;
+    ts->rng ^= ts->rng >> 7;
+    ts->rng ^= ts->rng << 17;
+    double u = ((ts->rng >> 11) + 1) * (1.0 / 9007199254740993.0); /* (0, 1] */
+    /* Poisson process over allocated bytes, as jemalloc's and tcmalloc's heap samplers. */
+    return (uint64_t)(-log(u) * sample_mean_bytes) + 1;
+}
+
+static void emit_own_memory(struct thread_state *ts) {
+    uint8_t *o = ts->buf + ts->len;
+    *o++ = KIND_OWN_MEMORY;
+    o = put_varint(o, atomic_load(&own_bytes));
+    ts->len = (uint32_t)(o - ts->buf);
+}
+
+static void thread_exited(void *arg);
+
+static struct thread_state *thread_state_new(void) {
+    struct thread_state *ts = NULL;
+    pid_t tid = (pid_t)syscall(SYS_gettid);
+    pthread_mutex_lock(&registry_lock);
+    /* Reuse the state of a thread that is gone (tgkill says so), after sending what its
+     * last destructors recorded. */
+    for (struct thread_state *r = registry; r; r = r->next_in_registry) {
+        if (r->retired && syscall(SYS_tgkill, my_pid, r->tid, 0) != 0 && errno == ESRCH) {
+            ts = r;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&registry_lock);
+    if (ts) {
+        flush_thread(ts);
+        ts->retired = 0;
+    } else {
+        ts = own_mmap(sizeof *ts);
+        if (!ts) return NULL;
+        pthread_mutex_lock(&registry_lock);
+        ts->next_in_registry = registry;
+        registry = ts;
+        pthread_mutex_unlock(&registry_lock);
+    }
+    memset(ts->stack_hash, 0, sizeof ts->stack_hash);
+    memset(ts->usable_known, 0, sizeof ts->usable_known);
+    ts->tid = (uint32_t)tid;
+    ts->seq = 0;
+    ts->next_stack_id = 1;
+    ts->len = 0;
+    ts->prev_addr = 0;
+    ts->tick = ts->chunk_first_tick = ts->last_flush_tick = current_tick();
+    ts->seen_flush_request = clock_page->flush_request;
+    ts->rng = 0x9E3779B97F4A7C15ULL ^ ((uint64_t)tid << 17) ^ (uintptr_t)ts;
+    ts->sample_countdown = (int64_t)next_sample_interval(ts);
+    ts->nested_count = 0;
+    tls_state = ts;
+    pthread_setspecific(thread_exit_key, ts);
+    emit_own_memory(ts);
+    return ts;
+}
+
+static void thread_exited(void *arg) {
+    struct thread_state *ts = arg;
+    if (!ts) return;
+    unsigned saved = tls_flags;
+    tls_flags |= TF_FORWARD;
+    flush_thread(ts);
+    ts->retired = 1;
+    tls_flags = saved;
+}
+
+/* Flushes every thread's buffer: at exit, exec and _exit. Threads still running may add
+ * to their own buffers meanwhile; what they add after this is lost, as at any exit. */
+static void flush_all(void) {
+    pthread_mutex_lock(&registry_lock);
+    for (struct thread_state *r = registry; r; r = r->next_in_registry) flush_thread(r);
+    pthread_mutex_unlock(&registry_lock);
+}
+
+/* ---- allocator statistics ---- */
+static uint8_t *put_stat(uint8_t *o, const char *name, uint64_t value) {
+    size_t n = strlen(name);
+    *o++ = (uint8_t)n;
+    memcpy(o, name, n);
+    return put_varint(o + n, value);
+}
+
+static void emit_allocator_stats(struct thread_state *ts) {
+    uint8_t rec[1024], *o = rec + 3; /* kind, source, count */
+    unsigned count = 0;
+    uint8_t source = 1;
+    if (tc_get_numeric) {
+        static const char *names[] = {
+            "generic.current_allocated_bytes", "generic.heap_size",
+            "tcmalloc.pageheap_free_bytes", "tcmalloc.pageheap_unmapped_bytes",
+            "tcmalloc.central_cache_free_bytes", "tcmalloc.transfer_cache_free_bytes",
+            "tcmalloc.thread_cache_free_bytes", "tcmalloc.current_total_thread_cache_bytes"};
+        source = 3;
+        for (unsigned i = 0; i < sizeof names / sizeof *names; i++) {
+            size_t v = 0;
+            if (tc_get_numeric(names[i], &v)) o = put_stat(o, names[i], v), count++;
+        }
+    } else if (je_mallctl) {
+        static const char *names[] = {"stats.allocated", "stats.active", "stats.resident",
+                                      "stats.mapped", "stats.retained", "stats.metadata"};
+        source = 2;
+        uint64_t epoch = 1;
+        size_t sz = sizeof epoch;
+        je_mallctl("epoch", &epoch, &sz, &epoch, sz);
+        for (unsigned i = 0; i < sizeof names / sizeof *names; i++) {
+            size_t v = 0, l = sizeof v;
+            if (je_mallctl(names[i], &v, &l, NULL, 0) == 0) o = put_stat(o, names[i], v), count++;
+        }
+    } else if (mi_process_info_fn) {
+        size_t elapsed, user, sys, rss, peak_rss, commit, peak_commit, faults;
+        source = 4;
+        mi_process_info_fn(&elapsed, &user, &sys, &rss, &peak_rss, &commit, &peak_commit, &faults);
+        o = put_stat(o, "current_commit", commit), count++;
+        o = put_stat(o, "peak_commit", peak_commit), count++;
+    } else if (glibc_mallinfo2) {
+        struct mallinfo2 mi = glibc_mallinfo2();
+        source = 1;
+        o = put_stat(o, "arena", mi.arena), count++;
+        o = put_stat(o, "uordblks", mi.uordblks), count++;
+        o = put_stat(o, "fordblks", mi.fordblks), count++;
+        o = put_stat(o, "keepcost", mi.keepcost), count++;
+        o = put_stat(o, "hblkhd", mi.hblkhd), count++;
+        o = put_stat(o, "ordblks", mi.ordblks), count++;
+    }
+    rec[0] = KIND_STATS;
+    rec[1] = source;
+    rec[2] = (uint8_t)count;
+    size_t n = (size_t)(o - rec);
+    if (ts->len + n > BUF_CAP) flush_thread(ts);
+    memcpy(ts->buf + ts->len, rec, n);
+    ts->len += (uint32_t)n;
+}
+
+/* The slow path of every event: the shared tick moved since this thread's last record. */
+static __attribute__((noinline)) void tick_changed(struct thread_state *ts, uint64_t tick) {
+    int saved_errno = errno;
+    if (tick - ts->last_flush_tick >= flush_interval_ticks) flush_thread(ts);
+    if (clock_page->flush_request != ts->seen_flush_request) {
+        ts->seen_flush_request = clock_page->flush_request;
+        flush_thread(ts);
+    }
+    uint8_t *o = ts->buf + ts->len;
+    *o++ = KIND_TICK;
+    o = put_varint(o, tick - ts->tick);
+    ts->len = (uint32_t)(o - ts->buf);
+    ts->tick = tick;
+    uint64_t want = clock_page->stats_request, had = atomic_load(&stats_answered);
+    if (want != had && atomic_compare_exchange_strong(&stats_answered, &had, want)) {
+        tls_flags |= TF_FORWARD;
+        emit_allocator_stats(ts);
+        tls_flags &= ~TF_FORWARD;
+    }
+    errno = saved_errno;
+}
+
+/* ---- stacks ---- */
+static __attribute__((noinline)) uint32_t capture_stack(struct thread_state *ts) {
+    void *frames[MAX_FRAMES + 8];
+    if (!unwind_backtrace) return 0;
+    int saved_errno = errno;
+    tls_flags |= TF_FORWARD;
+    int n = unwind_backtrace(frames, MAX_FRAMES + 8);
+    tls_flags &= ~TF_FORWARD;
+    errno = saved_errno;
+    int first = 0;
+    while (first < n && (uintptr_t)frames[first] >= self_text_lo &&
+           (uintptr_t)frames[first] < self_text_hi)
+        first++;
+    int depth = n - first;
+    if (depth > MAX_FRAMES) depth = MAX_FRAMES;
+    uint64_t h = 0x84222325CBF29CE4ULL ^ (uint64_t)depth;
+    for (int i = 0; i < depth; i++) {
+        h ^= (uintptr_t)frames[first + i];
+        h *= 0x100000001B3ULL;
+        h ^= h >> 29;
+    }
+    if (h == 0) h = 1;
+    /* Stacks are told apart by a 64-bit hash of their frames; a collision would merge two
+     * stacks, with odds of about n^2 / 2^65 for n distinct stacks. */
+    uint32_t slot = (uint32_t)h & (STACK_TABLE_SLOTS - 1);
+    for (uint32_t probe = 0; probe < 16; probe++) {
+        uint32_t s = (slot + probe) & (STACK_TABLE_SLOTS - 1);
+        if (ts->stack_hash[s] == h) return ts->stack_id[s];
+        if (ts->stack_hash[s] == 0) {
+            slot = s;
+            goto define;
+        }
+    }
+    /* A crowded neighbourhood: forget the table; ids keep counting up, so old ids stay
+     * valid for the reader. */
+    memset(ts->stack_hash, 0, sizeof ts->stack_hash);
+define:;
+    uint32_t id = ts->next_stack_id++;
+    ts->stack_hash[slot] = h;
+    ts->stack_id[slot] = id;
+    if (ts->len + 16 + (size_t)depth * 10 > BUF_CAP) flush_thread(ts);
+    uint8_t *o = ts->buf + ts->len;
+    *o++ = KIND_STACK;
+    o = put_varint(o, id);
+    o = put_varint(o, (uint64_t)depth);
+    uintptr_t prev = 0;
+    for (int i = 0; i < depth; i++) {
+        uintptr_t ip = (uintptr_t)frames[first + i];
+        o = put_varint(o, zigzag((int64_t)(ip - prev)));
+        prev = ip;
+    }
+    ts->len = (uint32_t)(o - ts->buf);
+    return id;
+}
+
+/* ---- recording ---- */
+static inline uint8_t *put_addr(uint8_t *o, uint8_t *tag, uintptr_t addr, uintptr_t *prev) {
+    int64_t d = (int64_t)(addr - *prev);
+    *prev = addr;
+    if (LIKELY((d & 15) == 0)) return put_varint(o, zigzag(d >> 4));
+    *tag |= FLAG_UNALIGNED;
+    return put_varint(o, zigzag(d));
+}
+
+static void record(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size, size_t align);
+
+static void drain_nested(struct thread_state *ts) {
+    while (ts->nested_count > 0) {
+        /* Copy out first: another signal may queue more while we record this one. */
+        struct nested_event e = ts->nested[0];
+        uint32_t n = ts->nested_count;
+        memmove(ts->nested, ts->nested + 1, (n - 1) * sizeof e);
+        ts->nested_count = n - 1;
+        record(e.kind, e.addr, e.old_addr, e.size, e.align);
+    }
+    if (ts->nested_lost) {
+        uint8_t *o = ts->buf + ts->len;
+        *o++ = KIND_LOST;
+        o = put_varint(o, ts->nested_lost);
+        ts->len = (uint32_t)(o - ts->buf);
+        ts->nested_lost = 0;
+    }
+}
+
+/* Queues an event recorded while this thread was mid-record (a signal handler). */
+static void record_nested(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size, size_t align) {
+    struct thread_state *ts = tls_state;
+    if (!ts) {
+        atomic_fetch_add(&lost_events, 1);
+        return;
+    }
+    if (ts->nested_count >= NESTED_CAP) {
+        ts->nested_lost++;
+        return;
+    }
+    struct nested_event *e = &ts->nested[ts->nested_count];
+    e->kind = kind, e->addr = addr, e->old_addr = old_addr, e->size = size, e->align = align;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    ts->nested_count++;
+}
+
+/* Records one call. `addr` is the result (0 for NULL); for realloc `old_addr` is the
+ * block given; for free `addr` is the block freed. */
+static void record(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size, size_t align) {
+    if (UNLIKELY(tls_flags & TF_BUSY)) {
+        record_nested(kind, addr, old_addr, size, align);
+        return;
+    }
+    tls_flags |= TF_BUSY;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    struct thread_state *ts = tls_state;
+    if (UNLIKELY(!ts)) {
+        int saved_errno = errno;
+        ts = thread_state_new();
+        errno = saved_errno;
+        if (!ts) goto out;
+    }
+    uint64_t tick = clock_page->tick;
+    if (UNLIKELY(tick != ts->tick)) tick_changed(ts, tick);
+    if (UNLIKELY(ts->len + MAX_RECORD + 16 > BUF_CAP)) flush_thread(ts);
+
+    uint8_t tag = kind;
+    if (kind == KIND_FREE) {
+        uint8_t *o = ts->buf + ts->len + 1;
+        if (addr) o = put_addr(o, &tag, addr, &ts->prev_addr);
+        else tag |= FLAG_NULL;
+        ts->buf[ts->len] = tag;
+        ts->len = (uint32_t)(o - ts->buf);
+        goto out;
+    }
+
+    /* An allocation. */
+    uint32_t stack = 0;
+    if (addr && (ts->sample_countdown -= (int64_t)size) < 0) {
+        ts->sample_countdown = (int64_t)next_sample_interval(ts);
+        stack = capture_stack(ts);
+    }
+    size_t usable = 0;
+    int explicit_usable = 0;
+    if (addr && real_malloc_usable_size) {
+        if (size < USABLE_TABLE && kind <= 1 /* malloc, calloc */) {
+            uint64_t bit = 1ULL << (size & 63);
+            if (UNLIKELY(!(ts->usable_known[size >> 6] & bit))) {
+                unsigned u = atomic_load_explicit(&usable_for_size[size], memory_order_relaxed);
+                if (!u) {
+                    u = (unsigned)real_malloc_usable_size((void *)addr);
+                    atomic_store_explicit(&usable_for_size[size], u, memory_order_relaxed);
+                }
+                uint8_t *o = ts->buf + ts->len;
+                *o++ = KIND_USABLE;
+                o = put_varint(o, size);
+                o = put_varint(o, u);
+                ts->len = (uint32_t)(o - ts->buf);
+                ts->usable_known[size >> 6] |= bit;
+            }
+        } else {
+            /* Aligned and resized blocks, and large ones, vary: ask every time. */
+            usable = real_malloc_usable_size((void *)addr);
+            explicit_usable = usable >= size;
+        }
+    }
+    uint8_t *start = ts->buf + ts->len;
+    uint8_t *o = start + 1;
+    if (kind == KIND_REALLOC || kind == KIND_REALLOCARRAY) {
+        uint8_t *rflags = o++;
+        *rflags = 0;
+        if (old_addr) {
+            uint8_t t = 0;
+            o = put_addr(o, &t, old_addr, &ts->prev_addr);
+            if (t & FLAG_UNALIGNED) *rflags |= REALLOC_OLD_UNALIGNED;
+        } else {
+            *rflags |= REALLOC_OLD_NULL;
+        }
+    }
+    if (addr) o = put_addr(o, &tag, addr, &ts->prev_addr);
+    else tag |= FLAG_NULL;
+    o = put_varint(o, size);
+    if (align) o = put_varint(o, align);
+    if (explicit_usable) {
+        tag |= FLAG_USABLE;
+        o = put_varint(o, usable - size);
+    }
+    if (stack) {
+        tag |= FLAG_STACK;
+        o = put_varint(o, stack);
+    }
+    *start = tag;
+    ts->len = (uint32_t)(o - ts->buf);
+out:
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    tls_flags &= ~TF_BUSY;
+    if (LIKELY(ts)) {
+        if (UNLIKELY(ts->nested_count | ts->nested_lost)) drain_nested(ts);
+        if (UNLIKELY(finished)) flush_thread(ts);
+    }
+}
+
+/* ---- initialisation ---- */
+static void resolve_real_functions(void) {
+#define RESOLVE_ALLOC(name, kind, ret, params, args) real_##name = dlsym(RTLD_NEXT, #name);
+    FRAGSCOPE_ALLOC_HOOKS(RESOLVE_ALLOC)
+#define RESOLVE_SYSTEM(name, ret, params) real_##name = dlsym(RTLD_NEXT, #name);
+    FRAGSCOPE_SYSTEM_HOOKS(RESOLVE_SYSTEM)
+    real_malloc_usable_size = dlsym(RTLD_NEXT, "malloc_usable_size");
+}
+
+static void copy_env(char *slot, size_t cap, const char *name) {
+    const char *v = getenv(name);
+    if (!v) return;
+    size_t n = strlen(name), m = strlen(v);
+    if (n + 1 + m + 1 > cap) return;
+    memcpy(slot, name, n);
+    slot[n] = '=';
+    memcpy(slot + n + 1, v, m + 1);
+}
+
+static int find_self(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    uintptr_t me = (uintptr_t)data;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X)) continue;
+        uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
+        if (me >= lo && me < hi) {
+            self_text_lo = lo;
+            self_text_hi = hi;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void atfork_prepare(void) {
+    pthread_mutex_lock(&registry_lock);
+    pthread_mutex_lock(&sock_lock);
+}
+static void atfork_parent(void) {
+    pthread_mutex_unlock(&sock_lock);
+    pthread_mutex_unlock(&registry_lock);
+}
+/* The child is a process of its own: its own connection and stream. The buffers it
+ * inherited hold the parent's events, which the parent sends itself. */
+static void atfork_child(void) {
+    pthread_mutex_init(&sock_lock, NULL);
+    pthread_mutex_init(&registry_lock, NULL);
+    my_pid = getpid();
+    if (!tracing) return;
+    struct thread_state *mine = tls_state;
+    for (struct thread_state *r = registry, *next; r; r = next) {
+        next = r->next_in_registry;
+        if (r != mine) munmap(r, sizeof *r);
+    }
+    registry = mine;
+    atomic_store(&own_bytes, mine ? sizeof *mine : 0);
+    if (mine) {
+        mine->next_in_registry = NULL;
+        mine->len = 0;
+        mine->seq = 0;
+        mine->prev_addr = 0;
+        mine->tid = (uint32_t)syscall(SYS_gettid);
+        mine->next_stack_id = 1;
+        mine->nested_count = 0;
+        memset(mine->stack_hash, 0, sizeof mine->stack_hash);
+        memset(mine->usable_known, 0, sizeof mine->usable_known);
+        mine->chunk_first_tick = mine->tick = current_tick();
+    }
+    syscall(SYS_close, sock_fd);
+    sock_fd = connect_recorder();
+    if (sock_fd < 0 || send_hello_locked(HELLO_FORKED) != 0) tracing = 0;
+    if (mine) emit_own_memory(mine);
+}
+
+static void init_tracing(void) {
+    const char *path = getenv("FRAGSCOPE_SOCK");
+    if (!path || !*path || strlen(path) >= sizeof sock_path) return;
+    memcpy(sock_path, path, strlen(path) + 1);
+#define COPY_ENV(n) copy_env(env_##n, sizeof env_##n, #n);
+    ENV_VARS(COPY_ENV)
+    my_pid = getpid();
+    const char *clock_path = getenv("FRAGSCOPE_CLOCK");
+    if (clock_path) {
+        int fd = (int)syscall(SYS_openat, AT_FDCWD, clock_path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            void *p = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
+            if (p != MAP_FAILED) clock_page = p;
+            syscall(SYS_close, fd);
+        }
+    }
+    const char *stacks = getenv("FRAGSCOPE_STACKS");
+    stacks_mode = !stacks ? 1 : !strcmp(stacks, "all") ? 2 : !strcmp(stacks, "none") ? 0 : 1;
+    const char *mean = getenv("FRAGSCOPE_SAMPLE_BYTES");
+    if (mean && atof(mean) >= 1) sample_mean_bytes = atof(mean);
+    const char *flush = getenv("FRAGSCOPE_FLUSH_MS");
+    if (flush && atol(flush) > 0) flush_interval_ticks = (uint64_t)atol(flush);
+    if (pthread_key_create(&thread_exit_key, thread_exited) != 0) return;
+    sock_fd = connect_recorder();
+    if (sock_fd < 0) {
+        warn("cannot reach the recorder; this process runs untraced");
+        return;
+    }
+    atomic_store(&stats_answered, clock_page->stats_request);
+    if (send_hello_locked(0) != 0) return;
+    tracing = 1;
+}
+
+/* Called by every hook until the real functions are known. Returns 1 when the caller
+ * may forward to the real function, 0 when it must use the bootstrap arena (dlsym itself
+ * allocating while we resolve). */
+static __attribute__((noinline)) int ensure_init(void) {
+    int state = atomic_load(&init_state);
+    if (state == 2) return 1;
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&init_state, &expected, 1)) {
+        tls_flags |= TF_FORWARD;
+        resolve_real_functions();
+        atomic_store(&init_state, 2);
+        init_tracing();
+        tls_flags &= ~TF_FORWARD;
+        return 1;
+    }
+    if (tls_flags & TF_FORWARD) return atomic_load(&init_state) == 2;
+    while (atomic_load(&init_state) != 2) sched_yield();
+    return 1;
+}
+
+/* Work that needs a fully loaded program (dlopen of libunwind, atfork handlers). */
+__attribute__((constructor)) static void on_load(void) {
+    if (!ensure_init() || !tracing) return;
+    tls_flags |= TF_FORWARD;
+    dl_iterate_phdr(find_self, (void *)(uintptr_t)&on_load);
+    if (stacks_mode) {
+        void *lib = dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
+        if (lib) {
+            unwind_backtrace = dlsym(lib, "unw_backtrace");
+            int (*set_policy)(void *, int) = dlsym(lib, "_ULx86_64_set_caching_policy");
+            int (*set_cache_size)(void *, size_t, int) = dlsym(lib, "_ULx86_64_set_cache_size");
+            void **space = dlsym(lib, "_ULx86_64_local_addr_space");
+            if (set_policy && space) set_policy(*space, 2 /* UNW_CACHE_PER_THREAD */);
+            if (set_cache_size && space) set_cache_size(*space, 1024, 0);
+        }
+        if (!unwind_backtrace) {
+            warn("libunwind.so.8 not found (Debian: libunwind8); stacks use glibc's backtrace");
+            unwind_backtrace = dlsym(RTLD_DEFAULT, "backtrace");
+        }
+    }
+    je_mallctl = dlsym(RTLD_DEFAULT, "mallctl");
+    tc_get_numeric = dlsym(RTLD_DEFAULT, "MallocExtension_GetNumericProperty");
+    mi_process_info_fn = dlsym(RTLD_DEFAULT, "mi_process_info");
+    glibc_mallinfo2 = dlsym(RTLD_DEFAULT, "mallinfo2");
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    tls_flags &= ~TF_FORWARD;
+}
+
+static void send_exit(int status, uint32_t how) {
+    if (!tracing) return;
+    tls_flags |= TF_FORWARD;
+    flush_all();
+    int32_t payload[2] = {status, (int32_t)how};
+    uint64_t tick = current_tick();
+    struct msg_header h = {MSG_EXIT, sizeof payload, 0, 0, tick, tick};
+    send_message(&h, payload, 1);
+    finished = 1;
+    tls_flags &= ~TF_FORWARD;
+}
+
+__attribute__((destructor)) static void on_unload(void) {
+    if (finished) return;
+    send_exit(exit_status_known ? exit_status : 0,
+              exit_status_known ? EXIT_VIA_EXIT : EXIT_UNKNOWN_STATUS);
+}
+
+/* ---- the malloc family ---- */
+EXPORT void *malloc(size_t size) {
+    if (UNLIKELY(!real_malloc) && !ensure_init()) return bootstrap_alloc(size);
+    if (UNLIKELY(tls_flags & TF_FORWARD)) return real_malloc(size);
+    tls_flags |= TF_FORWARD;
+    void *p = real_malloc(size);
+    tls_flags &= ~TF_FORWARD;
+    if (LIKELY(tracing)) record(0, (uintptr_t)p, 0, size, 0);
+    return p;
+}
+
+EXPORT void free(void *ptr) {
+    if (UNLIKELY(in_bootstrap(ptr))) return;
+    if (UNLIKELY(!real_free) && !ensure_init()) return;
+    if (UNLIKELY(tls_flags & TF_FORWARD)) {
+        real_free(ptr);
+        return;
+    }
+    /* Recorded before the block is given back, so no other thread can be handed the same
+     * address and record it first. */
+    if (LIKELY(tracing)) record(KIND_FREE, (uintptr_t)ptr, 0, 0, 0);
+    tls_flags |= TF_FORWARD;
+    real_free(ptr);
+    tls_flags &= ~TF_FORWARD;
+}
+
+EXPORT void *calloc(size_t nmemb, size_t size) {
+    if (UNLIKELY(!real_calloc) && !ensure_init()) {
+        size_t total;
+        if (__builtin_mul_overflow(nmemb, size, &total)) return NULL;
+        return bootstrap_alloc(total); /* static storage: already zero */
+    }
+    if (UNLIKELY(tls_flags & TF_FORWARD)) return real_calloc(nmemb, size);
+    tls_flags |= TF_FORWARD;
+    void *p = real_calloc(nmemb, size);
+    tls_flags &= ~TF_FORWARD;
+    size_t total;
+    if (__builtin_mul_overflow(nmemb, size, &total)) total = SIZE_MAX;
+    if (LIKELY(tracing)) record(1, (uintptr_t)p, 0, total, 0);
+    return p;
+}
+
+static void *realloc_common(uint8_t kind, void *ptr, size_t nmemb, size_t size) {
+    size_t total = size;
+    if (kind == KIND_REALLOCARRAY && __builtin_mul_overflow(nmemb, size, &total)) total = SIZE_MAX;
+    if (UNLIKELY(in_bootstrap(ptr))) {
+        /* A bootstrap block grows into a real one; the arena itself is never reused. */
+        size_t room = (size_t)(bootstrap + sizeof bootstrap - (char *)ptr);
+        void *p = malloc(total);
+        if (p) memcpy(p, ptr, room < total ? room : total);
+        return p;
+    }
+    if (UNLIKELY(!real_realloc) && !ensure_init()) return NULL;
+    /* Recorded after the call: the reader's merge lets another thread's reuse of `ptr`
+     * wait for this record even when it carries a slightly later tick. */
+    int forward = tls_flags & TF_FORWARD;
+    tls_flags |= TF_FORWARD;
+    void *p = kind == KIND_REALLOCARRAY ? real_reallocarray(ptr, nmemb, size) : real_realloc(ptr, size);
+    if (!forward) tls_flags &= ~TF_FORWARD;
+    if (!forward && LIKELY(tracing)) record(kind, (uintptr_t)p, (uintptr_t)ptr, total, 0);
+    return p;
+}
+
+EXPORT void *realloc(void *ptr, size_t size) { return realloc_common(KIND_REALLOC, ptr, 1, size); }
+EXPORT void *reallocarray(void *ptr, size_t nmemb, size_t size) {
+    if (UNLIKELY(!real_reallocarray) && ensure_init() && !real_reallocarray) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return realloc_common(KIND_REALLOCARRAY, ptr, nmemb, size);
+}
+
+/* aligned allocations share one shape: forward, then record with the alignment */
+#define ALIGNED_HOOK(name, kind, call, align_expr)                                    \
+    if (UNLIKELY(!real_##name) && !ensure_init()) return NULL;                        \
+    if (UNLIKELY(tls_flags & TF_FORWARD)) return call;                                \
+    tls_flags |= TF_FORWARD;                                                          \
+    void *p = call;                                                                   \
+    tls_flags &= ~TF_FORWARD;                                                         \
+    if (LIKELY(tracing)) record(kind, (uintptr_t)p, 0, size, align_expr);             \
+    return p;
+
+EXPORT void *aligned_alloc(size_t align, size_t size) {
+    ALIGNED_HOOK(aligned_alloc, 5, real_aligned_alloc(align, size), align)
+}
+EXPORT void *memalign(size_t align, size_t size) {
+    ALIGNED_HOOK(memalign, 6, real_memalign(align, size), align)
+}
+EXPORT void *valloc(size_t size) { ALIGNED_HOOK(valloc, 7, real_valloc(size), 4096) }
+EXPORT void *pvalloc(size_t size) { ALIGNED_HOOK(pvalloc, 8, real_pvalloc(size), 4096) }
+
+EXPORT int posix_memalign(void **out, size_t align, size_t size) {
+    if (UNLIKELY(!real_posix_memalign) && !ensure_init()) return ENOMEM;
+    if (UNLIKELY(tls_flags & TF_FORWARD)) return real_posix_memalign(out, align, size);
+    tls_flags |= TF_FORWARD;
+    int rc = real_posix_memalign(out, align, size);
+    tls_flags &= ~TF_FORWARD;
+    if (LIKELY(tracing)) record(4, rc == 0 ? (uintptr_t)*out : 0, 0, size, align);
+    return rc;
+}
+
+/* ---- keeping tracing alive across exec, exit and descriptor juggling ---- */
+
+/* The environment an exec'd program gets: the caller's, with fragscope's variables put
+ * back if the caller dropped them (daemons and sandboxes often pass a clean envp). */
+static char **traced_environment(char *const envp[], char **out, size_t cap) {
+    static char preload_merged[4096];
+    size_t n = 0;
+    const char *their_preload = NULL;
+    for (size_t i = 0; envp && envp[i] && n + 8 < cap; i++) {
+        const char *e = envp[i];
+        if (!strncmp(e, "FRAGSCOPE_", 10)) continue;
+        if (!strncmp(e, "LD_PRELOAD=", 11)) {
+            their_preload = e + 11;
+            continue;
+        }
+        out[n++] = (char *)e;
+    }
+#define PUT_ENV(name) if (env_##name[0] && strcmp(#name, "LD_PRELOAD")) out[n++] = env_##name;
+    ENV_VARS(PUT_ENV)
+    const char *ours = env_LD_PRELOAD[0] ? env_LD_PRELOAD + 11 : "";
+    if (their_preload && *their_preload && !strstr(their_preload, ours))
+        snprintf(preload_merged, sizeof preload_merged, "LD_PRELOAD=%s:%s", ours, their_preload);
+    else if (their_preload && *their_preload)
+        snprintf(preload_merged, sizeof preload_merged, "LD_PRELOAD=%s", their_preload);
+    else
+        snprintf(preload_merged, sizeof preload_merged, "%s", env_LD_PRELOAD);
+    if (preload_merged[0]) out[n++] = preload_merged;
+    out[n] = NULL;
+    return out;
+}
+
+static size_t count_env(char *const envp[]) {
+    size_t n = 0;
+    while (envp && envp[n]) n++;
+    return n;
+}
+
+/* Before the program image is replaced: send what is buffered. */
+static void before_exec(void) {
+    if (!tracing) return;
+    tls_flags |= TF_FORWARD;
+    flush_all();
+    uint64_t tick = current_tick();
+    struct msg_header h = {MSG_EXEC, 0, 0, 0, tick, tick};
+    send_message(&h, NULL, 0);
+    tls_flags &= ~TF_FORWARD;
+}
+
+extern char **environ;
+
+EXPORT int execve(const char *path, char *const argv[], char *const envp[]) {
+    if (!real_execve) ensure_init();
+    before_exec();
+    if (!tracing) return real_execve(path, argv, envp);
+    char **env = alloca((count_env(envp) + 16) * sizeof(char *));
+    return real_execve(path, argv, traced_environment(envp, env, count_env(envp) + 16));
+}
+EXPORT int execvpe(const char *file, char *const argv[], char *const envp[]) {
+    if (!real_execvpe) ensure_init();
+    before_exec();
+    if (!tracing) return real_execvpe(file, argv, envp);
+    char **env = alloca((count_env(envp) + 16) * sizeof(char *));
+    return real_execvpe(file, argv, traced_environment(envp, env, count_env(envp) + 16));
+}
+EXPORT int execv(const char *path, char *const argv[]) { return execve(path, argv, environ); }
+EXPORT int execvp(const char *file, char *const argv[]) { return execvpe(file, argv, environ); }
+
+EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
+                       const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
+    if (!real_posix_spawn) ensure_init();
+    if (!tracing) return real_posix_spawn(pid, path, fa, attr, argv, envp);
+    char **env = alloca((count_env(envp) + 16) * sizeof(char *));
+    return real_posix_spawn(pid, path, fa, attr, argv,
+                            traced_environment(envp, env, count_env(envp) + 16));
+}
+EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
+                        const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
+    if (!real_posix_spawnp) ensure_init();
+    if (!tracing) return real_posix_spawnp(pid, file, fa, attr, argv, envp);
+    char **env = alloca((count_env(envp) + 16) * sizeof(char *));
+    return real_posix_spawnp(pid, file, fa, attr, argv,
+                             traced_environment(envp, env, count_env(envp) + 16));
+}
+
+EXPORT void exit(int status) {
+    if (!real_exit) ensure_init();
+    exit_status = status;
+    exit_status_known = 1;
+    real_exit(status);
+    __builtin_unreachable();
+}
+EXPORT void _exit(int status) {
+    if (!real__exit) ensure_init();
+    send_exit(status, EXIT_VIA__EXIT);
+    real__exit(status);
+    __builtin_unreachable();
+}
+EXPORT void _Exit(int status) {
+    if (!real__Exit) ensure_init();
+    send_exit(status, EXIT_VIA__EXIT);
+    real__Exit(status);
+    __builtin_unreachable();
+}
+
+/* Descriptor hooks: our socket is not the program's to close. */
+EXPORT int close(int fd) {
+    if (!real_close) ensure_init();
+    if (tracing && fd == sock_fd && fd >= 0) return 0;
+    return real_close ? real_close(fd) : (int)syscall(SYS_close, fd);
+}
+
+static int close_range_raw(unsigned first, unsigned last, int flags) {
+    if (first > last) return 0;
+    return (int)syscall(SYS_close_range, first, last, flags);
+}
+
+EXPORT int close_range(unsigned first, unsigned last, int flags) {
+    if (!real_close_range) ensure_init();
+    if (tracing && sock_fd >= 0 && (unsigned)sock_fd >= first && (unsigned)sock_fd <= last) {
+        int a = sock_fd > 0 ? close_range_raw(first, (unsigned)sock_fd - 1, flags) : 0;
+        int b = (unsigned)sock_fd < ~0U ? close_range_raw((unsigned)sock_fd + 1, last, flags) : 0;
+        return a ? a : b;
+    }
+    return close_range_raw(first, last, flags);
+}
+
+EXPORT void closefrom(int lowfd) {
+    if (lowfd < 0) lowfd = 0;
+    close_range((unsigned)lowfd, ~0U, 0);
+}
+
+/* If the program wants our descriptor's number, our socket moves elsewhere first. */
+static void move_socket_from(int fd) {
+    if (!tracing || fd != sock_fd || fd < 0) return;
+    pthread_mutex_lock(&sock_lock);
+    int moved = fcntl(sock_fd, F_DUPFD_CLOEXEC, sock_fd + 1);
+    if (moved >= 0) {
+        syscall(SYS_close, sock_fd);
+        sock_fd = moved;
+    }
+    pthread_mutex_unlock(&sock_lock);
+}
+EXPORT int dup2(int oldfd, int newfd) {
+    if (!real_dup2) ensure_init();
+    move_socket_from(newfd);
+    return real_dup2(oldfd, newfd);
+}
+EXPORT int dup3(int oldfd, int newfd, int flags) {
+    if (!real_dup3) ensure_init();
+    move_socket_from(newfd);
+    return real_dup3(oldfd, newfd, flags);
+}
+
+/* dlopen and dlclose change the memory map; the recorder reads it while we wait, so the
+ * library's addresses are known before its code runs and after it is gone. */
+static void notify_maps_changed(void) {
+    if (!tracing) return;
+    tls_flags |= TF_FORWARD;
+    struct thread_state *ts = tls_state;
+    if (ts) flush_thread(ts);
+    uint64_t tick = current_tick();
+    struct msg_header h = {MSG_MAPS_CHANGED, 0, 0, 0, tick, tick};
+    send_message(&h, NULL, 1);
+    tls_flags &= ~TF_FORWARD;
+}
+EXPORT void *dlopen(const char *file, int mode) {
+    if (!real_dlopen) ensure_init();
+    void *h = real_dlopen(file, mode);
+    if (h && file) notify_maps_changed();
+    return h;
+}
+EXPORT int dlclose(void *handle) {
+    if (!real_dlclose) ensure_init();
+    notify_maps_changed();
+    int rc = real_dlclose(handle);
+    notify_maps_changed();
+    return rc;
+}

@@ -1,0 +1,45 @@
+/* Every function fragscope's interposer replaces, named once.
+ *
+ * ALLOC_HOOK(name, kind, ret, params, args): a malloc-family function. `kind` is its
+ * event kind in the trace (docs/trace-format.md, "Event records"); the kinds here and
+ * `EventKind` in crates/fragscope-trace/src/event.rs must agree.
+ *
+ * Adding a hook: one line here, its body in fragscope_preload.c. */
+#ifndef FRAGSCOPE_HOOKS_H
+#define FRAGSCOPE_HOOKS_H
+
+#define FRAGSCOPE_ALLOC_HOOKS(X)                                                              \
+    X(malloc, 0, void *, (size_t size), (size))                                               \
+    X(calloc, 1, void *, (size_t nmemb, size_t size), (nmemb, size))                          \
+    X(realloc, 2, void *, (void *ptr, size_t size), (ptr, size))                              \
+    X(reallocarray, 3, void *, (void *ptr, size_t nmemb, size_t size), (ptr, nmemb, size))    \
+    X(posix_memalign, 4, int, (void **out, size_t align, size_t size), (out, align, size))    \
+    X(aligned_alloc, 5, void *, (size_t align, size_t size), (align, size))                   \
+    X(memalign, 6, void *, (size_t align, size_t size), (align, size))                        \
+    X(valloc, 7, void *, (size_t size), (size))                                               \
+    X(pvalloc, 8, void *, (size_t size), (size))                                              \
+    X(free, 9, void, (void *ptr), (ptr))
+
+/* Functions hooked to keep tracing alive, not recorded as events: process lifetime
+ * (exec, exit) and the trace connection's file descriptor (close, dup2, ...). */
+#define FRAGSCOPE_SYSTEM_HOOKS(X)                                                             \
+    X(execve, int, (const char *path, char *const argv[], char *const envp[]))                \
+    X(execv, int, (const char *path, char *const argv[]))                                     \
+    X(execvp, int, (const char *file, char *const argv[]))                                    \
+    X(execvpe, int, (const char *file, char *const argv[], char *const envp[]))               \
+    X(posix_spawn, int, (pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,  \
+                         const posix_spawnattr_t *attr, char *const argv[], char *const envp[])) \
+    X(posix_spawnp, int, (pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa, \
+                          const posix_spawnattr_t *attr, char *const argv[], char *const envp[])) \
+    X(_exit, void, (int status))                                                              \
+    X(_Exit, void, (int status))                                                              \
+    X(exit, void, (int status))                                                               \
+    X(close, int, (int fd))                                                                   \
+    X(close_range, int, (unsigned first, unsigned last, int flags))                           \
+    X(closefrom, void, (int lowfd))                                                           \
+    X(dup2, int, (int oldfd, int newfd))                                                      \
+    X(dup3, int, (int oldfd, int newfd, int flags))                                           \
+    X(dlopen, void *, (const char *file, int mode))                                           \
+    X(dlclose, int, (void *handle))
+
+#endif

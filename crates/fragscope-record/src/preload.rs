@@ -1,0 +1,43 @@
+//! The interposer travels inside the fragscope binary and is written out once per build,
+//! content-addressed, so concurrent recordings and different versions never collide.
+
+use std::fs;
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+
+static PRELOAD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libfragscope_preload.so"));
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+    })
+}
+
+/// The path of the interposer on disk, writing it out if this build's copy is missing.
+/// `FRAGSCOPE_PRELOAD` overrides it (for testing another build of the interposer).
+pub fn preload_library() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("FRAGSCOPE_PRELOAD") {
+        return Ok(PathBuf::from(p));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(std::env::temp_dir);
+    let dir = base
+        .join("fragscope")
+        .join(format!("{:016x}", fnv1a(PRELOAD)));
+    let path = dir.join("libfragscope_preload.so");
+    if fs::read(&path).map(|b| b == PRELOAD).unwrap_or(false) {
+        return Ok(path);
+    }
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // Written under a temporary name and renamed, so a concurrent run never loads half a file.
+    let mut tmp = tempfile::NamedTempFile::new_in(&dir)?;
+    tmp.write_all(PRELOAD)?;
+    tmp.persist(&path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}

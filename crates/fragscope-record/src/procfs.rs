@@ -1,0 +1,219 @@
+//! Reading a traced process's /proc files: status (RSS), smaps_rollup, maps and pagemap.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+
+use fragscope_trace::{Mapping, ResidentRange, RssSample};
+
+/// VmRSS and its parts from /proc/PID/status; `None` once the process is gone (or a zombie).
+pub fn read_rss(pid: u32, tick: u64) -> Option<RssSample> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_status(&text, tick)
+}
+
+pub fn parse_status(text: &str, tick: u64) -> Option<RssSample> {
+    let mut s = RssSample {
+        tick,
+        ..Default::default()
+    };
+    let mut seen_rss = false;
+    for line in text.lines() {
+        let Some((key, rest)) = line.split_once(':') else {
+            continue;
+        };
+        let kib = || {
+            rest.split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        match key {
+            "VmRSS" => {
+                s.vm_rss_kib = kib();
+                seen_rss = true;
+            }
+            "RssAnon" => s.rss_anon_kib = kib(),
+            "RssFile" => s.rss_file_kib = kib(),
+            "RssShmem" => s.rss_shmem_kib = kib(),
+            _ => {}
+        }
+    }
+    seen_rss.then_some(s)
+}
+
+/// The (field, KiB) pairs of /proc/PID/smaps_rollup.
+pub fn read_rollup(pid: u32) -> Option<Vec<(String, u64)>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let fields: Vec<(String, u64)> = text
+        .lines()
+        .filter_map(|line| {
+            let (key, rest) = line.split_once(':')?;
+            let mut words = rest.split_whitespace();
+            let v = words.next()?.parse().ok()?;
+            (words.next() == Some("kB")).then(|| (key.trim().to_string(), v))
+        })
+        .collect();
+    (!fields.is_empty()).then_some(fields)
+}
+
+/// Parses /proc/PID/maps, looking up build-ids of mapped files (cached by path).
+pub fn read_maps(pid: u32, build_ids: &mut HashMap<String, Vec<u8>>) -> Option<Vec<Mapping>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    Some(parse_maps(&text, build_ids))
+}
+
+pub fn parse_maps(text: &str, build_ids: &mut HashMap<String, Vec<u8>>) -> Vec<Mapping> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut f = line.splitn(6, ' ');
+        let (Some(range), Some(perms), Some(offset), Some(_dev), Some(inode)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        let path = f.next().unwrap_or("").trim().to_string();
+        let Some((lo, hi)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(start), Ok(end)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16))
+        else {
+            continue;
+        };
+        let inode: u64 = inode.parse().unwrap_or(0);
+        let build_id = if inode != 0 && path.starts_with('/') {
+            build_ids
+                .entry(path.clone())
+                .or_insert_with(|| build_id_of(&path).unwrap_or_default())
+                .clone()
+        } else {
+            Vec::new()
+        };
+        out.push(Mapping {
+            start,
+            end,
+            perms: perms.to_string(),
+            offset: u64::from_str_radix(offset, 16).unwrap_or(0),
+            inode,
+            path,
+            build_id,
+        });
+    }
+    out
+}
+
+/// The GNU build-id note of an ELF file.
+pub fn build_id_of(path: &str) -> Option<Vec<u8>> {
+    use object::Object;
+    let mut data = Vec::new();
+    File::open(path)
+        .ok()?
+        .take(512 << 20)
+        .read_to_end(&mut data)
+        .ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    file.build_id().ok().flatten().map(|b| b.to_vec())
+}
+
+/// Whether a mapping can hold heap objects: private, writable, anonymous (the brk heap,
+/// allocator arenas and mmap'd blocks), and not fragscope's own or a thread stack.
+pub fn may_hold_heap(m: &Mapping) -> bool {
+    let p = m.perms.as_bytes();
+    p.len() == 4
+        && p[0] == b'r'
+        && p[1] == b'w'
+        && p[3] == b'p'
+        && m.inode == 0
+        && (m.path.is_empty()
+            || m.path == "[heap]"
+            || (m.path.starts_with("[anon:") && m.path != "[anon:fragscope]"))
+}
+
+/// Page residency of the given mappings from /proc/PID/pagemap (present bit; swapped
+/// pages count as not resident).
+pub fn read_residency(
+    pid: u32,
+    mappings: &[&Mapping],
+    page_size: u64,
+) -> Option<Vec<ResidentRange>> {
+    let file = File::open(format!("/proc/{pid}/pagemap")).ok()?;
+    let mut ranges = Vec::with_capacity(mappings.len());
+    let mut entries = vec![0u8; 8 * 4096];
+    for m in mappings {
+        let first = m.start / page_size;
+        let pages = (m.end - m.start) / page_size;
+        let mut resident = vec![0u8; pages.div_ceil(8) as usize];
+        let mut done = 0u64;
+        while done < pages {
+            let batch = (pages - done).min(4096);
+            let buf = &mut entries[..(batch * 8) as usize];
+            if file.read_exact_at(buf, (first + done) * 8).is_err() {
+                break; // the mapping went away while we read: keep what we have
+            }
+            for (i, e) in buf.chunks_exact(8).enumerate() {
+                let v = u64::from_le_bytes(e.try_into().unwrap());
+                if v >> 63 & 1 == 1 {
+                    let page = done + i as u64;
+                    resident[(page / 8) as usize] |= 1 << (page % 8);
+                }
+            }
+            done += batch;
+        }
+        ranges.push(ResidentRange {
+            start: m.start,
+            pages,
+            resident,
+        });
+    }
+    Some(ranges)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_this_processes_own_proc_files() {
+        let pid = std::process::id();
+        let rss = read_rss(pid, 7).expect("own status");
+        assert!(rss.vm_rss_kib > 0 && rss.tick == 7);
+        assert!(rss.rss_anon_kib + rss.rss_file_kib + rss.rss_shmem_kib <= rss.vm_rss_kib + 4);
+        let rollup = read_rollup(pid).expect("own smaps_rollup");
+        assert!(rollup.iter().any(|(k, v)| k == "Rss" && *v > 0));
+        let mut ids = HashMap::new();
+        let maps = read_maps(pid, &mut ids).expect("own maps");
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let me = maps
+            .iter()
+            .find(|m| m.path == exe.to_string_lossy())
+            .expect("own executable mapped");
+        assert!(!me.build_id.is_empty(), "rustc links a build-id");
+        // A fresh 64 KiB block of our own, touched page by page, is resident.
+        let block = vec![1u8; 1 << 20];
+        let addr = block.as_ptr() as u64;
+        let maps = read_maps(pid, &mut ids).unwrap();
+        let holder = maps
+            .iter()
+            .find(|m| m.start <= addr && addr < m.end)
+            .unwrap();
+        assert!(may_hold_heap(holder), "{holder:?}");
+        let ranges = read_residency(pid, &[holder], 4096).unwrap();
+        let page = (addr / 4096 + 1) - holder.start / 4096;
+        assert!(ranges[0].is_resident(page));
+        drop(block);
+    }
+
+    #[test]
+    fn parses_maps_lines_with_and_without_paths() {
+        let text = "55d0c0000000-55d0c0021000 rw-p 00000000 00:00 0                          [heap]\n\
+                    7f00000000-7f00001000 r-xp 00001000 fd:01 1234   /usr/lib/x86_64-linux-gnu/libfoo.so (deleted)\n\
+                    7f10000000-7f10002000 rw-p 00000000 00:00 0 \n";
+        let maps = parse_maps(text, &mut HashMap::new());
+        assert_eq!(maps.len(), 3);
+        assert_eq!(maps[0].path, "[heap]");
+        assert!(may_hold_heap(&maps[0]) && !may_hold_heap(&maps[1]) && may_hold_heap(&maps[2]));
+        assert_eq!(maps[1].offset, 0x1000);
+        assert_eq!(maps[1].inode, 1234);
+    }
+}

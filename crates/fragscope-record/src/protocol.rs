@@ -1,0 +1,107 @@
+//! Messages from the interposer (docs/trace-format.md, "Recorder protocol"); the C side
+//! is `struct msg_header` and the MSG_* values in preload/fragscope_preload.c.
+
+use std::io::{self, Read};
+
+pub const HEADER_BYTES: usize = 32;
+pub const MAX_PAYLOAD: u32 = 16 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MsgType {
+    Hello,
+    Events,
+    MapsChanged,
+    Exit,
+    Exec,
+    Unknown(u32),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct MsgHeader {
+    pub kind: MsgType,
+    pub len: u32,
+    pub tid: u32,
+    pub seq: u32,
+    pub first_tick: u64,
+    pub last_tick: u64,
+}
+
+pub const HELLO_RESUMED: u32 = 1;
+pub const HELLO_FORKED: u32 = 2;
+
+/// The HELLO payload.
+#[derive(Debug, Clone)]
+pub struct Hello {
+    pub pid: u32,
+    pub ppid: u32,
+    pub flags: u32,
+    pub tick: u64,
+    pub argv: Vec<String>,
+    pub exe: String,
+}
+
+fn le32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+fn le64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+/// Reads one message header; `Ok(None)` at a clean end of the connection.
+pub fn read_header(r: &mut impl Read) -> io::Result<Option<MsgHeader>> {
+    let mut b = [0u8; HEADER_BYTES];
+    let mut got = 0;
+    while got < b.len() {
+        match r.read(&mut b[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let kind = match le32(&b, 0) {
+        1 => MsgType::Hello,
+        2 => MsgType::Events,
+        3 => MsgType::MapsChanged,
+        4 => MsgType::Exit,
+        5 => MsgType::Exec,
+        other => MsgType::Unknown(other),
+    };
+    Ok(Some(MsgHeader {
+        kind,
+        len: le32(&b, 4),
+        tid: le32(&b, 8),
+        seq: le32(&b, 12),
+        first_tick: le64(&b, 16),
+        last_tick: le64(&b, 24),
+    }))
+}
+
+pub fn parse_hello(p: &[u8]) -> Option<Hello> {
+    if p.len() < 32 {
+        return None;
+    }
+    let cmd_len = le32(p, 24) as usize;
+    let exe_len = le32(p, 28) as usize;
+    let cmd = p.get(32..32 + cmd_len)?;
+    let exe = p.get(32 + cmd_len..32 + cmd_len + exe_len)?;
+    let argv = cmd
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    Some(Hello {
+        pid: le32(p, 0),
+        ppid: le32(p, 4),
+        flags: le32(p, 8),
+        tick: le64(p, 16),
+        argv,
+        exe: String::from_utf8_lossy(exe).into_owned(),
+    })
+}
+
+/// The EXIT payload: status and how the process left (0 exit, 1 _exit, 2 status unknown).
+pub fn parse_exit(p: &[u8]) -> Option<(i32, u32)> {
+    (p.len() >= 8).then(|| (le32(p, 0) as i32, le32(p, 4)))
+}

@@ -1,0 +1,682 @@
+//! One recording: launch, serve the interposer's connections, sample /proc, write.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io::{BufWriter, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, Context, Result};
+use fragscope_trace::{
+    ChunkKind, ChunkWriter, EndHow, EventsHeader, Mapping, Maps, Meta, Origin, Pagemap, Process,
+    ProcessEnd, Rollup, RssBatch, RssSample, SnapshotReason, StackMode, WaitStatus,
+};
+
+use crate::clock::ClockPage;
+use crate::procfs;
+use crate::protocol::{self, MsgType, HELLO_FORKED, HELLO_RESUMED};
+
+/// What `fragscope record` was asked to do.
+#[derive(Debug, Clone)]
+pub struct RecordOptions {
+    pub output: PathBuf,
+    pub stacks: StackMode,
+    /// Mean bytes between stack samples (sampled mode).
+    pub sample_bytes: u64,
+    /// Interval of page-residency snapshots.
+    pub snapshot_ms: u32,
+    /// A thread sends its buffer at least this often while it allocates.
+    pub flush_ms: u32,
+    /// zstd level of the trace chunks.
+    pub compression_level: i32,
+    /// The program and its arguments.
+    pub command: Vec<OsString>,
+}
+
+/// How a recording ended.
+#[derive(Debug, Clone)]
+pub struct RecordOutcome {
+    /// The program's exit code, or 128 + the signal that ended it.
+    pub exit_code: i32,
+    pub file_bytes: u64,
+    pub event_bytes: u64,
+    pub processes: u32,
+    pub duration: Duration,
+    /// Process images that made no malloc-family call at all.
+    pub silent_processes: Vec<String>,
+}
+
+const RSS_INTERVAL: Duration = Duration::from_millis(10);
+const ROLLUP_EVERY: u32 = 10; // RSS intervals
+const NEAR_PEAK_GROWTH: f64 = 1.10;
+const NEAR_PEAK_MIN_GAP: Duration = Duration::from_millis(250);
+/// After the program exits, how long its descendants may keep their connections open.
+const DESCENDANT_GRACE: Duration = Duration::from_secs(2);
+
+type Chunk = (ChunkKind, Vec<u8>);
+
+struct ProcState {
+    pid: u32,
+    connections: u32,
+    ended: bool,
+    end: Option<(EndHow, i32)>,
+    rss: Vec<RssSample>,
+    last_maps: Vec<Mapping>,
+    peak_rss_at_snapshot: u64,
+    last_snapshot: Option<Instant>,
+    event_bytes: u64,
+    label: String,
+}
+
+struct Shared {
+    out: SyncSender<Chunk>,
+    clock: ClockPage,
+    procs: Mutex<Procs>,
+    build_ids: Mutex<HashMap<String, Vec<u8>>>,
+    page_size: u64,
+    event_bytes: AtomicU64,
+}
+
+#[derive(Default)]
+struct Procs {
+    streams: Vec<ProcState>,
+}
+
+impl Shared {
+    fn send(&self, kind: ChunkKind, payload: Vec<u8>) {
+        // The writer only goes away after every sender is done; an error means it failed,
+        // which the writer reports itself.
+        let _ = self.out.send((kind, payload));
+    }
+
+    fn tick(&self) -> u64 {
+        self.clock.tick()
+    }
+
+    /// Writes the memory map if it changed since the last one written for this stream.
+    fn write_maps(&self, stream: u32, pid: u32) -> Option<Vec<Mapping>> {
+        let mappings = procfs::read_maps(pid, &mut self.build_ids.lock().unwrap())?;
+        let mut procs = self.procs.lock().unwrap();
+        let st = procs.streams.get_mut(stream as usize)?;
+        if st.last_maps != mappings {
+            st.last_maps = mappings.clone();
+            drop(procs);
+            self.send(
+                ChunkKind::Maps,
+                Maps {
+                    stream,
+                    tick: self.tick(),
+                    mappings: mappings.clone(),
+                }
+                .encode(),
+            );
+        }
+        Some(mappings)
+    }
+
+    /// RSS, smaps_rollup, memory map and page residency of one process, now.
+    fn snapshot(&self, stream: u32, pid: u32, reason: SnapshotReason) {
+        let tick = self.tick();
+        if let Some(fields) = procfs::read_rollup(pid) {
+            self.send(
+                ChunkKind::Rollup,
+                Rollup {
+                    stream,
+                    tick,
+                    fields,
+                }
+                .encode(),
+            );
+        }
+        let Some(mappings) = self.write_maps(stream, pid) else {
+            return;
+        };
+        let heap: Vec<&Mapping> = mappings
+            .iter()
+            .filter(|m| procfs::may_hold_heap(m))
+            .collect();
+        if let Some(ranges) = procfs::read_residency(pid, &heap, self.page_size) {
+            self.send(
+                ChunkKind::Pagemap,
+                Pagemap {
+                    stream,
+                    tick,
+                    reason,
+                    page_size: self.page_size as u32,
+                    ranges,
+                }
+                .encode(),
+            );
+        }
+        if let Some(rss) = procfs::read_rss(pid, tick) {
+            let mut procs = self.procs.lock().unwrap();
+            if let Some(st) = procs.streams.get_mut(stream as usize) {
+                st.rss.push(rss);
+                st.peak_rss_at_snapshot = st.peak_rss_at_snapshot.max(rss.vm_rss_kib);
+                st.last_snapshot = Some(Instant::now());
+            }
+        }
+    }
+
+    fn flush_rss(&self, stream: u32, st: &mut ProcState) {
+        if !st.rss.is_empty() {
+            let samples = std::mem::take(&mut st.rss);
+            self.send(ChunkKind::Rss, RssBatch { stream, samples }.encode());
+        }
+    }
+
+    /// Ends a stream once: the process left, exec'd, or vanished.
+    fn end_stream(&self, stream: u32) {
+        let mut procs = self.procs.lock().unwrap();
+        let Some(st) = procs.streams.get_mut(stream as usize) else {
+            return;
+        };
+        if st.ended {
+            return;
+        }
+        st.ended = true;
+        self.flush_rss(stream, st);
+        let (how, status) = st.end.unwrap_or((EndHow::Vanished, 0));
+        drop(procs);
+        self.send(
+            ChunkKind::ProcessEnd,
+            ProcessEnd {
+                stream,
+                tick: self.tick(),
+                how,
+                status,
+            }
+            .encode(),
+        );
+    }
+
+    /// A new process image, or a known one reconnecting.
+    fn register(&self, hello: &protocol::Hello) -> u32 {
+        let mut procs = self.procs.lock().unwrap();
+        let open_with =
+            |pid: u32, procs: &Procs| procs.streams.iter().rposition(|s| s.pid == pid && !s.ended);
+        if hello.flags & HELLO_RESUMED != 0 {
+            if let Some(i) = open_with(hello.pid, &procs) {
+                procs.streams[i].connections += 1;
+                return i as u32;
+            }
+        }
+        let (origin, parent) = if hello.flags & HELLO_FORKED != 0 {
+            (Origin::Forked, open_with(hello.ppid, &procs))
+        } else {
+            // An image whose pid we saw before was exec'd from it.
+            (
+                Origin::Started,
+                procs.streams.iter().rposition(|s| s.pid == hello.pid),
+            )
+        };
+        let stream = procs.streams.len() as u32;
+        let label = format!("{} (pid {})", hello.argv.join(" "), hello.pid);
+        procs.streams.push(ProcState {
+            pid: hello.pid,
+            connections: 1,
+            ended: false,
+            end: None,
+            rss: Vec::new(),
+            last_maps: Vec::new(),
+            peak_rss_at_snapshot: 0,
+            last_snapshot: None,
+            event_bytes: 0,
+            label,
+        });
+        drop(procs);
+        let process = Process {
+            stream,
+            pid: hello.pid,
+            ppid: hello.ppid,
+            origin,
+            parent_stream: parent.map(|p| p as u32),
+            start_tick: hello.tick,
+            argv: hello.argv.clone(),
+            exe: hello.exe.clone(),
+        };
+        self.send(ChunkKind::Process, process.encode());
+        stream
+    }
+}
+
+fn ack(conn: &mut UnixStream) {
+    let _ = conn.write_all(&[1]);
+}
+
+/// Serves one interposer connection until it closes.
+fn serve_connection(shared: Arc<Shared>, mut conn: UnixStream) {
+    let mut stream: Option<u32> = None;
+    let mut pid = 0u32;
+    let mut payload = Vec::new();
+    let mut reader = match conn.try_clone() {
+        Ok(c) => std::io::BufReader::with_capacity(1 << 20, c),
+        Err(_) => return,
+    };
+    loop {
+        let header = match protocol::read_header(&mut reader) {
+            Ok(Some(h)) => h,
+            Ok(None) | Err(_) => break,
+        };
+        if header.len > protocol::MAX_PAYLOAD {
+            break; // not our interposer speaking
+        }
+        payload.resize(header.len as usize, 0);
+        if reader.read_exact(&mut payload).is_err() {
+            break;
+        }
+        match header.kind {
+            MsgType::Hello => {
+                if let Some(hello) = protocol::parse_hello(&payload) {
+                    let s = shared.register(&hello);
+                    if hello.flags & HELLO_RESUMED == 0 {
+                        shared.write_maps(s, hello.pid);
+                    }
+                    stream = Some(s);
+                    pid = hello.pid;
+                }
+            }
+            MsgType::Events => {
+                let Some(s) = stream else { continue };
+                let h = EventsHeader {
+                    stream: s,
+                    tid: header.tid,
+                    seq: header.seq,
+                    first_tick: header.first_tick,
+                    last_tick: header.last_tick,
+                };
+                shared
+                    .event_bytes
+                    .fetch_add(payload.len() as u64, Ordering::Relaxed);
+                if let Some(st) = shared.procs.lock().unwrap().streams.get_mut(s as usize) {
+                    st.event_bytes += payload.len() as u64;
+                }
+                shared.send(ChunkKind::Events, h.encode_with(&payload));
+            }
+            MsgType::MapsChanged => {
+                if let Some(s) = stream {
+                    shared.write_maps(s, pid);
+                }
+                ack(&mut conn);
+            }
+            MsgType::Exit => {
+                if let (Some(s), Some((status, how))) = (stream, protocol::parse_exit(&payload)) {
+                    let how = match how {
+                        0 => EndHow::Exit,
+                        1 => EndHow::QuickExit,
+                        _ => EndHow::ExitUnknownStatus,
+                    };
+                    shared.procs.lock().unwrap().streams[s as usize].end = Some((how, status));
+                    shared.snapshot(s, pid, SnapshotReason::Exit);
+                }
+                ack(&mut conn);
+            }
+            MsgType::Exec => {
+                if let Some(s) = stream {
+                    shared.procs.lock().unwrap().streams[s as usize].end = Some((EndHow::Exec, 0));
+                }
+            }
+            MsgType::Unknown(_) => {}
+        }
+    }
+    let Some(s) = stream else { return };
+    let mut procs = shared.procs.lock().unwrap();
+    let st = &mut procs.streams[s as usize];
+    st.connections = st.connections.saturating_sub(1);
+    let said_goodbye = st.end.is_some();
+    let gone = !process_alive(st.pid);
+    drop(procs);
+    // A process that lost its connection without a goodbye but still runs may reconnect
+    // (it closed our descriptor behind our back); the sampler ends it when it is gone.
+    if said_goodbye || gone {
+        shared.end_stream(s);
+    }
+}
+
+fn process_alive(pid: u32) -> bool {
+    procfs::read_rss(pid, 0).is_some()
+}
+
+/// The sampler: RSS of every live stream every 10 ms, smaps_rollup every 100 ms,
+/// page-residency snapshots every `snapshot_ms` and near RSS peaks.
+fn sample(shared: Arc<Shared>, snapshot_every: Duration, stop: Arc<AtomicBool>) {
+    let mut round = 0u32;
+    let mut last_periodic = Instant::now();
+    while !stop.load(Ordering::Acquire) {
+        thread::sleep(RSS_INTERVAL);
+        round = round.wrapping_add(1);
+        let tick = shared.tick();
+        let live: Vec<(u32, u32)> = {
+            let procs = shared.procs.lock().unwrap();
+            procs
+                .streams
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| !s.ended)
+                .map(|(i, s)| (i as u32, s.pid))
+                .collect()
+        };
+        let periodic = last_periodic.elapsed() >= snapshot_every;
+        if periodic {
+            last_periodic = Instant::now();
+            shared.clock.request_stats_and_flush();
+        }
+        for (stream, pid) in live {
+            let Some(rss) = procfs::read_rss(pid, tick) else {
+                let disconnected =
+                    shared.procs.lock().unwrap().streams[stream as usize].connections == 0;
+                if disconnected {
+                    shared.end_stream(stream);
+                }
+                continue;
+            };
+            let near_peak = {
+                let mut procs = shared.procs.lock().unwrap();
+                let st = &mut procs.streams[stream as usize];
+                st.rss.push(rss);
+                if st.rss.len() >= 100 {
+                    shared.flush_rss(stream, st);
+                }
+                rss.vm_rss_kib as f64 > st.peak_rss_at_snapshot as f64 * NEAR_PEAK_GROWTH
+                    && st
+                        .last_snapshot
+                        .is_none_or(|t| t.elapsed() >= NEAR_PEAK_MIN_GAP)
+            };
+            if periodic || near_peak {
+                let reason = if periodic {
+                    SnapshotReason::Periodic
+                } else {
+                    SnapshotReason::NearPeak
+                };
+                shared.snapshot(stream, pid, reason);
+            } else if round % ROLLUP_EVERY == 0 {
+                if let Some(fields) = procfs::read_rollup(pid) {
+                    shared.send(
+                        ChunkKind::Rollup,
+                        Rollup {
+                            stream,
+                            tick,
+                            fields,
+                        }
+                        .encode(),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The writer: chunks in arrival order, compressed; flushed to disk whenever idle so a
+/// killed recording loses as little as possible.
+fn write_chunks(mut w: ChunkWriter<BufWriter<std::fs::File>>, rx: Receiver<Chunk>) -> Result<u64> {
+    loop {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok((kind, payload)) => w.write_chunk(kind, &payload)?,
+            Err(RecvTimeoutError::Timeout) => w.flush()?,
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    w.flush()?;
+    Ok(w.bytes_written())
+}
+
+static CHILD_PID: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn forward_signal(sig: libc::c_int) {
+    let pid = CHILD_PID.load(Ordering::Relaxed);
+    if pid != 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe { libc::kill(pid as libc::pid_t, sig) };
+    }
+}
+
+/// Records `opts.command` into `opts.output`.
+pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
+    let program = opts
+        .command
+        .first()
+        .ok_or_else(|| anyhow!("no program to record"))?;
+    crate::launch::check_traceable(program)?;
+    let preload = crate::preload::preload_library()?;
+    let started = Instant::now();
+    let dir = tempfile::Builder::new()
+        .prefix("fragscope-")
+        .tempdir()
+        .context("creating a temporary directory")?;
+    let sock_path = dir.path().join("sock");
+    let clock_path = dir.path().join("clock");
+    let listener = UnixListener::bind(&sock_path)
+        .with_context(|| format!("listening on {}", sock_path.display()))?;
+    let clock = ClockPage::create(&clock_path)?;
+
+    let file = std::fs::File::create(&opts.output)
+        .with_context(|| format!("creating {}", opts.output.display()))?;
+    let mut writer = ChunkWriter::new(
+        BufWriter::with_capacity(1 << 20, file),
+        opts.compression_level,
+    )?;
+    // SAFETY: sysconf has no preconditions.
+    let page_size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    let meta = Meta {
+        fragscope_version: env!("CARGO_PKG_VERSION").into(),
+        start_unix_ns: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
+        tick_ns: 1_000_000,
+        page_size: page_size as u32,
+        stacks: opts.stacks,
+        sample_bytes: opts.sample_bytes,
+        snapshot_ms: opts.snapshot_ms,
+        argv: opts
+            .command
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+    };
+    writer.write_chunk(ChunkKind::Meta, &meta.encode())?;
+    let (tx, rx) = sync_channel::<Chunk>(4096);
+    let writer_thread = thread::Builder::new()
+        .name("fragscope-writer".into())
+        .spawn(move || write_chunks(writer, rx))?;
+    let shared = Arc::new(Shared {
+        out: tx,
+        clock,
+        procs: Mutex::new(Procs::default()),
+        build_ids: Mutex::new(HashMap::new()),
+        page_size,
+        event_bytes: AtomicU64::new(0),
+    });
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let ticker = {
+        let shared = shared.clone();
+        let stop = stop.clone();
+        let t0 = Instant::now();
+        thread::Builder::new()
+            .name("fragscope-ticker".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    shared.clock.set_tick(t0.elapsed().as_millis() as u64);
+                    thread::sleep(Duration::from_millis(1));
+                }
+            })?
+    };
+    let stop_accepting = Arc::new(AtomicBool::new(false));
+    let open_connections: Arc<Mutex<Vec<UnixStream>>> = Arc::default();
+    let acceptor = {
+        let shared = shared.clone();
+        let stop_accepting = stop_accepting.clone();
+        let open_connections = open_connections.clone();
+        thread::Builder::new()
+            .name("fragscope-accept".into())
+            .spawn(move || {
+                let mut servers = Vec::new();
+                for conn in listener.incoming() {
+                    if stop_accepting.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let Ok(conn) = conn else { continue };
+                    if let Ok(c) = conn.try_clone() {
+                        open_connections.lock().unwrap().push(c);
+                    }
+                    let shared = shared.clone();
+                    servers.push(thread::spawn(move || serve_connection(shared, conn)));
+                }
+                servers
+            })?
+    };
+    let sampler = {
+        let shared = shared.clone();
+        let stop = stop.clone();
+        let every = Duration::from_millis(opts.snapshot_ms.max(10).into());
+        thread::Builder::new()
+            .name("fragscope-sampler".into())
+            .spawn(move || sample(shared, every, stop))?
+    };
+
+    // Orphaned descendants are re-parented to us, so their exit status is ours to read.
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let existing_preload = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty());
+    let mut preload_value = preload.as_os_str().to_owned();
+    if let Some(theirs) = existing_preload {
+        preload_value.push(":");
+        preload_value.push(theirs);
+    }
+    let mut cmd = Command::new(program);
+    cmd.args(&opts.command[1..])
+        .env("LD_PRELOAD", preload_value)
+        .env("FRAGSCOPE_SOCK", &sock_path)
+        .env("FRAGSCOPE_CLOCK", &clock_path)
+        .env("FRAGSCOPE_STACKS", opts.stacks.name())
+        .env("FRAGSCOPE_SAMPLE_BYTES", opts.sample_bytes.to_string())
+        .env("FRAGSCOPE_FLUSH_MS", opts.flush_ms.to_string());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", program.to_string_lossy()))?;
+    let child_pid = child.id();
+    CHILD_PID.store(u64::from(child_pid), Ordering::Relaxed);
+    // The terminal's ^C reaches the program directly (same process group); we stay to
+    // finish the trace. SIGTERM and SIGHUP sent to us are passed on.
+    // SAFETY: installing handlers that only call kill.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+        libc::signal(
+            libc::SIGTERM,
+            forward_signal as *const () as libc::sighandler_t,
+        );
+        libc::signal(
+            libc::SIGHUP,
+            forward_signal as *const () as libc::sighandler_t,
+        );
+    }
+    std::mem::forget(child); // reaped below with waitpid, with every orphan
+
+    let mut exit_code = None;
+    let mut grace_until: Option<Instant> = None;
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid with a valid out pointer.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid > 0 {
+            let st = std::process::ExitStatus::from_raw(status);
+            let ws = WaitStatus {
+                pid: pid as u32,
+                tick: shared.tick(),
+                exit_code: st.code(),
+                signal: st.signal(),
+            };
+            shared.send(ChunkKind::WaitStatus, ws.encode());
+            if pid as u32 == child_pid {
+                exit_code = Some(st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0)));
+                grace_until = Some(Instant::now() + DESCENDANT_GRACE);
+            }
+            continue;
+        }
+        if let Some(until) = grace_until {
+            let all_ended = shared
+                .procs
+                .lock()
+                .unwrap()
+                .streams
+                .iter()
+                .all(|s| s.ended || s.connections == 0);
+            if all_ended || Instant::now() >= until {
+                break;
+            }
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    CHILD_PID.store(0, Ordering::Relaxed);
+
+    // Wind down: stop sampling, close the listener, let connections drain.
+    stop.store(true, Ordering::Release);
+    let _ = sampler.join();
+    stop_accepting.store(true, Ordering::Release);
+    // The acceptor sees the flag at its next connection: this one.
+    drop(UnixStream::connect(&sock_path));
+    let servers = acceptor.join().unwrap_or_default();
+    // Descendants still running past the grace period are no longer traced.
+    for c in open_connections.lock().unwrap().iter() {
+        let _ = c.shutdown(std::net::Shutdown::Both);
+    }
+    for s in servers {
+        let _ = s.join();
+    }
+    let _ = ticker.join();
+    let (stream_count, silent) = {
+        let procs = shared.procs.lock().unwrap();
+        let silent = procs
+            .streams
+            .iter()
+            .filter(|s| s.event_bytes == 0)
+            .map(|s| s.label.clone())
+            .collect();
+        (procs.streams.len() as u32, silent)
+    };
+    for s in 0..stream_count {
+        shared.end_stream(s);
+    }
+    let event_bytes = shared.event_bytes.load(Ordering::Relaxed);
+    shared.send(
+        ChunkKind::End,
+        fragscope_trace::End {
+            tick: shared.tick(),
+            event_bytes,
+        }
+        .encode(),
+    );
+    drop(shared);
+    let file_bytes = writer_thread
+        .join()
+        .map_err(|_| anyhow!("the trace writer panicked"))??;
+    Ok(RecordOutcome {
+        exit_code: exit_code.unwrap_or(1),
+        file_bytes,
+        event_bytes,
+        processes: stream_count,
+        duration: started.elapsed(),
+        silent_processes: silent,
+    })
+}

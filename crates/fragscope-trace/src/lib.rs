@@ -1,0 +1,32 @@
+//! fragscope's trace format, shared by the recorder (writer) and every analysis (reader).
+//!
+//! A trace is a file header and a sequence of checksummed, zstd-compressed chunks
+//! ([`chunk`]). Chunks carry process starts and ends, memory maps, RSS samples,
+//! smaps_rollup readings, page-residency snapshots ([`records`]) and the event records
+//! of each thread ([`event`]). [`reader::TraceReader`] turns a file back into typed
+//! chunks; [`merge`] orders one process's threads into a single event sequence.
+//! The byte-level description is docs/trace-format.md.
+
+pub mod chunk;
+pub mod event;
+pub mod merge;
+pub mod reader;
+pub mod records;
+pub mod summary;
+pub mod wire;
+
+pub use chunk::{ChunkKind, ChunkReader, ChunkWriter, Damage};
+pub use event::{ChunkDecoder, Func, Record, StatsSource};
+pub use reader::{Chunk, TraceReader};
+pub use records::*;
+
+/// Why a trace could not be read (or read further).
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("not a fragscope trace: {0}")]
+    NotATrace(String),
+    #[error("malformed record: {0}")]
+    Malformed(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}

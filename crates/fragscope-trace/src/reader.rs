@@ -1,0 +1,95 @@
+//! Typed chunks from a trace file.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::Path;
+
+use crate::chunk::{ChunkKind, ChunkReader, Damage};
+use crate::records::*;
+use crate::TraceError;
+
+/// One chunk, decoded (event records stay raw: see [`crate::event::ChunkDecoder`]).
+#[derive(Debug, Clone)]
+pub enum Chunk {
+    Meta(Meta),
+    Process(Process),
+    Events(EventsHeader, Vec<u8>),
+    Maps(Maps),
+    Rss(RssBatch),
+    Rollup(Rollup),
+    Pagemap(Pagemap),
+    ProcessEnd(ProcessEnd),
+    WaitStatus(WaitStatus),
+    End(End),
+}
+
+/// Reads a trace chunk by chunk. Damage (a cut or corrupt file) ends the iteration; what
+/// came before is intact and `damage()` says where reading stopped.
+pub struct TraceReader {
+    chunks: ChunkReader<BufReader<File>>,
+    raw: Vec<u8>,
+    file_bytes: u64,
+    damage: Option<Damage>,
+}
+
+impl TraceReader {
+    pub fn open(path: &Path) -> Result<Self, TraceError> {
+        let file = File::open(path)?;
+        let file_bytes = file.metadata()?.len();
+        let chunks = ChunkReader::new(BufReader::with_capacity(1 << 20, file))?;
+        Ok(Self {
+            chunks,
+            raw: Vec::new(),
+            file_bytes,
+            damage: None,
+        })
+    }
+
+    pub fn file_bytes(&self) -> u64 {
+        self.file_bytes
+    }
+
+    /// Bytes read so far.
+    pub fn offset(&self) -> u64 {
+        self.chunks.offset()
+    }
+
+    /// Where reading stopped early, if it did.
+    pub fn damage(&self) -> Option<&Damage> {
+        self.damage.as_ref().or(self.chunks.damage())
+    }
+
+    /// The next chunk, or `None` at the end or at damage.
+    pub fn next_chunk(&mut self) -> Option<Chunk> {
+        if self.damage.is_some() {
+            return None;
+        }
+        let offset = self.chunks.offset();
+        let kind = self.chunks.next_chunk_into(&mut self.raw)?;
+        let data = &self.raw[..];
+        let decoded = match kind {
+            ChunkKind::Meta => Meta::decode(data).map(Chunk::Meta),
+            ChunkKind::Process => Process::decode(data).map(Chunk::Process),
+            ChunkKind::Events => {
+                EventsHeader::decode(data).map(|(h, rest)| Chunk::Events(h, rest.to_vec()))
+            }
+            ChunkKind::Maps => Maps::decode(data).map(Chunk::Maps),
+            ChunkKind::Rss => RssBatch::decode(data).map(Chunk::Rss),
+            ChunkKind::Rollup => Rollup::decode(data).map(Chunk::Rollup),
+            ChunkKind::Pagemap => Pagemap::decode(data).map(Chunk::Pagemap),
+            ChunkKind::ProcessEnd => ProcessEnd::decode(data).map(Chunk::ProcessEnd),
+            ChunkKind::WaitStatus => WaitStatus::decode(data).map(Chunk::WaitStatus),
+            ChunkKind::End => End::decode(data).map(Chunk::End),
+        };
+        match decoded {
+            Ok(c) => Some(c),
+            Err(e) => {
+                self.damage = Some(Damage {
+                    offset,
+                    reason: format!("a {kind:?} chunk does not decode: {e}"),
+                });
+                None
+            }
+        }
+    }
+}

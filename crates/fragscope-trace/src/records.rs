@@ -1,0 +1,672 @@
+//! Payloads of the chunks other than events (docs/trace-format.md, "Chunk payloads").
+//! Each type encodes and decodes itself field by field, in the documented order.
+
+use crate::wire::{Reader, Writer};
+use crate::TraceError;
+
+/// How stacks were recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StackMode {
+    None = 0,
+    Sampled = 1,
+    All = 2,
+}
+
+impl StackMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            StackMode::None => "none",
+            StackMode::Sampled => "sampled",
+            StackMode::All => "all",
+        }
+    }
+}
+
+/// Chunk 1: the recording as a whole. First in every trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Meta {
+    pub fragscope_version: String,
+    pub start_unix_ns: u64,
+    /// Length of a tick in nanoseconds (event and sample times are in ticks).
+    pub tick_ns: u64,
+    pub page_size: u32,
+    pub stacks: StackMode,
+    pub sample_bytes: u64,
+    pub snapshot_ms: u32,
+    pub argv: Vec<String>,
+    pub hostname: String,
+}
+
+impl Meta {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.str(&self.fragscope_version)
+            .varint(self.start_unix_ns)
+            .varint(self.tick_ns);
+        w.varint(self.page_size.into())
+            .u8(self.stacks as u8)
+            .varint(self.sample_bytes);
+        w.varint(self.snapshot_ms.into())
+            .varint(self.argv.len() as u64);
+        for a in &self.argv {
+            w.str(a);
+        }
+        w.str(&self.hostname);
+        w.bytes
+    }
+    pub fn decode(data: &[u8]) -> Result<Self, TraceError> {
+        let mut r = Reader::new(data);
+        let fragscope_version = r.string()?;
+        let start_unix_ns = r.varint()?;
+        let tick_ns = r.varint()?;
+        let page_size = r.varint()? as u32;
+        let stacks = match r.u8()? {
+            0 => StackMode::None,
+            2 => StackMode::All,
+            _ => StackMode::Sampled,
+        };
+        let sample_bytes = r.varint()?;
+        let snapshot_ms = r.varint()? as u32;
+        let n = r.count(1)?;
+        let argv = (0..n).map(|_| r.string()).collect::<Result<_, _>>()?;
+        let hostname = r.string()?;
+        Ok(Self {
+            fragscope_version,
+            start_unix_ns,
+            tick_ns,
+            page_size,
+            stacks,
+            sample_bytes,
+            snapshot_ms,
+            argv,
+            hostname,
+        })
+    }
+}
+
+/// How a process stream began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Started by `fragscope record` or by exec: a new program image.
+    Started = 0,
+    /// A fork of `parent`: it starts with its parent's heap.
+    Forked = 1,
+}
+
+/// Chunk 2: a process image began (one stream per image: exec starts a new one).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Process {
+    pub stream: u32,
+    pub pid: u32,
+    pub ppid: u32,
+    pub origin: Origin,
+    /// The stream of the process this one was forked from, or the image it exec'd from.
+    pub parent_stream: Option<u32>,
+    pub start_tick: u64,
+    pub argv: Vec<String>,
+    pub exe: String,
+}
+
+impl Process {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.varint(self.stream.into())
+            .varint(self.pid.into())
+            .varint(self.ppid.into());
+        w.u8(self.origin as u8)
+            .varint(self.parent_stream.map_or(0, |s| u64::from(s) + 1));
+        w.varint(self.start_tick).varint(self.argv.len() as u64);
+        for a in &self.argv {
+            w.str(a);
+        }
+        w.str(&self.exe);
+        w.bytes
+    }
+    pub fn decode(data: &[u8]) -> Result<Self, TraceError> {
+        let mut r = Reader::new(data);
+        let stream = r.varint()? as u32;
+        let pid = r.varint()? as u32;
+        let ppid = r.varint()? as u32;
+        let origin = if r.u8()? == 1 {
+            Origin::Forked
+        } else {
+            Origin::Started
+        };
+        let parent_stream = match r.varint()? {
+            0 => None,
+            s => Some((s - 1) as u32),
+        };
+        let start_tick = r.varint()?;
+        let n = r.count(1)?;
+        let argv = (0..n).map(|_| r.string()).collect::<Result<_, _>>()?;
+        let exe = r.string()?;
+        Ok(Self {
+            stream,
+            pid,
+            ppid,
+            origin,
+            parent_stream,
+            start_tick,
+            argv,
+            exe,
+        })
+    }
+}
+
+/// Chunk 3's header: one thread's buffer of event records, in program order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventsHeader {
+    pub stream: u32,
+    pub tid: u32,
+    /// Per thread, counting up from 0: a gap means lost buffers.
+    pub seq: u32,
+    pub first_tick: u64,
+    pub last_tick: u64,
+}
+
+impl EventsHeader {
+    pub fn encode_with(&self, records: &[u8]) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.varint(self.stream.into())
+            .varint(self.tid.into())
+            .varint(self.seq.into());
+        w.varint(self.first_tick).varint(self.last_tick);
+        w.bytes.extend_from_slice(records);
+        w.bytes
+    }
+    /// The header and the event records that follow it.
+    pub fn decode(data: &[u8]) -> Result<(Self, &[u8]), TraceError> {
+        let mut r = Reader::new(data);
+        let h = Self {
+            stream: r.varint()? as u32,
+            tid: r.varint()? as u32,
+            seq: r.varint()? as u32,
+            first_tick: r.varint()?,
+            last_tick: r.varint()?,
+        };
+        Ok((h, r.remaining()))
+    }
+}
+
+/// One line of /proc/PID/maps, with the file's GNU build-id when it has one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    /// r, w, x, p/s as in /proc/PID/maps.
+    pub perms: String,
+    pub offset: u64,
+    pub inode: u64,
+    pub path: String,
+    pub build_id: Vec<u8>,
+}
+
+/// Chunk 4: the memory map of a process at a tick.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Maps {
+    pub stream: u32,
+    pub tick: u64,
+    pub mappings: Vec<Mapping>,
+}
+
+impl Maps {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.varint(self.stream.into())
+            .varint(self.tick)
+            .varint(self.mappings.len() as u64);
+        for m in &self.mappings {
+            w.varint(m.start)
+                .varint(m.end - m.start)
+                .str(&m.perms)
+                .varint(m.offset)
+                .varint(m.inode);
+            w.str(&m.path).bytes(&m.build_id);
+        }
+        w.bytes
+    }
+    pub fn decode(data: &[u8]) -> Result<Self, TraceError> {
+        let mut r = Reader::new(data);
+        let stream = r.varint()? as u32;
+        let tick = r.varint()?;
+        let n = r.count(7)?;
+        let mut mappings = Vec::with_capacity(n);
+        for _ in 0..n {
+            let start = r.varint()?;
+            let len = r.varint()?;
+            mappings.push(Mapping {
+                start,
+                end: start.saturating_add(len),
+                perms: r.string()?,
+                offset: r.varint()?,
+                inode: r.varint()?,
+                path: r.string()?,
+                build_id: r.bytes()?.to_vec(),
+            });
+        }
+        Ok(Self {
+            stream,
+            tick,
+            mappings,
+        })
+    }
+}
+
+/// One reading of /proc/PID/status, in KiB as the kernel reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RssSample {
+    pub tick: u64,
+    pub vm_rss_kib: u64,
+    pub rss_anon_kib: u64,
+    pub rss_file_kib: u64,
+    pub rss_shmem_kib: u64,
+}
+
+/// Chunk 5: a batch of RSS samples of one process, in time order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RssBatch {
+    pub stream: u32,
+    pub samples: Vec<RssSample>,
+}
+
+impl RssBatch {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.varint(self.stream.into())
+            .varint(self.samples.len() as u64);
+        let mut prev = 0;
+        for s in &self.samples {
+            w.varint(s.tick.saturating_sub(prev))
+                .varint(s.vm_rss_kib)
+                .varint(s.rss_anon_kib);
+            w.varint(s.rss_file_kib).varint(s.rss_shmem_kib);
+            prev = s.tick;
+        }
+        w.bytes
+    }
+    pub fn decode(data: &[u8]) -> Result<Self, TraceError> {
+        let mut r = Reader::new(data);
+        let stream = r.varint()? as u32;
+        let n = r.count(5)?;
+        let mut samples = Vec::with_capacity(n);
+        let mut tick = 0u64;
+        for _ in 0..n {
+            tick = tick.saturating_add(r.varint()?);
+            samples.push(RssSample {
+                tick,
+                vm_rss_kib: r.varint()?,
+                rss_anon_kib: r.varint()?,
+                rss_file_kib: r.varint()?,
+                rss_shmem_kib: r.varint()?,
+            });
+        }
+        Ok(Self { stream, samples })
+    }
+}
+
+/// Chunk 6: /proc/PID/smaps_rollup at a tick: (field, KiB) as the kernel names them
+/// (Rss, Pss, Anonymous, LazyFree, ...).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rollup {
+    pub stream: u32,
+    pub tick: u64,
+    pub fields: Vec<(String, u64)>,
+}
+
+impl Rollup {
+    pub fn get(&self, name: &str) -> Option<u64> {
+        self.fields.iter().find(|(n, _)| n == name).map(|&(_, v)| v)
+    }
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.varint(self.stream.into())
+            .varint(self.tick)
+            .varint(self.fields.len() as u64);
+        for (name, kib) in &self.fields {
+            w.str(name).varint(*kib);
+        }
+        w.bytes
+    }
+    pub fn decode(data: &[u8]) -> Result<Self, TraceError> {
+        let mut r = Reader::new(data);
+        let stream = r.varint()? as u32;
+        let tick = r.varint()?;
+        let n = r.count(2)?;
+        let fields = (0..n)
+            .map(|_| Ok((r.string()?, r.varint()?)))
+            .collect::<Result<_, TraceError>>()?;
+        Ok(Self {
+            stream,
+            tick,
+            fields,
+        })
+    }
+}
+
+/// Why a page-residency snapshot was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotReason {
+    Periodic = 0,
+    NearPeak = 1,
+    Exit = 2,
+}
+
+/// A range of pages and which of them were resident (bit i of byte i/8: page i).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResidentRange {
+    pub start: u64,
+    pub pages: u64,
+    pub resident: Vec<u8>,
+}
+
+impl ResidentRange {
+    pub fn is_resident(&self, page: u64) -> bool {
+        page < self.pages
+            && self
+                .resident
+                .get((page / 8) as usize)
+                .is_some_and(|b| b >> (page % 8) & 1 == 1)
+    }
+    pub fn resident_pages(&self) -> u64 {
+        self.resident
+            .iter()
+            .map(|b| u64::from(b.count_ones()))
+            .sum()
+    }
+}
+
+/// Chunk 7: page residency (/proc/PID/pagemap) of the mappings that can hold heap objects.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pagemap {
+    pub stream: u32,
+    pub tick: u64,
+    pub reason: SnapshotReason,
+    pub page_size: u32,
+    pub ranges: Vec<ResidentRange>,
+}
+
+impl Pagemap {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.varint(self.stream.into())
+            .varint(self.tick)
+            .u8(self.reason as u8);
+        w.varint(self.page_size.into())
+            .varint(self.ranges.len() as u64);
+        for r in &self.ranges {
+            w.varint(r.start).varint(r.pages).bytes(&r.resident);
+        }
+        w.bytes
+    }
+    pub fn decode(data: &[u8]) -> Result<Self, TraceError> {
+        let mut r = Reader::new(data);
+        let stream = r.varint()? as u32;
+        let tick = r.varint()?;
+        let reason = match r.u8()? {
+            1 => SnapshotReason::NearPeak,
+            2 => SnapshotReason::Exit,
+            _ => SnapshotReason::Periodic,
+        };
+        let page_size = r.varint()? as u32;
+        let n = r.count(3)?;
+        let mut ranges = Vec::with_capacity(n);
+        for _ in 0..n {
+            let start = r.varint()?;
+            let pages = r.varint()?;
+            let resident = r.bytes()?.to_vec();
+            if (resident.len() as u64) < pages.div_ceil(8) {
+                return Err(TraceError::Malformed(
+                    "a residency bitmap is shorter than its range".into(),
+                ));
+            }
+            ranges.push(ResidentRange {
+                start,
+                pages,
+                resident,
+            });
+        }
+        Ok(Self {
+            stream,
+            tick,
+            reason,
+            page_size,
+            ranges,
+        })
+    }
+}
+
+/// How a process stream ended, as far as the interposer could tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndHow {
+    /// exit(status), or a return from main (status then from the wait status, if any).
+    Exit = 0,
+    /// _exit / _Exit.
+    QuickExit = 1,
+    /// Left through exit without a status we could see (return from main).
+    ExitUnknownStatus = 2,
+    /// Replaced by exec: the next image is another stream.
+    Exec = 3,
+    /// The connection closed with no goodbye: killed, or crashed.
+    Vanished = 4,
+}
+
+/// Chunk 8: a process stream ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessEnd {
+    pub stream: u32,
+    pub tick: u64,
+    pub how: EndHow,
+    pub status: i32,
+}
+
+impl ProcessEnd {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.varint(self.stream.into())
+            .varint(self.tick)
+            .u8(self.how as u8)
+            .svarint(self.status.into());
+        w.bytes
+    }
+    pub fn decode(data: &[u8]) -> Result<Self, TraceError> {
+        let mut r = Reader::new(data);
+        let stream = r.varint()? as u32;
+        let tick = r.varint()?;
+        let how = match r.u8()? {
+            0 => EndHow::Exit,
+            1 => EndHow::QuickExit,
+            2 => EndHow::ExitUnknownStatus,
+            3 => EndHow::Exec,
+            _ => EndHow::Vanished,
+        };
+        let status = r.svarint()? as i32;
+        Ok(Self {
+            stream,
+            tick,
+            how,
+            status,
+        })
+    }
+}
+
+/// Chunk 9: what waitpid said about a process the recorder could wait for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WaitStatus {
+    pub pid: u32,
+    pub tick: u64,
+    /// Exit code, when it exited.
+    pub exit_code: Option<i32>,
+    /// Signal number, when a signal ended it.
+    pub signal: Option<i32>,
+}
+
+impl WaitStatus {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.varint(self.pid.into()).varint(self.tick);
+        match (self.exit_code, self.signal) {
+            (Some(c), _) => w.u8(0).svarint(c.into()),
+            (None, Some(s)) => w.u8(1).svarint(s.into()),
+            (None, None) => w.u8(2).svarint(0),
+        };
+        w.bytes
+    }
+    pub fn decode(data: &[u8]) -> Result<Self, TraceError> {
+        let mut r = Reader::new(data);
+        let pid = r.varint()? as u32;
+        let tick = r.varint()?;
+        let kind = r.u8()?;
+        let v = r.svarint()? as i32;
+        let (exit_code, signal) = match kind {
+            0 => (Some(v), None),
+            1 => (None, Some(v)),
+            _ => (None, None),
+        };
+        Ok(Self {
+            pid,
+            tick,
+            exit_code,
+            signal,
+        })
+    }
+}
+
+/// Chunk 10: the recorder finished cleanly. A trace without it was cut short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct End {
+    pub tick: u64,
+    /// Event records received from all processes.
+    pub event_bytes: u64,
+}
+
+impl End {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.varint(self.tick).varint(self.event_bytes);
+        w.bytes
+    }
+    pub fn decode(data: &[u8]) -> Result<Self, TraceError> {
+        let mut r = Reader::new(data);
+        Ok(Self {
+            tick: r.varint()?,
+            event_bytes: r.varint()?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_payload_round_trips() {
+        let meta = Meta {
+            fragscope_version: "0.1.0".into(),
+            start_unix_ns: 1_700_000_000_000_000_000,
+            tick_ns: 1_000_000,
+            page_size: 4096,
+            stacks: StackMode::All,
+            sample_bytes: 524288,
+            snapshot_ms: 1000,
+            argv: vec!["./a".into(), "b c".into()],
+            hostname: "h".into(),
+        };
+        assert_eq!(Meta::decode(&meta.encode()).unwrap(), meta);
+        let p = Process {
+            stream: 3,
+            pid: 42,
+            ppid: 1,
+            origin: Origin::Forked,
+            parent_stream: Some(0),
+            start_tick: 9,
+            argv: vec!["x".into()],
+            exe: "/bin/x".into(),
+        };
+        assert_eq!(Process::decode(&p.encode()).unwrap(), p);
+        let maps = Maps {
+            stream: 1,
+            tick: 5,
+            mappings: vec![Mapping {
+                start: 0x1000,
+                end: 0x3000,
+                perms: "r-xp".into(),
+                offset: 0,
+                inode: 77,
+                path: "/lib/x.so".into(),
+                build_id: vec![1, 2, 3],
+            }],
+        };
+        assert_eq!(Maps::decode(&maps.encode()).unwrap(), maps);
+        let rss = RssBatch {
+            stream: 0,
+            samples: vec![
+                RssSample {
+                    tick: 10,
+                    vm_rss_kib: 100,
+                    rss_anon_kib: 50,
+                    rss_file_kib: 50,
+                    rss_shmem_kib: 0,
+                },
+                RssSample {
+                    tick: 20,
+                    vm_rss_kib: 200,
+                    rss_anon_kib: 150,
+                    rss_file_kib: 50,
+                    rss_shmem_kib: 0,
+                },
+            ],
+        };
+        assert_eq!(RssBatch::decode(&rss.encode()).unwrap(), rss);
+        let pm = Pagemap {
+            stream: 0,
+            tick: 3,
+            reason: SnapshotReason::Exit,
+            page_size: 4096,
+            ranges: vec![ResidentRange {
+                start: 0x10000,
+                pages: 10,
+                resident: vec![0b101, 0b10],
+            }],
+        };
+        let back = Pagemap::decode(&pm.encode()).unwrap();
+        assert_eq!(back, pm);
+        assert!(
+            back.ranges[0].is_resident(0)
+                && !back.ranges[0].is_resident(1)
+                && back.ranges[0].is_resident(9)
+        );
+        assert_eq!(back.ranges[0].resident_pages(), 3);
+        let end = ProcessEnd {
+            stream: 2,
+            tick: 4,
+            how: EndHow::QuickExit,
+            status: -3,
+        };
+        assert_eq!(ProcessEnd::decode(&end.encode()).unwrap(), end);
+        let ws = WaitStatus {
+            pid: 5,
+            tick: 6,
+            exit_code: None,
+            signal: Some(9),
+        };
+        assert_eq!(WaitStatus::decode(&ws.encode()).unwrap(), ws);
+    }
+
+    #[test]
+    fn truncated_payloads_are_errors_not_panics() {
+        let p = Process {
+            stream: 3,
+            pid: 42,
+            ppid: 1,
+            origin: Origin::Started,
+            parent_stream: None,
+            start_tick: 9,
+            argv: vec!["abc".into()],
+            exe: "/bin/x".into(),
+        };
+        let bytes = p.encode();
+        for cut in 0..bytes.len() {
+            assert!(Process::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+}

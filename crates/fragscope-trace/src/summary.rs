@@ -1,0 +1,211 @@
+//! A trace's vital statistics without modelling the heap: what `fragscope info` prints.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+
+use crate::event::{ChunkDecoder, Func, Record};
+use crate::reader::{Chunk, TraceReader};
+use crate::records::{EndHow, Meta, Origin, ProcessEnd, WaitStatus};
+use crate::TraceError;
+
+/// One process image (exec starts another).
+#[derive(Debug, Clone, Default)]
+pub struct ProcessSummary {
+    pub stream: u32,
+    pub pid: u32,
+    pub ppid: u32,
+    pub forked: bool,
+    pub parent_stream: Option<u32>,
+    pub argv: Vec<String>,
+    pub exe: String,
+    pub threads: BTreeSet<u32>,
+    pub calls: BTreeMap<Func, u64>,
+    pub events: u64,
+    pub event_bytes: u64,
+    pub stacks: u64,
+    pub rss_samples: u64,
+    pub peak_rss_kib: u64,
+    pub snapshots: u64,
+    pub end: Option<ProcessEnd>,
+    pub wait: Option<WaitStatus>,
+    /// Buffers missing from a thread's sequence, and events a signal handler dropped.
+    pub lost_buffers: u64,
+    pub lost_events: u64,
+    pub own_memory_bytes: u64,
+    pub allocator: Option<&'static str>,
+}
+
+impl ProcessSummary {
+    /// "exited 0", "killed by signal 9", ...
+    pub fn describe_end(&self) -> String {
+        if let Some(w) = self.wait {
+            if let Some(sig) = w.signal {
+                return format!("killed by signal {sig}");
+            }
+            if let Some(code) = w.exit_code {
+                return format!("exited {code}");
+            }
+        }
+        match self.end {
+            Some(ProcessEnd {
+                how: EndHow::Exit | EndHow::QuickExit,
+                status,
+                ..
+            }) => format!("exited {status}"),
+            Some(ProcessEnd {
+                how: EndHow::ExitUnknownStatus,
+                ..
+            }) => "exited".into(),
+            Some(ProcessEnd {
+                how: EndHow::Exec, ..
+            }) => "exec'd a new image".into(),
+            Some(ProcessEnd {
+                how: EndHow::Vanished,
+                ..
+            }) => "vanished (killed or crashed)".into(),
+            None => "still running when the trace ends".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct TraceSummary {
+    pub meta: Option<Meta>,
+    pub processes: Vec<ProcessSummary>,
+    pub events: u64,
+    pub file_bytes: u64,
+    pub duration_ticks: u64,
+    /// The trace lacks its end marker or has damage: the recording was cut short.
+    pub truncated: bool,
+    pub damage: Option<String>,
+}
+
+impl TraceSummary {
+    pub fn bytes_per_event(&self) -> f64 {
+        if self.events == 0 {
+            0.0
+        } else {
+            self.file_bytes as f64 / self.events as f64
+        }
+    }
+}
+
+/// Reads the whole trace once. `progress` is told the bytes read so far.
+pub fn summarize(
+    path: &Path,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<TraceSummary, TraceError> {
+    let mut reader = TraceReader::open(path)?;
+    let mut sum = TraceSummary {
+        file_bytes: reader.file_bytes(),
+        ..Default::default()
+    };
+    let mut seen_end = false;
+    let mut usable: HashMap<u32, Vec<u32>> = HashMap::new();
+    let mut next_seq: HashMap<(u32, u32), u32> = HashMap::new();
+    let mut by_stream: HashMap<u32, usize> = HashMap::new();
+    let mut chunks = 0u64;
+    while let Some(chunk) = reader.next_chunk() {
+        chunks += 1;
+        if chunks % 256 == 0 {
+            progress(reader.offset(), sum.file_bytes);
+        }
+        let idx =
+            |sum: &mut TraceSummary, by_stream: &mut HashMap<u32, usize>, stream: u32| -> usize {
+                *by_stream.entry(stream).or_insert_with(|| {
+                    sum.processes.push(ProcessSummary {
+                        stream,
+                        ..Default::default()
+                    });
+                    sum.processes.len() - 1
+                })
+            };
+        match chunk {
+            Chunk::Meta(m) => sum.meta = Some(m),
+            Chunk::Process(p) => {
+                let i = idx(&mut sum, &mut by_stream, p.stream);
+                let ps = &mut sum.processes[i];
+                ps.pid = p.pid;
+                ps.ppid = p.ppid;
+                ps.forked = p.origin == Origin::Forked;
+                ps.parent_stream = p.parent_stream;
+                ps.argv = p.argv;
+                ps.exe = p.exe;
+            }
+            Chunk::Events(h, records) => {
+                let i = idx(&mut sum, &mut by_stream, h.stream);
+                sum.duration_ticks = sum.duration_ticks.max(h.last_tick);
+                let ps = &mut sum.processes[i];
+                ps.threads.insert(h.tid);
+                ps.event_bytes += records.len() as u64;
+                let expected = next_seq.entry((h.stream, h.tid)).or_insert(0);
+                ps.lost_buffers += u64::from(h.seq.saturating_sub(*expected));
+                *expected = h.seq + 1;
+                let table = usable.entry(h.stream).or_default();
+                let mut d = ChunkDecoder::new(&records, h.first_tick, table);
+                loop {
+                    match d.next_record() {
+                        Ok(Some(Record::Alloc { func, .. })) => {
+                            *ps.calls.entry(func).or_default() += 1;
+                            ps.events += 1;
+                        }
+                        Ok(Some(Record::Free { .. })) => {
+                            *ps.calls.entry(Func::Free).or_default() += 1;
+                            ps.events += 1;
+                        }
+                        Ok(Some(Record::StackDef { .. })) => ps.stacks += 1,
+                        Ok(Some(Record::Lost { count })) => ps.lost_events += count,
+                        Ok(Some(Record::OwnMemory { bytes })) => {
+                            ps.own_memory_bytes = ps.own_memory_bytes.max(bytes)
+                        }
+                        Ok(Some(Record::Stats { source, .. })) => {
+                            ps.allocator = Some(source.name())
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            sum.damage
+                                .get_or_insert(format!("thread {} of pid {}: {e}", h.tid, ps.pid));
+                            break;
+                        }
+                    }
+                }
+            }
+            Chunk::Rss(b) => {
+                let i = idx(&mut sum, &mut by_stream, b.stream);
+                let ps = &mut sum.processes[i];
+                ps.rss_samples += b.samples.len() as u64;
+                for s in &b.samples {
+                    ps.peak_rss_kib = ps.peak_rss_kib.max(s.vm_rss_kib);
+                    sum.duration_ticks = sum.duration_ticks.max(s.tick);
+                }
+            }
+            Chunk::Pagemap(p) => {
+                let i = idx(&mut sum, &mut by_stream, p.stream);
+                sum.processes[i].snapshots += 1;
+            }
+            Chunk::ProcessEnd(e) => {
+                let i = idx(&mut sum, &mut by_stream, e.stream);
+                sum.processes[i].end = Some(e);
+                sum.duration_ticks = sum.duration_ticks.max(e.tick);
+            }
+            Chunk::WaitStatus(w) => {
+                // The last image of that pid is the one that exited.
+                if let Some(ps) = sum.processes.iter_mut().rev().find(|p| p.pid == w.pid) {
+                    ps.wait = Some(w);
+                }
+            }
+            Chunk::End(e) => {
+                seen_end = true;
+                sum.duration_ticks = sum.duration_ticks.max(e.tick);
+            }
+            Chunk::Maps(_) | Chunk::Rollup(_) => {}
+        }
+    }
+    progress(reader.offset(), sum.file_bytes);
+    if let Some(d) = reader.damage() {
+        sum.damage = Some(format!("at byte {}: {}", d.offset, d.reason));
+    }
+    sum.truncated = !seen_end || reader.damage().is_some();
+    sum.events = sum.processes.iter().map(|p| p.events).sum();
+    Ok(sum)
+}
