@@ -74,6 +74,7 @@ fn to_json(s: &TraceSummary) -> serde_json::Value {
             "threads": p.threads.len(),
             "calls": p.calls.iter().map(|(f, n)| (f.name().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
             "events": p.events,
+            "event_bytes": p.event_bytes,
             "stacks": p.stacks,
             "rss_samples": p.rss_samples,
             "peak_rss": p.peak_rss_kib * 1024,
@@ -110,6 +111,10 @@ fn print_text(path: &std::path::Path, s: &TraceSummary) {
         units::count(s.events),
         s.bytes_per_event()
     );
+    let raw: u64 = s.processes.iter().map(|p| p.event_bytes).sum();
+    if s.events > 0 {
+        println!("events     {:.2} bytes/event before compression", raw as f64 / s.events as f64);
+    }
     if s.truncated {
         println!(
             "truncated  yes: {}; everything before it is intact",

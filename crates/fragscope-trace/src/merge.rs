@@ -1,1 +1,440 @@
-//! placeholder
+//! One process's threads, merged into a single sequence of calls in which no address is
+//! ever live twice.
+//!
+//! Each thread's records arrive in program order, buffer by buffer, carrying the shared
+//! millisecond tick. Across threads the merge goes by tick and, within what ticks cannot
+//! separate, by causality: the interposer records a free before the real free and an
+//! allocation after the real allocation returns, so
+//! - an allocation returning an address that is still live waits for the free of it
+//!   (in another thread) to be merged first;
+//! - a free (or realloc) of an address not live waits for its allocation.
+//!
+//! A call waits at most [`WAIT_WINDOW_TICKS`] behind the newest tick seen; past that (a
+//! block allocated before tracing began, a lost buffer) it is merged anyway and counted
+//! in [`MergeStats`]. Memory is bounded by the live addresses plus the calls inside that
+//! window, never by the length of the trace.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use crate::event::{ChunkDecoder, Func, Record, StatsSource};
+use crate::records::EventsHeader;
+use crate::TraceError;
+
+/// How long (in ticks, i.e. ms) a call may wait for its causal partner.
+pub const WAIT_WINDOW_TICKS: u64 = 1000;
+/// Calls held back before the merge stops waiting for slow threads.
+const MAX_PENDING: usize = 2_000_000;
+
+/// Hashes addresses (already well spread in their middle bits) with one multiply.
+#[derive(Default, Clone, Copy)]
+pub struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100000001b3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9E3779B97F4A7C15);
+    }
+}
+
+pub type AddrBuild = BuildHasherDefault<AddrHasher>;
+pub type AddrMap<V> = HashMap<u64, V, AddrBuild>;
+pub type AddrSet = HashSet<u64, AddrBuild>;
+
+/// A malloc-family call in merged order. Addresses are 0 for NULL; `stack` is an index
+/// into [`Merger::stack`] (0: none recorded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Call {
+    pub tick: u64,
+    pub tid: u32,
+    pub func: Func,
+    pub addr: u64,
+    pub old_addr: u64,
+    pub size: u64,
+    /// Usable size when the allocator told us; otherwise 0.
+    pub usable: u64,
+    pub align: u64,
+    pub stack: u32,
+}
+
+impl Call {
+    /// The address this call makes live, if any.
+    pub fn allocates(&self) -> Option<u64> {
+        (self.func != Func::Free && self.addr != 0).then_some(self.addr)
+    }
+    /// The address this call ends, if any (a realloc that moved or freed its block).
+    pub fn releases(&self) -> Option<u64> {
+        match self.func {
+            Func::Free => (self.addr != 0).then_some(self.addr),
+            Func::Realloc | Func::Reallocarray => {
+                // realloc(p, 0) may free p and return NULL; a failed realloc keeps p.
+                let freed = self.addr != 0 || self.size == 0;
+                (self.old_addr != 0 && freed).then_some(self.old_addr)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Something the merge hands on, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Merged {
+    Call(Call),
+    /// The allocator's own statistics, answered at this tick.
+    Stats { tick: u64, source: StatsSource, values: Vec<(String, u64)> },
+}
+
+/// What the merge could not order by the rules and merged anyway.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MergeStats {
+    /// Allocations returning an address still live (its free never came).
+    pub forced_allocs: u64,
+    /// Frees of addresses never allocated in the trace (allocated before tracing began).
+    pub unknown_frees: u64,
+    /// Calls that arrived after later ticks had been merged (an idle thread's buffer).
+    pub late: u64,
+    /// Events a signal handler could not queue (from lost records).
+    pub lost_events: u64,
+}
+
+struct ThreadQueue {
+    tid: u32,
+    queue: VecDeque<Merged>,
+    /// No future call of this thread has an earlier tick.
+    known_through: u64,
+    /// Thread-local stack id -> process stack index.
+    stacks: HashMap<u32, u32>,
+}
+
+/// Merges the threads of one process.
+pub struct Merger {
+    threads: Vec<ThreadQueue>,
+    thread_index: HashMap<u32, usize>,
+    live: AddrSet,
+    usable: Vec<u32>,
+    stacks: Vec<Vec<u64>>,
+    stack_ids: HashMap<Vec<u64>, u32>,
+    max_seen: u64,
+    last_tick: u64,
+    pending: usize,
+    finishing: bool,
+    stats: MergeStats,
+    own_memory: u64,
+}
+
+impl Default for Merger {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Merger {
+    pub fn new() -> Self {
+        Self {
+            threads: Vec::new(),
+            thread_index: HashMap::new(),
+            live: AddrSet::default(),
+            usable: Vec::new(),
+            stacks: vec![Vec::new()],
+            stack_ids: HashMap::new(),
+            max_seen: 0,
+            last_tick: 0,
+            pending: 0,
+            finishing: false,
+            stats: MergeStats::default(),
+            own_memory: 0,
+        }
+    }
+
+    /// Starts from another process's live blocks (a fork child inherits its parent's heap).
+    pub fn seed_live(&mut self, addrs: impl IntoIterator<Item = u64>) {
+        self.live.extend(addrs);
+    }
+
+    pub fn live_addresses(&self) -> &AddrSet {
+        &self.live
+    }
+
+    pub fn stats(&self) -> MergeStats {
+        self.stats
+    }
+
+    /// The interposer's own mapped bytes, as last reported.
+    pub fn own_memory(&self) -> u64 {
+        self.own_memory
+    }
+
+    /// Return addresses of a stack (innermost first); empty for 0.
+    pub fn stack(&self, id: u32) -> &[u64] {
+        self.stacks.get(id as usize).map_or(&[], |s| s.as_slice())
+    }
+
+    pub fn stack_count(&self) -> usize {
+        self.stacks.len() - 1
+    }
+
+    /// Adds one thread buffer (an events chunk of this process).
+    pub fn push_chunk(&mut self, h: &EventsHeader, records: &[u8]) -> Result<(), TraceError> {
+        let ti = *self.thread_index.entry(h.tid).or_insert_with(|| {
+            self.threads.push(ThreadQueue { tid: h.tid, queue: VecDeque::new(), known_through: 0, stacks: HashMap::new() });
+            self.threads.len() - 1
+        });
+        let mut d = ChunkDecoder::new(records, h.first_tick, &mut self.usable);
+        let t = &mut self.threads[ti];
+        let mut result = Ok(());
+        loop {
+            let rec = match d.next_record() {
+                Ok(Some(r)) => r,
+                Ok(None) => break,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            };
+            let tick = d.tick();
+            match rec {
+                Record::Alloc { func, addr, old_addr, size, align, usable, stack } => {
+                    let stack = if stack == 0 { 0 } else { t.stacks.get(&stack).copied().unwrap_or(0) };
+                    let usable = usable.unwrap_or(0);
+                    t.queue.push_back(Merged::Call(Call { tick, tid: h.tid, func, addr, old_addr, size, usable, align, stack }));
+                    self.pending += 1;
+                }
+                Record::Free { addr } => {
+                    let call = Call { tick, tid: h.tid, func: Func::Free, addr, old_addr: 0, size: 0, usable: 0, align: 0, stack: 0 };
+                    t.queue.push_back(Merged::Call(call));
+                    self.pending += 1;
+                }
+                Record::StackDef { id, frames } => {
+                    let next = self.stacks.len() as u32;
+                    let global = *self.stack_ids.entry(frames.clone()).or_insert(next);
+                    if global == next {
+                        self.stacks.push(frames);
+                    }
+                    t.stacks.insert(id, global);
+                }
+                Record::Stats { source, values } => {
+                    t.queue.push_back(Merged::Stats { tick, source, values });
+                    self.pending += 1;
+                }
+                Record::Lost { count } => self.stats.lost_events += count,
+                Record::OwnMemory { bytes } => self.own_memory = self.own_memory.max(bytes),
+            }
+        }
+        t.known_through = t.known_through.max(h.last_tick).max(d.tick());
+        self.max_seen = self.max_seen.max(t.known_through);
+        result
+    }
+
+    /// No more chunks will come: `pop` now drains everything.
+    pub fn finish(&mut self) {
+        self.finishing = true;
+    }
+
+    /// Calls of ticks up to this are safe to merge: every thread active within the wait
+    /// window has sent its calls up to here.
+    fn watermark(&self) -> u64 {
+        let floor = self.max_seen.saturating_sub(WAIT_WINDOW_TICKS);
+        let active_min = self.threads.iter().map(|t| t.known_through).filter(|&k| k >= floor).min();
+        active_min.unwrap_or(self.max_seen).max(floor)
+    }
+
+    fn blocked(&self, m: &Merged) -> bool {
+        let Merged::Call(c) = m else { return false };
+        if let Some(old) = c.releases() {
+            if !self.live.contains(&old) {
+                return true;
+            }
+            // realloc in place releases and re-allocates the same address
+            if c.allocates() == Some(old) {
+                return false;
+            }
+        } else if c.func == Func::Free {
+            return false; // free(NULL)
+        }
+        c.allocates().is_some_and(|a| self.live.contains(&a))
+    }
+
+    /// The next call in merged order, or `None` when the merge must wait for more chunks
+    /// (or, after `finish`, when all is merged).
+    pub fn pop(&mut self) -> Option<Merged> {
+        let watermark = if self.finishing || self.pending > MAX_PENDING { u64::MAX } else { self.watermark() };
+        let mut best: Option<(u64, usize)> = None;
+        let mut oldest_blocked: Option<(u64, usize)> = None;
+        for (i, t) in self.threads.iter().enumerate() {
+            let Some(head) = t.queue.front() else { continue };
+            let tick = merged_tick(head);
+            if tick > watermark {
+                continue;
+            }
+            if self.blocked(head) {
+                if oldest_blocked.is_none_or(|(bt, _)| tick < bt) {
+                    oldest_blocked = Some((tick, i));
+                }
+            } else if best.is_none_or(|(bt, _)| tick < bt) {
+                best = Some((tick, i));
+            }
+        }
+        let (i, forced) = match (best, oldest_blocked) {
+            (Some((_, i)), _) => (i, false),
+            (None, Some((tick, i))) if self.finishing || tick + WAIT_WINDOW_TICKS < self.max_seen || self.pending > MAX_PENDING => {
+                (i, true)
+            }
+            _ => return None,
+        };
+        let mut m = self.threads[i].queue.pop_front()?;
+        self.pending -= 1;
+        let tick = merged_tick_mut(&mut m);
+        if *tick < self.last_tick {
+            if self.last_tick - *tick > 1 {
+                self.stats.late += 1;
+            }
+            *tick = self.last_tick;
+        }
+        self.last_tick = *tick;
+        if let Merged::Call(c) = &m {
+            if let Some(old) = c.releases() {
+                if !self.live.remove(&old) && forced {
+                    self.stats.unknown_frees += 1;
+                }
+            }
+            if let Some(a) = c.allocates() {
+                if !self.live.insert(a) && forced {
+                    self.stats.forced_allocs += 1;
+                }
+            }
+        }
+        Some(m)
+    }
+
+    /// Thread ids seen, in order of first appearance.
+    pub fn threads(&self) -> impl Iterator<Item = u32> + '_ {
+        self.threads.iter().map(|t| t.tid)
+    }
+}
+
+fn merged_tick(m: &Merged) -> u64 {
+    match m {
+        Merged::Call(c) => c.tick,
+        Merged::Stats { tick, .. } => *tick,
+    }
+}
+
+fn merged_tick_mut(m: &mut Merged) -> &mut u64 {
+    match m {
+        Merged::Call(c) => &mut c.tick,
+        Merged::Stats { tick, .. } => tick,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Writer;
+
+    /// A thread buffer of (is_free, address) calls at one tick.
+    fn chunk(tid: u32, tick: u64, calls: &[(bool, u64)]) -> (EventsHeader, Vec<u8>) {
+        let mut w = Writer::new();
+        let mut prev = 0u64;
+        for &(is_free, addr) in calls {
+            w.u8(if is_free { 9 } else { 0 });
+            w.svarint((addr.wrapping_sub(prev) as i64) / 16);
+            prev = addr;
+            if !is_free {
+                w.varint(32);
+            }
+        }
+        (EventsHeader { stream: 0, tid, seq: 0, first_tick: tick, last_tick: tick }, w.bytes)
+    }
+
+    fn drain(m: &mut Merger) -> Vec<Call> {
+        m.finish();
+        let mut out = Vec::new();
+        while let Some(x) = m.pop() {
+            if let Merged::Call(c) = x {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    fn assert_never_live_twice(calls: &[Call]) {
+        let mut live = AddrSet::default();
+        for c in calls {
+            if let Some(a) = c.releases() {
+                assert!(live.remove(&a), "free of {a:#x} not live: {c:?}");
+            }
+            if let Some(a) = c.allocates() {
+                assert!(live.insert(a), "{a:#x} allocated while live: {c:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_reused_address_waits_for_the_other_threads_free() {
+        // Thread 2 frees 0x1000 (allocated by thread 1) and gets it back at once; its buffer
+        // is read first, before thread 1's allocation is known.
+        let mut m = Merger::new();
+        let (h2, b2) = chunk(2, 5, &[(true, 0x1000), (false, 0x1000), (true, 0x1000)]);
+        let (h1, b1) = chunk(1, 5, &[(false, 0x1000)]);
+        m.push_chunk(&h2, &b2).unwrap();
+        m.push_chunk(&h1, &b1).unwrap();
+        let calls = drain(&mut m);
+        assert_eq!(calls.len(), 4);
+        assert_eq!((calls[0].tid, calls[0].func), (1, Func::Malloc));
+        assert_never_live_twice(&calls);
+        assert_eq!(m.stats(), MergeStats::default());
+    }
+
+    #[test]
+    fn ping_pong_between_many_threads_never_doubles_an_address() {
+        // Eight threads pass four addresses round-robin: each frees what the previous one
+        // allocated and re-allocates the same address. Buffers arrive in reverse order.
+        let mut m = Merger::new();
+        let addrs = [0x1000u64, 0x2000, 0x3000, 0x4000];
+        let mut chunks = Vec::new();
+        for t in 0..8u32 {
+            let mut calls = Vec::new();
+            for &a in &addrs {
+                if t > 0 {
+                    calls.push((true, a));
+                }
+                calls.push((false, a));
+            }
+            chunks.push(chunk(t, u64::from(t), &calls));
+        }
+        for (h, b) in chunks.iter().rev() {
+            m.push_chunk(h, b).unwrap();
+        }
+        let calls = drain(&mut m);
+        assert_eq!(calls.len(), 4 + 7 * 8);
+        assert_never_live_twice(&calls);
+        assert_eq!(m.stats().forced_allocs + m.stats().unknown_frees, 0);
+        assert!(calls.windows(2).all(|w| w[0].tick <= w[1].tick));
+    }
+
+    #[test]
+    fn a_free_of_a_block_from_before_tracing_is_merged_and_counted() {
+        let mut m = Merger::new();
+        let (h, b) = chunk(1, 0, &[(true, 0x5000), (false, 0x6000)]);
+        m.push_chunk(&h, &b).unwrap();
+        let calls = drain(&mut m);
+        assert_eq!(calls.len(), 2);
+        assert_eq!(m.stats().unknown_frees, 1);
+    }
+
+    #[test]
+    fn a_single_thread_is_merged_as_it_arrives() {
+        let mut m = Merger::new();
+        let (h, b) = chunk(1, 3, &[(false, 0x1000), (true, 0x1000)]);
+        m.push_chunk(&h, &b).unwrap();
+        assert!(m.pop().is_some() && m.pop().is_some(), "no waiting for a lone thread");
+        assert!(m.pop().is_none());
+    }
+}
