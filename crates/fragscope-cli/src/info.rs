@@ -113,7 +113,10 @@ fn print_text(path: &std::path::Path, s: &TraceSummary) {
     );
     let raw: u64 = s.processes.iter().map(|p| p.event_bytes).sum();
     if s.events > 0 {
-        println!("events     {:.2} bytes/event before compression", raw as f64 / s.events as f64);
+        println!(
+            "events     {:.2} bytes/event before compression",
+            raw as f64 / s.events as f64
+        );
     }
     if s.truncated {
         println!(

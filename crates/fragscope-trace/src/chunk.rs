@@ -332,7 +332,11 @@ mod tests {
             let whole = boundaries.iter().filter(|&&b| b <= cut).count() - 1;
             assert_eq!(n, whole, "cut at {cut}");
             // A cut between chunks looks like a clean end; the missing End chunk tells.
-            assert_eq!(r.damage().is_some(), !boundaries.contains(&cut), "cut at {cut}");
+            assert_eq!(
+                r.damage().is_some(),
+                !boundaries.contains(&cut),
+                "cut at {cut}"
+            );
         }
     }
 

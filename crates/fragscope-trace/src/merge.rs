@@ -88,7 +88,11 @@ impl Call {
 pub enum Merged {
     Call(Call),
     /// The allocator's own statistics, answered at this tick.
-    Stats { tick: u64, source: StatsSource, values: Vec<(String, u64)> },
+    Stats {
+        tick: u64,
+        source: StatsSource,
+        values: Vec<(String, u64)>,
+    },
 }
 
 /// What the merge could not order by the rules and merged anyway.
@@ -183,7 +187,12 @@ impl Merger {
     /// Adds one thread buffer (an events chunk of this process).
     pub fn push_chunk(&mut self, h: &EventsHeader, records: &[u8]) -> Result<(), TraceError> {
         let ti = *self.thread_index.entry(h.tid).or_insert_with(|| {
-            self.threads.push(ThreadQueue { tid: h.tid, queue: VecDeque::new(), known_through: 0, stacks: HashMap::new() });
+            self.threads.push(ThreadQueue {
+                tid: h.tid,
+                queue: VecDeque::new(),
+                known_through: 0,
+                stacks: HashMap::new(),
+            });
             self.threads.len() - 1
         });
         let mut d = ChunkDecoder::new(records, h.first_tick, &mut self.usable);
@@ -200,14 +209,46 @@ impl Merger {
             };
             let tick = d.tick();
             match rec {
-                Record::Alloc { func, addr, old_addr, size, align, usable, stack } => {
-                    let stack = if stack == 0 { 0 } else { t.stacks.get(&stack).copied().unwrap_or(0) };
+                Record::Alloc {
+                    func,
+                    addr,
+                    old_addr,
+                    size,
+                    align,
+                    usable,
+                    stack,
+                } => {
+                    let stack = if stack == 0 {
+                        0
+                    } else {
+                        t.stacks.get(&stack).copied().unwrap_or(0)
+                    };
                     let usable = usable.unwrap_or(0);
-                    t.queue.push_back(Merged::Call(Call { tick, tid: h.tid, func, addr, old_addr, size, usable, align, stack }));
+                    t.queue.push_back(Merged::Call(Call {
+                        tick,
+                        tid: h.tid,
+                        func,
+                        addr,
+                        old_addr,
+                        size,
+                        usable,
+                        align,
+                        stack,
+                    }));
                     self.pending += 1;
                 }
                 Record::Free { addr } => {
-                    let call = Call { tick, tid: h.tid, func: Func::Free, addr, old_addr: 0, size: 0, usable: 0, align: 0, stack: 0 };
+                    let call = Call {
+                        tick,
+                        tid: h.tid,
+                        func: Func::Free,
+                        addr,
+                        old_addr: 0,
+                        size: 0,
+                        usable: 0,
+                        align: 0,
+                        stack: 0,
+                    };
                     t.queue.push_back(Merged::Call(call));
                     self.pending += 1;
                 }
@@ -220,7 +261,11 @@ impl Merger {
                     t.stacks.insert(id, global);
                 }
                 Record::Stats { source, values } => {
-                    t.queue.push_back(Merged::Stats { tick, source, values });
+                    t.queue.push_back(Merged::Stats {
+                        tick,
+                        source,
+                        values,
+                    });
                     self.pending += 1;
                 }
                 Record::Lost { count } => self.stats.lost_events += count,
@@ -241,7 +286,12 @@ impl Merger {
     /// window has sent its calls up to here.
     fn watermark(&self) -> u64 {
         let floor = self.max_seen.saturating_sub(WAIT_WINDOW_TICKS);
-        let active_min = self.threads.iter().map(|t| t.known_through).filter(|&k| k >= floor).min();
+        let active_min = self
+            .threads
+            .iter()
+            .map(|t| t.known_through)
+            .filter(|&k| k >= floor)
+            .min();
         active_min.unwrap_or(self.max_seen).max(floor)
     }
 
@@ -264,11 +314,17 @@ impl Merger {
     /// The next call in merged order, or `None` when the merge must wait for more chunks
     /// (or, after `finish`, when all is merged).
     pub fn pop(&mut self) -> Option<Merged> {
-        let watermark = if self.finishing || self.pending > MAX_PENDING { u64::MAX } else { self.watermark() };
+        let watermark = if self.finishing || self.pending > MAX_PENDING {
+            u64::MAX
+        } else {
+            self.watermark()
+        };
         let mut best: Option<(u64, usize)> = None;
         let mut oldest_blocked: Option<(u64, usize)> = None;
         for (i, t) in self.threads.iter().enumerate() {
-            let Some(head) = t.queue.front() else { continue };
+            let Some(head) = t.queue.front() else {
+                continue;
+            };
             let tick = merged_tick(head);
             if tick > watermark {
                 continue;
@@ -283,7 +339,11 @@ impl Merger {
         }
         let (i, forced) = match (best, oldest_blocked) {
             (Some((_, i)), _) => (i, false),
-            (None, Some((tick, i))) if self.finishing || tick + WAIT_WINDOW_TICKS < self.max_seen || self.pending > MAX_PENDING => {
+            (None, Some((tick, i)))
+                if self.finishing
+                    || tick + WAIT_WINDOW_TICKS < self.max_seen
+                    || self.pending > MAX_PENDING =>
+            {
                 (i, true)
             }
             _ => return None,
@@ -350,7 +410,16 @@ mod tests {
                 w.varint(32);
             }
         }
-        (EventsHeader { stream: 0, tid, seq: 0, first_tick: tick, last_tick: tick }, w.bytes)
+        (
+            EventsHeader {
+                stream: 0,
+                tid,
+                seq: 0,
+                first_tick: tick,
+                last_tick: tick,
+            },
+            w.bytes,
+        )
     }
 
     fn drain(m: &mut Merger) -> Vec<Call> {
@@ -434,7 +503,10 @@ mod tests {
         let mut m = Merger::new();
         let (h, b) = chunk(1, 3, &[(false, 0x1000), (true, 0x1000)]);
         m.push_chunk(&h, &b).unwrap();
-        assert!(m.pop().is_some() && m.pop().is_some(), "no waiting for a lone thread");
+        assert!(
+            m.pop().is_some() && m.pop().is_some(),
+            "no waiting for a lone thread"
+        );
         assert!(m.pop().is_none());
     }
 }

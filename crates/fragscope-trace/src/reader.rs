@@ -1,7 +1,7 @@
 //! Typed chunks from a trace file.
 
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Read};
 use std::path::Path;
 
 use crate::chunk::{ChunkKind, ChunkReader, Damage};
@@ -25,8 +25,8 @@ pub enum Chunk {
 
 /// Reads a trace chunk by chunk. Damage (a cut or corrupt file) ends the iteration; what
 /// came before is intact and `damage()` says where reading stopped.
-pub struct TraceReader {
-    chunks: ChunkReader<BufReader<File>>,
+pub struct TraceReader<R: Read = BufReader<File>> {
+    chunks: ChunkReader<R>,
     raw: Vec<u8>,
     file_bytes: u64,
     damage: Option<Damage>,
@@ -36,7 +36,14 @@ impl TraceReader {
     pub fn open(path: &Path) -> Result<Self, TraceError> {
         let file = File::open(path)?;
         let file_bytes = file.metadata()?.len();
-        let chunks = ChunkReader::new(BufReader::with_capacity(1 << 20, file))?;
+        Self::from_reader(BufReader::with_capacity(1 << 20, file), file_bytes)
+    }
+}
+
+impl<R: Read> TraceReader<R> {
+    /// Reads a trace from any byte source (`file_bytes`: its length, for progress).
+    pub fn from_reader(input: R, file_bytes: u64) -> Result<Self, TraceError> {
+        let chunks = ChunkReader::new(input)?;
         Ok(Self {
             chunks,
             raw: Vec::new(),
@@ -92,4 +99,31 @@ impl TraceReader {
             }
         }
     }
+}
+
+/// Reads every chunk of an in-memory trace and decodes every event record, merging each
+/// process's threads: the whole reading path, for fuzzing. Never panics; returns the
+/// number of calls merged.
+pub fn read_all_from_bytes(data: &[u8]) -> u64 {
+    let Ok(mut r) = TraceReader::<&[u8]>::from_reader(data, data.len() as u64) else {
+        return 0;
+    };
+    let mut mergers: std::collections::HashMap<u32, crate::merge::Merger> = Default::default();
+    let mut calls = 0;
+    while let Some(chunk) = r.next_chunk() {
+        if let Chunk::Events(h, records) = chunk {
+            let m = mergers.entry(h.stream).or_default();
+            let _ = m.push_chunk(&h, &records);
+            while m.pop().is_some() {
+                calls += 1;
+            }
+        }
+    }
+    for m in mergers.values_mut() {
+        m.finish();
+        while m.pop().is_some() {
+            calls += 1;
+        }
+    }
+    calls
 }
