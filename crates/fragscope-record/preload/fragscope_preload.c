@@ -348,14 +348,20 @@ static void send_message(const struct msg_header *h, const void *payload, int wa
 }
 
 /* ---- thread buffers ---- */
-static void flush_thread(struct thread_state *ts) {
-    if (ts->len == 0) return;
-    struct msg_header h = {MSG_EVENTS, ts->len, ts->tid, ts->seq++, ts->chunk_first_tick, ts->tick};
+/* A buffer's seq with this bit set is the thread's last: it is exiting. */
+#define SEQ_THREAD_EXITED 0x80000000u
+
+static void send_thread_buffer(struct thread_state *ts, uint32_t seq_flags) {
+    struct msg_header h = {MSG_EVENTS, ts->len, ts->tid, ts->seq++ | seq_flags, ts->chunk_first_tick, ts->tick};
     send_message(&h, ts->buf, 0);
     ts->len = 0;
     ts->prev_addr = 0;
     ts->chunk_first_tick = ts->tick;
     ts->last_flush_tick = ts->tick;
+}
+
+static void flush_thread(struct thread_state *ts) {
+    if (ts->len > 0) send_thread_buffer(ts, 0);
 }
 
 static uint64_t next_sample_interval(struct thread_state *ts) {
@@ -386,6 +392,7 @@ static struct thread_state *thread_state_new(void) {
      * last destructors recorded. */
     for (struct thread_state *r = registry; r; r = r->next_in_registry) {
         if (r->retired && syscall(SYS_tgkill, my_pid, r->tid, 0) != 0 && errno == ESRCH) {
+            r->retired = 0; /* claimed under the lock: no other new thread can take it */
             ts = r;
             break;
         }
@@ -393,7 +400,6 @@ static struct thread_state *thread_state_new(void) {
     pthread_mutex_unlock(&registry_lock);
     if (ts) {
         flush_thread(ts);
-        ts->retired = 0;
     } else {
         ts = own_mmap(sizeof *ts);
         if (!ts) return NULL;
@@ -417,6 +423,9 @@ static struct thread_state *thread_state_new(void) {
     tls_state = ts;
     pthread_setspecific(thread_exit_key, ts);
     emit_own_memory(ts);
+    /* Sent at once: it tells the reader's merge this thread exists, so no other thread's
+     * calls are merged past this tick before this thread's calls are in. */
+    flush_thread(ts);
     return ts;
 }
 
@@ -425,7 +434,7 @@ static void thread_exited(void *arg) {
     if (!ts) return;
     unsigned saved = tls_flags;
     tls_flags |= TF_FORWARD;
-    flush_thread(ts);
+    send_thread_buffer(ts, SEQ_THREAD_EXITED);
     ts->retired = 1;
     tls_flags = saved;
 }

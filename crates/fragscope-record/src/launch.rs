@@ -56,7 +56,6 @@ pub fn check_traceable(program: &OsStr) -> Result<PathBuf, NotTraceable> {
     if data.starts_with(b"#!") {
         let line = data.split(|&b| b == b'\n').next().unwrap_or(&[]);
         let interp = String::from_utf8_lossy(&line[2..])
-            .trim()
             .split_whitespace()
             .next()
             .unwrap_or("")

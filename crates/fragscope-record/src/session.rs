@@ -260,11 +260,7 @@ fn serve_connection(shared: Arc<Shared>, mut conn: UnixStream) {
         Ok(c) => std::io::BufReader::with_capacity(1 << 20, c),
         Err(_) => return,
     };
-    loop {
-        let header = match protocol::read_header(&mut reader) {
-            Ok(Some(h)) => h,
-            Ok(None) | Err(_) => break,
-        };
+    while let Ok(Some(header)) = protocol::read_header(&mut reader) {
         if header.len > protocol::MAX_PAYLOAD {
             break; // not our interposer speaking
         }
@@ -285,12 +281,14 @@ fn serve_connection(shared: Arc<Shared>, mut conn: UnixStream) {
             }
             MsgType::Events => {
                 let Some(s) = stream else { continue };
+                // The interposer marks a thread's last buffer in the high bit of seq.
                 let h = EventsHeader {
                     stream: s,
                     tid: header.tid,
-                    seq: header.seq,
+                    seq: header.seq & 0x7fff_ffff,
                     first_tick: header.first_tick,
                     last_tick: header.last_tick,
+                    thread_exited: header.seq & 0x8000_0000 != 0,
                 };
                 shared
                     .event_bytes
@@ -396,7 +394,7 @@ fn sample(shared: Arc<Shared>, snapshot_every: Duration, stop: Arc<AtomicBool>) 
                     SnapshotReason::NearPeak
                 };
                 shared.snapshot(stream, pid, reason);
-            } else if round % ROLLUP_EVERY == 0 {
+            } else if round.is_multiple_of(ROLLUP_EVERY) {
                 if let Some(fields) = procfs::read_rollup(pid) {
                     shared.send(
                         ChunkKind::Rollup,

@@ -113,6 +113,8 @@ struct ThreadQueue {
     queue: VecDeque<Merged>,
     /// No future call of this thread has an earlier tick.
     known_through: u64,
+    /// The thread sent its last buffer: the merge no longer waits for it.
+    exited: bool,
     /// Thread-local stack id -> process stack index.
     stacks: HashMap<u32, u32>,
 }
@@ -191,6 +193,7 @@ impl Merger {
                 tid: h.tid,
                 queue: VecDeque::new(),
                 known_through: 0,
+                exited: false,
                 stacks: HashMap::new(),
             });
             self.threads.len() - 1
@@ -273,6 +276,7 @@ impl Merger {
             }
         }
         t.known_through = t.known_through.max(h.last_tick).max(d.tick());
+        t.exited = h.thread_exited;
         self.max_seen = self.max_seen.max(t.known_through);
         result
     }
@@ -289,6 +293,7 @@ impl Merger {
         let active_min = self
             .threads
             .iter()
+            .filter(|t| !t.exited)
             .map(|t| t.known_through)
             .filter(|&k| k >= floor)
             .min();
@@ -417,6 +422,7 @@ mod tests {
                 seq: 0,
                 first_tick: tick,
                 last_tick: tick,
+                thread_exited: false,
             },
             w.bytes,
         )

@@ -162,6 +162,8 @@ pub struct EventsHeader {
     pub seq: u32,
     pub first_tick: u64,
     pub last_tick: u64,
+    /// The thread's last buffer: it was exiting.
+    pub thread_exited: bool,
 }
 
 impl EventsHeader {
@@ -171,6 +173,7 @@ impl EventsHeader {
             .varint(self.tid.into())
             .varint(self.seq.into());
         w.varint(self.first_tick).varint(self.last_tick);
+        w.varint(u64::from(self.thread_exited));
         w.bytes.extend_from_slice(records);
         w.bytes
     }
@@ -183,6 +186,7 @@ impl EventsHeader {
             seq: r.varint()? as u32,
             first_tick: r.varint()?,
             last_tick: r.varint()?,
+            thread_exited: r.varint()? & 1 == 1,
         };
         Ok((h, r.remaining()))
     }

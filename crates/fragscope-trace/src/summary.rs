@@ -107,7 +107,7 @@ pub fn summarize(
     let mut chunks = 0u64;
     while let Some(chunk) = reader.next_chunk() {
         chunks += 1;
-        if chunks % 256 == 0 {
+        if chunks.is_multiple_of(256) {
             progress(reader.offset(), sum.file_bytes);
         }
         let idx =
