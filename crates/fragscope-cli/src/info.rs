@@ -1,6 +1,5 @@
 //! `fragscope info`
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -21,26 +20,11 @@ pub struct InfoArgs {
     json: bool,
 }
 
-fn progress_bar(total: u64) -> indicatif::ProgressBar {
-    if !std::io::stderr().is_terminal() || total < (64 << 20) {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::new(total);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{msg} [{bar:30}] {binary_bytes}/{binary_total_bytes} ({eta})",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    bar.set_message("reading trace");
-    bar
-}
-
 pub fn run(a: InfoArgs) -> Result<ExitCode> {
     let size = std::fs::metadata(&a.trace)
         .with_context(|| format!("cannot open {}", a.trace.display()))?
         .len();
-    let bar = progress_bar(size);
+    let bar = crate::progress::bar(size, "reading trace");
     let sum = summarize(&a.trace, |done, _| bar.set_position(done))
         .with_context(|| format!("reading {}", a.trace.display()))?;
     bar.finish_and_clear();

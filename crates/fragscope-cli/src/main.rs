@@ -1,7 +1,9 @@
 //! The `fragscope` command line.
 
 mod info;
+mod progress;
 mod record;
+mod report;
 mod units;
 
 use std::process::ExitCode;
@@ -29,6 +31,7 @@ struct Cli {
 enum Command {
     Record(record::RecordArgs),
     Info(info::InfoArgs),
+    Report(report::ReportArgs),
 }
 
 fn main() -> ExitCode {
@@ -36,6 +39,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Record(a) => record::run(a),
         Command::Info(a) => info::run(a),
+        Command::Report(a) => report::run(a),
     };
     match result {
         Ok(code) => code,

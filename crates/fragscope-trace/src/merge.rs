@@ -26,11 +26,16 @@ pub const WAIT_WINDOW_TICKS: u64 = 1000;
 /// Calls held back before the merge stops waiting for slow threads.
 const MAX_PENDING: usize = 2_000_000;
 
-/// Hashes addresses (already well spread in their middle bits) with one multiply.
+/// Hashes integer keys for tables indexed by the hash's low bits (hashbrown), keeping
+/// key order in those bits (key >> SHIFT). Allocators hand out neighbouring addresses
+/// close together in time, so a run of allocations or frees touches neighbouring buckets,
+/// which stay in cache, instead of costing one cache miss per call. The top 7 bits, which
+/// hashbrown compares as a tag before the key, come from a folded multiply so that tags
+/// still tell keys apart.
 #[derive(Default, Clone, Copy)]
-pub struct AddrHasher(u64);
+pub struct LocalityHasher<const SHIFT: u32>(u64);
 
-impl Hasher for AddrHasher {
+impl<const SHIFT: u32> Hasher for LocalityHasher<SHIFT> {
     fn finish(&self) -> u64 {
         self.0
     }
@@ -40,13 +45,47 @@ impl Hasher for AddrHasher {
         }
     }
     fn write_u64(&mut self, v: u64) {
-        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9E3779B97F4A7C15);
+        const TAG: u64 = 0x7f << 57;
+        self.0 = ((v >> SHIFT) & !TAG) | (fold_multiply(v) & TAG);
     }
 }
 
-pub type AddrBuild = BuildHasherDefault<AddrHasher>;
+/// Mixes all 64 bits of a key into all 64 bits of the result.
+#[inline]
+pub fn fold_multiply(v: u64) -> u64 {
+    let p = u128::from(v) * 0x9E37_79B9_7F4A_7C15;
+    (p as u64) ^ ((p >> 64) as u64)
+}
+
+/// A fast hasher for small keys without locality (size classes, stack ids, pairs).
+#[derive(Default, Clone, Copy)]
+pub struct FoldHasher(u64);
+
+impl Hasher for FoldHasher {
+    fn finish(&self) -> u64 {
+        fold_multiply(self.0)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100000001b3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = fold_multiply(self.0 ^ v);
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(v.into());
+    }
+}
+
+/// Heap addresses (8-byte aligned at least).
+pub type AddrBuild = BuildHasherDefault<LocalityHasher<3>>;
 pub type AddrMap<V> = HashMap<u64, V, AddrBuild>;
 pub type AddrSet = HashSet<u64, AddrBuild>;
+/// Page numbers.
+pub type PageMap<V> = HashMap<u64, V, BuildHasherDefault<LocalityHasher<0>>>;
+pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FoldHasher>>;
+pub type FastSet<K> = HashSet<K, BuildHasherDefault<FoldHasher>>;
 
 /// A malloc-family call in merged order. Addresses are 0 for NULL; `stack` is an index
 /// into [`Merger::stack`] (0: none recorded).
@@ -79,6 +118,35 @@ impl Call {
                 (self.old_addr != 0 && freed).then_some(self.old_addr)
             }
             _ => None,
+        }
+    }
+}
+
+/// A block that is live after the merged calls so far: what the model needs of it.
+/// Kept small (24 bytes) because a heap can hold hundreds of millions of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LiveBlock {
+    /// Requested bytes.
+    pub size: u64,
+    /// Usable minus requested bytes (0 when the allocator did not say).
+    pub rounding: u32,
+    /// Process stack index (0: not sampled).
+    pub stack: u32,
+    /// Tick of the allocation.
+    pub born_tick: u32,
+}
+
+impl LiveBlock {
+    pub fn usable(&self) -> u64 {
+        self.size + u64::from(self.rounding)
+    }
+
+    fn of(c: &Call) -> Self {
+        Self {
+            size: c.size,
+            rounding: c.usable.saturating_sub(c.size).min(u64::from(u32::MAX)) as u32,
+            stack: c.stack,
+            born_tick: c.tick.min(u64::from(u32::MAX)) as u32,
         }
     }
 }
@@ -123,7 +191,10 @@ struct ThreadQueue {
 pub struct Merger {
     threads: Vec<ThreadQueue>,
     thread_index: HashMap<u32, usize>,
-    live: AddrSet,
+    live: AddrMap<LiveBlock>,
+    /// Blocks the last popped call ended: the one it freed, and the one a forced
+    /// allocation replaced.
+    ended: [Option<(u64, LiveBlock)>; 2],
     usable: Vec<u32>,
     stacks: Vec<Vec<u64>>,
     stack_ids: HashMap<Vec<u64>, u32>,
@@ -146,7 +217,8 @@ impl Merger {
         Self {
             threads: Vec::new(),
             thread_index: HashMap::new(),
-            live: AddrSet::default(),
+            live: AddrMap::default(),
+            ended: [None; 2],
             usable: Vec::new(),
             stacks: vec![Vec::new()],
             stack_ids: HashMap::new(),
@@ -160,12 +232,19 @@ impl Merger {
     }
 
     /// Starts from another process's live blocks (a fork child inherits its parent's heap).
-    pub fn seed_live(&mut self, addrs: impl IntoIterator<Item = u64>) {
-        self.live.extend(addrs);
+    pub fn seed_live(&mut self, blocks: impl IntoIterator<Item = (u64, LiveBlock)>) {
+        self.live.extend(blocks);
     }
 
-    pub fn live_addresses(&self) -> &AddrSet {
+    /// Every live block after the calls popped so far, by address.
+    pub fn live_blocks(&self) -> &AddrMap<LiveBlock> {
         &self.live
+    }
+
+    /// The blocks (address, block) that the last popped call ended: a freed block, and
+    /// for a forced allocation the block it displaced.
+    pub fn ended_by_last_pop(&self) -> impl Iterator<Item = &(u64, LiveBlock)> {
+        self.ended.iter().flatten()
     }
 
     pub fn stats(&self) -> MergeStats {
@@ -303,7 +382,7 @@ impl Merger {
     fn blocked(&self, m: &Merged) -> bool {
         let Merged::Call(c) = m else { return false };
         if let Some(old) = c.releases() {
-            if !self.live.contains(&old) {
+            if !self.live.contains_key(&old) {
                 return true;
             }
             // realloc in place releases and re-allocates the same address
@@ -313,7 +392,7 @@ impl Merger {
         } else if c.func == Func::Free {
             return false; // free(NULL)
         }
-        c.allocates().is_some_and(|a| self.live.contains(&a))
+        c.allocates().is_some_and(|a| self.live.contains_key(&a))
     }
 
     /// The next call in merged order, or `None` when the merge must wait for more chunks
@@ -363,15 +442,21 @@ impl Merger {
             *tick = self.last_tick;
         }
         self.last_tick = *tick;
+        self.ended = [None; 2];
         if let Merged::Call(c) = &m {
             if let Some(old) = c.releases() {
-                if !self.live.remove(&old) && forced {
-                    self.stats.unknown_frees += 1;
+                match self.live.remove(&old) {
+                    Some(b) => self.ended[0] = Some((old, b)),
+                    None if forced => self.stats.unknown_frees += 1,
+                    None => {}
                 }
             }
             if let Some(a) = c.allocates() {
-                if !self.live.insert(a) && forced {
-                    self.stats.forced_allocs += 1;
+                if let Some(displaced) = self.live.insert(a, LiveBlock::of(c)) {
+                    self.ended[1] = Some((a, displaced));
+                    if forced {
+                        self.stats.forced_allocs += 1;
+                    }
                 }
             }
         }

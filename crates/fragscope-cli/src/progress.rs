@@ -1,0 +1,19 @@
+//! Progress bars on stderr for long reads, hidden when stderr is not a terminal or the
+//! input is small.
+
+use std::io::IsTerminal;
+
+pub fn bar(total: u64, message: &'static str) -> indicatif::ProgressBar {
+    if !std::io::stderr().is_terminal() || total < (64 << 20) {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:30}] {binary_bytes}/{binary_total_bytes} ({eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message(message);
+    bar
+}

@@ -1,0 +1,490 @@
+//! `fragscope report`: the RSS decomposition, phases, timeline, page occupancy, size
+//! classes and allocation sites of a recorded run, in the terminal or as JSON.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use fragscope_model::report::{Decomposition, Report, Site, Snapshot};
+use fragscope_model::{analyze, Options};
+
+use crate::progress;
+use crate::units::{bytes, count};
+
+/// Explain a recorded run's RSS: what part is live data, size-class rounding, free space
+/// in pages that live objects pin, free pages the allocator keeps, lazily freed pages,
+/// and memory outside the heap; when it happened; which allocation sites are to blame.
+///
+/// Examples:
+///   fragscope report run.fsc
+///   fragscope report run.fsc --json > report.json
+///   fragscope report run.fsc --pid 4242 --sparse-pct 25
+#[derive(Args)]
+#[command(verbatim_doc_comment)]
+pub struct ReportArgs {
+    /// The trace (from `fragscope record`).
+    trace: PathBuf,
+    /// Print the whole report as one JSON document (see docs/report-json.md).
+    #[arg(long)]
+    json: bool,
+    /// Analyse this process (default: the one with the highest RSS; see `fragscope info`).
+    #[arg(long)]
+    pid: Option<u32>,
+    /// Pages whose live bytes fill less than this percentage count as pinned by the
+    /// objects in them (the "pinned waste" of allocation sites).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100))]
+    sparse_pct: u32,
+    /// Rows in each table of allocation sites and size classes.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+}
+
+pub fn run(a: ReportArgs) -> Result<ExitCode> {
+    let size = std::fs::metadata(&a.trace)
+        .with_context(|| format!("cannot open {}", a.trace.display()))?
+        .len();
+    let bar = progress::bar(size, "analysing");
+    let opts = Options {
+        pid: a.pid,
+        sparse_pct: a.sparse_pct,
+        top: a.top,
+    };
+    let report = analyze(&a.trace, &opts, |done, _| bar.set_position(done))
+        .with_context(|| format!("analysing {}", a.trace.display()))?;
+    bar.finish_and_clear();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render(&report, a.top));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn secs(ms: f64) -> String {
+    format!("{:.2} s", ms / 1000.0)
+}
+
+fn pct(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        "-".into()
+    } else {
+        format!("{:.1}%", 100.0 * part as f64 / whole as f64)
+    }
+}
+
+/// The whole terminal report.
+pub fn render(r: &Report, top: usize) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "fragscope report: {} (pid {}{}, {} calls, {})",
+        r.argv.join(" "),
+        r.pid,
+        r.allocator
+            .as_deref()
+            .map(|a| format!(", {a}"))
+            .unwrap_or_default(),
+        count(r.calls),
+        secs(r.duration_ms)
+    );
+    if r.truncated {
+        let _ = writeln!(
+            o,
+            "note: the trace is truncated ({}); this is the analysis of what is intact",
+            r.damage.as_deref().unwrap_or("no end marker")
+        );
+    }
+    if r.merge.forced_allocs + r.merge.unknown_frees + r.merge.lost_events > 0 {
+        let _ = writeln!(
+            o,
+            "note: {} allocations of still-live addresses, {} frees of unknown blocks, {} lost events",
+            r.merge.forced_allocs, r.merge.unknown_frees, r.merge.lost_events
+        );
+    }
+    headline(&mut o, r);
+    decomposition_table(&mut o, r);
+    phases(&mut o, r);
+    timeline(&mut o, r);
+    if let Some(f) = r.focus_snapshot {
+        occupancy(&mut o, &r.snapshots[f]);
+        size_classes(&mut o, r, top);
+        allocator_view(&mut o, &r.snapshots[f]);
+    }
+    sites(&mut o, r);
+    if r.processes.len() > 1 {
+        let _ = writeln!(
+            o,
+            "\nOther processes in this trace (fragscope report --pid N):"
+        );
+        for p in r
+            .processes
+            .iter()
+            .filter(|p| p.stream != r.stream)
+        {
+            let _ = writeln!(
+                o,
+                "  pid {:<8} {:>9} calls  peak RSS {:>10}  {}  ({})",
+                p.pid,
+                count(p.calls),
+                bytes(p.peak_rss),
+                p.argv.join(" "),
+                p.end
+            );
+        }
+    }
+    o
+}
+
+fn headline(o: &mut String, r: &Report) {
+    let h = &r.headline;
+    let _ = writeln!(
+        o,
+        "\npeak RSS {} at {};  peak live {} at {}",
+        bytes(h.peak_rss),
+        secs(h.peak_rss_t_ms),
+        bytes(h.peak_live),
+        secs(h.peak_live_t_ms)
+    );
+    if let (Some(t), Some(f)) = (h.focus_t_ms, r.focus_snapshot) {
+        let d = &r.snapshots[f].parts;
+        let _ = writeln!(
+            o,
+            "at {} (the most heap waste): {} of heap resident for {} live{}",
+            secs(t),
+            bytes(d.live + d.heap_waste()),
+            bytes(d.live),
+            h.fragmentation_ratio
+                .map(|x| format!(": fragmentation ratio {x:.2}"))
+                .unwrap_or_default()
+        );
+    }
+    let _ = writeln!(o, "=> {}", h.sentence);
+}
+
+/// Reads one part of a decomposition (signed: `unexplained` can be negative).
+type PartOf = fn(&Decomposition) -> i64;
+
+const PARTS: [(&str, PartOf); 9] = [
+    ("live", |d| d.live as i64),
+    ("rounding", |d| d.rounding as i64),
+    ("free in used pages", |d| d.free_in_used_pages as i64),
+    ("free resident pages", |d| d.free_resident_pages as i64),
+    ("lazily freed", |d| d.lazy_free as i64),
+    ("other anonymous", |d| d.other_anon as i64),
+    ("file-backed", |d| d.file as i64),
+    ("fragscope's own", |d| d.fragscope_own as i64),
+    ("unexplained", |d| d.unexplained),
+];
+
+fn signed_bytes(v: i64) -> String {
+    if v < 0 {
+        format!("-{}", bytes(v.unsigned_abs()))
+    } else {
+        bytes(v as u64)
+    }
+}
+
+fn decomposition_table(o: &mut String, r: &Report) {
+    let mut cols: Vec<(String, &Snapshot)> = Vec::new();
+    let mut add = |label: String, i: Option<usize>| {
+        if let Some(i) = i {
+            if !cols.iter().any(|(_, s)| std::ptr::eq(*s, &r.snapshots[i])) {
+                cols.push((label, &r.snapshots[i]));
+            }
+        }
+    };
+    add("peak RSS".into(), r.peak_snapshot);
+    add("most waste".into(), r.focus_snapshot);
+    add("end".into(), r.end_snapshot);
+    if cols.is_empty() {
+        return;
+    }
+    cols.sort_by(|a, b| a.1.t_ms.total_cmp(&b.1.t_ms));
+    let _ = write!(o, "\nWhere RSS goes{:10}", "");
+    for (label, s) in &cols {
+        let _ = write!(o, "{:>22}", format!("{label} ({:.2} s)", s.t_ms / 1000.0));
+    }
+    o.push('\n');
+    for (name, get) in PARTS {
+        let values: Vec<i64> = cols.iter().map(|(_, s)| get(&s.parts)).collect();
+        if (name == "unexplained" || name == "lazily freed" || name == "fragscope's own")
+            && values.iter().all(|&v| v == 0)
+        {
+            continue;
+        }
+        let _ = write!(o, "  {name:<22}");
+        for (v, (_, s)) in values.iter().zip(&cols) {
+            let share = if *v >= 0 {
+                pct(*v as u64, s.parts.rss)
+            } else {
+                String::new()
+            };
+            let _ = write!(o, "{:>14} {:>7}", signed_bytes(*v), share);
+        }
+        o.push('\n');
+    }
+    let _ = write!(o, "  {:<22}", "= RSS");
+    for (_, s) in &cols {
+        let _ = write!(o, "{:>14} {:>7}", bytes(s.parts.rss), "");
+    }
+    o.push('\n');
+    let _ = write!(o, "  {:<22}", "(heap resident)");
+    for (_, s) in &cols {
+        let _ = write!(o, "{:>14} {:>7}", bytes(s.parts.heap_resident), "");
+    }
+    o.push('\n');
+}
+
+fn phases(o: &mut String, r: &Report) {
+    if r.phases.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "\nPhases{:27}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}",
+        "", "RSS max", "live", "rounding", "in used pg", "free pages", "non-heap"
+    );
+    for (i, p) in r.phases.iter().enumerate() {
+        let _ = write!(
+            o,
+            "  {:>2} {:>8}-{:<8} {:<9}{:>11}",
+            i + 1,
+            secs(p.start_ms),
+            secs(p.end_ms),
+            p.kind.name(),
+            bytes(p.rss_max)
+        );
+        match &p.decomposition {
+            Some(d) => {
+                let _ = writeln!(
+                    o,
+                    "{:>11}{:>11}{:>11}{:>11}{:>11}",
+                    bytes(d.live),
+                    bytes(d.rounding),
+                    bytes(d.free_in_used_pages),
+                    bytes(d.free_resident_pages + d.lazy_free),
+                    bytes(d.other_anon + d.file)
+                );
+            }
+            None => {
+                let _ = writeln!(o, "{:>11}   (no snapshot inside)", bytes(p.live_end));
+            }
+        }
+    }
+}
+
+const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+
+fn spark(values: &[u64], max: u64) -> String {
+    values
+        .iter()
+        .map(|&v| {
+            if max == 0 {
+                ' '
+            } else {
+                BARS[((v as f64 / max as f64) * 7.0).round().clamp(0.0, 7.0) as usize]
+            }
+        })
+        .collect()
+}
+
+fn timeline(o: &mut String, r: &Report) {
+    const WIDTH: usize = 64;
+    let tl = &r.timeline;
+    if tl.len() < 2 {
+        return;
+    }
+    let group = tl.len().div_ceil(WIDTH);
+    let rss: Vec<u64> = tl
+        .chunks(group)
+        .map(|g| g.iter().map(|p| p.rss).max().unwrap_or(0))
+        .collect();
+    let live: Vec<u64> = tl
+        .chunks(group)
+        .map(|g| g.iter().map(|p| p.live).max().unwrap_or(0))
+        .collect();
+    let max = rss.iter().chain(&live).copied().max().unwrap_or(0);
+    let _ = writeln!(
+        o,
+        "\nTimeline (0 to {}, one scale: {} full height)",
+        secs(tl[tl.len() - 1].t_ms),
+        bytes(max)
+    );
+    let _ = writeln!(o, "  RSS   {}", spark(&rss, max));
+    let _ = writeln!(o, "  live  {}", spark(&live, max));
+    if !r.snapshots.is_empty() {
+        let t_end = tl[tl.len() - 1].t_ms.max(1.0);
+        let mut heap = vec![' '; rss.len()];
+        for s in &r.snapshots {
+            let i = ((s.t_ms / t_end) * (rss.len() - 1) as f64).round() as usize;
+            let v = s.parts.live + s.parts.heap_waste();
+            heap[i.min(rss.len() - 1)] = BARS[((v as f64 / max.max(1) as f64) * 7.0)
+                .round()
+                .clamp(0.0, 7.0) as usize];
+        }
+        let _ = writeln!(
+            o,
+            "  heap  {}  (at snapshots)",
+            heap.iter().collect::<String>()
+        );
+    }
+}
+
+fn occupancy(o: &mut String, s: &Snapshot) {
+    let total: u64 = s.occupancy.iter().map(|b| b.pages).sum();
+    if total == 0 {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "\nPage occupancy at {} ({} resident heap pages of {}, by live bytes per page)",
+        secs(s.t_ms),
+        count(total),
+        bytes(s.page_size)
+    );
+    let max = s
+        .occupancy
+        .iter()
+        .map(|b| b.pages)
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    for b in &s.occupancy {
+        let label = if b.hi_pct == 0 {
+            "empty".to_string()
+        } else {
+            format!("{}.0%-{}.0%", b.lo_pct, b.hi_pct)
+        };
+        let bar_len = (b.pages * 30).div_ceil(max) as usize;
+        let _ = writeln!(
+            o,
+            "  {label:<12} {:>9} pages {:>6}  {:>10} live  {}",
+            b.pages,
+            pct(b.pages, total),
+            bytes(b.live_bytes),
+            "#".repeat(if b.pages == 0 { 0 } else { bar_len })
+        );
+    }
+}
+
+fn size_classes(o: &mut String, r: &Report, top: usize) {
+    if r.size_classes.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "\nSize classes (usable size) at the most-waste snapshot, top {top} by bytes held\n  {:>10} {:>10} {:>11} {:>9} {:>9} {:>14} {:>12}",
+        "class", "objects", "live", "pages", "mean occ", "retained free", "growth"
+    );
+    for c in r.size_classes.iter().take(top) {
+        let class = if c.usable == 0 {
+            "unknown".to_string()
+        } else {
+            format!("{} B", c.usable)
+        };
+        let growth = c.retained_free as i64 - c.retained_free_first as i64;
+        let _ = writeln!(
+            o,
+            "  {:>10} {:>10} {:>11} {:>9} {:>8.1}% {:>14} {:>12}",
+            class,
+            count(c.objects),
+            bytes(c.live_bytes),
+            count(c.pages),
+            c.mean_occupancy * 100.0,
+            bytes(c.retained_free),
+            if growth > 0 {
+                format!("+{}", bytes(growth as u64))
+            } else {
+                signed_bytes(growth)
+            }
+        );
+    }
+}
+
+/// The allocator's statistics beside fragscope's figures, with the differences.
+fn allocator_view(o: &mut String, s: &Snapshot) {
+    let Some(a) = &s.allocator else { return };
+    let d = &s.parts;
+    let _ = writeln!(
+        o,
+        "\nThe allocator's own view ({}, at {})",
+        a.source,
+        secs(a.t_ms)
+    );
+    let ours_usable = d.live + d.rounding;
+    let compare = |name: &str, theirs: u64, ours: Option<(u64, &str)>| -> String {
+        match ours {
+            Some((v, what)) => format!(
+                "  {name:<28} {:>12}   fragscope {what} {:>12}   difference {}",
+                bytes(theirs),
+                bytes(v),
+                signed_bytes(theirs as i64 - v as i64)
+            ),
+            None => format!("  {name:<28} {:>12}", bytes(theirs)),
+        }
+    };
+    for (k, v) in &a.values {
+        let ours = match (a.source.as_str(), k.as_str()) {
+            ("jemalloc", "stats.allocated") => Some((ours_usable, "live+rounding")),
+            ("jemalloc", "stats.resident") => Some((d.heap_resident, "heap resident")),
+            ("glibc", "uordblks") => Some((ours_usable, "live+rounding")),
+            ("tcmalloc", "generic.current_allocated_bytes") => Some((ours_usable, "live+rounding")),
+            ("mimalloc", "current_commit") => Some((d.heap_resident, "heap resident")),
+            _ => None,
+        };
+        let _ = writeln!(o, "{}", compare(k, *v, ours));
+    }
+}
+
+fn site_rows(o: &mut String, title: &str, list: &[Site], value: impl Fn(&Site) -> String) {
+    if list.is_empty() {
+        return;
+    }
+    let _ = writeln!(o, "  {title}");
+    for s in list {
+        let _ = writeln!(o, "    {:>24}  {}", value(s), s.label);
+    }
+}
+
+fn sites(o: &mut String, r: &Report) {
+    let s = &r.sites;
+    if s.stacks == "none" {
+        let _ = writeln!(
+            o,
+            "\nAllocation sites: none recorded (recorded with --stacks none)"
+        );
+        return;
+    }
+    let estimate = if s.stacks == "sampled" {
+        " (estimates from sampled stacks; --stacks all for exact counts)"
+    } else {
+        ""
+    };
+    let _ = writeln!(o, "\nAllocation sites{estimate}");
+    site_rows(
+        o,
+        &format!(
+            "pinned waste: free bytes their live objects keep resident in pages under {}% full",
+            s.sparse_pct
+        ),
+        &s.by_pinned_waste,
+        |x| format!("{} in {:.0} pages", bytes(x.pinned_waste), x.pinned_pages),
+    );
+    site_rows(
+        o,
+        "live bytes at the most-waste snapshot",
+        &s.by_live_bytes,
+        |x| format!("{} in {}", bytes(x.live_bytes), count(x.live_objects)),
+    );
+    site_rows(
+        o,
+        "bytes allocated over the run",
+        &s.by_allocated_bytes,
+        |x| bytes(x.allocated_bytes),
+    );
+    site_rows(o, "allocations over the run", &s.by_allocations, |x| {
+        count(x.allocations)
+    });
+}

@@ -1,0 +1,811 @@
+//! One pass over a trace: merge each process's threads, follow its live bytes, evaluate
+//! the heap at each page-residency snapshot as the merged calls reach that moment, and
+//! turn it all into a [`Report`]. Memory is bounded by the live blocks (held once, in the
+//! merge) and the /proc samples, never by the number of calls.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::Path;
+
+use fragscope_trace::event::StatsSource;
+use fragscope_trace::merge::{Merged, Merger};
+use fragscope_trace::reader::{Chunk, TraceReader};
+use fragscope_trace::records::{
+    EndHow, Mapping, Meta, Pagemap, ProcessEnd, Rollup, RssSample, SnapshotReason, StackMode,
+    WaitStatus,
+};
+use fragscope_trace::TraceError;
+
+use crate::heap::{self, ClassAtSnapshot, HeapHistory, HeapParts, SiteAtSnapshot, SiteWeighting};
+use crate::phases;
+use crate::report::*;
+use crate::symbols::{Frame, Symbolizer};
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Analyse this pid (the last image of it, after exec) instead of the largest process.
+    pub pid: Option<u32>,
+    /// Pages under this live occupancy (percent) count as pinned by their objects.
+    pub sparse_pct: u32,
+    /// Rows per site table.
+    pub top: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            pid: None,
+            sparse_pct: 10,
+            top: 10,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AnalysisError {
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    #[error("no process with pid {0} in this trace (see `fragscope info`)")]
+    NoSuchPid(u32),
+    #[error("the trace holds no process (it was cut before the program started)")]
+    Empty,
+}
+
+/// Sites kept per snapshot (by live bytes and by pinned waste each).
+const SITES_PER_SNAPSHOT: usize = 64;
+/// Classes kept per snapshot for the history (by usable plus retained bytes).
+const CLASSES_PER_SNAPSHOT: usize = 64;
+/// Points of the timeline in the report.
+const TIMELINE_POINTS: usize = 600;
+/// Allocator statistics further than this from a snapshot describe another moment.
+const STATS_MAX_DISTANCE_TICKS: u64 = 500;
+
+/// (tick, source, name-value pairs) of one answer of the allocator's own statistics.
+type AllocatorStats = (u64, StatsSource, Vec<(String, u64)>);
+
+struct Evaluated {
+    tick: u64,
+    reason: SnapshotReason,
+    page_size: u64,
+    heap: HeapParts,
+    classes: Vec<ClassAtSnapshot>,
+    sites: Vec<SiteAtSnapshot>,
+    own_memory: u64,
+}
+
+#[derive(Default)]
+struct Stream {
+    stream: u32,
+    pid: u32,
+    ppid: u32,
+    argv: Vec<String>,
+    merger: Merger,
+    pending: VecDeque<Pagemap>,
+    evaluated: Vec<Evaluated>,
+    history: HeapHistory,
+    rss: Vec<RssSample>,
+    rollups: Vec<(u64, u64)>,
+    live_bytes: u64,
+    usable_bytes: u64,
+    /// (10 ms bucket, live, usable) at the end of each bucket with calls.
+    live_timeline: Vec<(u64, u64, u64)>,
+    peak_live: (u64, u64),
+    calls: u64,
+    site_allocs: HashMap<u32, (f64, f64)>,
+    /// The allocator's own statistics, as answered (about once per snapshot).
+    stats: Vec<AllocatorStats>,
+    code_maps: Vec<Mapping>,
+    end: Option<ProcessEnd>,
+    wait: Option<WaitStatus>,
+    allocator: Option<&'static str>,
+}
+
+struct Ctx {
+    weighting: SiteWeighting,
+    sparse_pct: u32,
+}
+
+impl Stream {
+    /// Takes every call the merge can order now; evaluates snapshots as their moment passes.
+    fn drain(&mut self, ctx: &Ctx) {
+        while let Some(m) = self.merger.pop() {
+            match m {
+                Merged::Call(c) => {
+                    while self.pending.front().is_some_and(|p| c.tick > p.tick) {
+                        self.evaluate_next(ctx);
+                    }
+                    self.calls += 1;
+                    for (_, b) in self.merger.ended_by_last_pop() {
+                        self.live_bytes -= b.size;
+                        self.usable_bytes -= b.usable();
+                    }
+                    if c.allocates().is_some() {
+                        let usable = c.usable.max(c.size);
+                        self.live_bytes += c.size;
+                        self.usable_bytes += usable;
+                        if c.stack != 0 {
+                            let w = ctx.weighting.weight(c.size);
+                            let s = self.site_allocs.entry(c.stack).or_default();
+                            s.0 += w;
+                            s.1 += w * c.size as f64;
+                        }
+                        if self.live_bytes > self.peak_live.0 {
+                            self.peak_live = (self.live_bytes, c.tick);
+                        }
+                    }
+                    let bucket = c.tick / 10;
+                    match self.live_timeline.last_mut() {
+                        Some(last) if last.0 == bucket => {
+                            last.1 = self.live_bytes;
+                            last.2 = self.usable_bytes;
+                        }
+                        _ => self
+                            .live_timeline
+                            .push((bucket, self.live_bytes, self.usable_bytes)),
+                    }
+                }
+                Merged::Stats {
+                    tick,
+                    source,
+                    values,
+                } => {
+                    self.allocator = Some(source.name());
+                    self.stats.push((tick, source, values));
+                }
+            }
+        }
+    }
+
+    fn evaluate_next(&mut self, ctx: &Ctx) {
+        let Some(pm) = self.pending.pop_front() else {
+            return;
+        };
+        let mut snap = heap::evaluate(
+            self.merger.live_blocks(),
+            &pm,
+            &mut self.history,
+            ctx.weighting,
+            ctx.sparse_pct,
+        );
+        // Keep the sites that can make a top list.
+        let mut keep: Vec<SiteAtSnapshot> = snap
+            .sites
+            .iter()
+            .take(SITES_PER_SNAPSHOT)
+            .cloned()
+            .collect();
+        snap.sites
+            .sort_by(|a, b| b.pinned_waste.total_cmp(&a.pinned_waste));
+        for s in snap.sites.iter().take(SITES_PER_SNAPSHOT) {
+            if !keep.iter().any(|k| k.stack == s.stack) {
+                keep.push(s.clone());
+            }
+        }
+        self.evaluated.push(Evaluated {
+            tick: pm.tick,
+            reason: pm.reason,
+            page_size: u64::from(pm.page_size),
+            heap: snap.parts,
+            classes: snap.classes,
+            sites: keep,
+            own_memory: self.merger.own_memory(),
+        });
+    }
+}
+
+/// Reads and analyses a whole trace. `progress` is told the bytes read so far.
+pub fn analyze(
+    path: &Path,
+    opts: &Options,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<Report, AnalysisError> {
+    let mut reader = TraceReader::open(path)?;
+    let mut meta: Option<Meta> = None;
+    let mut streams: Vec<Stream> = Vec::new();
+    let mut by_stream: HashMap<u32, usize> = HashMap::new();
+    let mut ctx = Ctx {
+        weighting: SiteWeighting::None,
+        sparse_pct: opts.sparse_pct,
+    };
+    let mut seen_end = false;
+    let mut last_tick = 0u64;
+    let mut chunks = 0u64;
+    let mut damage: Option<String> = None;
+    let index = |streams: &mut Vec<Stream>, by: &mut HashMap<u32, usize>, s: u32| -> usize {
+        *by.entry(s).or_insert_with(|| {
+            streams.push(Stream {
+                stream: s,
+                ..Default::default()
+            });
+            streams.len() - 1
+        })
+    };
+    while let Some(chunk) = reader.next_chunk() {
+        chunks += 1;
+        if chunks.is_multiple_of(64) {
+            progress(reader.offset(), reader.file_bytes());
+        }
+        match chunk {
+            Chunk::Meta(m) => {
+                ctx.weighting = match m.stacks {
+                    StackMode::All => SiteWeighting::Every,
+                    StackMode::Sampled => SiteWeighting::Sampled {
+                        mean_bytes: m.sample_bytes.max(1) as f64,
+                    },
+                    StackMode::None => SiteWeighting::None,
+                };
+                meta = Some(m);
+            }
+            Chunk::Process(p) => {
+                let i = index(&mut streams, &mut by_stream, p.stream);
+                let s = &mut streams[i];
+                s.pid = p.pid;
+                s.ppid = p.ppid;
+                s.argv = p.argv;
+            }
+            Chunk::Events(h, records) => {
+                let i = index(&mut streams, &mut by_stream, h.stream);
+                last_tick = last_tick.max(h.last_tick);
+                let s = &mut streams[i];
+                if let Err(e) = s.merger.push_chunk(&h, &records) {
+                    damage.get_or_insert(format!("thread {} of pid {}: {e}", h.tid, s.pid));
+                }
+                s.drain(&ctx);
+            }
+            Chunk::Maps(m) => {
+                let i = index(&mut streams, &mut by_stream, m.stream);
+                let s = &mut streams[i];
+                for mapping in m.mappings {
+                    if mapping.perms.contains('x')
+                        && !mapping.path.is_empty()
+                        && !s.code_maps.contains(&mapping)
+                    {
+                        s.code_maps.push(mapping);
+                    }
+                }
+            }
+            Chunk::Rss(b) => {
+                let i = index(&mut streams, &mut by_stream, b.stream);
+                for smp in &b.samples {
+                    last_tick = last_tick.max(smp.tick);
+                }
+                streams[i].rss.extend(b.samples);
+            }
+            Chunk::Rollup(r) => {
+                let i = index(&mut streams, &mut by_stream, r.stream);
+                streams[i].rollups.push((r.tick, lazy_free_bytes(&r)));
+            }
+            Chunk::Pagemap(p) => {
+                let i = index(&mut streams, &mut by_stream, p.stream);
+                let s = &mut streams[i];
+                // Snapshots are evaluated when the merged calls reach their tick.
+                s.pending.push_back(p);
+            }
+            Chunk::ProcessEnd(e) => {
+                let i = index(&mut streams, &mut by_stream, e.stream);
+                last_tick = last_tick.max(e.tick);
+                streams[i].end = Some(e);
+            }
+            Chunk::WaitStatus(w) => {
+                if let Some(s) = streams.iter_mut().rev().find(|s| s.pid == w.pid) {
+                    s.wait = Some(w);
+                }
+            }
+            Chunk::End(e) => {
+                seen_end = true;
+                last_tick = last_tick.max(e.tick);
+            }
+        }
+    }
+    progress(reader.offset(), reader.file_bytes());
+    if let Some(d) = reader.damage() {
+        damage = Some(format!("at byte {}: {}", d.offset, d.reason));
+    }
+    for s in &mut streams {
+        s.merger.finish();
+        s.drain(&ctx);
+        while !s.pending.is_empty() {
+            s.evaluate_next(&ctx);
+        }
+        s.rss.sort_by_key(|r| r.tick);
+        s.rollups.sort_by_key(|r| r.0);
+    }
+    if streams.is_empty() {
+        return Err(AnalysisError::Empty);
+    }
+    let tick_ms = meta.as_ref().map_or(1.0, |m| m.tick_ns as f64 / 1e6);
+    let chosen = match opts.pid {
+        Some(pid) => streams
+            .iter()
+            .rposition(|s| s.pid == pid)
+            .ok_or(AnalysisError::NoSuchPid(pid))?,
+        None => (0..streams.len())
+            .max_by_key(|&i| {
+                let s = &streams[i];
+                (
+                    s.calls > 0,
+                    s.rss.iter().map(|r| r.vm_rss_kib).max().unwrap_or(0),
+                )
+            })
+            .unwrap_or(0),
+    };
+    let processes = streams.iter().map(brief).collect();
+    let stacks = match ctx.weighting {
+        SiteWeighting::Every => "every",
+        SiteWeighting::Sampled { .. } => "sampled",
+        SiteWeighting::None => "none",
+    };
+    let s = &streams[chosen];
+    let (timeline_full, timeline) = timeline(s, tick_ms);
+    let snapshots: Vec<Snapshot> = s
+        .evaluated
+        .iter()
+        .map(|e| snapshot(s, e, tick_ms))
+        .collect();
+    let peak_snapshot = (0..snapshots.len()).max_by_key(|&i| snapshots[i].parts.rss);
+    let end_snapshot = snapshots.len().checked_sub(1);
+    let focus_snapshot = focus_of(&snapshots);
+    let phases = phases_of(&timeline_full, &snapshots);
+    let (size_classes, size_class_history) = size_classes(s, focus_snapshot, tick_ms);
+    let sites = sites(s, focus_snapshot, opts, stacks, tick_ms);
+    let peak_rss = timeline_full
+        .iter()
+        .max_by_key(|p| p.1)
+        .map_or((0.0, 0), |p| (p.0, p.1));
+    let headline = headline(
+        peak_rss,
+        (s.peak_live.0, s.peak_live.1 as f64 * tick_ms),
+        focus_snapshot.map(|i| &snapshots[i]),
+    );
+    let merge = s.merger.stats();
+    Ok(Report {
+        trace: path.display().to_string(),
+        truncated: !seen_end || damage.is_some(),
+        damage,
+        stacks: stacks.into(),
+        duration_ms: last_tick as f64 * tick_ms,
+        stream: s.stream,
+        pid: s.pid,
+        argv: s.argv.clone(),
+        allocator: s.allocator.map(str::to_string),
+        calls: s.calls,
+        merge: MergeFacts {
+            forced_allocs: merge.forced_allocs,
+            unknown_frees: merge.unknown_frees,
+            late: merge.late,
+            lost_events: merge.lost_events,
+        },
+        headline,
+        timeline,
+        snapshots,
+        peak_snapshot,
+        end_snapshot,
+        focus_snapshot,
+        phases,
+        size_classes,
+        size_class_history,
+        sites,
+        processes,
+    })
+}
+
+/// The snapshot the report explains: the most heap waste, among snapshots that still hold
+/// a meaningful amount of live data (at teardown a program frees everything, and the
+/// empty heap left then says nothing about what pinned it while it ran).
+fn focus_of(snapshots: &[Snapshot]) -> Option<usize> {
+    let max_live = snapshots.iter().map(|s| s.parts.live).max()?;
+    (0..snapshots.len())
+        .filter(|&i| snapshots[i].parts.live * 100 >= max_live)
+        .max_by_key(|&i| snapshots[i].parts.heap_waste())
+}
+
+fn lazy_free_bytes(r: &Rollup) -> u64 {
+    r.get("LazyFree").unwrap_or(0) * 1024
+}
+
+fn brief(s: &Stream) -> ProcessBrief {
+    ProcessBrief {
+        stream: s.stream,
+        pid: s.pid,
+        ppid: s.ppid,
+        argv: s.argv.clone(),
+        calls: s.calls,
+        peak_rss: s.rss.iter().map(|r| r.vm_rss_kib).max().unwrap_or(0) * 1024,
+        peak_live: s.peak_live.0,
+        end: describe_end(s),
+    }
+}
+
+fn describe_end(s: &Stream) -> String {
+    if let Some(w) = s.wait {
+        if let Some(sig) = w.signal {
+            return format!("killed by signal {sig}");
+        }
+        if let Some(code) = w.exit_code {
+            return format!("exited {code}");
+        }
+    }
+    match s.end.map(|e| (e.how, e.status)) {
+        Some((EndHow::Exit | EndHow::QuickExit, st)) => format!("exited {st}"),
+        Some((EndHow::ExitUnknownStatus, _)) => "exited".into(),
+        Some((EndHow::Exec, _)) => "exec'd a new image".into(),
+        Some((EndHow::Vanished, _)) => "vanished (killed or crashed)".into(),
+        None => "still running when the trace ends".into(),
+    }
+}
+
+/// Live and usable bytes at a tick, from the 10 ms live timeline.
+fn live_at(s: &Stream, tick: u64) -> (u64, u64) {
+    let i = s.live_timeline.partition_point(|p| p.0 <= tick / 10);
+    i.checked_sub(1)
+        .map_or((0, 0), |i| (s.live_timeline[i].1, s.live_timeline[i].2))
+}
+
+/// (t_ms, rss, live) at every RSS sample, and a timeline thinned to a few hundred points
+/// (keeping each group's highest RSS, so peaks survive).
+fn timeline(s: &Stream, tick_ms: f64) -> (Vec<(f64, u64, u64)>, Vec<TimelinePoint>) {
+    let full: Vec<(f64, u64, u64)> = s
+        .rss
+        .iter()
+        .map(|r| {
+            (
+                r.tick as f64 * tick_ms,
+                r.vm_rss_kib * 1024,
+                live_at(s, r.tick).0,
+            )
+        })
+        .collect();
+    let group = s.rss.len().div_ceil(TIMELINE_POINTS).max(1);
+    let thin = s
+        .rss
+        .chunks(group)
+        .filter_map(|g| g.iter().max_by_key(|r| r.vm_rss_kib))
+        .map(|r| {
+            let (live, usable) = live_at(s, r.tick);
+            TimelinePoint {
+                t_ms: r.tick as f64 * tick_ms,
+                rss: r.vm_rss_kib * 1024,
+                rss_anon: r.rss_anon_kib * 1024,
+                rss_file: (r.rss_file_kib + r.rss_shmem_kib) * 1024,
+                live,
+                usable,
+            }
+        })
+        .collect();
+    (full, thin)
+}
+
+/// The sample closest to `tick`, preferring the one taken at or just after it (the
+/// recorder reads /proc right after pagemap, under the same tick).
+fn nearest<T>(items: &[T], tick: u64, tick_of: impl Fn(&T) -> u64) -> Option<&T> {
+    let i = items.partition_point(|x| tick_of(x) < tick);
+    let after = items.get(i);
+    let before = i.checked_sub(1).and_then(|j| items.get(j));
+    match (before, after) {
+        (Some(b), Some(a)) => {
+            if tick_of(a) - tick <= tick - tick_of(b) + 20 {
+                Some(a)
+            } else {
+                Some(b)
+            }
+        }
+        (b, a) => a.or(b),
+    }
+}
+
+fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
+    let h = &e.heap;
+    let rss = nearest(&s.rss, e.tick, |r| r.tick);
+    let lazy_reported = nearest(&s.rollups, e.tick, |r| r.0).map_or(0, |r| r.1);
+    let (vm_rss, anon, file) = rss.map_or((0, 0, 0), |r| {
+        (
+            r.vm_rss_kib * 1024,
+            r.rss_anon_kib * 1024,
+            (r.rss_file_kib + r.rss_shmem_kib) * 1024,
+        )
+    });
+    // Lazily freed pages are resident heap pages with no live object.
+    let lazy_free = lazy_reported.min(h.free_resident_pages);
+    let own = e.own_memory.min(anon);
+    let heap_total = h.live + h.rounding + h.free_in_used_pages + h.free_resident_pages;
+    let other = anon as i64 - heap_total as i64 - own as i64;
+    let parts = Decomposition {
+        rss: vm_rss,
+        live: h.live,
+        rounding: h.rounding,
+        free_in_used_pages: h.free_in_used_pages,
+        free_resident_pages: h.free_resident_pages - lazy_free,
+        lazy_free,
+        other_anon: other.max(0) as u64,
+        file,
+        fragscope_own: own,
+        unexplained: other.min(0) + (vm_rss as i64 - anon as i64 - file as i64),
+        rss_anon: anon,
+        heap_resident: h.heap_resident,
+    };
+    let mut occupancy = Vec::with_capacity(heap::OCCUPANCY_BUCKETS);
+    for b in 0..heap::OCCUPANCY_BUCKETS {
+        let (lo, hi) = if b == 0 {
+            (0, 0)
+        } else {
+            ((b as u32 - 1) * 10, b as u32 * 10)
+        };
+        occupancy.push(OccupancyBucket {
+            lo_pct: lo,
+            hi_pct: hi,
+            pages: h.occupancy_pages[b],
+            live_bytes: h.occupancy_live[b],
+        });
+    }
+    Snapshot {
+        t_ms: e.tick as f64 * tick_ms,
+        reason: match e.reason {
+            SnapshotReason::Periodic => "periodic",
+            SnapshotReason::NearPeak => "near_peak",
+            SnapshotReason::Exit => "exit",
+        }
+        .into(),
+        parts,
+        live_not_resident: h.live_not_resident,
+        page_size: e.page_size,
+        used_pages: h.used_pages,
+        empty_pages: h.empty_pages,
+        occupancy,
+        // Threads answer a stats request at their next call: close to the snapshot, on
+        // either side of it.
+        allocator: nearest(&s.stats, e.tick, |x| x.0)
+            .filter(|x| x.0.abs_diff(e.tick) <= STATS_MAX_DISTANCE_TICKS)
+            .map(|(t, src, values)| AllocatorView {
+                t_ms: *t as f64 * tick_ms,
+                source: src.name().into(),
+                values: values.iter().cloned().collect::<BTreeMap<_, _>>(),
+            }),
+    }
+}
+
+fn phases_of(full: &[(f64, u64, u64)], snapshots: &[Snapshot]) -> Vec<Phase> {
+    phases::detect(full)
+        .into_iter()
+        .map(|p| {
+            let inside = full.iter().filter(|x| x.0 >= p.start_ms && x.0 <= p.end_ms);
+            let (mut rss_max, mut live_max, mut live_end) = (0, 0, 0);
+            for x in inside {
+                rss_max = rss_max.max(x.1);
+                live_max = live_max.max(x.2);
+                live_end = x.2;
+            }
+            // The last snapshot inside, unless it is the exit one and another exists:
+            // a program's teardown is not the state of its phase.
+            let inside: Vec<&Snapshot> = snapshots
+                .iter()
+                .filter(|s| s.t_ms >= p.start_ms && s.t_ms <= p.end_ms)
+                .collect();
+            let snap = inside
+                .iter()
+                .rev()
+                .find(|s| s.reason != "exit")
+                .or(inside.last())
+                .copied();
+            Phase {
+                start_ms: p.start_ms,
+                end_ms: p.end_ms,
+                kind: p.kind,
+                rss_max,
+                live_max,
+                live_end,
+                snapshot_t_ms: snap.map(|s| s.t_ms),
+                decomposition: snap.map(|s| s.parts.clone()),
+            }
+        })
+        .collect()
+}
+
+fn size_classes(
+    s: &Stream,
+    focus: Option<usize>,
+    tick_ms: f64,
+) -> (Vec<SizeClass>, Vec<ClassHistory>) {
+    let Some(f) = focus else {
+        return (Vec::new(), Vec::new());
+    };
+    let first = &s.evaluated[0].classes;
+    let mut classes: Vec<SizeClass> = s.evaluated[f]
+        .classes
+        .iter()
+        .map(|c| SizeClass {
+            usable: c.usable,
+            objects: c.objects,
+            live_bytes: c.live_bytes,
+            usable_bytes: c.usable_bytes,
+            pages: c.pages,
+            mean_occupancy: c.mean_occupancy,
+            retained_free: c.retained_free,
+            retained_free_first: first
+                .iter()
+                .find(|x| x.usable == c.usable)
+                .map_or(0, |x| x.retained_free),
+        })
+        .collect();
+    classes.sort_by_key(|c| std::cmp::Reverse(c.usable_bytes + c.retained_free));
+    let history = s
+        .evaluated
+        .iter()
+        .map(|e| {
+            let mut cs: Vec<&ClassAtSnapshot> = e.classes.iter().collect();
+            cs.sort_by_key(|c| std::cmp::Reverse(c.usable_bytes + c.retained_free));
+            ClassHistory {
+                t_ms: e.tick as f64 * tick_ms,
+                classes: cs
+                    .into_iter()
+                    .take(CLASSES_PER_SNAPSHOT)
+                    .map(|c| ClassPoint {
+                        usable: c.usable,
+                        live_bytes: c.live_bytes,
+                        retained_free: c.retained_free,
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    (classes, history)
+}
+
+/// Wrappers whose frame says nothing about who allocated.
+fn is_allocator_frame(f: &Frame) -> bool {
+    let Some(name) = &f.function else {
+        return false;
+    };
+    const WRAPPERS: [&str; 12] = [
+        "operator new",
+        "operator delete",
+        "malloc",
+        "calloc",
+        "realloc",
+        "__libc_",
+        "__rust_alloc",
+        "__rust_realloc",
+        "alloc::alloc::",
+        "alloc::raw_vec::",
+        "__rdl_alloc",
+        "xmalloc",
+    ];
+    WRAPPERS.iter().any(|w| name.starts_with(w))
+}
+
+fn sites(s: &Stream, focus: Option<usize>, opts: &Options, stacks: &str, tick_ms: f64) -> Sites {
+    let empty = |t_ms| Sites {
+        stacks: stacks.into(),
+        t_ms,
+        sparse_pct: opts.sparse_pct,
+        by_live_bytes: Vec::new(),
+        by_pinned_waste: Vec::new(),
+        by_allocated_bytes: Vec::new(),
+        by_allocations: Vec::new(),
+    };
+    if stacks == "none" {
+        return empty(None);
+    }
+    let at: HashMap<u32, &SiteAtSnapshot> = focus
+        .map(|f| s.evaluated[f].sites.iter().map(|x| (x.stack, x)).collect())
+        .unwrap_or_default();
+    let mut ids: Vec<u32> = at.keys().copied().collect();
+    for id in s.site_allocs.keys() {
+        if !at.contains_key(id) {
+            ids.push(*id);
+        }
+    }
+    let mut symbolizer = Symbolizer::new(s.code_maps.clone());
+    let mut make = |id: u32| -> Site {
+        let frames: Vec<Frame> = s
+            .merger
+            .stack(id)
+            .iter()
+            .flat_map(|&a| symbolizer.frames(a))
+            .collect();
+        let label = frames
+            .iter()
+            .find(|f| !is_allocator_frame(f))
+            .or(frames.first())
+            .map_or_else(|| "(no stack)".to_string(), Frame::label);
+        let snap = at.get(&id);
+        let allocs = s.site_allocs.get(&id).copied().unwrap_or_default();
+        Site {
+            stack: id,
+            label,
+            frames,
+            live_objects: snap.map_or(0, |x| x.live_objects.round() as u64),
+            live_bytes: snap.map_or(0, |x| x.live_bytes.round() as u64),
+            pinning_objects: snap.map_or(0, |x| x.pinning_objects.round() as u64),
+            pinned_pages: snap.map_or(0.0, |x| x.pinned_pages),
+            pinned_waste: snap.map_or(0, |x| x.pinned_waste.round() as u64),
+            allocations: allocs.0.round() as u64,
+            allocated_bytes: allocs.1.round() as u64,
+        }
+    };
+    let top = opts.top;
+    let mut pick = |key: &dyn Fn(&u32) -> f64| -> Vec<Site> {
+        let mut v: Vec<(f64, u32)> = ids.iter().map(|id| (key(id), *id)).collect();
+        v.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        v.into_iter()
+            .filter(|(k, _)| *k > 0.0)
+            .take(top)
+            .map(|(_, id)| make(id))
+            .collect()
+    };
+    let by_live_bytes = pick(&|id| at.get(id).map_or(0.0, |x| x.live_bytes));
+    let by_pinned_waste = pick(&|id| at.get(id).map_or(0.0, |x| x.pinned_waste));
+    let by_allocated_bytes = pick(&|id| s.site_allocs.get(id).map_or(0.0, |x| x.1));
+    let by_allocations = pick(&|id| s.site_allocs.get(id).map_or(0.0, |x| x.0));
+    Sites {
+        by_live_bytes,
+        by_pinned_waste,
+        by_allocated_bytes,
+        by_allocations,
+        ..empty(focus.map(|f| s.evaluated[f].tick as f64 * tick_ms))
+    }
+}
+
+fn headline(peak_rss: (f64, u64), peak_live: (u64, f64), focus: Option<&Snapshot>) -> Headline {
+    let mut h = Headline {
+        peak_rss: peak_rss.1,
+        peak_rss_t_ms: peak_rss.0,
+        peak_live: peak_live.0,
+        peak_live_t_ms: peak_live.1,
+        focus_t_ms: None,
+        fragmentation_ratio: None,
+        dominant: None,
+        sentence: "No page-residency snapshot was taken: only RSS and live bytes are known \
+                   (record for longer, or with a smaller --snapshot-ms)."
+            .into(),
+    };
+    let Some(f) = focus else { return h };
+    let d = &f.parts;
+    h.focus_t_ms = Some(f.t_ms);
+    let heap = d.live + d.heap_waste();
+    if d.live > 0 {
+        h.fragmentation_ratio = Some(heap as f64 / d.live as f64);
+    }
+    let candidates = [
+        ("free_resident_pages", d.free_resident_pages),
+        ("free_in_used_pages", d.free_in_used_pages),
+        ("rounding", d.rounding),
+        ("lazy_free", d.lazy_free),
+    ];
+    let (name, biggest) = candidates
+        .into_iter()
+        .max_by_key(|c| c.1)
+        .unwrap_or(("", 0));
+    let waste = d.heap_waste();
+    h.sentence = if d.other_anon > heap.max(1) * 2 {
+        "Most of RSS is outside the traced heap (thread stacks, allocator metadata, runtimes \
+         or mappings that never held a malloc'd object): see other_anon."
+            .into()
+    } else if waste * 10 < heap {
+        "The heap is dense: under a tenth of its resident bytes is waste, so only holding less \
+         live data lowers RSS."
+            .into()
+    } else {
+        h.dominant = Some(name.into());
+        let pct = 100 * biggest / waste.max(1);
+        match name {
+            "free_resident_pages" => format!(
+                "{pct}% of the waste is whole free pages the allocator keeps: a purge/trim \
+                 setting would return them (jemalloc dirty_decay_ms, glibc malloc_trim or \
+                 M_TRIM_THRESHOLD, tcmalloc's release rate)."
+            ),
+            "free_in_used_pages" => format!(
+                "{pct}% of the waste is free space inside pages pinned by a few live objects: \
+                 no purge returns it; only moving objects or not mixing lifetimes in the same \
+                 pages helps (separate arenas for long-lived data, compaction)."
+            ),
+            "rounding" => format!(
+                "{pct}% of the waste is size-class rounding: requested sizes sit just above \
+                 class boundaries; resize the objects or choose an allocator with finer classes."
+            ),
+            _ => format!(
+                "{pct}% of the waste is pages freed lazily (MADV_FREE): the kernel reclaims \
+                 them under memory pressure, so RSS overstates what the program holds."
+            ),
+        }
+    };
+    h
+}

@@ -1,0 +1,552 @@
+//! The heap at one page-residency snapshot: which resident pages hold live bytes, how
+//! full they are, and who (size class, allocation site) keeps the sparse ones resident.
+//!
+//! Inputs are the live blocks after the calls merged up to the snapshot's tick and the
+//! residency bitmaps of the mappings that may hold heap objects. An object that straddles
+//! pages counts towards each page by its bytes in it.
+
+use std::collections::HashSet;
+
+use fragscope_trace::merge::{AddrMap, FastMap, FastSet, LiveBlock, PageMap};
+use fragscope_trace::records::{Pagemap, ResidentRange};
+
+/// Occupancy buckets: one for resident heap pages without a live byte, then ten of 10%.
+pub const OCCUPANCY_BUCKETS: usize = 11;
+
+/// Byte counts inside the heap mappings at one snapshot (the parts of the decomposition
+/// that come from the trace and pagemap; /proc's totals are added later).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeapParts {
+    /// Requested bytes of live blocks, on resident pages.
+    pub live: u64,
+    /// Usable minus requested bytes of live blocks, on resident pages.
+    pub rounding: u64,
+    /// Free bytes in resident pages that hold at least one live byte.
+    pub free_in_used_pages: u64,
+    /// Resident pages of heap mappings with no live byte.
+    pub free_resident_pages: u64,
+    /// Live bytes on pages that are not resident (allocated, never touched or swapped).
+    pub live_not_resident: u64,
+    pub used_pages: u64,
+    pub empty_pages: u64,
+    /// Bytes of resident pages in mappings that held a live block (the heap as the OS sees it).
+    pub heap_resident: u64,
+    /// Resident bytes of mappings that may hold heap objects but never held one
+    /// (thread stacks, allocator metadata): these belong to "other anonymous".
+    pub never_held_resident: u64,
+    /// [empty, 0-10%, ..., 90-100%]: pages and live bytes.
+    pub occupancy_pages: [u64; OCCUPANCY_BUCKETS],
+    pub occupancy_live: [u64; OCCUPANCY_BUCKETS],
+}
+
+/// One size class (the allocator's usable size) at a snapshot.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClassAtSnapshot {
+    pub usable: u64,
+    pub objects: u64,
+    pub live_bytes: u64,
+    pub usable_bytes: u64,
+    /// Resident pages holding at least one live object of the class.
+    pub pages: u64,
+    /// Mean live occupancy (0..1) of those pages.
+    pub mean_occupancy: f64,
+    /// Free bytes in resident pages the class dominates or last dominated.
+    pub retained_free: u64,
+}
+
+/// One allocation site at a snapshot (weights extrapolate sampled stacks).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SiteAtSnapshot {
+    pub stack: u32,
+    pub live_objects: f64,
+    pub live_bytes: f64,
+    /// Objects on pages under the sparse threshold, the share of those pages they hold
+    /// (a page shared by two sites counts half to each, by live bytes), and the free
+    /// bytes of those shares.
+    pub pinning_objects: f64,
+    pub pinned_pages: f64,
+    pub pinned_waste: f64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct HeapSnapshot {
+    pub parts: HeapParts,
+    pub classes: Vec<ClassAtSnapshot>,
+    pub sites: Vec<SiteAtSnapshot>,
+}
+
+/// How sampled stacks stand for all allocations.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SiteWeighting {
+    /// Every allocation has its stack: weight 1.
+    Every,
+    /// Poisson sampling by bytes with this mean: a sampled block of size s stands for
+    /// 1 / (1 - exp(-s / mean)) blocks, as in tcmalloc's and jemalloc's heap profiles.
+    Sampled { mean_bytes: f64 },
+    /// No stacks were recorded.
+    None,
+}
+
+impl SiteWeighting {
+    pub fn weight(self, size: u64) -> f64 {
+        match self {
+            Self::Every => 1.0,
+            Self::Sampled { mean_bytes } => {
+                let p = 1.0 - (-(size.max(1) as f64) / mean_bytes).exp();
+                if p > 0.0 {
+                    1.0 / p
+                } else {
+                    0.0
+                }
+            }
+            Self::None => 0.0,
+        }
+    }
+}
+
+/// What a snapshot remembers for the next one.
+#[derive(Default)]
+pub struct HeapHistory {
+    /// Mappings (by start address) that ever held a live block.
+    held_ranges: HashSet<u64>,
+    /// Page -> the size class that last dominated it: free pages are charged to it.
+    last_class: PageMap<u64>,
+}
+
+#[derive(Default, Clone, Copy)]
+struct PageAcc {
+    live: u32,
+    usable: u32,
+    /// The class with the largest single contribution seen (a cheap "dominant class").
+    class: u64,
+    class_bytes: u32,
+}
+
+/// Sorted residency ranges with a one-entry cache (objects arrive in hash order, but
+/// large runs fall in the same range).
+struct Residency<'a> {
+    ranges: Vec<&'a ResidentRange>,
+    shift: u32,
+    last: usize,
+}
+
+impl<'a> Residency<'a> {
+    fn new(pm: &'a Pagemap) -> Self {
+        let mut ranges: Vec<&ResidentRange> = pm.ranges.iter().collect();
+        ranges.sort_by_key(|r| r.start);
+        Self {
+            ranges,
+            shift: pm.page_size.max(1).trailing_zeros(),
+            last: 0,
+        }
+    }
+
+    /// The range holding `page` (a page number) and the page's index in it.
+    fn find(&mut self, page: u64) -> Option<(usize, u64)> {
+        let addr = page << self.shift;
+        let hit =
+            |r: &ResidentRange, shift: u32| addr >= r.start && page < (r.start >> shift) + r.pages;
+        if let Some(r) = self.ranges.get(self.last) {
+            if hit(r, self.shift) {
+                return Some((self.last, page - (r.start >> self.shift)));
+            }
+        }
+        let i = self
+            .ranges
+            .partition_point(|r| r.start <= addr)
+            .checked_sub(1)?;
+        let r = self.ranges[i];
+        if !hit(r, self.shift) {
+            return None;
+        }
+        self.last = i;
+        Some((i, page - (r.start >> self.shift)))
+    }
+
+    fn is_resident(&mut self, page: u64) -> Option<usize> {
+        let (i, idx) = self.find(page)?;
+        self.ranges[i].is_resident(idx).then_some(i)
+    }
+}
+
+/// Pages a block this large spans beyond which interior pages are counted arithmetically
+/// (they hold only this block, so they are full) instead of one by one.
+const INTERIOR_PAGES: u64 = 4;
+
+fn bucket_of(live: u64, page_size: u64) -> usize {
+    if live == 0 {
+        0
+    } else {
+        1 + ((live * 10 / page_size) as usize).min(9)
+    }
+}
+
+/// Evaluates the heap at a snapshot. `sparse_pct`: pages under this live occupancy count
+/// as pinned by the objects in them.
+pub fn evaluate(
+    live: &AddrMap<LiveBlock>,
+    pm: &Pagemap,
+    history: &mut HeapHistory,
+    weighting: SiteWeighting,
+    sparse_pct: u32,
+) -> HeapSnapshot {
+    let ps = u64::from(pm.page_size.max(1));
+    let mut res = Residency::new(pm);
+    let shift = res.shift;
+    let mut pages: PageMap<PageAcc> = PageMap::default();
+    let mut held_now: HashSet<usize> = HashSet::new();
+    let mut parts = HeapParts::default();
+    // Full interior pages of large blocks: counted (in total and per class), not stored.
+    let mut interior_full = 0u64;
+    let mut interior_by_class: FastMap<u64, (u64, u64)> = FastMap::default();
+    let mut interior_runs: Vec<(u64, u64)> = Vec::new();
+
+    // Pass 1: live and usable bytes per resident page.
+    for (&addr, b) in live {
+        let usable = b.usable().max(1);
+        let live_end = addr + b.size;
+        let end = addr + usable;
+        let first = addr >> shift;
+        let last = (end - 1) >> shift;
+        let mut page = first;
+        while page <= last {
+            if last - first > 2 * INTERIOR_PAGES && page > first && page < last {
+                // Interior pages of a large block: resident ones are full of it.
+                let upto = last - 1;
+                interior_runs.push((page, upto));
+                for p in page..=upto {
+                    let p_start = p << shift;
+                    let live_part = live_end.clamp(p_start, p_start + ps) - p_start;
+                    match res.is_resident(p) {
+                        Some(ri) => {
+                            held_now.insert(ri);
+                            interior_full += 1;
+                            let ic = interior_by_class.entry(usable).or_default();
+                            ic.0 += 1;
+                            ic.1 += live_part;
+                            parts.live += live_part;
+                            parts.rounding += ps - live_part;
+                            let bk = bucket_of(live_part, ps);
+                            parts.occupancy_pages[bk] += 1;
+                            parts.occupancy_live[bk] += live_part;
+                        }
+                        None => parts.live_not_resident += live_part,
+                    }
+                }
+                page = last;
+                continue;
+            }
+            let p_start = page << shift;
+            let p_end = p_start + ps;
+            let live_part = live_end.clamp(p_start, p_end) - addr.clamp(p_start, p_end);
+            let usable_part = end.clamp(p_start, p_end) - addr.clamp(p_start, p_end);
+            match res.is_resident(page) {
+                Some(ri) => {
+                    held_now.insert(ri);
+                    let acc = pages.entry(page).or_default();
+                    acc.live += live_part as u32;
+                    acc.usable += usable_part as u32;
+                    if usable_part as u32 > acc.class_bytes {
+                        acc.class_bytes = usable_part as u32;
+                        acc.class = usable;
+                    }
+                }
+                None => parts.live_not_resident += live_part,
+            }
+            page += 1;
+        }
+    }
+    for ri in &held_now {
+        history.held_ranges.insert(res.ranges[*ri].start);
+    }
+
+    // Page totals.
+    let mut class_free: FastMap<u64, u64> = FastMap::default();
+    for (&page, acc) in &pages {
+        let (live_b, usable_b) = (u64::from(acc.live), u64::from(acc.usable).min(ps));
+        parts.live += live_b;
+        parts.rounding += usable_b.saturating_sub(live_b);
+        parts.free_in_used_pages += ps - usable_b;
+        let bk = bucket_of(live_b, ps);
+        parts.occupancy_pages[bk] += 1;
+        parts.occupancy_live[bk] += live_b;
+        *class_free.entry(acc.class).or_default() += ps - usable_b;
+        history.last_class.insert(page, acc.class);
+    }
+    parts.used_pages = pages.len() as u64 + interior_full;
+
+    interior_runs.sort_unstable();
+    let in_interior = |page: u64| {
+        let i = interior_runs.partition_point(|r| r.0 <= page);
+        i > 0 && interior_runs[i - 1].1 >= page
+    };
+    // Resident pages of heap mappings: empty ones are charged to the class that last
+    // used them (0 when none did while we watched).
+    for r in &res.ranges {
+        let resident = r.resident_pages();
+        if !history.held_ranges.contains(&r.start) {
+            parts.never_held_resident += resident * ps;
+            continue;
+        }
+        parts.heap_resident += resident * ps;
+        let base = r.start >> shift;
+        for idx in 0..r.pages {
+            if r.resident[(idx / 8) as usize] == 0 {
+                continue;
+            }
+            let page = base + idx;
+            if r.is_resident(idx) && !pages.contains_key(&page) && !in_interior(page) {
+                let class = history.last_class.get(&page).copied().unwrap_or(0);
+                *class_free.entry(class).or_default() += ps;
+            }
+        }
+    }
+    let heap_pages = parts.heap_resident / ps;
+    parts.empty_pages = heap_pages.saturating_sub(parts.used_pages);
+    parts.free_resident_pages = parts.empty_pages * ps;
+    parts.occupancy_pages[0] = parts.empty_pages;
+
+    // Pass 2: size classes and sites, by the pages their objects sit on.
+    let sparse_live = ps * u64::from(sparse_pct) / 100;
+    let mut classes: FastMap<u64, (ClassAtSnapshot, f64)> = FastMap::default();
+    let mut class_pages: FastSet<(u64, u64)> = FastSet::default();
+    // Blocks come roughly in address order: most repeats of (class, page) are the last one.
+    let mut last_class_page = (u64::MAX, u64::MAX);
+    let mut sites: FastMap<u32, SiteAtSnapshot> = FastMap::default();
+    for (&addr, b) in live {
+        let usable = b.usable().max(1);
+        let (c, occ_sum) = classes.entry(usable).or_insert_with(|| {
+            (
+                ClassAtSnapshot {
+                    usable,
+                    ..Default::default()
+                },
+                0.0,
+            )
+        });
+        c.objects += 1;
+        c.live_bytes += b.size;
+        c.usable_bytes += usable;
+        let w = if b.stack == 0 && weighting != SiteWeighting::Every {
+            0.0
+        } else {
+            weighting.weight(b.size)
+        };
+        let first = addr >> shift;
+        let last = (addr + usable - 1) >> shift;
+        let mut pin = (0.0f64, 0.0f64, false);
+        // Only the edge pages of a large block can be shared or sparse.
+        let edge_pages: &[u64] = if last - first > 2 * INTERIOR_PAGES {
+            &[first, last]
+        } else {
+            &[]
+        };
+        let mut visit = |page: u64, pin: &mut (f64, f64, bool), occ_sum: &mut f64| {
+            let Some(acc) = pages.get(&page) else { return };
+            if last_class_page != (usable, page) {
+                last_class_page = (usable, page);
+                if class_pages.insert((usable, page)) {
+                    c.pages += 1;
+                    *occ_sum += f64::from(acc.live) / ps as f64;
+                }
+            }
+            if w > 0.0 && u64::from(acc.live) < sparse_live && acc.live > 0 {
+                let p_start = page << shift;
+                let mine = (addr + b.size).clamp(p_start, p_start + ps)
+                    - addr.clamp(p_start, p_start + ps);
+                let share = mine as f64 / f64::from(acc.live);
+                pin.0 += share;
+                pin.1 += share * (ps - u64::from(acc.live)) as f64;
+                pin.2 = true;
+            }
+        };
+        if edge_pages.is_empty() {
+            for page in first..=last {
+                visit(page, &mut pin, occ_sum);
+            }
+        } else {
+            for &page in edge_pages {
+                visit(page, &mut pin, occ_sum);
+            }
+        }
+        if w > 0.0 {
+            let s = sites.entry(b.stack).or_insert_with(|| SiteAtSnapshot {
+                stack: b.stack,
+                ..Default::default()
+            });
+            s.live_objects += w;
+            s.live_bytes += w * b.size as f64;
+            if pin.2 {
+                s.pinning_objects += w;
+                s.pinned_pages += w * pin.0;
+                s.pinned_waste += w * pin.1;
+            }
+        }
+    }
+    let mut classes: Vec<ClassAtSnapshot> = classes
+        .into_values()
+        .map(|(mut c, mut occ_sum)| {
+            if let Some((n, live_b)) = interior_by_class.get(&c.usable) {
+                c.pages += n;
+                occ_sum += *live_b as f64 / ps as f64;
+            }
+            c.mean_occupancy = if c.pages > 0 {
+                occ_sum / c.pages as f64
+            } else {
+                0.0
+            };
+            c.retained_free = class_free.remove(&c.usable).unwrap_or(0);
+            c
+        })
+        .collect();
+    // Classes with no live object left but free pages charged to them.
+    for (usable, free) in class_free {
+        if free > 0 {
+            classes.push(ClassAtSnapshot {
+                usable,
+                retained_free: free,
+                ..Default::default()
+            });
+        }
+    }
+    classes.sort_by_key(|c| c.usable);
+    let mut sites: Vec<SiteAtSnapshot> = sites.into_values().collect();
+    sites.sort_by(|a, b| b.live_bytes.total_cmp(&a.live_bytes));
+    HeapSnapshot {
+        parts,
+        classes,
+        sites,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(size: u64, rounding: u32, stack: u32) -> LiveBlock {
+        LiveBlock {
+            size,
+            rounding,
+            stack,
+            born_tick: 0,
+        }
+    }
+
+    /// A 16-page mapping at 0x10000 with every page resident.
+    fn all_resident() -> Pagemap {
+        Pagemap {
+            stream: 0,
+            tick: 0,
+            reason: fragscope_trace::records::SnapshotReason::Periodic,
+            page_size: 4096,
+            ranges: vec![ResidentRange {
+                start: 0x10000,
+                pages: 16,
+                resident: vec![0xff, 0xff],
+            }],
+        }
+    }
+
+    #[test]
+    fn parts_add_up_to_the_heap_and_straddling_objects_split_by_page() {
+        let mut live = AddrMap::default();
+        // 100 bytes straddling pages 0 and 1 (60 in page 0, 40 in page 1), usable 112.
+        live.insert(0x10000 + 4096 - 60, block(100, 12, 1));
+        // One full page's worth in page 3.
+        live.insert(0x13000, block(4096, 0, 2));
+        let snap = evaluate(
+            &live,
+            &all_resident(),
+            &mut HeapHistory::default(),
+            SiteWeighting::Every,
+            10,
+        );
+        let p = &snap.parts;
+        assert_eq!(p.live, 4196);
+        assert_eq!(p.rounding, 12);
+        assert_eq!(p.used_pages, 3);
+        assert_eq!(p.empty_pages, 13);
+        assert_eq!(p.heap_resident, 16 * 4096);
+        assert_eq!(
+            p.live + p.rounding + p.free_in_used_pages + p.free_resident_pages,
+            p.heap_resident
+        );
+        // page 0: 60 live; page 1: 40 live; page 3 full.
+        assert_eq!(p.occupancy_pages[1], 2);
+        assert_eq!(p.occupancy_live[1], 100);
+        assert_eq!(p.occupancy_pages[10], 1);
+        // the straddler pins both its pages, which hold nothing else
+        let s1 = snap.sites.iter().find(|s| s.stack == 1).unwrap();
+        assert!((s1.pinned_pages - 2.0).abs() < 1e-9);
+        assert!((s1.pinned_waste - (2.0 * 4096.0 - 100.0)).abs() < 1e-9);
+        let s2 = snap.sites.iter().find(|s| s.stack == 2).unwrap();
+        assert_eq!(s2.pinned_pages, 0.0);
+    }
+
+    #[test]
+    fn mappings_that_never_held_an_object_are_not_heap() {
+        let live = AddrMap::default();
+        let snap = evaluate(
+            &live,
+            &all_resident(),
+            &mut HeapHistory::default(),
+            SiteWeighting::Every,
+            10,
+        );
+        assert_eq!(snap.parts.heap_resident, 0);
+        assert_eq!(snap.parts.never_held_resident, 16 * 4096);
+    }
+
+    #[test]
+    fn freed_pages_are_charged_to_the_class_that_used_them() {
+        let mut history = HeapHistory::default();
+        let mut live = AddrMap::default();
+        for i in 0..64 {
+            live.insert(0x10000 + i * 64, block(64, 0, 0));
+        }
+        live.insert(0x11000, block(4000, 96, 0));
+        evaluate(
+            &live,
+            &all_resident(),
+            &mut history,
+            SiteWeighting::None,
+            10,
+        );
+        for i in 1..64 {
+            live.remove(&(0x10000 + i * 64));
+        }
+        let snap = evaluate(
+            &live,
+            &all_resident(),
+            &mut history,
+            SiteWeighting::None,
+            10,
+        );
+        let c64 = snap.classes.iter().find(|c| c.usable == 64).unwrap();
+        assert_eq!(c64.objects, 1);
+        assert_eq!(c64.retained_free, 4096 - 64);
+        assert!((c64.mean_occupancy - 64.0 / 4096.0).abs() < 1e-9);
+        let unknown = snap.classes.iter().find(|c| c.usable == 0).unwrap();
+        assert_eq!(unknown.retained_free, 14 * 4096);
+    }
+
+    #[test]
+    fn large_blocks_count_their_interior_pages_without_storing_them() {
+        let mut live = AddrMap::default();
+        live.insert(0x10000 + 100, block(12 * 4096, 0, 7));
+        let snap = evaluate(
+            &live,
+            &all_resident(),
+            &mut HeapHistory::default(),
+            SiteWeighting::Every,
+            10,
+        );
+        let p = &snap.parts;
+        assert_eq!(p.live, 12 * 4096);
+        assert_eq!(p.used_pages, 13);
+        assert_eq!(
+            p.live + p.rounding + p.free_in_used_pages + p.free_resident_pages,
+            p.heap_resident
+        );
+    }
+}

@@ -1,0 +1,15 @@
+//! fragscope's model: from a trace to where every resident byte goes.
+//!
+//! [`analyze`] reads a trace once, merges each process's calls, evaluates the heap at
+//! every page-residency snapshot ([`heap`]), finds phases ([`phases`]), symbolizes the
+//! allocation sites that matter ([`symbols`]) and returns a [`report::Report`]: plain
+//! data, with no knowledge of terminals or HTML.
+
+pub mod analyze;
+pub mod heap;
+pub mod phases;
+pub mod report;
+pub mod symbols;
+
+pub use analyze::{analyze, AnalysisError, Options};
+pub use report::Report;

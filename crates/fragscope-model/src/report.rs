@@ -1,0 +1,218 @@
+//! What an analysis produces: plain data, serialisable as the `--json` report
+//! (docs/report-json.md). Byte counts are integers; times are milliseconds since the
+//! recording started.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::phases::PhaseKind;
+use crate::symbols::Frame;
+
+/// RSS at one moment, split into parts that add up to it (see PRODUCT.md, "The model").
+/// `unexplained` is what remains when the sources disagree (e.g. the heap's resident pages
+/// exceed RssAnon because the two were read a moment apart): the sum of every field
+/// except `rss`, `rss_anon` and `heap_resident` equals `rss`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Decomposition {
+    pub rss: u64,
+    pub live: u64,
+    pub rounding: u64,
+    pub free_in_used_pages: u64,
+    pub free_resident_pages: u64,
+    pub lazy_free: u64,
+    pub other_anon: u64,
+    pub file: u64,
+    /// fragscope's own buffers in the traced process: shown, kept out of the other parts.
+    pub fragscope_own: u64,
+    pub unexplained: i64,
+    /// RssAnon as /proc reported it, and the heap's resident bytes as pagemap showed them.
+    pub rss_anon: u64,
+    pub heap_resident: u64,
+}
+
+impl Decomposition {
+    /// Bytes resident in the heap but not holding requested data.
+    pub fn heap_waste(&self) -> u64 {
+        self.rounding + self.free_in_used_pages + self.free_resident_pages + self.lazy_free
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OccupancyBucket {
+    /// [lo_pct, hi_pct) of a page's bytes that are live; the first bucket (0, 0) is the
+    /// resident heap pages with no live byte at all.
+    pub lo_pct: u32,
+    pub hi_pct: u32,
+    pub pages: u64,
+    pub live_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AllocatorView {
+    pub t_ms: f64,
+    pub source: String,
+    pub values: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Snapshot {
+    pub t_ms: f64,
+    /// "periodic", "near_peak" or "exit".
+    pub reason: String,
+    #[serde(flatten)]
+    pub parts: Decomposition,
+    pub live_not_resident: u64,
+    pub page_size: u64,
+    pub used_pages: u64,
+    pub empty_pages: u64,
+    pub occupancy: Vec<OccupancyBucket>,
+    /// The allocator's own statistics, answered just before this snapshot.
+    pub allocator: Option<AllocatorView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Phase {
+    pub start_ms: f64,
+    pub end_ms: f64,
+    pub kind: PhaseKind,
+    pub rss_max: u64,
+    pub live_max: u64,
+    pub live_end: u64,
+    /// The last snapshot inside the phase, and its decomposition (none when no snapshot
+    /// fell inside: record with a smaller --snapshot-ms).
+    pub snapshot_t_ms: Option<f64>,
+    pub decomposition: Option<Decomposition>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TimelinePoint {
+    pub t_ms: f64,
+    pub rss: u64,
+    pub rss_anon: u64,
+    pub rss_file: u64,
+    /// Requested and usable bytes live at that moment, from the trace.
+    pub live: u64,
+    pub usable: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SizeClass {
+    /// The allocator's usable size for the class (0: pages freed before any snapshot saw
+    /// who used them).
+    pub usable: u64,
+    pub objects: u64,
+    pub live_bytes: u64,
+    pub usable_bytes: u64,
+    pub pages: u64,
+    pub mean_occupancy: f64,
+    pub retained_free: u64,
+    /// Retained free bytes at the first snapshot, for growth.
+    pub retained_free_first: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClassPoint {
+    pub usable: u64,
+    pub live_bytes: u64,
+    pub retained_free: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClassHistory {
+    pub t_ms: f64,
+    pub classes: Vec<ClassPoint>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Site {
+    pub stack: u32,
+    /// The first frame outside allocator wrappers, as "function (file:line)".
+    pub label: String,
+    pub frames: Vec<Frame>,
+    /// At the focus snapshot (estimates when stacks were sampled).
+    pub live_objects: u64,
+    pub live_bytes: u64,
+    pub pinning_objects: u64,
+    pub pinned_pages: f64,
+    pub pinned_waste: u64,
+    /// Over the whole run.
+    pub allocations: u64,
+    pub allocated_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Sites {
+    /// "every", "sampled" (figures are estimates) or "none" (no stacks recorded).
+    pub stacks: String,
+    pub t_ms: Option<f64>,
+    pub sparse_pct: u32,
+    pub by_live_bytes: Vec<Site>,
+    pub by_pinned_waste: Vec<Site>,
+    pub by_allocated_bytes: Vec<Site>,
+    pub by_allocations: Vec<Site>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Headline {
+    pub peak_rss: u64,
+    pub peak_rss_t_ms: f64,
+    pub peak_live: u64,
+    pub peak_live_t_ms: f64,
+    /// The snapshot with the most heap waste, which the sentence is about.
+    pub focus_t_ms: Option<f64>,
+    /// Heap resident / live at the focus snapshot.
+    pub fragmentation_ratio: Option<f64>,
+    /// The part that dominates the waste there ("free_in_used_pages", ...).
+    pub dominant: Option<String>,
+    pub sentence: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MergeFacts {
+    pub forced_allocs: u64,
+    pub unknown_frees: u64,
+    pub late: u64,
+    pub lost_events: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProcessBrief {
+    pub stream: u32,
+    pub pid: u32,
+    pub ppid: u32,
+    pub argv: Vec<String>,
+    pub calls: u64,
+    pub peak_rss: u64,
+    pub peak_live: u64,
+    pub end: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    pub trace: String,
+    pub truncated: bool,
+    pub damage: Option<String>,
+    pub stacks: String,
+    pub duration_ms: f64,
+    /// The process analysed below (the one with the highest RSS unless one was chosen).
+    pub stream: u32,
+    pub pid: u32,
+    pub argv: Vec<String>,
+    pub allocator: Option<String>,
+    pub calls: u64,
+    pub merge: MergeFacts,
+    pub headline: Headline,
+    pub timeline: Vec<TimelinePoint>,
+    pub snapshots: Vec<Snapshot>,
+    /// Indexes into `snapshots`.
+    pub peak_snapshot: Option<usize>,
+    pub end_snapshot: Option<usize>,
+    pub focus_snapshot: Option<usize>,
+    pub phases: Vec<Phase>,
+    /// At the focus snapshot.
+    pub size_classes: Vec<SizeClass>,
+    pub size_class_history: Vec<ClassHistory>,
+    pub sites: Sites,
+    pub processes: Vec<ProcessBrief>,
+}
