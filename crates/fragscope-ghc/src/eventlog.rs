@@ -105,9 +105,8 @@ impl Eventlog {
         profile
     }
 
-    /// Orders the events by time. Capabilities flush their buffers independently, so
-    /// file order interleaves them in blocks; the sort is stable, keeping the file order
-    /// of events with equal timestamps (e.g. GC_END before its GC_STATS_GHC).
+    /// Orders the events by time (see [`EventReader`] for why file order is not). The
+    /// sort is stable: events with equal timestamps keep their file order.
     pub fn sort_by_time(&mut self) {
         self.events.sort_by_key(|e| e.time_ns);
     }

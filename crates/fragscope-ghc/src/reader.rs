@@ -28,8 +28,11 @@ struct Block {
 
 /// Reads an eventlog's events in file order.
 ///
-/// Events are in file order, which is ordered in time within one capability's block but
-/// not across blocks: a report that merges capabilities should order by `time_ns`.
+/// Events come in file order, which is not time order: each capability's buffer is
+/// written as a block when it fills or at exit (GHC 9.0 writes the heap profile samples of
+/// a whole run in one late block of the global buffer), and some events carry a time taken
+/// before they were posted (GC_END follows the GC_STATS_GHC stamped after it). A timeline
+/// should order events by `time_ns`.
 pub struct EventReader<R: Read> {
     source: Source<R>,
     header: Header,

@@ -1,6 +1,6 @@
 //! A byte stream that knows its offset and tells a clean end from a short read.
 
-use std::io::{self, BufReader, Read};
+use std::io::{self, BufRead, BufReader, Read};
 
 use crate::Error;
 
@@ -30,6 +30,14 @@ impl<R: Read> Source<R> {
 
     /// Reads until `buf` is full or the stream ends.
     pub(crate) fn fill(&mut self, buf: &mut [u8]) -> Result<Fill, Error> {
+        // Most reads are a few bytes already buffered: copy them without a read call.
+        let buffered = self.inner.buffer();
+        if buffered.len() >= buf.len() {
+            buf.copy_from_slice(&buffered[..buf.len()]);
+            self.inner.consume(buf.len());
+            self.offset += buf.len() as u64;
+            return Ok(Fill::Full);
+        }
         let mut done = 0;
         while done < buf.len() {
             match self.inner.read(&mut buf[done..]) {
