@@ -116,6 +116,16 @@ pub struct HeapInfo {
     pub block_bytes: u64,
 }
 
+/// A cost centre's definition, referred to by number in cost-centre samples.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CostCentre {
+    pub id: u32,
+    pub label: String,
+    pub module: String,
+    pub source_location: String,
+    pub is_caf: bool,
+}
+
 /// What an event says. Event types this reader does not decode become [`EventKind::Other`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EventKind {
@@ -206,13 +216,7 @@ pub enum EventKind {
         sampling_period_ns: u64,
         breakdown: HeapProfBreakdown,
     },
-    HeapProfCostCentre {
-        id: u32,
-        label: String,
-        module: String,
-        source_location: String,
-        is_caf: bool,
-    },
+    HeapProfCostCentre(Box<CostCentre>),
     /// Starts a census; the entries follow until the matching end.
     HeapProfSampleBegin {
         era: u64,
@@ -405,13 +409,13 @@ pub(crate) fn decode(tag: u16, payload: &[u8]) -> Option<EventKind> {
             sampling_period_ns: f.u64()?,
             breakdown: HeapProfBreakdown::from_code(f.u32()?),
         },
-        HEAP_PROF_COST_CENTRE => EventKind::HeapProfCostCentre {
+        HEAP_PROF_COST_CENTRE => EventKind::HeapProfCostCentre(Box::new(CostCentre {
             id: f.u32()?,
             label: f.string(),
             module: f.string(),
             source_location: f.string(),
             is_caf: f.u8()? & 1 != 0,
-        },
+        })),
         HEAP_PROF_SAMPLE_BEGIN => EventKind::HeapProfSampleBegin { era: f.u64()? },
         HEAP_BIO_PROF_SAMPLE_BEGIN => EventKind::HeapBioProfSampleBegin {
             era: f.u64()?,

@@ -59,7 +59,7 @@ impl Eventlog {
                     .unwrap_or(reader.offset()),
             },
         };
-        let header = reader.header().clone();
+        let header = reader.into_header();
         Ok(Eventlog {
             header,
             events,
@@ -73,7 +73,9 @@ impl Eventlog {
         matches!(self.end, End::Truncated { .. })
     }
 
-    /// The RTS's name and version, e.g. "GHC-9.0.2 rts_l".
+    /// The RTS's name and version, e.g. "GHC-9.0.2 rts_l". `None` in a log cut short:
+    /// the RTS keeps its start-up information (this, the program's arguments) in its
+    /// global buffer, which it writes only at exit.
     pub fn rts_identifier(&self) -> Option<&str> {
         self.events.iter().find_map(|e| match &e.kind {
             EventKind::RtsIdentifier { identifier, .. } => Some(identifier.as_str()),

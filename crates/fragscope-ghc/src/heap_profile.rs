@@ -66,8 +66,8 @@ impl HeapProfile {
                 self.breakdown = Some(*breakdown);
                 self.sampling_period_ns = Some(*sampling_period_ns);
             }
-            EventKind::HeapProfCostCentre { id, label, .. } => {
-                self.cost_centre_labels.insert(*id, label.clone());
+            EventKind::HeapProfCostCentre(cc) => {
+                self.cost_centre_labels.insert(cc.id, cc.label.clone());
             }
             EventKind::HeapProfSampleBegin { era } => self.begin(*era, event.time_ns),
             EventKind::HeapBioProfSampleBegin { era, time_ns } => self.begin(*era, *time_ns),

@@ -34,7 +34,7 @@ mod reader;
 mod source;
 
 pub use error::Error;
-pub use event::{tags, Event, EventKind, GcStats, HeapInfo, HeapProfBreakdown};
+pub use event::{tags, CostCentre, Event, EventKind, GcStats, HeapInfo, HeapProfBreakdown};
 pub use eventlog::Eventlog;
 pub use header::{EventType, Header, PayloadSize};
 pub use heap_profile::{HeapProfile, HeapSample, HeapSampleEntry, LabelId};

@@ -61,6 +61,10 @@ impl<R: Read> EventReader<R> {
         &self.header
     }
 
+    pub fn into_header(self) -> Header {
+        self.header
+    }
+
     /// How the log ended, once [`next_event`](Self::next_event) has returned `Ok(None)`.
     pub fn end(&self) -> Option<End> {
         self.end

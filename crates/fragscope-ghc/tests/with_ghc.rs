@@ -132,6 +132,8 @@ fn reads_the_eventlog_of_a_killed_program() {
 
     let log = Eventlog::parse(&std::fs::read(&path).unwrap()).unwrap();
     assert!(log.is_truncated());
+    // The start-up information waits in the global buffer, written only at exit.
+    assert_eq!(log.rts_identifier(), None);
     assert!(log
         .events
         .iter()
