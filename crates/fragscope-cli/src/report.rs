@@ -118,11 +118,7 @@ pub fn render(r: &Report, top: usize) -> String {
             o,
             "\nOther processes in this trace (fragscope report --pid N):"
         );
-        for p in r
-            .processes
-            .iter()
-            .filter(|p| p.stream != r.stream)
-        {
+        for p in r.processes.iter().filter(|p| p.stream != r.stream) {
             let _ = writeln!(
                 o,
                 "  pid {:<8} {:>9} calls  peak RSS {:>10}  {}  ({})",
@@ -406,35 +402,28 @@ fn size_classes(o: &mut String, r: &Report, top: usize) {
 /// The allocator's statistics beside fragscope's figures, with the differences.
 fn allocator_view(o: &mut String, s: &Snapshot) {
     let Some(a) = &s.allocator else { return };
-    let d = &s.parts;
     let _ = writeln!(
         o,
-        "\nThe allocator's own view ({}, at {})",
+        "\nThe allocator's own view ({}, answered at {})",
         a.source,
         secs(a.t_ms)
     );
-    let ours_usable = d.live + d.rounding;
-    let compare = |name: &str, theirs: u64, ours: Option<(u64, &str)>| -> String {
-        match ours {
-            Some((v, what)) => format!(
-                "  {name:<28} {:>12}   fragscope {what} {:>12}   difference {}",
-                bytes(theirs),
-                bytes(v),
-                signed_bytes(theirs as i64 - v as i64)
-            ),
-            None => format!("  {name:<28} {:>12}", bytes(theirs)),
-        }
-    };
-    for (k, v) in &a.values {
-        let ours = match (a.source.as_str(), k.as_str()) {
-            ("jemalloc", "stats.allocated") => Some((ours_usable, "live+rounding")),
-            ("jemalloc", "stats.resident") => Some((d.heap_resident, "heap resident")),
-            ("glibc", "uordblks") => Some((ours_usable, "live+rounding")),
-            ("tcmalloc", "generic.current_allocated_bytes") => Some((ours_usable, "live+rounding")),
-            ("mimalloc", "current_commit") => Some((d.heap_resident, "heap resident")),
-            _ => None,
-        };
-        let _ = writeln!(o, "{}", compare(k, *v, ours));
+    let _ = writeln!(
+        o,
+        "  {:<30} {:>12} {:>12} {:>12}",
+        "", a.source, "fragscope", "difference"
+    );
+    for c in &a.comparisons {
+        let _ = writeln!(
+            o,
+            "  {:<30} {:>12} {:>12} {:>12}   ({} vs {})",
+            c.quantity,
+            bytes(c.allocator),
+            bytes(c.fragscope),
+            signed_bytes(c.difference),
+            c.allocator_formula,
+            c.fragscope_formula
+        );
     }
 }
 

@@ -57,10 +57,11 @@ const CLASSES_PER_SNAPSHOT: usize = 64;
 /// Points of the timeline in the report.
 const TIMELINE_POINTS: usize = 600;
 /// Allocator statistics further than this from a snapshot describe another moment.
-const STATS_MAX_DISTANCE_TICKS: u64 = 500;
+const STATS_MAX_DISTANCE_TICKS: u64 = 250;
 
-/// (tick, source, name-value pairs) of one answer of the allocator's own statistics.
-type AllocatorStats = (u64, StatsSource, Vec<(String, u64)>);
+/// (tick, source, name-value pairs, fragscope's live + rounding at that point of the
+/// merged calls) of one answer of the allocator's own statistics.
+type AllocatorStats = (u64, StatsSource, Vec<(String, u64)>, u64);
 
 struct Evaluated {
     tick: u64,
@@ -149,7 +150,7 @@ impl Stream {
                     values,
                 } => {
                     self.allocator = Some(source.name());
-                    self.stats.push((tick, source, values));
+                    self.stats.push((tick, source, values, self.usable_bytes));
                 }
             }
         }
@@ -522,6 +523,19 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         rss_anon: anon,
         heap_resident: h.heap_resident,
     };
+    // Threads answer a stats request at their next call: close to the snapshot, on
+    // either side of it.
+    let allocator = nearest(&s.stats, e.tick, |x| x.0)
+        .filter(|x| x.0.abs_diff(e.tick) <= STATS_MAX_DISTANCE_TICKS)
+        .map(|(t, src, values, in_use)| {
+            let values: BTreeMap<String, u64> = values.iter().cloned().collect();
+            AllocatorView {
+                t_ms: *t as f64 * tick_ms,
+                source: src.name().into(),
+                comparisons: compare_with_allocator(*src, &values, &parts, *in_use),
+                values,
+            }
+        });
     let mut occupancy = Vec::with_capacity(heap::OCCUPANCY_BUCKETS);
     for b in 0..heap::OCCUPANCY_BUCKETS {
         let (lo, hi) = if b == 0 {
@@ -550,16 +564,136 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         used_pages: h.used_pages,
         empty_pages: h.empty_pages,
         occupancy,
-        // Threads answer a stats request at their next call: close to the snapshot, on
-        // either side of it.
-        allocator: nearest(&s.stats, e.tick, |x| x.0)
-            .filter(|x| x.0.abs_diff(e.tick) <= STATS_MAX_DISTANCE_TICKS)
-            .map(|(t, src, values)| AllocatorView {
-                t_ms: *t as f64 * tick_ms,
-                source: src.name().into(),
-                values: values.iter().cloned().collect::<BTreeMap<_, _>>(),
-            }),
+        allocator,
     }
+}
+
+/// The allocator's statistics next to fragscope's figures for the same quantity. Bytes in
+/// use are compared at the very point of the calls where the allocator answered
+/// (`in_use`); page figures come from the snapshot, a moment apart.
+fn compare_with_allocator(
+    source: StatsSource,
+    v: &BTreeMap<String, u64>,
+    d: &Decomposition,
+    in_use: u64,
+) -> Vec<Comparison> {
+    let get = |k: &str| v.get(k).copied();
+    let mut out = Vec::new();
+    let mut add = |quantity: &str, theirs: Option<u64>, their_f: &str, ours: u64, our_f: &str| {
+        if let Some(theirs) = theirs {
+            out.push(Comparison {
+                quantity: quantity.into(),
+                allocator: theirs,
+                allocator_formula: their_f.into(),
+                fragscope: ours,
+                fragscope_formula: our_f.into(),
+                difference: theirs as i64 - ours as i64,
+            });
+        }
+    };
+    let free_pages = d.free_resident_pages + d.lazy_free;
+    match source {
+        StatsSource::Jemalloc => {
+            let (alloc, active, resident, meta) = (
+                get("stats.allocated"),
+                get("stats.active"),
+                get("stats.resident"),
+                get("stats.metadata").unwrap_or(0),
+            );
+            add("in use", alloc, "allocated", in_use, "live + rounding");
+            add(
+                "free inside active pages",
+                active.zip(alloc).map(|(a, b)| a.saturating_sub(b)),
+                "active - allocated",
+                d.free_in_used_pages,
+                "free in used pages",
+            );
+            add(
+                "free pages kept resident",
+                resident
+                    .zip(active)
+                    .map(|(r, a)| r.saturating_sub(a + meta)),
+                "resident - active - metadata",
+                free_pages,
+                "free resident pages + lazily freed",
+            );
+            add(
+                "heap resident",
+                resident.map(|r| r.saturating_sub(meta)),
+                "resident - metadata",
+                d.heap_resident,
+                "heap resident (pagemap)",
+            );
+        }
+        StatsSource::Tcmalloc => {
+            let lists = ["central", "transfer", "thread"]
+                .iter()
+                .map(|c| get(&format!("tcmalloc.{c}_cache_free_bytes")))
+                .sum::<Option<u64>>();
+            add(
+                "in use",
+                get("generic.current_allocated_bytes"),
+                "current_allocated_bytes",
+                in_use,
+                "live + rounding",
+            );
+            add(
+                "free in size-class free lists",
+                lists,
+                "central + transfer + thread cache free bytes",
+                d.free_in_used_pages,
+                "free in used pages",
+            );
+            add(
+                "free pages kept",
+                get("tcmalloc.pageheap_free_bytes"),
+                "pageheap_free_bytes",
+                free_pages,
+                "free resident pages + lazily freed",
+            );
+            add(
+                "heap",
+                get("generic.heap_size")
+                    .zip(get("tcmalloc.pageheap_unmapped_bytes"))
+                    .map(|(h, u)| h.saturating_sub(u)),
+                "heap_size - pageheap_unmapped_bytes",
+                d.heap_resident,
+                "heap resident (pagemap)",
+            );
+        }
+        StatsSource::Glibc => {
+            add(
+                "in use",
+                get("uordblks"),
+                "uordblks (chunk sizes, headers included)",
+                in_use,
+                "live + rounding",
+            );
+            add(
+                "free in the heap",
+                get("fordblks"),
+                "fordblks",
+                d.free_in_used_pages + free_pages,
+                "free in used pages + free resident pages + lazily freed",
+            );
+            add(
+                "heap",
+                get("arena").zip(get("hblkhd")).map(|(a, h)| a + h),
+                "arena + hblkhd (mapped, touched or not)",
+                d.heap_resident,
+                "heap resident (pagemap)",
+            );
+        }
+        StatsSource::Mimalloc => add(
+            "heap",
+            get("current_commit"),
+            "current_commit",
+            d.heap_resident,
+            "heap resident (pagemap)",
+        ),
+        StatsSource::Unknown => {}
+    }
+    out
 }
 
 fn phases_of(full: &[(f64, u64, u64)], snapshots: &[Snapshot]) -> Vec<Phase> {

@@ -53,6 +53,21 @@ pub struct AllocatorView {
     pub t_ms: f64,
     pub source: String,
     pub values: BTreeMap<String, u64>,
+    /// The allocator's figures beside fragscope's for the same quantity.
+    pub comparisons: Vec<Comparison>,
+}
+
+/// One quantity as the allocator counts it and as fragscope measures it. They differ by
+/// design in places (glibc counts chunk headers as in use; jemalloc's resident includes
+/// its metadata): `difference` is shown, never hidden.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Comparison {
+    pub quantity: String,
+    pub allocator: u64,
+    pub allocator_formula: String,
+    pub fragscope: u64,
+    pub fragscope_formula: String,
+    pub difference: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

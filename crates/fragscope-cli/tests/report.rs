@@ -1,0 +1,302 @@
+//! `fragscope report` on real programs under real allocators: the decomposition must tell
+//! a heap whose survivors are spread over every page (free space pinned inside pages) from
+//! one whose survivors are packed (whole free pages kept), agree with the program's own
+//! count of live bytes, and agree with the allocator's own statistics.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::JEMALLOC;
+use serde_json::Value;
+
+const TCMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4";
+
+/// Compiles one of the shared example programs (../shared/cases beside the repository).
+fn build_case(dir: &Path, name: &str) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../../shared/cases/{name}.c"));
+    if !src.exists() {
+        eprintln!("skipped: {} is not there", src.display());
+        return None;
+    }
+    let exe = dir.join(name);
+    let ok = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-ldl")
+        .status()
+        .unwrap();
+    assert!(ok.success(), "cc failed on {}", src.display());
+    Some(exe)
+}
+
+/// Records `exe args` with `preload` (an allocator) and `env`, and returns the JSON report
+/// and the program's stdout.
+fn record_and_report(
+    dir: &Path,
+    tag: &str,
+    preload: Option<&str>,
+    env: &[(&str, &str)],
+    exe: &Path,
+    args: &[&str],
+) -> (Value, String) {
+    let trace = dir.join(format!("{tag}.fsc"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fragscope"));
+    cmd.args(["record", "--snapshot-ms", "250", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(exe)
+        .args(args);
+    match preload {
+        Some(p) => cmd.env("LD_PRELOAD", p),
+        None => cmd.env_remove("LD_PRELOAD"),
+    };
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "record failed: {}",
+        common::stderr(&out)
+    );
+    let rep = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["report", "--json"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(
+        rep.status.success(),
+        "report failed: {}",
+        common::stderr(&rep)
+    );
+    (
+        serde_json::from_slice(&rep.stdout).unwrap(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+fn u(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+/// The last snapshot before the program's teardown: stripe's plateau.
+fn plateau(report: &Value) -> &Value {
+    report["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|s| s["reason"] != "exit")
+        .expect("a snapshot during the run")
+}
+
+/// Every part is non-negative and the parts add up to RSS exactly.
+fn assert_adds_up(s: &Value) {
+    let parts = [
+        "live",
+        "rounding",
+        "free_in_used_pages",
+        "free_resident_pages",
+        "lazy_free",
+        "other_anon",
+        "file",
+        "fragscope_own",
+    ];
+    let sum: i64 =
+        parts.iter().map(|k| u(s, k) as i64).sum::<i64>() + s["unexplained"].as_i64().unwrap();
+    assert_eq!(sum, u(s, "rss") as i64, "{s}");
+}
+
+fn occupancy_pages(s: &Value, lo_pct: u64, hi_pct: u64) -> u64 {
+    s["occupancy"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| u(b, "lo_pct") == lo_pct && u(b, "hi_pct") == hi_pct)
+        .map_or(0, |b| u(b, "pages"))
+}
+
+const N: u64 = 1_000_000;
+const SIZE: u64 = 64;
+
+/// stripe's survivors are N/10 objects of SIZE bytes, held through an array of N pointers.
+fn expected_live() -> u64 {
+    N / 10 * SIZE + N * 8
+}
+
+#[test]
+fn stripe_under_jemalloc_strip_pins_pages_take_keeps_free_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_case(dir.path(), "stripe") else {
+        return;
+    };
+    let n = N.to_string();
+    let (strip, _) = record_and_report(
+        dir.path(),
+        "strip",
+        Some(JEMALLOC),
+        &[],
+        &exe,
+        &["strip", &n],
+    );
+    let (take, _) = record_and_report(dir.path(), "take", Some(JEMALLOC), &[], &exe, &["take", &n]);
+    let (take_purged, _) = record_and_report(
+        dir.path(),
+        "take_purged",
+        Some(JEMALLOC),
+        &[("MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0")],
+        &exe,
+        &["take", &n],
+    );
+    for r in [&strip, &take, &take_purged] {
+        assert_eq!(r["allocator"], "jemalloc");
+        for s in r["snapshots"].as_array().unwrap() {
+            assert_adds_up(s);
+        }
+        let live = u(plateau(r), "live");
+        assert!(
+            live.abs_diff(expected_live()) < 256 << 10,
+            "live {live} vs the program's {}",
+            expected_live()
+        );
+    }
+    let s = plateau(&strip);
+    assert!(
+        u(s, "free_in_used_pages") > 4 * u(s, "free_resident_pages"),
+        "strip: waste should be inside pinned pages: {s}"
+    );
+    let sparse = occupancy_pages(s, 0, 10);
+    for (lo, hi) in [(0, 0), (10, 20), (20, 30), (90, 100)] {
+        assert!(sparse > occupancy_pages(s, lo, hi), "strip occupancy: {s}");
+    }
+    assert_eq!(strip["headline"]["dominant"], "free_in_used_pages");
+
+    let t = plateau(&take);
+    assert!(
+        u(t, "free_resident_pages") + u(t, "lazy_free") > 4 * u(t, "free_in_used_pages"),
+        "take: waste should be whole free pages: {t}"
+    );
+    assert_eq!(take["headline"]["dominant"], "free_resident_pages");
+
+    // Purging at once returns take's free pages: RSS and the free-page part fall.
+    let p = plateau(&take_purged);
+    assert!(
+        u(p, "rss") * 2 < u(t, "rss"),
+        "purged take RSS {} vs {}",
+        u(p, "rss"),
+        u(t, "rss")
+    );
+    assert!(u(p, "free_resident_pages") * 4 < u(t, "free_resident_pages"));
+}
+
+#[test]
+fn stripe_under_glibc_strip_pins_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_case(dir.path(), "stripe") else {
+        return;
+    };
+    let (strip, _) = record_and_report(
+        dir.path(),
+        "strip",
+        None,
+        &[],
+        &exe,
+        &["strip", &N.to_string()],
+    );
+    let s = plateau(&strip);
+    assert_adds_up(s);
+    assert!(u(s, "live").abs_diff(expected_live()) < 256 << 10, "{s}");
+    // glibc's 64-byte requests get 72 usable bytes.
+    assert!(u(s, "rounding") >= N / 10 * 8, "{s}");
+    assert!(
+        u(s, "free_in_used_pages") > 4 * u(s, "free_resident_pages"),
+        "{s}"
+    );
+    assert_eq!(strip["allocator"], "glibc");
+}
+
+/// sizeclass_churn prints its live bytes after every fill and free; fragscope's live
+/// bytes must follow, and the allocator's own count of bytes in use must agree with
+/// fragscope's live + rounding.
+fn churn_agrees(preload: &str, name: &str) {
+    if !Path::new(preload).exists() {
+        panic!("{preload} is missing: run scripts/install-deps.sh");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_case(dir.path(), "sizeclass_churn") else {
+        return;
+    };
+    let (r, stdout) = record_and_report(dir.path(), name, Some(preload), &[], &exe, &["64", "1"]);
+    assert_eq!(r["allocator"], name);
+    let printed_max_live = stdout
+        .lines()
+        .filter_map(|l| l.split("live=").nth(1))
+        .filter_map(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .fold(0.0f64, f64::max);
+    assert!(printed_max_live > 50.0, "{stdout}");
+    let printed = (printed_max_live * 1048576.0) as u64;
+    let peak_live = u(&r["headline"], "peak_live");
+    // The program's own bookkeeping array is live too, and its count is rounded to 0.1 MiB.
+    assert!(
+        peak_live + (200 << 10) >= printed && peak_live <= printed + printed / 10,
+        "peak live {peak_live} vs printed {printed}"
+    );
+    let mut compared = 0;
+    for s in r["snapshots"].as_array().unwrap() {
+        assert_adds_up(s);
+        let Some(cmp) = s["allocator"]["comparisons"].as_array() else {
+            continue;
+        };
+        let in_use = cmp.iter().find(|c| c["quantity"] == "in use").unwrap();
+        let (theirs, ours) = (u(in_use, "allocator"), u(in_use, "fragscope"));
+        assert!(
+            theirs.abs_diff(ours) <= ours / 20 + (1 << 20),
+            "{name} in use {theirs} vs fragscope {ours} at {}",
+            s["t_ms"]
+        );
+        compared += 1;
+    }
+    assert!(compared > 0, "no snapshot carried {name}'s statistics");
+}
+
+#[test]
+fn sizeclass_churn_under_jemalloc_agrees_with_the_program_and_the_allocator() {
+    churn_agrees(JEMALLOC, "jemalloc");
+}
+
+#[test]
+fn sizeclass_churn_under_tcmalloc_agrees_with_the_program_and_the_allocator() {
+    churn_agrees(TCMALLOC, "tcmalloc");
+}
+
+#[test]
+fn bad_input_gets_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.fsc");
+    std::fs::write(&junk, b"this is not a trace").unwrap();
+    for args in [
+        vec!["report".into(), junk.clone().into_os_string()],
+        vec![
+            "report".into(),
+            dir.path().join("missing.fsc").into_os_string(),
+        ],
+        vec![
+            "report".into(),
+            junk.into_os_string(),
+            "--sparse-pct".into(),
+            "0".into(),
+        ],
+    ] {
+        let refs: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        let out = common::fragscope(&refs);
+        let err = common::stderr(&out);
+        assert!(!out.status.success());
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(err.contains("error"), "{err}");
+    }
+}
