@@ -112,6 +112,10 @@ FRAGSCOPE_ALLOC_HOOKS(DECLARE_REAL_ALLOC)
 #define DECLARE_REAL_SYSTEM(name, ret, params) static ret(*real_##name) params;
 FRAGSCOPE_SYSTEM_HOOKS(DECLARE_REAL_SYSTEM)
 static size_t (*real_malloc_usable_size)(void *);
+/* Per event kind: the real function lives in the same object as malloc_usable_size, so
+ * it may be asked about the function's blocks. Not so for jemalloc, which has no pvalloc:
+ * glibc's answers from glibc's heap, and jemalloc's malloc_usable_size crashes on it. */
+static uint8_t usable_size_applies[16];
 
 /* allocator statistics, when the allocator offers them */
 static int (*je_mallctl)(const char *, void *, size_t *, void *, size_t);
@@ -667,7 +671,7 @@ static void record(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size
     }
     size_t usable = 0;
     int explicit_usable = 0;
-    if (addr && real_malloc_usable_size) {
+    if (addr && real_malloc_usable_size && usable_size_applies[kind]) {
         if (size < USABLE_TABLE && kind <= 1 /* malloc, calloc */) {
             uint64_t bit = 1ULL << (size & 63);
             if (UNLIKELY(!(ts->usable_known[size >> 6] & bit))) {
@@ -732,6 +736,12 @@ static void resolve_real_functions(void) {
 #define RESOLVE_SYSTEM(name, ret, params) real_##name = dlsym(RTLD_NEXT, #name);
     FRAGSCOPE_SYSTEM_HOOKS(RESOLVE_SYSTEM)
     real_malloc_usable_size = dlsym(RTLD_NEXT, "malloc_usable_size");
+    Dl_info usable_from, fn_from;
+    int known = real_malloc_usable_size && dladdr((void *)real_malloc_usable_size, &usable_from);
+#define SAME_OBJECT(name, kind, ret, params, args)                                             \
+    usable_size_applies[kind] = known && real_##name && dladdr((void *)real_##name, &fn_from) && \
+                                fn_from.dli_fbase == usable_from.dli_fbase;
+    FRAGSCOPE_ALLOC_HOOKS(SAME_OBJECT)
 }
 
 static void copy_env(char *slot, size_t cap, const char *name) {
@@ -853,6 +863,8 @@ static __attribute__((noinline)) int ensure_init(void) {
     return 1;
 }
 
+static void on_quick_exit(void);
+
 /* Work that needs a fully loaded program (dlopen of libunwind, atfork handlers). */
 __attribute__((constructor)) static void on_load(void) {
     if (!ensure_init() || !tracing) return;
@@ -878,6 +890,7 @@ __attribute__((constructor)) static void on_load(void) {
     mi_process_info_fn = dlsym(RTLD_DEFAULT, "mi_process_info");
     glibc_mallinfo2 = dlsym(RTLD_DEFAULT, "mallinfo2");
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    at_quick_exit(on_quick_exit);
     tls_flags &= ~TF_FORWARD;
 }
 
@@ -1067,6 +1080,37 @@ EXPORT int execvpe(const char *file, char *const argv[], char *const envp[]) {
 EXPORT int execv(const char *path, char *const argv[]) { return execve(path, argv, environ); }
 EXPORT int execvp(const char *file, char *const argv[]) { return execvpe(file, argv, environ); }
 
+/* execl, execlp and execle: their argument lists as an argv for the hooks above. */
+#define COLLECT_ARGV(first, args, argv)                                                \
+    size_t argc_ = 1;                                                                  \
+    va_start(args, first);                                                             \
+    while (va_arg(args, char *)) argc_++;                                              \
+    va_end(args);                                                                      \
+    char **argv = alloca((argc_ + 1) * sizeof(char *));                                \
+    argv[0] = (char *)(first);                                                         \
+    va_start(args, first);                                                             \
+    for (size_t i_ = 1; i_ <= argc_; i_++) argv[i_] = va_arg(args, char *);
+
+EXPORT int execl(const char *path, const char *arg, ...) {
+    va_list args;
+    COLLECT_ARGV(arg, args, argv)
+    va_end(args);
+    return execve(path, argv, environ);
+}
+EXPORT int execlp(const char *file, const char *arg, ...) {
+    va_list args;
+    COLLECT_ARGV(arg, args, argv)
+    va_end(args);
+    return execvpe(file, argv, environ);
+}
+EXPORT int execle(const char *path, const char *arg, ...) {
+    va_list args;
+    COLLECT_ARGV(arg, args, argv)
+    char *const *envp = va_arg(args, char *const *); /* after the NULL that ends argv */
+    va_end(args);
+    return execve(path, argv, envp);
+}
+
 EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
                        const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
     if (!real_posix_spawn) ensure_init();
@@ -1091,6 +1135,38 @@ EXPORT void exit(int status) {
     real_exit(status);
     __builtin_unreachable();
 }
+/* quick_exit runs the at_quick_exit handlers and leaves through glibc's internal _exit,
+ * which we cannot see: our own handler, registered first and so run last, says goodbye. */
+EXPORT void quick_exit(int status) {
+    if (!real_quick_exit) ensure_init();
+    exit_status = status;
+    exit_status_known = 1;
+    real_quick_exit(status);
+    __builtin_unreachable();
+}
+static void on_quick_exit(void) {
+    send_exit(exit_status_known ? exit_status : 0,
+              exit_status_known ? EXIT_VIA__EXIT : EXIT_UNKNOWN_STATUS);
+}
+
+/* A program that returns from main leaves through glibc's internal call of exit, which
+ * we cannot see either: main is wrapped to learn the status it returns. */
+typedef int (*main_fn)(int, char **, char **);
+static main_fn program_main;
+static int main_with_status(int argc, char **argv, char **envp) {
+    int status = program_main(argc, argv, envp);
+    exit_status = status;
+    exit_status_known = 1;
+    return status;
+}
+EXPORT int __libc_start_main(main_fn main, int argc, char **argv, void (*init)(void),
+                             void (*fini)(void), void (*rtld_fini)(void), void *stack_end) {
+    int (*real_start)(main_fn, int, char **, void (*)(void), void (*)(void), void (*)(void),
+                      void *) = dlsym(RTLD_NEXT, "__libc_start_main");
+    program_main = main;
+    return real_start(main_with_status, argc, argv, init, fini, rtld_fini, stack_end);
+}
+
 EXPORT void _exit(int status) {
     if (!real__exit) ensure_init();
     send_exit(status, EXIT_VIA__EXIT);

@@ -21,7 +21,10 @@
     X(free, 9, void, (void *ptr), (ptr))
 
 /* Functions hooked to keep tracing alive, not recorded as events: process lifetime
- * (exec, exit) and the trace connection's file descriptor (close, dup2, ...). */
+ * (exec, exit) and the trace connection's file descriptor (close, dup2, ...). The
+ * variadic execl, execlp and execle are hooked too (glibc's call execve internally, out
+ * of reach), and so is __libc_start_main, to learn the status main returns; neither
+ * shape fits this list. */
 #define FRAGSCOPE_SYSTEM_HOOKS(X)                                                             \
     X(execve, int, (const char *path, char *const argv[], char *const envp[]))                \
     X(execv, int, (const char *path, char *const argv[]))                                     \
@@ -34,6 +37,7 @@
     X(_exit, void, (int status))                                                              \
     X(_Exit, void, (int status))                                                              \
     X(exit, void, (int status))                                                               \
+    X(quick_exit, void, (int status))                                                         \
     X(close, int, (int fd))                                                                   \
     X(close_range, int, (unsigned first, unsigned last, int flags))                           \
     X(closefrom, void, (int lowfd))                                                           \

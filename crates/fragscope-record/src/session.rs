@@ -59,6 +59,8 @@ const NEAR_PEAK_GROWTH: f64 = 1.10;
 const NEAR_PEAK_MIN_GAP: Duration = Duration::from_millis(250);
 /// After the program exits, how long its descendants may keep their connections open.
 const DESCENDANT_GRACE: Duration = Duration::from_secs(2);
+/// How long a connection waits for the same process's earlier one (see `Arrival`).
+const EARLIER_CONNECTION_WAIT: Duration = Duration::from_secs(2);
 
 type Chunk = (ChunkKind, Vec<u8>);
 
@@ -82,6 +84,20 @@ struct Shared {
     build_ids: Mutex<HashMap<String, Vec<u8>>>,
     page_size: u64,
     event_bytes: AtomicU64,
+    arrivals: Mutex<Vec<Arrival>>,
+}
+
+/// A connection being served. Each is read by its own thread, so nothing but this keeps
+/// one process's connections in the order it made them: after an exec, or after the
+/// program closed our descriptor and the interposer reconnected, the new connection
+/// must not be registered before the old one has been read to its end (else the new
+/// image has no parent, or a resumed stream becomes a process of its own and its buffers
+/// arrive out of order); nor a forked child's before its parent's is registered.
+struct Arrival {
+    id: u64,
+    /// The connecting process, from SO_PEERCRED.
+    pid: u32,
+    registered: bool,
 }
 
 #[derive(Default)]
@@ -197,6 +213,35 @@ impl Shared {
         );
     }
 
+    /// Waits (a bounded time) until the earlier connections this one must follow are done.
+    fn wait_for_earlier_connections(&self, id: u64, pid: u32, ppid: u32) {
+        let deadline = Instant::now() + EARLIER_CONNECTION_WAIT;
+        loop {
+            let blocked = self
+                .arrivals
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|a| a.id < id && (a.pid == pid || (a.pid == ppid && !a.registered)));
+            if !blocked || Instant::now() >= deadline {
+                return;
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn set_registered(&self, id: u64) {
+        if let Some(a) = self
+            .arrivals
+            .lock()
+            .unwrap()
+            .iter_mut()
+            .find(|a| a.id == id)
+        {
+            a.registered = true;
+        }
+    }
+
     /// A new process image, or a known one reconnecting.
     fn register(&self, hello: &protocol::Hello) -> u32 {
         let mut procs = self.procs.lock().unwrap();
@@ -252,7 +297,40 @@ fn ack(conn: &mut UnixStream) {
 }
 
 /// Serves one interposer connection until it closes.
-fn serve_connection(shared: Arc<Shared>, mut conn: UnixStream) {
+/// The pid of the process at the other end of a Unix socket (0 if unknown).
+fn peer_pid(conn: &UnixStream) -> u32 {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`.
+    let rc = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        cred.pid as u32
+    } else {
+        0
+    }
+}
+
+/// Serves connection `id` until it closes, then forgets it.
+fn serve_arrival(shared: Arc<Shared>, conn: UnixStream, id: u64) {
+    serve_connection(&shared, conn, id);
+    shared.arrivals.lock().unwrap().retain(|a| a.id != id);
+}
+
+/// Serves one interposer connection until it closes.
+fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
     let mut stream: Option<u32> = None;
     let mut pid = 0u32;
     let mut payload = Vec::new();
@@ -271,7 +349,9 @@ fn serve_connection(shared: Arc<Shared>, mut conn: UnixStream) {
         match header.kind {
             MsgType::Hello => {
                 if let Some(hello) = protocol::parse_hello(&payload) {
+                    shared.wait_for_earlier_connections(id, hello.pid, hello.ppid);
                     let s = shared.register(&hello);
+                    shared.set_registered(id);
                     if hello.flags & HELLO_RESUMED == 0 {
                         shared.write_maps(s, hello.pid);
                     }
@@ -411,13 +491,26 @@ fn sample(shared: Arc<Shared>, snapshot_every: Duration, stop: Arc<AtomicBool>) 
     }
 }
 
-/// The writer: chunks in arrival order, compressed; flushed to disk whenever idle so a
-/// killed recording loses as little as possible.
+/// The writer: chunks in arrival order, compressed; flushed to disk whenever idle, and at
+/// least every `WRITER_FLUSH` while busy (a program that never pauses would otherwise keep
+/// up to the buffer's megabyte, and the file's header, in memory), so a killed recording
+/// loses as little as possible.
 fn write_chunks(mut w: ChunkWriter<BufWriter<std::fs::File>>, rx: Receiver<Chunk>) -> Result<u64> {
+    const WRITER_FLUSH: Duration = Duration::from_millis(100);
+    let mut last_flush = Instant::now();
     loop {
         match rx.recv_timeout(Duration::from_millis(50)) {
-            Ok((kind, payload)) => w.write_chunk(kind, &payload)?,
-            Err(RecvTimeoutError::Timeout) => w.flush()?,
+            Ok((kind, payload)) => {
+                w.write_chunk(kind, &payload)?;
+                if last_flush.elapsed() >= WRITER_FLUSH {
+                    w.flush()?;
+                    last_flush = Instant::now();
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                w.flush()?;
+                last_flush = Instant::now();
+            }
             Err(RecvTimeoutError::Disconnected) => break,
         }
     }
@@ -495,6 +588,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         build_ids: Mutex::new(HashMap::new()),
         page_size,
         event_bytes: AtomicU64::new(0),
+        arrivals: Mutex::new(Vec::new()),
     });
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -529,8 +623,14 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
                     if let Ok(c) = conn.try_clone() {
                         open_connections.lock().unwrap().push(c);
                     }
+                    let id = servers.len() as u64;
+                    shared.arrivals.lock().unwrap().push(Arrival {
+                        id,
+                        pid: peer_pid(&conn),
+                        registered: false,
+                    });
                     let shared = shared.clone();
-                    servers.push(thread::spawn(move || serve_connection(shared, conn)));
+                    servers.push(thread::spawn(move || serve_arrival(shared, conn, id)));
                 }
                 servers
             })?
@@ -648,7 +748,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         let silent = procs
             .streams
             .iter()
-            .filter(|s| s.event_bytes == 0)
+            // A child that exec'd before its first call (as fork+exec usually does) is
+            // not a program without malloc.
+            .filter(|s| s.event_bytes == 0 && !matches!(s.end, Some((EndHow::Exec, _))))
             .map(|s| s.label.clone())
             .collect();
         (procs.streams.len() as u32, silent)
