@@ -2,106 +2,43 @@
 //! allocator hands the addresses out again at once; the merged trace must never have an
 //! address live twice, and must need no forcing to get there.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-use fragscope_trace::merge::{AddrSet, Merged, Merger};
-use fragscope_trace::reader::{Chunk, TraceReader};
-use fragscope_trace::Func;
+use common::Allocator;
 
-const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
-
-fn build(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/c/reuse_threads.c");
-    let exe = dir.join("reuse_threads");
-    let ok = Command::new("cc")
-        .args(["-O2", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "cc failed on {}", src.display());
-    exe
-}
-
-fn record(exe: &Path, trace: &Path, preload: Option<&str>) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fragscope"));
-    cmd.args(["record", "--stacks", "none", "-o"])
-        .arg(trace)
-        .arg("--")
-        .arg(exe)
-        .args(["8", "40000"]);
-    if let Some(p) = preload {
-        assert!(
-            Path::new(p).exists(),
-            "{p} is missing: install Debian's libjemalloc2"
-        );
-        cmd.env("LD_PRELOAD", p);
-    }
-    let out = cmd.output().unwrap();
+/// Records reuse_threads with 8 threads of 40000 rounds and replays its merged calls.
+/// Returns (calls, cross-thread reuses, calls out of order or forced). In strict mode
+/// any call out of order fails the test.
+fn check_order(alloc: Allocator, strict: bool) -> (u64, u64, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = common::build(dir.path(), "reuse_threads", &["-O2"]);
+    let trace = dir.path().join("t.fsc");
+    let out = common::record(alloc, &trace, &exe, &["8", "40000"]);
     assert!(
         out.status.success(),
         "record failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+        common::stderr(&out)
     );
-}
-
-/// Merges the trace's one process and checks every call against a live set of our own.
-/// Returns (calls, cross-thread reuses, calls the merge had to force).
-fn check_order(trace: &Path, strict: bool) -> (u64, u64, u64) {
-    let mut reader = TraceReader::open(trace).unwrap();
-    let mut merger = Merger::new();
-    let mut live = AddrSet::default();
-    let mut calls = 0u64;
-    let mut cross_thread_reuse = 0u64;
-    let mut owner: std::collections::HashMap<u64, u32> = Default::default();
-    let mut check = |m: Merged, live: &mut AddrSet| {
-        let Merged::Call(c) = m else { return };
-        calls += 1;
-        if let Some(a) = c.releases() {
-            assert!(
-                live.remove(&a) || !strict,
-                "free of {a:#x} which is not live: {c:?}"
-            );
-        }
-        if let Some(a) = c.allocates() {
-            assert!(
-                live.insert(a) || !strict,
-                "{a:#x} returned while still live: {c:?}"
-            );
-            if owner.insert(a, c.tid).is_some_and(|t| t != c.tid) && c.func == Func::Malloc {
-                cross_thread_reuse += 1;
-            }
-        }
-    };
-    while let Some(chunk) = reader.next_chunk() {
-        if let Chunk::Events(h, records) = chunk {
-            merger.push_chunk(&h, &records).unwrap();
-            while let Some(m) = merger.pop() {
-                check(m, &mut live);
-            }
-        }
+    let streams = common::stream_calls(&trace);
+    assert_eq!(streams.len(), 1, "{streams:#?}");
+    let s = &streams[0];
+    assert_eq!(s.merge.lost_events, 0);
+    if strict {
+        assert_eq!(
+            s.live_twice, 0,
+            "addresses returned while still live: {s:#?}"
+        );
+        assert_eq!(s.unknown_frees, 0, "frees of addresses not live: {s:#?}");
     }
-    merger.finish();
-    while let Some(m) = merger.pop() {
-        check(m, &mut live);
-    }
-    assert_eq!(merger.stats().lost_events, 0);
-    let stats = merger.stats();
     (
-        calls,
-        cross_thread_reuse,
-        stats.forced_allocs + stats.unknown_frees,
+        s.calls,
+        s.cross_thread_reuse,
+        s.merge.forced_allocs + s.merge.unknown_frees,
     )
 }
 
-fn run(preload: Option<&str>, name: &str, strict: bool) -> u64 {
-    let dir = tempfile::tempdir().unwrap();
-    let exe = build(dir.path());
-    let trace = dir.path().join(format!("{name}.fsc"));
-    record(&exe, &trace, preload);
-    let (calls, reuse, forced) = check_order(&trace, strict);
+fn run(alloc: Allocator, strict: bool) -> u64 {
+    let (calls, reuse, forced) = check_order(alloc, strict);
     // 8 threads x 40000 rounds x (malloc + free), the final frees and libc's own calls.
     assert!((640_000..641_000).contains(&calls), "{calls} calls");
     assert!(
@@ -120,24 +57,24 @@ fn run(preload: Option<&str>, name: &str, strict: bool) -> u64 {
 // tick it can reach an order it cannot finish without forcing a call.
 #[test]
 fn cross_thread_reuse_merges_with_at_most_one_forced_call_in_five_thousand_under_glibc() {
-    let forced = run(None, "glibc", false);
+    let forced = run(Allocator::Glibc, false);
     assert!(forced <= 128, "{forced} forced");
 }
 
 #[test]
 fn cross_thread_reuse_merges_with_at_most_one_forced_call_in_five_thousand_under_jemalloc() {
-    let forced = run(Some(JEMALLOC), "jemalloc", false);
+    let forced = run(Allocator::Jemalloc, false);
     assert!(forced <= 128, "{forced} forced");
 }
 
 #[test]
 #[ignore = "the greedy merge still forces a few calls under sub-millisecond cross-thread reuse"]
 fn cross_thread_address_reuse_is_never_misordered_under_glibc() {
-    run(None, "glibc", true);
+    run(Allocator::Glibc, true);
 }
 
 #[test]
 #[ignore = "the greedy merge still forces a few calls under sub-millisecond cross-thread reuse"]
 fn cross_thread_address_reuse_is_never_misordered_under_jemalloc() {
-    run(Some(JEMALLOC), "jemalloc", true);
+    run(Allocator::Jemalloc, true);
 }

@@ -1,63 +1,48 @@
 //! Recording real programs must never break them: exit statuses pass through, forked
 //! children are their own processes with exact counts, static binaries are refused.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn build(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/c/{name}.c"));
-    let exe = dir.join(format!("{name}{}", extra.join("")));
-    let ok = Command::new("cc")
-        .args(["-O1", "-pthread"])
-        .args(extra)
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .status()
-        .unwrap();
-    assert!(ok.success(), "cc failed on {}", src.display());
-    exe
+use std::path::Path;
+use std::process::Command;
+
+use common::{build, calls_of, fragscope, info, record, Allocator, StreamCalls};
+use fragscope_trace::Func;
+
+/// Records `exe args` on `alloc`, checks fragscope's exit status, and returns the trace's
+/// `info --json` and its replayed calls per stream.
+fn record_and_read(
+    alloc: Allocator,
+    dir: &Path,
+    exe: &Path,
+    args: &[&str],
+    status: i32,
+) -> (serde_json::Value, Vec<StreamCalls>) {
+    let trace = dir.join("t.fsc");
+    let out = record(alloc, &trace, exe, args);
+    assert_eq!(out.status.code(), Some(status), "{}", common::stderr(&out));
+    let j = info(&trace);
+    assert_eq!(j["truncated"], false, "{j:#}");
+    assert_eq!(j["damage"], serde_json::Value::Null, "{j:#}");
+    for p in j["processes"].as_array().unwrap() {
+        assert_eq!(p["lost_buffers"], 0, "{p:#}");
+    }
+    (j, common::stream_calls(&trace))
 }
 
-fn fragscope(args: &[&std::ffi::OsStr]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fragscope"))
-        .args(args)
-        .output()
-        .unwrap()
+fn processes(j: &serde_json::Value) -> &Vec<serde_json::Value> {
+    j["processes"].as_array().unwrap()
 }
 
-fn info(trace: &Path) -> serde_json::Value {
-    let out = fragscope(&["info".as_ref(), trace.as_os_str(), "--json".as_ref()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+fn stream_of(p: &serde_json::Value) -> u64 {
+    p["stream"].as_u64().unwrap()
 }
 
-#[test]
-fn exit_status_passes_through_and_a_forked_child_is_its_own_process() {
+fn exit_status_and_fork(alloc: Allocator) {
     let dir = tempfile::tempdir().unwrap();
     let exe = build(dir.path(), "fork_exit", &[]);
-    let trace = dir.path().join("t.fsc");
-    let out = fragscope(&[
-        "record".as_ref(),
-        "-o".as_ref(),
-        trace.as_os_str(),
-        "--".as_ref(),
-        exe.as_os_str(),
-        "7".as_ref(),
-    ]);
-    assert_eq!(
-        out.status.code(),
-        Some(7),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j = info(&trace);
-    assert_eq!(j["truncated"], false);
-    let procs = j["processes"].as_array().unwrap();
+    let (j, calls) = record_and_read(alloc, dir.path(), &exe, &["7"], 7);
+    let procs = processes(&j);
     assert_eq!(procs.len(), 2, "{j:#}");
     let (parent, child) = (&procs[0], &procs[1]);
     assert_eq!(child["forked"], true);
@@ -65,10 +50,19 @@ fn exit_status_passes_through_and_a_forked_child_is_its_own_process() {
     assert_eq!(child["ppid"], parent["pid"]);
     assert_eq!(child["exit_code"], 3);
     assert_eq!(parent["exit_code"], 7);
-    // 777-byte blocks: libc allocates none of these itself.
-    let mallocs = |p: &serde_json::Value| p["calls"]["malloc"].as_u64().unwrap();
-    assert!((1000..1010).contains(&mallocs(parent)), "{parent:#}");
-    assert!((500..505).contains(&mallocs(child)), "{child:#}");
+    // 777-byte blocks: neither libc nor the allocator makes any of these itself.
+    calls_of(&calls, stream_of(parent)).assert_pairs(777, 1000, "parent");
+    calls_of(&calls, stream_of(child)).assert_pairs(777, 500, "child");
+}
+
+#[test]
+fn exit_status_passes_through_and_a_forked_child_is_its_own_process_under_glibc() {
+    exit_status_and_fork(Allocator::Glibc);
+}
+
+#[test]
+fn exit_status_passes_through_and_a_forked_child_is_its_own_process_under_jemalloc() {
+    exit_status_and_fork(Allocator::Jemalloc);
 }
 
 #[test]
@@ -117,4 +111,494 @@ fn a_file_that_is_not_a_trace_is_refused_with_the_reason() {
     let out = fragscope(&["info".as_ref(), bogus.as_os_str()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a fragscope trace"));
+}
+
+fn threads_freeing_each_others_blocks(alloc: Allocator) {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build(dir.path(), "cross_free_threads", &[]);
+    let (threads, rounds) = (8u64, 20_000u64);
+    let (j, calls) = record_and_read(
+        alloc,
+        dir.path(),
+        &exe,
+        &[&threads.to_string(), &rounds.to_string()],
+        0,
+    );
+    let procs = processes(&j);
+    assert_eq!(procs.len(), 1, "{j:#}");
+    assert_eq!(procs[0]["threads"], threads + 1, "{j:#}");
+    assert_eq!(procs[0]["lost_events"], 0, "{j:#}");
+    let s = &calls[0];
+    let blocks = threads * rounds;
+    assert_eq!(s.allocated(Func::Malloc, 40), blocks, "{s:#?}");
+    assert!(
+        s.cross_thread_reuse > 100,
+        "the program must make threads reuse each other's addresses: {s:#?}"
+    );
+    // As the bounded ordering test (tests/ordering.rs): at most 128 calls need forcing,
+    // and only those can make a block's free count go missing.
+    let disorder = s.disorder();
+    assert!(disorder <= 128, "{disorder} calls out of order: {s:#?}");
+    assert!(
+        (blocks - disorder..=blocks).contains(&s.freed(40)),
+        "{s:#?}"
+    );
+    assert_eq!(s.merge.lost_events, 0);
+}
+
+#[test]
+fn threads_freeing_each_others_blocks_are_counted_exactly_under_glibc() {
+    threads_freeing_each_others_blocks(Allocator::Glibc);
+}
+
+#[test]
+fn threads_freeing_each_others_blocks_are_counted_exactly_under_jemalloc() {
+    threads_freeing_each_others_blocks(Allocator::Jemalloc);
+}
+
+fn fork_then_exec(alloc: Allocator) {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build(dir.path(), "fork_exec", &[]);
+    let trace = dir.path().join("t.fsc");
+    let out = record(alloc, &trace, &exe, &[]);
+    let err = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        !err.contains("made no malloc-family call"),
+        "a child that exec'd before allocating is not a program without malloc: {err}"
+    );
+    let j = info(&trace);
+    assert_eq!(j["truncated"], false, "{j:#}");
+    let calls = common::stream_calls(&trace);
+    let procs = processes(&j);
+    let parent = &procs[0];
+    calls_of(&calls, stream_of(parent)).assert_pairs(611, 100, "parent");
+    let methods = [
+        "execv", "execvp", "execve", "execl", "execlp", "execle", "at-once",
+    ];
+    assert_eq!(procs.len(), 1 + 2 * methods.len(), "{j:#}");
+    for method in methods {
+        let image = procs
+            .iter()
+            .find(|p| p["argv"][2] == method)
+            .unwrap_or_else(|| panic!("no image exec'd by {method}: {j:#}"));
+        let forked = procs
+            .iter()
+            .find(|p| p["forked"] == true && p["pid"] == image["pid"])
+            .unwrap_or_else(|| panic!("no forked stream before {method}: {j:#}"));
+        assert_eq!(forked["parent_stream"], parent["stream"], "{method}: {j:#}");
+        assert_eq!(forked["ppid"], parent["pid"], "{method}: {j:#}");
+        assert_eq!(forked["end"], "exec'd a new image", "{method}: {j:#}");
+        assert_eq!(image["forked"], false, "{method}: {j:#}");
+        assert_eq!(image["parent_stream"], forked["stream"], "{method}: {j:#}");
+        assert_eq!(image["exit_code"], 4, "{method}: {j:#}");
+        let before_exec = if method == "at-once" { 0 } else { 50 };
+        calls_of(&calls, stream_of(forked)).assert_pairs(611, before_exec, method);
+        calls_of(&calls, stream_of(image)).assert_pairs(611, 25, method);
+    }
+}
+
+#[test]
+fn fork_then_exec_traces_the_child_and_its_new_image_as_processes_under_glibc() {
+    fork_then_exec(Allocator::Glibc);
+}
+
+#[test]
+fn fork_then_exec_traces_the_child_and_its_new_image_as_processes_under_jemalloc() {
+    fork_then_exec(Allocator::Jemalloc);
+}
+
+fn posix_spawn_children(alloc: Allocator) {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build(dir.path(), "spawn", &[]);
+    let (j, calls) = record_and_read(alloc, dir.path(), &exe, &[], 0);
+    let procs = processes(&j);
+    assert_eq!(procs.len(), 5, "{j:#}");
+    let parent = &procs[0];
+    calls_of(&calls, stream_of(parent)).assert_pairs(613, 100, "parent");
+    // The interposer puts LD_PRELOAD back into a clean environment, so the children
+    // spawned with one are traced like the others.
+    for env in ["inherited", "clean"] {
+        let children: Vec<_> = procs.iter().filter(|p| p["argv"][2] == env).collect();
+        assert_eq!(children.len(), 2, "{env}: {j:#}");
+        for child in children {
+            assert_eq!(child["forked"], false, "{env}: {j:#}");
+            assert_eq!(child["ppid"], parent["pid"], "{env}: {j:#}");
+            assert_eq!(child["exit_code"], 6, "{env}: {j:#}");
+            calls_of(&calls, stream_of(child)).assert_pairs(613, 25, env);
+        }
+    }
+}
+
+#[test]
+fn posix_spawned_children_are_traced_even_with_a_clean_environment_under_glibc() {
+    posix_spawn_children(Allocator::Glibc);
+}
+
+#[test]
+fn posix_spawned_children_are_traced_even_with_a_clean_environment_under_jemalloc() {
+    posix_spawn_children(Allocator::Jemalloc);
+}
+
+fn dlopen_dlclose(alloc: Allocator) {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build(dir.path(), "dlopen", &["-ldl"]);
+    let plugin = common::build_shared(dir.path(), "dlopen_plugin");
+    let (j, calls) = record_and_read(alloc, dir.path(), &exe, &[plugin.to_str().unwrap()], 0);
+    assert_eq!(processes(&j).len(), 1, "{j:#}");
+    // Three rounds of 10 blocks kept by the constructor and 100 pairs.
+    calls[0].assert_pairs(701, 330, "plugin");
+}
+
+#[test]
+fn allocations_of_a_library_loaded_and_unloaded_three_times_are_all_recorded_under_glibc() {
+    dlopen_dlclose(Allocator::Glibc);
+}
+
+#[test]
+fn allocations_of_a_library_loaded_and_unloaded_three_times_are_all_recorded_under_jemalloc() {
+    dlopen_dlclose(Allocator::Jemalloc);
+}
+
+fn malloc_in_a_signal_handler(alloc: Allocator) {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build(dir.path(), "signal_malloc", &[]);
+    let trace = dir.path().join("t.fsc");
+    let out = record(alloc, &trace, &exe, &["2000"]);
+    assert_eq!(out.status.code(), Some(0), "{}", common::stderr(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    let numbers: Vec<u64> = said
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let [main_pairs, handler_pairs] = numbers[..] else {
+        panic!("unexpected output {said:?}")
+    };
+    let j = info(&trace);
+    assert_eq!(j["truncated"], false, "{j:#}");
+    let s = &common::stream_calls(&trace)[0];
+    s.assert_pairs(32, main_pairs, "main thread");
+    // A handler that interrupts the recording of a call queues its own calls; when the
+    // thread is stuck sending a buffer, a full queue drops calls and counts them.
+    let lost = s.merge.lost_events;
+    let recorded = s.allocated(Func::Malloc, 500) + s.freed(500);
+    assert_eq!(recorded + lost, 2 * handler_pairs, "{s:#?}");
+    assert!(lost <= handler_pairs / 100, "{lost} lost: {s:#?}");
+}
+
+#[test]
+#[ignore = "a handler call made while the thread is inside the real allocator is forwarded unrecorded"]
+fn malloc_in_a_signal_handler_interrupting_malloc_is_recorded_under_glibc() {
+    malloc_in_a_signal_handler(Allocator::Glibc);
+}
+
+#[test]
+#[ignore = "a handler call made while the thread is inside the real allocator is forwarded unrecorded"]
+fn malloc_in_a_signal_handler_interrupting_malloc_is_recorded_under_jemalloc() {
+    malloc_in_a_signal_handler(Allocator::Jemalloc);
+}
+
+fn closing_every_descriptor(alloc: Allocator) {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build(dir.path(), "close_fds", &[]);
+    let (j, calls) = record_and_read(alloc, dir.path(), &exe, &[], 0);
+    // A connection lost to a raw close_range resumes the same process's stream.
+    assert_eq!(processes(&j).len(), 1, "{j:#}");
+    calls[0].assert_pairs(617, 500, "after each way of closing");
+}
+
+#[test]
+fn a_program_that_closes_every_descriptor_is_still_recorded_under_glibc() {
+    closing_every_descriptor(Allocator::Glibc);
+}
+
+#[test]
+fn a_program_that_closes_every_descriptor_is_still_recorded_under_jemalloc() {
+    closing_every_descriptor(Allocator::Jemalloc);
+}
+
+fn exit_from_a_second_thread(alloc: Allocator, main_thread: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build(dir.path(), "thread_exit", &[]);
+    let (j, calls) = record_and_read(alloc, dir.path(), &exe, &[main_thread], 9);
+    let procs = processes(&j);
+    assert_eq!(procs.len(), 1, "{j:#}");
+    assert_eq!(procs[0]["exit_code"], 9, "{j:#}");
+    calls[0].assert_pairs(619, 200, "the exiting thread");
+}
+
+#[test]
+fn exit_from_a_second_thread_while_main_waits_under_glibc() {
+    exit_from_a_second_thread(Allocator::Glibc, "idle");
+}
+
+#[test]
+fn exit_from_a_second_thread_while_main_waits_under_jemalloc() {
+    exit_from_a_second_thread(Allocator::Jemalloc, "idle");
+}
+
+#[test]
+fn exit_from_a_second_thread_while_main_allocates_under_glibc() {
+    exit_from_a_second_thread(Allocator::Glibc, "busy");
+}
+
+#[test]
+fn exit_from_a_second_thread_while_main_allocates_under_jemalloc() {
+    exit_from_a_second_thread(Allocator::Jemalloc, "busy");
+}
+
+fn leaving_without_exit_handlers(alloc: Allocator) {
+    for how in ["_exit", "_Exit", "quick_exit"] {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = build(dir.path(), "quick_exit", &[]);
+        let (j, calls) = record_and_read(alloc, dir.path(), &exe, &[how], 11);
+        let procs = processes(&j);
+        assert_eq!(procs.len(), 1, "{how}: {j:#}");
+        assert_eq!(procs[0]["threads"], 3, "{how}: {j:#}");
+        assert_eq!(procs[0]["exit_code"], 11, "{how}: {j:#}");
+        calls_of(&calls, 0).assert_pairs(621, 900, how);
+    }
+}
+
+#[test]
+fn underscore_exit_sends_every_threads_pending_calls_under_glibc() {
+    leaving_without_exit_handlers(Allocator::Glibc);
+}
+
+#[test]
+fn underscore_exit_sends_every_threads_pending_calls_under_jemalloc() {
+    leaving_without_exit_handlers(Allocator::Jemalloc);
+}
+
+fn edge_cases_of_the_malloc_family(alloc: Allocator) {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build(dir.path(), "alloc_edges", &["-ldl"]);
+    // The program's answers with and without fragscope must be the same.
+    let mut plain = Command::new(&exe);
+    alloc.apply(&mut plain);
+    let plain = plain.output().unwrap();
+    assert_eq!(plain.status.code(), Some(0), "{}", common::stderr(&plain));
+    let trace = dir.path().join("t.fsc");
+    let traced = record(alloc, &trace, &exe, &[]);
+    assert_eq!(traced.status.code(), Some(0), "{}", common::stderr(&traced));
+    assert_eq!(
+        String::from_utf8_lossy(&traced.stdout),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+    let j = info(&trace);
+    assert_eq!(j["truncated"], false, "{j:#}");
+    let s = &common::stream_calls(&trace)[0];
+    let failed = |f: Func, size: u64| s.failed.get(&(f, size)).copied().unwrap_or(0);
+    let unservable = u64::MAX - 4096;
+    assert_eq!(s.allocated(Func::Realloc, 1001), 1, "{s:#?}");
+    assert_eq!(s.freed(1001), 1, "realloc(p, 0) ends p: {s:#?}");
+    // An overflowing count * size is recorded as the largest size, and as failed.
+    assert_eq!(failed(Func::Calloc, u64::MAX), 1, "{s:#?}");
+    assert_eq!(failed(Func::Reallocarray, u64::MAX), 1, "{s:#?}");
+    assert_eq!(failed(Func::Malloc, unservable), 1, "{s:#?}");
+    assert_eq!(failed(Func::Realloc, unservable), 1, "{s:#?}");
+    assert_eq!(
+        s.freed(1002),
+        1,
+        "a failed reallocarray keeps its block: {s:#?}"
+    );
+    assert_eq!(s.allocated(Func::PosixMemalign, 1003), 1, "{s:#?}");
+    assert_eq!(failed(Func::PosixMemalign, 1003), 1, "{s:#?}");
+    assert_eq!(s.allocated(Func::AlignedAlloc, 1024), 1, "{s:#?}");
+    assert_eq!(s.allocated(Func::Memalign, 1005), 1, "{s:#?}");
+    assert_eq!(s.allocated(Func::Valloc, 1006), 1, "{s:#?}");
+    assert_eq!(s.allocated(Func::Pvalloc, 1007), 1, "{s:#?}");
+    for size in [1003, 1024, 1005, 1006, 1008] {
+        assert_eq!(s.freed(size), 1, "{size}: {s:#?}");
+    }
+    assert_eq!(s.misaligned, 0, "{s:#?}");
+    assert_eq!(s.disorder(), 0, "{s:#?}");
+}
+
+#[test]
+fn edge_cases_of_the_malloc_family_behave_as_without_fragscope_under_glibc() {
+    edge_cases_of_the_malloc_family(Allocator::Glibc);
+}
+
+#[test]
+fn edge_cases_of_the_malloc_family_behave_as_without_fragscope_under_jemalloc() {
+    edge_cases_of_the_malloc_family(Allocator::Jemalloc);
+}
+
+fn cxx_new_and_delete(alloc: Allocator) {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = common::build_cxx(dir.path(), "cxx_new_delete");
+    let (j, calls) = record_and_read(alloc, dir.path(), &exe, &["100"], 0);
+    assert_eq!(processes(&j).len(), 1, "{j:#}");
+    let s = &calls[0];
+    // new and delete are recorded as malloc and free (new of an over-aligned type as
+    // aligned_alloc), whether operator new is libstdc++'s or the allocator's own.
+    s.assert_pairs(72, 101, "new/delete");
+    s.assert_pairs(1000, 100, "new[]/delete[]");
+    s.assert_pairs(88, 100, "nothrow new/delete");
+    assert_eq!(s.allocated(Func::AlignedAlloc, 128), 100, "{s:#?}");
+    assert_eq!(s.allocated(Func::AlignedAlloc, 256), 100, "{s:#?}");
+    assert_eq!(s.freed(128) + s.freed(256), 200, "{s:#?}");
+    assert_eq!(s.misaligned, 0, "{s:#?}");
+    let too_many = u64::MAX / 4;
+    assert_eq!(
+        s.failed.get(&(Func::Malloc, too_many)),
+        Some(&1),
+        "the new that threw: {s:#?}"
+    );
+}
+
+#[test]
+fn cxx_new_and_delete_in_all_forms_are_recorded_under_glibc() {
+    cxx_new_and_delete(Allocator::Glibc);
+}
+
+#[test]
+#[ignore = "jemalloc defines operator new and delete itself, bypassing malloc and free: not recorded"]
+fn cxx_new_and_delete_in_all_forms_are_recorded_under_jemalloc() {
+    cxx_new_and_delete(Allocator::Jemalloc);
+}
+
+/// The lines "MS PAIRS" that tests/c/killed.c wrote, after its pid.
+fn progress(file: &Path) -> (i32, Vec<(u64, u64)>) {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    let mut lines = text.lines();
+    let pid = lines.next().and_then(|l| l.parse().ok()).unwrap_or(0);
+    let points = lines
+        .filter_map(|l| {
+            let (ms, pairs) = l.split_once(' ')?;
+            Some((ms.parse().ok()?, pairs.parse().ok()?))
+        })
+        .collect();
+    (pid, points)
+}
+
+/// Starts tests/c/killed.c under fragscope and waits until it has run `run_ms`.
+// The recorder is handed to the caller, who waits for it.
+#[allow(clippy::zombie_processes)]
+fn start_killed(
+    alloc: Allocator,
+    dir: &Path,
+    flush_ms: u64,
+    run_ms: u64,
+) -> (std::process::Child, i32, std::path::PathBuf) {
+    let exe = build(dir, "killed", &[]);
+    let trace = dir.join("t.fsc");
+    let progress_file = dir.join("progress");
+    let mut recorder = common::record_command(
+        alloc,
+        &trace,
+        &["--flush-ms", &flush_ms.to_string()],
+        &exe,
+        &[progress_file.to_str().unwrap()],
+    )
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        let (pid, points) = progress(&progress_file);
+        if pid > 0 && points.last().is_some_and(|&(ms, _)| ms >= run_ms) {
+            return (recorder, pid, trace);
+        }
+        if started.elapsed().as_secs() >= 30 {
+            let _ = recorder.kill();
+            let _ = recorder.wait();
+            panic!("killed.c made no progress");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+fn sigkill(pid: i32) {
+    let ok = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -KILL {pid} failed");
+}
+
+fn program_killed_mid_run(alloc: Allocator) {
+    let dir = tempfile::tempdir().unwrap();
+    let flush_ms = 100;
+    let (recorder, pid, trace) = start_killed(alloc, dir.path(), flush_ms, 500);
+    sigkill(pid);
+    let out = recorder.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(128 + 9), "{}", common::stderr(&out));
+    let (_, points) = progress(&dir.path().join("progress"));
+    let &(last_ms, last_pairs) = points.last().unwrap();
+    let j = info(&trace);
+    assert_eq!(j["truncated"], false, "{j:#}");
+    let procs = processes(&j);
+    assert_eq!(procs.len(), 1, "{j:#}");
+    assert_eq!(procs[0]["signal"], 9, "{j:#}");
+    let s = &common::stream_calls(&trace)[0];
+    let recorded = s.allocated(Func::Malloc, 623);
+    // At most what was made (the file lags by up to 1000 pairs), and at least what was
+    // made one flush interval (plus scheduling slack) before the last progress line.
+    assert!(recorded <= last_pairs + 1000, "{recorded} > {last_pairs}");
+    let cutoff = last_ms.saturating_sub(flush_ms + 150);
+    let sent_by_then = points
+        .iter()
+        .rev()
+        .find(|&&(ms, _)| ms <= cutoff)
+        .map_or(0, |&(_, pairs)| pairs);
+    assert!(
+        recorded >= sent_by_then,
+        "{recorded} recorded, but {sent_by_then} were made by {cutoff} ms (killed after {last_ms} ms)"
+    );
+    assert_eq!(s.disorder(), 0, "{s:#?}");
+}
+
+#[test]
+fn a_program_killed_mid_run_loses_at_most_one_flush_interval_under_glibc() {
+    program_killed_mid_run(Allocator::Glibc);
+}
+
+#[test]
+fn a_program_killed_mid_run_loses_at_most_one_flush_interval_under_jemalloc() {
+    program_killed_mid_run(Allocator::Jemalloc);
+}
+
+fn recorder_killed_mid_run(alloc: Allocator) {
+    let dir = tempfile::tempdir().unwrap();
+    let (recorder, pid, trace) = start_killed(alloc, dir.path(), 100, 1000);
+    sigkill(recorder.id() as i32);
+    // The program goes on untraced (and holds the recorder's stderr); it is ours to stop.
+    sigkill(pid);
+    let out = recorder.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), None, "killed by a signal");
+    let (_, points) = progress(&dir.path().join("progress"));
+    let &(last_ms, last_pairs) = points.last().unwrap();
+    // What reached the file reads back, and says it was cut short.
+    let j = info(&trace);
+    assert_eq!(j["truncated"], true, "{j:#}");
+    let recorded: u64 = common::stream_calls(&trace)
+        .iter()
+        .map(|s| s.allocated(Func::Malloc, 623))
+        .sum();
+    assert!(recorded <= last_pairs + 1000, "{recorded} > {last_pairs}");
+    // The recorder writes to disk at least every 100 ms even while calls pour in; what
+    // it had half a second before it was killed is in the file.
+    let sent_by_then = points
+        .iter()
+        .rev()
+        .find(|&&(ms, _)| ms + 500 <= last_ms)
+        .map_or(0, |&(_, pairs)| pairs);
+    assert!(
+        recorded >= sent_by_then,
+        "{recorded} recorded, but {sent_by_then} were made half a second before the kill"
+    );
+}
+
+#[test]
+fn a_trace_whose_recorder_was_killed_reads_back_as_truncated_under_glibc() {
+    recorder_killed_mid_run(Allocator::Glibc);
+}
+
+#[test]
+fn a_trace_whose_recorder_was_killed_reads_back_as_truncated_under_jemalloc() {
+    recorder_killed_mid_run(Allocator::Jemalloc);
 }

@@ -1,0 +1,268 @@
+//! What the integration tests share: building the programs in tests/c/, recording them
+//! under each allocator, reading `fragscope info --json`, and checking a trace's merged
+//! calls against a live set of our own.
+
+// Each test binary uses its own part of this module.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use fragscope_trace::merge::{AddrMap, MergeStats, Merged, Merger};
+use fragscope_trace::reader::{Chunk, TraceReader};
+use fragscope_trace::Func;
+
+pub const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+
+/// The allocator a traced program runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocator {
+    Glibc,
+    Jemalloc,
+}
+
+impl Allocator {
+    /// What to put in LD_PRELOAD for it, if anything.
+    pub fn preload(self) -> Option<&'static str> {
+        match self {
+            Allocator::Glibc => None,
+            Allocator::Jemalloc => {
+                assert!(
+                    Path::new(JEMALLOC).exists(),
+                    "{JEMALLOC} is missing: install Debian's libjemalloc2"
+                );
+                Some(JEMALLOC)
+            }
+        }
+    }
+
+    /// Sets the allocator for `cmd` (and so for what it runs).
+    pub fn apply(self, cmd: &mut Command) {
+        match self.preload() {
+            Some(p) => cmd.env("LD_PRELOAD", p),
+            None => cmd.env_remove("LD_PRELOAD"),
+        };
+    }
+}
+
+fn source(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/c/{name}"))
+}
+
+fn compile(compiler: &str, src: &Path, out: &Path, flags: &[&str]) {
+    let ok = Command::new(compiler)
+        .args(["-O1", "-pthread"])
+        .args(flags)
+        .arg("-o")
+        .arg(out)
+        .arg(src)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "{compiler} failed on {}", src.display());
+}
+
+/// Compiles tests/c/NAME.c into `dir`; `extra` flags are added (and named in the file name).
+pub fn build(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
+    let exe = dir.join(format!("{name}{}", extra.join("")));
+    compile("cc", &source(&format!("{name}.c")), &exe, extra);
+    exe
+}
+
+/// Compiles tests/c/NAME.cpp into `dir`.
+pub fn build_cxx(dir: &Path, name: &str) -> PathBuf {
+    let exe = dir.join(name);
+    compile("c++", &source(&format!("{name}.cpp")), &exe, &[]);
+    exe
+}
+
+/// Compiles tests/c/NAME.c into the shared library `dir`/libNAME.so.
+pub fn build_shared(dir: &Path, name: &str) -> PathBuf {
+    let lib = dir.join(format!("lib{name}.so"));
+    compile(
+        "cc",
+        &source(&format!("{name}.c")),
+        &lib,
+        &["-shared", "-fPIC"],
+    );
+    lib
+}
+
+pub fn fragscope(args: &[&OsStr]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// A `fragscope record` command (no stacks: the tests count calls) of `exe args` into
+/// `trace`, the program running on `alloc`. `options` go before the `--`.
+pub fn record_command(
+    alloc: Allocator,
+    trace: &Path,
+    options: &[&str],
+    exe: &Path,
+    args: &[&str],
+) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fragscope"));
+    cmd.args(["record", "--stacks", "none"])
+        .args(options)
+        .arg("-o")
+        .arg(trace)
+        .arg("--")
+        .arg(exe)
+        .args(args);
+    alloc.apply(&mut cmd);
+    cmd
+}
+
+/// Records `exe args` on `alloc` into `trace`.
+pub fn record(alloc: Allocator, trace: &Path, exe: &Path, args: &[&str]) -> Output {
+    record_command(alloc, trace, &[], exe, args)
+        .output()
+        .unwrap()
+}
+
+/// `fragscope info TRACE --json`, which must succeed.
+pub fn info(trace: &Path) -> serde_json::Value {
+    let out = fragscope(&["info".as_ref(), trace.as_os_str(), "--json".as_ref()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// One stream's (process image's) calls, merged and replayed against a live set.
+#[derive(Debug, Default)]
+pub struct StreamCalls {
+    pub stream: u32,
+    pub calls: u64,
+    /// Allocating calls that returned a block, by function and requested size.
+    pub allocs: BTreeMap<(Func, u64), u64>,
+    /// Allocating calls that returned NULL, by function and requested size.
+    pub failed: BTreeMap<(Func, u64), u64>,
+    /// Blocks ended (by free, or by a realloc that moved or freed them), by the size
+    /// they were allocated with.
+    pub freed: BTreeMap<u64, u64>,
+    pub free_null: u64,
+    /// Allocations returning an address that was still live: never right.
+    pub live_twice: u64,
+    /// Frees of addresses not live: inherited from a parent, or misordered.
+    pub unknown_frees: u64,
+    /// Blocks whose address is not a multiple of the alignment the call asked for.
+    pub misaligned: u64,
+    /// malloc returning an address last allocated by another thread.
+    pub cross_thread_reuse: u64,
+    pub merge: MergeStats,
+}
+
+impl StreamCalls {
+    pub fn allocated(&self, func: Func, size: u64) -> u64 {
+        self.allocs.get(&(func, size)).copied().unwrap_or(0)
+    }
+    pub fn freed(&self, size: u64) -> u64 {
+        self.freed.get(&size).copied().unwrap_or(0)
+    }
+    /// Calls out of order in the merged sequence (the merge's forced calls among them).
+    pub fn disorder(&self) -> u64 {
+        self.live_twice + self.unknown_frees
+    }
+    /// `pairs` malloc/free pairs of `size` bytes, exactly, and nothing out of order.
+    pub fn assert_pairs(&self, size: u64, pairs: u64, what: &str) {
+        assert_eq!(
+            self.allocated(Func::Malloc, size),
+            pairs,
+            "{what}: {self:#?}"
+        );
+        assert_eq!(self.freed(size), pairs, "{what}: {self:#?}");
+        assert_eq!(self.disorder(), 0, "{what}: {self:#?}");
+        assert_eq!(self.merge.lost_events, 0, "{what}: {self:#?}");
+    }
+}
+
+/// Merges every stream of the trace on its own and replays its calls.
+pub fn stream_calls(trace: &Path) -> Vec<StreamCalls> {
+    struct Replay {
+        merger: Merger,
+        live: AddrMap<u64>,
+        owner: AddrMap<u32>,
+        calls: StreamCalls,
+    }
+    fn replay(r: &mut Replay) {
+        while let Some(m) = r.merger.pop() {
+            let Merged::Call(c) = m else { continue };
+            let s = &mut r.calls;
+            s.calls += 1;
+            if let Some(a) = c.releases() {
+                match r.live.remove(&a) {
+                    Some(size) => *s.freed.entry(size).or_default() += 1,
+                    None => s.unknown_frees += 1,
+                }
+            } else if c.func == Func::Free {
+                s.free_null += 1;
+            }
+            if c.func == Func::Free {
+                continue;
+            }
+            let Some(a) = c.allocates() else {
+                *s.failed.entry((c.func, c.size)).or_default() += 1;
+                continue;
+            };
+            *s.allocs.entry((c.func, c.size)).or_default() += 1;
+            if r.live.insert(a, c.size).is_some() {
+                s.live_twice += 1;
+            }
+            if c.align > 1 && a % c.align != 0 {
+                s.misaligned += 1;
+            }
+            let last = r.owner.insert(a, c.tid);
+            if last.is_some_and(|t| t != c.tid) && c.func == Func::Malloc {
+                s.cross_thread_reuse += 1;
+            }
+        }
+    }
+    let mut reader = TraceReader::open(trace).unwrap();
+    let mut streams: HashMap<u32, Replay> = HashMap::new();
+    while let Some(chunk) = reader.next_chunk() {
+        let Chunk::Events(h, records) = chunk else {
+            continue;
+        };
+        let r = streams.entry(h.stream).or_insert_with(|| Replay {
+            merger: Merger::new(),
+            live: AddrMap::default(),
+            owner: AddrMap::default(),
+            calls: StreamCalls {
+                stream: h.stream,
+                ..Default::default()
+            },
+        });
+        r.merger.push_chunk(&h, &records).unwrap();
+        replay(r);
+    }
+    let mut out: Vec<StreamCalls> = streams
+        .into_values()
+        .map(|mut r| {
+            r.merger.finish();
+            replay(&mut r);
+            r.calls.merge = r.merger.stats();
+            r.calls
+        })
+        .collect();
+    out.sort_by_key(|s| s.stream);
+    out
+}
+
+/// The replayed calls of one stream (an empty record if it made none).
+pub fn calls_of(all: &[StreamCalls], stream: u64) -> &StreamCalls {
+    static NONE: std::sync::OnceLock<StreamCalls> = std::sync::OnceLock::new();
+    all.iter()
+        .find(|s| u64::from(s.stream) == stream)
+        .unwrap_or_else(|| NONE.get_or_init(StreamCalls::default))
+}
