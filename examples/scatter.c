@@ -1,10 +1,12 @@
 /* scatter.c: the classic way to fragment a heap. Allocate two million 48-byte records,
  * then keep every 16th: the survivors are a sixteenth of the data, yet they sit on every
  * page the records filled, so almost none of that memory can go back to the system.
- * Prints live bytes and VmRSS before and after. usage: scatter [count] */
+ * Prints live bytes and VmRSS before and after, then holds the survivors for a while, as a
+ * server would, before it exits. usage: scatter [count] [hold_ms] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static long rss_kib(void) {
     FILE *f = fopen("/proc/self/status", "r");
@@ -27,6 +29,9 @@ int main(int argc, char **argv) {
         else free(rec[i]);
     }
     printf("scatter:  live %8.1f MiB, RSS %8.1f MiB\n", kept * 48 / 1048576.0, rss_kib() / 1024.0);
+    long hold_ms = argc > 2 ? atol(argv[2]) : 1500;
+    struct timespec hold = {hold_ms / 1000, (hold_ms % 1000) * 1000000L};
+    nanosleep(&hold, NULL);
     for (long i = 0; i < kept; i++) free(rec[i]);
     free(rec);
     return 0;

@@ -68,6 +68,19 @@ pub struct SiteAtSnapshot {
     pub pinned_waste: f64,
 }
 
+impl SiteAtSnapshot {
+    /// Adds a block standing for `w` blocks; `pin`: (page shares, waste, pins any page).
+    fn add(&mut self, w: f64, size: u64, pin: (f64, f64, bool)) {
+        self.live_objects += w;
+        self.live_bytes += w * size as f64;
+        if pin.2 {
+            self.pinning_objects += w;
+            self.pinned_pages += w * pin.0;
+            self.pinned_waste += w * pin.1;
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct HeapSnapshot {
     pub parts: HeapParts,
@@ -312,7 +325,9 @@ pub fn evaluate(
     let mut class_pages: FastSet<(u64, u64)> = FastSet::default();
     // Blocks come roughly in address order: most repeats of (class, page) are the last one.
     let mut last_class_page = (u64::MAX, u64::MAX);
-    let mut sites: FastMap<u32, SiteAtSnapshot> = FastMap::default();
+    // Per site: (blocks counted as they are, estimated blocks).
+    let mut sites: FastMap<u32, (SiteAtSnapshot, SiteAtSnapshot)> = FastMap::default();
+    let mut exact = SiteAtSnapshot::default();
     for (&addr, b) in live {
         let usable = b.usable().max(1);
         let (c, occ_sum) = classes.entry(usable).or_insert_with(|| {
@@ -350,7 +365,8 @@ pub fn evaluate(
                     *occ_sum += f64::from(acc.live) / ps as f64;
                 }
             }
-            if w > 0.0 && u64::from(acc.live) < sparse_live && acc.live > 0 {
+            if weighting != SiteWeighting::None && u64::from(acc.live) < sparse_live && acc.live > 0
+            {
                 let p_start = page << shift;
                 let mine = (addr + b.size).clamp(p_start, p_start + ps)
                     - addr.clamp(p_start, p_start + ps);
@@ -369,18 +385,22 @@ pub fn evaluate(
                 visit(page, &mut pin, occ_sum);
             }
         }
+        // Blocks sampled with near certainty (large ones) are counted as they are; the
+        // others are estimates, later scaled to the exact totals over every such block.
+        let uncertain = weighting.weight(b.size) > 1.01;
+        if uncertain {
+            exact.add(1.0, b.size, pin);
+        }
         if w > 0.0 {
-            let s = sites.entry(b.stack).or_insert_with(|| SiteAtSnapshot {
-                stack: b.stack,
-                ..Default::default()
+            let s = sites.entry(b.stack).or_insert_with(|| {
+                let empty = SiteAtSnapshot {
+                    stack: b.stack,
+                    ..Default::default()
+                };
+                (empty.clone(), empty)
             });
-            s.live_objects += w;
-            s.live_bytes += w * b.size as f64;
-            if pin.2 {
-                s.pinning_objects += w;
-                s.pinned_pages += w * pin.0;
-                s.pinned_waste += w * pin.1;
-            }
+            let part = if uncertain { &mut s.1 } else { &mut s.0 };
+            part.add(w, b.size, pin);
         }
     }
     let mut classes: Vec<ClassAtSnapshot> = classes
@@ -410,12 +430,51 @@ pub fn evaluate(
         }
     }
     classes.sort_by_key(|c| c.usable);
-    let mut sites: Vec<SiteAtSnapshot> = sites.into_values().collect();
+    let (certain, mut estimated): (Vec<SiteAtSnapshot>, Vec<SiteAtSnapshot>) =
+        sites.into_values().unzip();
+    if let SiteWeighting::Sampled { .. } = weighting {
+        scale_to_exact_totals(&mut estimated, &exact);
+    }
+    let mut sites: Vec<SiteAtSnapshot> = certain
+        .into_iter()
+        .zip(estimated)
+        .map(|(mut c, e)| {
+            c.live_objects += e.live_objects;
+            c.live_bytes += e.live_bytes;
+            c.pinning_objects += e.pinning_objects;
+            c.pinned_pages += e.pinned_pages;
+            c.pinned_waste += e.pinned_waste;
+            c
+        })
+        .collect();
     sites.sort_by(|a, b| b.live_bytes.total_cmp(&a.live_bytes));
     HeapSnapshot {
         parts,
         classes,
         sites,
+    }
+}
+
+/// Sampled stacks say who; the exact totals over all blocks say how much. Each figure of
+/// each site is scaled so the sites sum to the exact total (a ratio estimator: with a few
+/// dozen samples per site, far closer than the weights alone).
+fn scale_to_exact_totals(sites: &mut [SiteAtSnapshot], exact: &SiteAtSnapshot) {
+    type Field = fn(&mut SiteAtSnapshot) -> &mut f64;
+    let fields: [(Field, f64); 5] = [
+        (|s| &mut s.live_objects, exact.live_objects),
+        (|s| &mut s.live_bytes, exact.live_bytes),
+        (|s| &mut s.pinning_objects, exact.pinning_objects),
+        (|s| &mut s.pinned_pages, exact.pinned_pages),
+        (|s| &mut s.pinned_waste, exact.pinned_waste),
+    ];
+    for (field, total) in fields {
+        let estimated: f64 = sites.iter_mut().map(|s| *field(s)).sum();
+        if estimated > 0.0 {
+            let k = total / estimated;
+            for s in sites.iter_mut() {
+                *field(s) *= k;
+            }
+        }
     }
 }
 
@@ -548,5 +607,32 @@ mod tests {
             p.live + p.rounding + p.free_in_used_pages + p.free_resident_pages,
             p.heap_resident
         );
+    }
+
+    #[test]
+    fn sampled_sites_are_scaled_to_exact_totals_and_certain_blocks_are_not() {
+        let mut live = AddrMap::default();
+        // 64 small blocks, only two sampled (stacks 1 and 2), one 12-page block (stack 3).
+        for i in 0..64 {
+            let stack = match i {
+                0 => 1,
+                32 => 2,
+                _ => 0,
+            };
+            live.insert(0x10000 + i * 64, block(64, 0, stack));
+        }
+        live.insert(0x11000, block(12 * 4096, 0, 3));
+        let snap = evaluate(
+            &live,
+            &all_resident(),
+            &mut HeapHistory::default(),
+            SiteWeighting::Sampled { mean_bytes: 4096.0 },
+            10,
+        );
+        let site = |id| snap.sites.iter().find(|s| s.stack == id).unwrap();
+        assert!((site(1).live_bytes + site(2).live_bytes - 64.0 * 64.0).abs() < 1e-6);
+        assert!((site(1).live_objects - 32.0).abs() < 1e-6);
+        assert!((site(3).live_bytes - 12.0 * 4096.0).abs() < 1.0);
+        assert!((site(3).live_objects - 1.0).abs() < 1e-3);
     }
 }
