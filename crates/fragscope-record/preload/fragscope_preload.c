@@ -165,6 +165,10 @@ static __thread struct thread_state *tls_state __attribute__((tls_model("initial
  * is the allocator's or ours, not the program's: forward it unrecorded). */
 static __thread unsigned tls_flags __attribute__((tls_model("initial-exec")));
 enum { TF_BUSY = 1, TF_FORWARD = 2 };
+/* Allocation-family calls this thread has recorded: an operator new records its block
+ * only if the real one recorded nothing through our malloc-family hooks (libstdc++'s
+ * calls malloc; jemalloc's aligned new calls aligned_alloc, its plain new nothing). */
+static __thread uint64_t tls_recorded_calls __attribute__((tls_model("initial-exec")));
 
 /* ---- process state ---- */
 static atomic_int init_state; /* 0 none, 1 resolving, 2 resolved */
@@ -642,6 +646,7 @@ static void record(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size
     }
     tls_flags |= TF_BUSY;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    tls_recorded_calls++;
     struct thread_state *ts = tls_state;
     if (UNLIKELY(!ts)) {
         int saved_errno = errno;
@@ -1012,6 +1017,90 @@ EXPORT int posix_memalign(void **out, size_t align, size_t size) {
     if (LIKELY(tracing)) record(4, rc == 0 ? (uintptr_t)*out : 0, 0, size, align);
     return rc;
 }
+
+/* ---- C++ operators new and delete ---- */
+
+/* The next definition of a C++ operator. A C program that dlopens a C++ library with
+ * RTLD_LOCAL binds that library's operators to ours while the C++ runtime stays out of
+ * RTLD_NEXT's reach: then ask the runtime's own handle. */
+static void *next_cxx_operator(void **slot, const char *name) {
+    void *f = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    if (LIKELY(f)) return f;
+    unsigned saved = tls_flags;
+    tls_flags |= TF_FORWARD;
+    f = dlsym(RTLD_NEXT, name);
+    static const char *const runtimes[] = {"libstdc++.so.6", "libc++.so.1"};
+    for (unsigned i = 0; !f && i < sizeof runtimes / sizeof *runtimes; i++) {
+        void *lib = real_dlopen ? real_dlopen(runtimes[i], RTLD_LAZY | RTLD_NOLOAD) : NULL;
+        if (lib) f = dlsym(lib, name);
+    }
+    tls_flags = saved;
+    __atomic_store_n(slot, f, __ATOMIC_RELEASE);
+    return f;
+}
+
+/* Parameters, arguments, and what the operator records, per shape. */
+#define CXX_SHAPE_NEW (size_t size), (size), 0, 0
+#define CXX_SHAPE_NEW_NOTHROW (size_t size, const void *tag), (size, tag), 0, 0
+#define CXX_SHAPE_NEW_ALIGNED (size_t size, size_t align), (size, align), 5, align
+#define CXX_SHAPE_NEW_ALIGNED_NOTHROW (size_t size, size_t align, const void *tag), \
+    (size, align, tag), 5, align
+#define CXX_SHAPE_DELETE (void *ptr), (ptr)
+#define CXX_SHAPE_DELETE_SIZED (void *ptr, size_t size), (ptr, size)
+#define CXX_SHAPE_DELETE_NOTHROW (void *ptr, const void *tag), (ptr, tag)
+#define CXX_SHAPE_DELETE_ALIGNED (void *ptr, size_t align), (ptr, align)
+#define CXX_SHAPE_DELETE_SIZED_ALIGNED (void *ptr, size_t size, size_t align), (ptr, size, align)
+#define CXX_SHAPE_DELETE_ALIGNED_NOTHROW (void *ptr, size_t align, const void *tag), \
+    (ptr, align, tag)
+
+/* A throwing new may leave by an exception from the real one: nothing of ours is left
+ * set across that call (no TF_FORWARD), and the block is recorded after it returns. */
+#define CXX_NEW_BODY(sym, params, args, kind, align_expr)                                \
+    static void *real_##sym;                                                             \
+    EXPORT void *sym params {                                                            \
+        void *(*real) params = next_cxx_operator(&real_##sym, #sym);                      \
+        if (UNLIKELY(!real)) { /* no C++ runtime at all: as libstdc++ would, nearly */   \
+            void *p = malloc(size);                                                      \
+            if (!p) abort();                                                             \
+            return p;                                                                    \
+        }                                                                                \
+        if (!tracing || (tls_flags & TF_FORWARD)) return real args;                      \
+        uint64_t before = tls_recorded_calls;                                            \
+        void *p = real args;                                                             \
+        if (tls_recorded_calls == before) record(kind, (uintptr_t)p, 0, size, align_expr); \
+        return p;                                                                        \
+    }
+/* A delete is recorded before the block goes back, as free is; the real one's own free,
+ * if it calls it, is then forwarded unrecorded. */
+#define CXX_DELETE_BODY(sym, params, args)                                               \
+    static void *real_##sym;                                                             \
+    EXPORT void sym params {                                                             \
+        void (*real) params = next_cxx_operator(&real_##sym, #sym);                       \
+        if (UNLIKELY(!real)) {                                                           \
+            free(ptr);                                                                   \
+            return;                                                                      \
+        }                                                                                \
+        if (!tracing || (tls_flags & TF_FORWARD) || !ptr) {                              \
+            real args;                                                                   \
+            return;                                                                      \
+        }                                                                                \
+        record(KIND_FREE, (uintptr_t)ptr, 0, 0, 0);                                      \
+        tls_flags |= TF_FORWARD;                                                         \
+        real args;                                                                       \
+        tls_flags &= ~TF_FORWARD;                                                        \
+    }
+#define CXX_BODY_NEW(sym, shape) CXX_NEW_BODY(sym, shape)
+#define CXX_BODY_NEW_NOTHROW(sym, shape) CXX_NEW_BODY(sym, shape)
+#define CXX_BODY_NEW_ALIGNED(sym, shape) CXX_NEW_BODY(sym, shape)
+#define CXX_BODY_NEW_ALIGNED_NOTHROW(sym, shape) CXX_NEW_BODY(sym, shape)
+#define CXX_BODY_DELETE(sym, shape) CXX_DELETE_BODY(sym, shape)
+#define CXX_BODY_DELETE_SIZED(sym, shape) CXX_DELETE_BODY(sym, shape)
+#define CXX_BODY_DELETE_NOTHROW(sym, shape) CXX_DELETE_BODY(sym, shape)
+#define CXX_BODY_DELETE_ALIGNED(sym, shape) CXX_DELETE_BODY(sym, shape)
+#define CXX_BODY_DELETE_SIZED_ALIGNED(sym, shape) CXX_DELETE_BODY(sym, shape)
+#define CXX_BODY_DELETE_ALIGNED_NOTHROW(sym, shape) CXX_DELETE_BODY(sym, shape)
+#define CXX_HOOK(sym, shape) CXX_BODY_##shape(sym, CXX_SHAPE_##shape)
+FRAGSCOPE_CXX_HOOKS(CXX_HOOK)
 
 /* ---- keeping tracing alive across exec, exit and descriptor juggling ---- */
 

@@ -46,4 +46,30 @@
     X(dlopen, void *, (const char *file, int mode))                                           \
     X(dlclose, int, (void *handle))
 
+/* C++ operators new and delete (Itanium ABI names). libstdc++'s call malloc and free,
+ * but an allocator that defines them itself (jemalloc, tcmalloc) serves them without
+ * either: they are recorded as malloc (aligned_alloc for the aligned forms) and free.
+ * X(symbol, shape): the shapes are the parameter lists, CXX_SHAPE_* in the .c file. */
+#define FRAGSCOPE_CXX_HOOKS(X)                                                                \
+    X(_Znwm, NEW)                                                                             \
+    X(_Znam, NEW)                                                                             \
+    X(_ZnwmRKSt9nothrow_t, NEW_NOTHROW)                                                       \
+    X(_ZnamRKSt9nothrow_t, NEW_NOTHROW)                                                       \
+    X(_ZnwmSt11align_val_t, NEW_ALIGNED)                                                      \
+    X(_ZnamSt11align_val_t, NEW_ALIGNED)                                                      \
+    X(_ZnwmSt11align_val_tRKSt9nothrow_t, NEW_ALIGNED_NOTHROW)                                \
+    X(_ZnamSt11align_val_tRKSt9nothrow_t, NEW_ALIGNED_NOTHROW)                                \
+    X(_ZdlPv, DELETE)                                                                         \
+    X(_ZdaPv, DELETE)                                                                         \
+    X(_ZdlPvm, DELETE_SIZED)                                                                  \
+    X(_ZdaPvm, DELETE_SIZED)                                                                  \
+    X(_ZdlPvRKSt9nothrow_t, DELETE_NOTHROW)                                                   \
+    X(_ZdaPvRKSt9nothrow_t, DELETE_NOTHROW)                                                   \
+    X(_ZdlPvSt11align_val_t, DELETE_ALIGNED)                                                  \
+    X(_ZdaPvSt11align_val_t, DELETE_ALIGNED)                                                  \
+    X(_ZdlPvmSt11align_val_t, DELETE_SIZED_ALIGNED)                                           \
+    X(_ZdaPvmSt11align_val_t, DELETE_SIZED_ALIGNED)                                           \
+    X(_ZdlPvSt11align_val_tRKSt9nothrow_t, DELETE_ALIGNED_NOTHROW)                            \
+    X(_ZdaPvSt11align_val_tRKSt9nothrow_t, DELETE_ALIGNED_NOTHROW)
+
 #endif
