@@ -80,6 +80,23 @@ pub fn run(a: RecordArgs) -> Result<ExitCode> {
         if out.processes == 1 { "" } else { "es" },
         out.duration.as_secs_f64()
     );
+    if let Some(eventlog) = &out.ghc_eventlog {
+        if eventlog.exists() {
+            eprintln!(
+                "fragscope: GHC eventlog written to {} (keep it beside the trace)",
+                eventlog.display()
+            );
+        } else {
+            eprintln!(
+                "fragscope: warning: the GHC program wrote no eventlog to {}; the report \
+                 will show its RSS only",
+                eventlog.display()
+            );
+        }
+    }
+    if let Some(advice) = &out.ghc_advice {
+        eprintln!("fragscope: note: {advice}");
+    }
     for p in &out.silent_processes {
         eprintln!(
             "fragscope: warning: {p} made no malloc-family call: its runtime does not use malloc \

@@ -9,6 +9,7 @@
 //! - the caller's thread: waits for the program and its descendants.
 
 mod clock;
+pub mod ghc;
 mod launch;
 pub mod preload;
 pub mod procfs;

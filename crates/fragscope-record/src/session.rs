@@ -51,6 +51,10 @@ pub struct RecordOutcome {
     pub duration: Duration,
     /// Process images that made no malloc-family call at all.
     pub silent_processes: Vec<String>,
+    /// The GHC RTS eventlog written beside the trace, when one was asked for.
+    pub ghc_eventlog: Option<PathBuf>,
+    /// Why a GHC program was recorded without an eventlog, and how to rebuild it.
+    pub ghc_advice: Option<String>,
 }
 
 const RSS_INTERVAL: Duration = Duration::from_millis(10);
@@ -534,7 +538,11 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         .command
         .first()
         .ok_or_else(|| anyhow!("no program to record"))?;
-    crate::launch::check_traceable(program)?;
+    let program_path = crate::launch::check_traceable(program)?;
+    let ghc = std::fs::read(&program_path)
+        .ok()
+        .and_then(|data| crate::ghc::inspect(&data))
+        .map(|binary| crate::ghc::prepare(&program_path, binary, &opts.output));
     let preload = crate::preload::preload_library()?;
     let started = Instant::now();
     let dir = tempfile::Builder::new()
@@ -575,6 +583,13 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             .unwrap_or_default()
             .trim()
             .to_string(),
+        ghc_eventlog: ghc.as_ref().and_then(|g| g.eventlog.as_ref()).map(|e| {
+            // Relative to the trace's directory, so the two can move together.
+            e.file_name()
+                .map_or_else(|| e.clone(), PathBuf::from)
+                .to_string_lossy()
+                .into_owned()
+        }),
     };
     writer.write_chunk(ChunkKind::Meta, &meta.encode())?;
     let (tx, rx) = sync_channel::<Chunk>(4096);
@@ -661,6 +676,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         .env("FRAGSCOPE_STACKS", opts.stacks.name())
         .env("FRAGSCOPE_SAMPLE_BYTES", opts.sample_bytes.to_string())
         .env("FRAGSCOPE_FLUSH_MS", opts.flush_ms.to_string());
+    if let Some(ghcrts) = ghc.as_ref().and_then(|g| g.ghcrts.as_ref()) {
+        cmd.env("GHCRTS", ghcrts);
+    }
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
@@ -778,5 +796,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         processes: stream_count,
         duration: started.elapsed(),
         silent_processes: silent,
+        ghc_eventlog: ghc.as_ref().and_then(|g| g.eventlog.clone()),
+        ghc_advice: ghc.and_then(|g| g.advice),
     })
 }

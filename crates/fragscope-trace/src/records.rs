@@ -35,6 +35,10 @@ pub struct Meta {
     pub snapshot_ms: u32,
     pub argv: Vec<String>,
     pub hostname: String,
+    /// The GHC RTS eventlog written beside the trace, as a path relative to the trace's
+    /// directory (or absolute); `None` when the program is not a GHC program that could
+    /// write one. Absent in traces from before this field: they read as `None`.
+    pub ghc_eventlog: Option<String>,
 }
 
 impl Meta {
@@ -52,6 +56,7 @@ impl Meta {
             w.str(a);
         }
         w.str(&self.hostname);
+        w.str(self.ghc_eventlog.as_deref().unwrap_or(""));
         w.bytes
     }
     pub fn decode(data: &[u8]) -> Result<Self, TraceError> {
@@ -70,6 +75,11 @@ impl Meta {
         let n = r.count(1)?;
         let argv = (0..n).map(|_| r.string()).collect::<Result<_, _>>()?;
         let hostname = r.string()?;
+        let ghc_eventlog = if r.is_empty() {
+            None
+        } else {
+            Some(r.string()?).filter(|p| !p.is_empty())
+        };
         Ok(Self {
             fragscope_version,
             start_unix_ns,
@@ -80,6 +90,7 @@ impl Meta {
             snapshot_ms,
             argv,
             hostname,
+            ghc_eventlog,
         })
     }
 }
@@ -574,8 +585,18 @@ mod tests {
             snapshot_ms: 1000,
             argv: vec!["./a".into(), "b c".into()],
             hostname: "h".into(),
+            ghc_eventlog: None,
         };
         assert_eq!(Meta::decode(&meta.encode()).unwrap(), meta);
+        let ghc = Meta {
+            ghc_eventlog: Some("run.eventlog".into()),
+            ..meta.clone()
+        };
+        assert_eq!(Meta::decode(&ghc.encode()).unwrap(), ghc);
+        // A Meta written before the field existed ends at the hostname.
+        let mut old = meta.encode();
+        old.pop();
+        assert_eq!(Meta::decode(&old).unwrap(), meta);
         let p = Process {
             stream: 3,
             pid: 42,

@@ -1,0 +1,211 @@
+//! GHC-compiled programs: recognise them, and ask their RTS for an eventlog with a
+//! closure-type heap profile (through GHCRTS) when it will accept the flags.
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use object::{Object, ObjectSymbol};
+
+/// What the program's binary says about its RTS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GhcBinary {
+    /// Linked with an RTS that can write an eventlog (-eventlog, -debug or -prof).
+    pub eventlog_rts: bool,
+}
+
+/// How a GHC program will be recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GhcSetup {
+    /// The GHCRTS value to run the program with (the user's flags, then ours).
+    pub ghcrts: Option<OsString>,
+    /// Where the RTS will write its eventlog.
+    pub eventlog: Option<PathBuf>,
+    /// Why there is no eventlog, and how to rebuild to get one.
+    pub advice: Option<String>,
+}
+
+/// The RTS flags fragscope adds (before `-ol<file>`): an eventlog, with a heap profile
+/// by closure type every 0.1 s (available without profiling).
+pub const RTS_FLAGS: &str = "-l -hT -i0.1";
+
+/// Recognises a GHC-compiled ELF by its RTS: symbols when the binary has them, else the
+/// RTS's own strings (a stripped binary keeps those).
+pub fn inspect(data: &[u8]) -> Option<GhcBinary> {
+    let file = object::File::parse(data).ok()?;
+    let mut ghc = false;
+    let mut eventlog = false;
+    let mut any_symbol = false;
+    for sym in file.symbols().chain(file.dynamic_symbols()) {
+        let Ok(name) = sym.name() else { continue };
+        any_symbol = true;
+        match name {
+            "hs_main" | "hs_init" | "hs_init_ghc" => ghc = true,
+            "postEvent" | "initEventLogging" | "endEventLogging" => eventlog = true,
+            _ if name.starts_with("ghczm") || name.starts_with("__stginit") => ghc = true,
+            _ => {}
+        }
+    }
+    if !ghc || !any_symbol {
+        ghc = contains(data, b"RTS options are disabled") && contains(data, b"GHC RTS");
+        // The RTS's way name: rts_l (eventlog), rts_thr_l, rts_debug, rts_p, ...
+        eventlog = [
+            "rts_l\0",
+            "rts_thr_l\0",
+            "_debug\0",
+            "rts_p\0",
+            "rts_thr_p\0",
+        ]
+        .iter()
+        .any(|w| contains(data, w.as_bytes()));
+    }
+    ghc.then_some(GhcBinary {
+        eventlog_rts: eventlog,
+    })
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The eventlog's path for a trace: `run.fsc` → `run.eventlog`, beside it.
+pub fn eventlog_path(trace: &Path) -> PathBuf {
+    trace.with_extension("eventlog")
+}
+
+/// Decides how to record a GHC program: probes its RTS with the flags we would add (the
+/// RTS parses GHCRTS, then `+RTS --info` prints and exits before `main` runs), so a
+/// program whose RTS would refuse them is run without them rather than aborted.
+pub fn prepare(program: &Path, binary: GhcBinary, trace: &Path) -> GhcSetup {
+    let name = program.file_name().map_or_else(
+        || program.display().to_string(),
+        |n| n.to_string_lossy().into(),
+    );
+    if !binary.eventlog_rts {
+        return no_eventlog(format!(
+            "{name} is a GHC program linked without an eventlog-capable RTS, so fragscope \
+             records its RSS only. For the heap's live data, blocks, GC statistics and -hT \
+             profile, rebuild it with `ghc -eventlog -rtsopts` (cabal: ghc-options: -eventlog \
+             -rtsopts) and record again."
+        ));
+    }
+    let eventlog = eventlog_path(trace);
+    let eventlog = std::path::absolute(&eventlog).unwrap_or(eventlog);
+    let eventlog_str = eventlog.to_string_lossy();
+    // GHCRTS is split at white space, with no quoting.
+    if eventlog_str.chars().any(char::is_whitespace) {
+        return no_eventlog(format!(
+            "the eventlog path {eventlog_str} holds white space, which GHCRTS cannot carry; \
+             record to a path without spaces for {name}'s eventlog. RSS is recorded."
+        ));
+    }
+    let ours = format!("{RTS_FLAGS} -ol{eventlog_str}");
+    let ghcrts = match std::env::var_os("GHCRTS").filter(|v| !v.is_empty()) {
+        Some(theirs) => {
+            let mut v = theirs;
+            v.push(" ");
+            v.push(&ours);
+            v
+        }
+        None => OsString::from(&ours),
+    };
+    match probe(program, &ghcrts) {
+        Ok(()) => {
+            // A log left by an earlier recording must not pass for this one's.
+            let _ = std::fs::remove_file(&eventlog);
+            GhcSetup {
+                ghcrts: Some(ghcrts),
+                eventlog: Some(eventlog),
+                advice: None,
+            }
+        }
+        Err(stderr) => {
+            let rebuild = if stderr.contains("requires the program to be built with") {
+                "its RTS cannot write an eventlog: rebuild it with `ghc -eventlog -rtsopts`"
+            } else if stderr.contains("options are disabled") {
+                "it was linked without -rtsopts, so its RTS refuses options from GHCRTS: \
+                 rebuild it with `ghc -rtsopts` (or bake the flags in with \
+                 -with-rtsopts=\"-l -hT -i0.1\")"
+            } else {
+                "its RTS refused them"
+            };
+            let first_line = stderr.lines().next().unwrap_or("").trim();
+            no_eventlog(format!(
+                "{name} is a GHC program, but fragscope did not ask it for an eventlog \
+                 (GHCRTS=\"{ours}\"): {rebuild}. RSS is recorded.{}",
+                if first_line.is_empty() {
+                    String::new()
+                } else {
+                    format!(" The RTS said: {first_line}")
+                }
+            ))
+        }
+    }
+}
+
+fn no_eventlog(advice: String) -> GhcSetup {
+    GhcSetup {
+        ghcrts: None,
+        eventlog: None,
+        advice: Some(advice),
+    }
+}
+
+/// Runs `program +RTS --info -RTS` with `ghcrts`; Err(stderr) when the RTS refuses.
+fn probe(program: &Path, ghcrts: &OsString) -> Result<(), String> {
+    const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+    let mut child = Command::new(program)
+        .args(["+RTS", "--info", "-RTS"])
+        .env("GHCRTS", ghcrts)
+        .env_remove("LD_PRELOAD")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start it: {e}"))?;
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() < PROBE_TIMEOUT => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err("it did not answer `+RTS --info` in time".into());
+            }
+        }
+    };
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut stderr);
+    }
+    if status.success() {
+        Ok(())
+    } else {
+        Err(stderr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_c_program_is_not_ghc() {
+        let me = std::fs::read("/bin/sh").unwrap();
+        assert_eq!(inspect(&me), None);
+    }
+
+    #[test]
+    fn the_eventlog_goes_beside_the_trace() {
+        assert_eq!(
+            eventlog_path(Path::new("out/run.fsc")),
+            Path::new("out/run.eventlog")
+        );
+        assert_eq!(eventlog_path(Path::new("run")), Path::new("run.eventlog"));
+    }
+}
