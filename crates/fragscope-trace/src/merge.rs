@@ -405,6 +405,9 @@ impl Merger {
         };
         let mut best: Option<(u64, usize)> = None;
         let mut oldest_blocked: Option<(u64, usize)> = None;
+        // One thread alone has nobody to wait for: its program order is the order, and
+        // the causal check (a table lookup per call) is skipped.
+        let alone = self.threads.len() == 1;
         for (i, t) in self.threads.iter().enumerate() {
             let Some(head) = t.queue.front() else {
                 continue;
@@ -413,7 +416,7 @@ impl Merger {
             if tick > watermark {
                 continue;
             }
-            if self.blocked(head) {
+            if !alone && self.blocked(head) {
                 if oldest_blocked.is_none_or(|(bt, _)| tick < bt) {
                     oldest_blocked = Some((tick, i));
                 }
@@ -421,14 +424,15 @@ impl Merger {
                 best = Some((tick, i));
             }
         }
-        let (i, forced) = match (best, oldest_blocked) {
-            (Some((_, i)), _) => (i, false),
+        // A blocked call is merged anyway (forced) once waiting longer cannot help.
+        let i = match (best, oldest_blocked) {
+            (Some((_, i)), _) => i,
             (None, Some((tick, i)))
                 if self.finishing
                     || tick + WAIT_WINDOW_TICKS < self.max_seen
                     || self.pending > MAX_PENDING =>
             {
-                (i, true)
+                i
             }
             _ => return None,
         };
@@ -447,16 +451,15 @@ impl Merger {
             if let Some(old) = c.releases() {
                 match self.live.remove(&old) {
                     Some(b) => self.ended[0] = Some((old, b)),
-                    None if forced => self.stats.unknown_frees += 1,
-                    None => {}
+                    // Only a forced call (or a lone thread's) can miss: the block was
+                    // allocated before tracing began, or its allocation was lost.
+                    None => self.stats.unknown_frees += 1,
                 }
             }
             if let Some(a) = c.allocates() {
                 if let Some(displaced) = self.live.insert(a, LiveBlock::of(c)) {
                     self.ended[1] = Some((a, displaced));
-                    if forced {
-                        self.stats.forced_allocs += 1;
-                    }
+                    self.stats.forced_allocs += 1;
                 }
             }
         }
