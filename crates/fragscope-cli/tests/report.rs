@@ -300,3 +300,57 @@ fn bad_input_gets_a_clear_message() {
         assert!(err.contains("error"), "{err}");
     }
 }
+
+/// Sites are named from DWARF (function and file:line), from the symbol table alone
+/// (function and module+offset), or, with neither, as module+offset — never dropped.
+#[test]
+fn sites_are_symbolized_with_whatever_the_binary_has() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/scatter.c");
+    for (flags, expect) in [
+        (&["-g"][..], "main (scatter.c:"),
+        (&["-g0"][..], "main (scatter_symtab+0x"),
+        (&["-s"][..], "scatter_stripped+0x"),
+    ] {
+        let name = match flags[0] {
+            "-g" => "scatter_dwarf",
+            "-g0" => "scatter_symtab",
+            _ => "scatter_stripped",
+        };
+        let exe = dir.path().join(name);
+        let ok = Command::new("cc")
+            .args(["-O1", "-fPIE", "-pie"])
+            .args(flags)
+            .arg("-o")
+            .arg(&exe)
+            .arg(&src)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let trace = dir.path().join(format!("{name}.fsc"));
+        let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+            .args(["record", "--stacks", "all", "-o"])
+            .arg(&trace)
+            .arg("--")
+            .arg(&exe)
+            .args(["20000", "1200"])
+            .env_remove("LD_PRELOAD")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        let rep = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+            .args(["report", "--json"])
+            .arg(&trace)
+            .output()
+            .unwrap();
+        assert!(rep.status.success(), "{}", common::stderr(&rep));
+        let r: Value = serde_json::from_slice(&rep.stdout).unwrap();
+        let top = &r["sites"]["by_allocations"][0];
+        assert_eq!(u(top, "allocations"), 20000, "{top}");
+        let label = top["label"].as_str().unwrap();
+        assert!(label.starts_with(expect), "{flags:?}: {label}");
+        // the scattered survivors are the site that pins pages
+        let pinning = &r["sites"]["by_pinned_waste"][0];
+        assert_eq!(pinning["stack"], top["stack"], "{}", r["sites"]);
+    }
+}

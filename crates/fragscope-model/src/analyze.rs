@@ -834,6 +834,8 @@ fn sites(s: &Stream, focus: Option<usize>, opts: &Options, stacks: &str, tick_ms
             .stack(id)
             .iter()
             .flat_map(|&a| symbolizer.frames(a))
+            // fragscope's own wrapper of main is not the program's code
+            .filter(|f| !f.module.starts_with("libfragscope_preload"))
             .collect();
         let label = frames
             .iter()
