@@ -1,5 +1,6 @@
 //! The `fragscope` command line.
 
+mod ghc_report;
 mod info;
 mod progress;
 mod record;

@@ -21,10 +21,15 @@ use crate::units::{bytes, count};
 ///   fragscope report run.fsc
 ///   fragscope report run.fsc --json > report.json
 ///   fragscope report run.fsc --pid 4242 --sparse-pct 25
+///   fragscope report prog.eventlog
+///
+/// A GHC program recorded with `fragscope record` gets the GHC report: its eventlog
+/// (written beside the trace) with its RSS. An eventlog made elsewhere (`+RTS -l -hT`)
+/// can be given instead of a trace: the same report without RSS.
 #[derive(Args)]
 #[command(verbatim_doc_comment)]
 pub struct ReportArgs {
-    /// The trace (from `fragscope record`).
+    /// The trace (from `fragscope record`), or a GHC eventlog.
     trace: PathBuf,
     /// Print the whole report as one JSON document (see docs/report-json.md).
     #[arg(long)]
@@ -42,6 +47,9 @@ pub struct ReportArgs {
 }
 
 pub fn run(a: ReportArgs) -> Result<ExitCode> {
+    if let Some(code) = crate::ghc_report::run_if_ghc(&a.trace, a.json)? {
+        return Ok(code);
+    }
     let size = std::fs::metadata(&a.trace)
         .with_context(|| format!("cannot open {}", a.trace.display()))?
         .len();

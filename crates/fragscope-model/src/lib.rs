@@ -3,9 +3,11 @@
 //! [`analyze`] reads a trace once, merges each process's calls, evaluates the heap at
 //! every page-residency snapshot ([`heap`]), finds phases ([`phases`]), symbolizes the
 //! allocation sites that matter ([`symbols`]) and returns a [`report::Report`]: plain
-//! data, with no knowledge of terminals or HTML.
+//! data, with no knowledge of terminals or HTML. A GHC program's eventlog has its own
+//! model, [`ghc`], on the same parts.
 
 pub mod analyze;
+pub mod ghc;
 pub mod heap;
 pub mod phases;
 pub mod report;

@@ -1,0 +1,271 @@
+//! `fragscope report` for a GHC program: its eventlog (with RSS when it was recorded).
+
+use std::fmt::Write as _;
+use std::io::Read;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use fragscope_model::ghc::{self, GhcDecomposition, GhcReport};
+
+use crate::units::{bytes, count};
+
+/// Rows of the terminal timeline.
+const TIMELINE_ROWS: usize = 16;
+
+/// The GHC report of `path` when it is an eventlog, or a trace that references one;
+/// `None` to fall through to the malloc report.
+pub fn run_if_ghc(path: &Path, json: bool) -> Result<Option<ExitCode>> {
+    let mut magic = [0u8; 4];
+    let is_eventlog = std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && ghc::is_eventlog(&magic);
+    let report = if is_eventlog {
+        ghc::analyze_eventlog_file(path).with_context(|| format!("analysing {}", path.display()))?
+    } else {
+        match ghc::referenced_eventlog(path) {
+            Ok(Some(eventlog)) if eventlog.exists() => {
+                ghc::analyze_trace(path).with_context(|| format!("analysing {}", path.display()))?
+            }
+            Ok(Some(eventlog)) => {
+                eprintln!(
+                    "fragscope: warning: {} references the GHC eventlog {}, which is missing \
+                     (keep it beside the trace); showing the malloc report",
+                    path.display(),
+                    eventlog.display()
+                );
+                return Ok(None);
+            }
+            // Not a GHC recording, or not a trace: the malloc report says which.
+            _ => return Ok(None),
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(Some(ExitCode::SUCCESS))
+}
+
+fn secs(ms: f64) -> String {
+    format!("{:.2} s", ms / 1000.0)
+}
+
+fn opt_bytes(v: Option<u64>) -> String {
+    v.map_or_else(|| "-".into(), bytes)
+}
+
+fn pct(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        "-".into()
+    } else {
+        format!("{:.1}%", 100.0 * part as f64 / whole as f64)
+    }
+}
+
+/// The whole terminal report.
+pub fn render(r: &GhcReport) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "fragscope report: {} (GHC program)", r.source);
+    let _ = writeln!(o, "  eventlog: {}", r.eventlog);
+    if !r.argv.is_empty() {
+        let _ = writeln!(o, "  program:  {}", r.argv.join(" "));
+    }
+    if let Some(rts) = &r.rts {
+        let _ = writeln!(o, "  RTS:      {rts}");
+    }
+    let _ = writeln!(o, "  duration: {}", secs(r.duration_ms));
+    if let Some(d) = &r.damage {
+        let _ = writeln!(o, "  damage:   {d} (the events before it are analysed)");
+    }
+    for n in &r.notes {
+        let _ = writeln!(o, "  note: {n}");
+    }
+
+    let _ = writeln!(
+        o,
+        "\nTimeline (live = HEAP_LIVE, heap = HEAP_SIZE megablocks{}{})",
+        if r.timeline.iter().any(|p| p.blocks_size.is_some()) {
+            ", blocks = BLOCKS_SIZE"
+        } else {
+            ""
+        },
+        if r.rss_recorded {
+            "; GHC 9.0 returns memory with MADV_FREE, so VmRSS alone may not fall"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        o,
+        "  {:>8}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}  {:>15}",
+        "time", "live", "blocks", "heap", "GC frag", "RSS", "RSS - LazyFree"
+    );
+    let step = (r.timeline.len() / TIMELINE_ROWS).max(1);
+    let rows = r
+        .timeline
+        .iter()
+        .step_by(step)
+        .chain(r.timeline.last().filter(|_| r.timeline.len() % step != 1));
+    for p in rows {
+        let _ = writeln!(
+            o,
+            "  {:>8}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}  {:>15}",
+            secs(p.t_ms),
+            bytes(p.live),
+            opt_bytes(p.blocks_size),
+            bytes(p.heap_size),
+            opt_bytes(p.gc_frag),
+            opt_bytes(p.rss),
+            opt_bytes(p.rss_minus_lazy_free)
+        );
+    }
+
+    let _ = writeln!(o, "\nPhases");
+    for (i, ph) in r.phases.iter().enumerate() {
+        let _ = writeln!(
+            o,
+            "\n  {} {} {} - {}: live up to {}, heap up to {}{}",
+            i + 1,
+            ph.kind.name(),
+            secs(ph.start_ms),
+            secs(ph.end_ms),
+            bytes(ph.live_max),
+            bytes(ph.heap_size_max),
+            ph.rss_max
+                .map_or_else(String::new, |m| format!(", RSS up to {}", bytes(m)))
+        );
+        let _ = writeln!(o, "    at {}:", secs(ph.snapshot_t_ms));
+        render_decomposition(&mut o, &ph.decomposition);
+        if !ph.closure_types.is_empty() {
+            let total: u64 = ph.closure_types.iter().map(|c| c.bytes).sum();
+            let _ = writeln!(
+                o,
+                "    heap profile by closure type (-hT) at {}:",
+                ph.census_t_ms.map_or_else(|| "-".into(), secs)
+            );
+            for c in &ph.closure_types {
+                let _ = writeln!(
+                    o,
+                    "      {:<24} {:>11}  {:>6}",
+                    c.label,
+                    bytes(c.bytes),
+                    pct(c.bytes, total)
+                );
+            }
+        }
+        if let Some(note) = &ph.pinned_note {
+            let _ = writeln!(o, "    => {note}");
+        }
+    }
+
+    let g = &r.gc;
+    let _ = writeln!(
+        o,
+        "\nGarbage collection (as +RTS -s would say, from the eventlog)"
+    );
+    let _ = writeln!(
+        o,
+        "  {:<6} {:>8} {:>14} {:>10} {:>10}",
+        "", "colls", "copied", "GC time", "max pause"
+    );
+    for gen in &g.generations {
+        let _ = writeln!(
+            o,
+            "  Gen {:<2} {:>8} {:>14} {:>10} {:>10}",
+            gen.generation,
+            count(gen.collections),
+            bytes(gen.copied_bytes),
+            secs(gen.gc_ms),
+            format!("{:.1} ms", gen.max_pause_ms)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "  mutator {} vs GC {} of {} elapsed ({} in GC)",
+        secs(g.mutator_ms),
+        secs(g.gc_ms),
+        secs(g.elapsed_ms),
+        if g.elapsed_ms > 0.0 {
+            format!("{:.1}%", 100.0 * g.gc_ms / g.elapsed_ms)
+        } else {
+            "-".into()
+        }
+    );
+    let _ = writeln!(o, "  allocated          {}", bytes(g.allocated_bytes));
+    let _ = writeln!(o, "  copied during GC   {}", bytes(g.copied_bytes));
+    let _ = writeln!(o, "  maximum residency  {}", bytes(g.max_residency));
+    let _ = writeln!(o, "  maximum slop       {}", bytes(g.max_slop));
+    let _ = writeln!(o, "  memory in use      {}", bytes(g.memory_in_use));
+    let _ = writeln!(
+        o,
+        "  free blocks in heap {} at the largest heap ({} at most; GC_STATS_GHC frag)",
+        bytes(g.fragmentation_at_peak),
+        bytes(g.max_fragmentation)
+    );
+    o
+}
+
+fn render_decomposition(o: &mut String, d: &GhcDecomposition) {
+    let whole = d.rss.unwrap_or(d.heap_size);
+    let mut row = |name: &str, v: Option<u64>, why: &str| {
+        if let Some(v) = v {
+            let _ = writeln!(
+                o,
+                "      {:<24} {:>11}  {:>6}  {why}",
+                name,
+                bytes(v),
+                pct(v, whole)
+            );
+        }
+    };
+    row("RSS", d.rss, "VmRSS; the parts below add up to it");
+    row("live", Some(d.live), "HEAP_LIVE");
+    row(
+        "copy reserve and slop",
+        Some(d.copy_reserve_and_slop),
+        "blocks in use minus live: nursery, copy space, block ends, uncollected",
+    );
+    row(
+        "free blocks in heap",
+        Some(d.free_resident_pages),
+        "block-level waste: free blocks inside held megablocks (GC frag)",
+    );
+    row(
+        "lazily freed",
+        d.lazy_free,
+        "returned with MADV_FREE, still in RSS (LazyFree)",
+    );
+    row(
+        "other anonymous",
+        d.other_anon,
+        "outside the heap: stacks, the RTS's malloc, foreign code",
+    );
+    row("file-backed", d.file, "code, libraries, mapped files");
+    if let Some(u) = d.unexplained.filter(|u| *u != 0) {
+        let _ = writeln!(
+            o,
+            "      {:<24} {:>11}          sources read a moment apart, or megablocks not yet touched",
+            "unexplained",
+            if u < 0 {
+                format!("-{}", bytes(u.unsigned_abs()))
+            } else {
+                bytes(u as u64)
+            }
+        );
+    }
+    let _ = writeln!(
+        o,
+        "      heap size {}{}; outside live data {}{}",
+        bytes(d.heap_size),
+        d.blocks_size
+            .map_or_else(String::new, |b| format!(", blocks {}", bytes(b))),
+        bytes(d.outside_live),
+        d.rss_minus_lazy_free.map_or_else(String::new, |r| format!(
+            " (RSS - LazyFree {} minus live)",
+            bytes(r)
+        ))
+    );
+}

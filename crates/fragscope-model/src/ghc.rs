@@ -1,0 +1,774 @@
+//! The model of a GHC program: its RSS decomposed with the RTS's own figures from the
+//! eventlog (live data, blocks, megablocks, per-collection statistics, -hT censuses) and,
+//! when the program was recorded, its RSS and LazyFree.
+//!
+//! The heap's three levels (seed 000) map onto the parts of the malloc model:
+//! megablocks held = `heap_size` (HEAP_SIZE); free blocks inside them = block-level waste
+//! (`free_resident_pages`: GC_STATS_GHC frag, or heap size minus BLOCKS_SIZE on 9.2+);
+//! blocks in use minus live data = copy reserve, nursery, slop and not-yet-collected
+//! objects (`copy_reserve_and_slop`); megablocks returned with MADV_FREE but still
+//! counted in RSS = `lazy_free`; the rest of RSS is outside the heap.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use fragscope_ghc::{EventKind, Eventlog, HeapProfile};
+use fragscope_trace::{Chunk, TraceReader};
+use serde::Serialize;
+
+use crate::phases::{self, PhaseKind};
+
+/// RSS at one moment, from the recording (bytes).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RssPoint {
+    pub t_ms: f64,
+    pub rss: u64,
+    pub rss_anon: u64,
+    /// File-backed and shared.
+    pub rss_file: u64,
+    pub lazy_free: u64,
+}
+
+/// One moment of the timeline: the RTS's figures (the latest posted at or before it)
+/// and, when recorded, RSS.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GhcPoint {
+    pub t_ms: f64,
+    /// HEAP_LIVE.
+    pub live: u64,
+    /// HEAP_SIZE: megablocks held.
+    pub heap_size: u64,
+    /// BLOCKS_SIZE (GHC 9.2+).
+    pub blocks_size: Option<u64>,
+    /// GC_STATS_GHC frag of the last collection.
+    pub gc_frag: Option<u64>,
+    pub gc_slop: Option<u64>,
+    pub rss: Option<u64>,
+    pub rss_anon: Option<u64>,
+    pub rss_file: Option<u64>,
+    pub lazy_free: Option<u64>,
+    pub rss_minus_lazy_free: Option<u64>,
+}
+
+/// RSS at one moment split into parts; without RSS (an eventlog made elsewhere) only the
+/// heap's parts, which add up to `heap_size`. With RSS: `live + copy_reserve_and_slop +
+/// free_resident_pages + lazy_free + other_anon + file + unexplained = rss`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct GhcDecomposition {
+    pub t_ms: f64,
+    pub rss: Option<u64>,
+    pub live: u64,
+    /// Blocks in use minus live data: the copy reserve, the nursery, slop at block ends
+    /// and objects not yet collected.
+    pub copy_reserve_and_slop: u64,
+    /// Block-level waste: free blocks inside the megablocks the heap holds.
+    pub free_resident_pages: u64,
+    pub lazy_free: Option<u64>,
+    /// Anonymous memory outside the heap (stacks, the RTS's own malloc, foreign code).
+    pub other_anon: Option<u64>,
+    pub file: Option<u64>,
+    pub unexplained: Option<i64>,
+    pub heap_size: u64,
+    pub blocks_size: Option<u64>,
+    pub gc_frag: Option<u64>,
+    pub gc_slop: Option<u64>,
+    pub rss_minus_lazy_free: Option<u64>,
+    /// Memory the program holds beyond its live data: RSS minus LazyFree minus live, or
+    /// heap size minus live without RSS.
+    pub outside_live: u64,
+    /// RSS minus heap size minus LazyFree (signed: megablocks not yet touched are in the
+    /// heap size but not in RSS).
+    pub non_heap: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClosureType {
+    pub label: String,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GhcPhase {
+    pub start_ms: f64,
+    pub end_ms: f64,
+    pub kind: PhaseKind,
+    pub live_max: u64,
+    pub live_end: u64,
+    pub rss_max: Option<u64>,
+    pub heap_size_max: u64,
+    /// The moment in the middle of the phase that `decomposition` describes.
+    pub snapshot_t_ms: f64,
+    pub decomposition: GhcDecomposition,
+    /// The heap profile census nearest that moment, largest first.
+    pub census_t_ms: Option<f64>,
+    pub closure_types: Vec<ClosureType>,
+    /// Set when ARR_WORDS dominates a plateau whose live data fell: the pinned-block
+    /// explanation of seed 000.
+    pub pinned_note: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GcGeneration {
+    pub generation: u16,
+    pub collections: u64,
+    pub copied_bytes: u64,
+    /// GC_START to GC_END, elapsed.
+    pub gc_ms: f64,
+    pub max_pause_ms: f64,
+}
+
+/// The RTS's summary, as `+RTS -s` prints it, from the eventlog.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GcTable {
+    pub generations: Vec<GcGeneration>,
+    pub elapsed_ms: f64,
+    pub gc_ms: f64,
+    pub mutator_ms: f64,
+    pub allocated_bytes: u64,
+    pub copied_bytes: u64,
+    /// Largest live data after a major collection (`-s`: maximum residency).
+    pub max_residency: u64,
+    /// Largest heap size (`-s`: total memory in use).
+    pub memory_in_use: u64,
+    pub max_slop: u64,
+    /// GC_STATS_GHC frag when the heap was largest (`-s`: lost due to fragmentation).
+    pub fragmentation_at_peak: u64,
+    pub max_fragmentation: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GhcReport {
+    /// The trace, or the eventlog when it was read on its own.
+    pub source: String,
+    pub eventlog: String,
+    pub ghc_version: Option<String>,
+    pub rts: Option<String>,
+    pub argv: Vec<String>,
+    /// The eventlog stops before its end marker (the program was killed).
+    pub truncated: bool,
+    pub damage: Option<String>,
+    /// False for an eventlog made elsewhere: the figures are the RTS's alone.
+    pub rss_recorded: bool,
+    pub notes: Vec<String>,
+    pub duration_ms: f64,
+    pub timeline: Vec<GhcPoint>,
+    pub phases: Vec<GhcPhase>,
+    pub gc: GcTable,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GhcError {
+    #[error(transparent)]
+    Trace(#[from] fragscope_trace::TraceError),
+    #[error("cannot read the eventlog {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a readable GHC eventlog: {source}")]
+    Eventlog {
+        path: PathBuf,
+        source: fragscope_ghc::Error,
+    },
+    #[error("the trace references no GHC eventlog")]
+    NoEventlog,
+}
+
+/// Points kept in the report's timeline.
+const TIMELINE_POINTS: usize = 1200;
+/// Heap-profile rows per phase (the rest is summed as "other").
+const CLOSURE_TYPES_PER_PHASE: usize = 8;
+
+/// True when `bytes` start like a GHC eventlog ("hdrb", the header-begin marker).
+pub fn is_eventlog(bytes: &[u8]) -> bool {
+    bytes.starts_with(b"hdrb")
+}
+
+/// The eventlog a trace references, resolved against the trace's directory.
+pub fn referenced_eventlog(trace: &Path) -> Result<Option<PathBuf>, GhcError> {
+    let mut reader = TraceReader::open(trace)?;
+    Ok(match reader.next_chunk() {
+        Some(Chunk::Meta(m)) => m.ghc_eventlog.map(|e| {
+            let dir = trace.parent().unwrap_or(Path::new(""));
+            dir.join(e)
+        }),
+        _ => None,
+    })
+}
+
+/// The GHC report of an eventlog on its own (no RSS).
+pub fn analyze_eventlog_file(path: &Path) -> Result<GhcReport, GhcError> {
+    let log = read_eventlog(path)?;
+    let mut report = analyze(&log, None, 0.0);
+    report.source = path.display().to_string();
+    report.eventlog = path.display().to_string();
+    report.notes.insert(
+        0,
+        "read from an eventlog alone: no RSS was recorded, so the figures are the RTS's \
+         (heap size, blocks, live data); record the program with `fragscope record` for RSS \
+         and LazyFree"
+            .into(),
+    );
+    Ok(report)
+}
+
+/// The GHC report of a recorded GHC program: its eventlog with stream 0's RSS.
+pub fn analyze_trace(trace: &Path) -> Result<GhcReport, GhcError> {
+    let eventlog = referenced_eventlog(trace)?.ok_or(GhcError::NoEventlog)?;
+    let log = read_eventlog(&eventlog)?;
+    let mut reader = TraceReader::open(trace)?;
+    let mut start_unix_ns = 0u64;
+    let mut tick_ms = 1.0;
+    let mut main_stream: Option<u32> = None;
+    let mut start_tick = 0u64;
+    let mut rss: Vec<(u64, u64, u64, u64)> = Vec::new();
+    let mut lazy: Vec<(u64, u64)> = Vec::new();
+    while let Some(chunk) = reader.next_chunk() {
+        match chunk {
+            Chunk::Meta(m) => {
+                start_unix_ns = m.start_unix_ns;
+                tick_ms = m.tick_ns as f64 / 1e6;
+            }
+            Chunk::Process(p) if main_stream.is_none() => {
+                main_stream = Some(p.stream);
+                start_tick = p.start_tick;
+            }
+            Chunk::Rss(b) if Some(b.stream) == main_stream => {
+                rss.extend(b.samples.iter().map(|s| {
+                    (
+                        s.tick,
+                        s.vm_rss_kib * 1024,
+                        s.rss_anon_kib * 1024,
+                        (s.rss_file_kib + s.rss_shmem_kib) * 1024,
+                    )
+                }))
+            }
+            Chunk::Rollup(r) if Some(r.stream) == main_stream => {
+                lazy.push((r.tick, r.get("LazyFree").unwrap_or(0) * 1024))
+            }
+            _ => {}
+        }
+    }
+    rss.sort_by_key(|r| r.0);
+    lazy.sort_by_key(|r| r.0);
+    let points: Vec<RssPoint> = rss
+        .iter()
+        .map(|&(tick, rss, anon, file)| {
+            // LazyFree is read every 100 ms: the latest reading at or before the sample.
+            let i = lazy.partition_point(|l| l.0 <= tick);
+            RssPoint {
+                t_ms: tick as f64 * tick_ms,
+                rss,
+                rss_anon: anon,
+                rss_file: file,
+                lazy_free: if i > 0 { lazy[i - 1].1 } else { 0 },
+            }
+        })
+        .collect();
+    // Eventlog times count from the RTS's start: placed on the trace's clock by the
+    // wall-clock event when the log has it, else by the process's start.
+    let offset_ms = log
+        .events
+        .iter()
+        .find_map(|e| match e.kind {
+            EventKind::WallClockTime {
+                unix_seconds,
+                nanoseconds,
+                ..
+            } if start_unix_ns > 0 => {
+                let wall_ns = unix_seconds as f64 * 1e9 + f64::from(nanoseconds);
+                Some((wall_ns - start_unix_ns as f64 - e.time_ns as f64) / 1e6)
+            }
+            _ => None,
+        })
+        .unwrap_or(start_tick as f64 * tick_ms)
+        .max(0.0);
+    let mut report = analyze(
+        &log,
+        if points.is_empty() {
+            None
+        } else {
+            Some(&points)
+        },
+        offset_ms,
+    );
+    report.source = trace.display().to_string();
+    report.eventlog = eventlog.display().to_string();
+    if points.is_empty() {
+        report
+            .notes
+            .push("the trace holds no RSS sample of the program".into());
+    }
+    Ok(report)
+}
+
+fn read_eventlog(path: &Path) -> Result<Eventlog, GhcError> {
+    let bytes = std::fs::read(path).map_err(|source| GhcError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut log = Eventlog::parse_intact(&bytes).map_err(|source| GhcError::Eventlog {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    log.sort_by_time();
+    Ok(log)
+}
+
+/// The RTS's state after each event that changes it, in time order (ms on the RTS clock).
+#[derive(Debug, Clone, Copy, Default)]
+struct HeapState {
+    t_ms: f64,
+    live: u64,
+    heap_size: u64,
+    blocks_size: Option<u64>,
+    gc_frag: Option<u64>,
+    gc_slop: Option<u64>,
+}
+
+/// Analyses `log` (sorted by time). `rss` in time order on the recording's clock; the
+/// eventlog's time 0 is `offset_ms` on that clock.
+pub fn analyze(log: &Eventlog, rss: Option<&[RssPoint]>, offset_ms: f64) -> GhcReport {
+    let mut states: Vec<HeapState> = Vec::new();
+    let mut state = HeapState::default();
+    let mut gc = GcAccumulator::default();
+    for e in &log.events {
+        let t_ms = e.time_ns as f64 / 1e6 + offset_ms;
+        let before = (
+            state.live,
+            state.heap_size,
+            state.blocks_size,
+            state.gc_frag,
+        );
+        match &e.kind {
+            EventKind::HeapLive { bytes, .. } => state.live = *bytes,
+            EventKind::HeapSize { bytes, .. } => state.heap_size = *bytes,
+            EventKind::BlocksSize { bytes, .. } => state.blocks_size = Some(*bytes),
+            EventKind::GcStats(s) => {
+                state.gc_frag = Some(s.frag_bytes);
+                state.gc_slop = Some(s.slop_bytes);
+            }
+            _ => {}
+        }
+        gc.push(e, &state);
+        if before
+            != (
+                state.live,
+                state.heap_size,
+                state.blocks_size,
+                state.gc_frag,
+            )
+        {
+            state.t_ms = t_ms;
+            match states.last_mut() {
+                Some(last) if last.t_ms == t_ms => *last = state,
+                _ => states.push(state),
+            }
+        }
+    }
+    let end_ms = log
+        .events
+        .last()
+        .map_or(0.0, |e| e.time_ns as f64 / 1e6 + offset_ms);
+    let heap_at = |t_ms: f64| -> HeapState {
+        let i = states.partition_point(|s| s.t_ms <= t_ms);
+        if i == 0 {
+            HeapState::default()
+        } else {
+            states[i - 1]
+        }
+    };
+    // With RSS, a point per sample (every 10 ms); without, a point per change of the heap.
+    let full: Vec<GhcPoint> = match rss {
+        Some(rss) => rss
+            .iter()
+            .map(|r| point(r.t_ms, &heap_at(r.t_ms), Some(r)))
+            .collect(),
+        None => states.iter().map(|s| point(s.t_ms, s, None)).collect(),
+    };
+    let curve: Vec<(f64, u64, u64)> = full
+        .iter()
+        // VmRSS, not RSS minus LazyFree: a flat RSS over falling live data is the plateau
+        // seed 000 describes, and LazyFree moves as the kernel pleases.
+        .map(|p| (p.t_ms, p.rss.unwrap_or(p.heap_size), p.live))
+        .collect();
+    let profile = log.heap_profile();
+    let mut phases: Vec<GhcPhase> = phases::detect(&curve)
+        .into_iter()
+        .map(|span| {
+            let inside: Vec<&GhcPoint> = full
+                .iter()
+                .filter(|p| p.t_ms >= span.start_ms && p.t_ms <= span.end_ms)
+                .collect();
+            let mid = inside
+                .get(inside.len() / 2)
+                .copied()
+                .cloned()
+                .unwrap_or_else(|| point(span.start_ms, &heap_at(span.start_ms), None));
+            let (census_t_ms, closure_types) = census_near(
+                &profile,
+                (span.start_ms - offset_ms, span.end_ms - offset_ms),
+                mid.t_ms - offset_ms,
+                offset_ms,
+            );
+            GhcPhase {
+                start_ms: span.start_ms,
+                end_ms: span.end_ms,
+                kind: span.kind,
+                live_max: inside.iter().map(|p| p.live).max().unwrap_or(mid.live),
+                live_end: inside.last().map_or(mid.live, |p| p.live),
+                rss_max: inside.iter().filter_map(|p| p.rss).max(),
+                heap_size_max: inside
+                    .iter()
+                    .map(|p| p.heap_size)
+                    .max()
+                    .unwrap_or(mid.heap_size),
+                snapshot_t_ms: mid.t_ms,
+                decomposition: decompose(&mid),
+                census_t_ms,
+                closure_types,
+                pinned_note: None,
+            }
+        })
+        .collect();
+    add_pinned_notes(&mut phases);
+    let mut notes = Vec::new();
+    if log.is_truncated() {
+        notes.push(
+            "the eventlog stops before its end (the program was killed): it is read to its \
+             last whole event, and the RTS's start-up facts (version, arguments) are missing"
+                .into(),
+        );
+    }
+    if profile.samples.is_empty() {
+        notes.push(
+            "the eventlog has no heap profile (run the program with +RTS -hT for the \
+             closure-type breakdown)"
+                .into(),
+        );
+    }
+    GhcReport {
+        source: String::new(),
+        eventlog: String::new(),
+        ghc_version: log.ghc_version().map(str::to_owned),
+        rts: log.rts_identifier().map(str::to_owned),
+        argv: log
+            .program_args()
+            .map(<[String]>::to_vec)
+            .unwrap_or_default(),
+        truncated: log.is_truncated(),
+        damage: log.corruption.as_ref().map(|e| e.to_string()),
+        rss_recorded: rss.is_some(),
+        notes,
+        duration_ms: end_ms.max(full.last().map_or(0.0, |p| p.t_ms)),
+        timeline: thin(full, TIMELINE_POINTS),
+        phases,
+        gc: gc.finish(end_ms - offset_ms),
+    }
+}
+
+fn point(t_ms: f64, s: &HeapState, r: Option<&RssPoint>) -> GhcPoint {
+    GhcPoint {
+        t_ms,
+        live: s.live,
+        heap_size: s.heap_size,
+        blocks_size: s.blocks_size,
+        gc_frag: s.gc_frag,
+        gc_slop: s.gc_slop,
+        rss: r.map(|r| r.rss),
+        rss_anon: r.map(|r| r.rss_anon),
+        rss_file: r.map(|r| r.rss_file),
+        lazy_free: r.map(|r| r.lazy_free),
+        rss_minus_lazy_free: r.map(|r| r.rss.saturating_sub(r.lazy_free)),
+    }
+}
+
+/// Splits one moment into the parts of the model (see [`GhcDecomposition`]).
+pub fn decompose(p: &GhcPoint) -> GhcDecomposition {
+    // Blocks handed out by the block allocator: reported on 9.2+, else heap size minus
+    // the free blocks the last collection counted.
+    let blocks_in_use = match (p.blocks_size, p.gc_frag) {
+        (Some(b), _) => b.min(p.heap_size),
+        (None, Some(frag)) => p.heap_size.saturating_sub(frag),
+        (None, None) => p.heap_size,
+    };
+    let live = p.live.min(blocks_in_use);
+    let copy_reserve_and_slop = blocks_in_use - live;
+    let free_blocks = p.heap_size - blocks_in_use;
+    let mut d = GhcDecomposition {
+        t_ms: p.t_ms,
+        rss: p.rss,
+        live,
+        copy_reserve_and_slop,
+        free_resident_pages: free_blocks,
+        lazy_free: p.lazy_free,
+        heap_size: p.heap_size,
+        blocks_size: p.blocks_size,
+        gc_frag: p.gc_frag,
+        gc_slop: p.gc_slop,
+        rss_minus_lazy_free: p.rss_minus_lazy_free,
+        outside_live: p.heap_size.saturating_sub(p.live),
+        ..Default::default()
+    };
+    if let (Some(rss), Some(anon), Some(file), Some(lazy)) =
+        (p.rss, p.rss_anon, p.rss_file, p.lazy_free)
+    {
+        let non_heap = rss as i64 - p.heap_size as i64 - lazy as i64;
+        let other_anon = (anon as i64 - p.heap_size as i64 - lazy as i64).max(0) as u64;
+        let explained = live + copy_reserve_and_slop + free_blocks + lazy + other_anon + file;
+        d.other_anon = Some(other_anon);
+        d.file = Some(file);
+        d.unexplained = Some(rss as i64 - explained as i64);
+        d.non_heap = Some(non_heap);
+        d.outside_live = rss.saturating_sub(lazy).saturating_sub(p.live);
+    }
+    d
+}
+
+/// The census within `span` (on the RTS clock) nearest `t_rts_ms`, largest labels first.
+fn census_near(
+    profile: &HeapProfile,
+    span: (f64, f64),
+    t_rts_ms: f64,
+    offset_ms: f64,
+) -> (Option<f64>, Vec<ClosureType>) {
+    let within = |t_ns: u64| {
+        let t = t_ns as f64 / 1e6;
+        t >= span.0 && t <= span.1
+    };
+    let Some(sample) = profile
+        .samples
+        .iter()
+        .filter(|s| within(s.time_ns))
+        .min_by(|a, b| {
+            let da = (a.time_ns as f64 / 1e6 - t_rts_ms).abs();
+            let db = (b.time_ns as f64 / 1e6 - t_rts_ms).abs();
+            da.total_cmp(&db)
+        })
+    else {
+        return (None, Vec::new());
+    };
+    let mut by_label: BTreeMap<&str, u64> = BTreeMap::new();
+    for e in &sample.entries {
+        *by_label.entry(profile.label(e.label)).or_default() += e.residency_bytes;
+    }
+    let mut rows: Vec<ClosureType> = by_label
+        .into_iter()
+        .map(|(label, bytes)| ClosureType {
+            label: label.to_owned(),
+            bytes,
+        })
+        .collect();
+    rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.label.cmp(&b.label)));
+    if rows.len() > CLOSURE_TYPES_PER_PHASE {
+        let rest: u64 = rows[CLOSURE_TYPES_PER_PHASE..]
+            .iter()
+            .map(|r| r.bytes)
+            .sum();
+        rows.truncate(CLOSURE_TYPES_PER_PHASE);
+        rows.push(ClosureType {
+            label: "other".into(),
+            bytes: rest,
+        });
+    }
+    (Some(sample.time_ns as f64 / 1e6 + offset_ms), rows)
+}
+
+/// Seed 000: after a fall of live data, a plateau where ARR_WORDS dominates the profile
+/// points at pinned blocks kept whole by the few objects still alive in them.
+fn add_pinned_notes(phases: &mut [GhcPhase]) {
+    const FALL: f64 = 0.7;
+    const DOMINANT: f64 = 0.5;
+    let mut earlier_live_max = 0u64;
+    for phase in phases.iter_mut() {
+        let total: u64 = phase.closure_types.iter().map(|c| c.bytes).sum();
+        let arr_words = phase
+            .closure_types
+            .iter()
+            .find(|c| c.label == "ARR_WORDS")
+            .map_or(0, |c| c.bytes);
+        let live = phase.decomposition.live;
+        if phase.kind == PhaseKind::Plateau
+            && total > 0
+            && arr_words as f64 >= DOMINANT * total as f64
+            && (live as f64) < FALL * earlier_live_max as f64
+        {
+            phase.pinned_note = Some(format!(
+                "ARR_WORDS is {:.0}% of the heap profile on this plateau, after live data fell \
+                 from {} to {}: pinned blocks are the likely cause. Byte arrays of \
+                 ByteString, Text and storable vectors are pinned; the RTS never moves pinned \
+                 data and keeps a whole pinned block (and its megablock) while any object in it \
+                 lives, and the heap profile counts such a block as live. Copy what you keep \
+                 (Data.ByteString.copy) so the survivors share few blocks.",
+                100.0 * arr_words as f64 / total as f64,
+                mib(earlier_live_max),
+                mib(live)
+            ));
+        }
+        earlier_live_max = earlier_live_max.max(phase.live_max);
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+/// At most `n` points, evenly spaced, keeping the last.
+fn thin<T: Clone>(v: Vec<T>, n: usize) -> Vec<T> {
+    if v.len() <= n || n < 2 {
+        return v;
+    }
+    let step = (v.len() - 1) as f64 / (n - 1) as f64;
+    (0..n)
+        .map(|i| v[((i as f64 * step).round() as usize).min(v.len() - 1)].clone())
+        .collect()
+}
+
+#[derive(Default)]
+struct GcAccumulator {
+    generations: BTreeMap<u16, GcGeneration>,
+    gc_start_ns: Option<u64>,
+    gc_end_ns: Option<u64>,
+    allocated: BTreeMap<Option<u16>, u64>,
+    copied: u64,
+    max_residency: u64,
+    memory_in_use: u64,
+    frag_at_peak: u64,
+    max_frag: u64,
+    max_slop: u64,
+    oldest_generation: u16,
+    live_before_stats: Option<u64>,
+}
+
+impl GcAccumulator {
+    fn push(&mut self, e: &fragscope_ghc::Event, state: &HeapState) {
+        match &e.kind {
+            EventKind::HeapInfo(info) => {
+                self.oldest_generation = info.generations.saturating_sub(1)
+            }
+            // Every capability takes part in a parallel collection: from the first start
+            // to the last end.
+            EventKind::GcStart => {
+                self.gc_start_ns.get_or_insert(e.time_ns);
+            }
+            EventKind::GcEnd => self.gc_end_ns = Some(e.time_ns),
+            EventKind::HeapAllocated { bytes, .. } => {
+                self.allocated.insert(e.capability, *bytes);
+            }
+            EventKind::HeapLive { bytes, .. } => self.live_before_stats = Some(*bytes),
+            EventKind::HeapSize { bytes, .. } if *bytes > self.memory_in_use => {
+                self.memory_in_use = *bytes;
+                self.frag_at_peak = state.gc_frag.unwrap_or(0);
+            }
+            EventKind::GcStats(s) => {
+                let pause_ms = match (self.gc_start_ns, self.gc_end_ns) {
+                    (Some(a), Some(b)) if b >= a => (b - a) as f64 / 1e6,
+                    _ => 0.0,
+                };
+                self.gc_start_ns = None;
+                self.gc_end_ns = None;
+                let g = self
+                    .generations
+                    .entry(s.generation)
+                    .or_insert(GcGeneration {
+                        generation: s.generation,
+                        collections: 0,
+                        copied_bytes: 0,
+                        gc_ms: 0.0,
+                        max_pause_ms: 0.0,
+                    });
+                g.collections += 1;
+                g.copied_bytes += s.copied_bytes;
+                g.gc_ms += pause_ms;
+                g.max_pause_ms = g.max_pause_ms.max(pause_ms);
+                self.copied += s.copied_bytes;
+                self.max_slop = self.max_slop.max(s.slop_bytes);
+                self.max_frag = self.max_frag.max(s.frag_bytes);
+                if state.heap_size >= self.memory_in_use {
+                    self.frag_at_peak = s.frag_bytes;
+                }
+                // `-s` counts residency after major collections only.
+                if s.generation >= self.oldest_generation {
+                    if let Some(live) = self.live_before_stats {
+                        self.max_residency = self.max_residency.max(live);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn finish(self, elapsed_ms: f64) -> GcTable {
+        let gc_ms: f64 = self.generations.values().map(|g| g.gc_ms).sum();
+        GcTable {
+            generations: self.generations.into_values().collect(),
+            elapsed_ms: elapsed_ms.max(0.0),
+            gc_ms,
+            mutator_ms: (elapsed_ms - gc_ms).max(0.0),
+            allocated_bytes: self.allocated.values().sum(),
+            copied_bytes: self.copied,
+            max_residency: self.max_residency,
+            memory_in_use: self.memory_in_use,
+            max_slop: self.max_slop,
+            fragmentation_at_peak: self.frag_at_peak,
+            max_fragmentation: self.max_frag,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_parts_add_up_to_rss() {
+        let p = GhcPoint {
+            t_ms: 1.0,
+            live: 100,
+            heap_size: 1000,
+            blocks_size: None,
+            gc_frag: Some(300),
+            gc_slop: Some(5),
+            rss: Some(2000),
+            rss_anon: Some(1800),
+            rss_file: Some(200),
+            lazy_free: Some(500),
+            rss_minus_lazy_free: Some(1500),
+        };
+        let d = decompose(&p);
+        assert_eq!(d.live, 100);
+        assert_eq!(d.free_resident_pages, 300);
+        assert_eq!(d.copy_reserve_and_slop, 600);
+        assert_eq!(d.other_anon, Some(300));
+        assert_eq!(d.unexplained, Some(0));
+        assert_eq!(d.outside_live, 1400);
+        let sum = d.live
+            + d.copy_reserve_and_slop
+            + d.free_resident_pages
+            + d.lazy_free.unwrap()
+            + d.other_anon.unwrap()
+            + d.file.unwrap();
+        assert_eq!(sum as i64 + d.unexplained.unwrap(), 2000);
+    }
+
+    #[test]
+    fn blocks_size_wins_over_frag_when_present() {
+        let p = GhcPoint {
+            t_ms: 0.0,
+            live: 10,
+            heap_size: 100,
+            blocks_size: Some(60),
+            gc_frag: Some(10),
+            gc_slop: None,
+            rss: None,
+            rss_anon: None,
+            rss_file: None,
+            lazy_free: None,
+            rss_minus_lazy_free: None,
+        };
+        let d = decompose(&p);
+        assert_eq!((d.free_resident_pages, d.copy_reserve_and_slop), (40, 50));
+        assert_eq!(d.outside_live, 90);
+        assert_eq!(d.unexplained, None);
+    }
+}
