@@ -179,6 +179,10 @@ pub struct MergeStats {
 struct ThreadQueue {
     tid: u32,
     queue: VecDeque<Merged>,
+    /// For each queued call, its estimated place inside its tick (0..65535): the k-th of
+    /// a thread's n calls in one tick is put at k/n of it. Across threads the merge takes
+    /// the earliest estimate among the calls it may take, not the first thread's.
+    within_tick: VecDeque<u16>,
     /// No future call of this thread has an earlier tick.
     known_through: u64,
     /// The thread sent its last buffer: the merge no longer waits for it.
@@ -271,6 +275,7 @@ impl Merger {
             self.threads.push(ThreadQueue {
                 tid: h.tid,
                 queue: VecDeque::new(),
+                within_tick: VecDeque::new(),
                 known_through: 0,
                 exited: false,
                 stacks: HashMap::new(),
@@ -279,6 +284,7 @@ impl Merger {
         });
         let mut d = ChunkDecoder::new(records, h.first_tick, &mut self.usable);
         let t = &mut self.threads[ti];
+        let queued_before = t.queue.len();
         let mut result = Ok(());
         loop {
             let rec = match d.next_record() {
@@ -354,6 +360,7 @@ impl Merger {
                 Record::OwnMemory { bytes } => self.own_memory = self.own_memory.max(bytes),
             }
         }
+        spread_within_ticks(t, queued_before);
         t.known_through = t.known_through.max(h.last_tick).max(d.tick());
         t.exited = h.thread_exited;
         self.max_seen = self.max_seen.max(t.known_through);
@@ -416,20 +423,21 @@ impl Merger {
             if tick > watermark {
                 continue;
             }
+            let when = (tick << 16) | u64::from(t.within_tick.front().copied().unwrap_or(0));
             if !alone && self.blocked(head) {
-                if oldest_blocked.is_none_or(|(bt, _)| tick < bt) {
-                    oldest_blocked = Some((tick, i));
+                if oldest_blocked.is_none_or(|(bw, _)| when < bw) {
+                    oldest_blocked = Some((when, i));
                 }
-            } else if best.is_none_or(|(bt, _)| tick < bt) {
-                best = Some((tick, i));
+            } else if best.is_none_or(|(bw, _)| when < bw) {
+                best = Some((when, i));
             }
         }
         // A blocked call is merged anyway (forced) once waiting longer cannot help.
         let i = match (best, oldest_blocked) {
             (Some((_, i)), _) => i,
-            (None, Some((tick, i)))
+            (None, Some((when, i)))
                 if self.finishing
-                    || tick + WAIT_WINDOW_TICKS < self.max_seen
+                    || (when >> 16) + WAIT_WINDOW_TICKS < self.max_seen
                     || self.pending > MAX_PENDING =>
             {
                 i
@@ -437,6 +445,7 @@ impl Merger {
             _ => return None,
         };
         let mut m = self.threads[i].queue.pop_front()?;
+        self.threads[i].within_tick.pop_front();
         self.pending -= 1;
         let tick = merged_tick_mut(&mut m);
         if *tick < self.last_tick {
@@ -469,6 +478,23 @@ impl Merger {
     /// Thread ids seen, in order of first appearance.
     pub fn threads(&self) -> impl Iterator<Item = u32> + '_ {
         self.threads.iter().map(|t| t.tid)
+    }
+}
+
+/// Gives the calls queued from `from` on their estimated places inside their ticks.
+fn spread_within_ticks(t: &mut ThreadQueue, from: usize) {
+    let mut start = from;
+    while start < t.queue.len() {
+        let tick = merged_tick(&t.queue[start]);
+        let mut end = start + 1;
+        while end < t.queue.len() && merged_tick(&t.queue[end]) == tick {
+            end += 1;
+        }
+        let n = (end - start) as u64;
+        for k in 0..n {
+            t.within_tick.push_back((k * 65536 / n) as u16);
+        }
+        start = end;
     }
 }
 
