@@ -1,0 +1,307 @@
+//! GHC programs: `fragscope report` on eventlogs alone (the fixtures of fragscope-ghc), and
+//! the acceptance case of seed 000 — ../shared/cases/ghc/Pinned.hs built with Debian's ghc
+//! and recorded, strip (every 10th ByteString kept: pinned blocks stay) vs take (the first
+//! tenth kept: whole blocks freed).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use fragscope_ghc::{EventKind, Eventlog};
+use serde_json::Value;
+
+const FRAGSCOPE: &str = env!("CARGO_BIN_EXE_fragscope");
+const MIB: f64 = 1024.0 * 1024.0;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fragscope-ghc/tests/fixtures/{name}"))
+}
+
+fn report_json(path: &Path) -> Value {
+    let out = Command::new(FRAGSCOPE)
+        .args(["report", "--json"])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "report failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+/// (HEAP_LIVE values, HEAP_SIZE values) of an eventlog.
+fn heap_series(path: &Path) -> (Vec<u64>, Vec<u64>) {
+    let log = Eventlog::parse(&std::fs::read(path).unwrap()).unwrap();
+    let mut live = Vec::new();
+    let mut size = Vec::new();
+    for e in &log.events {
+        match e.kind {
+            EventKind::HeapLive { bytes, .. } => live.push(bytes),
+            EventKind::HeapSize { bytes, .. } => size.push(bytes),
+            _ => {}
+        }
+    }
+    (live, size)
+}
+
+fn plateaus(report: &Value) -> Vec<&Value> {
+    report["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["kind"] == "plateau")
+        .collect()
+}
+
+#[test]
+fn an_eventlog_alone_is_reported_without_rss() {
+    for mode in ["strip", "take"] {
+        let path = fixture(&format!("pinned-{mode}-200000.eventlog"));
+        let r = report_json(&path);
+        assert_eq!(r["rss_recorded"], false);
+        assert!(r["notes"][0].as_str().unwrap().contains("no RSS"), "{r}");
+        assert_eq!(r["ghc_version"], "9.0.2");
+        let (live, size) = heap_series(&path);
+        assert_eq!(u(&r["gc"]["memory_in_use"]), *size.iter().max().unwrap());
+        assert!(u(&r["gc"]["max_residency"]) <= *live.iter().max().unwrap());
+        assert!(u(&r["gc"]["max_residency"]) > 20 << 20);
+        let gens = r["gc"]["generations"].as_array().unwrap();
+        assert_eq!(gens.len(), 2, "{gens:?}");
+        for p in r["timeline"].as_array().unwrap() {
+            assert!(p["rss"].is_null());
+            let d = fragscope_heap_parts(p);
+            assert_eq!(d, u(&p["heap_size"]));
+        }
+        let ps = plateaus(&r);
+        assert!(ps.len() >= 2, "{mode}: {ps:?}");
+        let last = ps.last().unwrap();
+        let top = &last["closure_types"][0];
+        if mode == "strip" {
+            // Seed 000: ARR_WORDS dominates the second plateau, kept by pinned blocks.
+            assert_eq!(top["label"], "ARR_WORDS", "{last}");
+            assert!(last["pinned_note"]
+                .as_str()
+                .unwrap()
+                .contains("pinned blocks"));
+        } else {
+            assert!(last["pinned_note"].is_null(), "{last}");
+        }
+    }
+}
+
+/// Heap size rebuilt from the parts at one timeline point: live, plus blocks in use
+/// beyond it, plus free blocks (GC frag).
+fn fragscope_heap_parts(p: &Value) -> u64 {
+    let heap = u(&p["heap_size"]);
+    let frag = p["gc_frag"].as_u64().unwrap_or(0).min(heap);
+    let in_use = heap - frag;
+    let live = u(&p["live"]).min(in_use);
+    live + (in_use - live) + frag
+}
+
+#[test]
+fn a_file_that_is_neither_trace_nor_eventlog_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("junk.eventlog");
+    std::fs::write(&path, b"hdrbxxxx").unwrap();
+    let out = Command::new(FRAGSCOPE)
+        .arg("report")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("eventlog"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// Builds Pinned.hs with `ghc -O -rtsopts -eventlog` (and, with `eventlog` false,
+/// without -eventlog); `None` when ghc or the case is missing.
+fn build_pinned(dir: &Path, eventlog: bool) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/cases/ghc/Pinned.hs");
+    if !src.exists() || Command::new("ghc").arg("--version").output().is_err() {
+        eprintln!("skipped: ghc or {} is missing", src.display());
+        return None;
+    }
+    let tag = if eventlog { "eventlog" } else { "plain" };
+    let exe = dir.join(format!("Pinned-{tag}"));
+    let mut cmd = Command::new("ghc");
+    cmd.args(["-O", "-rtsopts"]);
+    if eventlog {
+        cmd.arg("-eventlog");
+    }
+    let out = cmd
+        .arg("-outputdir")
+        .arg(dir.join(format!("build-{tag}")))
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ghc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(exe)
+}
+
+/// `fragscope record` of `exe n mode +RTS -s`: (trace, fragscope's and the RTS's stderr).
+fn record(dir: &Path, exe: &Path, n: u32, mode: &str) -> (PathBuf, String) {
+    let trace = dir.join(format!("{mode}.fsc"));
+    let out = Command::new(FRAGSCOPE)
+        .current_dir(dir)
+        .arg("record")
+        .arg("-o")
+        .arg(&trace)
+        .arg("--")
+        .arg(exe)
+        .args([&n.to_string(), mode, "+RTS", "-s", "-RTS"])
+        .env_remove("GHCRTS")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "record failed: {stderr}");
+    (trace, stderr)
+}
+
+/// A number before `label` on a line of `+RTS -s` ("223,903,464 bytes maximum residency").
+fn rts_s_figure(stderr: &str, label: &str) -> u64 {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains(label))
+        .unwrap_or_else(|| panic!("no '{label}' in: {stderr}"));
+    line.split_whitespace()
+        .next()
+        .unwrap()
+        .replace(',', "")
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn pinned_strip_keeps_three_times_the_memory_outside_live_data_of_take() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_pinned(dir.path(), true) else {
+        return;
+    };
+    const N: u32 = 2_000_000;
+    let mut outside = Vec::new();
+    for mode in ["strip", "take"] {
+        let (trace, stderr) = record(dir.path(), &exe, N, mode);
+        let eventlog = dir.path().join(format!("{mode}.eventlog"));
+        assert!(stderr.contains("GHC eventlog written"), "{stderr}");
+        let r = report_json(&trace);
+        assert_eq!(r["rss_recorded"], true, "{mode}");
+        assert_eq!(r["argv"][1], N.to_string());
+
+        // Seed 000's two plateaus: the first holds the whole superset, the second a tenth.
+        let ps = plateaus(&r);
+        assert!(ps.len() >= 2, "{mode}: {:#}", r["phases"]);
+        let first = ps
+            .iter()
+            .max_by_key(|p| u(&p["live_max"]))
+            .copied()
+            .unwrap();
+        let second = *ps.last().unwrap();
+        assert!(u(&first["live_max"]) > 150 << 20, "{first}");
+        assert!(
+            u(&second["decomposition"]["live"]) * 2 < u(&first["live_max"]),
+            "{mode}: {second}"
+        );
+        assert!(second["start_ms"].as_f64() > first["start_ms"].as_f64());
+
+        // The figures are the eventlog's and /proc's.
+        let d = &second["decomposition"];
+        let (live, size) = heap_series(&eventlog);
+        assert!(live.contains(&u(&d["live"])), "{mode}: {d}");
+        assert!(size.contains(&u(&d["heap_size"])), "{mode}: {d}");
+        let rss = u(&d["rss"]);
+        let lazy = u(&d["lazy_free"]);
+        assert_eq!(u(&d["rss_minus_lazy_free"]), rss - lazy);
+        assert_eq!(u(&d["outside_live"]), rss - lazy - u(&d["live"]));
+        let parts: u64 = [
+            "live",
+            "copy_reserve_and_slop",
+            "free_resident_pages",
+            "lazy_free",
+            "other_anon",
+            "file",
+        ]
+        .iter()
+        .map(|k| u(&d[k]))
+        .sum();
+        let unexplained = d["unexplained"].as_i64().unwrap();
+        assert_eq!(parts as i64 + unexplained, rss as i64, "{d}");
+        assert!(unexplained.unsigned_abs() < rss / 20, "{mode}: {d}");
+
+        // And agree with the RTS's own summary where it reports the same quantity.
+        let g = &r["gc"];
+        assert_eq!(
+            u(&g["max_residency"]),
+            rts_s_figure(&stderr, "bytes maximum residency"),
+            "{mode}"
+        );
+        assert_eq!(
+            u(&g["memory_in_use"]) >> 20,
+            rts_s_figure(&stderr, "MiB total memory in use"),
+            "{mode}"
+        );
+        assert_eq!(
+            u(&g["copied_bytes"]),
+            rts_s_figure(&stderr, "bytes copied during GC"),
+            "{mode}"
+        );
+        eprintln!(
+            "{mode}: second plateau at {:.2} s: RSS {:.1} MiB, LazyFree {:.1} MiB, live {:.1} \
+             MiB, heap {:.1} MiB, free blocks {:.1} MiB, outside live {:.1} MiB",
+            second["snapshot_t_ms"].as_f64().unwrap() / 1000.0,
+            rss as f64 / MIB,
+            lazy as f64 / MIB,
+            u(&d["live"]) as f64 / MIB,
+            u(&d["heap_size"]) as f64 / MIB,
+            u(&d["free_resident_pages"]) as f64 / MIB,
+            u(&d["outside_live"]) as f64 / MIB
+        );
+        if mode == "strip" {
+            assert!(second["pinned_note"].is_string(), "{second}");
+        }
+        outside.push(u(&d["outside_live"]));
+    }
+    assert!(
+        outside[0] >= 3 * outside[1],
+        "strip keeps {} MiB outside live data, take {} MiB",
+        outside[0] >> 20,
+        outside[1] >> 20
+    );
+}
+
+#[test]
+fn a_ghc_program_without_eventlog_is_recorded_with_advice() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_pinned(dir.path(), false) else {
+        return;
+    };
+    let (trace, stderr) = record(dir.path(), &exe, 20_000, "take");
+    assert!(
+        stderr.contains("rebuild it with `ghc -eventlog -rtsopts`"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("take.eventlog").exists());
+    // The RSS is still there: the malloc report reads it.
+    let out = Command::new(FRAGSCOPE)
+        .arg("report")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
