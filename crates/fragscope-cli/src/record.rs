@@ -27,6 +27,10 @@ enum Stacks {
 /// and stderr are its own, and fragscope exits with its exit status (128+N if signal N
 /// ended it). Children (fork, exec, posix_spawn) are recorded too.
 ///
+/// A GHC-compiled program is also asked for its RTS eventlog with a -hT heap profile
+/// (GHCRTS gains `-l -hT -i0.1 -ol<trace>.eventlog`, after your own flags), written beside
+/// the trace; if its RTS would refuse the flags, fragscope says which to rebuild with.
+///
 /// Example: fragscope record -o run.fsc -- ./server --port 8080
 #[derive(Args)]
 pub struct RecordArgs {
