@@ -1,5 +1,6 @@
 //! The `fragscope` command line.
 
+mod compare;
 mod ghc_report;
 mod info;
 mod progress;
@@ -33,6 +34,7 @@ enum Command {
     Record(record::RecordArgs),
     Info(info::InfoArgs),
     Report(report::ReportArgs),
+    Compare(compare::CompareArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +43,7 @@ fn main() -> ExitCode {
         Command::Record(a) => record::run(a),
         Command::Info(a) => info::run(a),
         Command::Report(a) => report::run(a),
+        Command::Compare(a) => compare::run(a),
     };
     match result {
         Ok(code) => code,

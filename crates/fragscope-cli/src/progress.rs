@@ -17,3 +17,17 @@ pub fn bar(total: u64, message: &'static str) -> indicatif::ProgressBar {
     bar.set_message(message);
     bar
 }
+
+/// A bar counting steps (runs of a comparison), hidden when stderr is not a terminal.
+pub fn steps(total: u64, message: &'static str) -> indicatif::ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ({elapsed})")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message(message);
+    bar
+}
