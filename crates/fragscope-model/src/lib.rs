@@ -11,6 +11,7 @@ pub mod compare;
 pub mod ghc;
 pub mod heap;
 pub mod phases;
+pub mod replay;
 pub mod report;
 pub mod symbols;
 
