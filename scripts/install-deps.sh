@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what fragscope and its tests need on Debian/Ubuntu: a C compiler, libunwind
-# (stacks), the allocators the tests and `compare` run programs under, and GHC (the
-# tests build a Haskell program and record its eventlog).
+# (stacks), the allocators the tests and `compare` run programs under, GHC (the tests
+# build a Haskell program and record its eventlog) and Chromium (the tests load the HTML
+# report in a headless browser).
 # With --bench, also heaptrack and hyperfine (the benchmark's reference points).
 set -euo pipefail
 pkgs=(build-essential pkg-config libunwind8 libunwind-dev libjemalloc2 libjemalloc-dev
-      libgoogle-perftools-dev libmimalloc-dev ghc)
+      libgoogle-perftools-dev libmimalloc-dev ghc chromium)
 [[ "${1:-}" == "--bench" ]] && pkgs+=(heaptrack hyperfine time)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -9,7 +9,7 @@ cargo clippy --workspace --release --all-targets -- -D warnings
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
-cargo test --workspace --release --lib --bins --tests 2>&1 | tee "$log"
+cargo test --workspace --release --no-fail-fast --lib --bins --tests 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 # One closing line for the whole suite (cargo prints one per test binary).

@@ -28,6 +28,7 @@ use crate::units::bytes;
 ///   fragscope compare --allocators glibc,jemalloc --variant jemalloc:MALLOC_CONF=dirty_decay_ms:0 -- ./prog
 ///   fragscope compare --variant glibc:MALLOC_ARENA_MAX=2 --runs 3 -- ./prog
 ///   fragscope compare strip.fsc take.fsc
+///   fragscope compare strip.fsc take.fsc --html compare.html
 #[derive(Args)]
 #[command(verbatim_doc_comment)]
 pub struct CompareArgs {
@@ -55,6 +56,9 @@ pub struct CompareArgs {
     /// Print one JSON document instead of the table.
     #[arg(long)]
     json: bool,
+    /// Also write the comparison as one self-contained HTML page to FILE.
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
     /// The program to run and its arguments.
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<OsString>,
@@ -77,6 +81,9 @@ struct Column {
     traces: Vec<String>,
     #[serde(flatten)]
     figures: RunFigures,
+    /// The report of the (last) run, for --html.
+    #[serde(skip)]
+    report: Option<fragscope_model::Report>,
 }
 
 /// Where Debian puts each allocator, and the package that does.
@@ -148,7 +155,12 @@ fn configs(a: &CompareArgs) -> Result<Vec<Config>> {
 }
 
 /// Records one run of the command under `c`; returns the trace and the figures.
-fn run_once(a: &CompareArgs, c: &Config, dir: &Path, n: usize) -> Result<(PathBuf, RunFigures)> {
+fn run_once(
+    a: &CompareArgs,
+    c: &Config,
+    dir: &Path,
+    n: usize,
+) -> Result<(PathBuf, RunFigures, fragscope_model::Report)> {
     let slug: String = c
         .label
         .chars()
@@ -201,7 +213,7 @@ fn run_once(a: &CompareArgs, c: &Config, dir: &Path, n: usize) -> Result<(PathBu
     let mut f = RunFigures::of(&report);
     f.wall_ms = Some(wall_ms);
     f.cpu_ms = Some(cpu_ms);
-    Ok((trace, f))
+    Ok((trace, f, report))
 }
 
 /// User + system CPU of all waited-for children so far.
@@ -231,6 +243,7 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
                     runs: 1,
                     traces: vec![t.display().to_string()],
                     figures: RunFigures::of(&report),
+                    report: a.html.is_some().then_some(report),
                 })
             })
             .collect::<Result<Vec<_>>>()?
@@ -257,11 +270,13 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
         for (i, c) in configs.iter().enumerate() {
             let mut figures = Vec::new();
             let mut traces = Vec::new();
+            let mut last = None;
             for n in 0..a.runs as usize {
                 bar.set_message(format!("running under {}", c.label));
-                let (t, f) = run_once(&a, c, &dir, n)?;
+                let (t, f, report) = run_once(&a, c, &dir, n)?;
                 traces.push(t.display().to_string());
                 figures.push(f);
+                last = a.html.is_some().then_some(report);
                 bar.inc(1);
             }
             let alloc = c.label.split(' ').next().unwrap_or("");
@@ -275,17 +290,23 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
                 runs: figures.len(),
                 traces: if a.keep.is_some() { traces } else { Vec::new() },
                 figures: RunFigures::median(&figures),
+                report: last,
             });
         }
         bar.finish_and_clear();
         cols
     };
+    if let Some(path) = &a.html {
+        let reports: Vec<_> = columns.iter().map(|c| c.report.as_ref()).collect();
+        crate::html::write_compare(path, &serde_json::to_value(&columns)?, &reports)?;
+        eprintln!("fragscope: wrote {}", path.display());
+    }
     if a.json {
         println!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({ "columns": columns }))?
         );
-    } else {
+    } else if a.html.is_none() {
         print!("{}", render(&columns));
     }
     Ok(ExitCode::SUCCESS)

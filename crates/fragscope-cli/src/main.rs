@@ -2,6 +2,7 @@
 
 mod compare;
 mod ghc_report;
+mod html;
 mod info;
 mod progress;
 mod record;

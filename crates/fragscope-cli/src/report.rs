@@ -20,6 +20,7 @@ use crate::units::{bytes, count};
 /// Examples:
 ///   fragscope report run.fsc
 ///   fragscope report run.fsc --json > report.json
+///   fragscope report run.fsc --html report.html
 ///   fragscope report run.fsc --pid 4242 --sparse-pct 25
 ///   fragscope report prog.eventlog
 ///
@@ -34,6 +35,9 @@ pub struct ReportArgs {
     /// Print the whole report as one JSON document (see docs/report-json.md).
     #[arg(long)]
     json: bool,
+    /// Also write the report as one self-contained HTML page (charts, flame graphs) to FILE.
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
     /// Analyse this process (default: the one with the highest RSS; see `fragscope info`).
     #[arg(long)]
     pid: Option<u32>,
@@ -47,7 +51,7 @@ pub struct ReportArgs {
 }
 
 pub fn run(a: ReportArgs) -> Result<ExitCode> {
-    if let Some(code) = crate::ghc_report::run_if_ghc(&a.trace, a.json)? {
+    if let Some(code) = crate::ghc_report::run_if_ghc(&a.trace, a.json, a.html.as_deref())? {
         return Ok(code);
     }
     let size = std::fs::metadata(&a.trace)
@@ -58,10 +62,19 @@ pub fn run(a: ReportArgs) -> Result<ExitCode> {
         pid: a.pid,
         sparse_pct: a.sparse_pct,
         top: a.top,
+        all_sites: a.html.is_some(),
     };
-    let report = analyze(&a.trace, &opts, |done, _| bar.set_position(done))
+    let mut report = analyze(&a.trace, &opts, |done, _| bar.set_position(done))
         .with_context(|| format!("analysing {}", a.trace.display()))?;
     bar.finish_and_clear();
+    if let Some(path) = &a.html {
+        crate::html::write_report(path, &report)?;
+        eprintln!("fragscope: wrote {}", path.display());
+        report.all_sites.clear();
+        if !a.json {
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

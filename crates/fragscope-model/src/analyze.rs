@@ -28,6 +28,9 @@ pub struct Options {
     pub sparse_pct: u32,
     /// Rows per site table.
     pub top: usize,
+    /// Also list every allocation site with its stack (`Report::all_sites`), for flame
+    /// graphs and exports.
+    pub all_sites: bool,
 }
 
 impl Default for Options {
@@ -36,6 +39,7 @@ impl Default for Options {
             pid: None,
             sparse_pct: 10,
             top: 10,
+            all_sites: false,
         }
     }
 }
@@ -149,8 +153,10 @@ impl Stream {
                     source,
                     values,
                 } => {
-                    self.allocator = Some(source.name());
-                    self.stats.push((tick, source, values, self.usable_bytes));
+                    if !values.is_empty() {
+                        self.allocator = Some(source.name());
+                        self.stats.push((tick, source, values, self.usable_bytes));
+                    }
                 }
             }
         }
@@ -347,7 +353,7 @@ pub fn analyze(
     let focus_snapshot = focus_of(&snapshots);
     let phases = phases_of(&timeline_full, &snapshots);
     let (size_classes, size_class_history) = size_classes(s, focus_snapshot, tick_ms);
-    let sites = sites(s, focus_snapshot, opts, stacks, tick_ms);
+    let (sites, all_sites) = sites(s, focus_snapshot, opts, stacks, tick_ms);
     let peak_rss = timeline_full
         .iter()
         .max_by_key(|p| p.1)
@@ -385,18 +391,36 @@ pub fn analyze(
         size_classes,
         size_class_history,
         sites,
+        all_sites,
         processes,
     })
 }
 
-/// The snapshot the report explains: the most heap waste, among snapshots that still hold
-/// a meaningful amount of live data (at teardown a program frees everything, and the
-/// empty heap left then says nothing about what pinned it while it ran).
+/// The snapshot the report explains: the most heap waste that lasted, among snapshots
+/// that still hold a meaningful amount of live data (at teardown a program frees
+/// everything, and the empty heap left then says nothing about what pinned it while it
+/// ran). Waste lasts from one snapshot to the next as far as both show it, and the one
+/// showing the lasting part stands for it: an instant during a ramp is not what a user
+/// asks about, and two runs of one program then agree on the moment.
 fn focus_of(snapshots: &[Snapshot]) -> Option<usize> {
     let max_live = snapshots.iter().map(|s| s.parts.live).max()?;
-    (0..snapshots.len())
+    let candidates: Vec<usize> = (0..snapshots.len())
         .filter(|&i| snapshots[i].parts.live * 100 >= max_live)
-        .max_by_key(|&i| snapshots[i].parts.heap_waste())
+        .collect();
+    let waste = |i: usize| snapshots[i].parts.heap_waste();
+    if candidates.len() == 1 {
+        return candidates.first().copied();
+    }
+    candidates
+        .windows(2)
+        .map(|w| {
+            if waste(w[0]) < waste(w[1]) {
+                w[0]
+            } else {
+                w[1]
+            }
+        })
+        .max_by_key(|&i| waste(i))
 }
 
 fn lazy_free_bytes(r: &Rollup) -> u64 {
@@ -805,7 +829,14 @@ fn is_allocator_frame(f: &Frame) -> bool {
     WRAPPERS.iter().any(|w| name.starts_with(w))
 }
 
-fn sites(s: &Stream, focus: Option<usize>, opts: &Options, stacks: &str, tick_ms: f64) -> Sites {
+/// The site tables, and every site (sorted by stack id) when `opts.all_sites`.
+fn sites(
+    s: &Stream,
+    focus: Option<usize>,
+    opts: &Options,
+    stacks: &str,
+    tick_ms: f64,
+) -> (Sites, Vec<Site>) {
     let empty = |t_ms| Sites {
         stacks: stacks.into(),
         t_ms,
@@ -816,7 +847,7 @@ fn sites(s: &Stream, focus: Option<usize>, opts: &Options, stacks: &str, tick_ms
         by_allocations: Vec::new(),
     };
     if stacks == "none" {
-        return empty(None);
+        return (empty(None), Vec::new());
     }
     let at: HashMap<u32, &SiteAtSnapshot> = focus
         .map(|f| s.evaluated[f].sites.iter().map(|x| (x.stack, x)).collect())
@@ -871,13 +902,19 @@ fn sites(s: &Stream, focus: Option<usize>, opts: &Options, stacks: &str, tick_ms
     let by_pinned_waste = pick(&|id| at.get(id).map_or(0.0, |x| x.pinned_waste));
     let by_allocated_bytes = pick(&|id| s.site_allocs.get(id).map_or(0.0, |x| x.1));
     let by_allocations = pick(&|id| s.site_allocs.get(id).map_or(0.0, |x| x.0));
-    Sites {
+    let mut all = Vec::new();
+    if opts.all_sites {
+        ids.sort_unstable();
+        all = ids.iter().map(|&id| make(id)).collect();
+    }
+    let tables = Sites {
         by_live_bytes,
         by_pinned_waste,
         by_allocated_bytes,
         by_allocations,
         ..empty(focus.map(|f| s.evaluated[f].tick as f64 * tick_ms))
-    }
+    };
+    (tables, all)
 }
 
 fn headline(peak_rss: (f64, u64), peak_live: (u64, f64), focus: Option<&Snapshot>) -> Headline {

@@ -13,6 +13,8 @@ pub enum PhaseKind {
     Growth,
     Plateau,
     Decline,
+    /// Rises and falls with no level held long enough to be a plateau.
+    Churn,
 }
 
 impl PhaseKind {
@@ -21,6 +23,7 @@ impl PhaseKind {
             Self::Growth => "growth",
             Self::Plateau => "plateau",
             Self::Decline => "decline",
+            Self::Churn => "churn",
         }
     }
 }
@@ -107,25 +110,76 @@ pub fn detect(points: &[(f64, u64, u64)]) -> Vec<PhaseSpan> {
         }
         segs.push((a, b, k));
     }
-    // Very short segments (under 2% of the run) are folded into a neighbour: a phase is
-    // something a reader can point at.
+    // A plateau must last (5% of the run) to be one. Other stretches are named by RSS
+    // when RSS moved, else by live bytes; three or more alternating live-byte ramps under
+    // a held RSS are one churn phase: a phase is something a reader can point at.
+    let min_plateau = (n / 20).max(1);
+    let mut classed: Vec<(usize, usize, PhaseKind, bool)> = Vec::new(); // (.., by live)
+    for (a, b, k) in segs {
+        let rss_moved = (rss[b] - rss[a]).abs() >= TOLERANCE;
+        let (kind, by_live) = if k == PhaseKind::Plateau {
+            if b - a >= min_plateau {
+                (PhaseKind::Plateau, false)
+            } else {
+                (ramp_kind(&rss, &live, a, b), !rss_moved)
+            }
+        } else if rss_moved {
+            (
+                if rss[b] > rss[a] {
+                    PhaseKind::Growth
+                } else {
+                    PhaseKind::Decline
+                },
+                false,
+            )
+        } else {
+            (k, true)
+        };
+        match classed.last_mut() {
+            Some(last) if last.2 == kind && last.3 == by_live => last.1 = b,
+            _ => classed.push((a, b, kind, by_live)),
+        }
+    }
+    let mut phases: Vec<(usize, usize, PhaseKind)> = Vec::new();
+    let mut i = 0;
+    while i < classed.len() {
+        let mut j = i;
+        while j + 1 < classed.len() && classed[j + 1].3 && classed[i].3 {
+            j += 1;
+        }
+        let (a, b) = (classed[i].0, classed[j].1);
+        let kind = if j >= i + 2 {
+            PhaseKind::Churn
+        } else if j == i {
+            classed[i].2
+        } else {
+            ramp_kind(&rss, &live, a, b)
+        };
+        match phases.last_mut() {
+            Some(last) if last.2 == kind && kind != PhaseKind::Plateau => last.1 = b,
+            _ => phases.push((a, b, kind)),
+        }
+        i = j + 1;
+    }
+    // A ramp too short to read (under 2% of the run) joins its longer neighbour.
     let min_len = (n / 50).max(1);
     let mut i = 0;
-    while segs.len() > 1 && i < segs.len() {
-        let (a, b, _) = segs[i];
+    while phases.len() > 1 && i < phases.len() {
+        let (a, b, _) = phases[i];
         if b - a >= min_len {
             i += 1;
             continue;
         }
-        if i + 1 < segs.len()
-            && (i == 0 || segs[i + 1].1 - segs[i + 1].0 >= segs[i - 1].1 - segs[i - 1].0)
+        if i + 1 < phases.len()
+            && (i == 0 || phases[i + 1].1 - phases[i + 1].0 >= phases[i - 1].1 - phases[i - 1].0)
         {
-            segs[i + 1].0 = a;
+            phases[i + 1].0 = a;
         } else {
-            segs[i - 1].1 = b;
+            phases[i - 1].1 = b;
         }
-        segs.remove(i);
+        phases.remove(i);
     }
+    let segs = phases;
     segs.into_iter()
         .map(|(a, b, kind)| PhaseSpan {
             start_ms: t[a],
@@ -133,6 +187,30 @@ pub fn detect(points: &[(f64, u64, u64)]) -> Vec<PhaseSpan> {
             kind,
         })
         .collect()
+}
+
+/// The kind of a stretch that is not a plateau: growth or decline by its net change, churn
+/// when it went up and down by more than it moved overall.
+fn ramp_kind(rss: &[f64], live: &[f64], a: usize, b: usize) -> PhaseKind {
+    let mut best = (0.0f64, 0.0f64);
+    for s in [rss, live] {
+        let net = s[b] - s[a];
+        let (lo, hi) = s[a..=b]
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        if net.abs() > best.0.abs() {
+            best.0 = net;
+        }
+        best.1 = best.1.max(hi - lo);
+    }
+    let (net, range) = best;
+    if range > 2.0 * net.abs() + TOLERANCE {
+        PhaseKind::Churn
+    } else if net >= 0.0 {
+        PhaseKind::Growth
+    } else {
+        PhaseKind::Decline
+    }
 }
 
 /// Splits [a, b] at the point farthest from the straight line through its ends, while
@@ -200,6 +278,19 @@ mod tests {
             ph[3].start_ms >= 2650.0 && ph[3].start_ms <= 2750.0,
             "{ph:?}"
         );
+    }
+
+    #[test]
+    fn a_sawtooth_without_plateaus_is_one_churn_phase() {
+        let mut parts = vec![(40, 0.0, 100e6, 0.0, 100e6)];
+        for _ in 0..6 {
+            parts.push((20, 100e6, 100e6, 100e6, 10e6));
+            parts.push((20, 100e6, 100e6, 10e6, 100e6));
+        }
+        let ph = detect(&curve(&parts));
+        let kinds: Vec<_> = ph.iter().map(|p| p.kind).collect();
+        assert!(kinds.len() <= 2, "{ph:?}");
+        assert_eq!(*kinds.last().unwrap(), PhaseKind::Churn, "{ph:?}");
     }
 
     #[test]

@@ -229,5 +229,9 @@ pub struct Report {
     pub size_classes: Vec<SizeClass>,
     pub size_class_history: Vec<ClassHistory>,
     pub sites: Sites,
+    /// Every allocation site with its stack, sorted by stack id; only with
+    /// `Options::all_sites` (absent from the JSON otherwise).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub all_sites: Vec<Site>,
     pub processes: Vec<ProcessBrief>,
 }

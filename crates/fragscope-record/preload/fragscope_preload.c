@@ -511,6 +511,7 @@ static void emit_allocator_stats(struct thread_state *ts) {
         o = put_stat(o, "hblkhd", mi.hblkhd), count++;
         o = put_stat(o, "ordblks", mi.ordblks), count++;
     }
+    if (count == 0) return; /* no allocator answered (not resolved yet): say nothing */
     rec[0] = KIND_STATS;
     rec[1] = source;
     rec[2] = (uint8_t)count;
@@ -926,6 +927,20 @@ __attribute__((constructor)) static void on_load(void) {
 static void send_exit(int status, uint32_t how) {
     if (!tracing) return;
     tls_flags |= TF_FORWARD;
+    /* The allocator's view at exit, for the exit snapshot: a short run may end before
+     * any periodic request was answered. */
+    struct thread_state *ts = tls_state;
+    if (ts && !(tls_flags & TF_BUSY)) {
+        tls_flags |= TF_BUSY;
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        uint64_t tick = current_tick();
+        if (tick != ts->tick) tick_changed(ts, tick);
+        tls_flags |= TF_FORWARD; /* tick_changed may have cleared it */
+        emit_allocator_stats(ts);
+        if (ts->nested_head != ts->nested_tail || ts->nested_lost) drain_nested(ts);
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        tls_flags &= ~TF_BUSY;
+    }
     flush_all();
     int32_t payload[2] = {status, (int32_t)how};
     uint64_t tick = current_tick();

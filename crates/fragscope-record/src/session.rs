@@ -475,6 +475,9 @@ fn sample(shared: Arc<Shared>, snapshot_every: Duration, stop: Arc<AtomicBool>) 
                 let reason = if periodic {
                     SnapshotReason::Periodic
                 } else {
+                    // The allocator's view near the peak too (answered at the threads'
+                    // next calls, within a few ms).
+                    shared.clock.request_stats_and_flush();
                     SnapshotReason::NearPeak
                 };
                 shared.snapshot(stream, pid, reason);

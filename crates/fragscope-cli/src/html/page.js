@@ -1,0 +1,561 @@
+"use strict";
+// fragscope's HTML report: draws the figures in #data as inline SVG. Every string in the
+// data comes from the traced program: it only ever reaches the page through textContent
+// or attribute values, never as markup.
+(function () {
+  const SVGNS = "http://www.w3.org/2000/svg";
+  const errors = [];
+  function fail(msg) {
+    errors.push(String(msg));
+    const e = document.getElementById("errors");
+    e.hidden = false;
+    e.textContent = errors.join("\n");
+    document.documentElement.dataset.errors = String(errors.length);
+  }
+  window.addEventListener("error", (ev) => fail("error: " + ev.message));
+  document.addEventListener("securitypolicyviolation", (ev) =>
+    fail("blocked by the page's policy: " + ev.violatedDirective + " " + ev.blockedURI));
+
+  // ---- small helpers ----
+  function el(tag, attrs, ...kids) {
+    const e = document.createElement(tag);
+    for (const k in attrs || {}) {
+      if (k === "class") e.className = attrs[k];
+      else e.setAttribute(k, attrs[k]);
+    }
+    for (const c of kids) if (c !== null && c !== undefined) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    return e;
+  }
+  function sv(tag, attrs, text) {
+    const e = document.createElementNS(SVGNS, tag);
+    for (const k in attrs || {}) e.setAttribute(k, attrs[k]);
+    if (text !== undefined) e.textContent = String(text);
+    return e;
+  }
+  const UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+  function bytes(n) {
+    if (n === null || n === undefined) return "-";
+    if (n < 0) return "-" + bytes(-n);
+    let v = n, u = 0;
+    while (v >= 1024 && u + 1 < UNITS.length) { v /= 1024; u++; }
+    return u === 0 ? n + " B" : v.toFixed(1) + " " + UNITS[u];
+  }
+  function count(n) {
+    if (n < 1e4) return String(n);
+    if (n < 1e6) return (n / 1e3).toFixed(1) + " k";
+    if (n < 1e9) return (n / 1e6).toFixed(1) + " M";
+    return (n / 1e9).toFixed(2) + " G";
+  }
+  const secs = (ms) => (ms / 1000).toFixed(2) + " s";
+  const pct = (part, whole) => (whole > 0 ? (100 * part / whole).toFixed(1) + "%" : "-");
+  function niceStep(raw) {
+    const p = Math.pow(10, Math.floor(Math.log10(raw)));
+    const m = raw / p;
+    return (m < 1.5 ? 1 : m < 3 ? 2 : m < 7 ? 5 : 10) * p;
+  }
+  function ticks(max, n) {
+    if (!(max > 0)) return [0];
+    const step = niceStep(max / n);
+    const t = [];
+    for (let v = 0; v <= max * 1.0001; v += step) t.push(v);
+    return t;
+  }
+  function byteTicks(max, n) {
+    let unit = 1;
+    while (max / unit >= 1024 && unit < Math.pow(1024, 5)) unit *= 1024;
+    return ticks(max / unit, n).map((v) => v * unit);
+  }
+  function hue(name) {
+    let h = 2166136261;
+    for (let i = 0; i < name.length; i++) h = Math.imul(h ^ name.charCodeAt(i), 16777619);
+    return (h >>> 0);
+  }
+  const PALETTE = ["#3b82f6", "#10b981", "#f59e0b", "#ef4444", "#8b5cf6", "#06b6d4", "#84cc16", "#ec4899", "#64748b", "#f97316", "#14b8a6", "#a855f7"];
+  const PART_COLORS = {
+    live: "#3b82f6", rounding: "#a855f7", free_in_used_pages: "#ef4444", free_resident_pages: "#f59e0b",
+    lazy_free: "#fde68a", other_anon: "#94a3b8", file: "#cbd5e1", fragscope_own: "#4b5563",
+  };
+
+  const tip = el("div", { class: "tip" });
+  document.body.append(tip);
+  function showTip(ev, content) {
+    tip.replaceChildren(content);
+    tip.style.display = "block";
+    const w = tip.offsetWidth, h = tip.offsetHeight;
+    let x = ev.clientX + 14, y = ev.clientY + 14;
+    if (x + w > window.innerWidth) x = Math.max(0, ev.clientX - w - 14);
+    if (y + h > window.innerHeight) y = Math.max(0, ev.clientY - h - 14);
+    tip.style.left = x + "px";
+    tip.style.top = y + "px";
+  }
+  const hideTip = () => { tip.style.display = "none"; };
+  function tipTable(title, rows) {
+    const t = el("table");
+    for (const [k, v, color] of rows) {
+      const sw = color ? el("span", { class: "sw" }) : "";
+      if (color) { sw.style.cssText = "display:inline-block;width:9px;height:9px;margin-right:4px;background:" + color; }
+      t.append(el("tr", {}, el("td", {}, sw, k), el("td", { class: "num" }, v)));
+    }
+    return el("div", {}, el("b", {}, title), t);
+  }
+  function legend(items) {
+    const d = el("div", { class: "legend" });
+    for (const [name, color, dashed] of items) {
+      const sw = el("span", { class: "sw" });
+      sw.style.background = dashed ? "repeating-linear-gradient(90deg," + color + " 0 3px,transparent 3px 5px)" : color;
+      d.append(el("span", {}, sw, name));
+    }
+    return d;
+  }
+  function section(parent, title, id) {
+    const s = el("section", id ? { id } : {}, el("h2", {}, title));
+    parent.append(s);
+    return s;
+  }
+  function table(head, rows, cls) {
+    const t = el("table", { class: "data " + (cls || "") });
+    t.append(el("tr", {}, ...head.map((h) => el("th", {}, h))));
+    for (const r of rows) {
+      t.append(el("tr", {}, ...r.map((c, i) => (i === 0 ? el("td", { class: "label" }, c) : el("td", {}, c)))));
+    }
+    return t;
+  }
+  function select(options, chosen, onChange) {
+    const s = el("select");
+    options.forEach(([value, label]) => {
+      const o = el("option", { value: String(value) }, label);
+      if (value === chosen) o.selected = true;
+      s.append(o);
+    });
+    s.addEventListener("change", () => onChange(s.value));
+    return s;
+  }
+
+  // A time chart: axes, grid, and the scales of its plot area.
+  function timeChart(parent, o) {
+    const W = o.width || 1100, H = o.height || 300;
+    const m = { l: 72, r: 16, t: 18, b: 30 };
+    const svg = sv("svg", { viewBox: "0 0 " + W + " " + H, width: W, height: H, class: "chart " + (o.cls || "") });
+    svg.style.maxWidth = "100%";
+    svg.style.height = "auto";
+    const tmax = o.tmax > 0 ? o.tmax : 1, ymax = o.ymax > 0 ? o.ymax * 1.05 : 1;
+    const x = (t) => m.l + (W - m.l - m.r) * t / tmax;
+    const y = (v) => H - m.b - (H - m.t - m.b) * v / ymax;
+    const axis = sv("g", { class: "axis" });
+    for (const v of (o.yfmt === "count" ? ticks(ymax, 5) : byteTicks(ymax, 5))) {
+      axis.append(sv("line", { class: "grid", x1: m.l, x2: W - m.r, y1: y(v), y2: y(v) }));
+      axis.append(sv("text", { x: m.l - 6, y: y(v) + 4, "text-anchor": "end" }, o.yfmt === "count" ? count(v) : bytes(Math.round(v))));
+    }
+    for (const v of ticks(tmax / 1000, 8)) {
+      axis.append(sv("line", { x1: x(v * 1000), x2: x(v * 1000), y1: H - m.b, y2: H - m.b + 4 }));
+      axis.append(sv("text", { x: x(v * 1000), y: H - m.b + 16, "text-anchor": "middle" }, +v.toFixed(3) + " s"));
+    }
+    axis.append(sv("line", { x1: m.l, x2: W - m.r, y1: H - m.b, y2: H - m.b }));
+    svg.append(axis);
+    parent.append(svg);
+    return { svg, x, y, W, H, m, tmax };
+  }
+  function phaseMarks(c, phases) {
+    const g = sv("g", { class: "phases" });
+    phases.forEach((p, i) => {
+      const x0 = c.x(p.start_ms), x1 = c.x(p.end_ms);
+      g.append(sv("rect", { class: "phase", x: x0, y: c.m.t, width: Math.max(1, x1 - x0), height: c.H - c.m.t - c.m.b, fill: i % 2 ? "#f3f4f6" : "#fafafa" }));
+      g.append(sv("line", { x1: x0, x2: x0, y1: c.m.t, y2: c.H - c.m.b, stroke: "#9ca3af", "stroke-dasharray": "3 3" }));
+      if (x1 - x0 > 40) g.append(sv("text", { x: x0 + 4, y: c.m.t + 10, fill: "#6b7280" }, p.kind));
+    });
+    c.svg.insertBefore(g, c.svg.firstChild.nextSibling);
+  }
+  function linePath(xs, ys, c) {
+    let d = "";
+    for (let i = 0; i < xs.length; i++) {
+      if (ys[i] === null || ys[i] === undefined) continue;
+      d += (d ? "L" : "M") + c.x(xs[i]).toFixed(1) + "," + c.y(ys[i]).toFixed(1);
+    }
+    return d;
+  }
+  function nearest(ts, t) {
+    let best = 0;
+    for (let i = 1; i < ts.length; i++) if (Math.abs(ts[i] - t) < Math.abs(ts[best] - t)) best = i;
+    return best;
+  }
+  // Hover: a guide line at the nearest of `ts`; `content(i)` is the tooltip.
+  function hover(c, ts, content) {
+    if (!ts.length) return;
+    const guide = sv("line", { class: "guide", y1: c.m.t, y2: c.H - c.m.b, stroke: "#111", "stroke-width": 1, visibility: "hidden" });
+    const zone = sv("rect", { x: c.m.l, y: c.m.t, width: c.W - c.m.l - c.m.r, height: c.H - c.m.t - c.m.b, fill: "transparent" });
+    c.svg.append(guide, zone);
+    zone.addEventListener("mousemove", (ev) => {
+      const r = c.svg.getBoundingClientRect();
+      const px = (ev.clientX - r.left) * c.W / r.width;
+      const t = (px - c.m.l) / (c.W - c.m.l - c.m.r) * c.tmax;
+      const i = nearest(ts, t);
+      guide.setAttribute("x1", c.x(ts[i]));
+      guide.setAttribute("x2", c.x(ts[i]));
+      guide.setAttribute("visibility", "visible");
+      showTip(ev, content(i));
+    });
+    zone.addEventListener("mouseleave", () => { guide.setAttribute("visibility", "hidden"); hideTip(); });
+  }
+
+  // ---- the malloc report ----
+  function decompositionChart(parent, R, o) {
+    o = o || {};
+    const S = R.snapshots, n = S.t_ms.length, T = R.timeline;
+    const layers = R.parts_names.filter(([k]) => S.parts[k].some((v) => v > 0));
+    const tmax = Math.max(R.duration_ms, ...S.t_ms, ...T.t_ms, 1);
+    let ts = S.t_ms.slice(), idx = ts.map((_, i) => i);
+    if (n === 1) { const w = Math.max(tmax / 200, 1); ts = [Math.max(0, ts[0] - w), Math.min(tmax, ts[0] + w)]; idx = [0, 0]; }
+    const tops = idx.map(() => 0);
+    let ymax = Math.max(0, ...T.rss, o.ymax || 0);
+    for (const [k] of layers) idx.forEach((s, j) => { tops[j] += S.parts[k][s]; });
+    ymax = Math.max(ymax, ...tops);
+    const c = timeChart(parent, { tmax, ymax, width: o.width, height: o.height || 320, cls: "decomposition" });
+    phaseMarks(c, R.phases);
+    const base = idx.map(() => 0);
+    const g = sv("g", { class: "areas" });
+    for (const [k] of layers) {
+      const top = idx.map((s, j) => base[j] + S.parts[k][s]);
+      let d = "";
+      ts.forEach((t, j) => { d += (j ? "L" : "M") + c.x(t).toFixed(1) + "," + c.y(top[j]).toFixed(1); });
+      for (let j = ts.length - 1; j >= 0; j--) d += "L" + c.x(ts[j]).toFixed(1) + "," + c.y(base[j]).toFixed(1);
+      g.append(sv("path", { class: "area", "data-part": k, d: d + "Z", fill: PART_COLORS[k], "fill-opacity": 0.9 }));
+      top.forEach((v, j) => { base[j] = v; });
+    }
+    c.svg.append(g);
+    if (T.t_ms.length) c.svg.append(sv("path", { class: "rss-line", d: linePath(T.t_ms, T.rss, c), fill: "none", stroke: "#111", "stroke-width": 1.5 }));
+    if (!n && T.t_ms.length) c.svg.append(sv("path", { class: "live-line", d: linePath(T.t_ms, T.live, c), fill: "none", stroke: PART_COLORS.live, "stroke-width": 1.5 }));
+    for (const t of S.t_ms) c.svg.append(sv("line", { class: "snap-mark", x1: c.x(t), x2: c.x(t), y1: c.H - c.m.b, y2: c.H - c.m.b + 5, stroke: "#111" }));
+    if (n) {
+      hover(c, S.t_ms, (i) => {
+        const rows = R.parts_names.filter(([k]) => S.parts[k][i] > 0).map(([k, name]) => [name, bytes(S.parts[k][i]), PART_COLORS[k]]);
+        if (S.unexplained[i]) rows.push(["unexplained", bytes(S.unexplained[i])]);
+        rows.push(["RSS at the snapshot", bytes(S.rss[i])]);
+        if (T.t_ms.length) rows.push(["RSS (timeline)", bytes(T.rss[nearest(T.t_ms, S.t_ms[i])])]);
+        return tipTable("snapshot at " + secs(S.t_ms[i]) + " (" + S.reason[i] + ")", rows);
+      });
+    } else {
+      hover(c, T.t_ms, (i) => tipTable(secs(T.t_ms[i]), [["RSS", bytes(T.rss[i])], ["live", bytes(T.live[i])]]));
+    }
+    const items = layers.map(([k, name]) => [name, PART_COLORS[k]]);
+    items.push(["RSS (every 10 ms)", "#111"]);
+    parent.append(legend(items));
+    return c;
+  }
+
+  function occupancyChart(parent, R, i, o) {
+    o = o || {};
+    const W = o.width || 700, H = o.height || 240, m = { l: 72, r: 10, t: 16, b: 34 };
+    const B = R.snapshots.occupancy[i] || [];
+    const svg = sv("svg", { viewBox: "0 0 " + W + " " + H, width: W, height: H, class: "chart occupancy" });
+    svg.style.maxWidth = "100%";
+    svg.style.height = "auto";
+    const ymax = Math.max(1, ...B.map((b) => b[2])) * 1.08;
+    const y = (v) => H - m.b - (H - m.t - m.b) * v / ymax;
+    const bw = (W - m.l - m.r) / Math.max(1, B.length);
+    for (const v of ticks(ymax, 4)) {
+      svg.append(sv("line", { class: "grid", x1: m.l, x2: W - m.r, y1: y(v), y2: y(v) }));
+      svg.append(sv("text", { x: m.l - 6, y: y(v) + 4, "text-anchor": "end" }, count(Math.round(v))));
+    }
+    const ps = R.snapshots.page_size[i] || 4096;
+    B.forEach((b, j) => {
+      const label = b[1] === 0 ? "no live" : b[0] + "-" + b[1] + "%";
+      const x = m.l + j * bw;
+      const r = sv("rect", { class: "bar", x: x + 2, y: y(b[2]), width: bw - 4, height: Math.max(0, y(0) - y(b[2])), fill: b[1] === 0 ? PART_COLORS.free_resident_pages : j <= 3 ? PART_COLORS.free_in_used_pages : PART_COLORS.live });
+      r.addEventListener("mousemove", (ev) => showTip(ev, tipTable(label + " live", [["pages", count(b[2])], ["their bytes", bytes(b[2] * ps)], ["live bytes in them", bytes(b[3])]])));
+      r.addEventListener("mouseleave", hideTip);
+      svg.append(r);
+      svg.append(sv("text", { x: x + bw / 2, y: H - m.b + 14, "text-anchor": "middle" }, label));
+      if (b[2] > 0) svg.append(sv("text", { x: x + bw / 2, y: y(b[2]) - 3, "text-anchor": "middle" }, count(b[2])));
+    });
+    svg.append(sv("text", { x: m.l, y: H - 4 }, "resident heap pages by the share of their bytes that is live"));
+    parent.append(svg);
+    return svg;
+  }
+
+  function occupancySection(main, R) {
+    const S = R.snapshots;
+    const s = section(main, "Page occupancy", "occupancy");
+    if (!S.t_ms.length) { s.append(el("p", { class: "note" }, "No page-residency snapshot was taken.")); return; }
+    const chosen = R.focus_snapshot ?? S.t_ms.length - 1;
+    const holder = el("div");
+    const opts = S.t_ms.map((t, i) => {
+      const tags = [];
+      if (i === R.focus_snapshot) tags.push("most waste");
+      if (i === R.peak_snapshot) tags.push("peak RSS");
+      if (i === R.end_snapshot) tags.push("end");
+      return [i, secs(t) + " (" + S.reason[i] + ")" + (tags.length ? " - " + tags.join(", ") : "")];
+    });
+    const draw = (i) => { holder.replaceChildren(); occupancyChart(holder, R, i); };
+    s.append(el("div", { class: "controls" }, "snapshot ", select(opts, chosen, (v) => draw(+v))));
+    s.append(holder);
+    draw(chosen);
+  }
+
+  function linesChart(parent, o) {
+    const all = o.series.flatMap((s) => s.values.filter((v) => v !== null));
+    const c = timeChart(parent, { tmax: o.tmax, ymax: Math.max(0, ...all), width: o.width, height: o.height || 260, cls: o.cls });
+    if (o.phases) phaseMarks(c, o.phases);
+    for (const s of o.series) {
+      const attrs = { class: "series " + (o.lineClass || ""), d: linePath(o.ts, s.values, c), fill: "none", stroke: s.color, "stroke-width": 1.6 };
+      if (s.dashed) attrs["stroke-dasharray"] = "5 3";
+      c.svg.append(sv("path", attrs));
+    }
+    hover(c, o.ts, (i) => tipTable(secs(o.ts[i]), o.series.map((s) => [s.name, bytes(s.values[i]), s.color])));
+    parent.append(legend(o.series.map((s) => [s.name, s.color, s.dashed])));
+    return c;
+  }
+
+  function sizeClassSection(main, R) {
+    const s = section(main, "Size classes", "size-classes");
+    const when = R.focus_snapshot !== null && R.focus_snapshot !== undefined ? " at " + secs(R.snapshots.t_ms[R.focus_snapshot]) + " (the most waste)" : "";
+    s.append(el("p", { class: "note" }, "Classes are the allocator's usable sizes" + when + "; retained free bytes are free bytes in resident pages the class dominates or last dominated."));
+    const rows = R.size_classes.map((c) => [
+      c.usable === 0 ? "(freed before seen)" : bytes(c.usable), count(c.objects), bytes(c.live_bytes), count(c.pages),
+      (100 * c.mean_occupancy).toFixed(1) + "%", bytes(c.retained_free), bytes(c.retained_free - c.retained_free_first),
+    ]);
+    s.append(table(["class", "objects", "live", "pages", "mean occupancy", "retained free", "growth"], rows, "classes"));
+    const H = R.class_history;
+    if (!H.t_ms.length || !H.usable.length) return;
+    s.append(el("h2", {}, "Per class over time"));
+    const holder = el("div");
+    const tmax = Math.max(R.duration_ms, ...H.t_ms, 1);
+    const draw = (field) => {
+      holder.replaceChildren();
+      linesChart(holder, {
+        tmax, ts: H.t_ms, phases: R.phases, cls: "class-history", lineClass: "class-line",
+        series: H.usable.map((u, j) => ({ name: (u === 0 ? "freed before seen" : bytes(u)) + " class", values: H[field][j], color: PALETTE[j % PALETTE.length] })),
+      });
+    };
+    s.append(el("div", { class: "controls" }, "show ", select([["retained_free", "retained free bytes"], ["live_bytes", "live bytes"]], "retained_free", draw)));
+    s.append(holder);
+    draw("retained_free");
+  }
+
+  function sitesSection(main, R) {
+    const S = R.sites;
+    const s = section(main, "Allocation sites", "sites");
+    if (S.stacks === "none") { s.append(el("p", { class: "note" }, "No call stacks were recorded (record without --stacks none).")); return; }
+    if (S.stacks === "sampled") s.append(el("p", { class: "note" }, "Stacks were sampled: site figures are estimates scaled to the exact totals."));
+    const tables = [
+      ["pinned waste (pages under " + S.sparse_pct + "% live)", S.by_pinned_waste, 2],
+      ["live bytes at the most-waste snapshot", S.by_live_bytes, 1],
+      ["bytes allocated over the run", S.by_allocated_bytes, 3],
+    ];
+    for (const [title, list, col] of tables) {
+      if (!list.length) continue;
+      s.append(el("h3", {}, "By " + title));
+      s.append(table(["site", title.split(" (")[0], "live", "allocations"], list.map((r) => [r[0], bytes(r[col]), bytes(r[1]), count(r[4])]), "sites"));
+    }
+    flameGraph(s, R);
+  }
+
+  function flameGraph(parent, R) {
+    const F = R.flame;
+    parent.append(el("h2", {}, "Flame graph"));
+    if (!F.root[4].length) { parent.append(el("p", { class: "note" }, "No site stacks in this report.")); return; }
+    const names = F.names;
+    function build(a, parent) {
+      const n = { name: names[a[0]], v: [a[1], a[2], a[3]], parent, kids: [] };
+      n.kids = a[4].map((k) => build(k, n));
+      return n;
+    }
+    const root = build(F.root, null);
+    const METRICS = [[0, "bytes allocated"], [1, "live at the most-waste snapshot"], [2, "pinned waste"]];
+    let metric = 0, zoom = root, query = "";
+    const W = 1160, ROW = 18;
+    const holder = el("div", { class: "flame-holder" });
+    const status = el("span", { class: "note" });
+    const search = el("input", { type: "search", placeholder: "search functions, files", size: 30 });
+    const reset = el("button", { type: "button" }, "reset zoom");
+    parent.append(el("div", { class: "controls" }, "value ", select(METRICS, 0, (v) => { metric = +v; zoom = root; draw(); }), search, reset, status));
+    parent.append(holder);
+    search.addEventListener("input", () => { query = search.value.toLowerCase(); draw(); });
+    reset.addEventListener("click", () => { zoom = root; draw(); });
+    function depthOf(n) { let d = 0; while (n.parent) { d++; n = n.parent; } return d; }
+    function maxDepth(n) { return 1 + Math.max(0, ...n.kids.filter((k) => k.v[metric] > 0).map(maxDepth)); }
+    function draw() {
+      holder.replaceChildren();
+      const total = zoom.v[metric];
+      const z0 = depthOf(zoom);
+      const rows = z0 + maxDepth(zoom);
+      const H = rows * ROW + 4;
+      const svg = sv("svg", { viewBox: "0 0 " + W + " " + H, width: W, height: H, class: "flame" });
+      svg.style.maxWidth = "100%";
+      svg.style.height = "auto";
+      let matched = 0;
+      const rect = (n, x, w, d, isAncestor) => {
+        const g = sv("g", { class: "frame", "aria-label": n.name });
+        const match = query && n.name.toLowerCase().includes(query);
+        const r = sv("rect", { x: x.toFixed(2), y: d * ROW, width: Math.max(0.5, w).toFixed(2), height: ROW - 1, fill: isAncestor ? "#e5e7eb" : "hsl(" + (hue(n.name) % 50 + 5) + ",80%," + (60 + hue(n.name) % 15) + "%)" });
+        if (match) r.setAttribute("class", "match");
+        g.append(r);
+        const chars = Math.floor((w - 6) / 6.6);
+        if (chars >= 3) g.append(sv("text", { x: (x + 3).toFixed(2), y: d * ROW + 13 }, n.name.length > chars ? n.name.slice(0, chars - 1) + "\u2026" : n.name));
+        g.addEventListener("click", () => { zoom = n; draw(); });
+        g.addEventListener("mousemove", (ev) => showTip(ev, tipTable(n.name, METRICS.map(([i, label]) => [label, bytes(n.v[i]) + " (" + pct(n.v[i], root.v[i]) + ")"]))));
+        g.addEventListener("mouseleave", hideTip);
+        svg.append(g);
+        return match;
+      };
+      // The zoomed node's ancestors span the width.
+      let a = zoom.parent, d = z0 - 1;
+      while (a) { rect(a, 0, W, d, true); a = a.parent; d--; }
+      const walk = (n, x, d, inMatch) => {
+        const w = total > 0 ? W * n.v[metric] / total : 0;
+        if (w < 0.3) return;
+        const m = rect(n, x, w, d, false);
+        if (m && !inMatch) matched += n.v[metric];
+        let cx = x;
+        for (const k of n.kids) { walk(k, cx, d + 1, inMatch || m); cx += total > 0 ? W * k.v[metric] / total : 0; }
+      };
+      walk(zoom, 0, z0, false);
+      holder.append(svg);
+      status.textContent = query ? "matched " + bytes(matched) + " (" + pct(matched, total) + " of the view)" : total > 0 ? "" : "nothing to show for this value";
+    }
+    draw();
+  }
+
+  function malloc(main, R) {
+    document.title = "fragscope: " + R.argv.join(" ");
+    document.getElementById("title").textContent = "fragscope report: " + R.argv.join(" ");
+    document.getElementById("subtitle").textContent = "pid " + R.pid + (R.allocator ? ", " + R.allocator : "") + ", " + count(R.calls) + " calls, " + secs(R.duration_ms) + " - " + R.trace;
+    const h = section(main, "Summary", "summary");
+    if (R.truncated) h.append(el("p", { class: "warn" }, "The trace is truncated (" + (R.damage || "no end marker") + "): this is the analysis of what is intact."));
+    h.append(el("p", { class: "headline" }, R.headline.sentence));
+    h.append(el("p", { class: "note" }, "peak RSS " + bytes(R.headline.peak_rss) + " at " + secs(R.headline.peak_rss_t_ms) + "; peak live " + bytes(R.headline.peak_live) + " at " + secs(R.headline.peak_live_t_ms) +
+      (R.headline.fragmentation_ratio ? "; fragmentation ratio " + R.headline.fragmentation_ratio.toFixed(2) + " (heap resident / live at the most waste)" : "")));
+    const d = section(main, "Where the RSS went", "decomposition");
+    d.append(el("p", { class: "note" }, "RSS split at each page-residency snapshot (ticks under the axis), with RSS every 10 ms as a line; shaded bands are the detected phases. Hover for values."));
+    decompositionChart(d, R);
+    occupancySection(main, R);
+    sizeClassSection(main, R);
+    sitesSection(main, R);
+  }
+
+  // ---- GHC programs ----
+  function ghc(main, G) {
+    document.title = "fragscope: " + (G.argv.join(" ") || G.source);
+    document.getElementById("title").textContent = "fragscope report: " + G.source + " (GHC program)";
+    document.getElementById("subtitle").textContent = [G.argv.join(" "), G.ghc_version ? "GHC " + G.ghc_version : "", G.rts || "", secs(G.duration_ms)].filter((x) => x).join(" - ");
+    const h = section(main, "Summary", "summary");
+    if (G.truncated) h.append(el("p", { class: "warn" }, "The eventlog is cut (" + (G.damage || "") + "): this is what is intact."));
+    for (const n of G.notes) h.append(el("p", { class: "note" }, n));
+    if (!G.rss_recorded) h.append(el("p", { class: "note" }, "An eventlog read on its own has no RSS."));
+    const T = G.timeline;
+    const ts = T.map((p) => p.t_ms);
+    const s = section(main, "Heap over time", "ghc-timeline");
+    const series = [
+      { name: "live (HEAP_LIVE)", values: T.map((p) => p.live), color: "#3b82f6" },
+      { name: "blocks (BLOCKS_SIZE)", values: T.map((p) => p.blocks_size), color: "#10b981" },
+      { name: "heap size (megablocks)", values: T.map((p) => p.heap_size), color: "#f59e0b" },
+    ];
+    if (G.rss_recorded) {
+      series.push({ name: "RSS", values: T.map((p) => p.rss), color: "#111" });
+      series.push({ name: "RSS minus LazyFree", values: T.map((p) => p.rss_minus_lazy_free), color: "#ef4444", dashed: true });
+    }
+    linesChart(s, { tmax: Math.max(G.duration_ms, ...ts, 1), ts, series: series.filter((x) => x.values.some((v) => v !== null)), phases: G.phases, cls: "ghc-lines", lineClass: "ghc-line", height: 320 });
+    const b = section(main, "Closure types by phase (-hT)", "closure-types");
+    const labels = [];
+    for (const p of G.phases) for (const c of p.closure_types) if (!labels.includes(c.label)) labels.push(c.label);
+    const color = (l) => (l === "other" ? "#cbd5e1" : PALETTE[labels.indexOf(l) % PALETTE.length]);
+    if (!labels.length) b.append(el("p", { class: "note" }, "No -hT census fell inside a phase."));
+    else {
+      const ymax = Math.max(1, ...G.phases.map((p) => p.closure_types.reduce((a, c) => a + c.bytes, 0)));
+      const c = timeChart(b, { tmax: Math.max(G.duration_ms, 1), ymax, height: 260, cls: "closure-bands" });
+      for (const p of G.phases) {
+        let acc = 0;
+        const x0 = c.x(p.start_ms), w = Math.max(1, c.x(p.end_ms) - x0 - 1);
+        for (const ct of p.closure_types) {
+          const r = sv("rect", { class: "band", x: x0, y: c.y(acc + ct.bytes), width: w, height: Math.max(0, c.y(acc) - c.y(acc + ct.bytes)), fill: color(ct.label) });
+          r.addEventListener("mousemove", (ev) => showTip(ev, tipTable(ct.label, [["bytes", bytes(ct.bytes)], ["phase", p.kind + " " + secs(p.start_ms) + " - " + secs(p.end_ms)]])));
+          r.addEventListener("mouseleave", hideTip);
+          c.svg.append(r);
+          acc += ct.bytes;
+        }
+      }
+      b.append(legend(labels.map((l) => [l, color(l)])));
+      for (const p of G.phases) if (p.pinned_note) b.append(el("p", { class: "note" }, p.pinned_note));
+    }
+    const ph = section(main, "Phases", "ghc-phases");
+    ph.append(table(["phase", "RSS max", "live", "copy reserve + slop", "free blocks", "lazily freed", "other anon", "file"], G.phases.map((p) => {
+      const d = p.decomposition;
+      return [p.kind + " " + secs(p.start_ms) + " - " + secs(p.end_ms), bytes(p.rss_max), bytes(d.live), bytes(d.copy_reserve_and_slop), bytes(d.free_resident_pages), bytes(d.lazy_free), bytes(d.other_anon), bytes(d.file)];
+    })));
+    const gc = section(main, "Garbage collection", "gc");
+    gc.append(table(["generation", "collections", "copied", "GC time", "max pause"], G.gc.generations.map((g) => ["gen " + g.generation, count(g.collections), bytes(g.copied_bytes), secs(g.gc_ms), secs(g.max_pause_ms)])));
+    gc.append(el("p", { class: "note" }, "allocated " + bytes(G.gc.allocated_bytes) + ", copied " + bytes(G.gc.copied_bytes) + ", maximum residency " + bytes(G.gc.max_residency) + ", memory in use " + bytes(G.gc.memory_in_use) + "; mutator " + secs(G.gc.mutator_ms) + ", GC " + secs(G.gc.gc_ms)));
+  }
+
+  // ---- compare ----
+  function compare(main, D) {
+    const cols = D.columns;
+    document.title = "fragscope compare";
+    document.getElementById("title").textContent = "fragscope compare";
+    document.getElementById("subtitle").textContent = cols.map((c) => c.label).join(" | ");
+    const t = section(main, "Side by side", "compare-table");
+    const runs = Math.max(1, ...cols.map((c) => c.runs));
+    const fmt = (v, f) => (v === null || v === undefined ? "-" : f(v));
+    const rows = [
+      ["peak RSS", (c) => bytes(c.peak_rss)], ["end RSS", (c) => bytes(c.end_rss)], ["peak live", (c) => bytes(c.peak_live)],
+      ["at the most waste: heap resident", (c) => bytes(c.heap_resident)], ["live", (c) => bytes(c.live)], ["rounding", (c) => bytes(c.rounding)],
+      ["free in used pages", (c) => bytes(c.free_in_used_pages)], ["free resident pages", (c) => bytes(c.free_resident_pages)],
+      ["lazily freed", (c) => bytes(c.lazy_free)], ["other anonymous", (c) => bytes(c.other_anon)],
+      ["fragmentation ratio", (c) => fmt(c.fragmentation_ratio, (r) => r.toFixed(2))],
+      ["wall time (recorded)", (c) => fmt(c.wall_ms, secs)], ["CPU time (recorded)", (c) => fmt(c.cpu_ms, secs)],
+    ];
+    t.append(table([runs > 1 ? "(medians)" : ""].concat(cols.map((c) => c.label)), rows.map(([name, f]) => [name].concat(cols.map(f))), "compare"));
+    // The waste at the most-waste snapshot, as stacked bars.
+    const keys = ["live", "rounding", "free_in_used_pages", "free_resident_pages", "lazy_free", "other_anon"];
+    const W = 1100, H = 60 + cols.length * 34, m = { l: 200, r: 20 };
+    const svg = sv("svg", { viewBox: "0 0 " + W + " " + H, width: W, height: H, class: "chart compare-bars" });
+    svg.style.maxWidth = "100%";
+    svg.style.height = "auto";
+    const xmax = Math.max(1, ...cols.map((c) => keys.reduce((a, k) => a + c[k], 0)));
+    cols.forEach((c, i) => {
+      let acc = 0;
+      const y = 10 + i * 34;
+      svg.append(sv("text", { x: m.l - 8, y: y + 17, "text-anchor": "end" }, c.label.length > 30 ? c.label.slice(0, 29) + "\u2026" : c.label));
+      for (const k of keys) {
+        const w = (W - m.l - m.r) * c[k] / xmax;
+        const r = sv("rect", { class: "cmp-bar", x: m.l + (W - m.l - m.r) * acc / xmax, y, width: w, height: 24, fill: PART_COLORS[k] });
+        r.addEventListener("mousemove", (ev) => showTip(ev, tipTable(c.label, [[k.replace(/_/g, " "), bytes(c[k]), PART_COLORS[k]]])));
+        r.addEventListener("mouseleave", hideTip);
+        svg.append(r);
+        acc += c[k];
+      }
+    });
+    t.append(el("h2", {}, "At the most waste"));
+    t.append(svg);
+    t.append(legend(keys.map((k) => [k.replace(/_/g, " "), PART_COLORS[k]])));
+    const reports = D.reports.filter((r) => r);
+    if (!reports.length) return;
+    const ymax = Math.max(0, ...reports.flatMap((R) => R.timeline.rss.concat(R.snapshots.rss)));
+    const s = section(main, "Over time", "compare-charts");
+    const side = el("div", { class: "side" });
+    s.append(side);
+    D.reports.forEach((R, i) => {
+      if (!R) return;
+      const box = el("div", { class: "run" }, el("h3", {}, cols[i].label));
+      side.append(box);
+      decompositionChart(box, R, { width: 560, height: 260, ymax });
+      if (R.focus_snapshot !== null && R.focus_snapshot !== undefined) {
+        box.append(el("p", { class: "note" }, "page occupancy at " + secs(R.snapshots.t_ms[R.focus_snapshot]) + " (the most waste)"));
+        occupancyChart(box, R, R.focus_snapshot, { width: 560, height: 200 });
+      }
+    });
+  }
+
+  try {
+    const D = JSON.parse(document.getElementById("data").textContent);
+    const main = document.getElementById("main");
+    main.replaceChildren();
+    if (D.kind === "malloc") malloc(main, D.report);
+    else if (D.kind === "ghc") ghc(main, D.report);
+    else if (D.kind === "compare") compare(main, D);
+    else fail("unknown report kind");
+  } catch (e) {
+    fail("error: " + (e && e.stack ? e.stack : e));
+  }
+  document.documentElement.dataset.resources = String(performance.getEntriesByType("resource").length);
+  document.documentElement.dataset.rendered = errors.length ? "failed" : "ok";
+})();

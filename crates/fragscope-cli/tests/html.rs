@@ -1,0 +1,298 @@
+//! `fragscope report --html` and `fragscope compare --html` in a real browser: headless
+//! Chromium loads each page from disk; the tests check that every chart drew from the
+//! data (element counts that follow the report's JSON), that the page ran without a
+//! console message or a resource fetch, that the traced program's hostile names stayed
+//! text, and keep a screenshot under target/html-report/.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+/// A name that would run script if it reached the page as markup.
+const HOSTILE_ARG: &str = "</script><img src=x onerror=alert(3)>";
+
+fn fragscope(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// Records tests/c/html_sites.c (every stack, snapshots every 100 ms) into `dir`.
+fn record(dir: &Path) -> PathBuf {
+    let exe = common::build(dir, "html_sites", &["-g"]);
+    let trace = dir.join("html_sites.fsc");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "--stacks", "all", "--snapshot-ms", "100", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&exe)
+        .args(["300", HOSTILE_ARG])
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "record: {}", common::stderr(&out));
+    trace
+}
+
+fn report_json(trace: &Path) -> Value {
+    let out = fragscope(&["report", "--json", trace.to_str().unwrap()]);
+    assert!(out.status.success(), "report: {}", common::stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn chromium() -> Option<PathBuf> {
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+}
+
+/// Where screenshots are kept.
+fn artefacts() -> PathBuf {
+    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/html-report");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Loads `page` in headless Chromium; returns the DOM after the script ran. Fails on any
+/// console message (errors, policy violations) and writes a screenshot to `shot`.
+fn load(browser: &Path, page: &Path, shot: &Path) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", page.display());
+    let base = |cmd: &mut Command| {
+        cmd.args([
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--hide-scrollbars",
+            "--virtual-time-budget=3000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()));
+    };
+    let mut cmd = Command::new(browser);
+    base(&mut cmd);
+    let out = cmd
+        .args(["--enable-logging=stderr", "--v=0", "--dump-dom"])
+        .arg(&url)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    let console: Vec<&str> = log.lines().filter(|l| l.contains(":CONSOLE")).collect();
+    assert!(console.is_empty(), "console messages: {console:#?}");
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!dom.is_empty(), "chromium printed no DOM: {log}");
+    let mut cmd = Command::new(browser);
+    base(&mut cmd);
+    let out = cmd
+        .args(["--window-size=1280,2600"])
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(&url)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "screenshot failed");
+    assert!(
+        std::fs::metadata(shot).unwrap().len() > 10_000,
+        "empty screenshot"
+    );
+    dom
+}
+
+fn n(dom: &str, needle: &str) -> usize {
+    dom.matches(needle).count()
+}
+
+/// The page ran to its end, fetched nothing, and shows no markup from the trace.
+fn assert_clean(dom: &str) {
+    assert!(
+        dom.contains("data-rendered=\"ok\""),
+        "the script did not finish"
+    );
+    assert!(
+        dom.contains("data-resources=\"0\""),
+        "the page fetched something"
+    );
+    assert!(!dom.contains("data-errors"), "the page reported errors");
+    assert_eq!(n(dom, "<img"), 0, "markup from the trace reached the page");
+}
+
+#[test]
+fn report_html_draws_every_chart_from_the_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = record(dir.path());
+    let report = report_json(&trace);
+    let page = dir.path().join("report.html");
+    let out = fragscope(&[
+        "report",
+        trace.to_str().unwrap(),
+        "--html",
+        page.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "report --html: {}",
+        common::stderr(&out)
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "--html alone prints no terminal report"
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    eprintln!("report.html: {} bytes", html.len());
+    assert!(html.len() < 3 << 20, "the page is {} bytes", html.len());
+    assert!(html.contains("Content-Security-Policy"));
+    assert!(html.contains("default-src 'none'"));
+    assert!(!html.contains("<img"), "a name reached the page as markup");
+    assert!(
+        !html.contains("src=\"http"),
+        "the page references the network"
+    );
+
+    let Some(browser) = chromium() else {
+        eprintln!("skipped the browser checks: chromium is not installed (scripts/install-deps.sh installs it)");
+        return;
+    };
+    let dom = load(&browser, &page, &artefacts().join("report.png"));
+    assert_clean(&dom);
+
+    // The stacked areas: one per part that is ever non-zero, over every snapshot.
+    let snaps = report["snapshots"].as_array().unwrap();
+    assert!(snaps.len() >= 2, "expected several snapshots");
+    let parts = [
+        "live",
+        "rounding",
+        "free_in_used_pages",
+        "free_resident_pages",
+        "lazy_free",
+        "other_anon",
+        "file",
+        "fragscope_own",
+    ];
+    let nonzero = parts
+        .iter()
+        .filter(|p| snaps.iter().any(|s| s[**p].as_u64().unwrap() > 0))
+        .count();
+    assert_eq!(n(&dom, "class=\"area\""), nonzero);
+    assert_eq!(n(&dom, "class=\"snap-mark\""), snaps.len());
+    assert_eq!(n(&dom, "class=\"rss-line\""), 1);
+    assert_eq!(
+        n(&dom, "class=\"phase\""),
+        2 * report["phases"].as_array().unwrap().len()
+    );
+    // The path of the live area goes through every snapshot, there and back.
+    let live = dom.find("data-part=\"live\"").expect("no live area");
+    let d = &dom[live..];
+    let d = &d[d.find(" d=\"").unwrap() + 4..];
+    let d = &d[..d.find('"').unwrap()];
+    assert_eq!(d.matches(['M', 'L']).count(), 2 * snaps.len());
+
+    // The occupancy histogram of the focus snapshot: one bar per bucket, one option
+    // per snapshot.
+    let focus = report["focus_snapshot"].as_u64().unwrap() as usize;
+    let buckets = snaps[focus]["occupancy"].as_array().unwrap().len();
+    assert_eq!(n(&dom, "class=\"bar\""), buckets);
+    assert_eq!(n(&dom, "<option value="), snaps.len() + 2 + 3);
+
+    // Size classes: the table, and one line per class drawn over time.
+    let classes = report["size_classes"].as_array().unwrap().len().min(50);
+    let table = &dom[dom.find("class=\"data classes\"").unwrap()..];
+    let table = &table[..table.find("</table>").unwrap()];
+    assert_eq!(n(table, "<tr>"), classes + 1);
+    let mut history: Vec<u64> = report["size_class_history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|h| h["classes"].as_array().unwrap().iter())
+        .map(|c| c["usable"].as_u64().unwrap())
+        .collect();
+    history.sort_unstable();
+    history.dedup();
+    assert_eq!(
+        n(&dom, "class=\"series class-line\""),
+        history.len().min(10)
+    );
+
+    // The flame graph holds every site, the top allocator widest.
+    let flame = &dom[dom.find("class=\"flame\"").expect("no flame graph")..];
+    let flame = &flame[..flame.find("</svg>").unwrap()];
+    assert!(n(flame, "class=\"frame\"") >= 6, "{flame}");
+    assert!(flame.contains("aria-label=\"big_buffers (html_sites.c:"));
+    assert!(flame.contains("aria-label=\"scatter_records (html_sites.c:"));
+
+    // The hostile names are there, as text.
+    assert!(dom.contains("&lt;/script&gt;&lt;img src=x onerror=alert(3)&gt;"));
+    assert!(dom.contains("&lt;/script&gt;&lt;img src=x onerror=alert(2)&gt;"));
+}
+
+#[test]
+fn compare_and_ghc_pages_draw_in_the_browser() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = record(dir.path());
+    let b = dir.path().join("again.fsc");
+    std::fs::copy(&a, &b).unwrap();
+    let page = dir.path().join("compare.html");
+    let out = fragscope(&[
+        "compare",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "--html",
+        page.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "compare --html: {}",
+        common::stderr(&out)
+    );
+    let eventlog = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fragscope-ghc/tests/fixtures/pinned-strip-200000.eventlog");
+    let ghc_page = dir.path().join("ghc.html");
+    let out = fragscope(&[
+        "report",
+        eventlog.to_str().unwrap(),
+        "--html",
+        ghc_page.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "ghc --html: {}", common::stderr(&out));
+    let ghc_json: Value = serde_json::from_slice(
+        &fragscope(&["report", "--json", eventlog.to_str().unwrap()]).stdout,
+    )
+    .unwrap();
+
+    let Some(browser) = chromium() else {
+        eprintln!("skipped the browser checks: chromium is not installed (scripts/install-deps.sh installs it)");
+        return;
+    };
+    let dom = load(&browser, &page, &artefacts().join("compare.png"));
+    assert_clean(&dom);
+    assert_eq!(n(&dom, "class=\"run\""), 2, "one panel per trace");
+    assert_eq!(n(&dom, "class=\"chart decomposition\""), 2);
+    assert_eq!(n(&dom, "class=\"chart occupancy\""), 2);
+    assert!(n(&dom, "class=\"cmp-bar\"") == 12, "6 parts x 2 traces");
+    let table = &dom[dom.find("class=\"data compare\"").unwrap()..];
+    let table = &table[..table.find("</table>").unwrap()];
+    assert_eq!(n(table, "<tr>"), 14);
+
+    let dom = load(&browser, &ghc_page, &artefacts().join("ghc.png"));
+    assert_clean(&dom);
+    let phases = ghc_json["phases"].as_array().unwrap();
+    let bands: usize = phases
+        .iter()
+        .map(|p| p["closure_types"].as_array().unwrap().len())
+        .sum();
+    assert!(bands > 0);
+    assert_eq!(n(&dom, "class=\"band\""), bands);
+    // live, blocks (when the RTS wrote them) and heap size; no RSS for an eventlog alone.
+    let blocks = ghc_json["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| !p["blocks_size"].is_null());
+    assert_eq!(
+        n(&dom, "class=\"series ghc-line\""),
+        if blocks { 3 } else { 2 }
+    );
+}
