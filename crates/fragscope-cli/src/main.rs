@@ -6,6 +6,7 @@ mod html;
 mod info;
 mod progress;
 mod record;
+mod replay;
 mod report;
 mod units;
 
@@ -36,6 +37,7 @@ enum Command {
     Info(info::InfoArgs),
     Report(report::ReportArgs),
     Compare(compare::CompareArgs),
+    Replay(replay::ReplayArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +47,7 @@ fn main() -> ExitCode {
         Command::Info(a) => info::run(a),
         Command::Report(a) => report::run(a),
         Command::Compare(a) => compare::run(a),
+        Command::Replay(a) => replay::run(a),
     };
     match result {
         Ok(code) => code,

@@ -4,7 +4,13 @@
 use std::io::IsTerminal;
 
 pub fn bar(total: u64, message: &'static str) -> indicatif::ProgressBar {
-    if !std::io::stderr().is_terminal() || total < (64 << 20) {
+    bar_over(total, 64 << 20, message)
+}
+
+/// A byte bar shown only for inputs of at least `min` bytes (slower passes show it for
+/// smaller files).
+pub fn bar_over(total: u64, min: u64, message: &'static str) -> indicatif::ProgressBar {
+    if !std::io::stderr().is_terminal() || total < min {
         return indicatif::ProgressBar::hidden();
     }
     let bar = indicatif::ProgressBar::new(total);

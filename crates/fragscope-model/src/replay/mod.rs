@@ -15,6 +15,7 @@
 pub mod compacting;
 pub mod glibc;
 pub mod ideal;
+pub mod measured;
 pub mod mesh;
 pub mod sizeclass;
 
@@ -349,8 +350,8 @@ pub struct Replay {
     pub page_size: u64,
     pub sample_ms: u64,
     pub peak_live: u64,
-    /// The last sample at which the program still held at least 1% of its peak live
-    /// bytes: its resident state before teardown frees everything.
+    /// The sample just before the program's teardown (its last plateau, or the end if it
+    /// exits holding its data): its resident state before it frees everything.
     pub held_t_ms: f64,
     pub held_live: u64,
     pub recorded: Recorded,
@@ -496,6 +497,15 @@ impl Feed {
 
 /// Replays the trace at `path` against the models of `opts`.
 pub fn replay(path: &Path, opts: &Options) -> Result<Replay, ReplayError> {
+    replay_with_progress(path, opts, |_, _| {})
+}
+
+/// [`replay`], telling `progress` the bytes read so far and the file's size.
+pub fn replay_with_progress(
+    path: &Path,
+    opts: &Options,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<Replay, ReplayError> {
     let started = Instant::now();
     let stream = choose_stream(path, opts.pid)?;
     let mut reader = TraceReader::open(path)?;
@@ -525,8 +535,13 @@ pub fn replay(path: &Path, opts: &Options) -> Result<Replay, ReplayError> {
     // Models are built at the first events, with the page size of the Meta chunk (which
     // comes first); a trace without one gets 4 KiB pages.
     let mut built = false;
+    let mut chunks = 0u64;
 
     while let Some(chunk) = reader.next_chunk() {
+        chunks += 1;
+        if chunks.is_multiple_of(16) {
+            progress(reader.offset(), reader.file_bytes());
+        }
         match chunk {
             Chunk::Meta(m) => {
                 page = u64::from(m.page_size).max(512);
@@ -598,10 +613,7 @@ pub fn replay(path: &Path, opts: &Options) -> Result<Replay, ReplayError> {
         }
     }
     let peak_live = feed.peak_live;
-    let held = (0..live_full.len())
-        .rev()
-        .find(|&i| live_full[i] > 0 && live_full[i] * 100 >= peak_live)
-        .unwrap_or(live_full.len() - 1);
+    let held = held_sample(&live_full, peak_live);
 
     rss_samples.sort_by_key(|s| s.0);
     if let Some(first) = rss_samples.first() {
@@ -670,6 +682,26 @@ pub fn replay(path: &Path, opts: &Options) -> Result<Replay, ReplayError> {
     })
 }
 
+/// The sample before teardown: from the last sample still holding at least 1% of the
+/// peak live bytes, back over every sample where live bytes kept falling (a teardown
+/// that frees survivors over several samples) to the last that was not above the next.
+fn held_sample(live: &[u64], peak_live: u64) -> usize {
+    let Some(mut i) = (0..live.len())
+        .rev()
+        .find(|&i| live[i] > 0 && live[i] * 100 >= peak_live)
+    else {
+        return live.len().saturating_sub(1);
+    };
+    // A program that exits holding its data has no teardown.
+    if i + 1 == live.len() {
+        return i;
+    }
+    while i > 0 && live[i - 1] > live[i] {
+        i -= 1;
+    }
+    i
+}
+
 /// Buckets of at most [`TIMELINE_POINTS`] ranges over the full series; each point is the
 /// bucket's first time and its largest value.
 fn downsample(t: &[f64], v: &[u64]) -> (Vec<std::ops::Range<usize>>, Vec<f64>, Vec<u64>) {
@@ -735,6 +767,17 @@ mod tests {
         let bad = parse_models("sizeclass[colour=red]").unwrap();
         let err = build(&bad[0], 4096).err().unwrap().to_string();
         assert!(err.contains("colour"), "{err}");
+    }
+
+    #[test]
+    fn held_is_the_plateau_before_teardown() {
+        // Plateau at 50 after a peak of 100, torn down over three samples.
+        assert_eq!(held_sample(&[0, 100, 50, 50, 50, 30, 10, 0], 100), 4);
+        // Exits holding data: the last sample.
+        assert_eq!(held_sample(&[0, 100, 50, 20], 100), 3);
+        // Freed gradually from the peak: the peak.
+        assert_eq!(held_sample(&[0, 60, 100, 70, 40, 0], 100), 2);
+        assert_eq!(held_sample(&[0, 0], 0), 1);
     }
 
     #[test]
