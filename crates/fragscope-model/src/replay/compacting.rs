@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use super::sizeclass::{SizeClassConfig, Slabs, SIZECLASS_KEYS};
-use super::{parse_u64, unknown_key, Costs, Model, MoveEvent, MAX_EVENTS};
+use super::{parse_u64, unknown_key, Costs, Model, MoveEvent, Op, MAX_EVENTS};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompactingConfig {
@@ -136,6 +136,9 @@ impl Model for Compacting {
             self.next_ms += self.cfg.period_ms;
         }
         self.slabs.advance(ms);
+    }
+    fn prefetch(&self, op: &Op, stage: u8) {
+        self.slabs.prefetch(op, stage);
     }
     fn rss(&self) -> u64 {
         self.slabs.rss()

@@ -21,11 +21,12 @@
 //! Settings: `mmap_threshold=128k`, `trim_threshold=128k`, `top_pad=128k`,
 //! `dynamic=true`, `tcache_count=7`, `max_fast=128`, `arena_max=8`, `page`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
-use fragscope_trace::merge::{AddrMap, FastMap};
+use fragscope_trace::merge::FastMap;
 
-use super::{parse_u64, unknown_key, Costs, Model};
+use super::{parse_u64, prefetch_line, unknown_key, Costs, Model, Op};
 
 const MINSIZE: u64 = 32;
 const TCACHE_MAX_CHUNK: u64 = 1040;
@@ -119,7 +120,19 @@ struct Block {
     size: u64,
 }
 
-#[derive(Default)]
+/// Free chunks up to this size are kept in exact-size bins; larger ones in one ordered set.
+const EXACT_MAX: u64 = 64 << 10;
+const EXACT_BINS: usize = (EXACT_MAX / 16) as usize + 1;
+
+/// Free chunks of one exact size: a min-heap of starts (lowest address first) whose
+/// entries may be stale (the chunk was since coalesced or taken): an entry is valid while
+/// a free chunk of this size starts there. `count` is the number of such chunks.
+#[derive(Default, Clone)]
+struct Bin {
+    starts: BinaryHeap<Reverse<u64>>,
+    count: u32,
+}
+
 struct Arena {
     /// End of the heap's mapped part.
     brk: u64,
@@ -127,57 +140,224 @@ struct Arena {
     top: u64,
     /// End of the highest chunk handed out since the last trim: resident below.
     touched: u64,
-    /// Coalesced free chunks: start -> size, end -> start, and (size, start) for best fit.
-    free_start: AddrMap<u64>,
-    free_end: AddrMap<u64>,
+    /// A bit per 16-byte granule in a coalesced free chunk. Free chunks are always
+    /// coalesced with free neighbours, so each is a maximal run of set bits (fastbin and
+    /// tcache chunks count as in use, as in glibc).
+    free_bits: Vec<u64>,
+    /// For best fit: exact-size bins (with a bitmap of the non-empty ones), and
+    /// (size, start) above [`EXACT_MAX`].
+    bins: Vec<Bin>,
+    bin_map: Vec<u64>,
     by_size: BTreeSet<(u64, u64)>,
+    /// Bytes in free chunks.
+    free_bytes: u64,
     /// Fastbins by chunk size / 16 (chunk starts).
     fast: Vec<Vec<u64>>,
     fast_count: usize,
 }
 
 impl Arena {
-    fn insert_free(&mut self, start: u64, size: u64) {
-        self.free_start.insert(start, size);
-        self.free_end.insert(start + size, start);
-        self.by_size.insert((size, start));
+    fn new(fast_bins: usize) -> Self {
+        Self {
+            brk: 0,
+            top: 0,
+            touched: 0,
+            free_bits: Vec::new(),
+            bins: vec![Bin::default(); EXACT_BINS],
+            bin_map: vec![0; EXACT_BINS.div_ceil(64)],
+            by_size: BTreeSet::new(),
+            free_bytes: 0,
+            fast: vec![Vec::new(); fast_bins],
+            fast_count: 0,
+        }
     }
 
+    #[inline]
+    fn is_free(&self, g: u64) -> bool {
+        self.free_bits
+            .get((g / 64) as usize)
+            .is_some_and(|w| w & (1 << (g % 64)) != 0)
+    }
+
+    /// Sets (`on`) or clears the bits of granules `lo..hi`.
+    fn mark(&mut self, lo: u64, hi: u64, on: bool) {
+        if lo >= hi {
+            return;
+        }
+        let need = hi.div_ceil(64) as usize;
+        if self.free_bits.len() < need {
+            self.free_bits.resize(need.next_power_of_two(), 0);
+        }
+        let mut g = lo;
+        while g < hi {
+            let w = (g / 64) as usize;
+            let first = g % 64;
+            let n = (hi - g).min(64 - first);
+            let mask = if n == 64 {
+                !0
+            } else {
+                ((1u64 << n) - 1) << first
+            };
+            if on {
+                self.free_bits[w] |= mask;
+            } else {
+                self.free_bits[w] &= !mask;
+            }
+            g += n;
+        }
+    }
+
+    /// The first granule at or after `g` that is not free.
+    fn run_end(&self, g: u64) -> u64 {
+        let mut w = (g / 64) as usize;
+        let Some(&first) = self.free_bits.get(w) else {
+            return g;
+        };
+        let mut bits = !first & (!0u64 << (g % 64));
+        loop {
+            if bits != 0 {
+                return w as u64 * 64 + u64::from(bits.trailing_zeros());
+            }
+            w += 1;
+            match self.free_bits.get(w) {
+                Some(&x) => bits = !x,
+                None => return w as u64 * 64,
+            }
+        }
+    }
+
+    /// The first granule of the free run that holds granule `g` (which is free).
+    fn run_start(&self, g: u64) -> u64 {
+        let mut w = (g / 64) as usize;
+        let keep = g % 64;
+        let mask = if keep == 63 {
+            !0
+        } else {
+            (1u64 << (keep + 1)) - 1
+        };
+        let mut bits = !self.free_bits[w] & mask;
+        loop {
+            if bits != 0 {
+                return w as u64 * 64 + 64 - u64::from(bits.leading_zeros());
+            }
+            if w == 0 {
+                return 0;
+            }
+            w -= 1;
+            bits = !self.free_bits[w];
+        }
+    }
+
+    /// Whether a coalesced free chunk of `size` bytes starts at `start`.
+    fn free_chunk_at(&self, start: u64, size: u64) -> bool {
+        let g = start / 16;
+        self.is_free(g) && (g == 0 || !self.is_free(g - 1)) && self.run_end(g) == g + size / 16
+    }
+
+    /// Lists a free chunk (its bits are set by the caller).
+    fn insert_free(&mut self, start: u64, size: u64) {
+        self.free_bytes += size;
+        if size <= EXACT_MAX {
+            let b = (size / 16) as usize;
+            let bin = &mut self.bins[b];
+            bin.starts.push(Reverse(start));
+            bin.count += 1;
+            self.bin_map[b / 64] |= 1 << (b % 64);
+            if bin.starts.len() > 4 * bin.count as usize + 1024 {
+                // Drop the stale entries (and duplicates of valid ones).
+                let mut v = std::mem::take(&mut self.bins[b].starts).into_vec();
+                v.retain(|Reverse(s)| self.free_chunk_at(*s, size));
+                v.sort_unstable();
+                v.dedup();
+                self.bins[b].starts = BinaryHeap::from(v);
+            }
+        } else {
+            self.by_size.insert((size, start));
+        }
+    }
+
+    /// Unlists a free chunk (its bits are left to the caller).
     fn remove_free(&mut self, start: u64, size: u64) {
-        self.free_start.remove(&start);
-        self.free_end.remove(&(start + size));
-        self.by_size.remove(&(size, start));
+        self.free_bytes -= size;
+        if size <= EXACT_MAX {
+            let b = (size / 16) as usize;
+            let bin = &mut self.bins[b];
+            bin.count -= 1;
+            if bin.count == 0 {
+                bin.starts.clear();
+                self.bin_map[b / 64] &= !(1 << (b % 64));
+            }
+        } else {
+            self.by_size.remove(&(size, start));
+        }
+    }
+
+    /// The first non-empty exact bin at or above `b`.
+    fn next_bin(&self, b: usize) -> Option<usize> {
+        let mut w = b / 64;
+        let mut bits = self.bin_map.get(w)? & (!0u64 << (b % 64));
+        loop {
+            if bits != 0 {
+                return Some(w * 64 + bits.trailing_zeros() as usize);
+            }
+            w += 1;
+            bits = *self.bin_map.get(w)?;
+        }
     }
 
     /// Frees a chunk with coalescing; returns the size of the chunk it became (the top's
     /// size when it joined the top).
-    fn free_chunk(&mut self, mut start: u64, mut size: u64) -> u64 {
-        if let Some(&prev) = self.free_end.get(&start) {
-            let psize = self.free_start[&prev];
-            self.remove_free(prev, psize);
-            start = prev;
-            size += psize;
+    fn free_chunk(&mut self, start: u64, size: u64) -> u64 {
+        let g = start / 16;
+        let mut merged_start = start;
+        if g > 0 && self.is_free(g - 1) {
+            merged_start = self.run_start(g - 1) * 16;
+            self.remove_free(merged_start, start - merged_start);
         }
         let end = start + size;
         if end == self.top {
-            self.top = start;
+            self.mark(merged_start / 16, g, false);
+            self.top = merged_start;
             return self.brk - self.top;
         }
-        if let Some(&nsize) = self.free_start.get(&end) {
-            self.remove_free(end, nsize);
-            size += nsize;
+        let mut merged_end = end;
+        if self.is_free(end / 16) {
+            merged_end = self.run_end(end / 16) * 16;
+            self.remove_free(end, merged_end - end);
         }
-        self.insert_free(start, size);
-        size
+        self.mark(g, end / 16, true);
+        self.insert_free(merged_start, merged_end - merged_start);
+        merged_end - merged_start
     }
 
-    fn best_fit(&mut self, nb: u64) -> Option<u64> {
-        let &(size, start) = self.by_size.range((nb, 0)..).next()?;
+    /// The smallest free chunk that fits `nb` (the lowest among equals), split when the
+    /// rest makes a chunk; returns its start and the bytes handed out.
+    fn best_fit(&mut self, nb: u64) -> Option<(u64, u64)> {
+        let mut found = None;
+        if nb <= EXACT_MAX {
+            if let Some(b) = self.next_bin((nb / 16) as usize) {
+                let size = b as u64 * 16;
+                while let Some(Reverse(start)) = self.bins[b].starts.pop() {
+                    if self.free_chunk_at(start, size) {
+                        found = Some((size, start));
+                        break;
+                    }
+                }
+            }
+        }
+        let (size, start) = match found {
+            Some(f) => f,
+            None => *self.by_size.range((nb.max(EXACT_MAX + 1), 0)..).next()?,
+        };
         self.remove_free(start, size);
         if size - nb >= MINSIZE {
+            self.mark(start / 16, (start + nb) / 16, false);
             self.insert_free(start + nb, size - nb);
+            Some((start, nb))
+        } else {
+            self.mark(start / 16, (start + size) / 16, false);
+            Some((start, size))
         }
-        Some(start)
     }
 }
 
@@ -225,10 +405,8 @@ impl Glibc {
         self.threads_seen += 1;
         self.thread_arena.insert(tid, a);
         while self.arenas.len() <= a as usize {
-            self.arenas.push(Arena {
-                fast: vec![Vec::new(); (self.cfg.max_fast / 16 + 1) as usize],
-                ..Default::default()
-            });
+            self.arenas
+                .push(Arena::new((self.cfg.max_fast / 16 + 1) as usize));
         }
         a
     }
@@ -298,11 +476,11 @@ impl Glibc {
         }
         for attempt in 0..2 {
             let ar = &mut self.arenas[a as usize];
-            if let Some(start) = ar.best_fit(nb) {
+            if let Some((start, size)) = ar.best_fit(nb) {
                 return Block {
                     arena: a,
                     start,
-                    size: nb,
+                    size,
                 };
             }
             if ar.brk - ar.top >= nb + MINSIZE {
@@ -415,17 +593,21 @@ impl Model for Glibc {
 
     fn advance(&mut self, _ms: u64) {}
 
+    fn prefetch(&self, op: &Op, stage: u8) {
+        if let (Op::Free { id, .. } | Op::Alloc { id, .. }, 0) = (*op, stage) {
+            if let Some(b) = self.blocks.get(id as usize) {
+                prefetch_line(b);
+            }
+        }
+    }
+
     fn rss(&self) -> u64 {
         self.resident + self.mmapped
     }
 
     fn costs(&self) -> Costs {
         let mut c = Costs::default();
-        let free: u64 = self
-            .arenas
-            .iter()
-            .map(|a| a.by_size.iter().map(|x| x.0).sum::<u64>())
-            .sum();
+        let free: u64 = self.arenas.iter().map(|a| a.free_bytes).sum();
         c.counters = BTreeMap::from([
             ("arenas".to_string(), self.arenas.len() as u64),
             ("mmaps".to_string(), self.mmaps),
@@ -464,6 +646,36 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Glibc::new(GlibcConfig::from_settings(&s, 4096).unwrap())
+    }
+
+    #[test]
+    fn free_runs_coalesce_across_bitmap_words() {
+        let mut a = Arena::new(9);
+        a.top = 1 << 20;
+        a.brk = 1 << 20;
+        // Freed pieces join into maximal runs (granules 60..130 span three words).
+        assert_eq!(a.free_chunk(1008, 1024), 1024);
+        assert_eq!(a.free_chunk(2032, 48), 1072, "joins its left neighbour");
+        assert_eq!(a.free_chunk(960, 48), 1120, "and its right one");
+        assert!(a.free_chunk_at(960, 1120));
+        assert!(!a.free_chunk_at(1008, 1024), "no longer a chunk of its own");
+        assert_eq!(a.run_start(2079 / 16), 60);
+        assert_eq!(a.run_end(60), 130);
+        assert_eq!(a.free_bytes, 1120);
+        // Best fit splits the lowest chunk that fits and keeps the rest listed.
+        assert_eq!(a.best_fit(64), Some((960, 64)));
+        assert!(a.free_chunk_at(1024, 1056));
+        assert_eq!(
+            a.best_fit(1040),
+            Some((1024, 1056)),
+            "a rest under 32 bytes goes along"
+        );
+        assert_eq!(a.free_bytes, 0);
+        assert_eq!(a.best_fit(16), None);
+        // A chunk that ends at the top joins it.
+        a.top = 4096;
+        assert_eq!(a.free_chunk(3904, 192), a.brk - 3904);
+        assert_eq!(a.top, 3904);
     }
 
     #[test]

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use super::sizeclass::{Rng, SizeClassConfig, Slabs, SIZECLASS_KEYS};
-use super::{parse_u64, unknown_key, Costs, Model, MoveEvent, MAX_EVENTS};
+use super::{parse_u64, unknown_key, Costs, Model, MoveEvent, Op, MAX_EVENTS};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct MeshConfig {
@@ -81,19 +81,22 @@ impl Mesh {
         }
     }
 
-    fn disjoint(&self, a: u32, b: u32) -> bool {
-        let (x, y) = (&self.slabs.spans[a as usize], &self.slabs.spans[b as usize]);
-        let last = x.used.len() - 1;
-        let tail = if x.nregs % 64 == 0 {
-            !0
-        } else {
-            (1u64 << (x.nregs % 64)) - 1
-        };
-        x.used
-            .iter()
-            .zip(&y.used)
-            .enumerate()
-            .all(|(i, (p, q))| p & q & if i == last { tail } else { !0 } == 0)
+    /// The used-slot bitmaps of `spans` (bits past the last slot cleared), one after
+    /// another, and their used counts: the probes then read contiguous memory instead of
+    /// chasing each span.
+    fn bitmaps(&self, spans: &[u32], words: usize) -> (Vec<u64>, Vec<u32>) {
+        let mut bits = Vec::with_capacity(spans.len() * words);
+        let mut used = Vec::with_capacity(spans.len());
+        for &sp in spans {
+            let s = &self.slabs.spans[sp as usize];
+            bits.extend_from_slice(&s.used);
+            if !s.nregs.is_multiple_of(64) {
+                let last = bits.len() - 1;
+                bits[last] &= (1u64 << (s.nregs % 64)) - 1;
+            }
+            used.push(s.nregs - s.nfree);
+        }
+        (bits, used)
     }
 
     /// One meshing pass over every class; returns (bytes, objects, meshes).
@@ -121,22 +124,27 @@ impl Mesh {
             let (left, right) = cand.split_at(half);
             let mut right_used = vec![false; right.len()];
             let csize = u64::from(self.slabs.cfg.table.sizes[class]);
+            let nregs = self.slabs.spans[left[0] as usize].nregs;
+            let words = self.slabs.spans[left[0] as usize].used.len();
+            let (lbits, lused) = self.bitmaps(left, words);
+            let (rbits, rused) = self.bitmaps(right, words);
             for (i, &l) in left.iter().enumerate() {
+                let lb = &lbits[i * words..(i + 1) * words];
                 for k in 0..(self.cfg.probes as usize).min(right.len()) {
                     let j = (i + k) % right.len();
-                    if right_used[j] {
+                    if right_used[j] || lused[i] + rused[j] > nregs {
+                        continue;
+                    }
+                    let rb = &rbits[j * words..(j + 1) * words];
+                    if lb.iter().zip(rb).any(|(p, q)| p & q != 0) {
                         continue;
                     }
                     let r = right[j];
+                    // The fuller span keeps its pages; the other's objects move.
                     let (nl, nr) = (
                         self.slabs.spans[l as usize].nfree,
                         self.slabs.spans[r as usize].nfree,
                     );
-                    let nregs = self.slabs.spans[l as usize].nregs;
-                    // The fuller span keeps its pages; the other's objects move.
-                    if (nregs - nl) + (nregs - nr) > nregs || !self.disjoint(l, r) {
-                        continue;
-                    }
                     let (keep, go) = if nl <= nr { (l, r) } else { (r, l) };
                     for slot in self.slabs.used_slots(go) {
                         self.slabs.move_block(go, slot, keep, Some(slot));
@@ -184,6 +192,9 @@ impl Model for Mesh {
             self.next_ms += self.cfg.period_ms;
         }
         self.slabs.advance(ms);
+    }
+    fn prefetch(&self, op: &Op, stage: u8) {
+        self.slabs.prefetch(op, stage);
     }
     fn rss(&self) -> u64 {
         self.slabs.rss()

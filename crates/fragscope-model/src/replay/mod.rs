@@ -83,9 +83,21 @@ pub trait Model {
     /// The settings in use, by name.
     fn config(&self) -> BTreeMap<String, String>;
 
+    /// A hint that `op` comes soon: a model may prefetch what it will touch. Called for
+    /// each op at [`PREFETCH_AHEAD`] ops ahead with `stage` 0, then nearer with stages 1
+    /// and 2 (by which time what stage 0 fetched is in cache, so the next level of
+    /// pointers can be followed).
+    #[inline]
+    fn prefetch(&self, _op: &Op, _stage: u8) {}
+
     /// Plays `ops`, sampling RSS at every sample moment and following the peak.
     fn run(&mut self, ops: &[Op], s: &mut Sampler) {
-        for op in ops {
+        for (i, op) in ops.iter().enumerate() {
+            for (stage, ahead) in PREFETCH_AHEAD.iter().enumerate() {
+                if let Some(next) = ops.get(i + ahead) {
+                    self.prefetch(next, stage as u8);
+                }
+            }
             match *op {
                 Op::Alloc { id, tid, size } => {
                     self.alloc(id, size, tid);
@@ -108,6 +120,24 @@ pub trait Model {
             }
         }
     }
+}
+
+/// How far ahead [`Model::prefetch`] is told of ops, per stage: replayed frees land at
+/// random places of a large heap, and fetching their model state a few ops early hides
+/// most of the cache misses.
+pub const PREFETCH_AHEAD: [usize; 3] = [24, 12, 4];
+
+/// Asks the CPU to bring the cache line at `p` in, without waiting for it.
+#[inline(always)]
+pub(crate) fn prefetch_line<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and reads nothing the program sees.
+    #[allow(unused_unsafe)]
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// One moment at which a model moved objects.

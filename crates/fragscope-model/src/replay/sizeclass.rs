@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
-use super::{parse_u64, unknown_key, Costs, Model};
+use super::{parse_u64, prefetch_line, unknown_key, Costs, Model, Op};
 
 /// What happens to the pages of an empty span.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -585,6 +585,40 @@ impl Slabs {
         out
     }
 
+    /// Brings in what `op` will touch: its block's location (stage 0); for a free, its
+    /// span (stage 1) and the span's bitmap word (stage 2).
+    #[inline]
+    pub fn prefetch(&self, op: &Op, stage: u8) {
+        let (id, free) = match *op {
+            Op::Free { id, .. } => (id, true),
+            Op::Alloc { id, .. } => (id, false),
+            Op::Time { .. } => return,
+        };
+        let Some(loc) = self.blocks.get(id as usize) else {
+            return;
+        };
+        if !free && stage > 0 {
+            return; // an allocation writes its location only
+        }
+        match stage {
+            0 => prefetch_line(loc),
+            1 => {
+                if let Some(s) = self.spans.get(loc.span as usize) {
+                    prefetch_line(s);
+                }
+            }
+            _ => {
+                if let Some(w) = self
+                    .spans
+                    .get(loc.span as usize)
+                    .and_then(|s| s.used.get((loc.slot / 64) as usize))
+                {
+                    prefetch_line(w);
+                }
+            }
+        }
+    }
+
     /// Purges pages freed long enough ago.
     pub fn advance(&mut self, ms: u64) {
         self.now_ms = ms;
@@ -630,6 +664,9 @@ impl Model for SizeClass {
     }
     fn advance(&mut self, ms: u64) {
         self.slabs.advance(ms);
+    }
+    fn prefetch(&self, op: &Op, stage: u8) {
+        self.slabs.prefetch(op, stage);
     }
     fn rss(&self) -> u64 {
         self.slabs.rss()
