@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs what fragscope and its tests need on Debian/Ubuntu: a C compiler, libunwind
 # (stacks), the allocators the tests and `compare` run programs under, GHC (the tests
-# build a Haskell program and record its eventlog) and Chromium (the tests load the HTML
-# report in a headless browser).
+# build a Haskell program and record its eventlog), Chromium (the tests load the HTML
+# report in a headless browser), Go (the tests read pprof exports with `go tool pprof`) and
+# a Python virtualenv with DuckDB in target/pyenv (the tests read the Parquet exports).
 # With --bench, also heaptrack and hyperfine (the benchmark's reference points).
 set -euo pipefail
 pkgs=(build-essential pkg-config libunwind8 libunwind-dev libjemalloc2 libjemalloc-dev
-      libgoogle-perftools-dev libmimalloc-dev ghc chromium)
+      libgoogle-perftools-dev libmimalloc-dev ghc chromium python3-venv)
+command -v go >/dev/null || [[ -x /usr/local/go/bin/go ]] || pkgs+=(golang-go)
 [[ "${1:-}" == "--bench" ]] && pkgs+=(heaptrack hyperfine time)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -17,6 +19,12 @@ if ((${#missing[@]})); then
   echo "installing: ${missing[*]}" >&2
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+pyenv="$(dirname "$0")/../target/pyenv"
+if ! "$pyenv/bin/python" -c 'import duckdb' 2>/dev/null; then
+  echo "installing duckdb (PyPI) into target/pyenv" >&2
+  python3 -m venv "$pyenv"
+  "$pyenv/bin/pip" install -q --disable-pip-version-check duckdb
 fi
 if ! command -v cargo >/dev/null; then
   echo "fragscope needs Rust 1.80 or newer (cargo): https://rustup.rs" >&2

@@ -16,6 +16,24 @@ const TIMELINE_ROWS: usize = 16;
 /// The GHC report of `path` when it is an eventlog, or a trace that references one;
 /// `None` to fall through to the malloc report.
 pub fn run_if_ghc(path: &Path, json: bool, html: Option<&Path>) -> Result<Option<ExitCode>> {
+    let Some(report) = load(path)? else {
+        return Ok(None);
+    };
+    if let Some(out) = html {
+        crate::html::write_ghc(out, &report)?;
+        eprintln!("fragscope: wrote {}", out.display());
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else if html.is_none() {
+        print!("{}", render(&report));
+    }
+    Ok(Some(ExitCode::SUCCESS))
+}
+
+/// The GHC model of `path` when it is an eventlog, or a trace that references one; `None`
+/// for anything else (the malloc model's input, or not a trace: it says which).
+pub fn load(path: &Path) -> Result<Option<GhcReport>> {
     let mut magic = [0u8; 4];
     let is_eventlog = std::fs::File::open(path)
         .and_then(|mut f| f.read_exact(&mut magic))
@@ -41,16 +59,7 @@ pub fn run_if_ghc(path: &Path, json: bool, html: Option<&Path>) -> Result<Option
             _ => return Ok(None),
         }
     };
-    if let Some(out) = html {
-        crate::html::write_ghc(out, &report)?;
-        eprintln!("fragscope: wrote {}", out.display());
-    }
-    if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else if html.is_none() {
-        print!("{}", render(&report));
-    }
-    Ok(Some(ExitCode::SUCCESS))
+    Ok(Some(report))
 }
 
 fn secs(ms: f64) -> String {

@@ -1,6 +1,7 @@
 //! The `fragscope` command line.
 
 mod compare;
+mod export;
 mod ghc_report;
 mod html;
 mod info;
@@ -37,6 +38,7 @@ enum Command {
     Info(info::InfoArgs),
     Report(report::ReportArgs),
     Compare(compare::CompareArgs),
+    Export(export::ExportArgs),
     Replay(replay::ReplayArgs),
 }
 
@@ -47,6 +49,7 @@ fn main() -> ExitCode {
         Command::Info(a) => info::run(a),
         Command::Report(a) => report::run(a),
         Command::Compare(a) => compare::run(a),
+        Command::Export(a) => export::run(a),
         Command::Replay(a) => replay::run(a),
     };
     match result {

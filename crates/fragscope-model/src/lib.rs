@@ -7,6 +7,7 @@
 //! model, [`ghc`], on the same parts.
 
 pub mod analyze;
+pub mod calls;
 pub mod compare;
 pub mod ghc;
 pub mod heap;

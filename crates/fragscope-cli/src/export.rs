@@ -1,0 +1,918 @@
+//! `fragscope export`: the model's figures in formats other tools read — pprof's
+//! profile.proto, folded stacks, Parquet tables, and the report's JSON document.
+//!
+//! Like the other views, this module only reshapes what the model returns: the sites
+//! (with their symbolized stacks) and snapshots of a [`Report`], and for Parquet's raw
+//! tables the merged calls and RSS samples of [`fragscope_model::calls`]. The formats are
+//! described in docs/export.md.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use arrow_array::builder::{ListBuilder, StringBuilder};
+use arrow_array::{
+    Array, ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, UInt32Array, UInt64Array,
+};
+use arrow_schema::{DataType, Field, Schema};
+use clap::{Args, ValueEnum};
+use fragscope_model::calls::{self, Row};
+use fragscope_model::report::{Report, Site};
+use fragscope_model::symbols::Frame;
+use fragscope_model::{analyze, Options};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+use parquet::format::KeyValue;
+
+use crate::progress;
+
+/// Export a recorded run for other tools: a pprof heap profile (go tool pprof, Grafana
+/// Pyroscope), folded stacks (FlameGraph, inferno, speedscope), Parquet tables (DuckDB,
+/// pandas, Spark, Trino), or the report's JSON document.
+///
+/// Examples:
+///   fragscope export run.fsc --format pprof -o heap.pb.gz
+///   go tool pprof -top -sample_index=inuse_space heap.pb.gz
+///   fragscope export run.fsc --format collapsed --value pinned_waste -o pinned.folded
+///   flamegraph.pl pinned.folded > pinned.svg        (or: inferno-flamegraph)
+///   fragscope export run.fsc --format parquet -o run.parquet/
+///   duckdb -c "select label, pinned_waste from 'run.parquet/sites.parquet' order by 2 desc limit 5"
+///   fragscope export run.fsc --format json -o report.json
+///
+/// pprof's sample types: alloc_objects and alloc_space (over the whole run), inuse_objects
+/// and inuse_space (live at the report's focus snapshot, the one with the most heap
+/// waste), and pinned_waste (free bytes that each site's live objects keep resident in
+/// sparse pages, at the same snapshot). `-o -` writes collapsed stacks or JSON to stdout.
+/// The formats and the Parquet schema are described in docs/export.md.
+#[derive(Args)]
+#[command(verbatim_doc_comment)]
+pub struct ExportArgs {
+    /// The trace (from `fragscope record`).
+    trace: PathBuf,
+    /// The output format.
+    #[arg(long, short, value_enum)]
+    format: Format,
+    /// Where to write: a file, or for parquet a directory (created if needed) that gets
+    /// one file per table; `-` is stdout for collapsed and json.
+    #[arg(long, short, value_name = "PATH")]
+    output: PathBuf,
+    /// The figure each folded stack carries (collapsed only; default alloc_space).
+    #[arg(long, value_enum)]
+    value: Option<Value>,
+    /// Export this process (default: the one with the highest RSS; see `fragscope info`).
+    #[arg(long)]
+    pid: Option<u32>,
+    /// Pages whose live bytes fill less than this percentage count as pinned by the
+    /// objects in them (pinned waste).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100))]
+    sparse_pct: u32,
+    /// Rows in each table of sites and size classes of the JSON document (as `report --top`).
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+    /// Parquet: leave out the table of every call (events.parquet), the largest by far.
+    #[arg(long)]
+    no_events: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    /// gzipped profile.proto heap profile
+    Pprof,
+    /// folded stacks: "root;...;leaf value" per line
+    Collapsed,
+    /// a directory of Parquet tables
+    Parquet,
+    /// the `report --json` document
+    Json,
+}
+
+/// A figure of an allocation site.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+enum Value {
+    /// bytes allocated over the whole run
+    AllocSpace,
+    /// allocations over the whole run
+    AllocObjects,
+    /// bytes live at the focus snapshot
+    InuseSpace,
+    /// objects live at the focus snapshot
+    InuseObjects,
+    /// free bytes kept resident in sparse pages by the site's live objects
+    PinnedWaste,
+}
+
+impl Value {
+    const ALL: [Value; 5] = [
+        Value::AllocObjects,
+        Value::AllocSpace,
+        Value::InuseObjects,
+        Value::InuseSpace,
+        Value::PinnedWaste,
+    ];
+
+    fn of(self, s: &Site) -> u64 {
+        match self {
+            Value::AllocSpace => s.allocated_bytes,
+            Value::AllocObjects => s.allocations,
+            Value::InuseSpace => s.live_bytes,
+            Value::InuseObjects => s.live_objects,
+            Value::PinnedWaste => s.pinned_waste,
+        }
+    }
+
+    /// pprof's name and unit for the figure.
+    fn pprof(self) -> (&'static str, &'static str) {
+        match self {
+            Value::AllocSpace => ("alloc_space", "bytes"),
+            Value::AllocObjects => ("alloc_objects", "count"),
+            Value::InuseSpace => ("inuse_space", "bytes"),
+            Value::InuseObjects => ("inuse_objects", "count"),
+            Value::PinnedWaste => ("pinned_waste", "bytes"),
+        }
+    }
+}
+
+pub fn run(a: ExportArgs) -> Result<ExitCode> {
+    if a.value.is_some() && a.format != Format::Collapsed {
+        bail!("--value applies to --format collapsed only (pprof carries every figure)");
+    }
+    let to_stdout = a.output.as_os_str() == "-";
+    if to_stdout && matches!(a.format, Format::Pprof | Format::Parquet) {
+        bail!("-o - (stdout) is for collapsed and json; pprof and parquet need a path");
+    }
+    if !to_stdout && a.format != Format::Parquet && a.output.is_dir() {
+        bail!("{} is a directory: give a file name", a.output.display());
+    }
+    if !to_stdout && a.format != Format::Parquet {
+        writable(&a.output)?;
+    }
+    if let Some(ghc) = crate::ghc_report::load(&a.trace)? {
+        if a.format != Format::Json {
+            bail!(
+                "{} is a GHC program's recording: its heap is the RTS's, with no malloc \
+                 allocation sites; only --format json applies",
+                a.trace.display()
+            );
+        }
+        return write_output(&a.output, json_text(&ghc)?.as_bytes());
+    }
+    let size = std::fs::metadata(&a.trace)
+        .with_context(|| format!("cannot open {}", a.trace.display()))?
+        .len();
+    let opts = Options {
+        pid: a.pid,
+        sparse_pct: a.sparse_pct,
+        top: a.top,
+        all_sites: a.format != Format::Json,
+    };
+    let bar = progress::bar(size, "analysing");
+    let report = analyze(&a.trace, &opts, |done, _| bar.set_position(done))
+        .with_context(|| format!("analysing {}", a.trace.display()))?;
+    bar.finish_and_clear();
+    if a.format != Format::Json && report.stacks == "none" {
+        eprintln!(
+            "fragscope: warning: {} was recorded with --stacks none: it has no allocation \
+             sites, so the export holds no stacks",
+            a.trace.display()
+        );
+    }
+    match a.format {
+        Format::Json => write_output(&a.output, json_text(&report)?.as_bytes()),
+        Format::Collapsed => write_output(
+            &a.output,
+            collapsed(&report, a.value.unwrap_or(Value::AllocSpace)).as_bytes(),
+        ),
+        Format::Pprof => {
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            gz.write_all(&pprof(&report))?;
+            write_output(&a.output, &gz.finish()?)
+        }
+        Format::Parquet => {
+            let tables = parquet_tables(&a.trace, &a.output, &report, !a.no_events, size)?;
+            eprintln!(
+                "fragscope: wrote {} ({})",
+                a.output.display(),
+                tables.join(", ")
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// The same text as `fragscope report --json` prints.
+fn json_text(v: &impl serde::Serialize) -> Result<String> {
+    Ok(serde_json::to_string_pretty(v)? + "\n")
+}
+
+/// Fails early, before a long analysis, when `path` cannot be written; leaves no file.
+fn writable(path: &Path) -> Result<()> {
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
+fn write_output(path: &Path, bytes: &[u8]) -> Result<ExitCode> {
+    if path.as_os_str() == "-" {
+        std::io::stdout().lock().write_all(bytes)?;
+    } else {
+        std::fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("fragscope: wrote {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A frame's name in folded stacks and flame graphs, without the characters that the
+/// folded format uses as separators.
+fn folded_name(f: &Frame) -> String {
+    f.label()
+        .chars()
+        .map(|c| match c {
+            ';' => ':',
+            '\n' | '\r' => ' ',
+            c => c,
+        })
+        .collect()
+}
+
+/// Folded stacks, root first, one line per distinct stack (sites whose frames read the
+/// same are summed), sites without the figure left out.
+fn collapsed(r: &Report, value: Value) -> String {
+    let mut lines: BTreeMap<String, u64> = BTreeMap::new();
+    for s in &r.all_sites {
+        let v = value.of(s);
+        if v == 0 {
+            continue;
+        }
+        let path = if s.frames.is_empty() {
+            "(no stack)".to_string()
+        } else {
+            s.frames
+                .iter()
+                .rev()
+                .map(folded_name)
+                .collect::<Vec<_>>()
+                .join(";")
+        };
+        *lines.entry(path).or_default() += v;
+    }
+    let mut out = String::new();
+    for (path, v) in lines {
+        out.push_str(&path);
+        out.push(' ');
+        out.push_str(&v.to_string());
+        out.push('\n');
+    }
+    out
+}
+
+/// pprof's profile.proto (github.com/google/pprof/proto/profile.proto), the messages this
+/// export writes. Field numbers and types are the proto's.
+mod proto {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Profile {
+        #[prost(message, repeated, tag = "1")]
+        pub sample_type: Vec<ValueType>,
+        #[prost(message, repeated, tag = "2")]
+        pub sample: Vec<Sample>,
+        #[prost(message, repeated, tag = "3")]
+        pub mapping: Vec<Mapping>,
+        #[prost(message, repeated, tag = "4")]
+        pub location: Vec<Location>,
+        #[prost(message, repeated, tag = "5")]
+        pub function: Vec<Function>,
+        #[prost(string, repeated, tag = "6")]
+        pub string_table: Vec<String>,
+        #[prost(int64, tag = "9")]
+        pub time_nanos: i64,
+        #[prost(int64, tag = "10")]
+        pub duration_nanos: i64,
+        #[prost(message, optional, tag = "11")]
+        pub period_type: Option<ValueType>,
+        #[prost(int64, tag = "12")]
+        pub period: i64,
+        #[prost(int64, repeated, tag = "13")]
+        pub comment: Vec<i64>,
+        #[prost(int64, tag = "14")]
+        pub default_sample_type: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ValueType {
+        #[prost(int64, tag = "1")]
+        pub r#type: i64,
+        #[prost(int64, tag = "2")]
+        pub unit: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Sample {
+        #[prost(uint64, repeated, tag = "1")]
+        pub location_id: Vec<u64>,
+        #[prost(int64, repeated, tag = "2")]
+        pub value: Vec<i64>,
+        #[prost(message, repeated, tag = "3")]
+        pub label: Vec<Label>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Label {
+        #[prost(int64, tag = "1")]
+        pub key: i64,
+        #[prost(int64, tag = "2")]
+        pub str: i64,
+        #[prost(int64, tag = "3")]
+        pub num: i64,
+        #[prost(int64, tag = "4")]
+        pub num_unit: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Mapping {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub memory_start: u64,
+        #[prost(uint64, tag = "3")]
+        pub memory_limit: u64,
+        #[prost(uint64, tag = "4")]
+        pub file_offset: u64,
+        #[prost(int64, tag = "5")]
+        pub filename: i64,
+        #[prost(int64, tag = "6")]
+        pub build_id: i64,
+        #[prost(bool, tag = "7")]
+        pub has_functions: bool,
+        #[prost(bool, tag = "8")]
+        pub has_filenames: bool,
+        #[prost(bool, tag = "9")]
+        pub has_line_numbers: bool,
+        #[prost(bool, tag = "10")]
+        pub has_inline_frames: bool,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Location {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub mapping_id: u64,
+        #[prost(uint64, tag = "3")]
+        pub address: u64,
+        #[prost(message, repeated, tag = "4")]
+        pub line: Vec<Line>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Line {
+        #[prost(uint64, tag = "1")]
+        pub function_id: u64,
+        #[prost(int64, tag = "2")]
+        pub line: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Function {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(int64, tag = "2")]
+        pub name: i64,
+        #[prost(int64, tag = "3")]
+        pub system_name: i64,
+        #[prost(int64, tag = "4")]
+        pub filename: i64,
+        #[prost(int64, tag = "5")]
+        pub start_line: i64,
+    }
+}
+
+/// Builds a profile's string table, locations, functions and mappings.
+#[derive(Default)]
+struct ProfileBuilder {
+    p: proto::Profile,
+    strings: HashMap<String, i64>,
+    functions: HashMap<(i64, i64), u64>,
+    locations: HashMap<u64, u64>,
+    mappings: HashMap<String, usize>,
+}
+
+impl ProfileBuilder {
+    fn new() -> Self {
+        let mut b = Self::default();
+        b.s("");
+        b
+    }
+
+    fn s(&mut self, text: &str) -> i64 {
+        if let Some(&i) = self.strings.get(text) {
+            return i;
+        }
+        let i = self.p.string_table.len() as i64;
+        self.p.string_table.push(text.to_string());
+        self.strings.insert(text.to_string(), i);
+        i
+    }
+
+    fn value_type(&mut self, (kind, unit): (&str, &str)) -> proto::ValueType {
+        proto::ValueType {
+            r#type: self.s(kind),
+            unit: self.s(unit),
+        }
+    }
+
+    fn function(&mut self, f: &Frame) -> u64 {
+        let name = match &f.function {
+            Some(n) => self.s(n),
+            None => self.s(&format!("{}+{:#x}", f.module, f.offset)),
+        };
+        let file = self.s(f.file.as_deref().unwrap_or(""));
+        let next = self.p.function.len() as u64 + 1;
+        let id = *self.functions.entry((name, file)).or_insert(next);
+        if id == next {
+            self.p.function.push(proto::Function {
+                id,
+                name,
+                system_name: name,
+                filename: file,
+                start_line: 0,
+            });
+        }
+        id
+    }
+
+    fn mapping(&mut self, f: &Frame) -> u64 {
+        if f.module.is_empty() || f.module == "?" {
+            return 0;
+        }
+        let start = f.addr.saturating_sub(f.offset);
+        let i = match self.mappings.get(&f.module) {
+            Some(&i) => i,
+            None => {
+                let filename = self.s(&f.module);
+                self.p.mapping.push(proto::Mapping {
+                    id: self.p.mapping.len() as u64 + 1,
+                    memory_start: start,
+                    memory_limit: f.addr + 1,
+                    filename,
+                    ..Default::default()
+                });
+                self.mappings
+                    .insert(f.module.clone(), self.p.mapping.len() - 1);
+                self.p.mapping.len() - 1
+            }
+        };
+        let m = &mut self.p.mapping[i];
+        m.memory_start = m.memory_start.min(start);
+        m.memory_limit = m.memory_limit.max(f.addr + 1);
+        m.has_functions |= f.function.is_some();
+        m.has_filenames |= f.file.is_some();
+        m.has_line_numbers |= f.line.is_some();
+        m.has_inline_frames |= f.inlined;
+        m.id
+    }
+
+    /// The location of one return address: its frames (inlined ones first, as pprof
+    /// lists a location's lines).
+    fn location(&mut self, frames: &[Frame]) -> u64 {
+        let addr = frames[0].addr;
+        if let Some(&id) = self.locations.get(&addr) {
+            return id;
+        }
+        let mapping_id = self.mapping(&frames[frames.len() - 1]);
+        let line = frames
+            .iter()
+            .map(|f| proto::Line {
+                function_id: self.function(f),
+                line: i64::from(f.line.unwrap_or(0)),
+            })
+            .collect();
+        let id = self.p.location.len() as u64 + 1;
+        self.p.location.push(proto::Location {
+            id,
+            mapping_id,
+            address: addr,
+            line,
+        });
+        self.locations.insert(addr, id);
+        id
+    }
+}
+
+/// The heap profile: one sample per allocation site, with every figure of [`Value::ALL`].
+fn pprof(r: &Report) -> Vec<u8> {
+    use prost::Message as _;
+    let mut b = ProfileBuilder::new();
+    b.p.sample_type = Value::ALL.iter().map(|v| b.value_type(v.pprof())).collect();
+    b.p.default_sample_type = b.s("inuse_space");
+    b.p.period_type = Some(b.value_type(("space", "bytes")));
+    b.p.period = 1;
+    b.p.duration_nanos = (r.duration_ms * 1e6) as i64;
+    let mut comments = vec![
+        format!("fragscope export of {} (pid {})", r.trace, r.pid),
+        format!("program: {}", r.argv.join(" ")),
+    ];
+    if let Some(t) = r.sites.t_ms {
+        comments.push(format!(
+            "inuse_* and pinned_waste at {t:.0} ms (the report's focus snapshot); \
+             pinned_waste: free bytes in pages under {}% live",
+            r.sites.sparse_pct
+        ));
+    }
+    if r.stacks == "sampled" {
+        comments.push("stacks were sampled: figures are estimates".into());
+    }
+    b.p.comment = comments.iter().map(|c| b.s(c)).collect();
+    // pprof names the profile after its first mapping: make it the program's.
+    let program = r.argv.first().map(|a| a.rsplit('/').next().unwrap_or(a));
+    if let Some(f) = r
+        .all_sites
+        .iter()
+        .flat_map(|s| &s.frames)
+        .find(|f| Some(f.module.as_str()) == program)
+    {
+        b.mapping(f);
+    }
+    let stack_key = b.s("stack");
+    let no_stack = Frame {
+        addr: 0,
+        function: Some("(no stack)".into()),
+        file: None,
+        line: None,
+        module: String::new(),
+        offset: 0,
+        inlined: false,
+    };
+    for s in &r.all_sites {
+        let value: Vec<i64> = Value::ALL.iter().map(|v| v.of(s) as i64).collect();
+        if value.iter().all(|&v| v == 0) {
+            continue;
+        }
+        let mut location_id = Vec::new();
+        // Frames sharing a return address (inlined, then their caller) make one location.
+        for group in s.frames.chunk_by(|a, b| a.addr == b.addr) {
+            location_id.push(b.location(group));
+        }
+        if location_id.is_empty() {
+            location_id.push(b.location(std::slice::from_ref(&no_stack)));
+        }
+        b.p.sample.push(proto::Sample {
+            location_id,
+            value,
+            label: vec![proto::Label {
+                key: stack_key,
+                num: i64::from(s.stack),
+                ..Default::default()
+            }],
+        });
+    }
+    b.p.encode_to_vec()
+}
+
+// ---------------------------------------------------------------------------------------
+// Parquet
+
+/// Rows per record batch (and so per row group at most) of the event table.
+const EVENT_BATCH: usize = 1 << 16;
+
+fn u64_col(name: &str, v: Vec<u64>) -> (Field, ArrayRef) {
+    (
+        Field::new(name, DataType::UInt64, false),
+        Arc::new(UInt64Array::from(v)),
+    )
+}
+
+fn u32_col(name: &str, v: Vec<u32>) -> (Field, ArrayRef) {
+    (
+        Field::new(name, DataType::UInt32, false),
+        Arc::new(UInt32Array::from(v)),
+    )
+}
+
+fn f64_col(name: &str, v: Vec<f64>) -> (Field, ArrayRef) {
+    (
+        Field::new(name, DataType::Float64, false),
+        Arc::new(Float64Array::from(v)),
+    )
+}
+
+fn str_col(name: &str, v: Vec<Option<String>>) -> (Field, ArrayRef) {
+    let nullable = v.iter().any(Option::is_none);
+    (
+        Field::new(name, DataType::Utf8, nullable),
+        Arc::new(StringArray::from(v)),
+    )
+}
+
+/// A batch from named columns (and the schema it fixes).
+fn batch(cols: Vec<(Field, ArrayRef)>) -> Result<RecordBatch> {
+    let (fields, arrays): (Vec<Field>, Vec<ArrayRef>) = cols.into_iter().unzip();
+    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)?)
+}
+
+/// Writes Parquet files of one run, each with the run's identity in its key-value metadata.
+struct TableWriter<'a> {
+    dir: &'a Path,
+    metadata: Vec<KeyValue>,
+}
+
+impl TableWriter<'_> {
+    fn open(&self, name: &str, schema: Arc<Schema>) -> Result<ArrowWriter<std::fs::File>> {
+        let path = self.dir.join(format!("{name}.parquet"));
+        let file = std::fs::File::create(&path)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        let props = WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .set_key_value_metadata(Some(self.metadata.clone()))
+            .build();
+        ArrowWriter::try_new(file, schema, Some(props))
+            .with_context(|| format!("cannot write {}", path.display()))
+    }
+
+    /// One table written in one go.
+    fn write(&self, name: &str, b: RecordBatch) -> Result<String> {
+        let mut w = self.open(name, b.schema())?;
+        w.write(&b)?;
+        w.close()?;
+        Ok(format!("{name}: {} rows", b.num_rows()))
+    }
+}
+
+/// Writes the tables into `dir`; returns a line per table.
+fn parquet_tables(
+    trace: &Path,
+    dir: &Path,
+    r: &Report,
+    events: bool,
+    trace_bytes: u64,
+) -> Result<Vec<String>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let kv = |k: &str, v: String| KeyValue::new(format!("fragscope.{k}"), v);
+    let w = TableWriter {
+        dir,
+        metadata: vec![
+            kv("trace", r.trace.clone()),
+            kv("pid", r.pid.to_string()),
+            kv("stream", r.stream.to_string()),
+            kv("argv", serde_json::to_string(&r.argv)?),
+            kv("stacks", r.stacks.clone()),
+            kv("version", env!("CARGO_PKG_VERSION").to_string()),
+        ],
+    };
+    let mut done = vec![
+        w.write("sites", sites_batch(r)?)?,
+        w.write("snapshots", snapshots_batch(r)?)?,
+        w.write("occupancy", occupancy_batch(r)?)?,
+    ];
+    done.extend(raw_tables(&w, trace, r.stream, events, trace_bytes)?);
+    Ok(done)
+}
+
+fn sites_batch(r: &Report) -> Result<RecordBatch> {
+    let sites = &r.all_sites;
+    let leaf = |s: &Site| {
+        s.frames
+            .iter()
+            .find(|f| f.label() == s.label)
+            .or(s.frames.first())
+            .cloned()
+    };
+    let leaves: Vec<Option<Frame>> = sites.iter().map(leaf).collect();
+    let mut frames = ListBuilder::new(StringBuilder::new());
+    for s in sites {
+        for f in &s.frames {
+            frames.values().append_value(f.label());
+        }
+        frames.append(true);
+    }
+    let frames = frames.finish();
+    let mut cols = vec![
+        u32_col("stack", sites.iter().map(|s| s.stack).collect()),
+        str_col(
+            "label",
+            sites.iter().map(|s| Some(s.label.clone())).collect(),
+        ),
+        str_col(
+            "function",
+            leaves
+                .iter()
+                .map(|f| f.as_ref().and_then(|f| f.function.clone()))
+                .collect(),
+        ),
+        str_col(
+            "file",
+            leaves
+                .iter()
+                .map(|f| f.as_ref().and_then(|f| f.file.clone()))
+                .collect(),
+        ),
+        (
+            Field::new("line", DataType::UInt32, true),
+            Arc::new(UInt32Array::from(
+                leaves
+                    .iter()
+                    .map(|f| f.as_ref().and_then(|f| f.line))
+                    .collect::<Vec<_>>(),
+            )),
+        ),
+        str_col(
+            "module",
+            leaves
+                .iter()
+                .map(|f| f.as_ref().map(|f| f.module.clone()))
+                .collect(),
+        ),
+        (
+            Field::new("frames", frames.data_type().clone(), false),
+            Arc::new(frames),
+        ),
+    ];
+    for v in Value::ALL {
+        cols.push(u64_col(
+            v.pprof().0,
+            sites.iter().map(|s| v.of(s)).collect(),
+        ));
+    }
+    cols.push(u64_col(
+        "pinning_objects",
+        sites.iter().map(|s| s.pinning_objects).collect(),
+    ));
+    cols.push(f64_col(
+        "pinned_pages",
+        sites.iter().map(|s| s.pinned_pages).collect(),
+    ));
+    batch(cols)
+}
+
+fn snapshots_batch(r: &Report) -> Result<RecordBatch> {
+    let s = &r.snapshots;
+    let u = |name: &str, f: fn(&fragscope_model::report::Snapshot) -> u64| {
+        u64_col(name, s.iter().map(f).collect())
+    };
+    batch(vec![
+        u32_col("snapshot", (0..s.len() as u32).collect()),
+        f64_col("t_ms", s.iter().map(|x| x.t_ms).collect()),
+        str_col("reason", s.iter().map(|x| Some(x.reason.clone())).collect()),
+        u("rss", |x| x.parts.rss),
+        u("live", |x| x.parts.live),
+        u("rounding", |x| x.parts.rounding),
+        u("free_in_used_pages", |x| x.parts.free_in_used_pages),
+        u("free_resident_pages", |x| x.parts.free_resident_pages),
+        u("lazy_free", |x| x.parts.lazy_free),
+        u("other_anon", |x| x.parts.other_anon),
+        u("file", |x| x.parts.file),
+        u("fragscope_own", |x| x.parts.fragscope_own),
+        (
+            Field::new("unexplained", DataType::Int64, false),
+            Arc::new(Int64Array::from(
+                s.iter().map(|x| x.parts.unexplained).collect::<Vec<_>>(),
+            )),
+        ),
+        u("rss_anon", |x| x.parts.rss_anon),
+        u("heap_resident", |x| x.parts.heap_resident),
+        u("live_not_resident", |x| x.live_not_resident),
+        u("page_size", |x| x.page_size),
+        u("used_pages", |x| x.used_pages),
+        u("empty_pages", |x| x.empty_pages),
+    ])
+}
+
+fn occupancy_batch(r: &Report) -> Result<RecordBatch> {
+    let rows: Vec<(u32, f64, &fragscope_model::report::OccupancyBucket)> = r
+        .snapshots
+        .iter()
+        .enumerate()
+        .flat_map(|(i, s)| s.occupancy.iter().map(move |b| (i as u32, s.t_ms, b)))
+        .collect();
+    batch(vec![
+        u32_col("snapshot", rows.iter().map(|x| x.0).collect()),
+        f64_col("t_ms", rows.iter().map(|x| x.1).collect()),
+        u32_col("lo_pct", rows.iter().map(|x| x.2.lo_pct).collect()),
+        u32_col("hi_pct", rows.iter().map(|x| x.2.hi_pct).collect()),
+        u64_col("pages", rows.iter().map(|x| x.2.pages).collect()),
+        u64_col("live_bytes", rows.iter().map(|x| x.2.live_bytes).collect()),
+    ])
+}
+
+/// Columns of the event table, filled a batch at a time.
+#[derive(Default)]
+struct Events {
+    seq: Vec<u64>,
+    t_ms: Vec<f64>,
+    tid: Vec<u32>,
+    func: Vec<Option<String>>,
+    address: Vec<u64>,
+    old_address: Vec<u64>,
+    size: Vec<u64>,
+    usable: Vec<u64>,
+    freed: Vec<u64>,
+    stack: Vec<u32>,
+}
+
+impl Events {
+    fn push(&mut self, seq: u64, c: calls::CallRow) {
+        self.seq.push(seq);
+        self.t_ms.push(c.t_ms);
+        self.tid.push(c.tid);
+        self.func.push(Some(c.func.to_string()));
+        self.address.push(c.address);
+        self.old_address.push(c.old_address);
+        self.size.push(c.size);
+        self.usable.push(c.usable);
+        self.freed.push(c.freed);
+        self.stack.push(c.stack);
+    }
+
+    fn take(&mut self) -> Result<RecordBatch> {
+        let e = std::mem::take(self);
+        batch(vec![
+            u64_col("seq", e.seq),
+            f64_col("t_ms", e.t_ms),
+            u32_col("tid", e.tid),
+            str_col("func", e.func),
+            u64_col("address", e.address),
+            u64_col("old_address", e.old_address),
+            u64_col("size", e.size),
+            u64_col("usable", e.usable),
+            u64_col("freed", e.freed),
+            u32_col("stack", e.stack),
+        ])
+    }
+}
+
+/// The RSS table, and the event table unless `events` is false: a second pass over the
+/// trace, written a batch at a time.
+fn raw_tables(
+    w: &TableWriter,
+    trace: &Path,
+    stream: u32,
+    events: bool,
+    trace_bytes: u64,
+) -> Result<Vec<String>> {
+    let mut rss: Vec<calls::RssRow> = Vec::new();
+    let mut ev = Events::default();
+    let mut writer = if events {
+        Some(w.open("events", ev.take()?.schema())?)
+    } else {
+        None
+    };
+    let mut seq = 0u64;
+    let mut failed: Option<anyhow::Error> = None;
+    let bar = progress::bar(trace_bytes, "exporting calls");
+    calls::for_each(
+        trace,
+        stream,
+        |row| match row {
+            Row::Rss(r) => rss.push(r),
+            Row::Call(c) => {
+                let Some(out) = writer.as_mut() else { return };
+                if failed.is_some() {
+                    return;
+                }
+                ev.push(seq, c);
+                seq += 1;
+                if ev.seq.len() >= EVENT_BATCH {
+                    if let Err(e) = ev.take().and_then(|b| Ok(out.write(&b)?)) {
+                        failed = Some(e);
+                    }
+                }
+            }
+        },
+        |done, _| bar.set_position(done),
+    )
+    .with_context(|| format!("reading {}", trace.display()))?;
+    bar.finish_and_clear();
+    if let Some(e) = failed {
+        return Err(e.context("writing events.parquet"));
+    }
+    let mut done = Vec::new();
+    if let Some(mut out) = writer {
+        if !ev.seq.is_empty() {
+            out.write(&ev.take()?)?;
+        }
+        out.close()?;
+        done.push(format!("events: {seq} rows"));
+    }
+    rss.sort_by(|a, b| a.t_ms.total_cmp(&b.t_ms));
+    done.push(w.write(
+        "rss",
+        batch(vec![
+            f64_col("t_ms", rss.iter().map(|x| x.t_ms).collect()),
+            u64_col("rss", rss.iter().map(|x| x.rss).collect()),
+            u64_col("rss_anon", rss.iter().map(|x| x.rss_anon).collect()),
+            u64_col("rss_file", rss.iter().map(|x| x.rss_file).collect()),
+            u64_col("rss_shmem", rss.iter().map(|x| x.rss_shmem).collect()),
+        ])?,
+    )?);
+    Ok(done)
+}

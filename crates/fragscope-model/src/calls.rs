@@ -1,0 +1,117 @@
+//! Every merged call and every RSS sample of one process, in order, for exports that keep
+//! the raw rows (`fragscope export --format parquet`). A second streaming pass over the
+//! trace: memory is bounded by the live blocks held in the merge, as in [`crate::analyze`].
+
+use std::path::Path;
+
+use fragscope_trace::merge::{Merged, Merger};
+use fragscope_trace::reader::{Chunk, TraceReader};
+use fragscope_trace::records::RssSample;
+
+use crate::analyze::AnalysisError;
+
+/// One malloc-family call, in merged order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallRow {
+    /// Milliseconds since the recording started.
+    pub t_ms: f64,
+    pub tid: u32,
+    /// `malloc`, `calloc`, `realloc`, ..., `free`.
+    pub func: &'static str,
+    /// The block returned (allocating calls) or freed (`free`); 0 for a failed call.
+    pub address: u64,
+    /// realloc's old block.
+    pub old_address: u64,
+    /// Requested bytes (allocating calls).
+    pub size: u64,
+    /// Usable bytes when the allocator told them, else 0.
+    pub usable: u64,
+    /// Requested bytes of the block(s) this call ended (free, a moving realloc).
+    pub freed: u64,
+    /// The trace's stack id (0: no stack recorded for this call).
+    pub stack: u32,
+}
+
+/// One RSS sample, in bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RssRow {
+    pub t_ms: f64,
+    pub rss: u64,
+    pub rss_anon: u64,
+    pub rss_file: u64,
+    pub rss_shmem: u64,
+}
+
+/// What [`for_each`] hands on.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Row {
+    Call(CallRow),
+    Rss(RssRow),
+}
+
+/// Reads the trace at `path` and hands every merged call and RSS sample of process image
+/// `stream` (a report's `stream`) to `visit`, calls in merged order, RSS samples in the
+/// order they were recorded. `progress` is told the bytes read so far and the file's size.
+pub fn for_each(
+    path: &Path,
+    stream: u32,
+    mut visit: impl FnMut(Row),
+    mut progress: impl FnMut(u64, u64),
+) -> Result<(), AnalysisError> {
+    let mut reader = TraceReader::open(path)?;
+    let mut merger = Merger::new();
+    let mut tick_ms = 1.0;
+    let mut chunks = 0u64;
+    let drain = |merger: &mut Merger, tick_ms: f64, visit: &mut dyn FnMut(Row)| {
+        while let Some(m) = merger.pop() {
+            if let Merged::Call(c) = m {
+                let freed = merger.ended_by_last_pop().map(|(_, b)| b.size).sum();
+                visit(Row::Call(CallRow {
+                    t_ms: c.tick as f64 * tick_ms,
+                    tid: c.tid,
+                    func: c.func.name(),
+                    address: c.addr,
+                    old_address: c.old_addr,
+                    size: if c.allocates().is_some() { c.size } else { 0 },
+                    usable: c.usable,
+                    freed,
+                    stack: c.stack,
+                }));
+            }
+        }
+    };
+    while let Some(chunk) = reader.next_chunk() {
+        chunks += 1;
+        if chunks.is_multiple_of(64) {
+            progress(reader.offset(), reader.file_bytes());
+        }
+        match chunk {
+            Chunk::Meta(m) => tick_ms = m.tick_ns as f64 / 1e6,
+            Chunk::Events(h, records) if h.stream == stream => {
+                // A damaged chunk is skipped, as the report does.
+                let _ = merger.push_chunk(&h, &records);
+                drain(&mut merger, tick_ms, &mut visit);
+            }
+            Chunk::Rss(b) if b.stream == stream => {
+                for s in &b.samples {
+                    visit(Row::Rss(rss_row(s, tick_ms)));
+                }
+            }
+            _ => {}
+        }
+    }
+    merger.finish();
+    drain(&mut merger, tick_ms, &mut visit);
+    progress(reader.offset(), reader.file_bytes());
+    Ok(())
+}
+
+fn rss_row(s: &RssSample, tick_ms: f64) -> RssRow {
+    RssRow {
+        t_ms: s.tick as f64 * tick_ms,
+        rss: s.vm_rss_kib * 1024,
+        rss_anon: s.rss_anon_kib * 1024,
+        rss_file: s.rss_file_kib * 1024,
+        rss_shmem: s.rss_shmem_kib * 1024,
+    }
+}
