@@ -53,6 +53,11 @@ pub struct RecordArgs {
     /// zstd compression level of the trace (1 = fastest, 19 = smallest).
     #[arg(long, default_value_t = 3, value_name = "LEVEL", value_parser = clap::value_parser!(i32).range(1..=19))]
     compression: i32,
+    /// Store events in the packed form: a freed block is named by its place among the live
+    /// ones, and a block handed back from a thread cache costs no address; about a third
+    /// smaller traces, for more of fragscope's own CPU while the program runs.
+    #[arg(long)]
+    pack: bool,
     /// The program to record, and its arguments.
     #[arg(required = true, last = true, value_name = "COMMAND")]
     command: Vec<OsString>,
@@ -73,6 +78,7 @@ pub fn run(a: RecordArgs) -> Result<ExitCode> {
         snapshot_ms: a.snapshot_ms,
         flush_ms: a.flush_ms.max(1),
         compression_level: a.compression,
+        pack: a.pack,
         command: a.command,
     };
     let out = record(&opts)?;

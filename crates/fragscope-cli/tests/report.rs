@@ -85,14 +85,18 @@ fn u(v: &Value, key: &str) -> u64 {
 }
 
 /// The last snapshot before the program's teardown: stripe's plateau.
+/// The snapshot the report explains (its most lasting waste): for stripe, the plateau
+/// while the survivors are held (a snapshot may also fall into the teardown after it).
 fn plateau(report: &Value) -> &Value {
-    report["snapshots"]
+    let focus = &report["headline"]["focus_t_ms"];
+    let s = report["snapshots"]
         .as_array()
         .unwrap()
         .iter()
-        .rev()
-        .find(|s| s["reason"] != "exit")
-        .expect("a snapshot during the run")
+        .find(|s| &s["t_ms"] == focus)
+        .expect("the focus is a snapshot");
+    assert_ne!(s["reason"], "exit", "{s}");
+    s
 }
 
 /// Every part is non-negative and the parts add up to RSS exactly.

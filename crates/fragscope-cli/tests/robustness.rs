@@ -18,8 +18,22 @@ fn record_and_read(
     args: &[&str],
     status: i32,
 ) -> (serde_json::Value, Vec<StreamCalls>) {
+    record_and_read_with(alloc, &[], dir, exe, args, status)
+}
+
+/// As [`record_and_read`], with `fragscope record` options.
+fn record_and_read_with(
+    alloc: Allocator,
+    options: &[&str],
+    dir: &Path,
+    exe: &Path,
+    args: &[&str],
+    status: i32,
+) -> (serde_json::Value, Vec<StreamCalls>) {
     let trace = dir.join("t.fsc");
-    let out = record(alloc, &trace, exe, args);
+    let out = common::record_command(alloc, &trace, options, exe, args)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(status), "{}", common::stderr(&out));
     let j = info(&trace);
     assert_eq!(j["truncated"], false, "{j:#}");
@@ -113,12 +127,13 @@ fn a_file_that_is_not_a_trace_is_refused_with_the_reason() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a fragscope trace"));
 }
 
-fn threads_freeing_each_others_blocks(alloc: Allocator) {
+fn threads_freeing_each_others_blocks(alloc: Allocator, options: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let exe = build(dir.path(), "cross_free_threads", &[]);
     let (threads, rounds) = (8u64, 20_000u64);
-    let (j, calls) = record_and_read(
+    let (j, calls) = record_and_read_with(
         alloc,
+        options,
         dir.path(),
         &exe,
         &[&threads.to_string(), &rounds.to_string()],
@@ -148,12 +163,24 @@ fn threads_freeing_each_others_blocks(alloc: Allocator) {
 
 #[test]
 fn threads_freeing_each_others_blocks_are_counted_exactly_under_glibc() {
-    threads_freeing_each_others_blocks(Allocator::Glibc);
+    threads_freeing_each_others_blocks(Allocator::Glibc, &[]);
 }
 
 #[test]
 fn threads_freeing_each_others_blocks_are_counted_exactly_under_jemalloc() {
-    threads_freeing_each_others_blocks(Allocator::Jemalloc);
+    threads_freeing_each_others_blocks(Allocator::Jemalloc, &[]);
+}
+
+/// The packed form names blocks by what the stream said before, across threads that
+/// free each other's blocks and reuse each other's addresses: it must read back exactly.
+#[test]
+fn threads_freeing_each_others_blocks_read_back_exactly_from_a_packed_trace_under_glibc() {
+    threads_freeing_each_others_blocks(Allocator::Glibc, &["--pack"]);
+}
+
+#[test]
+fn threads_freeing_each_others_blocks_read_back_exactly_from_a_packed_trace_under_jemalloc() {
+    threads_freeing_each_others_blocks(Allocator::Jemalloc, &["--pack"]);
 }
 
 fn fork_then_exec(alloc: Allocator) {

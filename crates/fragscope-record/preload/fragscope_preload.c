@@ -469,7 +469,7 @@ static uint8_t *put_stat(uint8_t *o, const char *name, uint64_t value) {
     return put_varint(o + n, value);
 }
 
-static void emit_allocator_stats(struct thread_state *ts) {
+static void emit_allocator_stats_unmasked(struct thread_state *ts) {
     uint8_t rec[1024], *o = rec + 3; /* kind, source, count */
     unsigned count = 0;
     uint8_t source = 1;
@@ -519,6 +519,18 @@ static void emit_allocator_stats(struct thread_state *ts) {
     if (ts->len + n > BUF_CAP) flush_thread(ts);
     memcpy(ts->buf + ts->len, rec, n);
     ts->len += (uint32_t)n;
+}
+
+/* The statistics calls run under TF_FORWARD (the allocator may allocate inside them), where
+ * a nested call counts as the allocator's own: signals wait meanwhile, so that a handler's
+ * calls are never taken for it and dropped. (jemalloc's epoch refresh takes long enough
+ * for a frequent timer to land in it.) */
+static void emit_allocator_stats(struct thread_state *ts) {
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    emit_allocator_stats_unmasked(ts);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
 /* The slow path of every event: the shared tick moved since this thread's last record. */

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, Context, Result};
 use fragscope_trace::{
-    ChunkKind, ChunkWriter, EndHow, EventsHeader, Mapping, Maps, Meta, Origin, Pagemap, Process,
-    ProcessEnd, Rollup, RssBatch, RssSample, SnapshotReason, StackMode, WaitStatus,
+    ChunkKind, ChunkWriter, EndHow, EventsHeader, Mapping, Maps, Meta, Origin, Packer, Pagemap,
+    Process, ProcessEnd, Rollup, RssBatch, RssSample, SnapshotReason, StackMode, WaitStatus,
 };
 
 use crate::clock::ClockPage;
@@ -36,6 +36,8 @@ pub struct RecordOptions {
     pub flush_ms: u32,
     /// zstd level of the trace chunks.
     pub compression_level: i32,
+    /// Rewrite event buffers into the packed form (fragscope_trace::pack) before storing.
+    pub pack: bool,
     /// The program and its arguments.
     pub command: Vec<OsString>,
 }
@@ -79,6 +81,10 @@ struct ProcState {
     last_snapshot: Option<Instant>,
     event_bytes: u64,
     label: String,
+    /// Packs this stream's buffers (with --pack); shared by the stream's connections,
+    /// which may follow one another, and held while a packed buffer is sent, so that
+    /// buffers are stored in the order they were packed.
+    packer: Arc<Mutex<Packer>>,
 }
 
 struct Shared {
@@ -89,6 +95,8 @@ struct Shared {
     page_size: u64,
     event_bytes: AtomicU64,
     arrivals: Mutex<Vec<Arrival>>,
+    /// Store event buffers in the packed form.
+    pack: bool,
 }
 
 /// A connection being served. Each is read by its own thread, so nothing but this keeps
@@ -279,6 +287,7 @@ impl Shared {
             last_snapshot: None,
             event_bytes: 0,
             label,
+            packer: Arc::default(),
         });
         drop(procs);
         let process = Process {
@@ -338,6 +347,8 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
     let mut stream: Option<u32> = None;
     let mut pid = 0u32;
     let mut payload = Vec::new();
+    let mut packed = Vec::new();
+    let mut pack_failed = false;
     let mut reader = match conn.try_clone() {
         Ok(c) => std::io::BufReader::with_capacity(1 << 20, c),
         Err(_) => return,
@@ -373,14 +384,34 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
                     first_tick: header.first_tick,
                     last_tick: header.last_tick,
                     thread_exited: header.seq & 0x8000_0000 != 0,
+                    packed: false,
                 };
                 shared
                     .event_bytes
                     .fetch_add(payload.len() as u64, Ordering::Relaxed);
-                if let Some(st) = shared.procs.lock().unwrap().streams.get_mut(s as usize) {
-                    st.event_bytes += payload.len() as u64;
+                let packer = {
+                    let mut procs = shared.procs.lock().unwrap();
+                    let st = procs.streams.get_mut(s as usize);
+                    st.map(|st| {
+                        st.event_bytes += payload.len() as u64;
+                        st.packer.clone()
+                    })
+                };
+                match packer.filter(|_| shared.pack) {
+                    Some(packer) => {
+                        let mut p = packer.lock().unwrap();
+                        if let Err(e) = p.pack(h.tid, h.first_tick, &payload, &mut packed) {
+                            // Our own interposer wrote it: say so once, keep what decoded.
+                            if !pack_failed {
+                                eprintln!("fragscope: a buffer of pid {pid} ends early: {e}");
+                                pack_failed = true;
+                            }
+                        }
+                        let h = EventsHeader { packed: true, ..h };
+                        shared.send(ChunkKind::PackedEvents, h.encode_with(&packed));
+                    }
+                    None => shared.send(ChunkKind::Events, h.encode_with(&payload)),
                 }
-                shared.send(ChunkKind::Events, h.encode_with(&payload));
             }
             MsgType::MapsChanged => {
                 if let Some(s) = stream {
@@ -607,6 +638,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         page_size,
         event_bytes: AtomicU64::new(0),
         arrivals: Mutex::new(Vec::new()),
+        pack: opts.pack,
     });
 
     let stop = Arc::new(AtomicBool::new(false));

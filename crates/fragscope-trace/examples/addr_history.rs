@@ -1,17 +1,17 @@
 //! Prints every recorded call on one address, per thread in program order, with ticks:
 //! a debugging aid for the merge. usage: addr_history TRACE 0xADDR
 use fragscope_trace::reader::{Chunk, TraceReader};
-use fragscope_trace::{ChunkDecoder, Record};
+use fragscope_trace::{ChunkDecoder, Record, StreamTables};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let addr = u64::from_str_radix(args[2].trim_start_matches("0x"), 16).unwrap();
     let mut r = TraceReader::open(std::path::Path::new(&args[1])).unwrap();
-    let mut usable = Vec::new();
+    let mut tables: std::collections::HashMap<u32, StreamTables> = Default::default();
     let mut n = 0u64;
     while let Some(c) = r.next_chunk() {
         if let Chunk::Events(h, recs) = c {
-            let mut d = ChunkDecoder::new(&recs, h.first_tick, &mut usable);
+            let mut d = ChunkDecoder::new(&recs, &h, tables.entry(h.stream).or_default());
             let mut i = 0;
             while let Ok(Some(rec)) = d.next_record() {
                 i += 1;

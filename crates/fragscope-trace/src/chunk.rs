@@ -35,6 +35,8 @@ pub enum ChunkKind {
     ProcessEnd = 8,
     WaitStatus = 9,
     End = 10,
+    /// Events in the packed form (see [`crate::pack`]).
+    PackedEvents = 11,
 }
 
 impl ChunkKind {
@@ -51,6 +53,7 @@ impl ChunkKind {
             8 => ProcessEnd,
             9 => WaitStatus,
             10 => End,
+            11 => PackedEvents,
             _ => return None,
         })
     }

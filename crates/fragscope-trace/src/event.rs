@@ -21,8 +21,18 @@
 //!               address being 0 at a chunk's start; in 16-byte units unless UNALIGNED.
 //! ```
 //! The kinds 0..9 are the hooks listed in crates/fragscope-record/preload/hooks.h.
+//!
+//! The recorder rewrites each buffer into the *packed* form ([`crate::pack`]) before it
+//! is stored: the same records, except that an address the stream has seen before is
+//! named instead of spelled out. A free names its block by its slot in the stream's
+//! table of live blocks (SLOT, 0x10: `slot:varint` instead of the delta), a realloc's
+//! old block likewise (realloc flag 4), and a malloc or calloc that returned the block
+//! its thread freed last at that usable size says so (PREDICTED: UNALIGNED|NULL, no
+//! address). Both sides keep the tables ([`StreamTables`]) the same way, call by call.
 
-use crate::wire::Reader;
+use crate::merge::FastMap;
+use crate::records::EventsHeader;
+use crate::wire::{Reader, Writer};
 use crate::TraceError;
 
 /// A malloc-family function.
@@ -85,18 +95,29 @@ impl Func {
     }
 }
 
-const KIND_TICK: u8 = 10;
-const KIND_STACK: u8 = 11;
-const KIND_USABLE: u8 = 12;
-const KIND_STATS: u8 = 13;
+pub(crate) const KIND_TICK: u8 = 10;
+pub(crate) const KIND_STACK: u8 = 11;
+pub(crate) const KIND_USABLE: u8 = 12;
+pub(crate) const KIND_STATS: u8 = 13;
 const KIND_LOST: u8 = 14;
 const KIND_OWN_MEMORY: u8 = 15;
-const FLAG_STACK: u8 = 0x10;
-const FLAG_UNALIGNED: u8 = 0x20;
-const FLAG_NULL: u8 = 0x40;
-const FLAG_USABLE: u8 = 0x80;
+pub(crate) const FLAG_STACK: u8 = 0x10;
+pub(crate) const FLAG_UNALIGNED: u8 = 0x20;
+pub(crate) const FLAG_NULL: u8 = 0x40;
+pub(crate) const FLAG_USABLE: u8 = 0x80;
+/// Packed form: a free's block is named by its slot in the live table.
+const FLAG_SLOT: u8 = 0x10;
+/// Packed form: the address mode of an allocation (UNALIGNED|NULL, meaningless in the
+/// raw form): the block this thread freed last at this usable size.
+const FLAG_PREDICTED: u8 = FLAG_UNALIGNED | FLAG_NULL;
+const ADDR_MODE: u8 = FLAG_UNALIGNED | FLAG_NULL;
 const REALLOC_OLD_NULL: u8 = 1;
-const REALLOC_OLD_UNALIGNED: u8 = 2;
+pub(crate) const REALLOC_OLD_UNALIGNED: u8 = 2;
+/// Packed form: the old block is named by its slot in the live table.
+const REALLOC_OLD_SLOT: u8 = 4;
+/// Recently freed blocks remembered per thread and usable size (allocator thread caches
+/// hand the last freed block of a size class back first).
+const FREED_DEPTH: usize = 8;
 
 /// Sizes below this have their usable size given once per thread by a usable record.
 pub const USABLE_TABLE: u64 = 32768;
@@ -112,6 +133,15 @@ pub enum StatsSource {
 }
 
 impl StatsSource {
+    fn to_u8(self) -> u8 {
+        match self {
+            Self::Glibc => 1,
+            Self::Jemalloc => 2,
+            Self::Tcmalloc => 3,
+            Self::Mimalloc => 4,
+            Self::Unknown => 0,
+        }
+    }
     fn from_u8(v: u8) -> Self {
         match v {
             1 => Self::Glibc,
@@ -164,25 +194,168 @@ pub enum Record {
     OwnMemory {
         bytes: u64,
     },
+    /// The clock moved on (only from [`ChunkDecoder::report_all`] decoders).
+    Tick {
+        delta: u64,
+    },
+    /// A usable-size table entry (only from [`ChunkDecoder::report_all`] decoders).
+    Usable {
+        size: u64,
+        usable: u64,
+    },
 }
 
-/// Decodes one thread's chunk of records. `usable` is the process's table of usable sizes
-/// (index: requested size), filled by usable records as they come.
+/// What a stream's records mean beyond their own chunk, kept from chunk to chunk by the
+/// writer and the reader alike: the usable sizes of small requests and, for the packed
+/// form, the live blocks by slot and each thread's recently freed blocks.
+#[derive(Default)]
+pub struct StreamTables {
+    usable: Vec<u32>,
+    /// Live blocks (address, usable size or 0) by slot; a freed slot takes the last one.
+    live: Vec<(u64, u32)>,
+    slot_of: FastMap<u64, u32>,
+    freed: FastMap<(u32, u32), Freed>,
+}
+
+/// A thread's recently freed blocks of one usable size, newest last.
+#[derive(Default, Clone, Copy)]
+struct Freed {
+    addrs: [u64; FREED_DEPTH],
+    len: u8,
+}
+
+impl StreamTables {
+    fn set_usable(&mut self, size: u64, usable: u64) {
+        if size < USABLE_TABLE {
+            if self.usable.len() < USABLE_TABLE as usize {
+                self.usable.resize(USABLE_TABLE as usize, 0);
+            }
+            self.usable[size as usize] = usable.min(u64::from(u32::MAX)) as u32;
+        }
+    }
+
+    /// The usable size of a malloc or calloc of `size`, from the table.
+    #[inline]
+    fn table_usable(&self, size: u64) -> Option<u64> {
+        if size >= USABLE_TABLE {
+            return None;
+        }
+        self.usable
+            .get(size as usize)
+            .copied()
+            .filter(|&u| u != 0)
+            .map(u64::from)
+    }
+
+    /// The slot of a live address.
+    #[inline]
+    pub(crate) fn slot(&self, addr: u64) -> Option<u32> {
+        self.slot_of.get(&addr).copied()
+    }
+
+    /// Ends the block in `slot` (the last slot moves into it); a block freed by `tid`
+    /// (`by_free`) is remembered as the next one that thread may get back.
+    #[inline]
+    pub(crate) fn end_slot(&mut self, slot: u32, tid: u32, by_free: bool) -> Option<u64> {
+        let i = slot as usize;
+        if i >= self.live.len() {
+            return None;
+        }
+        let (addr, usable) = self.live.swap_remove(i);
+        self.slot_of.remove(&addr);
+        if let Some(&(moved, _)) = self.live.get(i) {
+            self.slot_of.insert(moved, slot);
+        }
+        if by_free && usable != 0 {
+            let f = self.freed.entry((tid, usable)).or_default();
+            if f.len as usize == FREED_DEPTH {
+                f.addrs.copy_within(1.., 0);
+                f.len -= 1;
+            }
+            f.addrs[f.len as usize] = addr;
+            f.len += 1;
+        }
+        Some(addr)
+    }
+
+    /// Where `addr` is among the blocks `tid` freed last at `usable` bytes (0: the last).
+    #[inline]
+    pub(crate) fn predicted_depth(&self, tid: u32, usable: u64, addr: u64) -> Option<u64> {
+        let f = self.freed.get(&(tid, u32::try_from(usable).ok()?))?;
+        let mut newest_first = f.addrs[..f.len as usize].iter().rev();
+        newest_first.position(|&a| a == addr).map(|d| d as u64)
+    }
+
+    /// Claims the block `depth` places below the one `tid` freed last at `usable` bytes.
+    #[inline]
+    pub(crate) fn take_predicted(&mut self, tid: u32, usable: u64, depth: u64) -> Option<u64> {
+        let f = self.freed.get_mut(&(tid, u32::try_from(usable).ok()?))?;
+        let i = (f.len as usize)
+            .checked_sub(1)?
+            .checked_sub(depth as usize)?;
+        let addr = f.addrs[i];
+        f.addrs.copy_within(i + 1..f.len as usize, i);
+        f.len -= 1;
+        Some(addr)
+    }
+
+    /// A block became live at `addr`.
+    #[inline]
+    pub(crate) fn allocated(&mut self, addr: u64, usable: Option<u64>) {
+        let usable = usable.map_or(0, |u| u.min(u64::from(u32::MAX)) as u32);
+        let next = self.live.len() as u32;
+        let slot = *self.slot_of.entry(addr).or_insert(next);
+        if slot == next {
+            self.live.push((addr, usable));
+        } else {
+            self.live[slot as usize].1 = usable;
+        }
+    }
+}
+
+/// Decodes one thread's chunk of records. `tables` are the stream's (see
+/// [`StreamTables`]): chunks of one stream must be decoded in the order of the file.
 pub struct ChunkDecoder<'a, 't> {
     r: Reader<'a>,
     tick: u64,
     prev_addr: u64,
-    usable: &'t mut Vec<u32>,
+    /// Packed form: the last allocation address spelled out (the base of the next one).
+    prev_alloc: u64,
+    tid: u32,
+    packed: bool,
+    report_all: bool,
+    tables: &'t mut StreamTables,
 }
 
 impl<'a, 't> ChunkDecoder<'a, 't> {
-    pub fn new(records: &'a [u8], first_tick: u64, usable: &'t mut Vec<u32>) -> Self {
+    pub fn new(records: &'a [u8], h: &EventsHeader, tables: &'t mut StreamTables) -> Self {
+        Self::with_form(records, h.first_tick, h.tid, h.packed, tables)
+    }
+
+    /// A decoder of `records` in the raw (`packed` false) or packed form.
+    pub fn with_form(
+        records: &'a [u8],
+        first_tick: u64,
+        tid: u32,
+        packed: bool,
+        tables: &'t mut StreamTables,
+    ) -> Self {
         Self {
             r: Reader::new(records),
             tick: first_tick,
             prev_addr: 0,
-            usable,
+            prev_alloc: 0,
+            tid,
+            packed,
+            report_all: false,
+            tables,
         }
+    }
+
+    /// Also returns tick and usable records (which a rewriter must carry over).
+    pub fn report_all(mut self) -> Self {
+        self.report_all = true;
+        self
     }
 
     /// The tick of the record last returned.
@@ -207,8 +380,15 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
             let tag = self.r.u8()?;
             let kind = tag & 0x0f;
             match kind {
+                0..=9 if self.packed => return self.packed_call(tag).map(Some),
                 0..=9 => return self.call(tag).map(Some),
-                KIND_TICK => self.tick = self.tick.saturating_add(self.r.varint()?),
+                KIND_TICK => {
+                    let delta = self.r.varint()?;
+                    self.tick = self.tick.saturating_add(delta);
+                    if self.report_all {
+                        return Ok(Some(Record::Tick { delta }));
+                    }
+                }
                 KIND_STACK => {
                     let id = self.r.varint()? as u32;
                     let depth = self.r.count(1)?;
@@ -223,11 +403,9 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
                 KIND_USABLE => {
                     let size = self.r.varint()?;
                     let usable = self.r.varint()?;
-                    if size < USABLE_TABLE {
-                        if self.usable.len() < USABLE_TABLE as usize {
-                            self.usable.resize(USABLE_TABLE as usize, 0);
-                        }
-                        self.usable[size as usize] = usable.min(u64::from(u32::MAX)) as u32;
+                    self.tables.set_usable(size, usable);
+                    if self.report_all {
+                        return Ok(Some(Record::Usable { size, usable }));
                     }
                 }
                 KIND_STATS => {
@@ -286,12 +464,8 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
         };
         let usable = if tag & FLAG_USABLE != 0 {
             Some(size.saturating_add(self.r.varint()?))
-        } else if addr != 0 && size < USABLE_TABLE && matches!(func, Func::Malloc | Func::Calloc) {
-            self.usable
-                .get(size as usize)
-                .copied()
-                .filter(|&u| u != 0)
-                .map(u64::from)
+        } else if addr != 0 && matches!(func, Func::Malloc | Func::Calloc) {
+            self.tables.table_usable(size)
         } else {
             None
         };
@@ -309,6 +483,284 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
             usable,
             stack,
         })
+    }
+
+    fn bad(what: &str) -> TraceError {
+        TraceError::Malformed(format!("packed events: {what}"))
+    }
+
+    /// A call in the packed form (see the module documentation).
+    fn packed_call(&mut self, tag: u8) -> Result<Record, TraceError> {
+        let func = Func::from_kind(tag & 0x0f).expect("kinds 0..=9 are functions");
+        if func == Func::Free {
+            let addr = if tag & FLAG_NULL != 0 {
+                0
+            } else if tag & FLAG_SLOT != 0 {
+                let slot = self.r.varint()?;
+                let slot = u32::try_from(slot).map_err(|_| Self::bad("slot out of range"))?;
+                let addr = self
+                    .tables
+                    .end_slot(slot, self.tid, true)
+                    .ok_or_else(|| Self::bad("free of an empty slot"))?;
+                self.prev_addr = addr;
+                addr
+            } else {
+                self.addr(tag & FLAG_UNALIGNED != 0)?
+            };
+            return Ok(Record::Free { addr });
+        }
+        let mut old_addr = 0;
+        if func.takes_old_block() {
+            let rflags = self.r.u8()?;
+            if rflags & REALLOC_OLD_SLOT != 0 {
+                let slot =
+                    u32::try_from(self.r.varint()?).map_err(|_| Self::bad("slot out of range"))?;
+                old_addr = self
+                    .tables
+                    .end_slot(slot, self.tid, false)
+                    .ok_or_else(|| Self::bad("realloc of an empty slot"))?;
+                self.prev_addr = old_addr;
+            } else if rflags & REALLOC_OLD_NULL == 0 {
+                old_addr = self.addr(rflags & REALLOC_OLD_UNALIGNED != 0)?;
+            }
+        }
+        let mode = tag & ADDR_MODE;
+        let mut addr = match mode {
+            FLAG_NULL | FLAG_PREDICTED => 0,
+            _ => {
+                let d = self.r.svarint()?;
+                let d = if mode == FLAG_UNALIGNED {
+                    d
+                } else {
+                    d.wrapping_mul(16)
+                };
+                self.prev_alloc = self.prev_alloc.wrapping_add(d as u64);
+                self.prev_alloc
+            }
+        };
+        let size = self.r.varint()?;
+        let align = if func.takes_alignment() {
+            self.r.varint()?
+        } else {
+            0
+        };
+        // With a predicted block, USABLE says a depth follows (the usable size is the
+        // table's); otherwise it says the usable size follows.
+        let (explicit, depth) = match (mode, tag & FLAG_USABLE != 0) {
+            (FLAG_PREDICTED, true) => (None, self.r.varint()?),
+            (_, true) => (Some(size.saturating_add(self.r.varint()?)), 0),
+            (_, false) => (None, 0),
+        };
+        let small = matches!(func, Func::Malloc | Func::Calloc);
+        let usable = explicit.or_else(|| {
+            (mode != FLAG_NULL && small)
+                .then(|| self.tables.table_usable(size))
+                .flatten()
+        });
+        if mode == FLAG_PREDICTED {
+            let u = usable
+                .filter(|_| small)
+                .ok_or_else(|| Self::bad("a predicted block without a usable size"))?;
+            addr = self
+                .tables
+                .take_predicted(self.tid, u, depth)
+                .ok_or_else(|| Self::bad("a predicted block with nothing freed"))?;
+            self.prev_addr = addr;
+        }
+        let stack = if tag & FLAG_STACK != 0 {
+            self.r.varint()? as u32
+        } else {
+            0
+        };
+        if addr != 0 {
+            self.tables.allocated(addr, usable);
+        }
+        Ok(Record::Alloc {
+            func,
+            addr,
+            old_addr,
+            size,
+            align,
+            usable,
+            stack,
+        })
+    }
+}
+
+/// Writes records in the packed form. Keeps the stream's tables as the reader will.
+pub(crate) struct PackedWriter<'t> {
+    pub w: Writer,
+    prev_addr: u64,
+    prev_alloc: u64,
+    tid: u32,
+    tables: &'t mut StreamTables,
+}
+
+impl<'t> PackedWriter<'t> {
+    pub fn new(tid: u32, tables: &'t mut StreamTables, out: Vec<u8>) -> Self {
+        Self {
+            w: Writer { bytes: out },
+            prev_addr: 0,
+            prev_alloc: 0,
+            tid,
+            tables,
+        }
+    }
+
+    /// The flags and delta of a literal address (which becomes the previous one).
+    fn delta(&mut self, addr: u64) -> (bool, i64) {
+        let d = addr.wrapping_sub(self.prev_addr) as i64;
+        self.prev_addr = addr;
+        if d % 16 == 0 {
+            (false, d / 16)
+        } else {
+            (true, d)
+        }
+    }
+
+    pub fn record(&mut self, rec: &Record) {
+        match *rec {
+            Record::Free { addr } => {
+                let kind = Func::Free as u8;
+                if addr == 0 {
+                    self.w.u8(kind | FLAG_NULL);
+                } else if let Some(slot) = self.tables.slot(addr) {
+                    self.tables.end_slot(slot, self.tid, true);
+                    self.prev_addr = addr;
+                    self.w.u8(kind | FLAG_SLOT).varint(slot.into());
+                } else {
+                    let (unaligned, d) = self.delta(addr);
+                    let flag = if unaligned { FLAG_UNALIGNED } else { 0 };
+                    self.w.u8(kind | flag).svarint(d);
+                }
+            }
+            Record::Alloc {
+                func,
+                addr,
+                old_addr,
+                size,
+                align,
+                usable,
+                stack,
+            } => self.alloc(func, addr, old_addr, size, align, usable, stack),
+            Record::StackDef { id, ref frames } => {
+                self.w.u8(KIND_STACK).varint(id.into());
+                self.w.varint(frames.len() as u64);
+                let mut prev = 0u64;
+                for &ip in frames {
+                    self.w.svarint(ip.wrapping_sub(prev) as i64);
+                    prev = ip;
+                }
+            }
+            Record::Stats { source, ref values } => {
+                let values = &values[..values.len().min(255)];
+                self.w
+                    .u8(KIND_STATS)
+                    .u8(source.to_u8())
+                    .u8(values.len() as u8);
+                for (name, v) in values {
+                    let name = &name.as_bytes()[..name.len().min(255)];
+                    self.w.u8(name.len() as u8);
+                    self.w.bytes.extend_from_slice(name);
+                    self.w.varint(*v);
+                }
+            }
+            Record::Lost { count } => {
+                self.w.u8(KIND_LOST).varint(count);
+            }
+            Record::OwnMemory { bytes } => {
+                self.w.u8(KIND_OWN_MEMORY).varint(bytes);
+            }
+            Record::Tick { delta } => {
+                self.w.u8(KIND_TICK).varint(delta);
+            }
+            Record::Usable { size, usable } => {
+                self.tables.set_usable(size, usable);
+                self.w.u8(KIND_USABLE).varint(size).varint(usable);
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn alloc(
+        &mut self,
+        func: Func,
+        addr: u64,
+        old_addr: u64,
+        size: u64,
+        align: u64,
+        usable: Option<u64>,
+        stack: u32,
+    ) {
+        let small = matches!(func, Func::Malloc | Func::Calloc);
+        let from_table = if addr != 0 && small {
+            self.tables.table_usable(size)
+        } else {
+            None
+        };
+        // The usable size is written unless the reader's table gives it (as the raw form).
+        let explicit = usable.filter(|&u| from_table != Some(u) && u >= size);
+        let usable = explicit.or(from_table);
+        let mut tag = func as u8;
+        if stack != 0 {
+            tag |= FLAG_STACK;
+        }
+        let depth = match (explicit, from_table) {
+            (None, Some(u)) => self.tables.predicted_depth(self.tid, u, addr),
+            _ => None,
+        };
+        if explicit.is_some() || depth.is_some_and(|d| d > 0) {
+            tag |= FLAG_USABLE;
+        }
+        let tag_at = self.w.bytes.len();
+        self.w.u8(tag);
+        if func.takes_old_block() {
+            if old_addr == 0 {
+                self.w.u8(REALLOC_OLD_NULL);
+            } else if let Some(slot) = self.tables.slot(old_addr) {
+                self.tables.end_slot(slot, self.tid, false);
+                self.prev_addr = old_addr;
+                self.w.u8(REALLOC_OLD_SLOT).varint(slot.into());
+            } else {
+                let (unaligned, d) = self.delta(old_addr);
+                let flag = if unaligned { REALLOC_OLD_UNALIGNED } else { 0 };
+                self.w.u8(flag).svarint(d);
+            }
+        }
+        if addr == 0 {
+            self.w.bytes[tag_at] |= FLAG_NULL;
+        } else if depth.is_some() {
+            self.w.bytes[tag_at] |= FLAG_PREDICTED;
+        } else {
+            let d = addr.wrapping_sub(self.prev_alloc) as i64;
+            self.prev_alloc = addr;
+            if d % 16 == 0 {
+                self.w.svarint(d / 16);
+            } else {
+                self.w.bytes[tag_at] |= FLAG_UNALIGNED;
+                self.w.svarint(d);
+            }
+        }
+        self.w.varint(size);
+        if func.takes_alignment() {
+            self.w.varint(align);
+        }
+        if let Some(u) = explicit {
+            self.w.varint(u - size);
+        }
+        if let (Some(d), Some(u)) = (depth, usable) {
+            if d > 0 {
+                self.w.varint(d);
+            }
+            self.tables.take_predicted(self.tid, u, d);
+            self.prev_addr = addr;
+        }
+        if stack != 0 {
+            self.w.varint(stack.into());
+        }
+        if addr != 0 {
+            self.tables.allocated(addr, usable);
+        }
     }
 }
 
@@ -335,8 +787,8 @@ mod tests {
             .varint(4)
             .varint(7);
         w.u8(4 | FLAG_NULL).varint(10).varint(64);
-        let mut usable = Vec::new();
-        let mut d = ChunkDecoder::new(&w.bytes, 100, &mut usable);
+        let mut tables = StreamTables::default();
+        let mut d = ChunkDecoder::with_form(&w.bytes, 100, 1, false, &mut tables);
         let mut got = Vec::new();
         while let Some(r) = d.next_record().unwrap() {
             got.push((d.tick(), r));
@@ -367,7 +819,7 @@ mod tests {
 
     #[test]
     fn garbage_gives_errors_not_panics() {
-        let mut usable = Vec::new();
+        let mut tables = StreamTables::default();
         for seed in 0u64..2000 {
             let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
             let bytes: Vec<u8> = (0..64)
@@ -378,8 +830,10 @@ mod tests {
                     x as u8
                 })
                 .collect();
-            let mut d = ChunkDecoder::new(&bytes, 0, &mut usable);
-            while let Ok(Some(_)) = d.next_record() {}
+            for packed in [false, true] {
+                let mut d = ChunkDecoder::with_form(&bytes, 0, 1, packed, &mut tables);
+                while let Ok(Some(_)) = d.next_record() {}
+            }
         }
     }
 }

@@ -10,13 +10,15 @@
 pub mod chunk;
 pub mod event;
 pub mod merge;
+pub mod pack;
 pub mod reader;
 pub mod records;
 pub mod summary;
 pub mod wire;
 
 pub use chunk::{ChunkKind, ChunkReader, ChunkWriter, Damage};
-pub use event::{ChunkDecoder, Func, Record, StatsSource};
+pub use event::{ChunkDecoder, Func, Record, StatsSource, StreamTables};
+pub use pack::Packer;
 pub use reader::{Chunk, TraceReader};
 pub use records::*;
 

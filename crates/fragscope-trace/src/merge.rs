@@ -17,7 +17,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use crate::event::{ChunkDecoder, Func, Record, StatsSource};
+use crate::event::{ChunkDecoder, Func, Record, StatsSource, StreamTables};
 use crate::records::EventsHeader;
 use crate::TraceError;
 
@@ -199,7 +199,7 @@ pub struct Merger {
     /// Blocks the last popped call ended: the one it freed, and the one a forced
     /// allocation replaced.
     ended: [Option<(u64, LiveBlock)>; 2],
-    usable: Vec<u32>,
+    tables: StreamTables,
     stacks: Vec<Vec<u64>>,
     stack_ids: HashMap<Vec<u64>, u32>,
     max_seen: u64,
@@ -223,7 +223,7 @@ impl Merger {
             thread_index: HashMap::new(),
             live: AddrMap::default(),
             ended: [None; 2],
-            usable: Vec::new(),
+            tables: StreamTables::default(),
             stacks: vec![Vec::new()],
             stack_ids: HashMap::new(),
             max_seen: 0,
@@ -282,7 +282,7 @@ impl Merger {
             });
             self.threads.len() - 1
         });
-        let mut d = ChunkDecoder::new(records, h.first_tick, &mut self.usable);
+        let mut d = ChunkDecoder::new(records, h, &mut self.tables);
         let t = &mut self.threads[ti];
         let queued_before = t.queue.len();
         let mut result = Ok(());
@@ -358,6 +358,7 @@ impl Merger {
                 }
                 Record::Lost { count } => self.stats.lost_events += count,
                 Record::OwnMemory { bytes } => self.own_memory = self.own_memory.max(bytes),
+                Record::Tick { .. } | Record::Usable { .. } => {}
             }
         }
         spread_within_ticks(t, queued_before);
@@ -537,6 +538,7 @@ mod tests {
                 first_tick: tick,
                 last_tick: tick,
                 thread_exited: false,
+                packed: false,
             },
             w.bytes,
         )

@@ -77,8 +77,11 @@ impl<R: Read> TraceReader<R> {
         let decoded = match kind {
             ChunkKind::Meta => Meta::decode(data).map(Chunk::Meta),
             ChunkKind::Process => Process::decode(data).map(Chunk::Process),
-            ChunkKind::Events => {
-                EventsHeader::decode(data).map(|(h, rest)| Chunk::Events(h, rest.to_vec()))
+            ChunkKind::Events | ChunkKind::PackedEvents => {
+                EventsHeader::decode(data).map(|(mut h, rest)| {
+                    h.packed = kind == ChunkKind::PackedEvents;
+                    Chunk::Events(h, rest.to_vec())
+                })
             }
             ChunkKind::Maps => Maps::decode(data).map(Chunk::Maps),
             ChunkKind::Rss => RssBatch::decode(data).map(Chunk::Rss),

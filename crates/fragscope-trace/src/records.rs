@@ -175,6 +175,8 @@ pub struct EventsHeader {
     pub last_tick: u64,
     /// The thread's last buffer: it was exiting.
     pub thread_exited: bool,
+    /// The records are in the packed form (the chunk's kind says so; not encoded here).
+    pub packed: bool,
 }
 
 impl EventsHeader {
@@ -198,6 +200,7 @@ impl EventsHeader {
             first_tick: r.varint()?,
             last_tick: r.varint()?,
             thread_exited: r.varint()? & 1 == 1,
+            packed: false,
         };
         Ok((h, r.remaining()))
     }

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 
-use crate::event::{ChunkDecoder, Func, Record};
+use crate::event::{ChunkDecoder, Func, Record, StreamTables};
 use crate::reader::{Chunk, TraceReader};
 use crate::records::{EndHow, Meta, Origin, ProcessEnd, WaitStatus};
 use crate::TraceError;
@@ -101,7 +101,7 @@ pub fn summarize(
         ..Default::default()
     };
     let mut seen_end = false;
-    let mut usable: HashMap<u32, Vec<u32>> = HashMap::new();
+    let mut tables: HashMap<u32, StreamTables> = HashMap::new();
     let mut next_seq: HashMap<(u32, u32), u32> = HashMap::new();
     let mut by_stream: HashMap<u32, usize> = HashMap::new();
     let mut chunks = 0u64;
@@ -141,8 +141,8 @@ pub fn summarize(
                 let expected = next_seq.entry((h.stream, h.tid)).or_insert(0);
                 ps.lost_buffers += u64::from(h.seq.saturating_sub(*expected));
                 *expected = h.seq + 1;
-                let table = usable.entry(h.stream).or_default();
-                let mut d = ChunkDecoder::new(&records, h.first_tick, table);
+                let table = tables.entry(h.stream).or_default();
+                let mut d = ChunkDecoder::new(&records, &h, table);
                 loop {
                     match d.next_record() {
                         Ok(Some(Record::Alloc { func, .. })) => {
@@ -161,6 +161,7 @@ pub fn summarize(
                         Ok(Some(Record::Stats { source, .. })) => {
                             ps.allocator = Some(source.name())
                         }
+                        Ok(Some(Record::Tick { .. } | Record::Usable { .. })) => {}
                         Ok(None) => break,
                         Err(e) => {
                             sum.damage

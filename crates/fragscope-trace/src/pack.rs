@@ -1,0 +1,269 @@
+//! The recorder's rewrite of each thread buffer into the packed form, before it is stored.
+//!
+//! What is left of an event stream after sizes and times is addresses, and a raw address
+//! delta costs about three bytes whatever the compressor does: a free names one of
+//! thousands of live blocks, and a malloc gets whichever block the allocator had at hand.
+//! Both are predictable from what the stream has already said: a free names a block
+//! that is live (its slot in a table of live blocks needs a byte or two), and a malloc
+//! usually gets back the block its thread freed last at the same usable size (allocator
+//! thread caches are last-in first-out per size class), which then costs nothing. The
+//! rewrite runs in the recorder, off the program's path; the reader keeps the same tables
+//! ([`crate::event::StreamTables`]) and undoes it. Buffers of one stream must be packed
+//! in the order they are stored.
+
+use crate::event::{ChunkDecoder, PackedWriter, StreamTables};
+use crate::TraceError;
+
+/// Packs one stream's buffers (a process image: the recorder keeps one per stream).
+#[derive(Default)]
+pub struct Packer {
+    /// The tables the raw records need (usable sizes).
+    raw: StreamTables,
+    /// The tables the packed records build, as the reader will.
+    packed: StreamTables,
+}
+
+impl Packer {
+    /// Rewrites thread `tid`'s raw `records` (starting at `first_tick`) into `out`
+    /// (cleared first). Records after one that does not decode are dropped, as a reader
+    /// of the raw buffer would stop there; the error says why.
+    pub fn pack(
+        &mut self,
+        tid: u32,
+        first_tick: u64,
+        records: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), TraceError> {
+        out.clear();
+        out.reserve(records.len());
+        let mut d =
+            ChunkDecoder::with_form(records, first_tick, tid, false, &mut self.raw).report_all();
+        let mut w = PackedWriter::new(tid, &mut self.packed, std::mem::take(out));
+        let result = loop {
+            match d.next_record() {
+                Ok(Some(rec)) => w.record(&rec),
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        *out = w.w.bytes;
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::*;
+    use crate::wire::Writer;
+
+    /// Raw buffers of three threads that free each other's blocks, reuse addresses at
+    /// once (last freed, first returned, as thread caches do), realloc, fail, and carry
+    /// stacks, ticks, usable sizes and stats: every path of the packed form.
+    fn raw_buffers() -> Vec<(u32, u64, Vec<u8>)> {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut rand = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut live: Vec<u64> = Vec::new();
+        let mut freed: Vec<u64> = Vec::new();
+        let mut next = 0x5555_0000_0000u64;
+        let mut out = Vec::new();
+        for chunk in 0..60u64 {
+            let tid = 100 + (chunk % 3) as u32;
+            let mut w = Writer::new();
+            let mut prev = 0u64;
+            let addr_delta = |w: &mut Writer, prev: &mut u64, a: u64, tag: u8, unaligned: u8| {
+                let d = a.wrapping_sub(*prev) as i64;
+                *prev = a;
+                if d % 16 == 0 {
+                    w.u8(tag).svarint(d / 16);
+                } else {
+                    w.u8(tag | unaligned).svarint(d);
+                }
+            };
+            if chunk == 0 {
+                for size in [24u64, 40, 100] {
+                    w.u8(KIND_USABLE).varint(size).varint((size + 8 + 15) & !15);
+                }
+            }
+            for i in 0..500 {
+                let r = rand();
+                match r % 10 {
+                    0..=3 if !live.is_empty() => {
+                        let a = live.swap_remove((r >> 8) as usize % live.len());
+                        addr_delta(&mut w, &mut prev, a, Func::Free as u8, FLAG_UNALIGNED);
+                        freed.push(a);
+                    }
+                    4 => {
+                        w.u8(KIND_TICK).varint(r >> 60);
+                    }
+                    5 if !live.is_empty() => {
+                        // realloc: sometimes in place, sometimes moved, unaligned.
+                        let k = (r >> 8) as usize % live.len();
+                        let old = live[k];
+                        let new = if r & 0x100 != 0 { old } else { next + 3 };
+                        next += 4096;
+                        live[k] = new;
+                        w.u8(Func::Realloc as u8 | FLAG_USABLE);
+                        let d = old.wrapping_sub(prev) as i64;
+                        prev = old;
+                        w.u8(REALLOC_OLD_UNALIGNED).svarint(d);
+                        let d = new.wrapping_sub(prev) as i64;
+                        prev = new;
+                        w.svarint(d / 16).varint(300).varint(12);
+                    }
+                    6 => {
+                        w.u8(Func::Malloc as u8 | FLAG_NULL).varint(1 << 50);
+                    }
+                    7 if i % 50 == 0 => {
+                        w.u8(KIND_STACK)
+                            .varint(i)
+                            .varint(2)
+                            .svarint(0x4000)
+                            .svarint(-8);
+                        w.u8(KIND_STATS).u8(2).u8(1).u8(3);
+                        w.bytes.extend_from_slice(b"abc");
+                        w.varint(r >> 40);
+                    }
+                    _ => {
+                        // Reuse what was freed last, or a fresh block.
+                        let a = if r & 1 == 0 {
+                            freed.pop().unwrap_or_else(|| {
+                                next += 64;
+                                next
+                            })
+                        } else {
+                            next += 48;
+                            next
+                        };
+                        live.push(a);
+                        let size = [24u64, 40, 100][(r >> 20) as usize % 3];
+                        let stack = r & 0x200 != 0;
+                        let tag = Func::Malloc as u8 | if stack { FLAG_STACK } else { 0 };
+                        addr_delta(&mut w, &mut prev, a, tag, FLAG_UNALIGNED);
+                        w.varint(size);
+                        if stack {
+                            w.varint(7);
+                        }
+                    }
+                }
+            }
+            out.push((tid, chunk * 10, w.bytes));
+        }
+        out
+    }
+
+    fn decode_all(buffers: &[(u32, u64, Vec<u8>)], packed: bool) -> Vec<(u64, Record)> {
+        let mut tables = StreamTables::default();
+        let mut got = Vec::new();
+        for (tid, tick, records) in buffers {
+            let mut d = ChunkDecoder::with_form(records, *tick, *tid, packed, &mut tables);
+            while let Some(r) = d.next_record().unwrap() {
+                got.push((d.tick(), r));
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn packing_keeps_every_record_and_saves_address_bytes() {
+        let raw = raw_buffers();
+        let mut packer = Packer::default();
+        let packed: Vec<_> = raw
+            .iter()
+            .map(|(tid, tick, r)| {
+                let mut out = Vec::new();
+                packer.pack(*tid, *tick, r, &mut out).unwrap();
+                (*tid, *tick, out)
+            })
+            .collect();
+        let want = decode_all(&raw, false);
+        assert!(want.len() > 20_000);
+        assert!(want.iter().any(|(_, r)| matches!(
+            r,
+            Record::Stats {
+                source: StatsSource::Jemalloc,
+                ..
+            }
+        )));
+        assert_eq!(decode_all(&packed, true), want);
+    }
+
+    #[test]
+    fn a_churning_heap_packs_to_under_two_thirds() {
+        // One thread frees a random one of 4096 blocks and mallocs 8..1031 bytes, getting
+        // back the block last freed at that usable size when there is one (a thread cache).
+        let mut x = 88172645463325252u64;
+        let mut ring = vec![(0u64, 0u64); 4096];
+        let mut cache: std::collections::HashMap<u64, Vec<u64>> = Default::default();
+        let mut next = 0x5555_0000_0000u64;
+        let mut known = std::collections::HashSet::new();
+        let mut w = Writer::new();
+        let mut prev = 0u64;
+        let mut delta = |w: &mut Writer, a: u64| {
+            w.svarint(a.wrapping_sub(prev) as i64 / 16);
+            prev = a;
+        };
+        let iterations: usize = std::env::var("PACK_ITERATIONS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100_000);
+        for _ in 0..iterations {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let k = (x % 4096) as usize;
+            let (old, old_usable) = ring[k];
+            if old != 0 {
+                w.u8(Func::Free as u8);
+                delta(&mut w, old);
+                cache.entry(old_usable).or_default().push(old);
+            }
+            let size = 8 + (x >> 32) % 1024;
+            let usable = (size + 8 + 15) & !15;
+            let addr = cache
+                .get_mut(&usable)
+                .and_then(|c| c.pop())
+                .unwrap_or_else(|| {
+                    next += usable + 16;
+                    next
+                });
+            if known.insert(size) {
+                w.u8(KIND_USABLE).varint(size).varint(usable);
+            }
+            w.u8(Func::Malloc as u8);
+            delta(&mut w, addr);
+            w.varint(size);
+            ring[k] = (addr, usable);
+        }
+        let raw = vec![(1, 0, w.bytes)];
+        let mut out = Vec::new();
+        let started = std::time::Instant::now();
+        Packer::default().pack(1, 0, &raw[0].2, &mut out).unwrap();
+        eprintln!("packed {} calls in {:?}", 2 * iterations, started.elapsed());
+        assert!(
+            out.len() * 3 < raw[0].2.len() * 2,
+            "{} of {}",
+            out.len(),
+            raw[0].2.len()
+        );
+        assert_eq!(decode_all(&[(1, 0, out)], true), decode_all(&raw, false));
+    }
+
+    #[test]
+    fn a_bad_buffer_keeps_what_came_before() {
+        let mut w = Writer::new();
+        w.u8(Func::Malloc as u8).svarint(0x1000).varint(10);
+        w.u8(Func::Malloc as u8); // cut short
+        let mut out = Vec::new();
+        let mut packer = Packer::default();
+        assert!(packer.pack(1, 0, &w.bytes, &mut out).is_err());
+        let got = decode_all(&[(1, 0, out)], true);
+        assert_eq!(got.len(), 1);
+        assert!(matches!(got[0].1, Record::Alloc { addr: 0x10000, .. }));
+    }
+}
