@@ -24,9 +24,10 @@ use fragscope_model::report::{Report, Site};
 use fragscope_model::symbols::Frame;
 use fragscope_model::{analyze, Options};
 use parquet::arrow::ArrowWriter;
-use parquet::basic::Compression;
+use parquet::basic::{Compression, Encoding};
 use parquet::file::properties::WriterProperties;
 use parquet::format::KeyValue;
+use parquet::schema::types::ColumnPath;
 
 use crate::progress;
 
@@ -631,10 +632,21 @@ impl TableWriter<'_> {
         let path = self.dir.join(format!("{name}.parquet"));
         let file = std::fs::File::create(&path)
             .with_context(|| format!("cannot write {}", path.display()))?;
-        let props = WriterProperties::builder()
+        let mut props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
-            .set_key_value_metadata(Some(self.metadata.clone()))
-            .build();
+            .set_key_value_metadata(Some(self.metadata.clone()));
+        // Sequence numbers and addresses (neighbours come close together in time) move by
+        // small steps: deltas take a few bits where a dictionary fails. Sizes repeat: they
+        // keep the default dictionary.
+        for field in schema.fields() {
+            if ["seq", "address", "old_address"].contains(&field.name().as_str()) {
+                let col = ColumnPath::from(field.name().as_str());
+                props = props
+                    .set_column_dictionary_enabled(col.clone(), false)
+                    .set_column_encoding(col, Encoding::DELTA_BINARY_PACKED);
+            }
+        }
+        let props = props.build();
         ArrowWriter::try_new(file, schema, Some(props))
             .with_context(|| format!("cannot write {}", path.display()))
     }
@@ -810,7 +822,7 @@ struct Events {
     seq: Vec<u64>,
     t_ms: Vec<f64>,
     tid: Vec<u32>,
-    func: Vec<Option<String>>,
+    func: Vec<&'static str>,
     address: Vec<u64>,
     old_address: Vec<u64>,
     size: Vec<u64>,
@@ -824,7 +836,7 @@ impl Events {
         self.seq.push(seq);
         self.t_ms.push(c.t_ms);
         self.tid.push(c.tid);
-        self.func.push(Some(c.func.to_string()));
+        self.func.push(c.func);
         self.address.push(c.address);
         self.old_address.push(c.old_address);
         self.size.push(c.size);
@@ -839,7 +851,10 @@ impl Events {
             u64_col("seq", e.seq),
             f64_col("t_ms", e.t_ms),
             u32_col("tid", e.tid),
-            str_col("func", e.func),
+            (
+                Field::new("func", DataType::Utf8, false),
+                Arc::new(StringArray::from(e.func)),
+            ),
             u64_col("address", e.address),
             u64_col("old_address", e.old_address),
             u64_col("size", e.size),
@@ -872,6 +887,7 @@ fn raw_tables(
     calls::for_each(
         trace,
         stream,
+        events,
         |row| match row {
             Row::Rss(r) => rss.push(r),
             Row::Call(c) => {
@@ -915,4 +931,25 @@ fn raw_tables(
         ])?,
     )?);
     Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn folded_names_cannot_split_a_line_or_a_stack() {
+        let f = Frame {
+            addr: 0x1234,
+            function: Some("a;b\nc".into()),
+            file: Some("/src/x;y.c".into()),
+            line: Some(7),
+            module: "prog".into(),
+            offset: 0x234,
+            inlined: false,
+        };
+        let name = folded_name(&f);
+        assert!(!name.contains(';') && !name.contains('\n'), "{name}");
+        assert!(name.starts_with("a:b c"), "{name}");
+    }
 }

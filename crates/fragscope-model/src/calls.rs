@@ -49,12 +49,14 @@ pub enum Row {
     Rss(RssRow),
 }
 
-/// Reads the trace at `path` and hands every merged call and RSS sample of process image
-/// `stream` (a report's `stream`) to `visit`, calls in merged order, RSS samples in the
-/// order they were recorded. `progress` is told the bytes read so far and the file's size.
+/// Reads the trace at `path` and hands every merged call (unless `with_calls` is false)
+/// and RSS sample of process image `stream` (a report's `stream`) to `visit`, calls in
+/// merged order, RSS samples in the order they were recorded. `progress` is told the
+/// bytes read so far and the file's size.
 pub fn for_each(
     path: &Path,
     stream: u32,
+    with_calls: bool,
     mut visit: impl FnMut(Row),
     mut progress: impl FnMut(u64, u64),
 ) -> Result<(), AnalysisError> {
@@ -87,7 +89,7 @@ pub fn for_each(
         }
         match chunk {
             Chunk::Meta(m) => tick_ms = m.tick_ns as f64 / 1e6,
-            Chunk::Events(h, records) if h.stream == stream => {
+            Chunk::Events(h, records) if with_calls && h.stream == stream => {
                 // A damaged chunk is skipped, as the report does.
                 let _ = merger.push_chunk(&h, &records);
                 drain(&mut merger, tick_ms, &mut visit);
