@@ -548,3 +548,29 @@ fn help_has_examples() {
         assert!(help.contains(f), "{f} missing from --help");
     }
 }
+
+#[test]
+fn a_ghc_eventlog_exports_as_its_report_json_only() {
+    let eventlog = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../crates/fragscope-ghc/tests/fixtures/pinned-strip-200000.eventlog");
+    let eventlog = eventlog.to_str().unwrap();
+    let json = ok(
+        fragscope(&["export", eventlog, "-f", "json", "-o", "-"]),
+        "export json of an eventlog",
+    );
+    let report = ok(fragscope(&["report", "--json", eventlog]), "report");
+    assert_eq!(json.stdout, report.stdout);
+    let v: Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert!(v["gc"].is_object(), "the GHC document");
+    let out = out_path("ghc.pb.gz");
+    let pprof = fragscope(&[
+        "export",
+        eventlog,
+        "-f",
+        "pprof",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!pprof.status.success());
+    assert!(common::stderr(&pprof).contains("only --format json"));
+}
