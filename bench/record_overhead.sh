@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Recording overhead and trace size on churn.c (10 M malloc/free calls), side by side in
 # one run: the bare program, fragscope record (default: sampled stacks), fragscope record
-# --stacks all, fragscope record --stacks none, and heaptrack.
+# --stacks all, fragscope record --stacks none, fragscope record --pack, and heaptrack.
 #
 # usage: bench/record_overhead.sh [path/to/churn.c] [n=5000000] [runs=10]
 # needs: hyperfine, heaptrack (scripts/install-deps.sh --bench), a release build.
@@ -21,6 +21,7 @@ hyperfine -N -w 2 -r "$runs" --export-json overhead.json --export-markdown overh
   -n "fragscope (sampled stacks)" "$fs record -o sampled.fsc -- ./churn $n" \
   -n "fragscope --stacks none" "$fs record --stacks none -o none.fsc -- ./churn $n" \
   -n "fragscope --stacks all" "$fs record --stacks all -o all.fsc -- ./churn $n" \
+  -n "fragscope --pack" "$fs record --pack -o packed.fsc -- ./churn $n" \
   -n "heaptrack" "heaptrack -o heaptrack.churn ./churn $n"
 python3 - "$n" <<'PY'
 import json, subprocess, sys, glob, os
@@ -30,7 +31,7 @@ bare = res["bare"]["mean"]
 print(f"\n| run | mean wall time | vs bare | trace bytes/event |")
 print("|---|---|---|---|")
 sizes = {}
-for name, f in [("fragscope (sampled stacks)", "sampled.fsc"), ("fragscope --stacks none", "none.fsc"), ("fragscope --stacks all", "all.fsc")]:
+for name, f in [("fragscope (sampled stacks)", "sampled.fsc"), ("fragscope --stacks none", "none.fsc"), ("fragscope --stacks all", "all.fsc"), ("fragscope --pack", "packed.fsc")]:
     info = json.loads(subprocess.check_output(["../../target/release/fragscope", "info", f, "--json"]))
     sizes[name] = info["file_bytes"] / info["events"]
 ht = [p for p in glob.glob("heaptrack.churn*") if os.path.isfile(p)]

@@ -3,14 +3,19 @@
  * the handler has run HANDLER_RUNS times. It prints "main M handler H": the pairs each
  * made, for the trace to match exactly. The two sizes use different size classes, so the
  * handler never touches the allocator state the interrupted call may be changing.
- * usage: signal_malloc [handler_runs=2000] */
+ * With "free-null", the main thread calls free(NULL) instead: the handler then interrupts
+ * the recording of calls but never the allocator itself. (Allocators are not
+ * async-signal-safe: under jemalloc, malloc from a handler that interrupted malloc crashes
+ * or deadlocks now and then, with or without fragscope.)
+ * usage: signal_malloc [handler_runs=2000] [free-null] */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
 
-static void *volatile sink;         /* keeps the compiler from removing malloc/free pairs */
+static void *volatile sink;
+static void *volatile sink_null; /* always NULL */         /* keeps the compiler from removing malloc/free pairs */
 static void *volatile handler_sink; /* the handler's own, so it never frees main's block */
 static volatile sig_atomic_t handler_pairs;
 
@@ -23,6 +28,7 @@ static void on_alarm(int sig) {
 
 int main(int argc, char **argv) {
     long want = argc > 1 ? atol(argv[1]) : 2000;
+    int free_null = argc > 2 && strcmp(argv[2], "free-null") == 0;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_alarm;
@@ -36,8 +42,12 @@ int main(int argc, char **argv) {
     if (setitimer(ITIMER_REAL, &every, NULL) != 0) return 3;
     long main_pairs = 0;
     while (handler_pairs < want) {
-        sink = malloc(32);
-        free(sink);
+        if (free_null) {
+            free(sink_null);
+        } else {
+            sink = malloc(32);
+            free(sink);
+        }
         main_pairs++;
     }
     struct itimerval off = {{0, 0}, {0, 0}};

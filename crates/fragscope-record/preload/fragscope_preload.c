@@ -529,7 +529,10 @@ static void emit_allocator_stats(struct thread_state *ts) {
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old);
+    unsigned saved = tls_flags;
+    tls_flags |= TF_FORWARD;
     emit_allocator_stats_unmasked(ts);
+    tls_flags = saved; /* before a pending signal is let in */
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
@@ -546,11 +549,12 @@ static __attribute__((noinline)) void tick_changed(struct thread_state *ts, uint
     o = put_varint(o, tick - ts->tick);
     ts->len = (uint32_t)(o - ts->buf);
     ts->tick = tick;
+    /* Not from a signal handler that interrupted the allocator (TF_REAL): its statistics
+     * calls are not reentrant there. The next call answers instead. */
     uint64_t want = clock_page->stats_request, had = atomic_load(&stats_answered);
-    if (want != had && atomic_compare_exchange_strong(&stats_answered, &had, want)) {
-        tls_flags |= TF_FORWARD;
+    if (want != had && !(tls_flags & TF_REAL) &&
+        atomic_compare_exchange_strong(&stats_answered, &had, want)) {
         emit_allocator_stats(ts);
-        tls_flags &= ~TF_FORWARD;
     }
     errno = saved_errno;
 }
