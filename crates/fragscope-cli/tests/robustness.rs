@@ -294,7 +294,11 @@ fn malloc_in_a_signal_handler(alloc: Allocator, interrupt_allocator: bool) {
     let dir = tempfile::tempdir().unwrap();
     let exe = build(dir.path(), "signal_malloc", &[]);
     let trace = dir.path().join("t.fsc");
-    let mode = if interrupt_allocator { "pairs" } else { "free-null" };
+    let mode = if interrupt_allocator {
+        "pairs"
+    } else {
+        "free-null"
+    };
     let out = record(alloc, &trace, &exe, &["2000", mode]);
     assert_eq!(out.status.code(), Some(0), "{}", common::stderr(&out));
     let said = String::from_utf8_lossy(&out.stdout);
