@@ -18,7 +18,7 @@ main :: IO ()
 main = do
   let chunks = [BS.replicate 200 (fromIntegral i) | i <- [1 .. 5000 :: Int]]
   print (sum (map BS.length chunks))
-  forM_ [1 .. 20 :: Int] $ \_ -> threadDelay 1000 >> performGC
+  forM_ [1 .. 50 :: Int] $ \_ -> threadDelay 5000 >> performGC
   print (length chunks)
 "#;
 

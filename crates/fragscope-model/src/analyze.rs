@@ -399,28 +399,19 @@ pub fn analyze(
 /// The snapshot the report explains: the most heap waste that lasted, among snapshots
 /// that still hold a meaningful amount of live data (at teardown a program frees
 /// everything, and the empty heap left then says nothing about what pinned it while it
-/// ran). Waste lasts from one snapshot to the next as far as both show it, and the one
-/// showing the lasting part stands for it: an instant during a ramp is not what a user
-/// asks about, and two runs of one program then agree on the moment.
+/// ran). A snapshot's waste lasts as far as the next snapshot (any) still shows it: an
+/// instant during a ramp is not what a user asks about, and two runs of one program then
+/// agree on the moment. Of equals, the latest wins (the settled state).
 fn focus_of(snapshots: &[Snapshot]) -> Option<usize> {
     let max_live = snapshots.iter().map(|s| s.parts.live).max()?;
-    let candidates: Vec<usize> = (0..snapshots.len())
-        .filter(|&i| snapshots[i].parts.live * 100 >= max_live)
-        .collect();
     let waste = |i: usize| snapshots[i].parts.heap_waste();
-    if candidates.len() == 1 {
-        return candidates.first().copied();
-    }
-    candidates
-        .windows(2)
-        .map(|w| {
-            if waste(w[0]) < waste(w[1]) {
-                w[0]
-            } else {
-                w[1]
-            }
-        })
-        .max_by_key(|&i| waste(i))
+    let lasting = |i: usize| match snapshots.get(i + 1) {
+        Some(_) => waste(i).min(waste(i + 1)),
+        None => waste(i),
+    };
+    (0..snapshots.len())
+        .filter(|&i| snapshots[i].parts.live * 100 >= max_live)
+        .max_by_key(|&i| lasting(i))
 }
 
 fn lazy_free_bytes(r: &Rollup) -> u64 {

@@ -317,7 +317,9 @@ pub fn evaluate(
     let heap_pages = parts.heap_resident / ps;
     parts.empty_pages = heap_pages.saturating_sub(parts.used_pages);
     parts.free_resident_pages = parts.empty_pages * ps;
-    parts.occupancy_pages[0] = parts.empty_pages;
+    // Bucket 0 already holds used pages without a live byte (only a block's rounding tail
+    // or a zero-byte block): the empty pages join them.
+    parts.occupancy_pages[0] += parts.empty_pages;
 
     // Pass 2: size classes and sites, by the pages their objects sit on.
     let sparse_live = ps * u64::from(sparse_pct) / 100;
@@ -504,6 +506,29 @@ mod tests {
                 resident: vec![0xff, 0xff],
             }],
         }
+    }
+
+    #[test]
+    fn every_resident_heap_page_is_in_one_occupancy_bucket() {
+        let mut live = AddrMap::default();
+        // A zero-byte block (malloc(0): 24 usable bytes) is the only block of page 5: the
+        // page is used, without a live byte.
+        live.insert(0x15000, block(0, 24, 1));
+        live.insert(0x13000, block(100, 12, 2));
+        let snap = evaluate(
+            &live,
+            &all_resident(),
+            &mut HeapHistory::default(),
+            SiteWeighting::Every,
+            10,
+        );
+        let p = &snap.parts;
+        assert_eq!(p.used_pages, 2);
+        assert_eq!(p.occupancy_pages.iter().sum::<u64>(), 16);
+        assert_eq!(
+            p.occupancy_pages[0], 15,
+            "14 empty pages and the zero-byte one"
+        );
     }
 
     #[test]
