@@ -340,8 +340,7 @@ static int send_hello_locked(uint32_t flags) {
 
 /* Sends a message, reconnecting once if the program closed our descriptor behind our
  * back (a raw close syscall, or a close_range we could not see). */
-static void send_message(const struct msg_header *h, const void *payload, int want_ack) {
-    pthread_mutex_lock(&sock_lock);
+static void send_message_locked(const struct msg_header *h, const void *payload, int want_ack) {
     int ok = send_locked_once(h, payload) == 0;
     if (!ok && sock_path[0]) {
         int fd = connect_recorder();
@@ -358,24 +357,48 @@ static void send_message(const struct msg_header *h, const void *payload, int wa
         }
         if (p.revents & POLLIN) (void)!syscall(SYS_read, sock_fd, &ack, 1);
     }
+}
+
+static void send_message(const struct msg_header *h, const void *payload, int want_ack) {
+    pthread_mutex_lock(&sock_lock);
+    send_message_locked(h, payload, want_ack);
     pthread_mutex_unlock(&sock_lock);
 }
 
 /* ---- thread buffers ---- */
 /* A buffer's seq with this bit set is the thread's last: it is exiting. */
 #define SEQ_THREAD_EXITED 0x80000000u
+/* A copy of another thread's buffer (see send_thread_copy). */
+#define SEQ_COPY 0x40000000u
 
+/* Under sock_lock from the seq to the reset, so that a copy (send_thread_copy) sees a
+ * buffer either before it was sent or after, never sent but not yet emptied. */
 static void send_thread_buffer(struct thread_state *ts, uint32_t seq_flags) {
+    pthread_mutex_lock(&sock_lock);
     struct msg_header h = {MSG_EVENTS, ts->len, ts->tid, ts->seq++ | seq_flags, ts->chunk_first_tick, ts->tick};
-    send_message(&h, ts->buf, 0);
+    send_message_locked(&h, ts->buf, 0);
     ts->len = 0;
     ts->prev_addr = 0;
     ts->chunk_first_tick = ts->tick;
     ts->last_flush_tick = ts->tick;
+    pthread_mutex_unlock(&sock_lock);
 }
 
 static void flush_thread(struct thread_state *ts) {
     if (ts->len > 0) send_thread_buffer(ts, 0);
+}
+
+/* Sends what another thread, which may be running, has buffered, leaving its state alone:
+ * resetting it under its feet would let it send those records again. The recorder keeps
+ * the copy until the thread sends the same buffer (seq) itself, or the process exits. */
+static void send_thread_copy(struct thread_state *ts) {
+    pthread_mutex_lock(&sock_lock);
+    uint32_t len = __atomic_load_n(&ts->len, __ATOMIC_ACQUIRE);
+    if (len > 0) {
+        struct msg_header h = {MSG_EVENTS, len, ts->tid, ts->seq | SEQ_COPY, ts->chunk_first_tick, ts->tick};
+        send_message_locked(&h, ts->buf, 0);
+    }
+    pthread_mutex_unlock(&sock_lock);
 }
 
 static uint64_t next_sample_interval(struct thread_state *ts) {
@@ -457,7 +480,10 @@ static void thread_exited(void *arg) {
  * to their own buffers meanwhile; what they add after this is lost, as at any exit. */
 static void flush_all(void) {
     pthread_mutex_lock(&registry_lock);
-    for (struct thread_state *r = registry; r; r = r->next_in_registry) flush_thread(r);
+    for (struct thread_state *r = registry; r; r = r->next_in_registry) {
+        if (r == tls_state || r->retired) flush_thread(r);
+        else send_thread_copy(r);
+    }
     pthread_mutex_unlock(&registry_lock);
 }
 

@@ -342,13 +342,61 @@ fn serve_arrival(shared: Arc<Shared>, conn: UnixStream, id: u64) {
     shared.arrivals.lock().unwrap().retain(|a| a.id != id);
 }
 
+/// Stores one connection's event buffers (packed with --pack).
+struct EventStore<'a> {
+    shared: &'a Arc<Shared>,
+    packed: Vec<u8>,
+    pack_failed: bool,
+}
+
+impl EventStore<'_> {
+    fn events(&mut self, h: EventsHeader, payload: &[u8]) {
+        let shared = self.shared;
+        shared
+            .event_bytes
+            .fetch_add(payload.len() as u64, Ordering::Relaxed);
+        let (packer, pid) = {
+            let mut procs = shared.procs.lock().unwrap();
+            match procs.streams.get_mut(h.stream as usize) {
+                Some(st) => {
+                    st.event_bytes += payload.len() as u64;
+                    (Some(st.packer.clone()), st.pid)
+                }
+                None => (None, 0),
+            }
+        };
+        match packer.filter(|_| shared.pack) {
+            Some(packer) => {
+                let mut p = packer.lock().unwrap();
+                if let Err(e) = p.pack(h.tid, h.first_tick, payload, &mut self.packed) {
+                    // Our own interposer wrote it: say so once, keep what decoded.
+                    if !self.pack_failed {
+                        eprintln!("fragscope: a buffer of pid {pid} ends early: {e}");
+                        self.pack_failed = true;
+                    }
+                }
+                let h = EventsHeader { packed: true, ..h };
+                shared.send(ChunkKind::PackedEvents, h.encode_with(&self.packed));
+            }
+            None => shared.send(ChunkKind::Events, h.encode_with(payload)),
+        }
+    }
+}
+
 /// Serves one interposer connection until it closes.
 fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
     let mut stream: Option<u32> = None;
     let mut pid = 0u32;
     let mut payload = Vec::new();
-    let mut packed = Vec::new();
-    let mut pack_failed = false;
+    let mut store = EventStore {
+        shared,
+        packed: Vec::new(),
+        pack_failed: false,
+    };
+    // Copies of other threads' buffers sent at exit, by thread, until superseded.
+    let mut copies: HashMap<u32, (EventsHeader, Vec<u8>)> = HashMap::new();
+    // Their seq by thread once stored (at the exit, before its snapshot).
+    let mut stored_copies: HashMap<u32, u32> = HashMap::new();
     let mut reader = match conn.try_clone() {
         Ok(c) => std::io::BufReader::with_capacity(1 << 20, c),
         Err(_) => return,
@@ -376,42 +424,32 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
             }
             MsgType::Events => {
                 let Some(s) = stream else { continue };
-                // The interposer marks a thread's last buffer in the high bit of seq.
+                // The interposer marks a thread's last buffer in the high bit of seq, and a
+                // copy of another thread's buffer taken at exit (which that thread may
+                // still extend and send itself, under the same seq) in the next one.
                 let h = EventsHeader {
                     stream: s,
                     tid: header.tid,
-                    seq: header.seq & 0x7fff_ffff,
+                    seq: header.seq & 0x3fff_ffff,
                     first_tick: header.first_tick,
                     last_tick: header.last_tick,
                     thread_exited: header.seq & 0x8000_0000 != 0,
                     packed: false,
                 };
-                shared
-                    .event_bytes
-                    .fetch_add(payload.len() as u64, Ordering::Relaxed);
-                let packer = {
-                    let mut procs = shared.procs.lock().unwrap();
-                    let st = procs.streams.get_mut(s as usize);
-                    st.map(|st| {
-                        st.event_bytes += payload.len() as u64;
-                        st.packer.clone()
-                    })
-                };
-                match packer.filter(|_| shared.pack) {
-                    Some(packer) => {
-                        let mut p = packer.lock().unwrap();
-                        if let Err(e) = p.pack(h.tid, h.first_tick, &payload, &mut packed) {
-                            // Our own interposer wrote it: say so once, keep what decoded.
-                            if !pack_failed {
-                                eprintln!("fragscope: a buffer of pid {pid} ends early: {e}");
-                                pack_failed = true;
-                            }
-                        }
-                        let h = EventsHeader { packed: true, ..h };
-                        shared.send(ChunkKind::PackedEvents, h.encode_with(&packed));
-                    }
-                    None => shared.send(ChunkKind::Events, h.encode_with(&payload)),
+                if header.seq & 0x4000_0000 != 0 {
+                    copies.insert(h.tid, (h, payload.clone()));
+                    continue;
                 }
+                if copies.get(&h.tid).is_some_and(|(c, _)| c.seq == h.seq) {
+                    copies.remove(&h.tid); // superseded by the thread's own, longer buffer
+                }
+                if stored_copies.get(&h.tid).is_some_and(|&seq| h.seq >= seq) {
+                    // The copy is stored: what the thread did after the exit is lost, as at
+                    // any exit (storing the same buffer again would record calls twice,
+                    // and a later one without it, frees of blocks it holds as missing).
+                    continue;
+                }
+                store.events(h, &payload);
             }
             MsgType::MapsChanged => {
                 if let Some(s) = stream {
@@ -427,6 +465,10 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
                         _ => EndHow::ExitUnknownStatus,
                     };
                     shared.procs.lock().unwrap().streams[s as usize].end = Some((how, status));
+                    for (tid, (h, copy)) in copies.drain() {
+                        stored_copies.insert(tid, h.seq);
+                        store.events(h, &copy);
+                    }
                     shared.snapshot(s, pid, SnapshotReason::Exit);
                 }
                 ack(&mut conn);
@@ -438,6 +480,9 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
             }
             MsgType::Unknown(_) => {}
         }
+    }
+    for (_, (h, copy)) in copies.drain() {
+        store.events(h, &copy);
     }
     let Some(s) = stream else { return };
     let mut procs = shared.procs.lock().unwrap();
