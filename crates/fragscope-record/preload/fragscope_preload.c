@@ -152,6 +152,9 @@ struct thread_state {
      * handlers add at the tail, only the writer (with TF_BUSY held) takes from the head. */
     uint32_t nested_head, nested_tail;
     uint64_t nested_lost;
+    /* This thread claimed a statistics request: it answers at its current call (see
+     * write_event for where). */
+    uint8_t stats_due;
     struct nested_event nested[NESTED_CAP];
     struct thread_state *next_in_registry;
     uint64_t stack_hash[STACK_TABLE_SLOTS];
@@ -562,6 +565,14 @@ static void emit_allocator_stats(struct thread_state *ts) {
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
+/* Answers a claimed statistics request, keeping errno as the program left it. */
+static __attribute__((noinline)) void emit_due_stats(struct thread_state *ts) {
+    int saved_errno = errno;
+    ts->stats_due = 0;
+    emit_allocator_stats(ts);
+    errno = saved_errno;
+}
+
 /* The slow path of every event: the shared tick moved since this thread's last record. */
 static __attribute__((noinline)) void tick_changed(struct thread_state *ts, uint64_t tick) {
     int saved_errno = errno;
@@ -580,7 +591,7 @@ static __attribute__((noinline)) void tick_changed(struct thread_state *ts, uint
     uint64_t want = clock_page->stats_request, had = atomic_load(&stats_answered);
     if (want != had && !(tls_flags & TF_REAL) &&
         atomic_compare_exchange_strong(&stats_answered, &had, want)) {
-        emit_allocator_stats(ts);
+        ts->stats_due = 1;
     }
     errno = saved_errno;
 }
@@ -658,6 +669,9 @@ static void write_event(struct thread_state *ts, uint8_t kind, uintptr_t addr, u
 
     uint8_t tag = kind;
     if (kind == KIND_FREE) {
+        /* A free is recorded before the real free: the allocator still counts the block,
+         * so its statistics go before the free's record, where fragscope does too. */
+        if (UNLIKELY(ts->stats_due)) emit_due_stats(ts);
         uint8_t *o = ts->buf + ts->len + 1;
         if (addr) o = put_addr(o, &tag, addr, &ts->prev_addr);
         else tag |= FLAG_NULL;
@@ -723,6 +737,9 @@ static void write_event(struct thread_state *ts, uint8_t kind, uintptr_t addr, u
     }
     *start = tag;
     ts->len = (uint32_t)(o - ts->buf);
+    /* An allocation is recorded after the real call: the allocator already counts the
+     * block, so its statistics go after the record. */
+    if (UNLIKELY(ts->stats_due)) emit_due_stats(ts);
 }
 
 /* Writes the calls signal handlers queued, oldest first; the caller holds TF_BUSY, so a
@@ -978,6 +995,7 @@ static void send_exit(int status, uint32_t how) {
         uint64_t tick = current_tick();
         if (tick != ts->tick) tick_changed(ts, tick);
         tls_flags |= TF_FORWARD; /* tick_changed may have cleared it */
+        ts->stats_due = 0;
         emit_allocator_stats(ts);
         if (ts->nested_head != ts->nested_tail || ts->nested_lost) drain_nested(ts);
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
