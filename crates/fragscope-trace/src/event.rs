@@ -364,10 +364,7 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
     }
 
     fn addr(&mut self, unaligned: bool) -> Result<u64, TraceError> {
-        let d = self.r.svarint()?;
-        let d = if unaligned { d } else { d.wrapping_mul(16) };
-        self.prev_addr = self.prev_addr.wrapping_add(d as u64);
-        Ok(self.prev_addr)
+        read_delta(&mut self.r, &mut self.prev_addr, unaligned)
     }
 
     /// The next record, skipping tick records (whose time `tick()` then reflects).
@@ -489,6 +486,17 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
         TraceError::Malformed(format!("packed events: {what}"))
     }
 
+    /// The block a slot names, which ends (`by_free`: a free, else a realloc's old block).
+    fn slot_block(&mut self, by_free: bool) -> Result<u64, TraceError> {
+        let slot = u32::try_from(self.r.varint()?).map_err(|_| Self::bad("slot out of range"))?;
+        let addr = self
+            .tables
+            .end_slot(slot, self.tid, by_free)
+            .ok_or_else(|| Self::bad("a slot with no block"))?;
+        self.prev_addr = addr;
+        Ok(addr)
+    }
+
     /// A call in the packed form (see the module documentation).
     fn packed_call(&mut self, tag: u8) -> Result<Record, TraceError> {
         let func = Func::from_kind(tag & 0x0f).expect("kinds 0..=9 are functions");
@@ -496,14 +504,7 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
             let addr = if tag & FLAG_NULL != 0 {
                 0
             } else if tag & FLAG_SLOT != 0 {
-                let slot = self.r.varint()?;
-                let slot = u32::try_from(slot).map_err(|_| Self::bad("slot out of range"))?;
-                let addr = self
-                    .tables
-                    .end_slot(slot, self.tid, true)
-                    .ok_or_else(|| Self::bad("free of an empty slot"))?;
-                self.prev_addr = addr;
-                addr
+                self.slot_block(true)?
             } else {
                 self.addr(tag & FLAG_UNALIGNED != 0)?
             };
@@ -513,13 +514,7 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
         if func.takes_old_block() {
             let rflags = self.r.u8()?;
             if rflags & REALLOC_OLD_SLOT != 0 {
-                let slot =
-                    u32::try_from(self.r.varint()?).map_err(|_| Self::bad("slot out of range"))?;
-                old_addr = self
-                    .tables
-                    .end_slot(slot, self.tid, false)
-                    .ok_or_else(|| Self::bad("realloc of an empty slot"))?;
-                self.prev_addr = old_addr;
+                old_addr = self.slot_block(false)?;
             } else if rflags & REALLOC_OLD_NULL == 0 {
                 old_addr = self.addr(rflags & REALLOC_OLD_UNALIGNED != 0)?;
             }
@@ -527,16 +522,7 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
         let mode = tag & ADDR_MODE;
         let mut addr = match mode {
             FLAG_NULL | FLAG_PREDICTED => 0,
-            _ => {
-                let d = self.r.svarint()?;
-                let d = if mode == FLAG_UNALIGNED {
-                    d
-                } else {
-                    d.wrapping_mul(16)
-                };
-                self.prev_alloc = self.prev_alloc.wrapping_add(d as u64);
-                self.prev_alloc
-            }
+            _ => read_delta(&mut self.r, &mut self.prev_alloc, mode == FLAG_UNALIGNED)?,
         };
         let size = self.r.varint()?;
         let align = if func.takes_alignment() {
@@ -587,6 +573,27 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
     }
 }
 
+/// An address given as a delta from `base` (in 16-byte units unless `unaligned`); it
+/// becomes the base.
+#[inline]
+fn read_delta(r: &mut Reader, base: &mut u64, unaligned: bool) -> Result<u64, TraceError> {
+    let d = r.svarint()?;
+    let d = if unaligned { d } else { d.wrapping_mul(16) };
+    *base = base.wrapping_add(d as u64);
+    Ok(*base)
+}
+
+/// The other side of [`read_delta`]: whether the delta is in bytes, and the delta.
+fn write_delta(base: &mut u64, addr: u64) -> (bool, i64) {
+    let d = addr.wrapping_sub(*base) as i64;
+    *base = addr;
+    if d % 16 == 0 {
+        (false, d / 16)
+    } else {
+        (true, d)
+    }
+}
+
 /// Writes records in the packed form. Keeps the stream's tables as the reader will.
 pub(crate) struct PackedWriter<'t> {
     pub w: Writer,
@@ -607,15 +614,9 @@ impl<'t> PackedWriter<'t> {
         }
     }
 
-    /// The flags and delta of a literal address (which becomes the previous one).
+    /// Whether the delta of a literal address is in bytes, and the delta.
     fn delta(&mut self, addr: u64) -> (bool, i64) {
-        let d = addr.wrapping_sub(self.prev_addr) as i64;
-        self.prev_addr = addr;
-        if d % 16 == 0 {
-            (false, d / 16)
-        } else {
-            (true, d)
-        }
+        write_delta(&mut self.prev_addr, addr)
     }
 
     pub fn record(&mut self, rec: &Record) {
@@ -732,14 +733,11 @@ impl<'t> PackedWriter<'t> {
         } else if depth.is_some() {
             self.w.bytes[tag_at] |= FLAG_PREDICTED;
         } else {
-            let d = addr.wrapping_sub(self.prev_alloc) as i64;
-            self.prev_alloc = addr;
-            if d % 16 == 0 {
-                self.w.svarint(d / 16);
-            } else {
+            let (unaligned, d) = write_delta(&mut self.prev_alloc, addr);
+            if unaligned {
                 self.w.bytes[tag_at] |= FLAG_UNALIGNED;
-                self.w.svarint(d);
             }
+            self.w.svarint(d);
         }
         self.w.varint(size);
         if func.takes_alignment() {
