@@ -318,11 +318,12 @@ fn malloc_in_a_signal_handler(alloc: Allocator, interrupt_allocator: bool) {
     } else {
         assert_eq!(s.free_null, main_pairs, "{s:#?}");
     }
-    assert_eq!(s.disorder(), 0, "{s:#?}");
     // A handler that interrupts the recording of a call queues its own calls; while the
-    // thread is stuck sending a buffer to a busy recorder, a full queue (32 calls) drops
-    // calls, and counts them: every handler call is recorded or counted as lost.
+    // thread is stuck sending a buffer to a busy recorder, a full queue (256 calls) drops
+    // calls, and counts them: every handler call is recorded or counted as lost. A lost
+    // malloc leaves its free unknown (or a lost free its block live twice), one each.
     let lost = s.merge.lost_events;
+    assert!(s.disorder() <= lost, "{s:#?}");
     let recorded = s.allocated(Func::Malloc, 500) + s.freed(500);
     assert_eq!(recorded + lost, 2 * handler_pairs, "{s:#?}");
     assert!(lost <= handler_pairs / 20, "{lost} lost: {s:#?}");

@@ -102,7 +102,7 @@ struct shared_clock {
 #define MAX_FRAMES 64
 #define STACK_TABLE_SLOTS 4096 /* per-thread stack dedup table, power of two */
 #define USABLE_TABLE 32768     /* requested sizes whose usable size is cached */
-#define NESTED_CAP 32          /* events recorded from a signal handler mid-record */
+#define NESTED_CAP 256         /* events recorded from a signal handler mid-record */
 #define BOOTSTRAP_BYTES (64 * 1024)
 #define FD_FLOOR 500           /* the trace socket lives at or above this fd */
 
@@ -807,6 +807,53 @@ out:
     tls_flags &= ~TF_BUSY;
 }
 
+/* The common call, written inline in the malloc, calloc and free hooks: this thread's own
+ * call, outside any handler or machinery of ours, the tick unchanged, room in the buffer,
+ * nothing queued, no stack due and the usable size already told. The general path's two
+ * calls and their frames cost more than the record itself. Returns 0 when the call needs
+ * the general path (`record`). */
+static inline __attribute__((always_inline)) int record_common(uint8_t kind, uintptr_t addr,
+                                                               size_t size) {
+    struct thread_state *ts = tls_state;
+    if (UNLIKELY(!ts || tls_flags)) return 0;
+    tls_flags = TF_BUSY;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    /* Read after BUSY is set: a handler that ran before wrote through the general path. */
+    int64_t countdown = ts->sample_countdown - (int64_t)size;
+    int plain = addr && !finished && ts->nested_head == ts->nested_tail && !ts->nested_lost &&
+                !ts->stats_due && clock_page->tick == ts->tick &&
+                ts->len + MAX_RECORD + 16 <= BUF_CAP;
+    if (kind != KIND_FREE)
+        plain = plain && countdown >= 0 &&
+                (!usable_size_applies[kind] ||
+                 (size < USABLE_TABLE && (ts->usable_known[size >> 6] >> (size & 63) & 1)));
+    if (UNLIKELY(!plain)) {
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        tls_flags = 0;
+        return 0;
+    }
+    uint8_t tag = kind;
+    uint8_t *start = ts->buf + ts->len;
+    uint8_t *o = put_addr(start + 1, &tag, addr, &ts->prev_addr);
+    if (kind != KIND_FREE) {
+        o = put_varint(o, size);
+        ts->sample_countdown = countdown;
+    }
+    *start = tag;
+    ts->len = (uint32_t)(o - ts->buf);
+    tls_recorded_calls++;
+    if (UNLIKELY(ts->nested_head != ts->nested_tail || ts->nested_lost)) drain_nested(ts);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    tls_flags = 0;
+    return 1;
+}
+
+/* Records a malloc, calloc or free. */
+static inline __attribute__((always_inline)) void record_plain(uint8_t kind, uintptr_t addr,
+                                                              size_t size) {
+    if (!record_common(kind, addr, size)) record(kind, addr, 0, size, 0);
+}
+
 /* ---- initialisation ---- */
 static void resolve_real_functions(void) {
 #define RESOLVE_ALLOC(name, kind, ret, params, args) real_##name = dlsym(RTLD_NEXT, #name);
@@ -960,7 +1007,10 @@ __attribute__((constructor)) static void on_load(void) {
     allocator_text_lo = allocator.lo;
     allocator_text_hi = allocator.hi;
     if (stacks_mode) {
-        void *lib = dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
+        /* Not through our dlopen hook: the program would wait for the recorder to read
+         * its memory map, and libunwind is ours, never unloaded; the next snapshot's map
+         * shows it. */
+        void *lib = real_dlopen ? real_dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL) : NULL;
         if (lib) {
             unwind_backtrace = dlsym(lib, "unw_backtrace");
             int (*set_policy)(void *, int) = dlsym(lib, "_ULx86_64_set_caching_policy");
@@ -1041,7 +1091,7 @@ EXPORT void *malloc(size_t size) {
     ENTER_REAL();
     void *p = real_malloc(size);
     LEAVE_REAL();
-    if (LIKELY(tracing)) record(0, (uintptr_t)p, 0, size, 0);
+    if (LIKELY(tracing)) record_plain(0, (uintptr_t)p, size);
     return p;
 }
 
@@ -1054,7 +1104,7 @@ EXPORT void free(void *ptr) {
     }
     /* Recorded before the block is given back, so no other thread can be handed the same
      * address and record it first. */
-    if (LIKELY(tracing)) record(KIND_FREE, (uintptr_t)ptr, 0, 0, 0);
+    if (LIKELY(tracing)) record_plain(KIND_FREE, (uintptr_t)ptr, 0);
     ENTER_REAL();
     real_free(ptr);
     LEAVE_REAL();
@@ -1072,7 +1122,7 @@ EXPORT void *calloc(size_t nmemb, size_t size) {
     LEAVE_REAL();
     size_t total;
     if (__builtin_mul_overflow(nmemb, size, &total)) total = SIZE_MAX;
-    if (LIKELY(tracing)) record(1, (uintptr_t)p, 0, total, 0);
+    if (LIKELY(tracing)) record_plain(1, (uintptr_t)p, total);
     return p;
 }
 

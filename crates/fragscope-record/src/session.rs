@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -498,17 +498,41 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
     }
 }
 
+/// Tells the ticker and the sampler to stop, and wakes them at once: they would otherwise
+/// finish their sleep first, and every recording would end that much later.
+#[derive(Default)]
+struct Stop {
+    stopped: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl Stop {
+    fn stop(&self) {
+        *self.stopped.lock().unwrap() = true;
+        self.wake.notify_all();
+    }
+
+    /// Sleeps for `d` unless stopped meanwhile; true once stopped.
+    fn sleep(&self, d: Duration) -> bool {
+        let stopped = self.stopped.lock().unwrap();
+        let (stopped, _) = self
+            .wake
+            .wait_timeout_while(stopped, d, |stopped| !*stopped)
+            .unwrap();
+        *stopped
+    }
+}
+
 fn process_alive(pid: u32) -> bool {
     procfs::read_rss(pid, 0).is_some()
 }
 
 /// The sampler: RSS of every live stream every 10 ms, smaps_rollup every 100 ms,
 /// page-residency snapshots every `snapshot_ms` and near RSS peaks.
-fn sample(shared: Arc<Shared>, snapshot_every: Duration, stop: Arc<AtomicBool>) {
+fn sample(shared: Arc<Shared>, snapshot_every: Duration, stop: Arc<Stop>) {
     let mut round = 0u32;
     let mut last_periodic = Instant::now();
-    while !stop.load(Ordering::Acquire) {
-        thread::sleep(RSS_INTERVAL);
+    while !stop.sleep(RSS_INTERVAL) {
         round = round.wrapping_add(1);
         let tick = shared.tick();
         let live: Vec<(u32, u32)> = {
@@ -686,17 +710,17 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         pack: opts.pack,
     });
 
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(Stop::default());
     let ticker = {
         let shared = shared.clone();
         let stop = stop.clone();
         let t0 = Instant::now();
         thread::Builder::new()
             .name("fragscope-ticker".into())
-            .spawn(move || {
-                while !stop.load(Ordering::Acquire) {
-                    shared.clock.set_tick(t0.elapsed().as_millis() as u64);
-                    thread::sleep(Duration::from_millis(1));
+            .spawn(move || loop {
+                shared.clock.set_tick(t0.elapsed().as_millis() as u64);
+                if stop.sleep(Duration::from_millis(1)) {
+                    break;
                 }
             })?
     };
@@ -787,7 +811,14 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             forward_signal as *const () as libc::sighandler_t,
         );
     }
-    std::mem::forget(child); // reaped below with waitpid, with every orphan
+    // Reaped below with waitpid, with every orphan.
+    std::mem::forget(child);
+
+    // Polled, the program's pidfd wakes us the moment it exits (Linux 5.3+; without one,
+    // waitpid is polled every few milliseconds).
+    // SAFETY: pidfd_open takes a pid and flags and returns a descriptor or -1.
+    let child_pidfd =
+        unsafe { libc::syscall(libc::SYS_pidfd_open, child_pid as libc::c_int, 0) } as i32;
 
     let mut exit_code = None;
     let mut grace_until: Option<Instant> = None;
@@ -822,12 +853,27 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
                 break;
             }
         }
-        thread::sleep(Duration::from_millis(5));
+        if exit_code.is_none() && child_pidfd >= 0 {
+            let mut pfd = libc::pollfd {
+                fd: child_pidfd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut pfd, 1, 5) };
+        } else {
+            let nap = if exit_code.is_some() { 1 } else { 5 };
+            thread::sleep(Duration::from_millis(nap));
+        }
     }
     CHILD_PID.store(0, Ordering::Relaxed);
+    if child_pidfd >= 0 {
+        // SAFETY: our own descriptor, closed once.
+        unsafe { libc::close(child_pidfd) };
+    }
 
     // Wind down: stop sampling, close the listener, let connections drain.
-    stop.store(true, Ordering::Release);
+    stop.stop();
     let _ = sampler.join();
     stop_accepting.store(true, Ordering::Release);
     // The acceptor sees the flag at its next connection: this one.
