@@ -35,8 +35,10 @@ pub enum ChunkKind {
     ProcessEnd = 8,
     WaitStatus = 9,
     End = 10,
+    /// Events in the first packed form, since replaced: no longer read.
+    PackedEventsV1 = 11,
     /// Events in the packed form (see [`crate::pack`]).
-    PackedEvents = 11,
+    PackedEvents = 12,
 }
 
 impl ChunkKind {
@@ -53,7 +55,8 @@ impl ChunkKind {
             8 => ProcessEnd,
             9 => WaitStatus,
             10 => End,
-            11 => PackedEvents,
+            11 => PackedEventsV1,
+            12 => PackedEvents,
             _ => return None,
         })
     }

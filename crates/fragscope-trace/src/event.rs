@@ -28,7 +28,8 @@
 //! table of live blocks (SLOT, 0x10: `slot:varint` instead of the delta), a realloc's
 //! old block likewise (realloc flag 4), and a malloc or calloc that returned the block
 //! its thread freed last at that usable size says so (PREDICTED: UNALIGNED|NULL, no
-//! address). Both sides keep the tables ([`StreamTables`]) the same way, call by call.
+//! address). Both sides keep the tables ([`StreamTables`]) the same way, call by call;
+//! only the writer needs to find a slot by address.
 
 use crate::merge::FastMap;
 use crate::records::EventsHeader;
@@ -211,10 +212,14 @@ pub enum Record {
 #[derive(Default)]
 pub struct StreamTables {
     usable: Vec<u32>,
-    /// Live blocks (address, usable size or 0) by slot; a freed slot takes the last one.
+    /// Live blocks (address, usable size or 0) by slot; address 0: a free slot.
     live: Vec<(u64, u32)>,
-    slot_of: FastMap<u64, u32>,
-    freed: FastMap<(u32, u32), Freed>,
+    /// Free slots, the one freed last on top: the next new block takes it.
+    free_slots: Vec<u32>,
+    /// The writer's index of `live` by address (the reader is told what it needs).
+    slot_of: Option<AddrSlots>,
+    /// Blocks each thread freed last, by (thread, usable size).
+    freed: FastMap<u64, Freed>,
 }
 
 /// A thread's recently freed blocks of one usable size, newest last.
@@ -224,7 +229,19 @@ struct Freed {
     len: u8,
 }
 
+fn freed_key(tid: u32, usable: u64) -> Option<u64> {
+    Some(u64::from(tid) << 32 | u64::from(u32::try_from(usable).ok()?))
+}
+
 impl StreamTables {
+    /// The tables of a packed form's writer, which finds blocks by address.
+    pub(crate) fn for_writer() -> Self {
+        Self {
+            slot_of: Some(AddrSlots::default()),
+            ..Self::default()
+        }
+    }
+
     fn set_usable(&mut self, size: u64, usable: u64) {
         if size < USABLE_TABLE {
             if self.usable.len() < USABLE_TABLE as usize {
@@ -247,27 +264,21 @@ impl StreamTables {
             .map(u64::from)
     }
 
-    /// The slot of a live address.
+    /// Ends the block in `slot`, whose slot becomes the next one taken; a block freed by
+    /// `tid` (`by_free`) is remembered as the next one that thread may get back.
     #[inline]
-    pub(crate) fn slot(&self, addr: u64) -> Option<u32> {
-        self.slot_of.get(&addr).copied()
-    }
-
-    /// Ends the block in `slot` (the last slot moves into it); a block freed by `tid`
-    /// (`by_free`) is remembered as the next one that thread may get back.
-    #[inline]
-    pub(crate) fn end_slot(&mut self, slot: u32, tid: u32, by_free: bool) -> Option<u64> {
-        let i = slot as usize;
-        if i >= self.live.len() {
+    fn end_slot(&mut self, slot: u32, tid: u32, by_free: bool) -> Option<u64> {
+        let entry = self.live.get_mut(slot as usize)?;
+        let (addr, usable) = std::mem::take(entry);
+        if addr == 0 {
             return None;
         }
-        let (addr, usable) = self.live.swap_remove(i);
-        self.slot_of.remove(&addr);
-        if let Some(&(moved, _)) = self.live.get(i) {
-            self.slot_of.insert(moved, slot);
-        }
+        self.free_slots.push(slot);
         if by_free && usable != 0 {
-            let f = self.freed.entry((tid, usable)).or_default();
+            let Some(key) = freed_key(tid, usable.into()) else {
+                return Some(addr);
+            };
+            let f = self.freed.entry(key).or_default();
             if f.len as usize == FREED_DEPTH {
                 f.addrs.copy_within(1.., 0);
                 f.len -= 1;
@@ -278,37 +289,152 @@ impl StreamTables {
         Some(addr)
     }
 
-    /// Where `addr` is among the blocks `tid` freed last at `usable` bytes (0: the last).
+    /// Writer: ends the live block at `addr`, if there is one, and returns its slot.
     #[inline]
-    pub(crate) fn predicted_depth(&self, tid: u32, usable: u64, addr: u64) -> Option<u64> {
-        let f = self.freed.get(&(tid, u32::try_from(usable).ok()?))?;
-        let mut newest_first = f.addrs[..f.len as usize].iter().rev();
-        newest_first.position(|&a| a == addr).map(|d| d as u64)
+    fn end_block(&mut self, addr: u64, tid: u32, by_free: bool) -> Option<u32> {
+        let slot = self.slot_of.as_mut()?.remove(addr)?;
+        self.end_slot(slot, tid, by_free);
+        Some(slot)
     }
 
-    /// Claims the block `depth` places below the one `tid` freed last at `usable` bytes.
+    /// Writer: if `addr` is among the blocks `tid` freed last at `usable` bytes, claims
+    /// it and says where it was (0: the last).
     #[inline]
-    pub(crate) fn take_predicted(&mut self, tid: u32, usable: u64, depth: u64) -> Option<u64> {
-        let f = self.freed.get_mut(&(tid, u32::try_from(usable).ok()?))?;
+    fn take_if_freed(&mut self, tid: u32, usable: u64, addr: u64) -> Option<u64> {
+        let f = self.freed.get_mut(&freed_key(tid, usable)?)?;
+        let mut newest_first = f.addrs[..f.len as usize].iter().rev();
+        let depth = newest_first.position(|&a| a == addr)?;
+        let i = f.len as usize - 1 - depth;
+        f.addrs.copy_within(i + 1..f.len as usize, i);
+        f.len -= 1;
+        Some(depth as u64)
+    }
+
+    /// Reader: claims the block `depth` places below the one `tid` freed last at
+    /// `usable` bytes.
+    #[inline]
+    fn take_freed(&mut self, tid: u32, usable: u64, depth: u64) -> Option<u64> {
+        let f = self.freed.get_mut(&freed_key(tid, usable)?)?;
         let i = (f.len as usize)
             .checked_sub(1)?
-            .checked_sub(depth as usize)?;
+            .checked_sub(usize::try_from(depth).ok()?)?;
         let addr = f.addrs[i];
         f.addrs.copy_within(i + 1..f.len as usize, i);
         f.len -= 1;
         Some(addr)
     }
 
-    /// A block became live at `addr`.
+    /// A block became live at `addr`, in the slot freed last (or a new one). An address
+    /// still live in another slot (its free was never recorded) leaves that slot taken
+    /// for good, on both sides alike: the writer's index names the new one.
     #[inline]
-    pub(crate) fn allocated(&mut self, addr: u64, usable: Option<u64>) {
+    fn allocated(&mut self, addr: u64, usable: Option<u64>) {
         let usable = usable.map_or(0, |u| u.min(u64::from(u32::MAX)) as u32);
-        let next = self.live.len() as u32;
-        let slot = *self.slot_of.entry(addr).or_insert(next);
-        if slot == next {
-            self.live.push((addr, usable));
-        } else {
-            self.live[slot as usize].1 = usable;
+        let slot = match self.free_slots.pop() {
+            Some(slot) => slot,
+            None => {
+                self.live.push((0, 0));
+                self.live.len() as u32 - 1
+            }
+        };
+        self.live[slot as usize] = (addr, usable);
+        if let Some(index) = &mut self.slot_of {
+            index.insert(addr, slot);
+        }
+    }
+}
+
+/// Address to slot, for the writer of the packed form: open addressing with linear
+/// probing and deletion by backward shift (no tombstones, so a table that sees billions
+/// of inserts and removes keeps its probes short); one 16-byte entry per probe. Every
+/// call makes one lookup and one insert or remove here, so this is the packer's cost.
+#[derive(Default)]
+struct AddrSlots {
+    /// (address, slot); address 0 is an empty entry (no block lives at 0).
+    entries: Vec<(u64, u32)>,
+    len: usize,
+}
+
+impl AddrSlots {
+    #[inline]
+    fn home(&self, addr: u64) -> usize {
+        // Fibonacci hashing of the 16-byte granule spreads neighbouring blocks apart.
+        let bits = self.entries.len().trailing_zeros();
+        ((addr >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as usize
+    }
+
+    /// The entry holding `addr`, or the empty one where it would go.
+    #[inline]
+    fn find(&self, addr: u64) -> (usize, bool) {
+        let mask = self.entries.len() - 1;
+        let mut i = self.home(addr);
+        loop {
+            match self.entries[i].0 {
+                a if a == addr => return (i, true),
+                0 => return (i, false),
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn get(&self, addr: u64) -> Option<u32> {
+        if self.len == 0 || addr == 0 {
+            return None;
+        }
+        let (i, found) = self.find(addr);
+        found.then(|| self.entries[i].1)
+    }
+
+    fn insert(&mut self, addr: u64, slot: u32) {
+        if addr == 0 {
+            return;
+        }
+        if (self.len + 1) * 2 > self.entries.len() {
+            self.grow();
+        }
+        let (i, found) = self.find(addr);
+        self.len += usize::from(!found);
+        self.entries[i] = (addr, slot);
+    }
+
+    fn remove(&mut self, addr: u64) -> Option<u32> {
+        if self.len == 0 || addr == 0 {
+            return None;
+        }
+        let (mut hole, found) = self.find(addr);
+        if !found {
+            return None;
+        }
+        let slot = self.entries[hole].1;
+        self.len -= 1;
+        let mask = self.entries.len() - 1;
+        let mut j = (hole + 1) & mask;
+        loop {
+            let a = self.entries[j].0;
+            if a == 0 {
+                break;
+            }
+            // The entry at j may fill the hole if the hole lies between its home and j.
+            let home = self.home(a);
+            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
+                self.entries[hole] = self.entries[j];
+                hole = j;
+            }
+            j = (j + 1) & mask;
+        }
+        self.entries[hole] = (0, 0);
+        Some(slot)
+    }
+
+    fn grow(&mut self) {
+        let capacity = (self.entries.len() * 2).max(1024);
+        let old = std::mem::replace(&mut self.entries, vec![(0, 0); capacity]);
+        self.len = 0;
+        for (addr, slot) in old {
+            if addr != 0 {
+                self.insert(addr, slot);
+            }
         }
     }
 }
@@ -549,7 +675,7 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
                 .ok_or_else(|| Self::bad("a predicted block without a usable size"))?;
             addr = self
                 .tables
-                .take_predicted(self.tid, u, depth)
+                .take_freed(self.tid, u, depth)
                 .ok_or_else(|| Self::bad("a predicted block with nothing freed"))?;
             self.prev_addr = addr;
         }
@@ -625,8 +751,7 @@ impl<'t> PackedWriter<'t> {
                 let kind = Func::Free as u8;
                 if addr == 0 {
                     self.w.u8(kind | FLAG_NULL);
-                } else if let Some(slot) = self.tables.slot(addr) {
-                    self.tables.end_slot(slot, self.tid, true);
+                } else if let Some(slot) = self.tables.end_block(addr, self.tid, true) {
                     self.prev_addr = addr;
                     self.w.u8(kind | FLAG_SLOT).varint(slot.into());
                 } else {
@@ -702,14 +827,21 @@ impl<'t> PackedWriter<'t> {
         // The usable size is written unless the reader's table gives it (as the raw form).
         let explicit = usable.filter(|&u| from_table != Some(u) && u >= size);
         let usable = explicit.or(from_table);
+        // The tables change in the reader's order: the old block ends, then the new one
+        // is claimed from the thread's frees and takes a slot.
+        let old_slot = if func.takes_old_block() && old_addr != 0 {
+            self.tables.end_block(old_addr, self.tid, false)
+        } else {
+            None
+        };
+        let depth = match (explicit, from_table) {
+            (None, Some(u)) => self.tables.take_if_freed(self.tid, u, addr),
+            _ => None,
+        };
         let mut tag = func as u8;
         if stack != 0 {
             tag |= FLAG_STACK;
         }
-        let depth = match (explicit, from_table) {
-            (None, Some(u)) => self.tables.predicted_depth(self.tid, u, addr),
-            _ => None,
-        };
         if explicit.is_some() || depth.is_some_and(|d| d > 0) {
             tag |= FLAG_USABLE;
         }
@@ -718,8 +850,7 @@ impl<'t> PackedWriter<'t> {
         if func.takes_old_block() {
             if old_addr == 0 {
                 self.w.u8(REALLOC_OLD_NULL);
-            } else if let Some(slot) = self.tables.slot(old_addr) {
-                self.tables.end_slot(slot, self.tid, false);
+            } else if let Some(slot) = old_slot {
                 self.prev_addr = old_addr;
                 self.w.u8(REALLOC_OLD_SLOT).varint(slot.into());
             } else {
@@ -732,6 +863,7 @@ impl<'t> PackedWriter<'t> {
             self.w.bytes[tag_at] |= FLAG_NULL;
         } else if depth.is_some() {
             self.w.bytes[tag_at] |= FLAG_PREDICTED;
+            self.prev_addr = addr;
         } else {
             let (unaligned, d) = write_delta(&mut self.prev_alloc, addr);
             if unaligned {
@@ -746,12 +878,8 @@ impl<'t> PackedWriter<'t> {
         if let Some(u) = explicit {
             self.w.varint(u - size);
         }
-        if let (Some(d), Some(u)) = (depth, usable) {
-            if d > 0 {
-                self.w.varint(d);
-            }
-            self.tables.take_predicted(self.tid, u, d);
-            self.prev_addr = addr;
+        if let Some(d) = depth.filter(|&d| d > 0) {
+            self.w.varint(d);
         }
         if stack != 0 {
             self.w.varint(stack.into());
@@ -813,6 +941,32 @@ mod tests {
                 (103, alloc(Func::PosixMemalign, 0, 0, 10, 64, None, 0)),
             ]
         );
+    }
+
+    #[test]
+    fn the_address_index_agrees_with_a_hash_map() {
+        // Few distinct addresses, so probes run long, collide and wrap around the table.
+        let mut index = AddrSlots::default();
+        let mut want = std::collections::HashMap::new();
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        for step in 0..200_000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let addr = 0x7f00_0000_0000 + (x % 5000) * 16;
+            match x >> 62 {
+                0 | 1 => {
+                    index.insert(addr, step);
+                    want.insert(addr, step);
+                }
+                2 => assert_eq!(index.remove(addr), want.remove(&addr), "step {step}"),
+                _ => assert_eq!(index.get(addr), want.get(&addr).copied(), "step {step}"),
+            }
+            assert_eq!(index.len, want.len());
+        }
+        for (addr, slot) in want {
+            assert_eq!(index.get(addr), Some(slot));
+        }
     }
 
     #[test]

@@ -15,12 +15,20 @@ use crate::event::{ChunkDecoder, PackedWriter, StreamTables};
 use crate::TraceError;
 
 /// Packs one stream's buffers (a process image: the recorder keeps one per stream).
-#[derive(Default)]
 pub struct Packer {
     /// The tables the raw records need (usable sizes).
     raw: StreamTables,
-    /// The tables the packed records build, as the reader will.
+    /// The tables the packed records build, as the reader will, plus an index by address.
     packed: StreamTables,
+}
+
+impl Default for Packer {
+    fn default() -> Self {
+        Self {
+            raw: StreamTables::default(),
+            packed: StreamTables::for_writer(),
+        }
+    }
 }
 
 impl Packer {
@@ -118,6 +126,13 @@ mod tests {
                     }
                     6 => {
                         w.u8(Func::Malloc as u8 | FLAG_NULL).varint(1 << 50);
+                    }
+                    8 if i % 7 == 0 && !live.is_empty() => {
+                        // An address returned again while live (its free was lost).
+                        let a = live[(r >> 8) as usize % live.len()];
+                        live.push(a);
+                        addr_delta(&mut w, &mut prev, a, Func::Malloc as u8, FLAG_UNALIGNED);
+                        w.varint(40);
                     }
                     7 if i % 50 == 0 => {
                         w.u8(KIND_STACK)
