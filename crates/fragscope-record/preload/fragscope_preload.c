@@ -601,9 +601,12 @@ static __attribute__((noinline)) uint32_t capture_stack(struct thread_state *ts)
     void *frames[MAX_FRAMES + 8];
     if (!unwind_backtrace) return 0;
     int saved_errno = errno;
-    tls_flags |= TF_FORWARD;
+    /* Not under TF_FORWARD: the unwinder's own allocations are recorded (queued behind this
+     * call, as a handler's would be). The one it makes in every thread, its thread-local
+     * block (libunwind is loaded at run time, so its TLS is allocated on first use, 16
+     * bytes), is freed by glibc through the program's free when another thread joins this
+     * one: unrecorded, that free would name a block the trace never saw. */
     int n = unwind_backtrace(frames, MAX_FRAMES + 8);
-    tls_flags &= ~TF_FORWARD;
     errno = saved_errno;
     int first = 0;
     while (first < n && (uintptr_t)frames[first] >= self_text_lo &&
