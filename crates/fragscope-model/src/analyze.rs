@@ -350,7 +350,7 @@ pub fn analyze(
         .collect();
     let peak_snapshot = (0..snapshots.len()).max_by_key(|&i| snapshots[i].parts.rss);
     let end_snapshot = snapshots.len().checked_sub(1);
-    let focus_snapshot = focus_of(&snapshots);
+    let focus_snapshot = focus_of(&snapshots, s.peak_live.0);
     let phases = phases_of(&timeline_full, &snapshots);
     let (size_classes, size_class_history) = size_classes(s, focus_snapshot, tick_ms);
     let (sites, all_sites) = sites(s, focus_snapshot, opts, stacks, tick_ms);
@@ -401,9 +401,11 @@ pub fn analyze(
 /// everything, and the empty heap left then says nothing about what pinned it while it
 /// ran). A snapshot's waste lasts as far as the next snapshot (any) still shows it: an
 /// instant during a ramp is not what a user asks about, and two runs of one program then
-/// agree on the moment. Of equals, the latest wins (the settled state).
-fn focus_of(snapshots: &[Snapshot]) -> Option<usize> {
-    let max_live = snapshots.iter().map(|s| s.parts.live).max()?;
+/// agree on the moment. Of equals, the latest wins (the settled state). "Meaningful" is
+/// against the peak of live data in the calls (`peak_live`), not only at snapshots: a
+/// short peak that no snapshot caught must not let a teardown heap qualify.
+fn focus_of(snapshots: &[Snapshot], peak_live: u64) -> Option<usize> {
+    let max_live = snapshots.iter().map(|s| s.parts.live).max()?.max(peak_live);
     let waste = |i: usize| snapshots[i].parts.heap_waste();
     let lasting = |i: usize| match snapshots.get(i + 1) {
         Some(_) => waste(i).min(waste(i + 1)),
