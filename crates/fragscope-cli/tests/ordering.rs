@@ -51,20 +51,22 @@ fn run(alloc: Allocator, strict: bool) -> u64 {
     forced
 }
 
-// Every call arrives, and the merge forces at most one call in five thousand. The
-// strict versions below are the goal: today the merge picks greedily among threads
-// within one millisecond tick, and when one address changes threads many times inside a
-// tick it can reach an order it cannot finish without forcing a call.
+// Every call arrives, and the merge forces at most one call in twenty thousand (the
+// worker threads' last blocks, freed by the main thread after it joined them, are ordered
+// by the join records). The strict versions below are the goal: today the merge picks
+// greedily among threads within one millisecond tick, and when one address changes
+// threads many times inside a tick it can reach an order it cannot finish without
+// forcing a call (0 to 6 per run of 640 000 calls).
 #[test]
-fn cross_thread_reuse_merges_with_at_most_one_forced_call_in_five_thousand_under_glibc() {
+fn cross_thread_reuse_merges_with_at_most_one_forced_call_in_twenty_thousand_under_glibc() {
     let forced = run(Allocator::Glibc, false);
-    assert!(forced <= 128, "{forced} forced");
+    assert!(forced <= 32, "{forced} forced");
 }
 
 #[test]
-fn cross_thread_reuse_merges_with_at_most_one_forced_call_in_five_thousand_under_jemalloc() {
+fn cross_thread_reuse_merges_with_at_most_one_forced_call_in_twenty_thousand_under_jemalloc() {
     let forced = run(Allocator::Jemalloc, false);
-    assert!(forced <= 128, "{forced} forced");
+    assert!(forced <= 32, "{forced} forced");
 }
 
 #[test]

@@ -58,6 +58,8 @@ enum {
     KIND_STATS = 13,
     KIND_LOST = 14,
     KIND_OWN_MEMORY = 15,
+    /* KIND_LOST with this flag: `tid:varint`, a thread this one joined. */
+    FLAG_JOINED = 0x10,
 };
 enum {
     FLAG_STACK = 0x10,     /* a stack id follows */
@@ -148,6 +150,8 @@ struct thread_state {
     int64_t sample_countdown;
     uint64_t rng;
     uint32_t retired; /* the thread exited; the state may be reused once it is gone */
+    pthread_t thread; /* pthread_self() of the thread that holds the state */
+    uint64_t birth;   /* when the state was claimed: a later holder has a larger one */
     /* Calls a signal handler made while this thread was writing a record, in a ring:
      * handlers add at the tail, only the writer (with TF_BUSY held) takes from the head. */
     uint32_t nested_head, nested_tail;
@@ -196,6 +200,7 @@ static uint64_t flush_interval_ticks = 200;
 static atomic_uint_fast64_t stats_answered;
 static atomic_uint_fast64_t own_bytes;
 static atomic_uint_fast64_t lost_events;
+static atomic_uint_fast64_t state_births;
 static atomic_uint usable_for_size[USABLE_TABLE];
 static int exit_status = -1;
 static int exit_status_known;
@@ -451,6 +456,8 @@ static struct thread_state *thread_state_new(void) {
     memset(ts->stack_hash, 0, sizeof ts->stack_hash);
     memset(ts->usable_known, 0, sizeof ts->usable_known);
     ts->tid = (uint32_t)tid;
+    ts->thread = pthread_self();
+    ts->birth = atomic_fetch_add(&state_births, 1);
     ts->seq = 0;
     ts->next_stack_id = 1;
     ts->len = 0;
@@ -601,12 +608,9 @@ static __attribute__((noinline)) uint32_t capture_stack(struct thread_state *ts)
     void *frames[MAX_FRAMES + 8];
     if (!unwind_backtrace) return 0;
     int saved_errno = errno;
-    /* Not under TF_FORWARD: the unwinder's own allocations are recorded (queued behind this
-     * call, as a handler's would be). The one it makes in every thread, its thread-local
-     * block (libunwind is loaded at run time, so its TLS is allocated on first use, 16
-     * bytes), is freed by glibc through the program's free when another thread joins this
-     * one: unrecorded, that free would name a block the trace never saw. */
+    tls_flags |= TF_FORWARD;
     int n = unwind_backtrace(frames, MAX_FRAMES + 8);
+    tls_flags &= ~TF_FORWARD;
     errno = saved_errno;
     int first = 0;
     while (first < n && (uintptr_t)frames[first] >= self_text_lo &&
@@ -1012,7 +1016,10 @@ __attribute__((constructor)) static void on_load(void) {
     if (stacks_mode) {
         /* Not through our dlopen hook: the program would wait for the recorder to read
          * its memory map, and libunwind is ours, never unloaded; the next snapshot's map
-         * shows it. */
+         * shows it. The recorder preloads it when it can (see session.rs), so this finds
+         * it loaded, with its thread-local storage static: loaded here first, every thread
+         * would malloc that storage under TF_FORWARD (unrecorded) and glibc free it
+         * through the program's free at pthread_join (a free of a block never seen). */
         void *lib = real_dlopen ? real_dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL) : NULL;
         if (lib) {
             unwind_backtrace = dlsym(lib, "unw_backtrace");
@@ -1487,6 +1494,60 @@ EXPORT int dup3(int oldfd, int newfd, int flags) {
     if (!real_dup3) ensure_init();
     move_socket_from(newfd);
     return real_dup3(oldfd, newfd, flags);
+}
+
+/* The kernel tid of a thread of this process by its pthread_t, 0 if it never recorded a
+ * call. A pthread_t is reused once its thread is joined, so the latest holder wins. */
+static uint32_t tid_of_thread(pthread_t thread) {
+    uint32_t tid = 0;
+    uint64_t birth = 0;
+    pthread_mutex_lock(&registry_lock);
+    for (struct thread_state *r = registry; r; r = r->next_in_registry) {
+        if (pthread_equal(r->thread, thread) && (tid == 0 || r->birth > birth)) {
+            tid = r->tid;
+            birth = r->birth;
+        }
+    }
+    pthread_mutex_unlock(&registry_lock);
+    return tid;
+}
+
+/* Writes a JOINED record: everything `tid` recorded came before this thread's next call. */
+static void record_joined(uint32_t tid) {
+    if (tls_flags & TF_BUSY) return; /* a handler that interrupted a record: rare, skip */
+    tls_flags |= TF_BUSY;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    struct thread_state *ts = tls_state;
+    if (!ts) {
+        int saved_errno = errno;
+        ts = thread_state_new();
+        errno = saved_errno;
+    }
+    if (ts) {
+        if (ts->nested_head != ts->nested_tail || ts->nested_lost) drain_nested(ts);
+        if (ts->len + 16 > BUF_CAP) flush_thread(ts);
+        uint8_t *o = ts->buf + ts->len;
+        *o++ = KIND_LOST | FLAG_JOINED;
+        o = put_varint(o, tid);
+        ts->len = (uint32_t)(o - ts->buf);
+    }
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    tls_flags &= ~TF_BUSY;
+}
+
+/* After a join, the joined thread's calls all came before this thread's next one; without
+ * the record, the merge could only go by the millisecond tick, and could put a worker's
+ * last calls after the frees of the thread that joined it. */
+EXPORT int pthread_join(pthread_t thread, void **retval) {
+    if (!real_pthread_join) ensure_init();
+    uint32_t joined = tracing ? tid_of_thread(thread) : 0;
+    int rc = real_pthread_join(thread, retval);
+    if (rc == 0 && joined && tracing) {
+        int saved_errno = errno;
+        record_joined(joined);
+        errno = saved_errno;
+    }
+    return rc;
 }
 
 /* dlopen and dlclose change the memory map; the recorder reads it while we wait, so the

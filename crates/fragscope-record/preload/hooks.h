@@ -21,7 +21,8 @@
     X(free, 9, void, (void *ptr), (ptr))
 
 /* Functions hooked to keep tracing alive, not recorded as events: process lifetime
- * (exec, exit) and the trace connection's file descriptor (close, dup2, ...). The
+ * (exec, exit), the trace connection's file descriptor (close, dup2, ...), and
+ * pthread_join, whose order the merge needs (a JOINED record). The
  * variadic execl, execlp and execle are hooked too (glibc's call execve internally, out
  * of reach), and so is __libc_start_main, to learn the status main returns; neither
  * shape fits this list. */
@@ -44,7 +45,8 @@
     X(dup2, int, (int oldfd, int newfd))                                                      \
     X(dup3, int, (int oldfd, int newfd, int flags))                                           \
     X(dlopen, void *, (const char *file, int mode))                                           \
-    X(dlclose, int, (void *handle))
+    X(dlclose, int, (void *handle))                                                           \
+    X(pthread_join, int, (pthread_t thread, void **retval))
 
 /* C++ operators new and delete (Itanium ABI names). libstdc++'s call malloc and free,
  * but an allocator that defines them itself (jemalloc, tcmalloc) serves them without

@@ -15,7 +15,9 @@
 //! kind 11    stack:       id:varint depth:varint frame-delta:svarint*depth
 //! kind 12    usable:      size:varint usable:varint (for malloc/calloc of `size`)
 //! kind 13    stats:       source:u8 count:u8 (name_len:u8 name value:varint)*count
-//! kind 14    lost:        count:varint (events a signal handler could not queue)
+//! kind 14    lost:        count:varint (events a signal handler could not queue);
+//!            with flag 0x10, joined: tid:varint (this thread joined thread `tid`: all
+//!            of that thread's records come before this thread's next ones)
 //! kind 15    own memory:  bytes:varint (the interposer's own mapped bytes, process-wide)
 //! addr delta := svarint of (address - previous address in this chunk), the previous
 //!               address being 0 at a chunk's start; in 16-byte units unless UNALIGNED.
@@ -101,6 +103,8 @@ pub(crate) const KIND_STACK: u8 = 11;
 pub(crate) const KIND_USABLE: u8 = 12;
 pub(crate) const KIND_STATS: u8 = 13;
 const KIND_LOST: u8 = 14;
+/// With KIND_LOST: a JOINED record.
+const FLAG_JOINED: u8 = 0x10;
 const KIND_OWN_MEMORY: u8 = 15;
 pub(crate) const FLAG_STACK: u8 = 0x10;
 pub(crate) const FLAG_UNALIGNED: u8 = 0x20;
@@ -191,6 +195,11 @@ pub enum Record {
     },
     Lost {
         count: u64,
+    },
+    /// This thread joined thread `tid` (pthread_join returned): every call `tid` recorded
+    /// came before this thread's next one.
+    Joined {
+        tid: u32,
     },
     OwnMemory {
         bytes: u64,
@@ -542,6 +551,11 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
                     }
                     return Ok(Some(Record::Stats { source, values }));
                 }
+                KIND_LOST if tag & FLAG_JOINED != 0 => {
+                    return Ok(Some(Record::Joined {
+                        tid: self.r.varint()? as u32,
+                    }))
+                }
                 KIND_LOST => {
                     return Ok(Some(Record::Lost {
                         count: self.r.varint()?,
@@ -793,6 +807,9 @@ impl<'t> PackedWriter<'t> {
             }
             Record::Lost { count } => {
                 self.w.u8(KIND_LOST).varint(count);
+            }
+            Record::Joined { tid } => {
+                self.w.u8(KIND_LOST | FLAG_JOINED).varint(tid.into());
             }
             Record::OwnMemory { bytes } => {
                 self.w.u8(KIND_OWN_MEMORY).varint(bytes);

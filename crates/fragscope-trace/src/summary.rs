@@ -161,7 +161,9 @@ pub fn summarize(
                         Ok(Some(Record::Stats { source, .. })) => {
                             ps.allocator = Some(source.name())
                         }
-                        Ok(Some(Record::Tick { .. } | Record::Usable { .. })) => {}
+                        Ok(Some(
+                            Record::Tick { .. } | Record::Usable { .. } | Record::Joined { .. },
+                        )) => {}
                         Ok(None) => break,
                         Err(e) => {
                             sum.damage
