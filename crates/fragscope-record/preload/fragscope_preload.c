@@ -1016,10 +1016,11 @@ __attribute__((constructor)) static void on_load(void) {
     if (stacks_mode) {
         /* Not through our dlopen hook: the program would wait for the recorder to read
          * its memory map, and libunwind is ours, never unloaded; the next snapshot's map
-         * shows it. The recorder preloads it when it can (see session.rs), so this finds
-         * it loaded, with its thread-local storage static: loaded here first, every thread
-         * would malloc that storage under TF_FORWARD (unrecorded) and glibc free it
-         * through the program's free at pthread_join (a free of a block never seen). */
+         * shows it. (Its thread-local storage, 16 bytes, is then malloc'ed in each thread
+         * that samples a stack, under TF_FORWARD, unrecorded; glibc frees it through the
+         * program's free when the thread is joined: a free of a block the trace never
+         * saw. Preloading libunwind would make that storage static, but it exports
+         * _Unwind_RaiseException and would take over the program's C++ exceptions.) */
         void *lib = real_dlopen ? real_dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL) : NULL;
         if (lib) {
             unwind_backtrace = dlsym(lib, "unw_backtrace");

@@ -498,35 +498,6 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
     }
 }
 
-/// Where libunwind.so.8 is, if the dynamic loader finds it. The interposer unwinds with
-/// it; preloaded with the interposer rather than opened by it, its thread-local storage
-/// is static, part of each thread's own block, instead of malloc'ed in every thread on
-/// first use, unrecorded, and freed through the program's free when the thread is joined.
-fn libunwind_path() -> Option<OsString> {
-    use std::os::unix::ffi::OsStrExt;
-    // SAFETY: dlopen, dlsym and dladdr with NUL-terminated names; the handle stays open
-    // (loading it here costs nothing the program does not pay too), and dli_fname points
-    // into the loader's own record of the library.
-    unsafe {
-        let lib = libc::dlopen(
-            c"libunwind.so.8".as_ptr(),
-            libc::RTLD_LAZY | libc::RTLD_LOCAL,
-        );
-        if lib.is_null() {
-            return None;
-        }
-        let sym = libc::dlsym(lib, c"unw_backtrace".as_ptr());
-        let mut info: libc::Dl_info = std::mem::zeroed();
-        if sym.is_null() || libc::dladdr(sym, &mut info) == 0 || info.dli_fname.is_null() {
-            return None;
-        }
-        let path = std::ffi::CStr::from_ptr(info.dli_fname).to_bytes();
-        // A path with a colon or a space would split LD_PRELOAD's list.
-        let usable = path.starts_with(b"/") && !path.iter().any(|&b| b == b':' || b == b' ');
-        usable.then(|| std::ffi::OsStr::from_bytes(path).to_owned())
-    }
-}
-
 /// Tells the ticker and the sampler to stop, and wakes them at once: they would otherwise
 /// finish their sleep first, and every recording would end that much later.
 #[derive(Default)]
@@ -797,12 +768,6 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let existing_preload = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty());
     let mut preload_value = preload.as_os_str().to_owned();
-    if opts.stacks != StackMode::None {
-        if let Some(unwinder) = libunwind_path() {
-            preload_value.push(":");
-            preload_value.push(unwinder);
-        }
-    }
     if let Some(theirs) = existing_preload {
         preload_value.push(":");
         preload_value.push(theirs);
