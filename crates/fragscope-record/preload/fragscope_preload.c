@@ -60,6 +60,9 @@ enum {
     KIND_OWN_MEMORY = 15,
     /* KIND_LOST with this flag: `tid:varint`, a thread this one joined. */
     FLAG_JOINED = 0x10,
+    /* KIND_TICK with this flag: an anchor, `cycles:varint` (in units of 32) since the
+     * buffer's previous anchor (the first one of a buffer counts from 0). */
+    FLAG_ANCHOR = 0x10,
 };
 enum {
     FLAG_STACK = 0x10,     /* a stack id follows */
@@ -105,6 +108,8 @@ struct shared_clock {
 #define STACK_TABLE_SLOTS 4096 /* per-thread stack dedup table, power of two */
 #define USABLE_TABLE 32768     /* requested sizes whose usable size is cached */
 #define NESTED_CAP 256         /* events recorded from a signal handler mid-record */
+#define ANCHOR_EVERY 16        /* calls between two cycle-counter anchors */
+#define ANCHOR_SHIFT 5         /* anchors count the cycle counter in units of 32 */
 #define BOOTSTRAP_BYTES (64 * 1024)
 #define FD_FLOOR 500           /* the trace socket lives at or above this fd */
 
@@ -129,6 +134,38 @@ static struct mallinfo2 (*glibc_mallinfo2)(void);
 /* stack unwinding: libunwind, opened RTLD_LOCAL so its _Unwind_* and backtrace symbols
  * never replace the program's own (libunwind.so exports both). */
 static int (*unwind_backtrace)(void **, int);
+static void *unwinder_lib;
+
+/* libunwind is opened at run time, so the dynamic loader malloc's its thread-local
+ * storage in every thread on first use: inside our unwinding, under TF_FORWARD, never
+ * recorded. glibc frees it through the program's free when the thread is joined, when a
+ * new thread reuses its cached stack, or as a detached thread exits; those frees must not
+ * be recorded either, or the trace would hold frees of blocks it never saw. The blocks
+ * are kept here (lock-free: a free from a signal handler may look), 0 for a free entry.
+ * (Preloading libunwind would make the storage static, but it exports
+ * _Unwind_RaiseException and would take over the program's C++ exceptions.) */
+#define UNWINDER_TLS_CAP 1024
+static _Atomic uintptr_t unwinder_tls[UNWINDER_TLS_CAP];
+
+static void note_unwinder_tls(void) {
+    void *block = NULL;
+    if (!unwinder_lib || dlinfo(unwinder_lib, RTLD_DI_TLS_DATA, &block) != 0 || !block) return;
+    for (unsigned i = 0; i < UNWINDER_TLS_CAP; i++) {
+        uintptr_t empty = 0;
+        if (atomic_compare_exchange_strong(&unwinder_tls[i], &empty, (uintptr_t)block)) return;
+    }
+}
+
+/* Whether `addr` is the unwinder's storage of some thread (then forgotten). */
+static int take_unwinder_tls(uintptr_t addr) {
+    for (unsigned i = 0; i < UNWINDER_TLS_CAP; i++) {
+        uintptr_t want = addr;
+        if (atomic_load_explicit(&unwinder_tls[i], memory_order_relaxed) == addr &&
+            atomic_compare_exchange_strong(&unwinder_tls[i], &want, 0))
+            return 1;
+    }
+    return 0;
+}
 
 /* ---- per-thread state ---- */
 struct nested_event {
@@ -151,6 +188,11 @@ struct thread_state {
     uint64_t rng;
     uint32_t retired; /* the thread exited; the state may be reused once it is gone */
     pthread_t thread; /* pthread_self() of the thread that holds the state */
+    /* Calls until the next anchor (0: the next call writes one), and the counter's value
+     * at the buffer's last anchor (0 at a buffer's start). */
+    int32_t anchor_countdown;
+    uint64_t last_anchor_cycles;
+    uint8_t unwinder_tls_noted; /* this thread's unwinder storage is in unwinder_tls */
     uint64_t birth;   /* when the state was claimed: a later holder has a larger one */
     /* Calls a signal handler made while this thread was writing a record, in a ring:
      * handlers add at the tail, only the writer (with TF_BUSY held) takes from the head. */
@@ -176,7 +218,10 @@ static __thread struct thread_state *tls_state __attribute__((tls_model("initial
  * call is the allocator calling itself (forwarded unrecorded) or a signal handler that
  * interrupted it (the program's own call: recorded); `forward_nested` tells them apart. */
 static __thread unsigned tls_flags __attribute__((tls_model("initial-exec")));
-enum { TF_BUSY = 1, TF_FORWARD = 2, TF_REAL = 4 };
+enum { TF_BUSY = 1, TF_FORWARD = 2, TF_REAL = 4, TF_TLS_RELEASE = 8 };
+/* TLS_RELEASE: glibc may free thread-local storage here (pthread_join, pthread_create
+ * reusing a cached stack, a thread's own exit): a free of the unwinder's storage is ours
+ * (see take_unwinder_tls). Any flag set sends calls to the general path. */
 /* Allocation-family calls this thread has recorded: an operator new records its block
  * only if the real one recorded nothing through our malloc-family hooks (libstdc++'s
  * calls malloc; jemalloc's aligned new calls aligned_alloc, its plain new nothing). */
@@ -201,6 +246,9 @@ static atomic_uint_fast64_t stats_answered;
 static atomic_uint_fast64_t own_bytes;
 static atomic_uint_fast64_t lost_events;
 static atomic_uint_fast64_t state_births;
+/* A second thread has recorded calls: from now on anchors are written (one thread alone
+ * needs none, its program order is the order). */
+static int anchors_on;
 static atomic_uint usable_for_size[USABLE_TABLE];
 static int exit_status = -1;
 static int exit_status_known;
@@ -387,6 +435,8 @@ static void send_thread_buffer(struct thread_state *ts, uint32_t seq_flags) {
     send_message_locked(&h, ts->buf, 0);
     ts->len = 0;
     ts->prev_addr = 0;
+    ts->anchor_countdown = 0;
+    ts->last_anchor_cycles = 0;
     ts->chunk_first_tick = ts->tick;
     ts->last_flush_tick = ts->tick;
     pthread_mutex_unlock(&sock_lock);
@@ -453,6 +503,7 @@ static struct thread_state *thread_state_new(void) {
         registry = ts;
         pthread_mutex_unlock(&registry_lock);
     }
+    if (ts->next_in_registry || registry != ts) __atomic_store_n(&anchors_on, 1, __ATOMIC_RELAXED);
     memset(ts->stack_hash, 0, sizeof ts->stack_hash);
     memset(ts->usable_known, 0, sizeof ts->usable_known);
     ts->tid = (uint32_t)tid;
@@ -462,6 +513,9 @@ static struct thread_state *thread_state_new(void) {
     ts->next_stack_id = 1;
     ts->len = 0;
     ts->prev_addr = 0;
+    ts->anchor_countdown = 0;
+    ts->last_anchor_cycles = 0;
+    ts->unwinder_tls_noted = 0;
     ts->tick = ts->chunk_first_tick = ts->last_flush_tick = current_tick();
     ts->seen_flush_request = clock_page->flush_request;
     ts->rng = 0x9E3779B97F4A7C15ULL ^ ((uint64_t)tid << 17) ^ (uintptr_t)ts;
@@ -483,7 +537,8 @@ static void thread_exited(void *arg) {
     tls_flags |= TF_FORWARD;
     send_thread_buffer(ts, SEQ_THREAD_EXITED);
     ts->retired = 1;
-    tls_flags = saved;
+    /* What glibc frees from here on may be the unwinder's storage (a detached thread). */
+    tls_flags = saved | TF_TLS_RELEASE;
 }
 
 /* Flushes every thread's buffer: at exit, exec and _exit. Threads still running may add
@@ -593,6 +648,7 @@ static __attribute__((noinline)) void tick_changed(struct thread_state *ts, uint
     o = put_varint(o, tick - ts->tick);
     ts->len = (uint32_t)(o - ts->buf);
     ts->tick = tick;
+    ts->anchor_countdown = 0; /* the tick's first call is anchored */
     /* Not from a signal handler that interrupted the allocator (TF_REAL): its statistics
      * calls are not reentrant there. The next call answers instead. */
     uint64_t want = clock_page->stats_request, had = atomic_load(&stats_answered);
@@ -610,6 +666,10 @@ static __attribute__((noinline)) uint32_t capture_stack(struct thread_state *ts)
     int saved_errno = errno;
     tls_flags |= TF_FORWARD;
     int n = unwind_backtrace(frames, MAX_FRAMES + 8);
+    if (!ts->unwinder_tls_noted) {
+        ts->unwinder_tls_noted = 1;
+        note_unwinder_tls();
+    }
     tls_flags &= ~TF_FORWARD;
     errno = saved_errno;
     int first = 0;
@@ -667,12 +727,44 @@ static inline uint8_t *put_addr(uint8_t *o, uint8_t *tag, uintptr_t addr, uintpt
     return put_varint(o, zigzag(d));
 }
 
+/* The CPU's cycle counter, the same clock on every core (constant-rate TSC); 0 where there
+ * is none we can read. */
+static inline uint64_t cycle_counter(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    return __builtin_ia32_rdtsc();
+#elif defined(__aarch64__)
+    uint64_t v;
+    __asm__ volatile("mrs %0, cntvct_el0" : "=r"(v));
+    return v;
+#else
+    return 0;
+#endif
+}
+
+/* Every ANCHOR_EVERY calls (and at each buffer's first call) the cycle counter is written
+ * down: the millisecond tick cannot order two threads' calls inside one tick, and
+ * interpolating between anchors can. A counter read per call would cost more than the
+ * record. */
+static inline void write_anchor(struct thread_state *ts) {
+    ts->anchor_countdown = ANCHOR_EVERY;
+    if (!__atomic_load_n(&anchors_on, __ATOMIC_RELAXED)) return;
+    uint64_t now = cycle_counter() >> ANCHOR_SHIFT;
+    if (!now) return;
+    uint8_t *o = ts->buf + ts->len;
+    *o++ = KIND_TICK | FLAG_ANCHOR;
+    o = put_varint(o, now - ts->last_anchor_cycles);
+    ts->len = (uint32_t)(o - ts->buf);
+    ts->last_anchor_cycles = now;
+}
+
 /* Writes one call's record into the thread's buffer; the caller holds TF_BUSY. */
 static void write_event(struct thread_state *ts, uint8_t kind, uintptr_t addr, uintptr_t old_addr,
                         size_t size, size_t align) {
     uint64_t tick = clock_page->tick;
     if (UNLIKELY(tick != ts->tick)) tick_changed(ts, tick);
-    if (UNLIKELY(ts->len + MAX_RECORD + 16 > BUF_CAP)) flush_thread(ts);
+    if (UNLIKELY(ts->len + MAX_RECORD + 32 > BUF_CAP)) flush_thread(ts);
+    if (UNLIKELY(ts->anchor_countdown <= 0)) write_anchor(ts);
+    ts->anchor_countdown--;
 
     uint8_t tag = kind;
     if (kind == KIND_FREE) {
@@ -829,7 +921,7 @@ static inline __attribute__((always_inline)) int record_common(uint8_t kind, uin
     int64_t countdown = ts->sample_countdown - (int64_t)size;
     int plain = addr && !finished && ts->nested_head == ts->nested_tail && !ts->nested_lost &&
                 !ts->stats_due && clock_page->tick == ts->tick &&
-                ts->len + MAX_RECORD + 16 <= BUF_CAP;
+                ts->len + MAX_RECORD + 32 <= BUF_CAP;
     if (kind != KIND_FREE)
         plain = plain && countdown >= 0 &&
                 (!usable_size_applies[kind] ||
@@ -839,6 +931,7 @@ static inline __attribute__((always_inline)) int record_common(uint8_t kind, uin
         tls_flags = 0;
         return 0;
     }
+    if (UNLIKELY(ts->anchor_countdown <= 0)) write_anchor(ts);
     uint8_t tag = kind;
     uint8_t *start = ts->buf + ts->len;
     uint8_t *o = put_addr(start + 1, &tag, addr, &ts->prev_addr);
@@ -848,6 +941,7 @@ static inline __attribute__((always_inline)) int record_common(uint8_t kind, uin
     }
     *start = tag;
     ts->len = (uint32_t)(o - ts->buf);
+    ts->anchor_countdown--;
     tls_recorded_calls++;
     if (UNLIKELY(ts->nested_head != ts->nested_tail || ts->nested_lost)) drain_nested(ts);
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
@@ -858,7 +952,10 @@ static inline __attribute__((always_inline)) int record_common(uint8_t kind, uin
 /* Records a malloc, calloc or free. */
 static inline __attribute__((always_inline)) void record_plain(uint8_t kind, uintptr_t addr,
                                                               size_t size) {
-    if (!record_common(kind, addr, size)) record(kind, addr, 0, size, 0);
+    if (record_common(kind, addr, size)) return;
+    if (kind == KIND_FREE && (tls_flags & TF_TLS_RELEASE) && addr && take_unwinder_tls(addr))
+        return;
+    record(kind, addr, 0, size, 0);
 }
 
 /* ---- initialisation ---- */
@@ -1023,6 +1120,7 @@ __attribute__((constructor)) static void on_load(void) {
          * _Unwind_RaiseException and would take over the program's C++ exceptions.) */
         void *lib = real_dlopen ? real_dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL) : NULL;
         if (lib) {
+            unwinder_lib = lib;
             unwind_backtrace = dlsym(lib, "unw_backtrace");
             int (*set_policy)(void *, int) = dlsym(lib, "_ULx86_64_set_caching_policy");
             int (*set_cache_size)(void *, size_t, int) = dlsym(lib, "_ULx86_64_set_cache_size");
@@ -1542,12 +1640,26 @@ static void record_joined(uint32_t tid) {
 EXPORT int pthread_join(pthread_t thread, void **retval) {
     if (!real_pthread_join) ensure_init();
     uint32_t joined = tracing ? tid_of_thread(thread) : 0;
+    unsigned saved = tls_flags;
+    tls_flags |= TF_TLS_RELEASE;
     int rc = real_pthread_join(thread, retval);
+    tls_flags = saved;
     if (rc == 0 && joined && tracing) {
         int saved_errno = errno;
         record_joined(joined);
         errno = saved_errno;
     }
+    return rc;
+}
+
+/* A new thread on a cached stack has the last one's thread-local storage freed here. */
+EXPORT int pthread_create(pthread_t *thread, const pthread_attr_t *attr, void *(*start)(void *),
+                          void *arg) {
+    if (!real_pthread_create) ensure_init();
+    unsigned saved = tls_flags;
+    tls_flags |= TF_TLS_RELEASE;
+    int rc = real_pthread_create(thread, attr, start, arg);
+    tls_flags = saved;
     return rc;
 }
 

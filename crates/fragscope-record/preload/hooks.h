@@ -21,8 +21,9 @@
     X(free, 9, void, (void *ptr), (ptr))
 
 /* Functions hooked to keep tracing alive, not recorded as events: process lifetime
- * (exec, exit), the trace connection's file descriptor (close, dup2, ...), and
- * pthread_join, whose order the merge needs (a JOINED record). The
+ * (exec, exit), the trace connection's file descriptor (close, dup2, ...), pthread_join,
+ * whose order the merge needs (a JOINED record), and pthread_create and pthread_join
+ * again, where glibc frees the unwinder's thread-local storage. The
  * variadic execl, execlp and execle are hooked too (glibc's call execve internally, out
  * of reach), and so is __libc_start_main, to learn the status main returns; neither
  * shape fits this list. */
@@ -46,7 +47,9 @@
     X(dup3, int, (int oldfd, int newfd, int flags))                                           \
     X(dlopen, void *, (const char *file, int mode))                                           \
     X(dlclose, int, (void *handle))                                                           \
-    X(pthread_join, int, (pthread_t thread, void **retval))
+    X(pthread_join, int, (pthread_t thread, void **retval))                                   \
+    X(pthread_create, int, (pthread_t *thread, const pthread_attr_t *attr,                    \
+                            void *(*start)(void *), void *arg))
 
 /* C++ operators new and delete (Itanium ABI names). libstdc++'s call malloc and free,
  * but an allocator that defines them itself (jemalloc, tcmalloc) serves them without

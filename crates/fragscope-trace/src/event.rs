@@ -11,7 +11,10 @@
 //!                         [addr delta] size:varint [align:varint (kinds 4..8)]
 //!                         [usable-size:varint] [stack:varint]
 //! kind 9     free:        [addr delta]
-//! kind 10    tick:        delta:varint       (ms since the previous tick record)
+//! kind 10    tick:        delta:varint       (ms since the previous tick record);
+//!            with flag 0x10, anchor: cycles:varint (the CPU cycle counter in units of
+//!            32 cycles, as a delta from the chunk's previous anchor; the first counts
+//!            from 0)
 //! kind 11    stack:       id:varint depth:varint frame-delta:svarint*depth
 //! kind 12    usable:      size:varint usable:varint (for malloc/calloc of `size`)
 //! kind 13    stats:       source:u8 count:u8 (name_len:u8 name value:varint)*count
@@ -105,6 +108,8 @@ pub(crate) const KIND_STATS: u8 = 13;
 const KIND_LOST: u8 = 14;
 /// With KIND_LOST: a JOINED record.
 const FLAG_JOINED: u8 = 0x10;
+/// With KIND_TICK: an anchor (the cycle counter).
+const FLAG_ANCHOR: u8 = 0x10;
 const KIND_OWN_MEMORY: u8 = 15;
 pub(crate) const FLAG_STACK: u8 = 0x10;
 pub(crate) const FLAG_UNALIGNED: u8 = 0x20;
@@ -212,6 +217,11 @@ pub enum Record {
     Usable {
         size: u64,
         usable: u64,
+    },
+    /// The cycle counter moved on (only from [`ChunkDecoder::report_all`] decoders; others
+    /// give it as [`ChunkDecoder::cycles`]).
+    Anchor {
+        delta: u64,
     },
 }
 
@@ -460,6 +470,8 @@ pub struct ChunkDecoder<'a, 't> {
     packed: bool,
     report_all: bool,
     tables: &'t mut StreamTables,
+    /// The cycle counter at the chunk's last anchor, if it had one yet.
+    cycles: Option<u64>,
 }
 
 impl<'a, 't> ChunkDecoder<'a, 't> {
@@ -484,6 +496,7 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
             packed,
             report_all: false,
             tables,
+            cycles: None,
         }
     }
 
@@ -496,6 +509,12 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
     /// The tick of the record last returned.
     pub fn tick(&self) -> u64 {
         self.tick
+    }
+
+    /// The cycle counter at the last anchor before the record last returned (none
+    /// before the chunk's first anchor, or in traces written without them).
+    pub fn cycles(&self) -> Option<u64> {
+        self.cycles
     }
 
     fn addr(&mut self, unaligned: bool) -> Result<u64, TraceError> {
@@ -514,6 +533,13 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
             match kind {
                 0..=9 if self.packed => return self.packed_call(tag).map(Some),
                 0..=9 => return self.call(tag).map(Some),
+                KIND_TICK if tag & FLAG_ANCHOR != 0 => {
+                    let delta = self.r.varint()?;
+                    self.cycles = Some(self.cycles.unwrap_or(0).wrapping_add(delta));
+                    if self.report_all {
+                        return Ok(Some(Record::Anchor { delta }));
+                    }
+                }
                 KIND_TICK => {
                     let delta = self.r.varint()?;
                     self.tick = self.tick.saturating_add(delta);
@@ -816,6 +842,9 @@ impl<'t> PackedWriter<'t> {
             }
             Record::Tick { delta } => {
                 self.w.u8(KIND_TICK).varint(delta);
+            }
+            Record::Anchor { delta } => {
+                self.w.u8(KIND_TICK | FLAG_ANCHOR).varint(delta);
             }
             Record::Usable { size, usable } => {
                 self.tables.set_usable(size, usable);

@@ -179,10 +179,10 @@ pub struct MergeStats {
 struct ThreadQueue {
     tid: u32,
     queue: VecDeque<Merged>,
-    /// For each queued call, its estimated place inside its tick (0..65535): the k-th of
-    /// a thread's n calls in one tick is put at k/n of it. Across threads the merge takes
-    /// the earliest estimate among the calls it may take, not the first thread's.
-    within_tick: VecDeque<u16>,
+    /// For each queued item, its estimated place inside its tick ([`place_within_ticks`]).
+    /// Across threads the merge takes the earliest estimate among the calls it may take,
+    /// not the first thread's.
+    within_tick: VecDeque<u64>,
     /// No future call of this thread has an earlier tick.
     known_through: u64,
     /// The thread sent its last buffer: the merge no longer waits for it.
@@ -214,6 +214,8 @@ pub struct Merger {
     finishing: bool,
     stats: MergeStats,
     own_memory: u64,
+    /// The anchor (cycle counter) of each item of the chunk being queued, kept for reuse.
+    anchors: Vec<Option<u64>>,
 }
 
 impl Default for Merger {
@@ -238,6 +240,7 @@ impl Merger {
             finishing: false,
             stats: MergeStats::default(),
             own_memory: 0,
+            anchors: Vec::new(),
         }
     }
 
@@ -294,6 +297,7 @@ impl Merger {
         let mut d = ChunkDecoder::new(records, h, &mut self.tables);
         let t = &mut self.threads[ti];
         let queued_before = t.queue.len();
+        self.anchors.clear();
         let mut result = Ok(());
         loop {
             let rec = match d.next_record() {
@@ -334,6 +338,7 @@ impl Merger {
                     }));
                     self.pending += 1;
                     t.pushed += 1;
+                    self.anchors.push(d.cycles());
                 }
                 Record::Free { addr } => {
                     let call = Call {
@@ -350,6 +355,7 @@ impl Merger {
                     t.queue.push_back(Merged::Call(call));
                     self.pending += 1;
                     t.pushed += 1;
+                    self.anchors.push(d.cycles());
                 }
                 Record::StackDef { id, frames } => {
                     let next = self.stacks.len() as u32;
@@ -367,14 +373,15 @@ impl Merger {
                     });
                     self.pending += 1;
                     t.pushed += 1;
+                    self.anchors.push(d.cycles());
                 }
                 Record::Lost { count } => self.stats.lost_events += count,
                 Record::Joined { tid } => t.joins.push_back((t.pushed, tid)),
                 Record::OwnMemory { bytes } => self.own_memory = self.own_memory.max(bytes),
-                Record::Tick { .. } | Record::Usable { .. } => {}
+                Record::Tick { .. } | Record::Usable { .. } | Record::Anchor { .. } => {}
             }
         }
-        spread_within_ticks(t, queued_before);
+        place_within_ticks(t, queued_before, &self.anchors);
         t.known_through = t.known_through.max(h.last_tick).max(d.tick());
         t.exited = h.thread_exited;
         self.max_seen = self.max_seen.max(t.known_through);
@@ -437,8 +444,8 @@ impl Merger {
         } else {
             self.watermark()
         };
-        let mut best: Option<(u64, usize)> = None;
-        let mut oldest_blocked: Option<(u64, usize)> = None;
+        let mut best: Option<((u64, u64), usize)> = None;
+        let mut oldest_blocked: Option<((u64, u64), usize)> = None;
         // One thread alone has nobody to wait for: its program order is the order, and
         // the causal check (a table lookup per call) is skipped.
         let alone = self.threads.len() == 1;
@@ -450,7 +457,7 @@ impl Merger {
             if tick > watermark {
                 continue;
             }
-            let when = (tick << 16) | u64::from(t.within_tick.front().copied().unwrap_or(0));
+            let when = (tick, t.within_tick.front().copied().unwrap_or(0));
             if !alone && (self.blocked(head) || self.waits_for_join(t)) {
                 if oldest_blocked.is_none_or(|(bw, _)| when < bw) {
                     oldest_blocked = Some((when, i));
@@ -464,7 +471,7 @@ impl Merger {
             (Some((_, i)), _) => i,
             (None, Some((when, i)))
                 if self.finishing
-                    || (when >> 16) + WAIT_WINDOW_TICKS < self.max_seen
+                    || when.0 + WAIT_WINDOW_TICKS < self.max_seen
                     || self.pending > MAX_PENDING =>
             {
                 i
@@ -513,19 +520,44 @@ impl Merger {
     }
 }
 
-/// Gives the calls queued from `from` on their estimated places inside their ticks.
-fn spread_within_ticks(t: &mut ThreadQueue, from: usize) {
-    let mut start = from;
-    while start < t.queue.len() {
-        let tick = merged_tick(&t.queue[start]);
+/// Gives the items queued from `from` their places inside their ticks, the merge's order
+/// among threads within one tick. With anchors (`cycles[k]`: the cycle counter at the
+/// last anchor at or before the k-th new item; the interposer writes one every few dozen
+/// calls), an item is placed by interpolating the counter between the anchors around
+/// it, so two threads' calls in one millisecond keep their real order to within a few
+/// hundred nanoseconds. Without (traces written before anchors), the k-th of a thread's
+/// n items in one tick is put at k/n of it (0..65535).
+fn place_within_ticks(t: &mut ThreadQueue, from: usize, cycles: &[Option<u64>]) {
+    let Some(first) = cycles.iter().flatten().next().copied() else {
+        let mut start = from;
+        while start < t.queue.len() {
+            let tick = merged_tick(&t.queue[start]);
+            let mut end = start + 1;
+            while end < t.queue.len() && merged_tick(&t.queue[end]) == tick {
+                end += 1;
+            }
+            let n = (end - start) as u64;
+            t.within_tick.extend((0..n).map(|k| k * 65536 / n));
+            start = end;
+        }
+        return;
+    };
+    // Runs of items under one anchor; items before the chunk's first anchor join its run.
+    let anchor_of = |k: usize| cycles[k].unwrap_or(first);
+    let mut rate = 0u64; // cycles per item in the previous run
+    let mut start = 0;
+    while start < cycles.len() {
+        let a = anchor_of(start);
         let mut end = start + 1;
-        while end < t.queue.len() && merged_tick(&t.queue[end]) == tick {
+        while end < cycles.len() && anchor_of(end) == a {
             end += 1;
         }
         let n = (end - start) as u64;
-        for k in 0..n {
-            t.within_tick.push_back((k * 65536 / n) as u16);
+        if end < cycles.len() {
+            rate = anchor_of(end).saturating_sub(a) / n;
         }
+        t.within_tick
+            .extend((0..n).map(|k| a.saturating_add(k * rate.max(1))));
         start = end;
     }
 }
@@ -647,6 +679,30 @@ mod tests {
         // Without the record the estimates mislead the merge (what the record is for).
         let (_, stats) = run(false);
         assert_ne!(stats, MergeStats::default());
+    }
+
+    #[test]
+    fn anchors_order_two_threads_inside_one_tick() {
+        // As above, without a join: thread 3's free came last, at a later cycle count
+        // than thread 2's calls, though the uniform estimate puts it first in the tick.
+        let anchored = |cycles: u64, (h, b): (EventsHeader, Vec<u8>)| {
+            let mut w = Writer::new();
+            w.u8(10 | 0x10).varint(cycles);
+            w.bytes.extend_from_slice(&b);
+            (h, w.bytes)
+        };
+        let (h1, b1) = chunk(1, 1, &[(false, 0x1000)]);
+        let two = chunk(2, 2, &[(false, 0x5000), (true, 0x1000), (false, 0x1000)]);
+        let three = chunk(3, 2, &[(true, 0x1000)]);
+        let mut m = Merger::new();
+        m.push_chunk(&h1, &b1).unwrap();
+        for (h, b) in [anchored(100, two), anchored(900, three)] {
+            m.push_chunk(&h, &b).unwrap();
+        }
+        let calls = drain(&mut m);
+        assert_eq!((calls[4].tid, calls[4].func), (3, Func::Free));
+        assert_never_live_twice(&calls);
+        assert_eq!(m.stats(), MergeStats::default());
     }
 
     #[test]

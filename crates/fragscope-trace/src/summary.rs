@@ -162,7 +162,10 @@ pub fn summarize(
                             ps.allocator = Some(source.name())
                         }
                         Ok(Some(
-                            Record::Tick { .. } | Record::Usable { .. } | Record::Joined { .. },
+                            Record::Tick { .. }
+                            | Record::Usable { .. }
+                            | Record::Joined { .. }
+                            | Record::Anchor { .. },
                         )) => {}
                         Ok(None) => break,
                         Err(e) => {
