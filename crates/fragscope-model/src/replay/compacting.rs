@@ -9,8 +9,8 @@
 
 use std::collections::BTreeMap;
 
-use super::sizeclass::{SizeClassConfig, Slabs, SIZECLASS_KEYS};
-use super::{parse_u64, unknown_key, Costs, Model, MoveEvent, Op, MAX_EVENTS};
+use super::sizeclass::{Moving, Pass, PassResult, SizeClassConfig, Slabs, SIZECLASS_KEYS};
+use super::{parse_u64, unknown_key};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompactingConfig {
@@ -45,36 +45,39 @@ impl CompactingConfig {
     }
 }
 
-pub struct Compacting {
-    cfg: CompactingConfig,
-    slabs: Slabs,
-    next_ms: u64,
-    costs: Costs,
-}
+/// Size classes packed every `period_ms`.
+pub(crate) type Compacting = Moving<Packing>;
 
 impl Compacting {
     pub fn new(cfg: CompactingConfig) -> Self {
-        Self {
-            slabs: Slabs::new(cfg.classes.clone()),
-            next_ms: cfg.period_ms,
-            cfg,
-            costs: Costs::default(),
-        }
+        let slabs = Slabs::new(cfg.classes.clone());
+        Moving::with(Packing { cfg }, slabs)
+    }
+}
+
+/// The packing pass.
+pub(crate) struct Packing {
+    cfg: CompactingConfig,
+}
+
+impl Pass for Packing {
+    fn period_ms(&self) -> u64 {
+        self.cfg.period_ms
     }
 
-    /// Packs every class; returns (bytes, objects, spans freed).
-    fn pack(&mut self) -> (u64, u64, u64) {
+    /// Packs every class.
+    fn run(&mut self, slabs: &mut Slabs) -> PassResult {
         let (mut bytes, mut objects, mut freed) = (0, 0, 0);
-        for class in 0..self.slabs.classes.len() {
-            let spans: Vec<u32> = self.slabs.classes[class].nonfull.iter().copied().collect();
+        for class in 0..slabs.classes.len() {
+            let spans: Vec<u32> = slabs.classes[class].nonfull.iter().copied().collect();
             if spans.len() < 2 {
                 continue;
             }
-            let nregs = u64::from(self.slabs.spans[spans[0] as usize].nregs);
+            let nregs = u64::from(slabs.spans[spans[0] as usize].nregs);
             let live: u64 = spans
                 .iter()
                 .map(|&s| {
-                    let s = &self.slabs.spans[s as usize];
+                    let s = &slabs.spans[s as usize];
                     u64::from(s.nregs - s.nfree)
                 })
                 .sum();
@@ -84,83 +87,46 @@ impl Compacting {
             }
             // Keep the fullest spans (lowest numbers first among equals), empty the rest.
             let mut order = spans;
-            order.sort_by_key(|&s| (self.slabs.spans[s as usize].nfree, s));
+            order.sort_by_key(|&s| (slabs.spans[s as usize].nfree, s));
             let (targets, sources) = order.split_at(needed as usize);
-            let csize = u64::from(self.slabs.cfg.table.sizes[class]);
+            let csize = u64::from(slabs.cfg.table.sizes[class]);
             let mut t = 0;
             for &src in sources {
-                for slot in self.slabs.used_slots(src) {
-                    while self.slabs.spans[targets[t] as usize].nfree == 0 {
+                for slot in slabs.used_slots(src) {
+                    while slabs.spans[targets[t] as usize].nfree == 0 {
                         t += 1;
                     }
-                    self.slabs.move_block(src, slot, targets[t], None);
+                    slabs.move_block(src, slot, targets[t], None);
                     bytes += csize;
                     objects += 1;
                 }
-                self.slabs.retire(src);
+                slabs.retire(src);
                 freed += 1;
             }
             for &tg in targets {
-                if self.slabs.spans[tg as usize].nfree == 0 {
-                    self.slabs.remove_nonfull(class, tg);
+                if slabs.spans[tg as usize].nfree == 0 {
+                    slabs.remove_nonfull(class, tg);
                 }
             }
         }
-        (bytes, objects, freed)
-    }
-}
-
-impl Model for Compacting {
-    fn alloc(&mut self, id: u32, size: u64, _tid: u32) {
-        self.slabs.alloc(id, size);
-    }
-    fn free(&mut self, id: u32, _size: u64, _tid: u32) {
-        self.slabs.free(id);
-    }
-    fn advance(&mut self, ms: u64) {
-        while self.next_ms <= ms {
-            let at = self.next_ms;
-            self.slabs.advance(at);
-            let (bytes, objects, freed) = self.pack();
-            self.costs.passes += 1;
-            self.costs.bytes_moved += bytes;
-            self.costs.objects_moved += objects;
-            if objects > 0 && self.costs.events.len() < MAX_EVENTS {
-                self.costs.events.push(MoveEvent {
-                    t_ms: at as f64,
-                    bytes,
-                    objects,
-                    spans_freed: freed,
-                });
-            }
-            self.next_ms += self.cfg.period_ms;
+        PassResult {
+            bytes,
+            objects,
+            spans_freed: freed,
+            meshes: 0,
         }
-        self.slabs.advance(ms);
     }
-    fn prefetch(&self, op: &Op, stage: u8) {
-        self.slabs.prefetch(op, stage);
-    }
-    fn rss(&self) -> u64 {
-        self.slabs.rss()
-    }
-    fn costs(&self) -> Costs {
-        let mut c = self.costs.clone();
-        self.slabs.counters(&mut c.counters);
-        c
-    }
-    fn config(&self) -> BTreeMap<String, String> {
-        let mut m = BTreeMap::new();
-        self.cfg.classes.describe(&mut m);
-        m.insert("period_ms".into(), self.cfg.period_ms.to_string());
-        m.insert("min_free_spans".into(), self.cfg.min_free_spans.to_string());
-        m
+
+    fn describe(&self, out: &mut BTreeMap<String, String>) {
+        out.insert("period_ms".into(), self.cfg.period_ms.to_string());
+        out.insert("min_free_spans".into(), self.cfg.min_free_spans.to_string());
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::testing::*;
-    use super::super::Op;
+    use super::super::{Model, Op};
     use super::*;
 
     #[test]

@@ -12,8 +12,8 @@
 
 use std::collections::BTreeMap;
 
-use super::sizeclass::{Rng, SizeClassConfig, Slabs, SIZECLASS_KEYS};
-use super::{parse_u64, unknown_key, Costs, Model, MoveEvent, Op, MAX_EVENTS};
+use super::sizeclass::{Moving, Pass, PassResult, Rng, SizeClassConfig, Slabs, SIZECLASS_KEYS};
+use super::{parse_u64, unknown_key};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct MeshConfig {
@@ -60,35 +60,33 @@ impl MeshConfig {
     }
 }
 
-pub struct Mesh {
-    cfg: MeshConfig,
-    slabs: Slabs,
-    rng: Rng,
-    next_ms: u64,
-    costs: Costs,
-}
+/// Size classes with spans meshed every `period_ms`.
+pub(crate) type Mesh = Moving<Meshing>;
 
 impl Mesh {
     pub fn new(cfg: MeshConfig) -> Self {
         let mut slabs = Slabs::new(cfg.classes.clone());
         slabs.random = Some(Rng::new(cfg.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 7));
-        Self {
-            rng: Rng::new(cfg.seed ^ 0xD1B5_4A32_D192_ED03),
-            slabs,
-            next_ms: cfg.period_ms,
-            cfg,
-            costs: Costs::default(),
-        }
+        let rng = Rng::new(cfg.seed ^ 0xD1B5_4A32_D192_ED03);
+        Moving::with(Meshing { cfg, rng }, slabs)
     }
+}
 
+/// The meshing pass.
+pub(crate) struct Meshing {
+    cfg: MeshConfig,
+    rng: Rng,
+}
+
+impl Meshing {
     /// The used-slot bitmaps of `spans` (bits past the last slot cleared), one after
     /// another, and their used counts: the probes then read contiguous memory instead of
     /// chasing each span.
-    fn bitmaps(&self, spans: &[u32], words: usize) -> (Vec<u64>, Vec<u32>) {
+    fn bitmaps(slabs: &Slabs, spans: &[u32], words: usize) -> (Vec<u64>, Vec<u32>) {
         let mut bits = Vec::with_capacity(spans.len() * words);
         let mut used = Vec::with_capacity(spans.len());
         for &sp in spans {
-            let s = &self.slabs.spans[sp as usize];
+            let s = &slabs.spans[sp as usize];
             bits.extend_from_slice(&s.used);
             if !s.nregs.is_multiple_of(64) {
                 let last = bits.len() - 1;
@@ -98,17 +96,23 @@ impl Mesh {
         }
         (bits, used)
     }
+}
 
-    /// One meshing pass over every class; returns (bytes, objects, meshes).
-    fn mesh_all(&mut self) -> (u64, u64, u64) {
+impl Pass for Meshing {
+    fn period_ms(&self) -> u64 {
+        self.cfg.period_ms
+    }
+
+    /// One meshing pass over every class.
+    fn run(&mut self, slabs: &mut Slabs) -> PassResult {
         let (mut bytes, mut objects, mut meshes) = (0, 0, 0);
-        for class in 0..self.slabs.classes.len() {
-            let mut cand: Vec<u32> = self.slabs.classes[class]
+        for class in 0..slabs.classes.len() {
+            let mut cand: Vec<u32> = slabs.classes[class]
                 .nonfull
                 .iter()
                 .copied()
                 .filter(|&s| {
-                    let s = &self.slabs.spans[s as usize];
+                    let s = &slabs.spans[s as usize];
                     let used = f64::from(s.nregs - s.nfree);
                     s.nfree < s.nregs && used <= self.cfg.occupancy_max * f64::from(s.nregs)
                 })
@@ -123,11 +127,11 @@ impl Mesh {
             let half = cand.len() / 2;
             let (left, right) = cand.split_at(half);
             let mut right_used = vec![false; right.len()];
-            let csize = u64::from(self.slabs.cfg.table.sizes[class]);
-            let nregs = self.slabs.spans[left[0] as usize].nregs;
-            let words = self.slabs.spans[left[0] as usize].used.len();
-            let (lbits, lused) = self.bitmaps(left, words);
-            let (rbits, rused) = self.bitmaps(right, words);
+            let csize = u64::from(slabs.cfg.table.sizes[class]);
+            let nregs = slabs.spans[left[0] as usize].nregs;
+            let words = slabs.spans[left[0] as usize].used.len();
+            let (lbits, lused) = Self::bitmaps(slabs, left, words);
+            let (rbits, rused) = Self::bitmaps(slabs, right, words);
             for (i, &l) in left.iter().enumerate() {
                 let lb = &lbits[i * words..(i + 1) * words];
                 for k in 0..(self.cfg.probes as usize).min(right.len()) {
@@ -141,19 +145,16 @@ impl Mesh {
                     }
                     let r = right[j];
                     // The fuller span keeps its pages; the other's objects move.
-                    let (nl, nr) = (
-                        self.slabs.spans[l as usize].nfree,
-                        self.slabs.spans[r as usize].nfree,
-                    );
+                    let (nl, nr) = (slabs.spans[l as usize].nfree, slabs.spans[r as usize].nfree);
                     let (keep, go) = if nl <= nr { (l, r) } else { (r, l) };
-                    for slot in self.slabs.used_slots(go) {
-                        self.slabs.move_block(go, slot, keep, Some(slot));
+                    for slot in slabs.used_slots(go) {
+                        slabs.move_block(go, slot, keep, Some(slot));
                         bytes += csize;
                         objects += 1;
                     }
-                    self.slabs.retire(go);
-                    if self.slabs.spans[keep as usize].nfree == 0 {
-                        self.slabs.remove_nonfull(class, keep);
+                    slabs.retire(go);
+                    if slabs.spans[keep as usize].nfree == 0 {
+                        slabs.remove_nonfull(class, keep);
                     }
                     right_used[j] = true;
                     meshes += 1;
@@ -161,64 +162,26 @@ impl Mesh {
                 }
             }
         }
-        (bytes, objects, meshes)
-    }
-}
-
-impl Model for Mesh {
-    fn alloc(&mut self, id: u32, size: u64, _tid: u32) {
-        self.slabs.alloc(id, size);
-    }
-    fn free(&mut self, id: u32, _size: u64, _tid: u32) {
-        self.slabs.free(id);
-    }
-    fn advance(&mut self, ms: u64) {
-        while self.next_ms <= ms {
-            let at = self.next_ms;
-            self.slabs.advance(at);
-            let (bytes, objects, meshes) = self.mesh_all();
-            self.costs.passes += 1;
-            self.costs.bytes_moved += bytes;
-            self.costs.objects_moved += objects;
-            self.costs.meshes += meshes;
-            if meshes > 0 && self.costs.events.len() < MAX_EVENTS {
-                self.costs.events.push(MoveEvent {
-                    t_ms: at as f64,
-                    bytes,
-                    objects,
-                    spans_freed: meshes,
-                });
-            }
-            self.next_ms += self.cfg.period_ms;
+        PassResult {
+            bytes,
+            objects,
+            spans_freed: meshes,
+            meshes,
         }
-        self.slabs.advance(ms);
     }
-    fn prefetch(&self, op: &Op, stage: u8) {
-        self.slabs.prefetch(op, stage);
-    }
-    fn rss(&self) -> u64 {
-        self.slabs.rss()
-    }
-    fn costs(&self) -> Costs {
-        let mut c = self.costs.clone();
-        self.slabs.counters(&mut c.counters);
-        c
-    }
-    fn config(&self) -> BTreeMap<String, String> {
-        let mut m = BTreeMap::new();
-        self.cfg.classes.describe(&mut m);
-        m.insert("period_ms".into(), self.cfg.period_ms.to_string());
-        m.insert("probes".into(), self.cfg.probes.to_string());
-        m.insert("occupancy_max".into(), self.cfg.occupancy_max.to_string());
-        m.insert("seed".into(), self.cfg.seed.to_string());
-        m
+
+    fn describe(&self, out: &mut BTreeMap<String, String>) {
+        out.insert("period_ms".into(), self.cfg.period_ms.to_string());
+        out.insert("probes".into(), self.cfg.probes.to_string());
+        out.insert("occupancy_max".into(), self.cfg.occupancy_max.to_string());
+        out.insert("seed".into(), self.cfg.seed.to_string());
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::testing::*;
-    use super::super::Op;
+    use super::super::{Model, Op};
     use super::*;
 
     #[test]

@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
-use super::{parse_u64, prefetch_line, unknown_key, Costs, Model, Op};
+use super::{parse_u64, prefetch_line, unknown_key, Costs, Model, MoveEvent, Op, MAX_EVENTS};
 
 /// What happens to the pages of an empty span.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -795,5 +795,89 @@ mod tests {
         assert!(e("colour", "red").contains("known are"));
         let c = cfg(&[("classes", "16,32,64,96")]);
         assert_eq!(c.table.span_bytes[3], 3 * 4096);
+    }
+}
+
+/// What one pass of a moving model did.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct PassResult {
+    pub bytes: u64,
+    pub objects: u64,
+    pub spans_freed: u64,
+    pub meshes: u64,
+}
+
+/// A pass that moves blocks between the spans of size-class slabs, run every
+/// `period_ms` of trace time: what the compacting and mesh models add to size classes.
+pub(crate) trait Pass {
+    fn period_ms(&self) -> u64;
+    fn run(&mut self, slabs: &mut Slabs) -> PassResult;
+    /// The pass's settings, beside the size classes'.
+    fn describe(&self, out: &mut BTreeMap<String, String>);
+}
+
+/// Size classes plus a periodic [`Pass`], with its costs (bytes and objects moved, when).
+pub(crate) struct Moving<P> {
+    pub pass: P,
+    pub slabs: Slabs,
+    next_ms: u64,
+    costs: Costs,
+}
+
+impl<P: Pass> Moving<P> {
+    pub fn with(pass: P, slabs: Slabs) -> Self {
+        Self {
+            next_ms: pass.period_ms(),
+            pass,
+            slabs,
+            costs: Costs::default(),
+        }
+    }
+}
+
+impl<P: Pass> Model for Moving<P> {
+    fn alloc(&mut self, id: u32, size: u64, _tid: u32) {
+        self.slabs.alloc(id, size);
+    }
+    fn free(&mut self, id: u32, _size: u64, _tid: u32) {
+        self.slabs.free(id);
+    }
+    fn advance(&mut self, ms: u64) {
+        while self.next_ms <= ms {
+            let at = self.next_ms;
+            self.slabs.advance(at);
+            let r = self.pass.run(&mut self.slabs);
+            self.costs.passes += 1;
+            self.costs.bytes_moved += r.bytes;
+            self.costs.objects_moved += r.objects;
+            self.costs.meshes += r.meshes;
+            if (r.objects > 0 || r.meshes > 0) && self.costs.events.len() < MAX_EVENTS {
+                self.costs.events.push(MoveEvent {
+                    t_ms: at as f64,
+                    bytes: r.bytes,
+                    objects: r.objects,
+                    spans_freed: r.spans_freed,
+                });
+            }
+            self.next_ms += self.pass.period_ms();
+        }
+        self.slabs.advance(ms);
+    }
+    fn prefetch(&self, op: &Op, stage: u8) {
+        self.slabs.prefetch(op, stage);
+    }
+    fn rss(&self) -> u64 {
+        self.slabs.rss()
+    }
+    fn costs(&self) -> Costs {
+        let mut c = self.costs.clone();
+        self.slabs.counters(&mut c.counters);
+        c
+    }
+    fn config(&self) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        self.slabs.cfg.describe(&mut m);
+        self.pass.describe(&mut m);
+        m
     }
 }
