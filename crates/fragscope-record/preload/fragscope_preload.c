@@ -745,7 +745,7 @@ static inline uint64_t cycle_counter(void) {
  * down: the millisecond tick cannot order two threads' calls inside one tick, and
  * interpolating between anchors can. A counter read per call would cost more than the
  * record. */
-static inline void write_anchor(struct thread_state *ts) {
+static __attribute__((noinline, cold)) void write_anchor(struct thread_state *ts) {
     ts->anchor_countdown = ANCHOR_EVERY;
     if (!__atomic_load_n(&anchors_on, __ATOMIC_RELAXED)) return;
     uint64_t now = cycle_counter() >> ANCHOR_SHIFT;
