@@ -508,6 +508,17 @@ mod tests {
         }
     }
 
+    /// Every page of [`all_resident`] resident, no earlier snapshot, every site exact.
+    fn evaluate_every(live: &AddrMap<LiveBlock>) -> HeapSnapshot {
+        evaluate(
+            live,
+            &all_resident(),
+            &mut HeapHistory::default(),
+            SiteWeighting::Every,
+            10,
+        )
+    }
+
     #[test]
     fn every_resident_heap_page_is_in_one_occupancy_bucket() {
         let mut live = AddrMap::default();
@@ -515,13 +526,7 @@ mod tests {
         // page is used, without a live byte.
         live.insert(0x15000, block(0, 24, 1));
         live.insert(0x13000, block(100, 12, 2));
-        let snap = evaluate(
-            &live,
-            &all_resident(),
-            &mut HeapHistory::default(),
-            SiteWeighting::Every,
-            10,
-        );
+        let snap = evaluate_every(&live);
         let p = &snap.parts;
         assert_eq!(p.used_pages, 2);
         assert_eq!(p.occupancy_pages.iter().sum::<u64>(), 16);
@@ -538,13 +543,7 @@ mod tests {
         live.insert(0x10000 + 4096 - 60, block(100, 12, 1));
         // One full page's worth in page 3.
         live.insert(0x13000, block(4096, 0, 2));
-        let snap = evaluate(
-            &live,
-            &all_resident(),
-            &mut HeapHistory::default(),
-            SiteWeighting::Every,
-            10,
-        );
+        let snap = evaluate_every(&live);
         let p = &snap.parts;
         assert_eq!(p.live, 4196);
         assert_eq!(p.rounding, 12);
@@ -570,13 +569,7 @@ mod tests {
     #[test]
     fn mappings_that_never_held_an_object_are_not_heap() {
         let live = AddrMap::default();
-        let snap = evaluate(
-            &live,
-            &all_resident(),
-            &mut HeapHistory::default(),
-            SiteWeighting::Every,
-            10,
-        );
+        let snap = evaluate_every(&live);
         assert_eq!(snap.parts.heap_resident, 0);
         assert_eq!(snap.parts.never_held_resident, 16 * 4096);
     }
@@ -618,13 +611,7 @@ mod tests {
     fn large_blocks_count_their_interior_pages_without_storing_them() {
         let mut live = AddrMap::default();
         live.insert(0x10000 + 100, block(12 * 4096, 0, 7));
-        let snap = evaluate(
-            &live,
-            &all_resident(),
-            &mut HeapHistory::default(),
-            SiteWeighting::Every,
-            10,
-        );
+        let snap = evaluate_every(&live);
         let p = &snap.parts;
         assert_eq!(p.live, 12 * 4096);
         assert_eq!(p.used_pages, 13);
