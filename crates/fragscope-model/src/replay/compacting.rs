@@ -61,8 +61,8 @@ pub(crate) struct Packing {
 }
 
 impl Pass for Packing {
-    fn period_ms(&self) -> u64 {
-        self.cfg.period_ms
+    fn period_ms(&self) -> Option<u64> {
+        Some(self.cfg.period_ms)
     }
 
     /// Packs every class.

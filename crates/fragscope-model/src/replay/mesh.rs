@@ -99,8 +99,8 @@ impl Meshing {
 }
 
 impl Pass for Meshing {
-    fn period_ms(&self) -> u64 {
-        self.cfg.period_ms
+    fn period_ms(&self) -> Option<u64> {
+        Some(self.cfg.period_ms)
     }
 
     /// One meshing pass over every class.

@@ -642,45 +642,26 @@ impl Slabs {
     }
 }
 
-/// The size-class model.
-pub struct SizeClass {
-    slabs: Slabs,
-}
+/// Size classes alone: the moving model without a pass.
+pub(crate) type SizeClass = Moving<NoPass>;
 
 impl SizeClass {
     pub fn new(cfg: SizeClassConfig) -> Self {
-        Self {
-            slabs: Slabs::new(cfg),
-        }
+        Moving::with(NoPass, Slabs::new(cfg))
     }
 }
 
-impl Model for SizeClass {
-    fn alloc(&mut self, id: u32, size: u64, _tid: u32) {
-        self.slabs.alloc(id, size);
+/// The pass that never runs.
+pub(crate) struct NoPass;
+
+impl Pass for NoPass {
+    fn period_ms(&self) -> Option<u64> {
+        None
     }
-    fn free(&mut self, id: u32, _size: u64, _tid: u32) {
-        self.slabs.free(id);
+    fn run(&mut self, _slabs: &mut Slabs) -> PassResult {
+        PassResult::default()
     }
-    fn advance(&mut self, ms: u64) {
-        self.slabs.advance(ms);
-    }
-    fn prefetch(&self, op: &Op, stage: u8) {
-        self.slabs.prefetch(op, stage);
-    }
-    fn rss(&self) -> u64 {
-        self.slabs.rss()
-    }
-    fn costs(&self) -> Costs {
-        let mut c = Costs::default();
-        self.slabs.counters(&mut c.counters);
-        c
-    }
-    fn config(&self) -> BTreeMap<String, String> {
-        let mut m = BTreeMap::new();
-        self.slabs.cfg.describe(&mut m);
-        m
-    }
+    fn describe(&self, _out: &mut BTreeMap<String, String>) {}
 }
 
 #[cfg(test)]
@@ -810,7 +791,8 @@ pub(crate) struct PassResult {
 /// A pass that moves blocks between the spans of size-class slabs, run every
 /// `period_ms` of trace time: what the compacting and mesh models add to size classes.
 pub(crate) trait Pass {
-    fn period_ms(&self) -> u64;
+    /// How often it runs (never: none).
+    fn period_ms(&self) -> Option<u64>;
     fn run(&mut self, slabs: &mut Slabs) -> PassResult;
     /// The pass's settings, beside the size classes'.
     fn describe(&self, out: &mut BTreeMap<String, String>);
@@ -820,7 +802,8 @@ pub(crate) trait Pass {
 pub(crate) struct Moving<P> {
     pub pass: P,
     pub slabs: Slabs,
-    next_ms: u64,
+    /// When the pass runs next.
+    next_ms: Option<u64>,
     costs: Costs,
 }
 
@@ -843,8 +826,7 @@ impl<P: Pass> Model for Moving<P> {
         self.slabs.free(id);
     }
     fn advance(&mut self, ms: u64) {
-        while self.next_ms <= ms {
-            let at = self.next_ms;
+        while let Some(at) = self.next_ms.filter(|&at| at <= ms) {
             self.slabs.advance(at);
             let r = self.pass.run(&mut self.slabs);
             self.costs.passes += 1;
@@ -859,7 +841,7 @@ impl<P: Pass> Model for Moving<P> {
                     spans_freed: r.spans_freed,
                 });
             }
-            self.next_ms += self.pass.period_ms();
+            self.next_ms = self.pass.period_ms().and_then(|p| at.checked_add(p));
         }
         self.slabs.advance(ms);
     }
