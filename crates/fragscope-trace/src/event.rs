@@ -248,8 +248,30 @@ struct Freed {
     len: u8,
 }
 
-fn freed_key(tid: u32, usable: u64) -> Option<u64> {
-    Some(u64::from(tid) << 32 | u64::from(u32::try_from(usable).ok()?))
+impl Freed {
+    /// Remembers `addr` as the newest; the oldest drops out of a full list.
+    fn push(&mut self, addr: u64) {
+        if self.len as usize == FREED_DEPTH {
+            self.addrs.copy_within(1.., 0);
+            self.len -= 1;
+        }
+        self.addrs[self.len as usize] = addr;
+        self.len += 1;
+    }
+
+    /// Takes out the block `depth` places below the newest.
+    fn take(&mut self, depth: usize) -> Option<u64> {
+        let i = (self.len as usize).checked_sub(1)?.checked_sub(depth)?;
+        let addr = self.addrs[i];
+        self.addrs.copy_within(i + 1..self.len as usize, i);
+        self.len -= 1;
+        Some(addr)
+    }
+}
+
+/// The `freed` key of a thread and a usable size (the tables keep usable sizes in u32).
+fn freed_key(tid: u32, usable: u32) -> u64 {
+    u64::from(tid) << 32 | u64::from(usable)
 }
 
 impl StreamTables {
@@ -294,16 +316,10 @@ impl StreamTables {
         }
         self.free_slots.push(slot);
         if by_free && usable != 0 {
-            let Some(key) = freed_key(tid, usable.into()) else {
-                return Some(addr);
-            };
-            let f = self.freed.entry(key).or_default();
-            if f.len as usize == FREED_DEPTH {
-                f.addrs.copy_within(1.., 0);
-                f.len -= 1;
-            }
-            f.addrs[f.len as usize] = addr;
-            f.len += 1;
+            self.freed
+                .entry(freed_key(tid, usable))
+                .or_default()
+                .push(addr);
         }
         Some(addr)
     }
@@ -320,12 +336,12 @@ impl StreamTables {
     /// it and says where it was (0: the last).
     #[inline]
     fn take_if_freed(&mut self, tid: u32, usable: u64, addr: u64) -> Option<u64> {
-        let f = self.freed.get_mut(&freed_key(tid, usable)?)?;
+        let f = self
+            .freed
+            .get_mut(&freed_key(tid, u32::try_from(usable).ok()?))?;
         let mut newest_first = f.addrs[..f.len as usize].iter().rev();
         let depth = newest_first.position(|&a| a == addr)?;
-        let i = f.len as usize - 1 - depth;
-        f.addrs.copy_within(i + 1..f.len as usize, i);
-        f.len -= 1;
+        f.take(depth);
         Some(depth as u64)
     }
 
@@ -333,14 +349,10 @@ impl StreamTables {
     /// `usable` bytes.
     #[inline]
     fn take_freed(&mut self, tid: u32, usable: u64, depth: u64) -> Option<u64> {
-        let f = self.freed.get_mut(&freed_key(tid, usable)?)?;
-        let i = (f.len as usize)
-            .checked_sub(1)?
-            .checked_sub(usize::try_from(depth).ok()?)?;
-        let addr = f.addrs[i];
-        f.addrs.copy_within(i + 1..f.len as usize, i);
-        f.len -= 1;
-        Some(addr)
+        let f = self
+            .freed
+            .get_mut(&freed_key(tid, u32::try_from(usable).ok()?))?;
+        f.take(usize::try_from(depth).ok()?)
     }
 
     /// A block became live at `addr`, in the slot freed last (or a new one). An address

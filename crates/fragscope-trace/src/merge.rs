@@ -189,8 +189,7 @@ struct ThreadQueue {
     exited: bool,
     /// Thread-local stack id -> process stack index.
     stacks: HashMap<u32, u32>,
-    /// Items queued and popped so far, counting from the thread's first.
-    pushed: u64,
+    /// Items popped so far (with the queue's length, the items queued so far).
     popped: u64,
     /// Threads this one joined, each with the number of its items queued before the
     /// join: items from there on wait until the joined thread's are all merged.
@@ -288,7 +287,6 @@ impl Merger {
                 known_through: 0,
                 exited: false,
                 stacks: HashMap::new(),
-                pushed: 0,
                 popped: 0,
                 joins: VecDeque::new(),
             });
@@ -309,7 +307,7 @@ impl Merger {
                 }
             };
             let tick = d.tick();
-            match rec {
+            let item = match rec {
                 Record::Alloc {
                     func,
                     addr,
@@ -324,39 +322,34 @@ impl Merger {
                     } else {
                         t.stacks.get(&stack).copied().unwrap_or(0)
                     };
-                    let usable = usable.unwrap_or(0);
-                    t.queue.push_back(Merged::Call(Call {
+                    Merged::Call(Call {
                         tick,
                         tid: h.tid,
                         func,
                         addr,
                         old_addr,
                         size,
-                        usable,
+                        usable: usable.unwrap_or(0),
                         align,
                         stack,
-                    }));
-                    self.pending += 1;
-                    t.pushed += 1;
-                    self.anchors.push(d.cycles());
+                    })
                 }
-                Record::Free { addr } => {
-                    let call = Call {
-                        tick,
-                        tid: h.tid,
-                        func: Func::Free,
-                        addr,
-                        old_addr: 0,
-                        size: 0,
-                        usable: 0,
-                        align: 0,
-                        stack: 0,
-                    };
-                    t.queue.push_back(Merged::Call(call));
-                    self.pending += 1;
-                    t.pushed += 1;
-                    self.anchors.push(d.cycles());
-                }
+                Record::Free { addr } => Merged::Call(Call {
+                    tick,
+                    tid: h.tid,
+                    func: Func::Free,
+                    addr,
+                    old_addr: 0,
+                    size: 0,
+                    usable: 0,
+                    align: 0,
+                    stack: 0,
+                }),
+                Record::Stats { source, values } => Merged::Stats {
+                    tick,
+                    source,
+                    values,
+                },
                 Record::StackDef { id, frames } => {
                     let next = self.stacks.len() as u32;
                     let global = *self.stack_ids.entry(frames.clone()).or_insert(next);
@@ -364,22 +357,25 @@ impl Merger {
                         self.stacks.push(frames);
                     }
                     t.stacks.insert(id, global);
+                    continue;
                 }
-                Record::Stats { source, values } => {
-                    t.queue.push_back(Merged::Stats {
-                        tick,
-                        source,
-                        values,
-                    });
-                    self.pending += 1;
-                    t.pushed += 1;
-                    self.anchors.push(d.cycles());
+                Record::Lost { count } => {
+                    self.stats.lost_events += count;
+                    continue;
                 }
-                Record::Lost { count } => self.stats.lost_events += count,
-                Record::Joined { tid } => t.joins.push_back((t.pushed, tid)),
-                Record::OwnMemory { bytes } => self.own_memory = self.own_memory.max(bytes),
-                Record::Tick { .. } | Record::Usable { .. } | Record::Anchor { .. } => {}
-            }
+                Record::Joined { tid } => {
+                    t.joins.push_back((t.popped + t.queue.len() as u64, tid));
+                    continue;
+                }
+                Record::OwnMemory { bytes } => {
+                    self.own_memory = self.own_memory.max(bytes);
+                    continue;
+                }
+                Record::Tick { .. } | Record::Usable { .. } | Record::Anchor { .. } => continue,
+            };
+            t.queue.push_back(item);
+            self.pending += 1;
+            self.anchors.push(d.cycles());
         }
         place_within_ticks(t, queued_before, &self.anchors);
         t.known_through = t.known_through.max(h.last_tick).max(d.tick());
