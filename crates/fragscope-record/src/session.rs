@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::{BufWriter, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
@@ -309,10 +310,8 @@ fn ack(conn: &mut UnixStream) {
     let _ = conn.write_all(&[1]);
 }
 
-/// Serves one interposer connection until it closes.
 /// The pid of the process at the other end of a Unix socket (0 if unknown).
 fn peer_pid(conn: &UnixStream) -> u32 {
-    use std::os::fd::AsRawFd;
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -816,9 +815,11 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
 
     // Polled, the program's pidfd wakes us the moment it exits (Linux 5.3+; without one,
     // waitpid is polled every few milliseconds).
-    // SAFETY: pidfd_open takes a pid and flags and returns a descriptor or -1.
-    let child_pidfd =
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let raw_pidfd =
         unsafe { libc::syscall(libc::SYS_pidfd_open, child_pid as libc::c_int, 0) } as i32;
+    // SAFETY: a descriptor we just opened and nothing else owns.
+    let child_pidfd = (raw_pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(raw_pidfd) });
 
     let mut exit_code = None;
     let mut grace_until: Option<Instant> = None;
@@ -853,9 +854,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
                 break;
             }
         }
-        if exit_code.is_none() && child_pidfd >= 0 {
+        if let Some(pidfd) = child_pidfd.as_ref().filter(|_| exit_code.is_none()) {
             let mut pfd = libc::pollfd {
-                fd: child_pidfd,
+                fd: pidfd.as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             };
@@ -867,10 +868,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         }
     }
     CHILD_PID.store(0, Ordering::Relaxed);
-    if child_pidfd >= 0 {
-        // SAFETY: our own descriptor, closed once.
-        unsafe { libc::close(child_pidfd) };
-    }
+    drop(child_pidfd);
 
     // Wind down: stop sampling, close the listener, let connections drain.
     stop.stop();
