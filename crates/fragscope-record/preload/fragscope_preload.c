@@ -503,7 +503,8 @@ static struct thread_state *thread_state_new(void) {
         registry = ts;
         pthread_mutex_unlock(&registry_lock);
     }
-    if (ts->next_in_registry || registry != ts) __atomic_store_n(&anchors_on, 1, __ATOMIC_RELAXED);
+    /* Another thread holds a state too: calls must now be ordered across threads. */
+    if (registry != ts || ts->next_in_registry) __atomic_store_n(&anchors_on, 1, __ATOMIC_RELAXED);
     memset(ts->stack_hash, 0, sizeof ts->stack_hash);
     memset(ts->usable_known, 0, sizeof ts->usable_known);
     ts->tid = (uint32_t)tid;
