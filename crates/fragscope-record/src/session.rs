@@ -16,8 +16,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, Context, Result};
 use fragscope_trace::{
-    ChunkKind, ChunkWriter, EndHow, EventsHeader, Mapping, Maps, Meta, Origin, Packer, Pagemap,
-    Process, ProcessEnd, Rollup, RssBatch, RssSample, SnapshotReason, StackMode, WaitStatus,
+    ChunkKind, ChunkWriter, EndHow, EventsHeader, Mapping, Maps, Meta, Origin, PackedBuffer,
+    Packer, Pagemap, Process, ProcessEnd, Rollup, RssBatch, RssSample, SnapshotReason, StackMode,
+    WaitStatus,
 };
 
 use crate::clock::ClockPage;
@@ -69,7 +70,9 @@ const DESCENDANT_GRACE: Duration = Duration::from_secs(2);
 /// How long a connection waits for the same process's earlier one (see `Arrival`).
 const EARLIER_CONNECTION_WAIT: Duration = Duration::from_secs(2);
 
-type Chunk = (ChunkKind, Vec<u8>);
+/// A chunk for the writer: its kind, payload and, for one compressed in sections, where
+/// the sections end (empty: compressed whole).
+type Chunk = (ChunkKind, Vec<u8>, Vec<usize>);
 
 struct ProcState {
     pid: u32,
@@ -122,7 +125,12 @@ impl Shared {
     fn send(&self, kind: ChunkKind, payload: Vec<u8>) {
         // The writer only goes away after every sender is done; an error means it failed,
         // which the writer reports itself.
-        let _ = self.out.send((kind, payload));
+        let _ = self.out.send((kind, payload, Vec::new()));
+    }
+
+    /// Sends a chunk compressed in sections ending at `section_ends`.
+    fn send_sections(&self, kind: ChunkKind, payload: Vec<u8>, section_ends: Vec<usize>) {
+        let _ = self.out.send((kind, payload, section_ends));
     }
 
     fn tick(&self) -> u64 {
@@ -344,7 +352,7 @@ fn serve_arrival(shared: Arc<Shared>, conn: UnixStream, id: u64) {
 /// Stores one connection's event buffers (packed with --pack).
 struct EventStore<'a> {
     shared: &'a Arc<Shared>,
-    packed: Vec<u8>,
+    packed: PackedBuffer,
     pack_failed: bool,
 }
 
@@ -375,7 +383,11 @@ impl EventStore<'_> {
                     }
                 }
                 let h = EventsHeader { packed: true, ..h };
-                shared.send(ChunkKind::PackedEvents, h.encode_with(&self.packed));
+                let payload = h.encode_with(&self.packed.bytes);
+                // The header joins the first section (the planes' directory).
+                let header_len = payload.len() - self.packed.bytes.len();
+                let ends = self.packed.section_ends.iter().map(|e| e + header_len);
+                shared.send_sections(ChunkKind::PackedEvents, payload, ends.collect());
             }
             None => shared.send(ChunkKind::Events, h.encode_with(payload)),
         }
@@ -389,7 +401,7 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
     let mut payload = Vec::new();
     let mut store = EventStore {
         shared,
-        packed: Vec::new(),
+        packed: PackedBuffer::default(),
         pack_failed: false,
     };
     // Copies of other threads' buffers sent at exit, by thread, until superseded.
@@ -606,8 +618,12 @@ fn write_chunks(mut w: ChunkWriter<BufWriter<std::fs::File>>, rx: Receiver<Chunk
     let mut last_flush = Instant::now();
     loop {
         match rx.recv_timeout(Duration::from_millis(50)) {
-            Ok((kind, payload)) => {
-                w.write_chunk(kind, &payload)?;
+            Ok((kind, payload, section_ends)) => {
+                if section_ends.is_empty() {
+                    w.write_chunk(kind, &payload)?;
+                } else {
+                    w.write_sections(kind, &payload, &section_ends)?;
+                }
                 if last_flush.elapsed() >= WRITER_FLUSH {
                     w.flush()?;
                     last_flush = Instant::now();

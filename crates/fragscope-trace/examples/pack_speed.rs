@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use fragscope_trace::reader::{Chunk, TraceReader};
-use fragscope_trace::{ChunkDecoder, EventsHeader, Packer, Record, StreamTables};
+use fragscope_trace::{
+    ChunkDecoder, ChunkKind, ChunkWriter, EventsHeader, PackedBuffer, Packer, Record, StreamTables,
+};
 
 /// Decodes every buffer in order, hands each buffer's records to `check`, and returns
 /// the calls decoded and the time spent decoding.
@@ -48,17 +50,44 @@ fn main() {
     let mut packed = Vec::with_capacity(raw.len());
     // Output buffers touched beforehand: the recorder reuses one, so page faults are not
     // part of packing.
-    let mut outs: Vec<Vec<u8>> = raw.iter().map(|(_, r)| vec![0; r.len() + 64]).collect();
+    let mut outs: Vec<PackedBuffer> = raw
+        .iter()
+        .map(|(_, r)| PackedBuffer {
+            bytes: vec![0; r.len() + 64],
+            section_ends: Vec::with_capacity(16),
+        })
+        .collect();
     let started = Instant::now();
-    for ((h, records), mut out) in raw.iter().zip(outs.drain(..)) {
+    for ((h, records), out) in raw.iter().zip(&mut outs) {
         packers
             .entry(h.stream)
             .or_default()
-            .pack(h.tid, h.first_tick, records, &mut out)
+            .pack(h.tid, h.first_tick, records, out)
             .expect("packs");
-        packed.push((EventsHeader { packed: true, ..*h }, out));
     }
     let pack_time = started.elapsed();
+    // Stored as the recorder stores them (zstd level 3): whole, or in sections.
+    let level: i32 = std::env::var("LEVEL").map_or(3, |l| l.parse().unwrap());
+    let started = Instant::now();
+    let mut w = ChunkWriter::new(Vec::new(), level).unwrap();
+    for (h, records) in &raw {
+        w.write_chunk(ChunkKind::Events, &h.encode_with(records))
+            .unwrap();
+    }
+    let raw_stored = (w.bytes_written(), started.elapsed());
+    let started = Instant::now();
+    let mut w = ChunkWriter::new(Vec::new(), level).unwrap();
+    for ((h, _), out) in raw.iter().zip(&outs) {
+        let payload = h.encode_with(&out.bytes);
+        let header_len = payload.len() - out.bytes.len();
+        let ends: Vec<usize> = out.section_ends.iter().map(|e| e + header_len).collect();
+        w.write_sections(ChunkKind::PackedEvents, &payload, &ends)
+            .unwrap();
+    }
+    let packed_stored = (w.bytes_written(), started.elapsed());
+    for ((h, _), out) in raw.iter().zip(outs) {
+        packed.push((EventsHeader { packed: true, ..*h }, out.bytes));
+    }
     if std::env::var_os("PACK_ONLY").is_some() {
         println!("pack {:?}", pack_time);
         return;
@@ -75,6 +104,13 @@ fn main() {
         "{calls} calls; raw {:.2} B/call, packed {:.2} B/call (before zstd)",
         bytes(&raw) as f64 / calls,
         bytes(&packed) as f64 / calls
+    );
+    println!(
+        "stored (zstd {level}): raw {:.2} B/call in {:.1} ns/call, packed {:.2} B/call in {:.1} ns/call",
+        raw_stored.0 as f64 / calls,
+        ns(raw_stored.1),
+        packed_stored.0 as f64 / calls,
+        ns(packed_stored.1)
     );
     println!(
         "pack {:.1} ns/call; decode raw {:.1} ns/call, packed {:.1} ns/call",

@@ -6,7 +6,10 @@
 //! chunk  := magic:u32le("FSCK") kind:u8 codec:u8 reserved:u16le
 //!           raw_len:u32le stored_len:u32le crc:u32le stored[stored_len]
 //! crc    := CRC-32 (IEEE) of kind, codec, reserved, raw_len, stored_len and stored
-//! codec  := 0 stored as is | 1 zstd frame
+//! codec  := 0 stored as is | 1 zstd frame | 2 sections
+//! sections := (raw_len:varint stored_len:varint stored)*: the raw payload is the
+//!           sections' concatenation; a section is as is when its two lengths are equal,
+//!           else one zstd frame (each compressed alone: columns of unlike bytes)
 //! ```
 
 use std::io::{self, Read, Write};
@@ -37,8 +40,10 @@ pub enum ChunkKind {
     End = 10,
     /// Events in the first packed form, since replaced: no longer read.
     PackedEventsV1 = 11,
+    /// Events in the second packed form (rows), since replaced: no longer read.
+    PackedEventsV2 = 12,
     /// Events in the packed form (see [`crate::pack`]).
-    PackedEvents = 12,
+    PackedEvents = 13,
 }
 
 impl ChunkKind {
@@ -56,7 +61,8 @@ impl ChunkKind {
             9 => WaitStatus,
             10 => End,
             11 => PackedEventsV1,
-            12 => PackedEvents,
+            12 => PackedEventsV2,
+            13 => PackedEvents,
             _ => return None,
         })
     }
@@ -74,6 +80,9 @@ pub struct ChunkWriter<W: Write> {
     out: W,
     level: i32,
     compressor: zstd::bulk::Compressor<'static>,
+    /// Compressed bytes, reused from chunk to chunk (a fresh buffer per chunk costs page
+    /// faults at the recorder's rate of chunks).
+    scratch: Vec<u8>,
     bytes_written: u64,
 }
 
@@ -86,6 +95,7 @@ impl<W: Write> ChunkWriter<W> {
             out,
             level,
             compressor: zstd::bulk::Compressor::new(level)?,
+            scratch: Vec::new(),
             bytes_written: FILE_HEADER_BYTES,
         })
     }
@@ -95,27 +105,77 @@ impl<W: Write> ChunkWriter<W> {
     }
 
     pub fn write_chunk(&mut self, kind: ChunkKind, raw: &[u8]) -> io::Result<()> {
-        if raw.len() as u64 > u64::from(MAX_CHUNK_BYTES) {
+        check_chunk_len(raw.len())?;
+        let mut compressed = std::mem::take(&mut self.scratch);
+        let result = if self.compress(raw, &mut compressed)? {
+            self.put_chunk(kind, 1, raw.len(), &compressed)
+        } else {
+            self.put_chunk(kind, 0, raw.len(), raw)
+        };
+        self.scratch = compressed;
+        result
+    }
+
+    /// Compresses `raw` into `out` (emptied first) if that is worth it: true if `out`
+    /// is now smaller than `raw`.
+    fn compress(&mut self, raw: &[u8], out: &mut Vec<u8>) -> io::Result<bool> {
+        out.clear();
+        if raw.len() < 64 || self.level <= 0 {
+            return Ok(false);
+        }
+        out.reserve(zstd::zstd_safe::compress_bound(raw.len()));
+        self.compressor.compress_to_buffer(raw, out)?;
+        Ok(out.len() < raw.len())
+    }
+
+    /// Writes `raw` as sections ending at `ends` (increasing offsets, the last one
+    /// `raw.len()`), each compressed on its own (codec 2).
+    pub fn write_sections(
+        &mut self,
+        kind: ChunkKind,
+        raw: &[u8],
+        ends: &[usize],
+    ) -> io::Result<()> {
+        check_chunk_len(raw.len())?;
+        if ends.last() != Some(&raw.len()) || ends.windows(2).any(|w| w[0] > w[1]) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                "chunk larger than the format allows",
+                "sections must be in order and cover the chunk",
             ));
         }
-        let compressed;
-        let (codec, stored): (u8, &[u8]) = if raw.len() >= 64 && self.level > 0 {
-            compressed = self.compressor.compress(raw)?;
-            if compressed.len() < raw.len() {
-                (1, &compressed)
+        let mut compressed = std::mem::take(&mut self.scratch);
+        let mut stored = crate::wire::Writer::new();
+        let mut start = 0;
+        for &end in ends {
+            let section = &raw[start..end];
+            start = end;
+            let body = if self.compress(section, &mut compressed)? {
+                &compressed[..]
             } else {
-                (0, raw)
-            }
-        } else {
-            (0, raw)
-        };
+                section
+            };
+            stored
+                .varint(section.len() as u64)
+                .varint(body.len() as u64);
+            stored.bytes.extend_from_slice(body);
+        }
+        self.scratch = compressed;
+        check_chunk_len(stored.bytes.len())?;
+        self.put_chunk(kind, 2, raw.len(), &stored.bytes)
+    }
+
+    fn put_chunk(
+        &mut self,
+        kind: ChunkKind,
+        codec: u8,
+        raw_len: usize,
+        stored: &[u8],
+    ) -> io::Result<()> {
+        let raw = raw_len;
         let mut header = [0u8; 12];
         header[0] = kind as u8;
         header[1] = codec;
-        header[4..8].copy_from_slice(&(raw.len() as u32).to_le_bytes());
+        header[4..8].copy_from_slice(&(raw as u32).to_le_bytes());
         header[8..12].copy_from_slice(&(stored.len() as u32).to_le_bytes());
         let crc = chunk_crc(&header, stored);
         self.out.write_all(&CHUNK_MAGIC.to_le_bytes())?;
@@ -133,6 +193,56 @@ impl<W: Write> ChunkWriter<W> {
     pub fn into_inner(self) -> W {
         self.out
     }
+}
+
+fn check_chunk_len(len: usize) -> io::Result<()> {
+    if len as u64 > u64::from(MAX_CHUNK_BYTES) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "chunk larger than the format allows",
+        ));
+    }
+    Ok(())
+}
+
+/// Decompresses a codec 2 payload (sections) into `raw`; false if it is malformed or
+/// does not come to `raw_len` bytes.
+fn join_sections(
+    decompressor: &mut zstd::bulk::Decompressor<'static>,
+    stored: &[u8],
+    raw_len: usize,
+    raw: &mut Vec<u8>,
+) -> bool {
+    let mut r = crate::wire::Reader::new(stored);
+    raw.reserve(raw_len);
+    while !r.is_empty() {
+        let (Ok(len), Ok(stored_len)) = (r.varint(), r.varint()) else {
+            return false;
+        };
+        let Some(body) = usize::try_from(stored_len)
+            .ok()
+            .and_then(|n| r.take(n).ok())
+        else {
+            return false;
+        };
+        let Some(len) = usize::try_from(len)
+            .ok()
+            .filter(|&n| n <= raw_len - raw.len())
+        else {
+            return false;
+        };
+        if len == body.len() {
+            raw.extend_from_slice(body);
+            continue;
+        }
+        let at = raw.len();
+        raw.resize(at + len, 0);
+        match decompressor.decompress_to_buffer(body, &mut raw[at..]) {
+            Ok(n) if n == len => {}
+            _ => return false,
+        }
+    }
+    raw.len() == raw_len
 }
 
 /// Where and why reading stopped before the end of the file.
@@ -276,6 +386,12 @@ impl<R: Read> ChunkReader<R> {
                     }
                 }
             }
+            2 => {
+                if !join_sections(&mut self.decompressor, &self.stored, raw_len as usize, raw) {
+                    self.stop("a chunk's sections do not decompress to its stated size");
+                    return None;
+                }
+            }
             other => {
                 self.stop(format!("unknown chunk codec {other}"));
                 return None;
@@ -311,6 +427,44 @@ mod tests {
             .unwrap();
         w.write_chunk(ChunkKind::End, b"").unwrap();
         w.into_inner()
+    }
+
+    #[test]
+    fn sections_round_trip_compressed_or_not() {
+        let mut raw = vec![1u8, 2, 3];
+        raw.extend(std::iter::repeat_n(9u8, 5000));
+        raw.extend((0..3000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8));
+        let ends = [3, 3, 5003, raw.len()];
+        let mut w = ChunkWriter::new(Vec::new(), 3).unwrap();
+        w.write_sections(ChunkKind::PackedEvents, &raw, &ends)
+            .unwrap();
+        assert!(w
+            .write_sections(ChunkKind::PackedEvents, &raw, &[3, 2, raw.len()])
+            .is_err());
+        assert!(w
+            .write_sections(ChunkKind::PackedEvents, &raw, &[3])
+            .is_err());
+        let file = w.into_inner();
+        assert!(file.len() < 3000 + 200, "the run of 9s was compressed");
+        let mut r = ChunkReader::new(&file[..]).unwrap();
+        assert_eq!(r.next_chunk(), Some((ChunkKind::PackedEvents, raw)));
+        assert_eq!(r.next_chunk(), None);
+        assert!(r.damage().is_none());
+    }
+
+    #[test]
+    fn sections_that_do_not_add_up_are_damage() {
+        // A valid chunk whose sections claim one byte more than the chunk's raw length.
+        let mut stored = crate::wire::Writer::new();
+        stored.varint(4).varint(4);
+        stored.bytes.extend_from_slice(b"abcd");
+        let mut w = ChunkWriter::new(Vec::new(), 3).unwrap();
+        w.put_chunk(ChunkKind::PackedEvents, 2, 3, &stored.bytes)
+            .unwrap();
+        let file = w.into_inner();
+        let mut r = ChunkReader::new(&file[..]).unwrap();
+        assert_eq!(r.next_chunk(), None);
+        assert!(r.damage().unwrap().reason.contains("sections"));
     }
 
     #[test]

@@ -36,9 +36,9 @@
 //! address). Both sides keep the tables ([`StreamTables`]) the same way, call by call;
 //! only the writer needs to find a slot by address.
 
+use crate::columns::{ColumnWriter, Field, FieldReader};
 use crate::merge::FastMap;
 use crate::records::EventsHeader;
-use crate::wire::{Reader, Writer};
 use crate::TraceError;
 
 /// A malloc-family function.
@@ -473,7 +473,9 @@ impl AddrSlots {
 /// Decodes one thread's chunk of records. `tables` are the stream's (see
 /// [`StreamTables`]): chunks of one stream must be decoded in the order of the file.
 pub struct ChunkDecoder<'a, 't> {
-    r: Reader<'a>,
+    r: FieldReader<'a>,
+    /// Why the packed form's planes could not be laid out (the first read returns it).
+    broken: Option<TraceError>,
     tick: u64,
     prev_addr: u64,
     /// Packed form: the last allocation address spelled out (the base of the next one).
@@ -499,8 +501,17 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
         packed: bool,
         tables: &'t mut StreamTables,
     ) -> Self {
+        let (r, broken) = if packed {
+            match FieldReader::columns(records) {
+                Ok(r) => (r, None),
+                Err(e) => (FieldReader::row(&[]), Some(e)),
+            }
+        } else {
+            (FieldReader::row(records), None)
+        };
         Self {
-            r: Reader::new(records),
+            r,
+            broken,
             tick: first_tick,
             prev_addr: 0,
             prev_alloc: 0,
@@ -536,72 +547,76 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
     /// The next record, skipping tick records (whose time `tick()` then reflects).
     #[inline]
     pub fn next_record(&mut self) -> Result<Option<Record>, TraceError> {
+        if let Some(e) = self.broken.take() {
+            return Err(e);
+        }
         loop {
             if self.r.is_empty() {
                 return Ok(None);
             }
-            let tag = self.r.u8()?;
+            let tag = self.r.u8(Field::Tag)?;
             let kind = tag & 0x0f;
             match kind {
                 0..=9 if self.packed => return self.packed_call(tag).map(Some),
                 0..=9 => return self.call(tag).map(Some),
                 KIND_TICK if tag & FLAG_ANCHOR != 0 => {
-                    let delta = self.r.varint()?;
+                    let delta = self.r.varint(Field::Other)?;
                     self.cycles = Some(self.cycles.unwrap_or(0).wrapping_add(delta));
                     if self.report_all {
                         return Ok(Some(Record::Anchor { delta }));
                     }
                 }
                 KIND_TICK => {
-                    let delta = self.r.varint()?;
+                    let delta = self.r.varint(Field::Other)?;
                     self.tick = self.tick.saturating_add(delta);
                     if self.report_all {
                         return Ok(Some(Record::Tick { delta }));
                     }
                 }
                 KIND_STACK => {
-                    let id = self.r.varint()? as u32;
-                    let depth = self.r.count(1)?;
+                    let id = self.r.varint(Field::Other)? as u32;
+                    let depth = self.r.count(Field::Other)?;
                     let mut frames = Vec::with_capacity(depth);
                     let mut ip = 0u64;
                     for _ in 0..depth {
-                        ip = ip.wrapping_add(self.r.svarint()? as u64);
+                        ip = ip.wrapping_add(self.r.svarint(Field::Other)? as u64);
                         frames.push(ip);
                     }
                     return Ok(Some(Record::StackDef { id, frames }));
                 }
                 KIND_USABLE => {
-                    let size = self.r.varint()?;
-                    let usable = self.r.varint()?;
+                    let size = self.r.varint(Field::Other)?;
+                    let usable = self.r.varint(Field::Other)?;
                     self.tables.set_usable(size, usable);
                     if self.report_all {
                         return Ok(Some(Record::Usable { size, usable }));
                     }
                 }
                 KIND_STATS => {
-                    let source = StatsSource::from_u8(self.r.u8()?);
-                    let n = self.r.u8()?;
+                    let source = StatsSource::from_u8(self.r.u8(Field::Other)?);
+                    let n = self.r.u8(Field::Other)?;
                     let mut values = Vec::with_capacity(n as usize);
                     for _ in 0..n {
-                        let len = self.r.u8()? as usize;
-                        let name = String::from_utf8_lossy(self.r.take(len)?).into_owned();
-                        values.push((name, self.r.varint()?));
+                        let len = self.r.u8(Field::Other)? as usize;
+                        let name =
+                            String::from_utf8_lossy(self.r.take(Field::Other, len)?).into_owned();
+                        values.push((name, self.r.varint(Field::Other)?));
                     }
                     return Ok(Some(Record::Stats { source, values }));
                 }
                 KIND_LOST if tag & FLAG_JOINED != 0 => {
                     return Ok(Some(Record::Joined {
-                        tid: self.r.varint()? as u32,
+                        tid: self.r.varint(Field::Other)? as u32,
                     }))
                 }
                 KIND_LOST => {
                     return Ok(Some(Record::Lost {
-                        count: self.r.varint()?,
+                        count: self.r.varint(Field::Other)?,
                     }))
                 }
                 KIND_OWN_MEMORY => {
                     return Ok(Some(Record::OwnMemory {
-                        bytes: self.r.varint()?,
+                        bytes: self.r.varint(Field::Other)?,
                     }))
                 }
                 _ => unreachable!("kind is 4 bits"),
@@ -621,7 +636,7 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
         }
         let mut old_addr = 0;
         if func.takes_old_block() {
-            let rflags = self.r.u8()?;
+            let rflags = self.r.u8(Field::Tag)?;
             if rflags & REALLOC_OLD_NULL == 0 {
                 old_addr = self.addr(rflags & REALLOC_OLD_UNALIGNED != 0)?;
             }
@@ -631,21 +646,21 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
         } else {
             self.addr(tag & FLAG_UNALIGNED != 0)?
         };
-        let size = self.r.varint()?;
+        let size = self.r.varint(Field::Size)?;
         let align = if func.takes_alignment() {
-            self.r.varint()?
+            self.r.varint(Field::Other)?
         } else {
             0
         };
         let usable = if tag & FLAG_USABLE != 0 {
-            Some(size.saturating_add(self.r.varint()?))
+            Some(size.saturating_add(self.r.varint(Field::Other)?))
         } else if addr != 0 && matches!(func, Func::Malloc | Func::Calloc) {
             self.tables.table_usable(size)
         } else {
             None
         };
         let stack = if tag & FLAG_STACK != 0 {
-            self.r.varint()? as u32
+            self.r.varint(Field::Other)? as u32
         } else {
             0
         };
@@ -666,7 +681,8 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
 
     /// The block a slot names, which ends (`by_free`: a free, else a realloc's old block).
     fn slot_block(&mut self, by_free: bool) -> Result<u64, TraceError> {
-        let slot = u32::try_from(self.r.varint()?).map_err(|_| Self::bad("slot out of range"))?;
+        let slot = u32::try_from(self.r.varint(Field::Slot)?)
+            .map_err(|_| Self::bad("slot out of range"))?;
         let addr = self
             .tables
             .end_slot(slot, self.tid, by_free)
@@ -690,7 +706,7 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
         }
         let mut old_addr = 0;
         if func.takes_old_block() {
-            let rflags = self.r.u8()?;
+            let rflags = self.r.u8(Field::Tag)?;
             if rflags & REALLOC_OLD_SLOT != 0 {
                 old_addr = self.slot_block(false)?;
             } else if rflags & REALLOC_OLD_NULL == 0 {
@@ -702,17 +718,17 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
             FLAG_NULL | FLAG_PREDICTED => 0,
             _ => read_delta(&mut self.r, &mut self.prev_alloc, mode == FLAG_UNALIGNED)?,
         };
-        let size = self.r.varint()?;
+        let size = self.r.varint(Field::Size)?;
         let align = if func.takes_alignment() {
-            self.r.varint()?
+            self.r.varint(Field::Other)?
         } else {
             0
         };
         // With a predicted block, USABLE says a depth follows (the usable size is the
         // table's); otherwise it says the usable size follows.
         let (explicit, depth) = match (mode, tag & FLAG_USABLE != 0) {
-            (FLAG_PREDICTED, true) => (None, self.r.varint()?),
-            (_, true) => (Some(size.saturating_add(self.r.varint()?)), 0),
+            (FLAG_PREDICTED, true) => (None, self.r.varint(Field::Other)?),
+            (_, true) => (Some(size.saturating_add(self.r.varint(Field::Other)?)), 0),
             (_, false) => (None, 0),
         };
         let small = matches!(func, Func::Malloc | Func::Calloc);
@@ -732,7 +748,7 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
             self.prev_addr = addr;
         }
         let stack = if tag & FLAG_STACK != 0 {
-            self.r.varint()? as u32
+            self.r.varint(Field::Other)? as u32
         } else {
             0
         };
@@ -754,8 +770,8 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
 /// An address given as a delta from `base` (in 16-byte units unless `unaligned`); it
 /// becomes the base.
 #[inline]
-fn read_delta(r: &mut Reader, base: &mut u64, unaligned: bool) -> Result<u64, TraceError> {
-    let d = r.svarint()?;
+fn read_delta(r: &mut FieldReader, base: &mut u64, unaligned: bool) -> Result<u64, TraceError> {
+    let d = r.svarint(Field::Addr)?;
     let d = if unaligned { d } else { d.wrapping_mul(16) };
     *base = base.wrapping_add(d as u64);
     Ok(*base)
@@ -774,7 +790,7 @@ fn write_delta(base: &mut u64, addr: u64) -> (bool, i64) {
 
 /// Writes records in the packed form. Keeps the stream's tables as the reader will.
 pub(crate) struct PackedWriter<'t> {
-    pub w: Writer,
+    w: &'t mut ColumnWriter,
     prev_addr: u64,
     prev_alloc: u64,
     tid: u32,
@@ -782,9 +798,9 @@ pub(crate) struct PackedWriter<'t> {
 }
 
 impl<'t> PackedWriter<'t> {
-    pub fn new(tid: u32, tables: &'t mut StreamTables, out: Vec<u8>) -> Self {
+    pub fn new(tid: u32, tables: &'t mut StreamTables, w: &'t mut ColumnWriter) -> Self {
         Self {
-            w: Writer { bytes: out },
+            w,
             prev_addr: 0,
             prev_alloc: 0,
             tid,
@@ -802,14 +818,16 @@ impl<'t> PackedWriter<'t> {
             Record::Free { addr } => {
                 let kind = Func::Free as u8;
                 if addr == 0 {
-                    self.w.u8(kind | FLAG_NULL);
+                    self.w.u8(Field::Tag, kind | FLAG_NULL);
                 } else if let Some(slot) = self.tables.end_block(addr, self.tid, true) {
                     self.prev_addr = addr;
-                    self.w.u8(kind | FLAG_SLOT).varint(slot.into());
+                    self.w
+                        .u8(Field::Tag, kind | FLAG_SLOT)
+                        .varint(Field::Slot, slot.into());
                 } else {
                     let (unaligned, d) = self.delta(addr);
                     let flag = if unaligned { FLAG_UNALIGNED } else { 0 };
-                    self.w.u8(kind | flag).svarint(d);
+                    self.w.u8(Field::Tag, kind | flag).svarint(Field::Addr, d);
                 }
             }
             Record::Alloc {
@@ -822,45 +840,56 @@ impl<'t> PackedWriter<'t> {
                 stack,
             } => self.alloc(func, addr, old_addr, size, align, usable, stack),
             Record::StackDef { id, ref frames } => {
-                self.w.u8(KIND_STACK).varint(id.into());
-                self.w.varint(frames.len() as u64);
+                self.w
+                    .u8(Field::Tag, KIND_STACK)
+                    .varint(Field::Other, id.into());
+                self.w.varint(Field::Other, frames.len() as u64);
                 let mut prev = 0u64;
                 for &ip in frames {
-                    self.w.svarint(ip.wrapping_sub(prev) as i64);
+                    self.w.svarint(Field::Other, ip.wrapping_sub(prev) as i64);
                     prev = ip;
                 }
             }
             Record::Stats { source, ref values } => {
                 let values = &values[..values.len().min(255)];
                 self.w
-                    .u8(KIND_STATS)
-                    .u8(source.to_u8())
-                    .u8(values.len() as u8);
+                    .u8(Field::Tag, KIND_STATS)
+                    .u8(Field::Other, source.to_u8())
+                    .u8(Field::Other, values.len() as u8);
                 for (name, v) in values {
                     let name = &name.as_bytes()[..name.len().min(255)];
-                    self.w.u8(name.len() as u8);
-                    self.w.bytes.extend_from_slice(name);
-                    self.w.varint(*v);
+                    self.w.u8(Field::Other, name.len() as u8);
+                    self.w.raw(Field::Other, name);
+                    self.w.varint(Field::Other, *v);
                 }
             }
             Record::Lost { count } => {
-                self.w.u8(KIND_LOST).varint(count);
+                self.w.u8(Field::Tag, KIND_LOST).varint(Field::Other, count);
             }
             Record::Joined { tid } => {
-                self.w.u8(KIND_LOST | FLAG_JOINED).varint(tid.into());
+                self.w
+                    .u8(Field::Tag, KIND_LOST | FLAG_JOINED)
+                    .varint(Field::Other, tid.into());
             }
             Record::OwnMemory { bytes } => {
-                self.w.u8(KIND_OWN_MEMORY).varint(bytes);
+                self.w
+                    .u8(Field::Tag, KIND_OWN_MEMORY)
+                    .varint(Field::Other, bytes);
             }
             Record::Tick { delta } => {
-                self.w.u8(KIND_TICK).varint(delta);
+                self.w.u8(Field::Tag, KIND_TICK).varint(Field::Other, delta);
             }
             Record::Anchor { delta } => {
-                self.w.u8(KIND_TICK | FLAG_ANCHOR).varint(delta);
+                self.w
+                    .u8(Field::Tag, KIND_TICK | FLAG_ANCHOR)
+                    .varint(Field::Other, delta);
             }
             Record::Usable { size, usable } => {
                 self.tables.set_usable(size, usable);
-                self.w.u8(KIND_USABLE).varint(size).varint(usable);
+                self.w
+                    .u8(Field::Tag, KIND_USABLE)
+                    .varint(Field::Other, size)
+                    .varint(Field::Other, usable);
             }
         }
     }
@@ -903,44 +932,46 @@ impl<'t> PackedWriter<'t> {
         if explicit.is_some() || depth.is_some_and(|d| d > 0) {
             tag |= FLAG_USABLE;
         }
-        let tag_at = self.w.bytes.len();
-        self.w.u8(tag);
+        let tag_at = self.w.tags_len();
+        self.w.u8(Field::Tag, tag);
         if func.takes_old_block() {
             if old_addr == 0 {
-                self.w.u8(REALLOC_OLD_NULL);
+                self.w.u8(Field::Tag, REALLOC_OLD_NULL);
             } else if let Some(slot) = old_slot {
                 self.prev_addr = old_addr;
-                self.w.u8(REALLOC_OLD_SLOT).varint(slot.into());
+                self.w
+                    .u8(Field::Tag, REALLOC_OLD_SLOT)
+                    .varint(Field::Slot, slot.into());
             } else {
                 let (unaligned, d) = self.delta(old_addr);
                 let flag = if unaligned { REALLOC_OLD_UNALIGNED } else { 0 };
-                self.w.u8(flag).svarint(d);
+                self.w.u8(Field::Tag, flag).svarint(Field::Addr, d);
             }
         }
         if addr == 0 {
-            self.w.bytes[tag_at] |= FLAG_NULL;
+            self.w.amend_tag(tag_at, FLAG_NULL);
         } else if depth.is_some() {
-            self.w.bytes[tag_at] |= FLAG_PREDICTED;
+            self.w.amend_tag(tag_at, FLAG_PREDICTED);
             self.prev_addr = addr;
         } else {
             let (unaligned, d) = write_delta(&mut self.prev_alloc, addr);
             if unaligned {
-                self.w.bytes[tag_at] |= FLAG_UNALIGNED;
+                self.w.amend_tag(tag_at, FLAG_UNALIGNED);
             }
-            self.w.svarint(d);
+            self.w.svarint(Field::Addr, d);
         }
-        self.w.varint(size);
+        self.w.varint(Field::Size, size);
         if func.takes_alignment() {
-            self.w.varint(align);
+            self.w.varint(Field::Other, align);
         }
         if let Some(u) = explicit {
-            self.w.varint(u - size);
+            self.w.varint(Field::Other, u - size);
         }
         if let Some(d) = depth.filter(|&d| d > 0) {
-            self.w.varint(d);
+            self.w.varint(Field::Other, d);
         }
         if stack != 0 {
-            self.w.varint(stack.into());
+            self.w.varint(Field::Other, stack.into());
         }
         if addr != 0 {
             self.tables.allocated(addr, usable);

@@ -8,6 +8,7 @@
 //! The byte-level description is docs/trace-format.md.
 
 pub mod chunk;
+mod columns;
 pub mod event;
 pub mod merge;
 pub mod pack;
@@ -18,7 +19,7 @@ pub mod wire;
 
 pub use chunk::{ChunkKind, ChunkReader, ChunkWriter, Damage};
 pub use event::{ChunkDecoder, Func, Record, StatsSource, StreamTables};
-pub use pack::Packer;
+pub use pack::{PackedBuffer, Packer};
 pub use reader::{Chunk, TraceReader};
 pub use records::*;
 

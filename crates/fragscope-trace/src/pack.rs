@@ -11,8 +11,19 @@
 //! ([`crate::event::StreamTables`]) and undoes it. Buffers of one stream must be packed
 //! in the order they are stored.
 
+use crate::columns::ColumnWriter;
 use crate::event::{ChunkDecoder, PackedWriter, StreamTables};
 use crate::TraceError;
+
+/// A buffer in the packed form: its bytes (the records' planes and their directory) and
+/// where each plane ends, so that the chunk compresses each on its own
+/// ([`crate::ChunkWriter::write_sections`]).
+#[derive(Default)]
+pub struct PackedBuffer {
+    pub bytes: Vec<u8>,
+    /// Offsets in `bytes` where the directory and each plane end.
+    pub section_ends: Vec<usize>,
+}
 
 /// Packs one stream's buffers (a process image: the recorder keeps one per stream).
 pub struct Packer {
@@ -20,6 +31,8 @@ pub struct Packer {
     raw: StreamTables,
     /// The tables the packed records build, as the reader will, plus an index by address.
     packed: StreamTables,
+    /// The planes being written (kept to reuse their allocations).
+    columns: ColumnWriter,
 }
 
 impl Default for Packer {
@@ -27,26 +40,27 @@ impl Default for Packer {
         Self {
             raw: StreamTables::default(),
             packed: StreamTables::for_writer(),
+            columns: ColumnWriter::default(),
         }
     }
 }
 
 impl Packer {
     /// Rewrites thread `tid`'s raw `records` (starting at `first_tick`) into `out`
-    /// (cleared first). Records after one that does not decode are dropped, as a reader
+    /// (emptied first). Records after one that does not decode are dropped, as a reader
     /// of the raw buffer would stop there; the error says why.
     pub fn pack(
         &mut self,
         tid: u32,
         first_tick: u64,
         records: &[u8],
-        out: &mut Vec<u8>,
+        out: &mut PackedBuffer,
     ) -> Result<(), TraceError> {
-        out.clear();
-        out.reserve(records.len());
+        out.bytes.clear();
+        out.section_ends.clear();
         let mut d =
             ChunkDecoder::with_form(records, first_tick, tid, false, &mut self.raw).report_all();
-        let mut w = PackedWriter::new(tid, &mut self.packed, std::mem::take(out));
+        let mut w = PackedWriter::new(tid, &mut self.packed, &mut self.columns);
         let result = loop {
             match d.next_record() {
                 Ok(Some(rec)) => w.record(&rec),
@@ -54,7 +68,7 @@ impl Packer {
                 Err(e) => break Err(e),
             }
         };
-        *out = w.w.bytes;
+        self.columns.finish(&mut out.bytes, &mut out.section_ends);
         result
     }
 }
@@ -191,9 +205,9 @@ mod tests {
         let packed: Vec<_> = raw
             .iter()
             .map(|(tid, tick, r)| {
-                let mut out = Vec::new();
+                let mut out = PackedBuffer::default();
                 packer.pack(*tid, *tick, r, &mut out).unwrap();
-                (*tid, *tick, out)
+                (*tid, *tick, out.bytes)
             })
             .collect();
         let want = decode_all(&raw, false);
@@ -252,16 +266,19 @@ mod tests {
             ring[k] = (addr, usable);
         }
         let raw = vec![(1, 0, w.bytes)];
-        let mut out = Vec::new();
+        let mut out = PackedBuffer::default();
         // (Its speed on a real trace: examples/pack_speed.rs.)
         Packer::default().pack(1, 0, &raw[0].2, &mut out).unwrap();
         assert!(
-            out.len() * 3 < raw[0].2.len() * 2,
+            out.bytes.len() * 3 < raw[0].2.len() * 2,
             "{} of {}",
-            out.len(),
+            out.bytes.len(),
             raw[0].2.len()
         );
-        assert_eq!(decode_all(&[(1, 0, out)], true), decode_all(&raw, false));
+        assert_eq!(
+            decode_all(&[(1, 0, out.bytes)], true),
+            decode_all(&raw, false)
+        );
     }
 
     #[test]
@@ -269,10 +286,10 @@ mod tests {
         let mut w = Writer::new();
         w.u8(Func::Malloc as u8).svarint(0x1000).varint(10);
         w.u8(Func::Malloc as u8); // cut short
-        let mut out = Vec::new();
+        let mut out = PackedBuffer::default();
         let mut packer = Packer::default();
         assert!(packer.pack(1, 0, &w.bytes, &mut out).is_err());
-        let got = decode_all(&[(1, 0, out)], true);
+        let got = decode_all(&[(1, 0, out.bytes)], true);
         assert_eq!(got.len(), 1);
         assert!(matches!(got[0].1, Record::Alloc { addr: 0x10000, .. }));
     }

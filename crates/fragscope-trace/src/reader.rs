@@ -90,7 +90,7 @@ impl<R: Read> TraceReader<R> {
             ChunkKind::ProcessEnd => ProcessEnd::decode(data).map(Chunk::ProcessEnd),
             ChunkKind::WaitStatus => WaitStatus::decode(data).map(Chunk::WaitStatus),
             ChunkKind::End => End::decode(data).map(Chunk::End),
-            ChunkKind::PackedEventsV1 => Err(TraceError::Malformed(
+            ChunkKind::PackedEventsV1 | ChunkKind::PackedEventsV2 => Err(TraceError::Malformed(
                 "events packed in the form of an earlier fragscope, which this one no longer \
                  reads: record the program again"
                     .into(),

@@ -1,0 +1,270 @@
+//! The column layout of packed event records.
+//!
+//! A general-purpose compressor codes what it cannot match (nearly all of an event
+//! stream: slots and sizes are close to random) with one Huffman table per block. Records
+//! in a row mix tags, slots, sizes and address deltas, so that table fits none of them
+//! well. The packed form therefore writes each kind of value to a column of its own, and
+//! splits each varint column into two planes, first bytes and continuation bytes (a
+//! 12-bit slot is 7 random bits and a flag, then 5 random bits: two different byte
+//! distributions). The chunk stores each plane as its own zstd frame ([`crate::chunk`],
+//! codec 2). Measured on churn.c under glibc: 2.56 bytes per call in rows, 1.86 in planes.
+//!
+//! ```text
+//! packed records := plane_len:varint * PLANES, then the planes in order
+//! ```
+//! Plane 0 holds the tag of every record (and realloc's flags byte), planes 1-2 the
+//! slots, 3-4 address deltas, 5-6 sizes, 7-8 everything else (first bytes, then the rest).
+
+use crate::wire::{unzigzag, zigzag, Reader};
+use crate::TraceError;
+
+/// What a value in a record is, which decides its column.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Field {
+    Tag,
+    Slot,
+    Addr,
+    Size,
+    Other,
+}
+
+pub(crate) const PLANES: usize = 9;
+
+/// The planes holding a field's first bytes and continuation bytes.
+#[inline]
+fn planes_of(f: Field) -> (usize, usize) {
+    match f {
+        Field::Tag => (0, 0),
+        Field::Slot => (1, 2),
+        Field::Addr => (3, 4),
+        Field::Size => (5, 6),
+        Field::Other => (7, 8),
+    }
+}
+
+/// Reads a chunk's records field by field, from one row of bytes (the raw form) or from
+/// the planes of the packed form.
+pub(crate) struct FieldReader<'a> {
+    planes: [Reader<'a>; PLANES],
+    /// Everything is in `planes[0]`, in record order.
+    row: bool,
+}
+
+impl<'a> FieldReader<'a> {
+    pub fn row(data: &'a [u8]) -> Self {
+        Self {
+            planes: std::array::from_fn(|i| Reader::new(if i == 0 { data } else { &[] })),
+            row: true,
+        }
+    }
+
+    /// The planes of packed records, after their directory.
+    pub fn columns(data: &'a [u8]) -> Result<Self, TraceError> {
+        let mut dir = Reader::new(data);
+        let mut lens = [0usize; PLANES];
+        for len in &mut lens {
+            *len = usize::try_from(dir.varint()?).unwrap_or(usize::MAX);
+        }
+        let mut rest = dir.remaining();
+        let mut planes: [Reader<'a>; PLANES] = std::array::from_fn(|_| Reader::new(&[]));
+        for (plane, len) in planes.iter_mut().zip(lens) {
+            if len > rest.len() {
+                return Err(TraceError::Malformed(
+                    "packed events: a plane runs past the chunk".into(),
+                ));
+            }
+            let (here, after) = rest.split_at(len);
+            *plane = Reader::new(here);
+            rest = after;
+        }
+        if !rest.is_empty() {
+            return Err(TraceError::Malformed(
+                "packed events: bytes after the last plane".into(),
+            ));
+        }
+        Ok(Self { planes, row: false })
+    }
+
+    #[inline]
+    fn first(&mut self, f: Field) -> &mut Reader<'a> {
+        let i = if self.row { 0 } else { planes_of(f).0 };
+        &mut self.planes[i]
+    }
+
+    /// No record left: every record starts with a tag.
+    pub fn is_empty(&self) -> bool {
+        self.planes[0].is_empty()
+    }
+
+    #[inline]
+    pub fn u8(&mut self, f: Field) -> Result<u8, TraceError> {
+        self.first(f).u8()
+    }
+
+    pub fn take(&mut self, f: Field, n: usize) -> Result<&'a [u8], TraceError> {
+        self.first(f).take(n)
+    }
+
+    #[inline]
+    pub fn varint(&mut self, f: Field) -> Result<u64, TraceError> {
+        if self.row {
+            return self.planes[0].varint();
+        }
+        let (first, rest) = planes_of(f);
+        let b = self.planes[first].u8()?;
+        if b < 0x80 {
+            return Ok(u64::from(b));
+        }
+        let mut v = u64::from(b & 0x7f);
+        let mut shift = 7;
+        loop {
+            let b = self.planes[rest].u8()?;
+            if shift == 63 && b > 1 {
+                return Err(TraceError::Malformed(
+                    "packed events: varint overflows".into(),
+                ));
+            }
+            v |= u64::from(b & 0x7f) << shift;
+            if b < 0x80 {
+                return Ok(v);
+            }
+            shift += 7;
+            if shift > 63 {
+                return Err(TraceError::Malformed(
+                    "packed events: varint too long".into(),
+                ));
+            }
+        }
+    }
+
+    #[inline]
+    pub fn svarint(&mut self, f: Field) -> Result<i64, TraceError> {
+        Ok(unzigzag(self.varint(f)?))
+    }
+
+    /// A count of items that each take at least one first byte of field `f`: a corrupt
+    /// count never drives a huge allocation.
+    pub fn count(&mut self, f: Field) -> Result<usize, TraceError> {
+        let n = self.varint(f)?;
+        let left = self.first(f).remaining().len() as u64;
+        if n > left {
+            return Err(TraceError::Malformed(format!(
+                "count {n} exceeds the record"
+            )));
+        }
+        Ok(n as usize)
+    }
+}
+
+/// Writes records field by field into planes (the packed form's layout).
+#[derive(Default)]
+pub(crate) struct ColumnWriter {
+    planes: [Vec<u8>; PLANES],
+}
+
+impl ColumnWriter {
+    #[inline]
+    pub fn u8(&mut self, f: Field, v: u8) -> &mut Self {
+        self.planes[planes_of(f).0].push(v);
+        self
+    }
+
+    pub fn raw(&mut self, f: Field, bytes: &[u8]) -> &mut Self {
+        self.planes[planes_of(f).0].extend_from_slice(bytes);
+        self
+    }
+
+    #[inline]
+    pub fn varint(&mut self, f: Field, mut v: u64) -> &mut Self {
+        let (first, rest) = planes_of(f);
+        if v < 0x80 {
+            self.planes[first].push(v as u8);
+            return self;
+        }
+        self.planes[first].push(v as u8 | 0x80);
+        v >>= 7;
+        while v >= 0x80 {
+            self.planes[rest].push(v as u8 | 0x80);
+            v >>= 7;
+        }
+        self.planes[rest].push(v as u8);
+        self
+    }
+
+    #[inline]
+    pub fn svarint(&mut self, f: Field, v: i64) -> &mut Self {
+        self.varint(f, zigzag(v))
+    }
+
+    /// The bytes written to the tag plane so far (a tag may be amended after its body).
+    pub fn tags_len(&self) -> usize {
+        self.planes[0].len()
+    }
+
+    pub fn amend_tag(&mut self, at: usize, flags: u8) {
+        self.planes[0][at] |= flags;
+    }
+
+    /// Appends the directory and the planes to `out`, and the end of the directory and
+    /// of each plane (offsets in `out`) to `ends`; empties the planes for the next chunk.
+    pub fn finish(&mut self, out: &mut Vec<u8>, ends: &mut Vec<usize>) {
+        let mut dir = crate::wire::Writer::new();
+        for p in &self.planes {
+            dir.varint(p.len() as u64);
+        }
+        out.extend_from_slice(&dir.bytes);
+        ends.push(out.len());
+        for p in &mut self.planes {
+            out.extend_from_slice(p);
+            ends.push(out.len());
+            p.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_round_trip_through_planes() {
+        let values = [0u64, 1, 127, 128, 300, 1 << 35, u64::MAX];
+        let fields = [Field::Slot, Field::Addr, Field::Size, Field::Other];
+        let mut w = ColumnWriter::default();
+        for (i, &v) in values.iter().enumerate() {
+            w.u8(Field::Tag, i as u8);
+            w.varint(fields[i % 4], v);
+            w.svarint(Field::Addr, -(v as i64));
+        }
+        w.raw(Field::Other, b"name");
+        let mut out = vec![0xEE];
+        let mut ends = Vec::new();
+        w.finish(&mut out, &mut ends);
+        assert_eq!(ends.len(), PLANES + 1);
+        assert_eq!(*ends.last().unwrap(), out.len());
+        let mut r = FieldReader::columns(&out[1..]).unwrap();
+        for (i, &v) in values.iter().enumerate() {
+            assert_eq!(r.u8(Field::Tag).unwrap(), i as u8);
+            assert_eq!(r.varint(fields[i % 4]).unwrap(), v);
+            assert_eq!(r.svarint(Field::Addr).unwrap(), -(v as i64));
+        }
+        assert!(r.is_empty());
+        assert_eq!(r.take(Field::Other, 4).unwrap(), b"name");
+        assert!(
+            r.varint(Field::Size).is_err(),
+            "the size planes are used up"
+        );
+    }
+
+    #[test]
+    fn a_bad_directory_is_an_error() {
+        assert!(FieldReader::columns(&[]).is_err());
+        // Nine planes of which the first claims more bytes than there are.
+        let mut bad = vec![5u8, 0, 0, 0, 0, 0, 0, 0, 0];
+        bad.extend_from_slice(&[1, 2]);
+        assert!(FieldReader::columns(&bad).is_err());
+        let mut extra = vec![0u8; PLANES];
+        extra.push(7);
+        assert!(FieldReader::columns(&extra).is_err());
+    }
+}
