@@ -9,11 +9,16 @@ use anyhow::{Context, Result};
 
 static PRELOAD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libfragscope_preload.so"));
 
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
-    })
-}
+/// FNV-1a of the interposer, computed when fragscope is built (not at every run).
+const PRELOAD_HASH: u64 = {
+    let mut h = 0xcbf29ce484222325u64;
+    let mut i = 0;
+    while i < PRELOAD.len() {
+        h = (h ^ PRELOAD[i] as u64).wrapping_mul(0x100000001b3);
+        i += 1;
+    }
+    h
+};
 
 /// The path of the interposer on disk, writing it out if this build's copy is missing.
 /// `FRAGSCOPE_PRELOAD` overrides it (for testing another build of the interposer).
@@ -26,11 +31,11 @@ pub fn preload_library() -> Result<PathBuf> {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .filter(|p| p.is_absolute())
         .unwrap_or_else(std::env::temp_dir);
-    let dir = base
-        .join("fragscope")
-        .join(format!("{:016x}", fnv1a(PRELOAD)));
+    let dir = base.join("fragscope").join(format!("{PRELOAD_HASH:016x}"));
     let path = dir.join("libfragscope_preload.so");
-    if fs::read(&path).map(|b| b == PRELOAD).unwrap_or(false) {
+    // The directory is named by the library's hash and the file is renamed into place
+    // whole, so a file of the right length is the right file (no need to read it).
+    if fs::metadata(&path).is_ok_and(|m| m.len() == PRELOAD.len() as u64) {
         return Ok(path);
     }
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;

@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::Read;
 use std::os::unix::fs::FileExt;
 
 use fragscope_trace::{Mapping, ResidentRange, RssSample};
@@ -103,16 +102,13 @@ pub fn parse_maps(text: &str, build_ids: &mut HashMap<String, Vec<u8>>) -> Vec<M
     out
 }
 
-/// The GNU build-id note of an ELF file.
+/// The GNU build-id note of an ELF file. Reads only the headers and the note (through
+/// object's read cache): a program maps libraries of many megabytes, and reading them
+/// whole cost the recording most of its start-up time.
 pub fn build_id_of(path: &str) -> Option<Vec<u8>> {
     use object::Object;
-    let mut data = Vec::new();
-    File::open(path)
-        .ok()?
-        .take(512 << 20)
-        .read_to_end(&mut data)
-        .ok()?;
-    let file = object::File::parse(&*data).ok()?;
+    let cache = object::ReadCache::new(File::open(path).ok()?);
+    let file = object::File::parse(&cache).ok()?;
     file.build_id().ok().flatten().map(|b| b.to_vec())
 }
 

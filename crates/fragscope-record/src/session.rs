@@ -710,7 +710,10 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         }),
     };
     writer.write_chunk(ChunkKind::Meta, &meta.encode())?;
-    let (tx, rx) = sync_channel::<Chunk>(4096);
+    // Room for 256 chunks (up to 32 MiB of event buffers) between the connections and
+    // the writer; a writer further behind holds the program back rather than our memory
+    // growing. (The channel's slots are written out when it is made.)
+    let (tx, rx) = sync_channel::<Chunk>(256);
     let writer_thread = thread::Builder::new()
         .name("fragscope-writer".into())
         .spawn(move || write_chunks(writer, rx))?;
