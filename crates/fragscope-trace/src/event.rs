@@ -231,11 +231,14 @@ pub enum Record {
 #[derive(Default)]
 pub struct StreamTables {
     usable: Vec<u32>,
-    /// Live blocks (address, usable size or 0) by slot; address 0: a free slot.
+    /// The reader's live blocks (address, usable size or 0) by slot; address 0: a free
+    /// slot. (The writer finds them by address in `slot_of` instead.)
     live: Vec<(u64, u32)>,
+    /// Slots ever used: a new block with no free slot takes the next one.
+    slots_made: u32,
     /// Free slots, the one freed last on top: the next new block takes it.
     free_slots: Vec<u32>,
-    /// The writer's index of `live` by address (the reader is told what it needs).
+    /// The writer's live blocks by address, with their slots and usable sizes.
     slot_of: Option<AddrSlots>,
     /// Blocks each thread freed last, by (thread, usable size).
     freed: FastMap<u64, Freed>,
@@ -314,6 +317,13 @@ impl StreamTables {
         if addr == 0 {
             return None;
         }
+        self.slot_freed(slot, addr, usable, tid, by_free);
+        Some(addr)
+    }
+
+    /// The block `addr` of `usable` bytes left `slot`.
+    #[inline]
+    fn slot_freed(&mut self, slot: u32, addr: u64, usable: u32, tid: u32, by_free: bool) {
         self.free_slots.push(slot);
         if by_free && usable != 0 {
             self.freed
@@ -321,14 +331,13 @@ impl StreamTables {
                 .or_default()
                 .push(addr);
         }
-        Some(addr)
     }
 
     /// Writer: ends the live block at `addr`, if there is one, and returns its slot.
     #[inline]
     fn end_block(&mut self, addr: u64, tid: u32, by_free: bool) -> Option<u32> {
-        let slot = self.slot_of.as_mut()?.remove(addr)?;
-        self.end_slot(slot, tid, by_free);
+        let (slot, usable) = self.slot_of.as_mut()?.remove(addr)?;
+        self.slot_freed(slot, addr, usable, tid, by_free);
         Some(slot)
     }
 
@@ -361,16 +370,18 @@ impl StreamTables {
     #[inline]
     fn allocated(&mut self, addr: u64, usable: Option<u64>) {
         let usable = usable.map_or(0, |u| u.min(u64::from(u32::MAX)) as u32);
-        let slot = match self.free_slots.pop() {
-            Some(slot) => slot,
+        let slot = self.free_slots.pop().unwrap_or_else(|| {
+            self.slots_made += 1;
+            self.slots_made - 1
+        });
+        match &mut self.slot_of {
+            Some(index) => index.insert(addr, slot, usable),
             None => {
-                self.live.push((0, 0));
-                self.live.len() as u32 - 1
+                if slot as usize == self.live.len() {
+                    self.live.push((0, 0));
+                }
+                self.live[slot as usize] = (addr, usable);
             }
-        };
-        self.live[slot as usize] = (addr, usable);
-        if let Some(index) = &mut self.slot_of {
-            index.insert(addr, slot);
         }
     }
 }
@@ -381,8 +392,8 @@ impl StreamTables {
 /// call makes one lookup and one insert or remove here, so this is the packer's cost.
 #[derive(Default)]
 struct AddrSlots {
-    /// (address, slot); address 0 is an empty entry (no block lives at 0).
-    entries: Vec<(u64, u32)>,
+    /// (address, slot, usable size); address 0 is an empty entry (no block lives at 0).
+    entries: Vec<(u64, u32, u32)>,
     len: usize,
 }
 
@@ -417,7 +428,7 @@ impl AddrSlots {
         found.then(|| self.entries[i].1)
     }
 
-    fn insert(&mut self, addr: u64, slot: u32) {
+    fn insert(&mut self, addr: u64, slot: u32, usable: u32) {
         if addr == 0 {
             return;
         }
@@ -426,10 +437,11 @@ impl AddrSlots {
         }
         let (i, found) = self.find(addr);
         self.len += usize::from(!found);
-        self.entries[i] = (addr, slot);
+        self.entries[i] = (addr, slot, usable);
     }
 
-    fn remove(&mut self, addr: u64) -> Option<u32> {
+    /// Removes `addr`, returning its slot and usable size.
+    fn remove(&mut self, addr: u64) -> Option<(u32, u32)> {
         if self.len == 0 || addr == 0 {
             return None;
         }
@@ -437,7 +449,7 @@ impl AddrSlots {
         if !found {
             return None;
         }
-        let slot = self.entries[hole].1;
+        let (_, slot, usable) = self.entries[hole];
         self.len -= 1;
         let mask = self.entries.len() - 1;
         let mut j = (hole + 1) & mask;
@@ -454,17 +466,17 @@ impl AddrSlots {
             }
             j = (j + 1) & mask;
         }
-        self.entries[hole] = (0, 0);
-        Some(slot)
+        self.entries[hole] = (0, 0, 0);
+        Some((slot, usable))
     }
 
     fn grow(&mut self) {
         let capacity = (self.entries.len() * 2).max(1024);
-        let old = std::mem::replace(&mut self.entries, vec![(0, 0); capacity]);
+        let old = std::mem::replace(&mut self.entries, vec![(0, 0, 0); capacity]);
         self.len = 0;
-        for (addr, slot) in old {
+        for (addr, slot, usable) in old {
             if addr != 0 {
-                self.insert(addr, slot);
+                self.insert(addr, slot, usable);
             }
         }
     }
@@ -1045,15 +1057,15 @@ mod tests {
             let addr = 0x7f00_0000_0000 + (x % 5000) * 16;
             match x >> 62 {
                 0 | 1 => {
-                    index.insert(addr, step);
-                    want.insert(addr, step);
+                    index.insert(addr, step, step / 3);
+                    want.insert(addr, (step, step / 3));
                 }
                 2 => assert_eq!(index.remove(addr), want.remove(&addr), "step {step}"),
-                _ => assert_eq!(index.get(addr), want.get(&addr).copied(), "step {step}"),
+                _ => assert_eq!(index.get(addr), want.get(&addr).map(|e| e.0), "step {step}"),
             }
             assert_eq!(index.len, want.len());
         }
-        for (addr, slot) in want {
+        for (addr, (slot, _)) in want {
             assert_eq!(index.get(addr), Some(slot));
         }
     }
