@@ -379,7 +379,10 @@ impl Merger {
         }
         place_within_ticks(t, queued_before, &self.anchors);
         t.known_through = t.known_through.max(h.last_tick).max(d.tick());
-        t.exited = h.thread_exited;
+        // Records after a thread's last buffer (what glibc frees once the thread has gone,
+        // sent when its state is reused or the process exits) do not bring it back; a
+        // new thread that got the same tid starts again at seq 0.
+        t.exited = h.thread_exited || (t.exited && h.seq != 0);
         self.max_seen = self.max_seen.max(t.known_through);
         result
     }
@@ -389,18 +392,37 @@ impl Merger {
         self.finishing = true;
     }
 
-    /// Calls of ticks up to this are safe to merge: every thread active within the wait
-    /// window has sent its calls up to here.
-    fn watermark(&self) -> u64 {
+    /// How far each thread's calls are safe to merge: a thread's calls of ticks up to
+    /// `Watermark::of` it, where every other thread active within the wait window has sent
+    /// all its calls of those ticks. A thread whose buffer ended in tick `k` may have more
+    /// calls in tick `k` in its next one, so only ticks before `k` are safe from it.
+    fn watermark(&self) -> Watermark {
         let floor = self.max_seen.saturating_sub(WAIT_WINDOW_TICKS);
-        let active_min = self
-            .threads
-            .iter()
-            .filter(|t| !t.exited)
-            .map(|t| t.known_through)
-            .filter(|&k| k >= floor)
-            .min();
-        active_min.unwrap_or(self.max_seen).max(floor)
+        let mut lowest = (u64::MAX, usize::MAX);
+        let mut second = u64::MAX;
+        for (i, t) in self.threads.iter().enumerate() {
+            if t.exited || t.known_through < floor {
+                continue;
+            }
+            if t.known_through < lowest.0 {
+                second = lowest.0;
+                lowest = (t.known_through, i);
+            } else {
+                second = second.min(t.known_through);
+            }
+        }
+        let bound = |k: u64| {
+            if k == u64::MAX {
+                u64::MAX
+            } else {
+                k.saturating_sub(1).max(floor)
+            }
+        };
+        Watermark {
+            lowest_thread: lowest.1,
+            below_lowest: bound(lowest.0),
+            below_second: bound(second),
+        }
     }
 
     fn blocked(&self, m: &Merged) -> bool {
@@ -432,11 +454,55 @@ impl Merger {
             })
     }
 
+    /// Thread `i`'s head is the earliest call the merge may take, at tick `tick`. If it
+    /// ends a block that another thread's head, in the same tick, ends too, only one of
+    /// the two frees is that block's; the other ends the block's next life, which some
+    /// thread must allocate in between. Allocators hand a block freed by a thread back to
+    /// that same thread first (thread caches), so a thread that frees the block and then
+    /// allocates it again at once most likely came first: of the rival frees, the one
+    /// whose thread reallocates the block soonest goes. Taking the other first would make
+    /// the first wait, in the worst case for the other thread's next buffer (a thread
+    /// that was descheduled mid-buffer), and pair its free with the wrong allocation.
+    /// The estimate of time inside a tick cannot tell them apart when a thread was
+    /// preempted between two anchors.
+    fn settle_rival_frees(&self, i: usize, tick: u64, watermark: &Watermark) -> usize {
+        let Some(Merged::Call(head)) = self.threads[i].queue.front() else {
+            return i;
+        };
+        let Some(block) = head.releases() else {
+            return i;
+        };
+        // When the thread's next call allocates `block` again (u64::MAX: it does not).
+        let reallocated = |t: &ThreadQueue| match t.queue.get(1) {
+            Some(Merged::Call(c)) if c.allocates() == Some(block) => c.tick,
+            _ => u64::MAX,
+        };
+        let mut chosen = (reallocated(&self.threads[i]), i);
+        for (j, t) in self.threads.iter().enumerate() {
+            if let Some(rival @ Merged::Call(c)) = t.queue.front() {
+                if j != i
+                    && c.tick == tick
+                    && tick <= watermark.of(j)
+                    && c.releases() == Some(block)
+                    && !self.blocked(rival)
+                    && !self.waits_for_join(t)
+                {
+                    chosen = chosen.min((reallocated(t), j));
+                }
+            }
+        }
+        if chosen.0 < reallocated(&self.threads[i]) {
+            chosen.1
+        } else {
+            i
+        }
+    }
+
     /// The next call in merged order, or `None` when the merge must wait for more chunks
     /// (or, after `finish`, when all is merged).
     pub fn pop(&mut self) -> Option<Merged> {
         let watermark = if self.finishing || self.pending > MAX_PENDING {
-            u64::MAX
+            Watermark::NONE
         } else {
             self.watermark()
         };
@@ -450,7 +516,7 @@ impl Merger {
                 continue;
             };
             let tick = merged_tick(head);
-            if tick > watermark {
+            if tick > watermark.of(i) {
                 continue;
             }
             let when = (tick, t.within_tick.front().copied().unwrap_or(0));
@@ -464,6 +530,7 @@ impl Merger {
         }
         // A blocked call is merged anyway (forced) once waiting longer cannot help.
         let i = match (best, oldest_blocked) {
+            (Some((when, i)), _) if !alone => self.settle_rival_frees(i, when.0, &watermark),
             (Some((_, i)), _) => i,
             (None, Some((when, i)))
                 if self.finishing
@@ -558,6 +625,33 @@ fn place_within_ticks(t: &mut ThreadQueue, from: usize, cycles: &[Option<u64>]) 
     }
 }
 
+/// See [`Merger::watermark`].
+struct Watermark {
+    /// The active thread that has sent the fewest ticks (usize::MAX: none).
+    lowest_thread: usize,
+    /// Safe ticks for every other thread.
+    below_lowest: u64,
+    /// Safe ticks for the lowest thread itself (its own next buffer comes after its
+    /// calls anyway).
+    below_second: u64,
+}
+
+impl Watermark {
+    const NONE: Self = Self {
+        lowest_thread: usize::MAX,
+        below_lowest: u64::MAX,
+        below_second: u64::MAX,
+    };
+
+    fn of(&self, thread: usize) -> u64 {
+        if thread == self.lowest_thread {
+            self.below_second
+        } else {
+            self.below_lowest
+        }
+    }
+}
+
 fn merged_tick(m: &Merged) -> u64 {
     match m {
         Merged::Call(c) => c.tick,
@@ -644,14 +738,22 @@ mod tests {
 
     #[test]
     fn calls_after_a_join_wait_for_the_joined_threads_calls() {
-        // Thread 2 frees 0x1000 (thread 1's) and gets it back; the main thread (3) joins
-        // thread 2 and frees the block it left. All in one tick, where the estimates put
-        // the main thread's free first: only the join record says it came last.
+        // Thread 2 allocates 0x5000 and frees it last; the main thread (3) joins thread 2
+        // and gets 0x5000. All in one tick, where the estimates put the main thread's
+        // allocation before thread 2's: only the join record says it came last.
         let run = |joined: bool| {
             let mut m = Merger::new();
-            let (h1, b1) = chunk(1, 1, &[(false, 0x1000)]);
-            let (h2, b2) = chunk(2, 2, &[(false, 0x5000), (true, 0x1000), (false, 0x1000)]);
-            let (h3, mut b3) = chunk(3, 2, &[(true, 0x1000)]);
+            let (h2, b2) = chunk(
+                2,
+                2,
+                &[
+                    (false, 0x7000),
+                    (false, 0x5000),
+                    (false, 0x6000),
+                    (true, 0x5000),
+                ],
+            );
+            let (h3, mut b3) = chunk(3, 2, &[(false, 0x5000)]);
             if joined {
                 let mut record = Writer::new();
                 record.u8(14 | 0x10).varint(2);
@@ -661,7 +763,7 @@ mod tests {
                 thread_exited: true,
                 ..h2
             };
-            for (h, b) in [(h1, b1), (h2, b2), (h3, b3)] {
+            for (h, b) in [(h2, b2), (h3, b3)] {
                 m.push_chunk(&h, &b).unwrap();
             }
             let calls = drain(&mut m);
@@ -669,12 +771,84 @@ mod tests {
         };
         let (calls, stats) = run(true);
         assert_eq!(calls.len(), 5);
-        assert_eq!((calls[4].tid, calls[4].func), (3, Func::Free));
+        assert_eq!((calls[4].tid, calls[4].func), (3, Func::Malloc));
         assert_never_live_twice(&calls);
         assert_eq!(stats, MergeStats::default());
         // Without the record the estimates mislead the merge (what the record is for).
         let (_, stats) = run(false);
         assert_ne!(stats, MergeStats::default());
+    }
+
+    #[test]
+    fn of_two_frees_of_one_block_the_one_that_gets_it_back_goes_first() {
+        // Thread 2 frees 0x1000 (thread 1's) and gets it back at once; thread 3 frees it
+        // after that. The estimates put thread 3's free first in the tick.
+        let mut m = Merger::new();
+        let (h1, b1) = chunk(1, 1, &[(false, 0x1000)]);
+        let (h2, b2) = chunk(2, 2, &[(false, 0x5000), (true, 0x1000), (false, 0x1000)]);
+        let (h3, b3) = chunk(3, 2, &[(true, 0x1000)]);
+        for (h, b) in [(h1, b1), (h2, b2), (h3, b3)] {
+            m.push_chunk(&h, &b).unwrap();
+        }
+        let calls = drain(&mut m);
+        assert_eq!(calls.len(), 5);
+        assert_eq!((calls[4].tid, calls[4].func), (3, Func::Free));
+        assert_never_live_twice(&calls);
+        assert_eq!(m.stats(), MergeStats::default());
+    }
+
+    #[test]
+    fn a_tick_is_merged_once_every_other_thread_has_moved_past_it() {
+        let at = |tid, seq, tick, calls: &[(bool, u64)]| {
+            let (h, b) = chunk(tid, tick, calls);
+            (EventsHeader { seq, ..h }, b)
+        };
+        let mut m = Merger::new();
+        let pops = |m: &mut Merger| std::iter::from_fn(|| m.pop()).count();
+        for (h, b) in [
+            at(1, 0, 5, &[(false, 0x1000)]),
+            at(2, 0, 5, &[(false, 0x2000)]),
+        ] {
+            m.push_chunk(&h, &b).unwrap();
+        }
+        // Either thread's next buffer may hold more calls of tick 5.
+        assert_eq!(pops(&mut m), 0);
+        let (h, b) = at(2, 1, 6, &[(false, 0x3000)]);
+        m.push_chunk(&h, &b).unwrap();
+        assert_eq!(pops(&mut m), 1, "thread 1's tick 5, not thread 2's");
+        let (h, b) = at(1, 1, 7, &[(true, 0x1000)]);
+        m.push_chunk(&h, &b).unwrap();
+        assert_eq!(pops(&mut m), 2, "thread 2's ticks 5 and 6");
+    }
+
+    #[test]
+    fn records_after_a_threads_last_buffer_do_not_bring_it_back() {
+        let mut m = Merger::new();
+        let (h2, b2) = chunk(2, 2, &[(false, 0x5000)]);
+        let h2 = EventsHeader {
+            thread_exited: true,
+            ..h2
+        };
+        // What glibc frees after the thread is gone, sent later under its tid.
+        let (h2_after, b2_after) = chunk(2, 2, &[(false, 0x6000)]);
+        let h2_after = EventsHeader { seq: 1, ..h2_after };
+        let (h3, mut b3) = chunk(3, 2, &[(false, 0x7000)]);
+        let mut joined = Writer::new();
+        joined.u8(14 | 0x10).varint(2);
+        b3.splice(0..0, joined.bytes);
+        let (h3_next, b3_next) = chunk(3, 3, &[(false, 0x8000)]);
+        let h3_next = EventsHeader { seq: 1, ..h3_next };
+        for (h, b) in [(h2, b2), (h2_after, b2_after), (h3, b3), (h3_next, b3_next)] {
+            m.push_chunk(&h, &b).unwrap();
+        }
+        // Before the end of the trace: the joining thread does not wait for thread 2.
+        let tids: Vec<u32> = std::iter::from_fn(|| m.pop())
+            .filter_map(|x| match x {
+                Merged::Call(c) => Some(c.tid),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(tids, [2, 2, 3, 3]);
     }
 
     #[test]
