@@ -454,6 +454,48 @@ impl Merger {
             })
     }
 
+    /// Whether thread `i`'s head frees a block for good (its next call does not take the
+    /// block back) while another thread, among its next few calls of the same tick,
+    /// frees the same block and takes it back at once. The block's life that the first
+    /// free ends is then most likely the one after the other thread's pair: a thread
+    /// whose calls look later than they were (preempted between two anchors) would
+    /// otherwise find its pair's free with no block to free. The merge takes such a head
+    /// only when nothing else can go.
+    fn given_away_before_reuse(&self, i: usize, watermark: &Watermark) -> bool {
+        /// How far into each other thread's queue the merge looks.
+        const LOOKAHEAD: usize = 16;
+        let t = &self.threads[i];
+        let Some(Merged::Call(c)) = t.queue.front() else {
+            return false;
+        };
+        let Some(block) = c.releases() else {
+            return false;
+        };
+        if matches!(t.queue.get(1), Some(Merged::Call(next)) if next.allocates() == Some(block)) {
+            return false;
+        }
+        let call = |m: &Merged| match m {
+            Merged::Call(o) => Some(*o),
+            Merged::Stats { .. } => None,
+        };
+        self.threads.iter().enumerate().any(|(j, other)| {
+            if j == i || c.tick > watermark.of(j) {
+                return false;
+            }
+            let mut calls = other
+                .queue
+                .iter()
+                .take(LOOKAHEAD)
+                .take_while(|m| merged_tick(m) == c.tick)
+                .filter_map(call);
+            // Its first call on the block frees it, and its next call takes it back.
+            calls
+                .find(|o| o.allocates() == Some(block) || o.releases() == Some(block))
+                .is_some_and(|o| o.releases() == Some(block))
+                && calls.next().is_some_and(|o| o.allocates() == Some(block))
+        })
+    }
+
     /// Thread `i`'s head is the earliest call the merge may take, at tick `tick`. If it
     /// ends a block that another thread's head, in the same tick, ends too, only one of
     /// the two frees is that block's; the other ends the block's next life, which some
@@ -507,6 +549,7 @@ impl Merger {
             self.watermark()
         };
         let mut best: Option<((u64, u64), usize)> = None;
+        let mut best_deferred: Option<((u64, u64), usize)> = None;
         let mut oldest_blocked: Option<((u64, u64), usize)> = None;
         // One thread alone has nobody to wait for: its program order is the order, and
         // the causal check (a table lookup per call) is skipped.
@@ -525,11 +568,17 @@ impl Merger {
                     oldest_blocked = Some((when, i));
                 }
             } else if best.is_none_or(|(bw, _)| when < bw) {
-                best = Some((when, i));
+                if !alone && self.given_away_before_reuse(i, &watermark) {
+                    if best_deferred.is_none_or(|(bw, _)| when < bw) {
+                        best_deferred = Some((when, i));
+                    }
+                } else {
+                    best = Some((when, i));
+                }
             }
         }
         // A blocked call is merged anyway (forced) once waiting longer cannot help.
-        let i = match (best, oldest_blocked) {
+        let i = match (best.or(best_deferred), oldest_blocked) {
             (Some((when, i)), _) if !alone => self.settle_rival_frees(i, when.0, &watermark),
             (Some((_, i)), _) => i,
             (None, Some((when, i)))
@@ -793,6 +842,34 @@ mod tests {
         let calls = drain(&mut m);
         assert_eq!(calls.len(), 5);
         assert_eq!((calls[4].tid, calls[4].func), (3, Func::Free));
+        assert_never_live_twice(&calls);
+        assert_eq!(m.stats(), MergeStats::default());
+    }
+
+    #[test]
+    fn a_block_given_away_for_good_waits_for_a_thread_that_frees_and_takes_it_back() {
+        // Thread 3 frees 0x1000 (thread 1's) and takes it back; thread 2 then frees that
+        // for good. The estimates put thread 2's free first in the tick, before thread 3's
+        // pair is at the head of its queue.
+        let mut m = Merger::new();
+        let (h1, b1) = chunk(1, 1, &[(false, 0x1000)]);
+        let (h2, b2) = chunk(2, 2, &[(true, 0x1000)]);
+        let (h3, b3) = chunk(3, 2, &[(false, 0x8000), (true, 0x1000), (false, 0x1000)]);
+        for (h, b) in [(h1, b1), (h2, b2), (h3, b3)] {
+            m.push_chunk(&h, &b).unwrap();
+        }
+        let calls = drain(&mut m);
+        let order: Vec<_> = calls.iter().map(|c| (c.tid, c.func)).collect();
+        assert_eq!(
+            order,
+            [
+                (1, Func::Malloc),
+                (3, Func::Malloc),
+                (3, Func::Free),
+                (3, Func::Malloc),
+                (2, Func::Free)
+            ]
+        );
         assert_never_live_twice(&calls);
         assert_eq!(m.stats(), MergeStats::default());
     }
