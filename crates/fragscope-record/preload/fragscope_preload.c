@@ -479,6 +479,17 @@ static void emit_own_memory(struct thread_state *ts) {
 
 static void thread_exited(void *arg);
 
+/* Threads whose state a later thread took over: a thread that has exited may still be
+ * joined, and pthread_join must find its tid by its pthread_t (see tid_of_thread). Under
+ * registry_lock. */
+#define DEPARTED_CAP 1024
+static struct departed {
+    pthread_t thread;
+    uint32_t tid;
+    uint64_t birth;
+} departed[DEPARTED_CAP];
+static unsigned departed_next;
+
 static struct thread_state *thread_state_new(void) {
     struct thread_state *ts = NULL;
     pid_t tid = (pid_t)syscall(SYS_gettid);
@@ -488,6 +499,8 @@ static struct thread_state *thread_state_new(void) {
     for (struct thread_state *r = registry; r; r = r->next_in_registry) {
         if (r->retired && syscall(SYS_tgkill, my_pid, r->tid, 0) != 0 && errno == ESRCH) {
             r->retired = 0; /* claimed under the lock: no other new thread can take it */
+            departed[departed_next++ % DEPARTED_CAP] =
+                (struct departed){r->thread, r->tid, r->birth};
             ts = r;
             break;
         }
@@ -1025,6 +1038,7 @@ static void atfork_child(void) {
         if (r != mine) munmap(r, sizeof *r);
     }
     registry = mine;
+    departed_next = 0; /* the parent's threads are not the child's to join */
     atomic_store(&own_bytes, mine ? sizeof *mine : 0);
     if (mine) {
         mine->next_in_registry = NULL;
@@ -1602,10 +1616,21 @@ static uint32_t tid_of_thread(pthread_t thread) {
     uint32_t tid = 0;
     uint64_t birth = 0;
     pthread_mutex_lock(&registry_lock);
+    /* A pthread_t is reused only once its thread was joined or detached, so of the
+     * threads that had this one, the last is the one being joined. Its state may since
+     * have gone to another thread: then it is among the departed. */
     for (struct thread_state *r = registry; r; r = r->next_in_registry) {
         if (pthread_equal(r->thread, thread) && (tid == 0 || r->birth > birth)) {
             tid = r->tid;
             birth = r->birth;
+        }
+    }
+    unsigned kept = departed_next < DEPARTED_CAP ? departed_next : DEPARTED_CAP;
+    for (unsigned i = 0; i < kept; i++) {
+        const struct departed *d = &departed[i];
+        if (pthread_equal(d->thread, thread) && (tid == 0 || d->birth > birth)) {
+            tid = d->tid;
+            birth = d->birth;
         }
     }
     pthread_mutex_unlock(&registry_lock);
@@ -1645,6 +1670,9 @@ EXPORT int pthread_join(pthread_t thread, void **retval) {
     tls_flags |= TF_TLS_RELEASE;
     int rc = real_pthread_join(thread, retval);
     tls_flags = saved;
+    /* A thread joined before it first allocated had no state to find before: it has one
+     * now if it recorded anything (and nothing to wait for if not). */
+    if (rc == 0 && !joined && tracing) joined = tid_of_thread(thread);
     if (rc == 0 && joined && tracing) {
         int saved_errno = errno;
         record_joined(joined);
