@@ -1,9 +1,14 @@
-//! A real trace (recorded from tests/c/reuse_threads.c) cut, flipped and spliced in many
-//! ways: the reader returns what is intact and reports where it stopped; it never panics.
+//! Real traces (recorded from tests/c/reuse_threads.c, raw and `--pack`ed) cut, flipped
+//! and spliced in many ways: the reader returns what is intact and reports where it
+//! stopped; it never panics.
 
 use fragscope_trace::reader::{read_all_from_bytes, Chunk, TraceReader};
 
+/// `fragscope record --stacks none -- reuse_threads`: raw event chunks.
 const TRACE: &[u8] = include_bytes!("fixtures/threads.fsc");
+/// `fragscope record --pack --stacks none -- reuse_threads 3 400`: packed events, stored
+/// in sections (chunk codec 2).
+const PACKED: &[u8] = include_bytes!("fixtures/threads-packed.fsc");
 
 fn chunks_of(data: &[u8]) -> (usize, bool) {
     let mut r = TraceReader::<&[u8]>::from_reader(data, data.len() as u64).expect("header intact");
@@ -17,23 +22,29 @@ fn chunks_of(data: &[u8]) -> (usize, bool) {
 }
 
 #[test]
-fn the_intact_fixture_reads_completely() {
+fn the_intact_fixtures_read_completely() {
     let (n, clean) = chunks_of(TRACE);
     assert!(n > 5 && clean);
     assert!(read_all_from_bytes(TRACE) > 24_000);
+    let (n, clean) = chunks_of(PACKED);
+    assert!(n > 5 && clean);
+    // Its 2473 calls (`fragscope info`) and one allocator-statistics record.
+    assert_eq!(read_all_from_bytes(PACKED), 2474);
 }
 
 #[test]
 fn a_trace_cut_at_any_byte_keeps_its_whole_chunks() {
-    let (all, _) = chunks_of(TRACE);
-    let mut previous = 0;
-    for cut in 16..TRACE.len() {
-        let (n, clean) = chunks_of(&TRACE[..cut]);
-        assert!(!clean, "a cut trace must not look complete (cut at {cut})");
-        assert!(n >= previous && n < all, "cut at {cut}: {n} chunks");
-        previous = n;
-        if cut % 97 == 0 {
-            read_all_from_bytes(&TRACE[..cut]);
+    for trace in [TRACE, PACKED] {
+        let (all, _) = chunks_of(trace);
+        let mut previous = 0;
+        for cut in 16..trace.len() {
+            let (n, clean) = chunks_of(&trace[..cut]);
+            assert!(!clean, "a cut trace must not look complete (cut at {cut})");
+            assert!(n >= previous && n < all, "cut at {cut}: {n} chunks");
+            previous = n;
+            if cut % 97 == 0 {
+                read_all_from_bytes(&trace[..cut]);
+            }
         }
     }
 }
@@ -48,7 +59,7 @@ fn flipped_bits_and_spliced_bytes_never_panic() {
         x
     };
     for round in 0..3000 {
-        let mut data = TRACE.to_vec();
+        let mut data = if round / 3 % 2 == 0 { TRACE } else { PACKED }.to_vec();
         match round % 3 {
             0 => {
                 let at = (next() as usize) % data.len();
