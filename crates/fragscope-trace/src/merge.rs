@@ -471,7 +471,7 @@ impl Merger {
         let Some(block) = c.releases() else {
             return false;
         };
-        if matches!(t.queue.get(1), Some(Merged::Call(next)) if next.allocates() == Some(block)) {
+        if takes_back(t, block).is_some() {
             return false;
         }
         let call = |m: &Merged| match m {
@@ -514,11 +514,7 @@ impl Merger {
         let Some(block) = head.releases() else {
             return i;
         };
-        // When the thread's next call allocates `block` again (u64::MAX: it does not).
-        let reallocated = |t: &ThreadQueue| match t.queue.get(1) {
-            Some(Merged::Call(c)) if c.allocates() == Some(block) => c.tick,
-            _ => u64::MAX,
-        };
+        let reallocated = |t: &ThreadQueue| takes_back(t, block).unwrap_or(u64::MAX);
         let mut chosen = (reallocated(&self.threads[i]), i);
         for (j, t) in self.threads.iter().enumerate() {
             if let Some(rival @ Merged::Call(c)) = t.queue.front() {
@@ -671,6 +667,15 @@ fn place_within_ticks(t: &mut ThreadQueue, from: usize, cycles: &[Option<u64>]) 
         t.within_tick
             .extend((0..n).map(|k| a.saturating_add(k * rate.max(1))));
         start = end;
+    }
+}
+
+/// The tick at which thread `t`'s second queued call allocates `block` again, if it does
+/// (its head being a free of `block`).
+fn takes_back(t: &ThreadQueue, block: u64) -> Option<u64> {
+    match t.queue.get(1) {
+        Some(Merged::Call(c)) if c.allocates() == Some(block) => Some(c.tick),
+        _ => None,
     }
 }
 
