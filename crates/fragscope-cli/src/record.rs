@@ -54,8 +54,9 @@ pub struct RecordArgs {
     #[arg(long, default_value_t = 3, value_name = "LEVEL", value_parser = clap::value_parser!(i32).range(1..=19))]
     compression: i32,
     /// Store events in the packed form: a freed block is named by its place among the live
-    /// ones, and a block handed back from a thread cache costs no address; about a third
-    /// smaller traces, for more of fragscope's own CPU while the program runs.
+    /// ones, a block handed back from a thread cache costs no address, and each kind of
+    /// value is compressed on its own; traces about half the size, for more of fragscope's
+    /// own CPU while the program runs.
     #[arg(long)]
     pack: bool,
     /// The program to record, and its arguments.
