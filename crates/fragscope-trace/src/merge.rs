@@ -360,7 +360,7 @@ impl Merger {
                     continue;
                 }
                 Record::Lost { count } => {
-                    self.stats.lost_events += count;
+                    self.stats.lost_events = self.stats.lost_events.saturating_add(count);
                     continue;
                 }
                 Record::Joined { tid } => {
@@ -579,7 +579,7 @@ impl Merger {
             (Some((_, i)), _) => i,
             (None, Some((when, i)))
                 if self.finishing
-                    || when.0 + WAIT_WINDOW_TICKS < self.max_seen
+                    || when.0.saturating_add(WAIT_WINDOW_TICKS) < self.max_seen
                     || self.pending > MAX_PENDING =>
             {
                 i
@@ -665,7 +665,7 @@ fn place_within_ticks(t: &mut ThreadQueue, from: usize, cycles: &[Option<u64>]) 
             rate = anchor_of(end).saturating_sub(a) / n;
         }
         t.within_tick
-            .extend((0..n).map(|k| a.saturating_add(k * rate.max(1))));
+            .extend((0..n).map(|k| a.saturating_add(k.saturating_mul(rate.max(1)))));
         start = end;
     }
 }
@@ -931,6 +931,25 @@ mod tests {
             })
             .collect();
         assert_eq!(tids, [2, 2, 3, 3]);
+    }
+
+    #[test]
+    fn estimates_saturate_when_anchors_are_far_apart() {
+        // Anchor, one call, an anchor 2^62 units later, then five calls estimated at the
+        // previous run's rate: 4 x 2^62 would wrap around (found by fuzzing).
+        let mut w = Writer::new();
+        w.u8(10 | 0x10).varint(0);
+        w.u8(0).svarint(0x100).varint(32);
+        w.u8(10 | 0x10).varint(1 << 62);
+        for i in 0..5 {
+            w.u8(0).svarint(0x100 + i).varint(32);
+        }
+        let (h, _) = chunk(1, 1, &[]);
+        let mut m = Merger::new();
+        m.push_chunk(&h, &w.bytes).unwrap();
+        let within: Vec<u64> = m.threads[0].within_tick.iter().copied().collect();
+        assert_eq!(within.len(), 6);
+        assert!(within.windows(2).all(|p| p[0] <= p[1]), "{within:?}");
     }
 
     #[test]
