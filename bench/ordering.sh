@@ -14,6 +14,7 @@ rounds=${1:-15}
 parallel=${2:-4}
 out=bench/out/ordering
 mkdir -p "$out"
+rm -f "$out"/*.fsc
 cargo build --release -q -p fragscope -p fragscope-trace --example check_order
 fs=$PWD/target/release/fragscope
 check=${CHECK:-$PWD/target/release/examples/check_order}
