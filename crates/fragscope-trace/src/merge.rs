@@ -762,6 +762,57 @@ mod tests {
         out
     }
 
+    /// Merges the chunks, pushed in this order, to the end.
+    fn merge_all(
+        chunks: impl IntoIterator<Item = (EventsHeader, Vec<u8>)>,
+    ) -> (Vec<Call>, MergeStats) {
+        let mut m = Merger::new();
+        for (h, b) in chunks {
+            m.push_chunk(&h, &b).unwrap();
+        }
+        let calls = drain(&mut m);
+        (calls, m.stats())
+    }
+
+    /// `records` after a joined record: this thread joined thread `tid`.
+    fn after_joining(tid: u32, records: Vec<u8>) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.u8(14 | 0x10).varint(tid.into());
+        w.bytes.extend_from_slice(&records);
+        w.bytes
+    }
+
+    /// `records` after an anchor: the cycle counter at `cycles`.
+    fn anchored(cycles: u64, records: Vec<u8>) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.u8(10 | 0x10).varint(cycles);
+        w.bytes.extend_from_slice(&records);
+        w.bytes
+    }
+
+    /// Thread 2 allocates 0x5000 and frees it last; thread 3 then gets 0x5000. All in
+    /// one tick, where the estimates put thread 3's allocation before thread 2's.
+    fn handed_over_in_one_tick() -> [(EventsHeader, Vec<u8>); 2] {
+        let two = chunk(
+            2,
+            2,
+            &[
+                (false, 0x7000),
+                (false, 0x5000),
+                (false, 0x6000),
+                (true, 0x5000),
+            ],
+        );
+        let two = (
+            EventsHeader {
+                thread_exited: true,
+                ..two.0
+            },
+            two.1,
+        );
+        [two, chunk(3, 2, &[(false, 0x5000)])]
+    }
+
     fn assert_never_live_twice(calls: &[Call]) {
         let mut live = AddrSet::default();
         for c in calls {
@@ -778,58 +829,28 @@ mod tests {
     fn a_reused_address_waits_for_the_other_threads_free() {
         // Thread 2 frees 0x1000 (allocated by thread 1) and gets it back at once; its buffer
         // is read first, before thread 1's allocation is known.
-        let mut m = Merger::new();
-        let (h2, b2) = chunk(2, 5, &[(true, 0x1000), (false, 0x1000), (true, 0x1000)]);
-        let (h1, b1) = chunk(1, 5, &[(false, 0x1000)]);
-        m.push_chunk(&h2, &b2).unwrap();
-        m.push_chunk(&h1, &b1).unwrap();
-        let calls = drain(&mut m);
+        let (calls, stats) = merge_all([
+            chunk(2, 5, &[(true, 0x1000), (false, 0x1000), (true, 0x1000)]),
+            chunk(1, 5, &[(false, 0x1000)]),
+        ]);
         assert_eq!(calls.len(), 4);
         assert_eq!((calls[0].tid, calls[0].func), (1, Func::Malloc));
         assert_never_live_twice(&calls);
-        assert_eq!(m.stats(), MergeStats::default());
+        assert_eq!(stats, MergeStats::default());
     }
 
     #[test]
     fn calls_after_a_join_wait_for_the_joined_threads_calls() {
-        // Thread 2 allocates 0x5000 and frees it last; the main thread (3) joins thread 2
-        // and gets 0x5000. All in one tick, where the estimates put the main thread's
-        // allocation before thread 2's: only the join record says it came last.
-        let run = |joined: bool| {
-            let mut m = Merger::new();
-            let (h2, b2) = chunk(
-                2,
-                2,
-                &[
-                    (false, 0x7000),
-                    (false, 0x5000),
-                    (false, 0x6000),
-                    (true, 0x5000),
-                ],
-            );
-            let (h3, mut b3) = chunk(3, 2, &[(false, 0x5000)]);
-            if joined {
-                let mut record = Writer::new();
-                record.u8(14 | 0x10).varint(2);
-                b3.splice(0..0, record.bytes);
-            }
-            let h2 = EventsHeader {
-                thread_exited: true,
-                ..h2
-            };
-            for (h, b) in [(h2, b2), (h3, b3)] {
-                m.push_chunk(&h, &b).unwrap();
-            }
-            let calls = drain(&mut m);
-            (calls, m.stats())
-        };
-        let (calls, stats) = run(true);
+        // Thread 3 is the main thread and joined thread 2: only the join record says its
+        // allocation came last.
+        let [two, (h3, b3)] = handed_over_in_one_tick();
+        let (calls, stats) = merge_all([two, (h3, after_joining(2, b3))]);
         assert_eq!(calls.len(), 5);
         assert_eq!((calls[4].tid, calls[4].func), (3, Func::Malloc));
         assert_never_live_twice(&calls);
         assert_eq!(stats, MergeStats::default());
         // Without the record the estimates mislead the merge (what the record is for).
-        let (_, stats) = run(false);
+        let (_, stats) = merge_all(handed_over_in_one_tick());
         assert_ne!(stats, MergeStats::default());
     }
 
@@ -837,18 +858,15 @@ mod tests {
     fn of_two_frees_of_one_block_the_one_that_gets_it_back_goes_first() {
         // Thread 2 frees 0x1000 (thread 1's) and gets it back at once; thread 3 frees it
         // after that. The estimates put thread 3's free first in the tick.
-        let mut m = Merger::new();
-        let (h1, b1) = chunk(1, 1, &[(false, 0x1000)]);
-        let (h2, b2) = chunk(2, 2, &[(false, 0x5000), (true, 0x1000), (false, 0x1000)]);
-        let (h3, b3) = chunk(3, 2, &[(true, 0x1000)]);
-        for (h, b) in [(h1, b1), (h2, b2), (h3, b3)] {
-            m.push_chunk(&h, &b).unwrap();
-        }
-        let calls = drain(&mut m);
+        let (calls, stats) = merge_all([
+            chunk(1, 1, &[(false, 0x1000)]),
+            chunk(2, 2, &[(false, 0x5000), (true, 0x1000), (false, 0x1000)]),
+            chunk(3, 2, &[(true, 0x1000)]),
+        ]);
         assert_eq!(calls.len(), 5);
         assert_eq!((calls[4].tid, calls[4].func), (3, Func::Free));
         assert_never_live_twice(&calls);
-        assert_eq!(m.stats(), MergeStats::default());
+        assert_eq!(stats, MergeStats::default());
     }
 
     #[test]
@@ -856,14 +874,11 @@ mod tests {
         // Thread 3 frees 0x1000 (thread 1's) and takes it back; thread 2 then frees that
         // for good. The estimates put thread 2's free first in the tick, before thread 3's
         // pair is at the head of its queue.
-        let mut m = Merger::new();
-        let (h1, b1) = chunk(1, 1, &[(false, 0x1000)]);
-        let (h2, b2) = chunk(2, 2, &[(true, 0x1000)]);
-        let (h3, b3) = chunk(3, 2, &[(false, 0x8000), (true, 0x1000), (false, 0x1000)]);
-        for (h, b) in [(h1, b1), (h2, b2), (h3, b3)] {
-            m.push_chunk(&h, &b).unwrap();
-        }
-        let calls = drain(&mut m);
+        let (calls, stats) = merge_all([
+            chunk(1, 1, &[(false, 0x1000)]),
+            chunk(2, 2, &[(true, 0x1000)]),
+            chunk(3, 2, &[(false, 0x8000), (true, 0x1000), (false, 0x1000)]),
+        ]);
         let order: Vec<_> = calls.iter().map(|c| (c.tid, c.func)).collect();
         assert_eq!(
             order,
@@ -876,7 +891,7 @@ mod tests {
             ]
         );
         assert_never_live_twice(&calls);
-        assert_eq!(m.stats(), MergeStats::default());
+        assert_eq!(stats, MergeStats::default());
     }
 
     #[test]
@@ -914,10 +929,8 @@ mod tests {
         // What glibc frees after the thread is gone, sent later under its tid.
         let (h2_after, b2_after) = chunk(2, 2, &[(false, 0x6000)]);
         let h2_after = EventsHeader { seq: 1, ..h2_after };
-        let (h3, mut b3) = chunk(3, 2, &[(false, 0x7000)]);
-        let mut joined = Writer::new();
-        joined.u8(14 | 0x10).varint(2);
-        b3.splice(0..0, joined.bytes);
+        let (h3, b3) = chunk(3, 2, &[(false, 0x7000)]);
+        let b3 = after_joining(2, b3);
         let (h3_next, b3_next) = chunk(3, 3, &[(false, 0x8000)]);
         let h3_next = EventsHeader { seq: 1, ..h3_next };
         for (h, b) in [(h2, b2), (h2_after, b2_after), (h3, b3), (h3_next, b3_next)] {
@@ -937,16 +950,13 @@ mod tests {
     fn estimates_saturate_when_anchors_are_far_apart() {
         // Anchor, one call, an anchor 2^62 units later, then five calls estimated at the
         // previous run's rate: 4 x 2^62 would wrap around (found by fuzzing).
-        let mut w = Writer::new();
-        w.u8(10 | 0x10).varint(0);
-        w.u8(0).svarint(0x100).varint(32);
-        w.u8(10 | 0x10).varint(1 << 62);
-        for i in 0..5 {
-            w.u8(0).svarint(0x100 + i).varint(32);
-        }
-        let (h, _) = chunk(1, 1, &[]);
+        let (h, first) = chunk(1, 1, &[(false, 0x1000)]);
+        let (_, rest) = chunk(1, 1, &[(false, 0x2000); 5]);
+        let mut records = anchored(0, first);
+        // The deltas of `rest` count from 0 again: the calls' addresses do not matter.
+        records.extend(anchored(1 << 62, rest));
         let mut m = Merger::new();
-        m.push_chunk(&h, &w.bytes).unwrap();
+        m.push_chunk(&h, &records).unwrap();
         let within: Vec<u64> = m.threads[0].within_tick.iter().copied().collect();
         assert_eq!(within.len(), 6);
         assert!(within.windows(2).all(|p| p[0] <= p[1]), "{within:?}");
@@ -954,33 +964,20 @@ mod tests {
 
     #[test]
     fn anchors_order_two_threads_inside_one_tick() {
-        // As above, without a join: thread 3's free came last, at a later cycle count
-        // than thread 2's calls, though the uniform estimate puts it first in the tick.
-        let anchored = |cycles: u64, (h, b): (EventsHeader, Vec<u8>)| {
-            let mut w = Writer::new();
-            w.u8(10 | 0x10).varint(cycles);
-            w.bytes.extend_from_slice(&b);
-            (h, w.bytes)
-        };
-        let (h1, b1) = chunk(1, 1, &[(false, 0x1000)]);
-        let two = chunk(2, 2, &[(false, 0x5000), (true, 0x1000), (false, 0x1000)]);
-        let three = chunk(3, 2, &[(true, 0x1000)]);
-        let mut m = Merger::new();
-        m.push_chunk(&h1, &b1).unwrap();
-        for (h, b) in [anchored(100, two), anchored(900, three)] {
-            m.push_chunk(&h, &b).unwrap();
-        }
-        let calls = drain(&mut m);
-        assert_eq!((calls[4].tid, calls[4].func), (3, Func::Free));
+        // As in the join test, without the join: thread 3's allocation came last, at a
+        // later cycle count than thread 2's calls, though the uniform estimate puts it
+        // before thread 2's allocation of the same block.
+        let [(h2, b2), (h3, b3)] = handed_over_in_one_tick();
+        let (calls, stats) = merge_all([(h2, anchored(100, b2)), (h3, anchored(900, b3))]);
+        assert_eq!((calls[4].tid, calls[4].func), (3, Func::Malloc));
         assert_never_live_twice(&calls);
-        assert_eq!(m.stats(), MergeStats::default());
+        assert_eq!(stats, MergeStats::default());
     }
 
     #[test]
     fn ping_pong_between_many_threads_never_doubles_an_address() {
         // Eight threads pass four addresses round-robin: each frees what the previous one
         // allocated and re-allocates the same address. Buffers arrive in reverse order.
-        let mut m = Merger::new();
         let addrs = [0x1000u64, 0x2000, 0x3000, 0x4000];
         let mut chunks = Vec::new();
         for t in 0..8u32 {
@@ -993,24 +990,18 @@ mod tests {
             }
             chunks.push(chunk(t, u64::from(t), &calls));
         }
-        for (h, b) in chunks.iter().rev() {
-            m.push_chunk(h, b).unwrap();
-        }
-        let calls = drain(&mut m);
+        let (calls, stats) = merge_all(chunks.into_iter().rev());
         assert_eq!(calls.len(), 4 + 7 * 8);
         assert_never_live_twice(&calls);
-        assert_eq!(m.stats().forced_allocs + m.stats().unknown_frees, 0);
+        assert_eq!(stats.forced_allocs + stats.unknown_frees, 0);
         assert!(calls.windows(2).all(|w| w[0].tick <= w[1].tick));
     }
 
     #[test]
     fn a_free_of_a_block_from_before_tracing_is_merged_and_counted() {
-        let mut m = Merger::new();
-        let (h, b) = chunk(1, 0, &[(true, 0x5000), (false, 0x6000)]);
-        m.push_chunk(&h, &b).unwrap();
-        let calls = drain(&mut m);
+        let (calls, stats) = merge_all([chunk(1, 0, &[(true, 0x5000), (false, 0x6000)])]);
         assert_eq!(calls.len(), 2);
-        assert_eq!(m.stats().unknown_frees, 1);
+        assert_eq!(stats.unknown_frees, 1);
     }
 
     #[test]
