@@ -80,9 +80,10 @@ pub struct ChunkWriter<W: Write> {
     out: W,
     level: i32,
     compressor: zstd::bulk::Compressor<'static>,
-    /// Compressed bytes, reused from chunk to chunk (a fresh buffer per chunk costs page
-    /// faults at the recorder's rate of chunks).
+    /// Compressed bytes, and a sectioned chunk's stored bytes, reused from chunk to chunk
+    /// (a fresh buffer per chunk costs page faults at the recorder's rate of chunks).
     scratch: Vec<u8>,
+    sections: Vec<u8>,
     bytes_written: u64,
 }
 
@@ -96,6 +97,7 @@ impl<W: Write> ChunkWriter<W> {
             level,
             compressor: zstd::bulk::Compressor::new(level)?,
             scratch: Vec::new(),
+            sections: Vec::new(),
             bytes_written: FILE_HEADER_BYTES,
         })
     }
@@ -144,7 +146,10 @@ impl<W: Write> ChunkWriter<W> {
             ));
         }
         let mut compressed = std::mem::take(&mut self.scratch);
-        let mut stored = crate::wire::Writer::new();
+        let mut stored = crate::wire::Writer {
+            bytes: std::mem::take(&mut self.sections),
+        };
+        stored.bytes.clear();
         let mut start = 0;
         for &end in ends {
             let section = &raw[start..end];
@@ -160,8 +165,10 @@ impl<W: Write> ChunkWriter<W> {
             stored.bytes.extend_from_slice(body);
         }
         self.scratch = compressed;
-        check_chunk_len(stored.bytes.len())?;
-        self.put_chunk(kind, 2, raw.len(), &stored.bytes)
+        let result = check_chunk_len(stored.bytes.len())
+            .and_then(|()| self.put_chunk(kind, 2, raw.len(), &stored.bytes));
+        self.sections = stored.bytes;
+        result
     }
 
     fn put_chunk(
@@ -171,11 +178,10 @@ impl<W: Write> ChunkWriter<W> {
         raw_len: usize,
         stored: &[u8],
     ) -> io::Result<()> {
-        let raw = raw_len;
         let mut header = [0u8; 12];
         header[0] = kind as u8;
         header[1] = codec;
-        header[4..8].copy_from_slice(&(raw as u32).to_le_bytes());
+        header[4..8].copy_from_slice(&(raw_len as u32).to_le_bytes());
         header[8..12].copy_from_slice(&(stored.len() as u32).to_le_bytes());
         let crc = chunk_crc(&header, stored);
         self.out.write_all(&CHUNK_MAGIC.to_le_bytes())?;

@@ -486,7 +486,8 @@ impl AddrSlots {
 /// [`StreamTables`]): chunks of one stream must be decoded in the order of the file.
 pub struct ChunkDecoder<'a, 't> {
     r: FieldReader<'a>,
-    /// Why the packed form's planes could not be laid out (the first read returns it).
+    /// Why the packed form's planes could not be laid out (then `r` is empty, and the
+    /// first read returns it).
     broken: Option<TraceError>,
     tick: u64,
     prev_addr: u64,
@@ -559,12 +560,10 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
     /// The next record, skipping tick records (whose time `tick()` then reflects).
     #[inline]
     pub fn next_record(&mut self) -> Result<Option<Record>, TraceError> {
-        if let Some(e) = self.broken.take() {
-            return Err(e);
-        }
         loop {
             if self.r.is_empty() {
-                return Ok(None);
+                // A chunk whose planes could not be laid out reads as empty, then fails.
+                return self.broken.take().map_or(Ok(None), Err);
             }
             let tag = self.r.u8(Field::Tag)?;
             let kind = tag & 0x0f;
@@ -1068,6 +1067,16 @@ mod tests {
         for (addr, (slot, _)) in want {
             assert_eq!(index.get(addr), Some(slot));
         }
+    }
+
+    #[test]
+    fn a_packed_chunk_whose_planes_do_not_fit_is_an_error() {
+        let mut tables = StreamTables::default();
+        // The first plane claims five bytes of a chunk that has one.
+        let mut d =
+            ChunkDecoder::with_form(&[5, 0, 0, 0, 0, 0, 0, 0, 0, 9], 0, 1, true, &mut tables);
+        assert!(d.next_record().is_err());
+        assert!(matches!(d.next_record(), Ok(None)));
     }
 
     #[test]
