@@ -470,11 +470,17 @@ static uint64_t next_sample_interval(struct thread_state *ts) {
     return (uint64_t)(-log(u) * sample_mean_bytes) + 1;
 }
 
-static void emit_own_memory(struct thread_state *ts) {
+/* Appends a record of a tag and one varint (a tick, an anchor, lost calls, a join, own
+ * memory); the caller has made room. */
+static inline void put_tagged(struct thread_state *ts, uint8_t tag, uint64_t value) {
     uint8_t *o = ts->buf + ts->len;
-    *o++ = KIND_OWN_MEMORY;
-    o = put_varint(o, atomic_load(&own_bytes));
+    *o++ = tag;
+    o = put_varint(o, value);
     ts->len = (uint32_t)(o - ts->buf);
+}
+
+static void emit_own_memory(struct thread_state *ts) {
+    put_tagged(ts, KIND_OWN_MEMORY, atomic_load(&own_bytes));
 }
 
 static void thread_exited(void *arg);
@@ -483,11 +489,12 @@ static void thread_exited(void *arg);
  * joined, and pthread_join must find its tid by its pthread_t (see tid_of_thread). Under
  * registry_lock. */
 #define DEPARTED_CAP 1024
-static struct departed {
+struct thread_identity {
     pthread_t thread;
     uint32_t tid;
-    uint64_t birth;
-} departed[DEPARTED_CAP];
+    uint64_t birth; /* the holder's thread_state.birth */
+};
+static struct thread_identity departed[DEPARTED_CAP];
 static unsigned departed_next;
 
 static struct thread_state *thread_state_new(void) {
@@ -500,7 +507,7 @@ static struct thread_state *thread_state_new(void) {
         if (r->retired && syscall(SYS_tgkill, my_pid, r->tid, 0) != 0 && errno == ESRCH) {
             r->retired = 0; /* claimed under the lock: no other new thread can take it */
             departed[departed_next++ % DEPARTED_CAP] =
-                (struct departed){r->thread, r->tid, r->birth};
+                (struct thread_identity){r->thread, r->tid, r->birth};
             ts = r;
             break;
         }
@@ -657,10 +664,7 @@ static __attribute__((noinline)) void tick_changed(struct thread_state *ts, uint
         ts->seen_flush_request = clock_page->flush_request;
         flush_thread(ts);
     }
-    uint8_t *o = ts->buf + ts->len;
-    *o++ = KIND_TICK;
-    o = put_varint(o, tick - ts->tick);
-    ts->len = (uint32_t)(o - ts->buf);
+    put_tagged(ts, KIND_TICK, tick - ts->tick);
     ts->tick = tick;
     ts->anchor_countdown = 0; /* the tick's first call is anchored */
     /* Not from a signal handler that interrupted the allocator (TF_REAL): its statistics
@@ -764,10 +768,7 @@ static __attribute__((noinline, cold)) void write_anchor(struct thread_state *ts
     if (!__atomic_load_n(&anchors_on, __ATOMIC_RELAXED)) return;
     uint64_t now = cycle_counter() >> ANCHOR_SHIFT;
     if (!now) return;
-    uint8_t *o = ts->buf + ts->len;
-    *o++ = KIND_TICK | FLAG_ANCHOR;
-    o = put_varint(o, now - ts->last_anchor_cycles);
-    ts->len = (uint32_t)(o - ts->buf);
+    put_tagged(ts, KIND_TICK | FLAG_ANCHOR, now - ts->last_anchor_cycles);
     ts->last_anchor_cycles = now;
 }
 
@@ -867,10 +868,7 @@ static void drain_nested(struct thread_state *ts) {
     uint64_t lost = ts->nested_lost;
     if (lost) {
         if (ts->len + 16 > BUF_CAP) flush_thread(ts);
-        uint8_t *o = ts->buf + ts->len;
-        *o++ = KIND_LOST;
-        o = put_varint(o, lost);
-        ts->len = (uint32_t)(o - ts->buf);
+        put_tagged(ts, KIND_LOST, lost);
         ts->nested_lost -= lost;
     }
 }
@@ -1610,31 +1608,26 @@ EXPORT int dup3(int oldfd, int newfd, int flags) {
     return real_dup3(oldfd, newfd, flags);
 }
 
+/* Of the threads that held `want`, keeps the latest in `best`. */
+static void latest_holder(pthread_t want, struct thread_identity holder,
+                          struct thread_identity *best) {
+    if (pthread_equal(holder.thread, want) && (best->tid == 0 || holder.birth > best->birth))
+        *best = holder;
+}
+
 /* The kernel tid of a thread of this process by its pthread_t, 0 if it never recorded a
- * call. A pthread_t is reused once its thread is joined, so the latest holder wins. */
+ * call. A pthread_t is reused only once its thread was joined or detached, so of the
+ * threads that had this one, the latest is the one being joined. Its state may since
+ * have gone to another thread: then it is among the departed. */
 static uint32_t tid_of_thread(pthread_t thread) {
-    uint32_t tid = 0;
-    uint64_t birth = 0;
+    struct thread_identity best = {0};
     pthread_mutex_lock(&registry_lock);
-    /* A pthread_t is reused only once its thread was joined or detached, so of the
-     * threads that had this one, the last is the one being joined. Its state may since
-     * have gone to another thread: then it is among the departed. */
-    for (struct thread_state *r = registry; r; r = r->next_in_registry) {
-        if (pthread_equal(r->thread, thread) && (tid == 0 || r->birth > birth)) {
-            tid = r->tid;
-            birth = r->birth;
-        }
-    }
+    for (struct thread_state *r = registry; r; r = r->next_in_registry)
+        latest_holder(thread, (struct thread_identity){r->thread, r->tid, r->birth}, &best);
     unsigned kept = departed_next < DEPARTED_CAP ? departed_next : DEPARTED_CAP;
-    for (unsigned i = 0; i < kept; i++) {
-        const struct departed *d = &departed[i];
-        if (pthread_equal(d->thread, thread) && (tid == 0 || d->birth > birth)) {
-            tid = d->tid;
-            birth = d->birth;
-        }
-    }
+    for (unsigned i = 0; i < kept; i++) latest_holder(thread, departed[i], &best);
     pthread_mutex_unlock(&registry_lock);
-    return tid;
+    return best.tid;
 }
 
 /* Writes a JOINED record: everything `tid` recorded came before this thread's next call. */
@@ -1651,10 +1644,7 @@ static void record_joined(uint32_t tid) {
     if (ts) {
         if (ts->nested_head != ts->nested_tail || ts->nested_lost) drain_nested(ts);
         if (ts->len + 16 > BUF_CAP) flush_thread(ts);
-        uint8_t *o = ts->buf + ts->len;
-        *o++ = KIND_LOST | FLAG_JOINED;
-        o = put_varint(o, tid);
-        ts->len = (uint32_t)(o - ts->buf);
+        put_tagged(ts, KIND_LOST | FLAG_JOINED, tid);
     }
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     tls_flags &= ~TF_BUSY;
