@@ -123,13 +123,13 @@ struct Procs {
 
 impl Shared {
     fn send(&self, kind: ChunkKind, payload: Vec<u8>) {
-        // The writer only goes away after every sender is done; an error means it failed,
-        // which the writer reports itself.
-        let _ = self.out.send((kind, payload, Vec::new()));
+        self.send_sections(kind, payload, Vec::new());
     }
 
-    /// Sends a chunk compressed in sections ending at `section_ends`.
+    /// Sends a chunk compressed in sections ending at `section_ends` (none: whole).
     fn send_sections(&self, kind: ChunkKind, payload: Vec<u8>, section_ends: Vec<usize>) {
+        // The writer only goes away after every sender is done; an error means it failed,
+        // which the writer reports itself.
         let _ = self.out.send((kind, payload, section_ends));
     }
 
