@@ -10,11 +10,14 @@
  * (a plain %fs-relative load). A Rust cdylib gets general-dynamic TLS (a call to
  * __tls_get_addr per access), which costs more than the event itself.
  *
- * Time: the recorder bumps `tick` (milliseconds since the recording began) in a shared
+ * Time: the recorder bumps the tick (milliseconds since the recording began) in a shared
  * page. Reading it is one load; an event carries no timestamp, a TICK record is written
- * only when a thread sees the tick change. Events of one thread are in program order;
- * across threads the reader orders them by tick and, within a tick, by causality (a free
- * is recorded before the real free, an allocation after the real allocation returns).
+ * only when a thread sees the tick change. Events of one thread are in program order.
+ * Across threads, once a process has a second thread, the word that holds the tick also
+ * counts frees: a free takes a value of it (an atomic add) before the real free, an
+ * allocation reads it after the real allocation returns, and an ORDER record says so
+ * when the value is not the one the thread expects. The reader orders calls by (tick,
+ * value): the allocation of a block always comes after the free that gave it back.
  *
  * Record layout: docs/trace-format.md ("Event records"); the decoder is
  * crates/fragscope-trace/src/event.rs. Socket messages: the same document,
@@ -60,9 +63,9 @@ enum {
     KIND_OWN_MEMORY = 15,
     /* KIND_LOST with this flag: `tid:varint`, a thread this one joined. */
     FLAG_JOINED = 0x10,
-    /* KIND_TICK with this flag: an anchor, `cycles:varint` (in units of 32) since the
-     * buffer's previous anchor (the first one of a buffer counts from 0). */
-    FLAG_ANCHOR = 0x10,
+    /* KIND_TICK with this flag: ORDER, `delta:varint`: the order counter this call read
+     * is `delta` above what the thread expected (see note_order). */
+    FLAG_ORDER = 0x20,
 };
 enum {
     FLAG_STACK = 0x10,     /* a stack id follows */
@@ -96,7 +99,10 @@ struct msg_header {
 
 /* The page the recorder shares with every traced process. */
 struct shared_clock {
-    volatile uint64_t tick;          /* ms since the recording began */
+    /* The tick (ms since the recording began) above TICK_SHIFT; below it the order
+     * counter, which the recorder resets with each tick and every free adds one to (once
+     * its process has a second thread). One word, so one read gives both in one order. */
+    volatile uint64_t now;
     volatile uint64_t stats_request; /* bumped when the recorder wants allocator stats */
     volatile uint64_t flush_request; /* bumped when the recorder wants buffers flushed */
 };
@@ -108,8 +114,8 @@ struct shared_clock {
 #define STACK_TABLE_SLOTS 4096 /* per-thread stack dedup table, power of two */
 #define USABLE_TABLE 32768     /* requested sizes whose usable size is cached */
 #define NESTED_CAP 256         /* events recorded from a signal handler mid-record */
-#define ANCHOR_EVERY 16        /* calls between two cycle-counter anchors */
-#define ANCHOR_SHIFT 5         /* anchors count the cycle counter in units of 32 */
+#define TICK_SHIFT 32
+#define ORDER_MASK ((1ULL << TICK_SHIFT) - 1)
 #define BOOTSTRAP_BYTES (64 * 1024)
 #define FD_FLOOR 500           /* the trace socket lives at or above this fd */
 
@@ -188,10 +194,12 @@ struct thread_state {
     uint64_t rng;
     uint32_t retired; /* the thread exited; the state may be reused once it is gone */
     pthread_t thread; /* pthread_self() of the thread that holds the state */
-    /* Calls until the next anchor (0: the next call writes one), and the counter's value
-     * at the buffer's last anchor (0 at a buffer's start). */
-    int32_t anchor_countdown;
-    uint64_t last_anchor_cycles;
+    /* The order counter value this thread expects to read next (its last reading, plus
+     * one after a free), counted from 0 at each buffer and tick as the reader does; and
+     * whether this buffer has an ORDER record yet (its first ordered call writes one,
+     * which tells the reader the calls from there on are ordered). */
+    uint64_t order_next;
+    uint8_t order_written;
     uint8_t unwinder_tls_noted; /* this thread's unwinder storage is in unwinder_tls */
     uint64_t birth;   /* when the state was claimed: a later holder has a larger one */
     /* Calls a signal handler made while this thread was writing a record, in a ring:
@@ -246,9 +254,12 @@ static atomic_uint_fast64_t stats_answered;
 static atomic_uint_fast64_t own_bytes;
 static atomic_uint_fast64_t lost_events;
 static atomic_uint_fast64_t state_births;
-/* A second thread has recorded calls: from now on anchors are written (one thread alone
- * needs none, its program order is the order). */
-static int anchors_on;
+/* The process may have a second thread: frees take order counter values and calls
+ * record what they read (one thread alone needs no order, its program order is the
+ * order). Never switched off: a buffer's records must mean the same to the reader. */
+static int ordering_on;
+/* The clock page could be mapped writable (the order counter needs atomic adds). */
+static int clock_writable;
 static atomic_uint usable_for_size[USABLE_TABLE];
 static int exit_status = -1;
 static int exit_status_known;
@@ -277,7 +288,7 @@ static int in_bootstrap(const void *p) {
 }
 
 /* ---- small helpers ---- */
-static inline uint64_t current_tick(void) { return clock_page->tick; }
+static inline uint64_t current_tick(void) { return clock_page->now >> TICK_SHIFT; }
 
 static inline uint8_t *put_varint(uint8_t *o, uint64_t v) {
     while (v >= 0x80) {
@@ -427,16 +438,22 @@ static void send_message(const struct msg_header *h, const void *payload, int wa
 /* A copy of another thread's buffer (see send_thread_copy). */
 #define SEQ_COPY 0x40000000u
 
+/* An empty buffer: what its records count from starts again (the reader decodes each
+ * buffer on its own). */
+static void start_buffer(struct thread_state *ts) {
+    ts->len = 0;
+    ts->prev_addr = 0;
+    ts->order_next = 0;
+    ts->order_written = 0;
+}
+
 /* Under sock_lock from the seq to the reset, so that a copy (send_thread_copy) sees a
  * buffer either before it was sent or after, never sent but not yet emptied. */
 static void send_thread_buffer(struct thread_state *ts, uint32_t seq_flags) {
     pthread_mutex_lock(&sock_lock);
     struct msg_header h = {MSG_EVENTS, ts->len, ts->tid, ts->seq++ | seq_flags, ts->chunk_first_tick, ts->tick};
     send_message_locked(&h, ts->buf, 0);
-    ts->len = 0;
-    ts->prev_addr = 0;
-    ts->anchor_countdown = 0;
-    ts->last_anchor_cycles = 0;
+    start_buffer(ts);
     ts->chunk_first_tick = ts->tick;
     ts->last_flush_tick = ts->tick;
     pthread_mutex_unlock(&sock_lock);
@@ -470,7 +487,7 @@ static uint64_t next_sample_interval(struct thread_state *ts) {
     return (uint64_t)(-log(u) * sample_mean_bytes) + 1;
 }
 
-/* Appends a record of a tag and one varint (a tick, an anchor, lost calls, a join, own
+/* Appends a record of a tag and one varint (a tick, an order, lost calls, a join, own
  * memory); the caller has made room. */
 static inline void put_tagged(struct thread_state *ts, uint8_t tag, uint64_t value) {
     uint8_t *o = ts->buf + ts->len;
@@ -496,6 +513,8 @@ struct thread_identity {
 };
 static struct thread_identity departed[DEPARTED_CAP];
 static unsigned departed_next;
+
+static void order_calls(void);
 
 static struct thread_state *thread_state_new(void) {
     struct thread_state *ts = NULL;
@@ -523,8 +542,9 @@ static struct thread_state *thread_state_new(void) {
         registry = ts;
         pthread_mutex_unlock(&registry_lock);
     }
-    /* Another thread holds a state too: calls must now be ordered across threads. */
-    if (registry != ts || ts->next_in_registry) __atomic_store_n(&anchors_on, 1, __ATOMIC_RELAXED);
+    /* Another thread holds a state too: calls must now be ordered across threads (if
+     * pthread_create, which does this first, was not how this thread began). */
+    if (registry != ts || ts->next_in_registry) order_calls();
     memset(ts->stack_hash, 0, sizeof ts->stack_hash);
     memset(ts->usable_known, 0, sizeof ts->usable_known);
     ts->tid = (uint32_t)tid;
@@ -532,10 +552,7 @@ static struct thread_state *thread_state_new(void) {
     ts->birth = atomic_fetch_add(&state_births, 1);
     ts->seq = 0;
     ts->next_stack_id = 1;
-    ts->len = 0;
-    ts->prev_addr = 0;
-    ts->anchor_countdown = 0;
-    ts->last_anchor_cycles = 0;
+    start_buffer(ts);
     ts->unwinder_tls_noted = 0;
     ts->tick = ts->chunk_first_tick = ts->last_flush_tick = current_tick();
     ts->seen_flush_request = clock_page->flush_request;
@@ -666,7 +683,7 @@ static __attribute__((noinline)) void tick_changed(struct thread_state *ts, uint
     }
     put_tagged(ts, KIND_TICK, tick - ts->tick);
     ts->tick = tick;
-    ts->anchor_countdown = 0; /* the tick's first call is anchored */
+    ts->order_next = 0; /* the recorder started the counter again with the tick */
     /* Not from a signal handler that interrupted the allocator (TF_REAL): its statistics
      * calls are not reentrant there. The next call answers instead. */
     uint64_t want = clock_page->stats_request, had = atomic_load(&stats_answered);
@@ -747,39 +764,43 @@ static inline uint8_t *put_addr(uint8_t *o, uint8_t *tag, uintptr_t addr, uintpt
 
 /* The CPU's cycle counter, the same clock on every core (constant-rate TSC); 0 where there
  * is none we can read. */
-static inline uint64_t cycle_counter(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    return __builtin_ia32_rdtsc();
-#elif defined(__aarch64__)
-    uint64_t v;
-    __asm__ volatile("mrs %0, cntvct_el0" : "=r"(v));
-    return v;
-#else
-    return 0;
-#endif
+/* Turns ordering on, before a second thread can make a call. One counter value is taken
+ * first: this thread's calls so far have no place (the reader gives them 0), and every
+ * ordered call of this tick reads a higher value. */
+static void order_calls(void) {
+    if (!clock_writable || __atomic_load_n(&ordering_on, __ATOMIC_RELAXED)) return;
+    __atomic_fetch_add(&clock_page->now, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&ordering_on, 1, __ATOMIC_RELAXED);
 }
 
-/* Every ANCHOR_EVERY calls (and at each buffer's first call) the cycle counter is written
- * down: the millisecond tick cannot order two threads' calls inside one tick, and
- * interpolating between anchors can. A counter read per call would cost more than the
- * record. */
-static __attribute__((noinline, cold)) void write_anchor(struct thread_state *ts) {
-    ts->anchor_countdown = ANCHOR_EVERY;
-    if (!__atomic_load_n(&anchors_on, __ATOMIC_RELAXED)) return;
-    uint64_t now = cycle_counter() >> ANCHOR_SHIFT;
-    if (!now) return;
-    put_tagged(ts, KIND_TICK | FLAG_ANCHOR, now - ts->last_anchor_cycles);
-    ts->last_anchor_cycles = now;
+/* Writes an ORDER record if this call read another value than the thread expects, and
+ * always at a buffer's first ordered call; the caller has made room. */
+static inline void note_order(struct thread_state *ts, uint64_t now, int is_free) {
+    uint64_t read = now & ORDER_MASK;
+    /* A place never goes back (a signal handler's call written out of turn). */
+    if (read < ts->order_next) read = ts->order_next;
+    if (read != ts->order_next || !ts->order_written) {
+        put_tagged(ts, KIND_TICK | FLAG_ORDER, read - ts->order_next);
+        ts->order_written = 1;
+    }
+    ts->order_next = read + (uint64_t)is_free;
+}
+
+/* The clock word for a call: a free takes a counter value, anything else reads it. */
+static inline uint64_t clock_for(uint8_t kind, int ordering) {
+    if (ordering && kind == KIND_FREE)
+        return __atomic_fetch_add(&clock_page->now, 1, __ATOMIC_RELAXED);
+    return clock_page->now;
 }
 
 /* Writes one call's record into the thread's buffer; the caller holds TF_BUSY. */
 static void write_event(struct thread_state *ts, uint8_t kind, uintptr_t addr, uintptr_t old_addr,
                         size_t size, size_t align) {
-    uint64_t tick = clock_page->tick;
-    if (UNLIKELY(tick != ts->tick)) tick_changed(ts, tick);
+    int ordering = __atomic_load_n(&ordering_on, __ATOMIC_RELAXED);
+    uint64_t now = clock_for(kind, ordering);
+    if (UNLIKELY(now >> TICK_SHIFT != ts->tick)) tick_changed(ts, now >> TICK_SHIFT);
     if (UNLIKELY(ts->len + MAX_RECORD + 32 > BUF_CAP)) flush_thread(ts);
-    if (UNLIKELY(ts->anchor_countdown <= 0)) write_anchor(ts);
-    ts->anchor_countdown--;
+    if (ordering) note_order(ts, now, kind == KIND_FREE);
 
     uint8_t tag = kind;
     if (kind == KIND_FREE) {
@@ -931,8 +952,9 @@ static inline __attribute__((always_inline)) int record_common(uint8_t kind, uin
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     /* Read after BUSY is set: a handler that ran before wrote through the general path. */
     int64_t countdown = ts->sample_countdown - (int64_t)size;
+    uint64_t now = clock_page->now;
     int plain = addr && !finished && ts->nested_head == ts->nested_tail && !ts->nested_lost &&
-                !ts->stats_due && clock_page->tick == ts->tick &&
+                !ts->stats_due && now >> TICK_SHIFT == ts->tick &&
                 ts->len + MAX_RECORD + 32 <= BUF_CAP;
     if (kind != KIND_FREE)
         plain = plain && countdown >= 0 &&
@@ -943,7 +965,13 @@ static inline __attribute__((always_inline)) int record_common(uint8_t kind, uin
         tls_flags = 0;
         return 0;
     }
-    if (UNLIKELY(ts->anchor_countdown <= 0)) write_anchor(ts);
+    if (UNLIKELY(__atomic_load_n(&ordering_on, __ATOMIC_RELAXED))) {
+        /* Taken only now that this path is sure to write the call: a free takes one
+         * value, once. A tick that moved meanwhile is noted as the general path would. */
+        now = clock_for(kind, 1);
+        if (UNLIKELY(now >> TICK_SHIFT != ts->tick)) tick_changed(ts, now >> TICK_SHIFT);
+        note_order(ts, now, kind == KIND_FREE);
+    }
     uint8_t tag = kind;
     uint8_t *start = ts->buf + ts->len;
     uint8_t *o = put_addr(start + 1, &tag, addr, &ts->prev_addr);
@@ -953,7 +981,6 @@ static inline __attribute__((always_inline)) int record_common(uint8_t kind, uin
     }
     *start = tag;
     ts->len = (uint32_t)(o - ts->buf);
-    ts->anchor_countdown--;
     tls_recorded_calls++;
     if (UNLIKELY(ts->nested_head != ts->nested_tail || ts->nested_lost)) drain_nested(ts);
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
@@ -1040,9 +1067,8 @@ static void atfork_child(void) {
     atomic_store(&own_bytes, mine ? sizeof *mine : 0);
     if (mine) {
         mine->next_in_registry = NULL;
-        mine->len = 0;
+        start_buffer(mine);
         mine->seq = 0;
-        mine->prev_addr = 0;
         mine->tid = (uint32_t)syscall(SYS_gettid);
         mine->next_stack_id = 1;
         mine->nested_head = mine->nested_tail = 0;
@@ -1065,10 +1091,16 @@ static void init_tracing(void) {
     my_pid = getpid();
     const char *clock_path = getenv("FRAGSCOPE_CLOCK");
     if (clock_path) {
-        int fd = (int)syscall(SYS_openat, AT_FDCWD, clock_path, O_RDONLY | O_CLOEXEC);
+        /* Read-only when the program runs as another user than the recorder: then its
+         * threads' calls go unordered (the reader falls back on causality). */
+        int fd = (int)syscall(SYS_openat, AT_FDCWD, clock_path, O_RDWR | O_CLOEXEC);
+        clock_writable = fd >= 0;
+        if (fd < 0) fd = (int)syscall(SYS_openat, AT_FDCWD, clock_path, O_RDONLY | O_CLOEXEC);
         if (fd >= 0) {
-            void *p = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
+            int prot = clock_writable ? PROT_READ | PROT_WRITE : PROT_READ;
+            void *p = mmap(NULL, 4096, prot, MAP_SHARED, fd, 0);
             if (p != MAP_FAILED) clock_page = p;
+            else clock_writable = 0;
             syscall(SYS_close, fd);
         }
     }
@@ -1671,10 +1703,12 @@ EXPORT int pthread_join(pthread_t thread, void **retval) {
     return rc;
 }
 
-/* A new thread on a cached stack has the last one's thread-local storage freed here. */
+/* The new thread's calls must be ordered with this one's from its first (order_calls).
+ * A new thread on a cached stack has the last one's thread-local storage freed here. */
 EXPORT int pthread_create(pthread_t *thread, const pthread_attr_t *attr, void *(*start)(void *),
                           void *arg) {
     if (!real_pthread_create) ensure_init();
+    if (tracing) order_calls();
     unsigned saved = tls_flags;
     tls_flags |= TF_TLS_RELEASE;
     int rc = real_pthread_create(thread, attr, start, arg);

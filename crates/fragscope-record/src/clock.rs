@@ -1,6 +1,8 @@
 //! The shared clock page: the recorder writes the tick, every traced process reads it.
-//! Layout (little-endian u64s): tick, stats_request, flush_request; as
-//! `struct shared_clock` in preload/fragscope_preload.c.
+//! Layout (little-endian u64s): now, stats_request, flush_request; as
+//! `struct shared_clock` in preload/fragscope_preload.c. `now` holds the tick above bit
+//! [`TICK_SHIFT`] and below it the order counter, which threads add to on every free
+//! (docs/trace-format.md, "Order"); setting a tick starts the counter again at 0.
 
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
@@ -8,6 +10,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{bail, Result};
+
+/// Where the tick starts in the shared word.
+pub const TICK_SHIFT: u32 = 32;
 
 pub struct ClockPage {
     ptr: *mut AtomicU64,
@@ -50,11 +55,15 @@ impl ClockPage {
         unsafe { &*self.ptr.add(i) }
     }
 
-    pub fn set_tick(&self, tick: u64) {
-        self.slot(0).store(tick, Ordering::Release);
+    /// Moves the tick on to `tick` (not back, nor to the same tick: that would start the
+    /// order counter again inside a tick, and threads' readings would go backwards).
+    pub fn advance_tick(&self, tick: u64) {
+        if tick > self.tick() {
+            self.slot(0).store(tick << TICK_SHIFT, Ordering::Release);
+        }
     }
     pub fn tick(&self) -> u64 {
-        self.slot(0).load(Ordering::Acquire)
+        self.slot(0).load(Ordering::Acquire) >> TICK_SHIFT
     }
     /// Asks every traced process for allocator statistics and a buffer flush; each thread
     /// answers at its next allocator call.

@@ -736,7 +736,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         thread::Builder::new()
             .name("fragscope-ticker".into())
             .spawn(move || loop {
-                shared.clock.set_tick(t0.elapsed().as_millis() as u64);
+                shared.clock.advance_tick(t0.elapsed().as_millis() as u64);
                 if stop.sleep(Duration::from_millis(1)) {
                     break;
                 }

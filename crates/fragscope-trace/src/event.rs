@@ -12,9 +12,10 @@
 //!                         [usable-size:varint] [stack:varint]
 //! kind 9     free:        [addr delta]
 //! kind 10    tick:        delta:varint       (ms since the previous tick record);
-//!            with flag 0x10, anchor: cycles:varint (the CPU cycle counter in units of
-//!            32 cycles, as a delta from the chunk's previous anchor; the first counts
-//!            from 0)
+//!            with flag 0x20, order: delta:varint (the shared order counter, which
+//!            counts every thread's frees within the tick, moved on by `delta` since
+//!            this thread's last call: see "Order" in docs/trace-format.md);
+//!            with flag 0x10, an anchor of older traces: cycles:varint (skipped)
 //! kind 11    stack:       id:varint depth:varint frame-delta:svarint*depth
 //! kind 12    usable:      size:varint usable:varint (for malloc/calloc of `size`)
 //! kind 13    stats:       source:u8 count:u8 (name_len:u8 name value:varint)*count
@@ -108,8 +109,11 @@ pub(crate) const KIND_STATS: u8 = 13;
 const KIND_LOST: u8 = 14;
 /// With KIND_LOST: a JOINED record.
 const FLAG_JOINED: u8 = 0x10;
-/// With KIND_TICK: an anchor (the cycle counter).
+/// With KIND_TICK: an anchor (a cycle counter reading), which older interposers wrote to
+/// estimate time inside a tick; the order counter replaced it.
 const FLAG_ANCHOR: u8 = 0x10;
+/// With KIND_TICK: the order counter moved on.
+const FLAG_ORDER: u8 = 0x20;
 const KIND_OWN_MEMORY: u8 = 15;
 pub(crate) const FLAG_STACK: u8 = 0x10;
 pub(crate) const FLAG_UNALIGNED: u8 = 0x20;
@@ -218,9 +222,9 @@ pub enum Record {
         size: u64,
         usable: u64,
     },
-    /// The cycle counter moved on (only from [`ChunkDecoder::report_all`] decoders; others
-    /// give it as [`ChunkDecoder::cycles`]).
-    Anchor {
+    /// The order counter moved on (only from [`ChunkDecoder::report_all`] decoders; others
+    /// give it as [`ChunkDecoder::place`]).
+    Order {
         delta: u64,
     },
 }
@@ -497,8 +501,14 @@ pub struct ChunkDecoder<'a, 't> {
     packed: bool,
     report_all: bool,
     tables: &'t mut StreamTables,
-    /// The cycle counter at the chunk's last anchor, if it had one yet.
-    cycles: Option<u64>,
+    /// The order counter's value this thread expects next: its last reading, plus one if
+    /// that call was a free (whose reading took the value). 0 at a chunk's start and at
+    /// each tick record, as the interposer counts.
+    order: u64,
+    /// The chunk has an order record: its calls from the first one on have places.
+    ordered: bool,
+    /// The place of the record last returned (see [`ChunkDecoder::place`]).
+    place: u64,
 }
 
 impl<'a, 't> ChunkDecoder<'a, 't> {
@@ -532,7 +542,9 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
             packed,
             report_all: false,
             tables,
-            cycles: None,
+            order: 0,
+            ordered: false,
+            place: 0,
         }
     }
 
@@ -547,10 +559,19 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
         self.tick
     }
 
-    /// The cycle counter at the last anchor before the record last returned (none
-    /// before the chunk's first anchor, or in traces written without them).
-    pub fn cycles(&self) -> Option<u64> {
-        self.cycles
+    /// The place of the record last returned among all of its process's calls in its
+    /// tick: twice the order counter it read, plus one for a free, which takes a value
+    /// of its own (a free reads the counter before the real free, an allocation after the
+    /// real allocation, so a block's free has a lower place than its next allocation).
+    /// `None` before the chunk's first order record: the thread was alone (or the trace
+    /// is older than the order counter).
+    pub fn place(&self) -> Option<u64> {
+        self.ordered.then_some(self.place)
+    }
+
+    /// The lowest place any later record of this thread can have in the current tick.
+    pub fn next_place(&self) -> Option<u64> {
+        self.ordered.then(|| self.order.saturating_mul(2))
     }
 
     fn addr(&mut self, unaligned: bool) -> Result<u64, TraceError> {
@@ -567,19 +588,35 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
             }
             let tag = self.r.u8(Field::Tag)?;
             let kind = tag & 0x0f;
+            self.place = self.order.saturating_mul(2);
             match kind {
-                0..=9 if self.packed => return self.packed_call(tag).map(Some),
-                0..=9 => return self.call(tag).map(Some),
-                KIND_TICK if tag & FLAG_ANCHOR != 0 => {
-                    let delta = self.r.varint(Field::Other)?;
-                    self.cycles = Some(self.cycles.unwrap_or(0).wrapping_add(delta));
-                    if self.report_all {
-                        return Ok(Some(Record::Anchor { delta }));
+                0..=9 => {
+                    let call = if self.packed {
+                        self.packed_call(tag)?
+                    } else {
+                        self.call(tag)?
+                    };
+                    if kind == Func::Free as u8 && self.ordered {
+                        self.place = self.place.saturating_add(1);
+                        self.order = self.order.saturating_add(1);
                     }
+                    return Ok(Some(call));
+                }
+                KIND_TICK if tag & FLAG_ORDER != 0 => {
+                    let delta = self.r.varint(Field::Other)?;
+                    self.order = self.order.saturating_add(delta);
+                    self.ordered = true;
+                    if self.report_all {
+                        return Ok(Some(Record::Order { delta }));
+                    }
+                }
+                KIND_TICK if tag & FLAG_ANCHOR != 0 => {
+                    self.r.varint(Field::Other)?;
                 }
                 KIND_TICK => {
                     let delta = self.r.varint(Field::Other)?;
                     self.tick = self.tick.saturating_add(delta);
+                    self.order = 0;
                     if self.report_all {
                         return Ok(Some(Record::Tick { delta }));
                     }
@@ -890,9 +927,9 @@ impl<'t> PackedWriter<'t> {
             Record::Tick { delta } => {
                 self.w.u8(Field::Tag, KIND_TICK).varint(Field::Other, delta);
             }
-            Record::Anchor { delta } => {
+            Record::Order { delta } => {
                 self.w
-                    .u8(Field::Tag, KIND_TICK | FLAG_ANCHOR)
+                    .u8(Field::Tag, KIND_TICK | FLAG_ORDER)
                     .varint(Field::Other, delta);
             }
             Record::Usable { size, usable } => {

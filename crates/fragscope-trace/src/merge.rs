@@ -2,9 +2,15 @@
 //! ever live twice.
 //!
 //! Each thread's records arrive in program order, buffer by buffer, carrying the shared
-//! millisecond tick. Across threads the merge goes by tick and, within what ticks cannot
-//! separate, by causality: the interposer records a free before the real free and an
-//! allocation after the real allocation returns, so
+//! millisecond tick and, once a process has a second thread, each call's reading of the
+//! shared order counter ([`ChunkDecoder::place`]). Across threads the merge goes by
+//! (tick, place): a free takes a counter value before the real free, an allocation reads
+//! the counter after the real allocation returns, so an allocation of a block always has
+//! a higher place than the free that gave the block back, in whichever thread.
+//!
+//! Causality backs the places up where they cannot decide (a realloc, which frees and
+//! allocates in one call and reads the counter once; calls of a thread that had not
+//! seen the counter switched on yet; traces older than the counter):
 //! - an allocation returning an address that is still live waits for the free of it
 //!   (in another thread) to be merged first;
 //! - a free (or realloc) of an address not live waits for its allocation.
@@ -174,17 +180,20 @@ pub struct MergeStats {
     pub late: u64,
     /// Events a signal handler could not queue (from lost records).
     pub lost_events: u64,
+    /// Calls merged ahead of an earlier-placed call of another thread that had to wait
+    /// for causality (a realloc's blocks; calls made before ordering was switched on).
+    pub reordered: u64,
 }
 
 struct ThreadQueue {
     tid: u32,
     queue: VecDeque<Merged>,
-    /// For each queued item, its estimated place inside its tick ([`place_within_ticks`]).
-    /// Across threads the merge takes the earliest estimate among the calls it may take,
-    /// not the first thread's.
-    within_tick: VecDeque<u64>,
-    /// No future call of this thread has an earlier tick.
-    known_through: u64,
+    /// For each queued item, its place inside its tick ([`ChunkDecoder::place`]; 0 when
+    /// the thread recorded none). Across threads the merge takes the earliest (tick,
+    /// place) among the calls it may take.
+    places: VecDeque<u64>,
+    /// No future item of this thread comes before this (tick, place).
+    known_through: (u64, u64),
     /// The thread sent its last buffer: the merge no longer waits for it.
     exited: bool,
     /// Thread-local stack id -> process stack index.
@@ -213,8 +222,6 @@ pub struct Merger {
     finishing: bool,
     stats: MergeStats,
     own_memory: u64,
-    /// The anchor (cycle counter) of each item of the chunk being queued, kept for reuse.
-    anchors: Vec<Option<u64>>,
 }
 
 impl Default for Merger {
@@ -239,7 +246,6 @@ impl Merger {
             finishing: false,
             stats: MergeStats::default(),
             own_memory: 0,
-            anchors: Vec::new(),
         }
     }
 
@@ -283,8 +289,8 @@ impl Merger {
             self.threads.push(ThreadQueue {
                 tid: h.tid,
                 queue: VecDeque::new(),
-                within_tick: VecDeque::new(),
-                known_through: 0,
+                places: VecDeque::new(),
+                known_through: (0, 0),
                 exited: false,
                 stacks: HashMap::new(),
                 popped: 0,
@@ -294,8 +300,6 @@ impl Merger {
         });
         let mut d = ChunkDecoder::new(records, h, &mut self.tables);
         let t = &mut self.threads[ti];
-        let queued_before = t.queue.len();
-        self.anchors.clear();
         let mut result = Ok(());
         loop {
             let rec = match d.next_record() {
@@ -371,19 +375,20 @@ impl Merger {
                     self.own_memory = self.own_memory.max(bytes);
                     continue;
                 }
-                Record::Tick { .. } | Record::Usable { .. } | Record::Anchor { .. } => continue,
+                Record::Tick { .. } | Record::Usable { .. } | Record::Order { .. } => continue,
             };
             t.queue.push_back(item);
+            t.places.push_back(d.place().unwrap_or(0));
             self.pending += 1;
-            self.anchors.push(d.cycles());
         }
-        place_within_ticks(t, queued_before, &self.anchors);
-        t.known_through = t.known_through.max(h.last_tick).max(d.tick());
+        // A thread without places may have more calls at place 0 of its last tick.
+        let sent = (d.tick(), d.next_place().unwrap_or(0));
+        t.known_through = t.known_through.max(sent).max((h.last_tick, 0));
         // Records after a thread's last buffer (what glibc frees once the thread has gone,
         // sent when its state is reused or the process exits) do not bring it back; a
         // new thread that got the same tid starts again at seq 0.
         t.exited = h.thread_exited || (t.exited && h.seq != 0);
-        self.max_seen = self.max_seen.max(t.known_through);
+        self.max_seen = self.max_seen.max(t.known_through.0);
         result
     }
 
@@ -392,16 +397,15 @@ impl Merger {
         self.finishing = true;
     }
 
-    /// How far each thread's calls are safe to merge: a thread's calls of ticks up to
-    /// `Watermark::of` it, where every other thread active within the wait window has sent
-    /// all its calls of those ticks. A thread whose buffer ended in tick `k` may have more
-    /// calls in tick `k` in its next one, so only ticks before `k` are safe from it.
+    /// How far each thread's calls are safe to merge: a thread's calls before
+    /// `Watermark::allows` it, where every other thread active within the wait window has
+    /// sent all its calls before that (tick, place).
     fn watermark(&self) -> Watermark {
         let floor = self.max_seen.saturating_sub(WAIT_WINDOW_TICKS);
-        let mut lowest = (u64::MAX, usize::MAX);
-        let mut second = u64::MAX;
+        let mut lowest = ((u64::MAX, u64::MAX), usize::MAX);
+        let mut second = (u64::MAX, u64::MAX);
         for (i, t) in self.threads.iter().enumerate() {
-            if t.exited || t.known_through < floor {
+            if t.exited || t.known_through.0 < floor {
                 continue;
             }
             if t.known_through < lowest.0 {
@@ -411,17 +415,11 @@ impl Merger {
                 second = second.min(t.known_through);
             }
         }
-        let bound = |k: u64| {
-            if k == u64::MAX {
-                u64::MAX
-            } else {
-                k.saturating_sub(1).max(floor)
-            }
-        };
         Watermark {
             lowest_thread: lowest.1,
-            below_lowest: bound(lowest.0),
-            below_second: bound(second),
+            below_lowest: lowest.0,
+            below_second: second,
+            floor,
         }
     }
 
@@ -454,98 +452,12 @@ impl Merger {
             })
     }
 
-    /// Whether thread `i`'s head frees a block for good (its next call does not take the
-    /// block back) while another thread, among its next few calls of the same tick,
-    /// frees the same block and takes it back at once. The block's life that the first
-    /// free ends is then most likely the one after the other thread's pair: a thread
-    /// whose calls look later than they were (preempted between two anchors) would
-    /// otherwise find its pair's free with no block to free. The merge takes such a head
-    /// only when nothing else can go.
-    fn given_away_before_reuse(&self, i: usize, watermark: &Watermark) -> bool {
-        /// How far into each other thread's queue the merge looks.
-        const LOOKAHEAD: usize = 16;
-        let t = &self.threads[i];
-        let Some(Merged::Call(c)) = t.queue.front() else {
-            return false;
-        };
-        let Some(block) = c.releases() else {
-            return false;
-        };
-        if takes_back(t, block).is_some() {
-            return false;
-        }
-        let call = |m: &Merged| match m {
-            Merged::Call(o) => Some(*o),
-            Merged::Stats { .. } => None,
-        };
-        self.threads.iter().enumerate().any(|(j, other)| {
-            if j == i || c.tick > watermark.of(j) {
-                return false;
-            }
-            let mut calls = other
-                .queue
-                .iter()
-                .take(LOOKAHEAD)
-                .take_while(|m| merged_tick(m) == c.tick)
-                .filter_map(call);
-            // Its first call on the block frees it, and its next call takes it back.
-            calls
-                .find(|o| o.allocates() == Some(block) || o.releases() == Some(block))
-                .is_some_and(|o| o.releases() == Some(block))
-                && calls.next().is_some_and(|o| o.allocates() == Some(block))
-        })
-    }
-
-    /// Thread `i`'s head is the earliest call the merge may take, at tick `tick`. If it
-    /// ends a block that another thread's head, in the same tick, ends too, only one of
-    /// the two frees is that block's; the other ends the block's next life, which some
-    /// thread must allocate in between. Allocators hand a block freed by a thread back to
-    /// that same thread first (thread caches), so a thread that frees the block and then
-    /// allocates it again at once most likely came first: of the rival frees, the one
-    /// whose thread reallocates the block soonest goes. Taking the other first would make
-    /// the first wait, in the worst case for the other thread's next buffer (a thread
-    /// that was descheduled mid-buffer), and pair its free with the wrong allocation.
-    /// The estimate of time inside a tick cannot tell them apart when a thread was
-    /// preempted between two anchors.
-    fn settle_rival_frees(&self, i: usize, tick: u64, watermark: &Watermark) -> usize {
-        let Some(Merged::Call(head)) = self.threads[i].queue.front() else {
-            return i;
-        };
-        let Some(block) = head.releases() else {
-            return i;
-        };
-        let reallocated = |t: &ThreadQueue| takes_back(t, block).unwrap_or(u64::MAX);
-        let mut chosen = (reallocated(&self.threads[i]), i);
-        for (j, t) in self.threads.iter().enumerate() {
-            if let Some(rival @ Merged::Call(c)) = t.queue.front() {
-                if j != i
-                    && c.tick == tick
-                    && tick <= watermark.of(j)
-                    && c.releases() == Some(block)
-                    && !self.blocked(rival)
-                    && !self.waits_for_join(t)
-                {
-                    chosen = chosen.min((reallocated(t), j));
-                }
-            }
-        }
-        if chosen.0 < reallocated(&self.threads[i]) {
-            chosen.1
-        } else {
-            i
-        }
-    }
-
     /// The next call in merged order, or `None` when the merge must wait for more chunks
     /// (or, after `finish`, when all is merged).
     pub fn pop(&mut self) -> Option<Merged> {
-        let watermark = if self.finishing || self.pending > MAX_PENDING {
-            Watermark::NONE
-        } else {
-            self.watermark()
-        };
+        // At the end, or holding too much, nothing is waited for.
+        let watermark = (!self.finishing && self.pending <= MAX_PENDING).then(|| self.watermark());
         let mut best: Option<((u64, u64), usize)> = None;
-        let mut best_deferred: Option<((u64, u64), usize)> = None;
         let mut oldest_blocked: Option<((u64, u64), usize)> = None;
         // One thread alone has nobody to wait for: its program order is the order, and
         // the causal check (a table lookup per call) is skipped.
@@ -554,29 +466,26 @@ impl Merger {
             let Some(head) = t.queue.front() else {
                 continue;
             };
-            let tick = merged_tick(head);
-            if tick > watermark.of(i) {
+            let when = (merged_tick(head), t.places.front().copied().unwrap_or(0));
+            if watermark.as_ref().is_some_and(|w| !w.allows(i, when)) {
                 continue;
             }
-            let when = (tick, t.within_tick.front().copied().unwrap_or(0));
             if !alone && (self.blocked(head) || self.waits_for_join(t)) {
                 if oldest_blocked.is_none_or(|(bw, _)| when < bw) {
                     oldest_blocked = Some((when, i));
                 }
             } else if best.is_none_or(|(bw, _)| when < bw) {
-                if !alone && self.given_away_before_reuse(i, &watermark) {
-                    if best_deferred.is_none_or(|(bw, _)| when < bw) {
-                        best_deferred = Some((when, i));
-                    }
-                } else {
-                    best = Some((when, i));
-                }
+                best = Some((when, i));
             }
         }
         // A blocked call is merged anyway (forced) once waiting longer cannot help.
-        let i = match (best.or(best_deferred), oldest_blocked) {
-            (Some((when, i)), _) if !alone => self.settle_rival_frees(i, when.0, &watermark),
-            (Some((_, i)), _) => i,
+        let i = match (best, oldest_blocked) {
+            (Some((when, i)), blocked) => {
+                if blocked.is_some_and(|(bw, _)| bw < when) {
+                    self.stats.reordered += 1;
+                }
+                i
+            }
             (None, Some((when, i)))
                 if self.finishing
                     || when.0.saturating_add(WAIT_WINDOW_TICKS) < self.max_seen
@@ -588,7 +497,7 @@ impl Merger {
         };
         let t = &mut self.threads[i];
         let mut m = t.queue.pop_front()?;
-        t.within_tick.pop_front();
+        t.places.pop_front();
         t.popped += 1;
         while t.joins.front().is_some_and(|&(pos, _)| pos < t.popped) {
             t.joins.pop_front();
@@ -628,81 +537,27 @@ impl Merger {
     }
 }
 
-/// Gives the items queued from `from` their places inside their ticks, the merge's order
-/// among threads within one tick. With anchors (`cycles[k]`: the cycle counter at the
-/// last anchor at or before the k-th new item; the interposer writes one every few dozen
-/// calls), an item is placed by interpolating the counter between the anchors around
-/// it, so two threads' calls in one millisecond keep their real order to within a few
-/// hundred nanoseconds. Without (traces written before anchors), the k-th of a thread's
-/// n items in one tick is put at k/n of it (0..65535).
-fn place_within_ticks(t: &mut ThreadQueue, from: usize, cycles: &[Option<u64>]) {
-    let Some(first) = cycles.iter().flatten().next().copied() else {
-        let mut start = from;
-        while start < t.queue.len() {
-            let tick = merged_tick(&t.queue[start]);
-            let mut end = start + 1;
-            while end < t.queue.len() && merged_tick(&t.queue[end]) == tick {
-                end += 1;
-            }
-            let n = (end - start) as u64;
-            t.within_tick.extend((0..n).map(|k| k * 65536 / n));
-            start = end;
-        }
-        return;
-    };
-    // Runs of items under one anchor; items before the chunk's first anchor join its run.
-    let anchor_of = |k: usize| cycles[k].unwrap_or(first);
-    let mut rate = 0u64; // cycles per item in the previous run
-    let mut start = 0;
-    while start < cycles.len() {
-        let a = anchor_of(start);
-        let mut end = start + 1;
-        while end < cycles.len() && anchor_of(end) == a {
-            end += 1;
-        }
-        let n = (end - start) as u64;
-        if end < cycles.len() {
-            rate = anchor_of(end).saturating_sub(a) / n;
-        }
-        t.within_tick
-            .extend((0..n).map(|k| a.saturating_add(k.saturating_mul(rate.max(1)))));
-        start = end;
-    }
-}
-
-/// The tick at which thread `t`'s second queued call allocates `block` again, if it does
-/// (its head being a free of `block`).
-fn takes_back(t: &ThreadQueue, block: u64) -> Option<u64> {
-    match t.queue.get(1) {
-        Some(Merged::Call(c)) if c.allocates() == Some(block) => Some(c.tick),
-        _ => None,
-    }
-}
-
 /// See [`Merger::watermark`].
 struct Watermark {
-    /// The active thread that has sent the fewest ticks (usize::MAX: none).
+    /// The active thread that has sent the least (usize::MAX: none).
     lowest_thread: usize,
-    /// Safe ticks for every other thread.
-    below_lowest: u64,
-    /// Safe ticks for the lowest thread itself (its own next buffer comes after its
-    /// calls anyway).
-    below_second: u64,
+    /// Every other thread's calls before this (tick, place) are safe.
+    below_lowest: (u64, u64),
+    /// The lowest thread's own calls before this are safe (its own next buffer comes
+    /// after its calls anyway).
+    below_second: (u64, u64),
+    /// Calls of ticks before this one have waited the whole window: they go.
+    floor: u64,
 }
 
 impl Watermark {
-    const NONE: Self = Self {
-        lowest_thread: usize::MAX,
-        below_lowest: u64::MAX,
-        below_second: u64::MAX,
-    };
-
-    fn of(&self, thread: usize) -> u64 {
-        if thread == self.lowest_thread {
+    fn allows(&self, thread: usize, when: (u64, u64)) -> bool {
+        let below = if thread == self.lowest_thread {
             self.below_second
         } else {
             self.below_lowest
-        }
+        };
+        when < below || when.0 < self.floor
     }
 }
 
@@ -782,16 +637,31 @@ mod tests {
         w.bytes
     }
 
-    /// `records` after an anchor: the cycle counter at `cycles`.
-    fn anchored(cycles: u64, records: Vec<u8>) -> Vec<u8> {
-        let mut w = Writer::new();
-        w.u8(10 | 0x10).varint(cycles);
-        w.bytes.extend_from_slice(&records);
-        w.bytes
+    /// A thread buffer of (is_free, address, order counter read) calls at one tick, as
+    /// the interposer writes them once a process has two threads: an order record before
+    /// each call whose reading is not the one the thread expects.
+    fn ordered(tid: u32, tick: u64, calls: &[(bool, u64, u64)]) -> (EventsHeader, Vec<u8>) {
+        let mut records = Vec::new();
+        let mut expected = 0;
+        for (i, &(is_free, addr, read)) in calls.iter().enumerate() {
+            if i == 0 || read != expected {
+                let mut w = Writer::new();
+                w.u8(10 | 0x20).varint(read - expected);
+                records.extend(w.bytes);
+            }
+            // Address deltas count from the chunk's previous address: one call per
+            // piece, each from 0, would misplace them; so each piece spells its address
+            // as a delta from the previous call's.
+            let prev = if i == 0 { 0 } else { calls[i - 1].1 };
+            let (_, b) = chunk(tid, tick, &[(is_free, addr.wrapping_sub(prev))]);
+            records.extend(b);
+            expected = read.saturating_add(u64::from(is_free));
+        }
+        (chunk(tid, tick, &[]).0, records)
     }
 
     /// Thread 2 allocates 0x5000 and frees it last; thread 3 then gets 0x5000. All in
-    /// one tick, where the estimates put thread 3's allocation before thread 2's.
+    /// one tick; thread 3's buffer is read first, and it wins a tie.
     fn handed_over_in_one_tick() -> [(EventsHeader, Vec<u8>); 2] {
         let two = chunk(
             2,
@@ -810,7 +680,7 @@ mod tests {
             },
             two.1,
         );
-        [two, chunk(3, 2, &[(false, 0x5000)])]
+        [chunk(3, 2, &[(false, 0x5000)]), two]
     }
 
     fn assert_never_live_twice(calls: &[Call]) {
@@ -843,55 +713,77 @@ mod tests {
     fn calls_after_a_join_wait_for_the_joined_threads_calls() {
         // Thread 3 is the main thread and joined thread 2: only the join record says its
         // allocation came last.
-        let [two, (h3, b3)] = handed_over_in_one_tick();
-        let (calls, stats) = merge_all([two, (h3, after_joining(2, b3))]);
+        let [(h3, b3), two] = handed_over_in_one_tick();
+        let (calls, stats) = merge_all([(h3, after_joining(2, b3)), two]);
         assert_eq!(calls.len(), 5);
         assert_eq!((calls[4].tid, calls[4].func), (3, Func::Malloc));
         assert_never_live_twice(&calls);
         assert_eq!(stats, MergeStats::default());
-        // Without the record the estimates mislead the merge (what the record is for).
+        // Without the record, nothing orders the two threads inside the tick (what the
+        // record is for).
         let (_, stats) = merge_all(handed_over_in_one_tick());
         assert_ne!(stats, MergeStats::default());
     }
 
     #[test]
-    fn of_two_frees_of_one_block_the_one_that_gets_it_back_goes_first() {
-        // Thread 2 frees 0x1000 (thread 1's) and gets it back at once; thread 3 frees it
-        // after that. The estimates put thread 3's free first in the tick.
+    fn places_order_two_threads_inside_one_tick() {
+        // As in the join test, without the join: thread 2's free took counter value 0,
+        // thread 3's allocation read 1 after it.
         let (calls, stats) = merge_all([
-            chunk(1, 1, &[(false, 0x1000)]),
-            chunk(2, 2, &[(false, 0x5000), (true, 0x1000), (false, 0x1000)]),
-            chunk(3, 2, &[(true, 0x1000)]),
+            ordered(3, 2, &[(false, 0x5000, 1)]),
+            ordered(
+                2,
+                2,
+                &[
+                    (false, 0x7000, 0),
+                    (false, 0x5000, 0),
+                    (false, 0x6000, 0),
+                    (true, 0x5000, 0),
+                ],
+            ),
         ]);
         assert_eq!(calls.len(), 5);
-        assert_eq!((calls[4].tid, calls[4].func), (3, Func::Free));
+        assert_eq!((calls[4].tid, calls[4].func), (3, Func::Malloc));
         assert_never_live_twice(&calls);
         assert_eq!(stats, MergeStats::default());
     }
 
     #[test]
-    fn a_block_given_away_for_good_waits_for_a_thread_that_frees_and_takes_it_back() {
-        // Thread 3 frees 0x1000 (thread 1's) and takes it back; thread 2 then frees that
-        // for good. The estimates put thread 2's free first in the tick, before thread 3's
-        // pair is at the head of its queue.
-        let (calls, stats) = merge_all([
-            chunk(1, 1, &[(false, 0x1000)]),
-            chunk(2, 2, &[(true, 0x1000)]),
-            chunk(3, 2, &[(false, 0x8000), (true, 0x1000), (false, 0x1000)]),
-        ]);
+    fn places_order_the_lives_of_one_block_across_threads() {
+        // Thread 1's block 0x1000 is freed by thread 2, allocated and freed by thread 3,
+        // then allocated by thread 2 again: four calls in one tick, two per thread.
+        let lives = |two: &[(bool, u64, u64)], three: &[(bool, u64, u64)]| {
+            merge_all([
+                chunk(1, 1, &[(false, 0x1000)]),
+                ordered(2, 2, two),
+                ordered(3, 2, three),
+            ])
+        };
+        let (calls, stats) = lives(
+            &[(true, 0x1000, 0), (false, 0x1000, 2)],
+            &[(false, 0x1000, 1), (true, 0x1000, 1)],
+        );
         let order: Vec<_> = calls.iter().map(|c| (c.tid, c.func)).collect();
         assert_eq!(
             order,
             [
                 (1, Func::Malloc),
+                (2, Func::Free),
                 (3, Func::Malloc),
                 (3, Func::Free),
-                (3, Func::Malloc),
-                (2, Func::Free)
+                (2, Func::Malloc)
             ]
         );
         assert_never_live_twice(&calls);
         assert_eq!(stats, MergeStats::default());
+        // Without places, thread 2's two calls go first, and thread 3 must force its
+        // allocation.
+        let (_, stats) = merge_all([
+            chunk(1, 1, &[(false, 0x1000)]),
+            chunk(2, 2, &[(true, 0x1000), (false, 0x1000)]),
+            chunk(3, 2, &[(false, 0x1000), (true, 0x1000)]),
+        ]);
+        assert_ne!(stats, MergeStats::default());
     }
 
     #[test]
@@ -947,31 +839,44 @@ mod tests {
     }
 
     #[test]
-    fn estimates_saturate_when_anchors_are_far_apart() {
-        // Anchor, one call, an anchor 2^62 units later, then five calls estimated at the
-        // previous run's rate: 4 x 2^62 would wrap around (found by fuzzing).
-        let (h, first) = chunk(1, 1, &[(false, 0x1000)]);
-        let (_, rest) = chunk(1, 1, &[(false, 0x2000); 5]);
-        let mut records = anchored(0, first);
-        // The deltas of `rest` count from 0 again: the calls' addresses do not matter.
-        records.extend(anchored(1 << 62, rest));
+    fn places_saturate_when_the_counter_jumps_far() {
+        // Readings near 2^64: twice the counter would wrap around and reverse the order.
+        let far = u64::MAX / 2;
+        let (h, b) = ordered(
+            1,
+            1,
+            &[
+                (false, 0x1000, 5),
+                (true, 0x1000, far),
+                (false, 0x2000, u64::MAX),
+                (true, 0x2000, u64::MAX),
+            ],
+        );
         let mut m = Merger::new();
-        m.push_chunk(&h, &records).unwrap();
-        let within: Vec<u64> = m.threads[0].within_tick.iter().copied().collect();
-        assert_eq!(within.len(), 6);
-        assert!(within.windows(2).all(|p| p[0] <= p[1]), "{within:?}");
+        m.push_chunk(&h, &b).unwrap();
+        let places: Vec<u64> = m.threads[0].places.iter().copied().collect();
+        assert_eq!(places.len(), 4);
+        assert!(places.windows(2).all(|p| p[0] <= p[1]), "{places:?}");
     }
 
     #[test]
-    fn anchors_order_two_threads_inside_one_tick() {
-        // As in the join test, without the join: thread 3's allocation came last, at a
-        // later cycle count than thread 2's calls, though the uniform estimate puts it
-        // before thread 2's allocation of the same block.
-        let [(h2, b2), (h3, b3)] = handed_over_in_one_tick();
-        let (calls, stats) = merge_all([(h2, anchored(100, b2)), (h3, anchored(900, b3))]);
-        assert_eq!((calls[4].tid, calls[4].func), (3, Func::Malloc));
-        assert_never_live_twice(&calls);
-        assert_eq!(stats, MergeStats::default());
+    fn a_thread_with_places_holds_back_only_calls_from_its_next_place_on() {
+        // Both buffers end inside tick 5; thread 1's next call reads 3 or more (place 6 or
+        // more), thread 2's 4 or more.
+        let mut m = Merger::new();
+        for (h, b) in [
+            ordered(1, 5, &[(false, 0x1000, 0), (true, 0x1000, 2)]),
+            ordered(2, 5, &[(false, 0x2000, 1), (false, 0x3000, 4)]),
+        ] {
+            m.push_chunk(&h, &b).unwrap();
+        }
+        let popped: Vec<(u32, u64)> = std::iter::from_fn(|| m.pop())
+            .filter_map(|x| match x {
+                Merged::Call(c) => Some((c.tid, c.addr)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(popped, [(1, 0x1000), (2, 0x2000), (1, 0x1000)]);
     }
 
     #[test]

@@ -165,7 +165,7 @@ pub fn summarize(
                             Record::Tick { .. }
                             | Record::Usable { .. }
                             | Record::Joined { .. }
-                            | Record::Anchor { .. },
+                            | Record::Order { .. },
                         )) => {}
                         Ok(None) => break,
                         Err(e) => {
