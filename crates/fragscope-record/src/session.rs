@@ -6,7 +6,7 @@ use std::io::{BufWriter, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
@@ -651,6 +651,37 @@ extern "C" fn forward_signal(sig: libc::c_int) {
 }
 
 /// Records `opts.command` into `opts.output`.
+/// The directory of the recorder's socket and clock page: in /dev/shm where there is one,
+/// as its files live in memory. Under a disk's journal, removing the directory at the end
+/// waited for the commit of the trace's writes (12 ms after a 37 MiB trace on ext4).
+fn rendezvous_dir() -> Result<tempfile::TempDir> {
+    let mut builder = tempfile::Builder::new();
+    builder.prefix("fragscope-");
+    builder
+        .tempdir_in("/dev/shm")
+        .or_else(|_| builder.tempdir())
+        .context("creating a temporary directory")
+}
+
+/// Creates the trace file. An earlier file at the path (an older trace, most likely) is
+/// unlinked and let go by a thread of its own: truncating it in place frees its blocks
+/// inside the call (25 ms for 37 MiB on ext4), time the recording would otherwise start
+/// late by. Anything else there (a symlink, a device) is opened as File::create would.
+fn create_output(path: &Path) -> std::io::Result<std::fs::File> {
+    let old = std::fs::symlink_metadata(path)
+        .ok()
+        .filter(|m| m.file_type().is_file() && m.len() > 0)
+        .and_then(|_| std::fs::File::open(path).ok());
+    if let Some(old) = old {
+        if std::fs::remove_file(path).is_ok() {
+            let _ = thread::Builder::new()
+                .name("fragscope-unlink".into())
+                .spawn(move || drop(old));
+        }
+    }
+    std::fs::File::create(path)
+}
+
 pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let program = opts
         .command
@@ -663,17 +694,14 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         .map(|binary| crate::ghc::prepare(&program_path, binary, &opts.output));
     let preload = crate::preload::preload_library()?;
     let started = Instant::now();
-    let dir = tempfile::Builder::new()
-        .prefix("fragscope-")
-        .tempdir()
-        .context("creating a temporary directory")?;
+    let dir = rendezvous_dir()?;
     let sock_path = dir.path().join("sock");
     let clock_path = dir.path().join("clock");
     let listener = UnixListener::bind(&sock_path)
         .with_context(|| format!("listening on {}", sock_path.display()))?;
     let clock = ClockPage::create(&clock_path)?;
 
-    let file = std::fs::File::create(&opts.output)
+    let file = create_output(&opts.output)
         .with_context(|| format!("creating {}", opts.output.display()))?;
     let mut writer = ChunkWriter::new(
         BufWriter::with_capacity(1 << 20, file),
