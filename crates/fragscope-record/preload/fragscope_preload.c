@@ -762,8 +762,6 @@ static inline uint8_t *put_addr(uint8_t *o, uint8_t *tag, uintptr_t addr, uintpt
     return put_varint(o, zigzag(d));
 }
 
-/* The CPU's cycle counter, the same clock on every core (constant-rate TSC); 0 where there
- * is none we can read. */
 /* Turns ordering on, before a second thread can make a call. One counter value is taken
  * first: this thread's calls so far have no place (the reader gives them 0), and every
  * ordered call of this tick reads a higher value. */

@@ -3,11 +3,12 @@
 //! stopped; it never panics.
 
 use fragscope_trace::reader::{read_all_from_bytes, Chunk, TraceReader};
+use fragscope_trace::{ChunkDecoder, Record, StreamTables};
 
 /// `fragscope record --stacks none -- reuse_threads`: raw event chunks.
 const TRACE: &[u8] = include_bytes!("fixtures/threads.fsc");
 /// `fragscope record --pack --stacks none -- reuse_threads 3 400`: packed events, stored
-/// in sections (chunk codec 2).
+/// in sections (chunk codec 2), with order records (three threads).
 const PACKED: &[u8] = include_bytes!("fixtures/threads-packed.fsc");
 
 fn chunks_of(data: &[u8]) -> (usize, bool) {
@@ -30,6 +31,26 @@ fn the_intact_fixtures_read_completely() {
     assert!(n > 5 && clean);
     // Its 2473 calls (`fragscope info`) and one allocator-statistics record.
     assert_eq!(read_all_from_bytes(PACKED), 2474);
+    assert!(
+        order_records(PACKED) > 0,
+        "the fixture must carry order records"
+    );
+}
+
+/// The order records of a trace's event chunks (one stream).
+fn order_records(data: &[u8]) -> usize {
+    let mut r = TraceReader::<&[u8]>::from_reader(data, data.len() as u64).expect("header intact");
+    let mut tables = StreamTables::default();
+    let mut n = 0;
+    while let Some(c) = r.next_chunk() {
+        if let Chunk::Events(h, records) = c {
+            let mut d = ChunkDecoder::new(&records, &h, &mut tables).report_all();
+            while let Ok(Some(rec)) = d.next_record() {
+                n += usize::from(matches!(rec, Record::Order { .. }));
+            }
+        }
+    }
+    n
 }
 
 #[test]
