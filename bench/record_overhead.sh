@@ -4,9 +4,11 @@
 # --stacks all, fragscope record --stacks none, fragscope record --pack, and heaptrack.
 #
 # usage: bench/record_overhead.sh [path/to/churn.c] [n=5000000] [runs=10]
+#        (ROUNDS=15: rounds of the interleaved timing of the default modes at the end)
 # needs: hyperfine, heaptrack (scripts/install-deps.sh --bench), a release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 src=${1:-../shared/cases/churn.c}
 n=${2:-5000000}
 runs=${3:-10}
@@ -41,3 +43,11 @@ for name, r in res.items():
     b = f"{sizes[name]:.2f}" if name in sizes else "-"
     print(f"| {name} | {r['mean']*1000:.0f} ms ± {r['stddev']*1000:.0f} | {r['mean']/bare:.2f}x | {b} |")
 PY
+
+# The default modes again in interleaved rounds (bare, default, --stacks none, bare, ...),
+# so that a drift in the machine's speed hits all three alike.
+echo
+"$root/bench/interleaved.sh" "${ROUNDS:-15}" \
+  "bare=./churn $n" \
+  "fragscope (sampled stacks)=$fs record -o sampled.fsc -- ./churn $n" \
+  "fragscope --stacks none=$fs record --stacks none -o none.fsc -- ./churn $n"

@@ -59,6 +59,8 @@ fn to_json(s: &TraceSummary) -> serde_json::Value {
             "calls": p.calls.iter().map(|(f, n)| (f.name().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
             "events": p.events,
             "event_bytes": p.event_bytes,
+            "buffers": p.buffers,
+            "packed_buffers": p.packed_buffers,
             "stacks": p.stacks,
             "rss_samples": p.rss_samples,
             "peak_rss": p.peak_rss_kib * 1024,
@@ -142,6 +144,7 @@ fn print_text(path: &std::path::Path, s: &TraceSummary) {
                 calls.join(", ")
             }
         );
+        println!("  buffers  {} ({} packed)", p.buffers, p.packed_buffers);
         println!(
             "  samples  {} RSS samples (peak {}), {} page-residency snapshots, {} stacks",
             p.rss_samples,

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Args, ValueEnum};
-use fragscope_record::{record, RecordOptions};
+use fragscope_record::{record, PackMode, RecordOptions};
 use fragscope_trace::StackMode;
 
 use crate::units;
@@ -19,6 +19,17 @@ enum Stacks {
     All,
     /// No stacks (fastest).
     None,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Pack {
+    /// Packed while fragscope keeps up with the program; a process whose calls come
+    /// faster than they are packed is stored as they come from then on.
+    Auto,
+    /// Always packed, even if the program has to wait.
+    Always,
+    /// Never packed.
+    Never,
 }
 
 /// Run a program and record its allocations, RSS and page residency into a trace.
@@ -53,12 +64,13 @@ pub struct RecordArgs {
     /// zstd compression level of the trace (1 = fastest, 19 = smallest).
     #[arg(long, default_value_t = 3, value_name = "LEVEL", value_parser = clap::value_parser!(i32).range(1..=19))]
     compression: i32,
-    /// Store events in the packed form: a freed block is named by its place among the live
-    /// ones, a block handed back from a thread cache costs no address, and each kind of
-    /// value is compressed on its own; traces about half the size, for more of fragscope's
-    /// own CPU while the program runs.
-    #[arg(long)]
-    pack: bool,
+    /// When to store events in the packed form (a freed block named by its place among the
+    /// live ones, a block handed back from a thread cache costing no address, each kind of
+    /// value compressed on its own): traces about half the size, for more of fragscope's
+    /// own CPU. `--pack` alone means always.
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = Pack::Auto,
+          num_args = 0..=1, require_equals = true, default_missing_value = "always")]
+    pack: Pack,
     /// The program to record, and its arguments.
     #[arg(required = true, last = true, value_name = "COMMAND")]
     command: Vec<OsString>,
@@ -79,7 +91,11 @@ pub fn run(a: RecordArgs) -> Result<ExitCode> {
         snapshot_ms: a.snapshot_ms,
         flush_ms: a.flush_ms.max(1),
         compression_level: a.compression,
-        pack: a.pack,
+        pack: match a.pack {
+            Pack::Auto => PackMode::Auto,
+            Pack::Always => PackMode::Always,
+            Pack::Never => PackMode::Never,
+        },
         command: a.command,
     };
     let out = record(&opts)?;

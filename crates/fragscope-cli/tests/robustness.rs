@@ -127,7 +127,8 @@ fn a_file_that_is_not_a_trace_is_refused_with_the_reason() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a fragscope trace"));
 }
 
-fn threads_freeing_each_others_blocks(alloc: Allocator, options: &[&str]) {
+/// Returns the process's buffers and how many were packed.
+fn threads_freeing_each_others_blocks(alloc: Allocator, options: &[&str]) -> (u64, u64) {
     let dir = tempfile::tempdir().unwrap();
     let exe = build(dir.path(), "cross_free_threads", &[]);
     let (threads, rounds) = (8u64, 20_000u64);
@@ -150,37 +151,71 @@ fn threads_freeing_each_others_blocks(alloc: Allocator, options: &[&str]) {
         s.cross_thread_reuse > 100,
         "the program must make threads reuse each other's addresses: {s:#?}"
     );
-    // As the bounded ordering test (tests/ordering.rs): at most 128 calls need forcing,
-    // and only those can make a block's free count go missing.
-    let disorder = s.disorder();
-    assert!(disorder <= 128, "{disorder} calls out of order: {s:#?}");
-    assert!(
-        (blocks - disorder..=blocks).contains(&s.freed(40)),
-        "{s:#?}"
-    );
+    // As tests/ordering.rs: the order counter leaves nothing out of order.
+    assert_eq!(s.disorder(), 0, "calls out of order: {s:#?}");
+    assert_eq!(s.freed(40), blocks, "{s:#?}");
     assert_eq!(s.merge.lost_events, 0);
+    let buffers = procs[0]["buffers"].as_u64().unwrap();
+    (buffers, procs[0]["packed_buffers"].as_u64().unwrap())
 }
 
 #[test]
 fn threads_freeing_each_others_blocks_are_counted_exactly_under_glibc() {
-    threads_freeing_each_others_blocks(Allocator::Glibc, &[]);
+    let (_, packed) = threads_freeing_each_others_blocks(Allocator::Glibc, &["--pack=never"]);
+    assert_eq!(packed, 0);
 }
 
 #[test]
 fn threads_freeing_each_others_blocks_are_counted_exactly_under_jemalloc() {
-    threads_freeing_each_others_blocks(Allocator::Jemalloc, &[]);
+    let (_, packed) = threads_freeing_each_others_blocks(Allocator::Jemalloc, &["--pack=never"]);
+    assert_eq!(packed, 0);
+}
+
+/// By default a process is packed while fragscope keeps up: eight threads allocating
+/// flat out outrun the packing, so their first buffers are packed and the rest stored as
+/// they came, in one stream that must read back exactly.
+#[test]
+fn a_stream_packed_until_the_program_outran_it_reads_back_exactly() {
+    let (buffers, packed) = threads_freeing_each_others_blocks(Allocator::Glibc, &[]);
+    assert!(
+        packed > 0 && packed < buffers,
+        "{packed} of {buffers} buffers packed"
+    );
+}
+
+/// A program that allocates at a modest pace is packed throughout by default.
+#[test]
+fn a_program_allocating_at_a_modest_pace_is_packed_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build(dir.path(), "paced", &[]);
+    let (j, calls) = record_and_read_with(
+        Allocator::Glibc,
+        &[],
+        dir.path(),
+        &exe,
+        &["40", "2000", "3000"],
+        0,
+    );
+    let p = &processes(&j)[0];
+    let buffers = p["buffers"].as_u64().unwrap();
+    assert!(buffers > 1, "{p:#}");
+    assert_eq!(p["packed_buffers"], buffers, "{p:#}");
+    assert_eq!(calls[0].disorder(), 0, "{:#?}", calls[0]);
+    assert_eq!(p["calls"]["malloc"], 80_000, "{p:#}");
 }
 
 /// The packed form names blocks by what the stream said before, across threads that
 /// free each other's blocks and reuse each other's addresses: it must read back exactly.
 #[test]
 fn threads_freeing_each_others_blocks_read_back_exactly_from_a_packed_trace_under_glibc() {
-    threads_freeing_each_others_blocks(Allocator::Glibc, &["--pack"]);
+    let (buffers, packed) = threads_freeing_each_others_blocks(Allocator::Glibc, &["--pack"]);
+    assert_eq!(packed, buffers);
 }
 
 #[test]
 fn threads_freeing_each_others_blocks_read_back_exactly_from_a_packed_trace_under_jemalloc() {
-    threads_freeing_each_others_blocks(Allocator::Jemalloc, &["--pack"]);
+    let (buffers, packed) = threads_freeing_each_others_blocks(Allocator::Jemalloc, &["--pack"]);
+    assert_eq!(packed, buffers);
 }
 
 fn fork_then_exec(alloc: Allocator) {

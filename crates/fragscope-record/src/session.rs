@@ -38,11 +38,28 @@ pub struct RecordOptions {
     pub flush_ms: u32,
     /// zstd level of the trace chunks.
     pub compression_level: i32,
-    /// Rewrite event buffers into the packed form (fragscope_trace::pack) before storing.
-    pub pack: bool,
+    /// When to rewrite event buffers into the packed form (fragscope_trace::pack).
+    pub pack: PackMode,
     /// The program and its arguments.
     pub command: Vec<OsString>,
 }
+
+/// When event buffers are stored in the packed form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PackMode {
+    /// While the recorder keeps up: a process whose buffers queue up behind the packing
+    /// is stored raw from then on (the program would otherwise wait for fragscope).
+    Auto,
+    /// Every buffer, even if the program must wait.
+    Always,
+    Never,
+}
+
+/// Auto packing gives a process up once this many bytes wait on its connection after
+/// each of `BEHIND_STREAK` packed buffers in a row: its buffers arrive faster than they
+/// are packed. (An interposer buffer holds at most 128 KiB.)
+const BEHIND_BYTES: usize = 128 << 10;
+const BEHIND_STREAK: u32 = 2;
 
 /// How a recording ended.
 #[derive(Debug, Clone)]
@@ -85,10 +102,13 @@ struct ProcState {
     last_snapshot: Option<Instant>,
     event_bytes: u64,
     label: String,
-    /// Packs this stream's buffers (with --pack); shared by the stream's connections,
-    /// which may follow one another, and held while a packed buffer is sent, so that
-    /// buffers are stored in the order they were packed.
+    /// Packs this stream's buffers; shared by the stream's connections, which may follow
+    /// one another, and held while a packed buffer is sent, so that buffers are stored in
+    /// the order they were packed.
     packer: Arc<Mutex<Packer>>,
+    /// Its buffers are packed. Once off, never on again: the packed form's tables need
+    /// every call of the stream.
+    packing: bool,
 }
 
 struct Shared {
@@ -99,8 +119,8 @@ struct Shared {
     page_size: u64,
     event_bytes: AtomicU64,
     arrivals: Mutex<Vec<Arrival>>,
-    /// Store event buffers in the packed form.
-    pack: bool,
+    /// When to store event buffers in the packed form.
+    pack: PackMode,
 }
 
 /// A connection being served. Each is read by its own thread, so nothing but this keeps
@@ -297,6 +317,7 @@ impl Shared {
             event_bytes: 0,
             label,
             packer: Arc::default(),
+            packing: self.pack != PackMode::Never,
         });
         drop(procs);
         let process = Process {
@@ -349,15 +370,18 @@ fn serve_arrival(shared: Arc<Shared>, conn: UnixStream, id: u64) {
     shared.arrivals.lock().unwrap().retain(|a| a.id != id);
 }
 
-/// Stores one connection's event buffers (packed with --pack).
+/// Stores one connection's event buffers (packed while its stream is packing).
 struct EventStore<'a> {
     shared: &'a Arc<Shared>,
     packed: PackedBuffer,
     pack_failed: bool,
+    /// Packed buffers in a row after which the connection had a backlog.
+    behind: u32,
 }
 
 impl EventStore<'_> {
-    fn events(&mut self, h: EventsHeader, payload: &[u8]) {
+    /// Stores one buffer; says whether it was packed.
+    fn events(&mut self, h: EventsHeader, payload: &[u8]) -> bool {
         let shared = self.shared;
         shared
             .event_bytes
@@ -367,12 +391,12 @@ impl EventStore<'_> {
             match procs.streams.get_mut(h.stream as usize) {
                 Some(st) => {
                     st.event_bytes += payload.len() as u64;
-                    (Some(st.packer.clone()), st.pid)
+                    (st.packing.then(|| st.packer.clone()), st.pid)
                 }
                 None => (None, 0),
             }
         };
-        match packer.filter(|_| shared.pack) {
+        match packer {
             Some(packer) => {
                 let mut p = packer.lock().unwrap();
                 if let Err(e) = p.pack(h.tid, h.first_tick, payload, &mut self.packed) {
@@ -388,9 +412,50 @@ impl EventStore<'_> {
                 let header_len = payload.len() - self.packed.bytes.len();
                 let ends = self.packed.section_ends.iter().map(|e| e + header_len);
                 shared.send_sections(ChunkKind::PackedEvents, payload, ends.collect());
+                true
             }
-            None => shared.send(ChunkKind::Events, h.encode_with(payload)),
+            None => {
+                shared.send(ChunkKind::Events, h.encode_with(payload));
+                false
+            }
         }
+    }
+
+    /// Auto packing: `backlog` bytes waited on the connection once a buffer of `stream`
+    /// was packed. A stream that stays behind is stored raw from then on.
+    fn packed_with_backlog(&mut self, stream: u32, backlog: usize) {
+        if self.shared.pack != PackMode::Auto {
+            return;
+        }
+        self.behind = if backlog >= BEHIND_BYTES {
+            self.behind + 1
+        } else {
+            0
+        };
+        if self.behind >= BEHIND_STREAK {
+            if let Some(st) = self
+                .shared
+                .procs
+                .lock()
+                .unwrap()
+                .streams
+                .get_mut(stream as usize)
+            {
+                st.packing = false;
+            }
+        }
+    }
+}
+
+/// Bytes received on `conn` and not read yet.
+fn unread_bytes(conn: &UnixStream) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    let rc = unsafe { libc::ioctl(conn.as_raw_fd(), libc::FIONREAD, &mut n) };
+    if rc == 0 {
+        n.max(0) as usize
+    } else {
+        0
     }
 }
 
@@ -403,6 +468,7 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
         shared,
         packed: PackedBuffer::default(),
         pack_failed: false,
+        behind: 0,
     };
     // Copies of other threads' buffers sent at exit, by thread, until superseded.
     let mut copies: HashMap<u32, (EventsHeader, Vec<u8>)> = HashMap::new();
@@ -460,7 +526,10 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
                     // and a later one without it, frees of blocks it holds as missing).
                     continue;
                 }
-                store.events(h, &payload);
+                if store.events(h, &payload) {
+                    let backlog = reader.buffer().len() + unread_bytes(&conn);
+                    store.packed_with_backlog(s, backlog);
+                }
             }
             MsgType::MapsChanged => {
                 if let Some(s) = stream {

@@ -22,6 +22,9 @@ pub struct ProcessSummary {
     pub calls: BTreeMap<Func, u64>,
     pub events: u64,
     pub event_bytes: u64,
+    /// Thread buffers stored, and how many of them in the packed form.
+    pub buffers: u64,
+    pub packed_buffers: u64,
     pub stacks: u64,
     pub rss_samples: u64,
     pub peak_rss_kib: u64,
@@ -138,6 +141,8 @@ pub fn summarize(
                 let ps = &mut sum.processes[i];
                 ps.threads.insert(h.tid);
                 ps.event_bytes += records.len() as u64;
+                ps.buffers += 1;
+                ps.packed_buffers += u64::from(h.packed);
                 let expected = next_seq.entry((h.stream, h.tid)).or_insert(0);
                 ps.lost_buffers += u64::from(h.seq.saturating_sub(*expected));
                 *expected = h.seq + 1;
