@@ -3,7 +3,8 @@
 # tests/c/reuse_threads.c (8 threads freeing each other's blocks, addresses reused at once)
 # `rounds` times, `parallel` recordings at once (more threads than cores: threads are
 # preempted mid-buffer, which is what misleads a merge), half under glibc and half under
-# jemalloc, and counts the recordings whose merge had to force a call (examples/check_order).
+# jemalloc, and counts the recordings whose merge had to force a call, or had to take a call
+# out of the order counter's order (examples/check_order).
 #
 # usage: bench/ordering.sh [rounds=15] [parallel=4]   (KEEP=1 keeps the traces in bench/out/ordering;
 #        CHECK=path/to/check_order checks them with another build of the merge)
@@ -31,14 +32,16 @@ for r in $(seq 1 "$rounds"); do
   wait
 done
 for alloc in glibc jemalloc; do
-  total=0 clean=0 late=0
+  total=0 clean=0 late=0 reordered=0
   for f in "$out"/$alloc-*.fsc; do
     [ -e "$f" ] || continue
     stats=$("$check" "$f" | tail -1)
     total=$((total + 1))
     case "$stats" in *"forced_allocs: 0, unknown_frees: 0"*) clean=$((clean + 1)) ;; esac
     case "$stats" in *"late: 0,"*) ;; *) late=$((late + 1)) ;; esac
+    case "$stats" in *"reordered: 0 "*) ;; *) reordered=$((reordered + 1)) ;; esac
   done
-  echo "$alloc: $clean of $total recordings merged with nothing forced; $late with calls merged late"
+  echo "$alloc: $clean of $total recordings merged with nothing forced; $late with calls merged late;" \
+    "$reordered with calls taken out of counter order for causality"
 done
 [ -n "${KEEP:-}" ] || rm -f "$out"/*.fsc
