@@ -424,9 +424,6 @@ impl EventStore<'_> {
     /// Auto packing: `backlog` bytes waited on the connection once a buffer of `stream`
     /// was packed. A stream that stays behind is stored raw from then on.
     fn packed_with_backlog(&mut self, stream: u32, backlog: usize) {
-        if self.shared.pack != PackMode::Auto {
-            return;
-        }
         self.behind = if backlog >= BEHIND_BYTES {
             self.behind + 1
         } else {
@@ -526,7 +523,7 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
                     // and a later one without it, frees of blocks it holds as missing).
                     continue;
                 }
-                if store.events(h, &payload) {
+                if store.events(h, &payload) && shared.pack == PackMode::Auto {
                     let backlog = reader.buffer().len() + unread_bytes(&conn);
                     store.packed_with_backlog(s, backlog);
                 }
@@ -719,7 +716,6 @@ extern "C" fn forward_signal(sig: libc::c_int) {
     }
 }
 
-/// Records `opts.command` into `opts.output`.
 /// The directory of the recorder's socket and clock page: in /dev/shm where there is one,
 /// as its files live in memory. Under a disk's journal, removing the directory at the end
 /// waited for the commit of the trace's writes (12 ms after a 37 MiB trace on ext4).
@@ -751,6 +747,7 @@ fn create_output(path: &Path) -> std::io::Result<std::fs::File> {
     std::fs::File::create(path)
 }
 
+/// Records `opts.command` into `opts.output`.
 pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let program = opts
         .command
