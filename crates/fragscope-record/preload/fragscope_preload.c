@@ -964,10 +964,13 @@ static inline __attribute__((always_inline)) int record_common(uint8_t kind, uin
         return 0;
     }
     if (UNLIKELY(__atomic_load_n(&ordering_on, __ATOMIC_RELAXED))) {
-        /* Taken only now that this path is sure to write the call: a free takes one
-         * value, once. A tick that moved meanwhile is noted as the general path would. */
-        now = clock_for(kind, 1);
-        if (UNLIKELY(now >> TICK_SHIFT != ts->tick)) tick_changed(ts, now >> TICK_SHIFT);
+        /* A free takes its value only now that this path is sure to write the call (once);
+         * a tick that moved meanwhile is noted as the general path would. An allocation's
+         * reading is the one above, already after the real call. */
+        if (kind == KIND_FREE) {
+            now = clock_for(kind, 1);
+            if (UNLIKELY(now >> TICK_SHIFT != ts->tick)) tick_changed(ts, now >> TICK_SHIFT);
+        }
         note_order(ts, now, kind == KIND_FREE);
     }
     uint8_t tag = kind;
