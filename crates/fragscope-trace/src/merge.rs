@@ -187,11 +187,10 @@ pub struct MergeStats {
 
 struct ThreadQueue {
     tid: u32,
-    queue: VecDeque<Merged>,
-    /// For each queued item, its place inside its tick ([`ChunkDecoder::place`]; 0 when
-    /// the thread recorded none). Across threads the merge takes the earliest (tick,
-    /// place) among the calls it may take.
-    places: VecDeque<u64>,
+    /// Items with their places inside their ticks ([`ChunkDecoder::place`]; 0 when the
+    /// thread recorded none). Across threads the merge takes the earliest (tick, place)
+    /// among the calls it may take.
+    queue: VecDeque<(Merged, u64)>,
     /// No future item of this thread comes before this (tick, place).
     known_through: (u64, u64),
     /// The thread sent its last buffer: the merge no longer waits for it.
@@ -289,7 +288,6 @@ impl Merger {
             self.threads.push(ThreadQueue {
                 tid: h.tid,
                 queue: VecDeque::new(),
-                places: VecDeque::new(),
                 known_through: (0, 0),
                 exited: false,
                 stacks: HashMap::new(),
@@ -377,8 +375,7 @@ impl Merger {
                 }
                 Record::Tick { .. } | Record::Usable { .. } | Record::Order { .. } => continue,
             };
-            t.queue.push_back(item);
-            t.places.push_back(d.place().unwrap_or(0));
+            t.queue.push_back((item, d.place().unwrap_or(0)));
             self.pending += 1;
         }
         // A thread without places may have more calls at place 0 of its last tick.
@@ -463,10 +460,10 @@ impl Merger {
         // the causal check (a table lookup per call) is skipped.
         let alone = self.threads.len() == 1;
         for (i, t) in self.threads.iter().enumerate() {
-            let Some(head) = t.queue.front() else {
+            let Some((head, place)) = t.queue.front() else {
                 continue;
             };
-            let when = (merged_tick(head), t.places.front().copied().unwrap_or(0));
+            let when = (merged_tick(head), *place);
             if watermark.as_ref().is_some_and(|w| !w.allows(i, when)) {
                 continue;
             }
@@ -496,8 +493,7 @@ impl Merger {
             _ => return None,
         };
         let t = &mut self.threads[i];
-        let mut m = t.queue.pop_front()?;
-        t.places.pop_front();
+        let (mut m, _) = t.queue.pop_front()?;
         t.popped += 1;
         while t.joins.front().is_some_and(|&(pos, _)| pos < t.popped) {
             t.joins.pop_front();
@@ -582,9 +578,37 @@ mod tests {
 
     /// A thread buffer of (is_free, address) calls at one tick.
     fn chunk(tid: u32, tick: u64, calls: &[(bool, u64)]) -> (EventsHeader, Vec<u8>) {
+        buffer(
+            tid,
+            tick,
+            calls.iter().map(|&(is_free, addr)| (is_free, addr, None)),
+        )
+    }
+
+    /// A thread buffer of (is_free, address, order counter read) calls at one tick, as
+    /// the interposer writes them once a process has two threads: an order record before
+    /// the first call and before each call whose reading is not the one the thread expects.
+    fn ordered(tid: u32, tick: u64, calls: &[(bool, u64, u64)]) -> (EventsHeader, Vec<u8>) {
+        buffer(
+            tid,
+            tick,
+            calls.iter().map(|&(f, a, read)| (f, a, Some(read))),
+        )
+    }
+
+    /// A thread buffer at one tick of calls (is_free, address, order counter read if any).
+    fn buffer(
+        tid: u32,
+        tick: u64,
+        calls: impl IntoIterator<Item = (bool, u64, Option<u64>)>,
+    ) -> (EventsHeader, Vec<u8>) {
         let mut w = Writer::new();
-        let mut prev = 0u64;
-        for &(is_free, addr) in calls {
+        let (mut prev, mut expected) = (0u64, None);
+        for (is_free, addr, read) in calls {
+            if let Some(read) = read.filter(|&r| expected != Some(r)) {
+                w.u8(10 | 0x20).varint(read - expected.unwrap_or(0));
+            }
+            expected = read.map(|r| r.saturating_add(u64::from(is_free)));
             w.u8(if is_free { 9 } else { 0 });
             w.svarint((addr.wrapping_sub(prev) as i64) / 16);
             prev = addr;
@@ -635,29 +659,6 @@ mod tests {
         w.u8(14 | 0x10).varint(tid.into());
         w.bytes.extend_from_slice(&records);
         w.bytes
-    }
-
-    /// A thread buffer of (is_free, address, order counter read) calls at one tick, as
-    /// the interposer writes them once a process has two threads: an order record before
-    /// each call whose reading is not the one the thread expects.
-    fn ordered(tid: u32, tick: u64, calls: &[(bool, u64, u64)]) -> (EventsHeader, Vec<u8>) {
-        let mut records = Vec::new();
-        let mut expected = 0;
-        for (i, &(is_free, addr, read)) in calls.iter().enumerate() {
-            if i == 0 || read != expected {
-                let mut w = Writer::new();
-                w.u8(10 | 0x20).varint(read - expected);
-                records.extend(w.bytes);
-            }
-            // Address deltas count from the chunk's previous address: one call per
-            // piece, each from 0, would misplace them; so each piece spells its address
-            // as a delta from the previous call's.
-            let prev = if i == 0 { 0 } else { calls[i - 1].1 };
-            let (_, b) = chunk(tid, tick, &[(is_free, addr.wrapping_sub(prev))]);
-            records.extend(b);
-            expected = read.saturating_add(u64::from(is_free));
-        }
-        (chunk(tid, tick, &[]).0, records)
     }
 
     /// Thread 2 allocates 0x5000 and frees it last; thread 3 then gets 0x5000. All in
@@ -854,7 +855,7 @@ mod tests {
         );
         let mut m = Merger::new();
         m.push_chunk(&h, &b).unwrap();
-        let places: Vec<u64> = m.threads[0].places.iter().copied().collect();
+        let places: Vec<u64> = m.threads[0].queue.iter().map(|q| q.1).collect();
         assert_eq!(places.len(), 4);
         assert!(places.windows(2).all(|p| p[0] <= p[1]), "{places:?}");
     }
