@@ -8,8 +8,8 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -23,7 +23,7 @@ use fragscope_trace::{
 
 use crate::clock::ClockPage;
 use crate::procfs;
-use crate::protocol::{self, MsgType, HELLO_FORKED, HELLO_RESUMED};
+use crate::protocol::{self, MsgHeader, MsgType, HELLO_FORKED, HELLO_RESUMED};
 
 /// What `fragscope record` was asked to do.
 #[derive(Debug, Clone)]
@@ -60,6 +60,12 @@ pub enum PackMode {
 /// are packed. (An interposer buffer holds at most 128 KiB.)
 const BEHIND_BYTES: usize = 128 << 10;
 const BEHIND_STREAK: u32 = 2;
+
+/// Messages a connection's reader may hold for its handler (each at most an interposer
+/// buffer): enough that the program goes on while a few buffers are packed, few enough
+/// that a recorder that falls behind makes the program wait rather than piling up its
+/// buffers.
+const QUEUED_MESSAGES: usize = 16;
 
 /// How a recording ended.
 #[derive(Debug, Clone)]
@@ -456,11 +462,37 @@ fn unread_bytes(conn: &UnixStream) -> usize {
     }
 }
 
-/// Serves one interposer connection until it closes.
+/// A connection's reading side: reads messages off the socket as they arrive, so that the
+/// program does not wait while its handler packs a buffer. Payloads come back through
+/// `spare` to be reused (a fresh 128 KiB buffer each time would be mapped and faulted in).
+fn read_messages(
+    conn: UnixStream,
+    tx: SyncSender<(MsgHeader, Vec<u8>)>,
+    spare: Receiver<Vec<u8>>,
+    queued: Arc<AtomicUsize>,
+) {
+    let mut reader = std::io::BufReader::with_capacity(256 << 10, conn);
+    while let Ok(Some(header)) = protocol::read_header(&mut reader) {
+        if header.len > protocol::MAX_PAYLOAD {
+            break; // not our interposer speaking
+        }
+        let mut payload = spare.try_recv().unwrap_or_default();
+        payload.resize(header.len as usize, 0);
+        if reader.read_exact(&mut payload).is_err() {
+            break;
+        }
+        queued.fetch_add(payload.len(), Ordering::Relaxed);
+        if tx.send((header, payload)).is_err() {
+            break;
+        }
+    }
+}
+
+/// Serves one interposer connection until it closes: a thread of its own reads the
+/// messages (`read_messages`), this one handles them in the order they came.
 fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
     let mut stream: Option<u32> = None;
     let mut pid = 0u32;
-    let mut payload = Vec::new();
     let mut store = EventStore {
         shared,
         packed: PackedBuffer::default(),
@@ -471,18 +503,21 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
     let mut copies: HashMap<u32, (EventsHeader, Vec<u8>)> = HashMap::new();
     // Their seq by thread once stored (at the exit, before its snapshot).
     let mut stored_copies: HashMap<u32, u32> = HashMap::new();
-    let mut reader = match conn.try_clone() {
-        Ok(c) => std::io::BufReader::with_capacity(1 << 20, c),
+    let (tx, messages) = sync_channel(QUEUED_MESSAGES);
+    let (spare_tx, spare) = channel();
+    // Payload bytes read and not handled yet.
+    let queued = Arc::new(AtomicUsize::new(0));
+    let reader = match conn.try_clone().and_then(|c| {
+        let queued = queued.clone();
+        thread::Builder::new()
+            .name("fragscope-read".into())
+            .spawn(move || read_messages(c, tx, spare, queued))
+    }) {
+        Ok(handle) => handle,
         Err(_) => return,
     };
-    while let Ok(Some(header)) = protocol::read_header(&mut reader) {
-        if header.len > protocol::MAX_PAYLOAD {
-            break; // not our interposer speaking
-        }
-        payload.resize(header.len as usize, 0);
-        if reader.read_exact(&mut payload).is_err() {
-            break;
-        }
+    for (header, payload) in messages {
+        queued.fetch_sub(payload.len(), Ordering::Relaxed);
         match header.kind {
             MsgType::Hello => {
                 if let Some(hello) = protocol::parse_hello(&payload) {
@@ -511,7 +546,7 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
                     packed: false,
                 };
                 if header.seq & 0x4000_0000 != 0 {
-                    copies.insert(h.tid, (h, payload.clone()));
+                    copies.insert(h.tid, (h, payload));
                     continue;
                 }
                 if copies.get(&h.tid).is_some_and(|(c, _)| c.seq == h.seq) {
@@ -524,7 +559,7 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
                     continue;
                 }
                 if store.events(h, &payload) && shared.pack == PackMode::Auto {
-                    let backlog = reader.buffer().len() + unread_bytes(&conn);
+                    let backlog = queued.load(Ordering::Relaxed) + unread_bytes(&conn);
                     store.packed_with_backlog(s, backlog);
                 }
             }
@@ -557,7 +592,9 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
             }
             MsgType::Unknown(_) => {}
         }
+        let _ = spare_tx.send(payload);
     }
+    let _ = reader.join();
     for (_, (h, copy)) in copies.drain() {
         store.events(h, &copy);
     }
