@@ -27,6 +27,9 @@ pub struct RssPoint {
     /// File-backed and shared.
     pub rss_file: u64,
     pub lazy_free: u64,
+    /// LazyFree was read with this sample (smaps_rollup is read every 100 ms, RSS every
+    /// 10): otherwise `lazy_free` is the reading before, which may predate a release.
+    pub lazy_free_fresh: bool,
 }
 
 /// One moment of the timeline: the RTS's figures (the latest posted at or before it)
@@ -96,7 +99,8 @@ pub struct GhcPhase {
     pub live_end: u64,
     pub rss_max: Option<u64>,
     pub heap_size_max: u64,
-    /// The moment in the middle of the phase that `decomposition` describes.
+    /// The moment that `decomposition` describes: the phase's middle, or the RSS sample
+    /// nearest it whose LazyFree was read with it.
     pub snapshot_t_ms: f64,
     pub decomposition: GhcDecomposition,
     /// The heap profile census nearest that moment, largest first.
@@ -262,6 +266,7 @@ pub fn analyze_trace(trace: &Path) -> Result<GhcReport, GhcError> {
                 rss_anon: anon,
                 rss_file: file,
                 lazy_free: if i > 0 { lazy[i - 1].1 } else { 0 },
+                lazy_free_fresh: i > 0 && lazy[i - 1].0 == tick,
             }
         })
         .collect();
@@ -396,12 +401,23 @@ pub fn analyze(log: &Eventlog, rss: Option<&[RssPoint]>, offset_ms: f64) -> GhcR
     let mut phases: Vec<GhcPhase> = phases::detect(&curve)
         .into_iter()
         .map(|span| {
-            let inside: Vec<&GhcPoint> = full
-                .iter()
-                .filter(|p| p.t_ms >= span.start_ms && p.t_ms <= span.end_ms)
+            let inside_at: Vec<usize> = (0..full.len())
+                .filter(|&i| full[i].t_ms >= span.start_ms && full[i].t_ms <= span.end_ms)
                 .collect();
+            let inside: Vec<&GhcPoint> = inside_at.iter().map(|&i| &full[i]).collect();
+            // The phase is shown at its middle, or at the sample nearest it whose LazyFree
+            // was read with it: a staler reading may predate the RTS's release of memory
+            // and leave the released pages outside every part but `outside_live`.
+            let middle = inside_at.len() / 2;
+            let shown = rss
+                .and_then(|rss| {
+                    (0..inside_at.len())
+                        .filter(|&k| rss[inside_at[k]].lazy_free_fresh)
+                        .min_by_key(|&k| k.abs_diff(middle))
+                })
+                .unwrap_or(middle);
             let mid = inside
-                .get(inside.len() / 2)
+                .get(shown)
                 .copied()
                 .cloned()
                 .unwrap_or_else(|| point(span.start_ms, &heap_at(span.start_ms), None));
@@ -749,6 +765,45 @@ mod tests {
             + d.other_anon.unwrap()
             + d.file.unwrap();
         assert_eq!(sum as i64 + d.unexplained.unwrap(), 2000);
+    }
+
+    /// RSS every 10 ms and LazyFree every 100 ms, as recorded: a phase is shown at a
+    /// sample whose LazyFree was read with it, not at a staler reading that may predate
+    /// the RTS's release of memory.
+    #[test]
+    fn phases_are_shown_where_lazy_free_was_read() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fragscope-ghc/tests/fixtures/pinned-take-200000.eventlog");
+        let log = read_eventlog(&path).unwrap();
+        let end_ms = log.events.iter().map(|e| e.time_ns).max().unwrap() as f64 / 1e6;
+        const MIB: u64 = 1 << 20;
+        let rss: Vec<RssPoint> = (0..=(end_ms / 10.0) as u64 + 1)
+            .map(|i| {
+                let fresh = i % 10 == 0;
+                RssPoint {
+                    t_ms: i as f64 * 10.0,
+                    rss: 400 * MIB,
+                    rss_anon: 390 * MIB,
+                    rss_file: 10 * MIB,
+                    // The stale readings stand for ones taken before a release.
+                    lazy_free: if fresh { 100 * MIB } else { 0 },
+                    lazy_free_fresh: fresh,
+                }
+            })
+            .collect();
+        let report = analyze(&log, Some(&rss), 0.0);
+        let mut checked = 0;
+        for phase in &report.phases {
+            let holds_a_reading = rss
+                .iter()
+                .any(|r| r.lazy_free_fresh && r.t_ms >= phase.start_ms && r.t_ms <= phase.end_ms);
+            if holds_a_reading {
+                assert_eq!(phase.snapshot_t_ms % 100.0, 0.0, "{phase:?}");
+                assert_eq!(phase.decomposition.lazy_free, Some(100 * MIB));
+                checked += 1;
+            }
+        }
+        assert!(checked >= 2, "{:?}", report.phases);
     }
 
     #[test]
