@@ -221,6 +221,24 @@ pub struct Merger {
     finishing: bool,
     stats: MergeStats,
     own_memory: u64,
+    /// The thread the last full scan chose, while its calls may follow without another.
+    run: Option<Run>,
+    /// Tests: scan for every call, the reference the runs must agree with.
+    #[cfg(test)]
+    scan_every_call: bool,
+}
+
+/// What lets `pop` take a thread's next call without looking at every thread again: the
+/// last full scan chose this thread, and nothing was queued since. Its next call is the
+/// one a scan would choose if it comes before every other thread's head (blocked or not,
+/// allowed or not) and the scan's watermark still allows it. A process with hundreds of
+/// threads otherwise pays a pass over all of them for each call.
+struct Run {
+    thread: usize,
+    /// The earliest head among the other threads at the scan.
+    before: (u64, u64),
+    /// The scan's watermark; `None`: it merged without one (finishing, or too much held).
+    watermark: Option<Watermark>,
 }
 
 impl Default for Merger {
@@ -245,6 +263,9 @@ impl Merger {
             finishing: false,
             stats: MergeStats::default(),
             own_memory: 0,
+            run: None,
+            #[cfg(test)]
+            scan_every_call: false,
         }
     }
 
@@ -284,6 +305,7 @@ impl Merger {
 
     /// Adds one thread buffer (an events chunk of this process).
     pub fn push_chunk(&mut self, h: &EventsHeader, records: &[u8]) -> Result<(), TraceError> {
+        self.run = None;
         let ti = *self.thread_index.entry(h.tid).or_insert_with(|| {
             self.threads.push(ThreadQueue {
                 tid: h.tid,
@@ -392,6 +414,7 @@ impl Merger {
     /// No more chunks will come: `pop` now drains everything.
     pub fn finish(&mut self) {
         self.finishing = true;
+        self.run = None;
     }
 
     /// How far each thread's calls are safe to merge: a thread's calls before
@@ -449,21 +472,49 @@ impl Merger {
             })
     }
 
-    /// The next call in merged order, or `None` when the merge must wait for more chunks
-    /// (or, after `finish`, when all is merged).
-    pub fn pop(&mut self) -> Option<Merged> {
+    /// The thread of the current run, if its next call is the one a scan would choose.
+    fn run_goes_on(&self, alone: bool) -> Option<usize> {
+        #[cfg(test)]
+        if self.scan_every_call {
+            return None;
+        }
+        let run = self.run.as_ref()?;
+        let t = &self.threads[run.thread];
+        let (head, place) = t.queue.front()?;
+        let when = (merged_tick(head), *place);
+        if when >= run.before {
+            return None;
+        }
+        let allowed = match &run.watermark {
+            Some(w) => w.allows(run.thread, when),
+            // The scan merged without a watermark: a new scan would too while this holds.
+            None => self.finishing || self.pending > MAX_PENDING,
+        };
+        let free = alone || !(self.blocked(head) || self.waits_for_join(t));
+        (allowed && free).then_some(run.thread)
+    }
+
+    /// Looks at every thread's next call and chooses the thread whose call goes next, or
+    /// `None` when the merge must wait; starts a run of the chosen thread.
+    fn scan(&mut self, alone: bool) -> Option<usize> {
+        self.run = None;
         // At the end, or holding too much, nothing is waited for.
         let watermark = (!self.finishing && self.pending <= MAX_PENDING).then(|| self.watermark());
+        // The two earliest heads of all, whatever their state: the run's bound.
+        const NONE: ((u64, u64), usize) = ((u64::MAX, u64::MAX), usize::MAX);
+        let mut earliest = [NONE; 2];
         let mut best: Option<((u64, u64), usize)> = None;
         let mut oldest_blocked: Option<((u64, u64), usize)> = None;
-        // One thread alone has nobody to wait for: its program order is the order, and
-        // the causal check (a table lookup per call) is skipped.
-        let alone = self.threads.len() == 1;
         for (i, t) in self.threads.iter().enumerate() {
             let Some((head, place)) = t.queue.front() else {
                 continue;
             };
             let when = (merged_tick(head), *place);
+            if when < earliest[0].0 {
+                earliest = [(when, i), earliest[0]];
+            } else if when < earliest[1].0 {
+                earliest[1] = (when, i);
+            }
             if watermark.as_ref().is_some_and(|w| !w.allows(i, when)) {
                 continue;
             }
@@ -491,6 +542,29 @@ impl Merger {
                 i
             }
             _ => return None,
+        };
+        let before = if earliest[0].1 == i {
+            earliest[1].0
+        } else {
+            earliest[0].0
+        };
+        self.run = Some(Run {
+            thread: i,
+            before,
+            watermark,
+        });
+        Some(i)
+    }
+
+    /// The next call in merged order, or `None` when the merge must wait for more chunks
+    /// (or, after `finish`, when all is merged).
+    pub fn pop(&mut self) -> Option<Merged> {
+        // One thread alone has nobody to wait for: its program order is the order, and
+        // the causal check (a table lookup per call) is skipped.
+        let alone = self.threads.len() == 1;
+        let i = match self.run_goes_on(alone) {
+            Some(i) => i,
+            None => self.scan(alone)?,
         };
         let t = &mut self.threads[i];
         let (mut m, _) = t.queue.pop_front()?;
@@ -694,6 +768,77 @@ mod tests {
                 assert!(live.insert(a), "{a:#x} allocated while live: {c:?}");
             }
         }
+    }
+
+    /// Many threads that free each other's blocks, reusing addresses at once, with
+    /// their buffers read in an arbitrary order and merged a little after each: taking a
+    /// run of one thread's calls without scanning every thread gives the same merge as
+    /// scanning for every call.
+    #[test]
+    fn runs_merge_as_a_scan_for_every_call_would() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rand = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        const THREADS: u32 = 40;
+        let mut counter = 0u64;
+        let mut pool: Vec<u64> = (1..=64).map(|i| i * 0x40).collect();
+        let mut live: Vec<u64> = Vec::new();
+        let mut pending: Vec<Vec<(bool, u64, u64)>> = vec![Vec::new(); THREADS as usize];
+        let mut arrivals = Vec::new();
+        for tick in 1..=30u64 {
+            for _ in 0..400 {
+                // The first tick is the main thread's, before it starts the others (whose
+                // buffers the merge could not wait for before it knows them).
+                let t = if tick == 1 {
+                    0
+                } else {
+                    rand(u64::from(THREADS)) as usize
+                };
+                if live.is_empty() || (!pool.is_empty() && rand(2) == 0) {
+                    let addr = pool.pop().unwrap();
+                    live.push(addr);
+                    pending[t].push((false, addr, counter));
+                } else {
+                    let addr = live.swap_remove(rand(live.len() as u64) as usize);
+                    pending[t].push((true, addr, counter));
+                    counter += 1;
+                    pool.push(addr);
+                }
+            }
+            // Each thread's buffer of this tick goes out now or never; they arrive in
+            // any order.
+            let mut sent: Vec<_> = (0..THREADS)
+                .zip(pending.iter_mut())
+                .filter(|(_, calls)| !calls.is_empty())
+                .map(|(t, calls)| ordered(t + 1, tick, &std::mem::take(calls)))
+                .collect();
+            while !sent.is_empty() {
+                arrivals.push(sent.swap_remove(rand(sent.len() as u64) as usize));
+            }
+        }
+        let mut reference = Merger::new();
+        reference.scan_every_call = true;
+        let mut runs = Merger::new();
+        let (mut want, mut got) = (Vec::new(), Vec::new());
+        for (h, b) in &arrivals {
+            for (m, out) in [(&mut reference, &mut want), (&mut runs, &mut got)] {
+                m.push_chunk(h, b).unwrap();
+                while let Some(Merged::Call(c)) = m.pop() {
+                    out.push(c);
+                }
+            }
+            assert_eq!(got, want);
+        }
+        want.extend(drain(&mut reference));
+        got.extend(drain(&mut runs));
+        assert_eq!(got.len(), 12_000);
+        assert_eq!(got, want);
+        assert_eq!(runs.stats(), reference.stats());
+        assert_never_live_twice(&got);
     }
 
     #[test]
