@@ -1704,12 +1704,28 @@ static void record_joined(uint32_t tid) {
     tls_flags &= ~TF_BUSY;
 }
 
+/* Sends what this thread has buffered, before it starts a thread (which may free this
+ * one's blocks at once) or waits for one: a thread that waits makes no call that would
+ * send its buffer, so the blocks it handed over would reach the recorder after their
+ * frees, which the merge could then only force (and the blocks would stay live). */
+static void flush_before_waiting(void) {
+    struct thread_state *ts = tls_state;
+    if (!ts || (tls_flags & TF_BUSY)) return;
+    tls_flags |= TF_BUSY;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    if (ts->nested_head != ts->nested_tail || ts->nested_lost) drain_nested(ts);
+    flush_thread(ts);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    tls_flags &= ~TF_BUSY;
+}
+
 /* After a join, the joined thread's calls all came before this thread's next one; without
  * the record, the merge could only go by the millisecond tick, and could put a worker's
  * last calls after the frees of the thread that joined it. */
 EXPORT int pthread_join(pthread_t thread, void **retval) {
     if (!real_pthread_join) ensure_init();
     uint32_t joined = tracing ? tid_of_thread(thread) : 0;
+    if (tracing) flush_before_waiting();
     unsigned saved = tls_flags;
     tls_flags |= TF_TLS_RELEASE;
     int rc = real_pthread_join(thread, retval);
@@ -1727,27 +1743,12 @@ EXPORT int pthread_join(pthread_t thread, void **retval) {
 
 /* The new thread's calls must be ordered with this one's from its first (order_calls).
  * A new thread on a cached stack has the last one's thread-local storage freed here. */
-/* Sends what the creating thread has buffered before the new thread can run: the new
- * thread may free the creator's blocks at once, and a creator that then waits (in
- * pthread_join, say) makes no call that would send its buffer. Its allocations would
- * reach the recorder after the frees, which the merge could then only force. */
-static void flush_before_new_thread(void) {
-    struct thread_state *ts = tls_state;
-    if (!ts || (tls_flags & TF_BUSY)) return;
-    tls_flags |= TF_BUSY;
-    __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    if (ts->nested_head != ts->nested_tail || ts->nested_lost) drain_nested(ts);
-    flush_thread(ts);
-    __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    tls_flags &= ~TF_BUSY;
-}
-
 EXPORT int pthread_create(pthread_t *thread, const pthread_attr_t *attr, void *(*start)(void *),
                           void *arg) {
     if (!real_pthread_create) ensure_init();
     if (tracing) {
         order_calls();
-        flush_before_new_thread();
+        flush_before_waiting();
     }
     unsigned saved = tls_flags;
     tls_flags |= TF_TLS_RELEASE;
