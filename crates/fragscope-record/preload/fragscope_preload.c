@@ -46,6 +46,7 @@
 #include <poll.h>
 #include <unistd.h>
 #include <malloc.h>
+#include <linux/membarrier.h>
 
 #include "hooks.h"
 
@@ -201,6 +202,7 @@ struct thread_state {
     uint64_t order_next;
     uint8_t order_written;
     uint8_t unwinder_tls_noted; /* this thread's unwinder storage is in unwinder_tls */
+    unsigned *flags_of_holder; /* the holder's tls_flags */
     uint64_t birth;   /* when the state was claimed: a later holder has a larger one */
     /* Calls a signal handler made while this thread was writing a record, in a ring:
      * handlers add at the tail, only the writer (with TF_BUSY held) takes from the head. */
@@ -208,7 +210,16 @@ struct thread_state {
     uint64_t nested_lost;
     /* This thread claimed a statistics request: it answers at its current call (see
      * write_event for where). */
-    uint8_t stats_due;
+    /* `taken`: another thread is sending this one's buffer (see send_idle_buffers), and
+     * the holder waits for it to be cleared before it touches its buffer. One word with
+     * `stats_due`, so that the fast path tests both with the one load it made before. */
+    union {
+        struct {
+            uint8_t stats_due;
+            uint8_t taken;
+        };
+        uint16_t due_or_taken;
+    };
     struct nested_event nested[NESTED_CAP];
     struct thread_state *next_in_registry;
     uint64_t stack_hash[STACK_TABLE_SLOTS];
@@ -258,6 +269,10 @@ static atomic_uint_fast64_t state_births;
  * record what they read (one thread alone needs no order, its program order is the
  * order). Never switched off: a buffer's records must mean the same to the reader. */
 static int ordering_on;
+/* Idle threads' buffers can be sent by other threads (membarrier registered). */
+static int can_send_idle;
+static uint64_t next_idle_scan; /* the tick at which a thread next looks for idle ones */
+#define IDLE_TICKS 10
 /* The clock page could be mapped writable (the order counter needs atomic adds). */
 static int clock_writable;
 static atomic_uint usable_for_size[USABLE_TABLE];
@@ -484,6 +499,12 @@ static void flush_thread(struct thread_state *ts) {
     if (ts->len > 0) send_thread_buffer(ts, 0);
 }
 
+/* The holder of `ts`, with a flag of tls_flags set, waits while another thread sends its
+ * buffer (a few microseconds, only ever after the holder was idle). */
+static inline void wait_until_not_taken(struct thread_state *ts) {
+    while (UNLIKELY(__atomic_load_n(&ts->taken, __ATOMIC_ACQUIRE))) sched_yield();
+}
+
 /* Sends what another thread, which may be running, has buffered, leaving its state alone:
  * resetting it under its feet would let it send those records again. The recorder keeps
  * the copy until the thread sends the same buffer (seq) itself, or the process exits. */
@@ -546,6 +567,7 @@ static struct thread_state *thread_state_new(void) {
     for (struct thread_state *r = registry; r; r = r->next_in_registry) {
         if (r->retired && syscall(SYS_tgkill, my_pid, r->tid, 0) != 0 && errno == ESRCH) {
             r->retired = 0; /* claimed under the lock: no other new thread can take it */
+            r->flags_of_holder = &tls_flags;
             departed[departed_next++ % DEPARTED_CAP] =
                 (struct thread_identity){r->thread, r->tid, r->birth};
             ts = r;
@@ -558,6 +580,7 @@ static struct thread_state *thread_state_new(void) {
     } else {
         ts = own_mmap(sizeof *ts);
         if (!ts) return NULL;
+        ts->flags_of_holder = &tls_flags;
         pthread_mutex_lock(&registry_lock);
         ts->next_in_registry = registry;
         registry = ts;
@@ -594,8 +617,13 @@ static void thread_exited(void *arg) {
     if (!ts) return;
     unsigned saved = tls_flags;
     tls_flags |= TF_FORWARD;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    wait_until_not_taken(ts);
     send_thread_buffer(ts, SEQ_THREAD_EXITED);
+    /* Under the lock: send_idle_buffers reads the flags of a thread it sees unretired. */
+    pthread_mutex_lock(&registry_lock);
     ts->retired = 1;
+    pthread_mutex_unlock(&registry_lock);
     /* What glibc frees from here on may be the unwinder's storage (a detached thread). */
     tls_flags = saved | TF_TLS_RELEASE;
 }
@@ -695,6 +723,40 @@ static __attribute__((noinline)) void emit_due_stats(struct thread_state *ts) {
 }
 
 /* The slow path of every event: the shared tick moved since this thread's last record. */
+/* Sends the buffers of threads that have made no call for IDLE_TICKS: a thread that
+ * handed blocks to others and then waits (in accept, epoll_wait, a condition variable)
+ * would otherwise keep their allocations while the others' frees of them reach the
+ * recorder, which could then only force the frees. Runs in one active thread at a time.
+ * A holder marks its calls in its tls_flags, without a fence; the membarrier makes the
+ * pair a Dekker handshake: either the holder sees `taken` before it touches its buffer
+ * (and waits), or this thread sees the holder's flag (and leaves that buffer alone). */
+static __attribute__((noinline)) void send_idle_buffers(struct thread_state *self, uint64_t now) {
+    uint64_t due = __atomic_load_n(&next_idle_scan, __ATOMIC_RELAXED);
+    if (now < due || !__atomic_compare_exchange_n(&next_idle_scan, &due, now + IDLE_TICKS, 0,
+                                                  __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        return;
+    /* Under the lock a thread cannot retire, so its tls_flags stay readable. */
+    if (pthread_mutex_trylock(&registry_lock) != 0) return;
+    int asked = 0;
+    for (struct thread_state *r = registry; r; r = r->next_in_registry) {
+        if (r != self && !r->retired && r->flags_of_holder && r->len > 0 &&
+            now - r->tick >= IDLE_TICKS) {
+            __atomic_store_n(&r->taken, 1, __ATOMIC_SEQ_CST);
+            asked = 1;
+        }
+    }
+    if (asked) {
+        int fenced = syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0) == 0;
+        for (struct thread_state *r = registry; r; r = r->next_in_registry) {
+            if (!__atomic_load_n(&r->taken, __ATOMIC_RELAXED)) continue;
+            if (fenced && __atomic_load_n(r->flags_of_holder, __ATOMIC_RELAXED) == 0 && r->len > 0)
+                send_thread_buffer(r, 0);
+            __atomic_store_n(&r->taken, 0, __ATOMIC_RELEASE);
+        }
+    }
+    pthread_mutex_unlock(&registry_lock);
+}
+
 static __attribute__((noinline)) void tick_changed(struct thread_state *ts, uint64_t tick) {
     int saved_errno = errno;
     if (tick - ts->last_flush_tick >= flush_interval_ticks) flush_thread(ts);
@@ -702,6 +764,7 @@ static __attribute__((noinline)) void tick_changed(struct thread_state *ts, uint
         ts->seen_flush_request = clock_page->flush_request;
         flush_thread(ts);
     }
+    if (can_send_idle) send_idle_buffers(ts, tick);
     put_tagged(ts, KIND_TICK, tick - ts->tick);
     ts->tick = tick;
     ts->order_next = 0; /* the recorder started the counter again with the tick */
@@ -949,6 +1012,7 @@ static void record(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size
         errno = saved_errno;
         if (!ts) goto out;
     }
+    wait_until_not_taken(ts);
     if (UNLIKELY(ts->nested_head != ts->nested_tail || ts->nested_lost)) drain_nested(ts);
     write_event(ts, kind, addr, old_addr, size, align);
     if (UNLIKELY(ts->nested_head != ts->nested_tail || ts->nested_lost)) drain_nested(ts);
@@ -969,11 +1033,17 @@ static inline __attribute__((always_inline)) int record_common(uint8_t kind, uin
     if (UNLIKELY(!ts || tls_flags)) return 0;
     tls_flags = TF_BUSY;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    /* Before anything of the buffer is read: another thread may be sending it. */
+    if (UNLIKELY(__atomic_load_n(&ts->due_or_taken, __ATOMIC_ACQUIRE))) {
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        tls_flags = 0;
+        return 0;
+    }
     /* Read after BUSY is set: a handler that ran before wrote through the general path. */
     int64_t countdown = ts->sample_countdown - (int64_t)size;
     uint64_t now = clock_page->now;
     int plain = addr && !finished && ts->nested_head == ts->nested_tail && !ts->nested_lost &&
-                !ts->stats_due && now >> TICK_SHIFT == ts->tick &&
+                now >> TICK_SHIFT == ts->tick &&
                 ts->len + MAX_RECORD + 32 <= BUF_CAP;
     if (kind != KIND_FREE)
         plain = plain && countdown >= 0 &&
@@ -1064,6 +1134,14 @@ static int find_text(struct dl_phdr_info *info, size_t size, void *data) {
     return 0;
 }
 
+/* Lets threads send idle threads' buffers (send_idle_buffers): Linux 4.14+. Registered
+ * per process, so again in a forked child. */
+static void register_membarrier(void) {
+    long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0);
+    can_send_idle = cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
+                    syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0) == 0;
+}
+
 static void atfork_prepare(void) {
     pthread_mutex_lock(&registry_lock);
     pthread_mutex_lock(&sock_lock);
@@ -1101,6 +1179,8 @@ static void atfork_child(void) {
     syscall(SYS_close, sock_fd);
     sock_fd = connect_recorder();
     if (sock_fd < 0 || send_hello_locked(HELLO_FORKED) != 0) tracing = 0;
+    if (tracing) register_membarrier();
+    next_idle_scan = 0;
     if (mine) emit_own_memory(mine);
 }
 
@@ -1141,6 +1221,7 @@ static void init_tracing(void) {
     atomic_store(&stats_answered, clock_page->stats_request);
     if (send_hello_locked(0) != 0) return;
     tracing = 1;
+    register_membarrier();
 }
 
 /* Called by every hook until the real functions are known. Returns 1 when the caller
@@ -1218,6 +1299,7 @@ static void send_exit(int status, uint32_t how) {
     if (ts && !(tls_flags & TF_BUSY)) {
         tls_flags |= TF_BUSY;
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        wait_until_not_taken(ts);
         uint64_t tick = current_tick();
         if (tick != ts->tick) tick_changed(ts, tick);
         tls_flags |= TF_FORWARD; /* tick_changed may have cleared it */
@@ -1696,6 +1778,7 @@ static void record_joined(uint32_t tid) {
         errno = saved_errno;
     }
     if (ts) {
+        wait_until_not_taken(ts);
         if (ts->nested_head != ts->nested_tail || ts->nested_lost) drain_nested(ts);
         if (ts->len + 16 > BUF_CAP) flush_thread(ts);
         put_tagged(ts, KIND_LOST | FLAG_JOINED, tid);
@@ -1713,6 +1796,7 @@ static void flush_before_waiting(void) {
     if (!ts || (tls_flags & TF_BUSY)) return;
     tls_flags |= TF_BUSY;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    wait_until_not_taken(ts);
     if (ts->nested_head != ts->nested_tail || ts->nested_lost) drain_nested(ts);
     flush_thread(ts);
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
@@ -1762,8 +1846,12 @@ EXPORT int pthread_create(pthread_t *thread, const pthread_attr_t *attr, void *(
 static void notify_maps_changed(void) {
     if (!tracing) return;
     tls_flags |= TF_FORWARD;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
     struct thread_state *ts = tls_state;
-    if (ts) flush_thread(ts);
+    if (ts) {
+        wait_until_not_taken(ts);
+        flush_thread(ts);
+    }
     uint64_t tick = current_tick();
     struct msg_header h = {MSG_MAPS_CHANGED, 0, 0, 0, tick, tick};
     send_message(&h, NULL, 1);
