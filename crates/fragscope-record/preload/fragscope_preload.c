@@ -211,14 +211,16 @@ struct thread_state {
     /* This thread claimed a statistics request: it answers at its current call (see
      * write_event for where). */
     /* `taken`: another thread is sending this one's buffer (see send_idle_buffers), and
-     * the holder waits for it to be cleared before it touches its buffer. One word with
-     * `stats_due`, so that the fast path tests both with the one load it made before. */
+     * the holder waits for it to be cleared before it touches its buffer. `exited`: the
+     * thread sent its last buffer; what glibc frees after that is sent call by call. One
+     * word with `stats_due`, so that the fast path tests all three with one load. */
     union {
         struct {
             uint8_t stats_due;
             uint8_t taken;
+            uint8_t exited;
         };
-        uint16_t due_or_taken;
+        uint32_t attention;
     };
     struct nested_event nested[NESTED_CAP];
     struct thread_state *next_in_registry;
@@ -567,6 +569,7 @@ static struct thread_state *thread_state_new(void) {
     for (struct thread_state *r = registry; r; r = r->next_in_registry) {
         if (r->retired && syscall(SYS_tgkill, my_pid, r->tid, 0) != 0 && errno == ESRCH) {
             r->retired = 0; /* claimed under the lock: no other new thread can take it */
+            r->exited = 0;
             r->flags_of_holder = &tls_flags;
             departed[departed_next++ % DEPARTED_CAP] =
                 (struct thread_identity){r->thread, r->tid, r->birth};
@@ -620,6 +623,7 @@ static void thread_exited(void *arg) {
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     wait_until_not_taken(ts);
     send_thread_buffer(ts, SEQ_THREAD_EXITED);
+    ts->exited = 1;
     /* Under the lock: send_idle_buffers reads the flags of a thread it sees unretired. */
     pthread_mutex_lock(&registry_lock);
     ts->retired = 1;
@@ -739,6 +743,13 @@ static __attribute__((noinline)) void send_idle_buffers(struct thread_state *sel
     if (pthread_mutex_trylock(&registry_lock) != 0) return;
     int asked = 0;
     for (struct thread_state *r = registry; r; r = r->next_in_registry) {
+        /* What glibc freed after a thread's last buffer, once the thread is gone (as
+         * thread_state_new sends it when it takes the state over). */
+        if (r->retired && r->len > 0 && syscall(SYS_tgkill, my_pid, r->tid, 0) != 0 &&
+            errno == ESRCH) {
+            flush_thread(r);
+            continue;
+        }
         if (r != self && !r->retired && r->flags_of_holder && r->len > 0 &&
             now - r->tick >= IDLE_TICKS) {
             __atomic_store_n(&r->taken, 1, __ATOMIC_SEQ_CST);
@@ -1016,7 +1027,7 @@ static void record(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size
     if (UNLIKELY(ts->nested_head != ts->nested_tail || ts->nested_lost)) drain_nested(ts);
     write_event(ts, kind, addr, old_addr, size, align);
     if (UNLIKELY(ts->nested_head != ts->nested_tail || ts->nested_lost)) drain_nested(ts);
-    if (UNLIKELY(finished)) flush_thread(ts);
+    if (UNLIKELY(finished || ts->exited)) flush_thread(ts);
 out:
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     tls_flags &= ~TF_BUSY;
@@ -1034,7 +1045,7 @@ static inline __attribute__((always_inline)) int record_common(uint8_t kind, uin
     tls_flags = TF_BUSY;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     /* Before anything of the buffer is read: another thread may be sending it. */
-    if (UNLIKELY(__atomic_load_n(&ts->due_or_taken, __ATOMIC_ACQUIRE))) {
+    if (UNLIKELY(__atomic_load_n(&ts->attention, __ATOMIC_ACQUIRE))) {
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
         tls_flags = 0;
         return 0;
