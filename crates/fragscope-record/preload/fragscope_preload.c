@@ -1146,8 +1146,11 @@ static int find_text(struct dl_phdr_info *info, size_t size, void *data) {
 }
 
 /* Lets threads send idle threads' buffers (send_idle_buffers): Linux 4.14+. Registered
- * per process, so again in a forked child. */
+ * per process, so again in a forked child. Not under a seccomp filter (a systemd unit's
+ * SystemCallFilter, say), which may kill the process for a system call it does not list. */
 static void register_membarrier(void) {
+    can_send_idle = 0;
+    if (prctl(PR_GET_SECCOMP, 0, 0, 0, 0) != 0) return;
     long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0);
     can_send_idle = cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
                     syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0) == 0;
