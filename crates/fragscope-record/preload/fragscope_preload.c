@@ -212,13 +212,16 @@ struct thread_state {
      * write_event for where). */
     /* `taken`: another thread is sending this one's buffer (see send_idle_buffers), and
      * the holder waits for it to be cleared before it touches its buffer. `exited`: the
-     * thread sent its last buffer; what glibc frees after that is sent call by call. One
-     * word with `stats_due`, so that the fast path tests all three with one load. */
+     * thread sent its last buffer; what glibc frees after that is sent call by call.
+     * `idle`: another thread told the recorder this one was idle, so its next call is
+     * sent at once. One word with `stats_due`, so that the fast path tests all four with
+     * one load. */
     union {
         struct {
             uint8_t stats_due;
             uint8_t taken;
             uint8_t exited;
+            uint8_t idle;
         };
         uint32_t attention;
     };
@@ -475,6 +478,8 @@ static void send_message(const struct msg_header *h, const void *payload, int wa
 #define SEQ_THREAD_EXITED 0x80000000u
 /* A copy of another thread's buffer (see send_thread_copy). */
 #define SEQ_COPY 0x40000000u
+/* An empty buffer sent for an idle thread (see send_idle_buffers). */
+#define SEQ_IDLE 0x20000000u
 
 /* An empty buffer: what its records count from starts again (the reader decodes each
  * buffer on its own). */
@@ -570,6 +575,7 @@ static struct thread_state *thread_state_new(void) {
         if (r->retired && syscall(SYS_tgkill, my_pid, r->tid, 0) != 0 && errno == ESRCH) {
             r->retired = 0; /* claimed under the lock: no other new thread can take it */
             r->exited = 0;
+            r->idle = 0;
             r->flags_of_holder = &tls_flags;
             departed[departed_next++ % DEPARTED_CAP] =
                 (struct thread_identity){r->thread, r->tid, r->birth};
@@ -750,7 +756,7 @@ static __attribute__((noinline)) void send_idle_buffers(struct thread_state *sel
             flush_thread(r);
             continue;
         }
-        if (r != self && !r->retired && r->flags_of_holder && r->len > 0 &&
+        if (r != self && !r->retired && r->flags_of_holder && (r->len > 0 || !r->idle) &&
             now - r->tick >= IDLE_TICKS) {
             __atomic_store_n(&r->taken, 1, __ATOMIC_SEQ_CST);
             asked = 1;
@@ -760,8 +766,19 @@ static __attribute__((noinline)) void send_idle_buffers(struct thread_state *sel
         int fenced = syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0) == 0;
         for (struct thread_state *r = registry; r; r = r->next_in_registry) {
             if (!__atomic_load_n(&r->taken, __ATOMIC_RELAXED)) continue;
-            if (fenced && __atomic_load_n(r->flags_of_holder, __ATOMIC_RELAXED) == 0 && r->len > 0)
-                send_thread_buffer(r, 0);
+            /* Only BUSY and FORWARD mark a holder at its buffer (REAL: inside the real
+             * allocator, to record after with a later reading; TLS_RELEASE: in a join). */
+            unsigned holder = __atomic_load_n(r->flags_of_holder, __ATOMIC_RELAXED);
+            if (fenced && !(holder & (TF_BUSY | TF_FORWARD))) {
+                /* With nothing buffered, the merge is told not to wait for the thread
+                 * until its next call, which it then sends at once. */
+                if (r->len > 0) {
+                    send_thread_buffer(r, 0);
+                } else {
+                    send_thread_buffer(r, SEQ_IDLE);
+                    r->idle = 1;
+                }
+            }
             __atomic_store_n(&r->taken, 0, __ATOMIC_RELEASE);
         }
     }
@@ -1024,10 +1041,12 @@ static void record(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size
         if (!ts) goto out;
     }
     wait_until_not_taken(ts);
+    int woke = ts->idle;
+    ts->idle = 0;
     if (UNLIKELY(ts->nested_head != ts->nested_tail || ts->nested_lost)) drain_nested(ts);
     write_event(ts, kind, addr, old_addr, size, align);
     if (UNLIKELY(ts->nested_head != ts->nested_tail || ts->nested_lost)) drain_nested(ts);
-    if (UNLIKELY(finished || ts->exited)) flush_thread(ts);
+    if (UNLIKELY(finished || ts->exited || woke)) flush_thread(ts);
 out:
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     tls_flags &= ~TF_BUSY;
@@ -1181,6 +1200,7 @@ static void atfork_child(void) {
     atomic_store(&own_bytes, mine ? sizeof *mine : 0);
     if (mine) {
         mine->next_in_registry = NULL;
+        mine->idle = 0;
         start_buffer(mine);
         mine->seq = 0;
         mine->tid = (uint32_t)syscall(SYS_gettid);

@@ -533,16 +533,18 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
             }
             MsgType::Events => {
                 let Some(s) = stream else { continue };
-                // The interposer marks a thread's last buffer in the high bit of seq, and a
+                // The interposer marks a thread's last buffer in the high bit of seq, a
                 // copy of another thread's buffer taken at exit (which that thread may
-                // still extend and send itself, under the same seq) in the next one.
+                // still extend and send itself, under the same seq) in the next one, and
+                // an empty buffer sent for an idle thread in the one after.
                 let h = EventsHeader {
                     stream: s,
                     tid: header.tid,
-                    seq: header.seq & 0x3fff_ffff,
+                    seq: header.seq & 0x1fff_ffff,
                     first_tick: header.first_tick,
                     last_tick: header.last_tick,
                     thread_exited: header.seq & 0x8000_0000 != 0,
+                    thread_idle: header.seq & 0x2000_0000 != 0,
                     packed: false,
                 };
                 if header.seq & 0x4000_0000 != 0 {

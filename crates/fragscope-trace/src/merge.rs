@@ -195,6 +195,9 @@ struct ThreadQueue {
     known_through: (u64, u64),
     /// The thread sent its last buffer: the merge no longer waits for it.
     exited: bool,
+    /// The thread was idle with nothing buffered when its last chunk was sent: it sends
+    /// again right after its next call, so the merge does not wait for it till then.
+    idle: bool,
     /// Thread-local stack id -> process stack index.
     stacks: HashMap<u32, u32>,
     /// Items popped so far (with the queue's length, the items queued so far).
@@ -312,6 +315,7 @@ impl Merger {
                 queue: VecDeque::new(),
                 known_through: (0, 0),
                 exited: false,
+                idle: false,
                 stacks: HashMap::new(),
                 popped: 0,
                 joins: VecDeque::new(),
@@ -407,6 +411,7 @@ impl Merger {
         // sent when its state is reused or the process exits) do not bring it back; a
         // new thread that got the same tid starts again at seq 0.
         t.exited = h.thread_exited || (t.exited && h.seq != 0);
+        t.idle = h.thread_idle;
         self.max_seen = self.max_seen.max(t.known_through.0);
         result
     }
@@ -425,7 +430,7 @@ impl Merger {
         let mut lowest = ((u64::MAX, u64::MAX), usize::MAX);
         let mut second = (u64::MAX, u64::MAX);
         for (i, t) in self.threads.iter().enumerate() {
-            if t.exited || t.known_through.0 < floor {
+            if t.exited || t.idle || t.known_through.0 < floor {
                 continue;
             }
             if t.known_through < lowest.0 {
@@ -698,6 +703,7 @@ mod tests {
                 first_tick: tick,
                 last_tick: tick,
                 thread_exited: false,
+                thread_idle: false,
                 packed: false,
             },
             w.bytes,
@@ -839,6 +845,39 @@ mod tests {
         assert_eq!(got, want);
         assert_eq!(runs.stats(), reference.stats());
         assert_never_live_twice(&got);
+    }
+
+    /// A thread that was idle with nothing buffered when another thread sent an empty
+    /// chunk for it is not waited for: the other threads' calls go on being merged.
+    #[test]
+    fn an_idle_thread_is_not_waited_for() {
+        let merged_before_finish = |idle: bool| {
+            let mut m = Merger::new();
+            let (h, b) = chunk(1, 1, &[(false, 0x1000)]);
+            m.push_chunk(&h, &b).unwrap();
+            let (h, b) = chunk(1, 2, &[]);
+            m.push_chunk(
+                &EventsHeader {
+                    seq: 1,
+                    thread_idle: idle,
+                    ..h
+                },
+                &b,
+            )
+            .unwrap();
+            for tick in 2..6 {
+                let (h, b) = chunk(2, tick, &[(false, 0x2000 + tick * 0x100)]);
+                m.push_chunk(&h, &b).unwrap();
+            }
+            let mut merged = 0;
+            while m.pop().is_some() {
+                merged += 1;
+            }
+            merged
+        };
+        // Thread 2's last call may wait for its own next buffer, not for thread 1's.
+        assert!(merged_before_finish(true) >= 4);
+        assert_eq!(merged_before_finish(false), 1);
     }
 
     #[test]

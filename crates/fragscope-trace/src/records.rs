@@ -175,6 +175,10 @@ pub struct EventsHeader {
     pub last_tick: u64,
     /// The thread's last buffer: it was exiting.
     pub thread_exited: bool,
+    /// Sent for the thread by another while it was outside any call with nothing
+    /// buffered: it sends again right after its next call, so the merge need not wait
+    /// for it meanwhile.
+    pub thread_idle: bool,
     /// The records are in the packed form (the chunk's kind says so; not encoded here).
     pub packed: bool,
 }
@@ -186,20 +190,23 @@ impl EventsHeader {
             .varint(self.tid.into())
             .varint(self.seq.into());
         w.varint(self.first_tick).varint(self.last_tick);
-        w.varint(u64::from(self.thread_exited));
+        w.varint(u64::from(self.thread_exited) | u64::from(self.thread_idle) << 1);
         w.bytes.extend_from_slice(records);
         w.bytes
     }
     /// The header and the event records that follow it.
     pub fn decode(data: &[u8]) -> Result<(Self, &[u8]), TraceError> {
         let mut r = Reader::new(data);
+        let (stream, tid, seq) = (r.varint()? as u32, r.varint()? as u32, r.varint()? as u32);
+        let (first_tick, last_tick, flags) = (r.varint()?, r.varint()?, r.varint()?);
         let h = Self {
-            stream: r.varint()? as u32,
-            tid: r.varint()? as u32,
-            seq: r.varint()? as u32,
-            first_tick: r.varint()?,
-            last_tick: r.varint()?,
-            thread_exited: r.varint()? & 1 == 1,
+            stream,
+            tid,
+            seq,
+            first_tick,
+            last_tick,
+            thread_exited: flags & 1 == 1,
+            thread_idle: flags & 2 == 2,
             packed: false,
         };
         Ok((h, r.remaining()))
