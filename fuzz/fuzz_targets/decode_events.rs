@@ -23,6 +23,8 @@ fuzz_target!(|data: &[u8]| {
             first_tick: u64::from(selector >> 2),
             last_tick: u64::from(selector >> 2) + 1,
             thread_exited: selector & 0x80 != 0,
+            // The first buffer may be an idle thread's (not waited for by the merge).
+            thread_idle: n == 0 && selector & 0x40 != 0,
             packed,
         };
         let _ = merger.push_chunk(&h, records);
