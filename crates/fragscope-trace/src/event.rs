@@ -147,7 +147,7 @@ pub enum StatsSource {
 }
 
 impl StatsSource {
-    fn to_u8(self) -> u8 {
+    pub(crate) fn to_u8(self) -> u8 {
         match self {
             Self::Glibc => 1,
             Self::Jemalloc => 2,
@@ -156,7 +156,7 @@ impl StatsSource {
             Self::Unknown => 0,
         }
     }
-    fn from_u8(v: u8) -> Self {
+    pub(crate) fn from_u8(v: u8) -> Self {
         match v {
             1 => Self::Glibc,
             2 => Self::Jemalloc,

@@ -14,6 +14,7 @@ pub mod merge;
 pub mod pack;
 pub mod reader;
 pub mod records;
+mod spill;
 pub mod summary;
 pub mod wire;
 

@@ -17,20 +17,29 @@
 //!
 //! A call waits at most [`WAIT_WINDOW_TICKS`] behind the newest tick seen; past that (a
 //! block allocated before tracing began, a lost buffer) it is merged anyway and counted
-//! in [`MergeStats`]. Memory is bounded by the live addresses plus the calls inside that
-//! window, never by the length of the trace.
+//! in [`MergeStats`]. The calls held back meanwhile (with hundreds of threads on a few
+//! cores, millions of them behind one preempted thread) wait in memory up to a budget
+//! and on disk past it ([`crate::spill`]), so memory is bounded by the live addresses
+//! plus one segment per thread, never by the length of the trace, and the merge never
+//! gives up order for memory.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::cmp::Reverse;
+use std::collections::binary_heap::PeekMut;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::event::{ChunkDecoder, Func, Record, StatsSource, StreamTables};
 use crate::records::EventsHeader;
+use crate::spill::{SpillFile, ThreadSpill};
 use crate::TraceError;
 
 /// How long (in ticks, i.e. ms) a call may wait for its causal partner.
 pub const WAIT_WINDOW_TICKS: u64 = 1000;
-/// Calls held back before the merge stops waiting for slow threads.
-const MAX_PENDING: usize = 2_000_000;
+/// Calls held in memory, across all threads, before later ones go to disk (about 80
+/// bytes each).
+pub const MEMORY_BUDGET_ITEMS: usize = 1 << 18;
+/// Calls a thread keeps in memory however full the budget is.
+const HEAD_ITEMS: usize = 64;
 
 /// Hashes integer keys for tables indexed by the hash's low bits (hashbrown), keeping
 /// key order in those bits (key >> SHIFT). Allocators hand out neighbouring addresses
@@ -183,14 +192,22 @@ pub struct MergeStats {
     /// Calls merged ahead of an earlier-placed call of another thread that had to wait
     /// for causality (a realloc's blocks; calls made before ordering was switched on).
     pub reordered: u64,
+    /// Calls that waited past the memory budget, in their compact form and mostly on
+    /// disk, for a slow thread (see [`crate::spill`]).
+    pub spilled: u64,
+    /// Calls lost because the disk gave back what it was given wrong (counted in
+    /// `lost_events` too; [`Merger::spill_problem`] says why).
+    pub spill_lost: u64,
 }
 
 struct ThreadQueue {
     tid: u32,
     /// Items with their places inside their ticks ([`ChunkDecoder::place`]; 0 when the
     /// thread recorded none). Across threads the merge takes the earliest (tick, place)
-    /// among the calls it may take.
+    /// among the calls it may take. Empty only when `spill` is empty too.
     queue: VecDeque<(Merged, u64)>,
+    /// The items after `queue`'s, when the merge's memory budget is spent.
+    spill: ThreadSpill,
     /// No future item of this thread comes before this (tick, place).
     known_through: (u64, u64),
     /// The thread sent its last buffer: the merge no longer waits for it.
@@ -207,6 +224,13 @@ struct ThreadQueue {
     joins: VecDeque<(u64, u32)>,
 }
 
+impl ThreadQueue {
+    /// Items queued, in memory and on disk.
+    fn queued(&self) -> u64 {
+        self.queue.len() as u64 + self.spill.items()
+    }
+}
+
 /// Merges the threads of one process.
 pub struct Merger {
     threads: Vec<ThreadQueue>,
@@ -220,29 +244,30 @@ pub struct Merger {
     stack_ids: HashMap<Vec<u64>, u32>,
     max_seen: u64,
     last_tick: u64,
-    pending: usize,
+    /// Items in the threads' in-memory queues.
+    in_memory: usize,
+    /// Items the threads' in-memory queues have room for.
+    queue_capacity: usize,
+    memory_budget: usize,
+    spill_file: SpillFile,
     finishing: bool,
     stats: MergeStats,
     own_memory: u64,
-    /// The thread the last full scan chose, while its calls may follow without another.
-    run: Option<Run>,
-    /// Tests: scan for every call, the reference the runs must agree with.
+    /// Every thread with queued calls, once, by the (tick, place) of its next call (ties
+    /// by thread index): choosing the next call costs O(log threads), not a pass over
+    /// hundreds of threads per call.
+    heads: BinaryHeap<Reverse<Head>>,
+    /// Heads taken off `heads` while choosing (blocked calls), put back after.
+    set_aside: Vec<Head>,
+    /// The watermark as of the last chunk (`None`: not computed since).
+    watermark: Option<Watermark>,
+    /// Tests: choose by a pass over every thread, the reference the heap must agree with.
     #[cfg(test)]
     scan_every_call: bool,
 }
 
-/// What lets `pop` take a thread's next call without looking at every thread again: the
-/// last full scan chose this thread, and nothing was queued since. Its next call is the
-/// one a scan would choose if it comes before every other thread's head (blocked or not,
-/// allowed or not) and the scan's watermark still allows it. A process with hundreds of
-/// threads otherwise pays a pass over all of them for each call.
-struct Run {
-    thread: usize,
-    /// The earliest head among the other threads at the scan.
-    before: (u64, u64),
-    /// The scan's watermark; `None`: it merged without one (finishing, or too much held).
-    watermark: Option<Watermark>,
-}
+/// A thread's next call: its (tick, place), then the thread's index.
+type Head = ((u64, u64), usize);
 
 impl Default for Merger {
     fn default() -> Self {
@@ -252,6 +277,12 @@ impl Default for Merger {
 
 impl Merger {
     pub fn new() -> Self {
+        Self::with_memory_budget(MEMORY_BUDGET_ITEMS)
+    }
+
+    /// A merge that holds at most about `items` waiting calls in memory (plus a few per
+    /// thread), the rest on disk.
+    pub fn with_memory_budget(items: usize) -> Self {
         Self {
             threads: Vec::new(),
             thread_index: HashMap::new(),
@@ -262,11 +293,16 @@ impl Merger {
             stack_ids: HashMap::new(),
             max_seen: 0,
             last_tick: 0,
-            pending: 0,
+            in_memory: 0,
+            queue_capacity: 0,
+            memory_budget: items,
+            spill_file: SpillFile::default(),
             finishing: false,
             stats: MergeStats::default(),
             own_memory: 0,
-            run: None,
+            heads: BinaryHeap::new(),
+            set_aside: Vec::new(),
+            watermark: None,
             #[cfg(test)]
             scan_every_call: false,
         }
@@ -292,6 +328,11 @@ impl Merger {
         self.stats
     }
 
+    /// Why calls that waited could not go to disk or come back from it, if so.
+    pub fn spill_problem(&self) -> Option<&str> {
+        self.spill_file.problem()
+    }
+
     /// The interposer's own mapped bytes, as last reported.
     pub fn own_memory(&self) -> u64 {
         self.own_memory
@@ -308,11 +349,12 @@ impl Merger {
 
     /// Adds one thread buffer (an events chunk of this process).
     pub fn push_chunk(&mut self, h: &EventsHeader, records: &[u8]) -> Result<(), TraceError> {
-        self.run = None;
+        self.watermark = None;
         let ti = *self.thread_index.entry(h.tid).or_insert_with(|| {
             self.threads.push(ThreadQueue {
                 tid: h.tid,
                 queue: VecDeque::new(),
+                spill: ThreadSpill::default(),
                 known_through: (0, 0),
                 exited: false,
                 idle: false,
@@ -324,6 +366,7 @@ impl Merger {
         });
         let mut d = ChunkDecoder::new(records, h, &mut self.tables);
         let t = &mut self.threads[ti];
+        let had_head = !t.queue.is_empty();
         let mut result = Ok(());
         loop {
             let rec = match d.next_record() {
@@ -392,7 +435,7 @@ impl Merger {
                     continue;
                 }
                 Record::Joined { tid } => {
-                    t.joins.push_back((t.popped + t.queue.len() as u64, tid));
+                    t.joins.push_back((t.popped + t.queued(), tid));
                     continue;
                 }
                 Record::OwnMemory { bytes } => {
@@ -401,8 +444,20 @@ impl Merger {
                 }
                 Record::Tick { .. } | Record::Usable { .. } | Record::Order { .. } => continue,
             };
-            t.queue.push_back((item, d.place().unwrap_or(0)));
-            self.pending += 1;
+            let item = (item, d.place().unwrap_or(0));
+            // Behind items on disk, or past the budget: to disk, keeping the order.
+            if t.spill.items() > 0
+                || (self.in_memory >= self.memory_budget
+                    && t.queue.len() >= HEAD_ITEMS.min(self.memory_budget).max(1))
+            {
+                t.spill.push(&mut self.spill_file, &item);
+                self.stats.spilled += 1;
+            } else {
+                let room = t.queue.capacity();
+                t.queue.push_back(item);
+                self.in_memory += 1;
+                self.queue_capacity += t.queue.capacity() - room;
+            }
         }
         // A thread without places may have more calls at place 0 of its last tick.
         let sent = (d.tick(), d.next_place().unwrap_or(0));
@@ -413,19 +468,23 @@ impl Merger {
         t.exited = h.thread_exited || (t.exited && h.seq != 0);
         t.idle = h.thread_idle;
         self.max_seen = self.max_seen.max(t.known_through.0);
+        if !had_head {
+            if let Some(head) = head_of(t, ti) {
+                self.heads.push(Reverse(head));
+            }
+        }
         result
     }
 
     /// No more chunks will come: `pop` now drains everything.
     pub fn finish(&mut self) {
         self.finishing = true;
-        self.run = None;
     }
 
     /// How far each thread's calls are safe to merge: a thread's calls before
     /// `Watermark::allows` it, where every other thread active within the wait window has
     /// sent all its calls before that (tick, place).
-    fn watermark(&self) -> Watermark {
+    fn compute_watermark(&self) -> Watermark {
         let floor = self.max_seen.saturating_sub(WAIT_WINDOW_TICKS);
         let mut lowest = ((u64::MAX, u64::MAX), usize::MAX);
         let mut second = (u64::MAX, u64::MAX);
@@ -477,49 +536,83 @@ impl Merger {
             })
     }
 
-    /// The thread of the current run, if its next call is the one a scan would choose.
-    fn run_goes_on(&self, alone: bool) -> Option<usize> {
-        #[cfg(test)]
-        if self.scan_every_call {
-            return None;
+    /// Chooses the thread whose next call goes next, or returns `None` when the merge
+    /// must wait. Its head is left on top of `heads` (true) or taken off it. The call is the earliest (tick, place)
+    /// that the watermark allows and that neither waits for causality nor for a joined
+    /// thread; a blocked call is forced once waiting longer cannot help.
+    fn choose(&mut self, alone: bool) -> Option<(usize, bool)> {
+        // At the end nothing is waited for.
+        if !self.finishing && self.watermark.is_none() {
+            self.watermark = Some(self.compute_watermark());
         }
-        let run = self.run.as_ref()?;
-        let t = &self.threads[run.thread];
-        let (head, place) = t.queue.front()?;
-        let when = (merged_tick(head), *place);
-        if when >= run.before {
-            return None;
-        }
-        let allowed = match &run.watermark {
-            Some(w) => w.allows(run.thread, when),
-            // The scan merged without a watermark: a new scan would too while this holds.
-            None => self.finishing || self.pending > MAX_PENDING,
+        let watermark = if self.finishing {
+            None
+        } else {
+            self.watermark.as_ref()
         };
-        let free = alone || !(self.blocked(head) || self.waits_for_join(t));
-        (allowed && free).then_some(run.thread)
+        let mut chosen = None;
+        let mut oldest_blocked: Option<Head> = None;
+        // Allowance falls with (tick, place) for every thread but the lowest, whose own
+        // head is at most the others' bound: past the first head not allowed, only heads
+        // tied with it can be.
+        let mut refused_at = None;
+        while let Some(&Reverse((when, i))) = self.heads.peek() {
+            if refused_at.is_some_and(|r| when > r) {
+                break;
+            }
+            if watermark.is_some_and(|w| !w.allows(i, when)) {
+                refused_at.get_or_insert(when);
+                self.set_aside.push(self.heads.pop()?.0);
+                continue;
+            }
+            let t = &self.threads[i];
+            let head = &t.queue.front()?.0;
+            if !alone && (self.blocked(head) || self.waits_for_join(t)) {
+                oldest_blocked.get_or_insert((when, i));
+                self.set_aside.push(self.heads.pop()?.0);
+                continue;
+            }
+            chosen = Some((when, i));
+            break;
+        }
+        // The usual case: the top was chosen at once, and stays until its thread's next
+        // call replaces it (one sift instead of a pop and a push).
+        if chosen.is_some() && self.set_aside.is_empty() {
+            return chosen.map(|(_, i)| (i, true));
+        }
+        if chosen.is_some() {
+            self.heads.pop();
+        }
+        let chosen = match (chosen, oldest_blocked) {
+            (Some((when, i)), blocked) => {
+                if blocked.is_some_and(|(bw, _)| bw < when) {
+                    self.stats.reordered += 1;
+                }
+                Some((i, false))
+            }
+            (None, Some((when, i)))
+                if self.finishing || when.0.saturating_add(WAIT_WINDOW_TICKS) < self.max_seen =>
+            {
+                self.set_aside.retain(|&(_, j)| j != i);
+                Some((i, false))
+            }
+            _ => None,
+        };
+        self.heads.extend(self.set_aside.drain(..).map(Reverse));
+        chosen
     }
 
-    /// Looks at every thread's next call and chooses the thread whose call goes next, or
-    /// `None` when the merge must wait; starts a run of the chosen thread.
-    fn scan(&mut self, alone: bool) -> Option<usize> {
-        self.run = None;
-        // At the end, or holding too much, nothing is waited for.
-        let watermark = (!self.finishing && self.pending <= MAX_PENDING).then(|| self.watermark());
-        // The two earliest heads of all, whatever their state: the run's bound.
-        const NONE: ((u64, u64), usize) = ((u64::MAX, u64::MAX), usize::MAX);
-        let mut earliest = [NONE; 2];
-        let mut best: Option<((u64, u64), usize)> = None;
-        let mut oldest_blocked: Option<((u64, u64), usize)> = None;
+    /// The reference `choose` must agree with: a pass over every thread.
+    #[cfg(test)]
+    fn choose_by_scanning_every_thread(&mut self, alone: bool) -> Option<(usize, bool)> {
+        let watermark = (!self.finishing).then(|| self.compute_watermark());
+        let mut best: Option<Head> = None;
+        let mut oldest_blocked: Option<Head> = None;
         for (i, t) in self.threads.iter().enumerate() {
             let Some((head, place)) = t.queue.front() else {
                 continue;
             };
             let when = (merged_tick(head), *place);
-            if when < earliest[0].0 {
-                earliest = [(when, i), earliest[0]];
-            } else if when < earliest[1].0 {
-                earliest[1] = (when, i);
-            }
             if watermark.as_ref().is_some_and(|w| !w.allows(i, when)) {
                 continue;
             }
@@ -531,7 +624,6 @@ impl Merger {
                 best = Some((when, i));
             }
         }
-        // A blocked call is merged anyway (forced) once waiting longer cannot help.
         let i = match (best, oldest_blocked) {
             (Some((when, i)), blocked) => {
                 if blocked.is_some_and(|(bw, _)| bw < when) {
@@ -540,25 +632,14 @@ impl Merger {
                 i
             }
             (None, Some((when, i)))
-                if self.finishing
-                    || when.0.saturating_add(WAIT_WINDOW_TICKS) < self.max_seen
-                    || self.pending > MAX_PENDING =>
+                if self.finishing || when.0.saturating_add(WAIT_WINDOW_TICKS) < self.max_seen =>
             {
                 i
             }
             _ => return None,
         };
-        let before = if earliest[0].1 == i {
-            earliest[1].0
-        } else {
-            earliest[0].0
-        };
-        self.run = Some(Run {
-            thread: i,
-            before,
-            watermark,
-        });
-        Some(i)
+        self.heads.retain(|&Reverse((_, j))| j != i);
+        Some((i, false))
     }
 
     /// The next call in merged order, or `None` when the merge must wait for more chunks
@@ -567,17 +648,53 @@ impl Merger {
         // One thread alone has nobody to wait for: its program order is the order, and
         // the causal check (a table lookup per call) is skipped.
         let alone = self.threads.len() == 1;
-        let i = match self.run_goes_on(alone) {
-            Some(i) => i,
-            None => self.scan(alone)?,
+        #[cfg(test)]
+        let chosen = if self.scan_every_call {
+            self.choose_by_scanning_every_thread(alone)
+        } else {
+            self.choose(alone)
         };
+        #[cfg(not(test))]
+        let chosen = self.choose(alone);
+        let (i, on_top) = chosen?;
         let t = &mut self.threads[i];
         let (mut m, _) = t.queue.pop_front()?;
         t.popped += 1;
         while t.joins.front().is_some_and(|&(pos, _)| pos < t.popped) {
             t.joins.pop_front();
         }
-        self.pending -= 1;
+        self.in_memory -= 1;
+        while t.queue.is_empty() && t.spill.items() > 0 {
+            let read = t.spill.refill(&mut self.spill_file, t.tid, &mut t.queue);
+            if let Err((lost, why)) = read {
+                self.stats.lost_events = self.stats.lost_events.saturating_add(lost);
+                self.stats.spill_lost = self.stats.spill_lost.saturating_add(lost);
+                self.spill_file.fail(format!(
+                    "{lost} calls that waited on disk could not be read back: {why}"
+                ));
+            }
+            self.in_memory += t.queue.len();
+        }
+        // Queues that once held a burst give their memory back when the threads' queues
+        // together hold far more room than the budget.
+        if t.queue.is_empty() && self.queue_capacity > 2 * self.memory_budget {
+            self.queue_capacity -= t.queue.capacity();
+            t.queue.shrink_to(HEAD_ITEMS);
+            self.queue_capacity += t.queue.capacity();
+        }
+        let next = head_of(t, i);
+        if on_top {
+            if let Some(mut top) = self.heads.peek_mut() {
+                match next {
+                    Some(head) => *top = Reverse(head),
+                    None => {
+                        PeekMut::pop(top);
+                    }
+                }
+            }
+        } else if let Some(head) = next {
+            self.heads.push(Reverse(head));
+        }
         let tick = merged_tick_mut(&mut m);
         if *tick < self.last_tick {
             if self.last_tick - *tick > 1 {
@@ -612,7 +729,7 @@ impl Merger {
     }
 }
 
-/// See [`Merger::watermark`].
+/// See [`Merger::compute_watermark`].
 struct Watermark {
     /// The active thread that has sent the least (usize::MAX: none).
     lowest_thread: usize,
@@ -634,6 +751,13 @@ impl Watermark {
         };
         when < below || when.0 < self.floor
     }
+}
+
+/// Thread `index`'s next call, if it has one queued.
+fn head_of(t: &ThreadQueue, index: usize) -> Option<Head> {
+    t.queue
+        .front()
+        .map(|(m, place)| ((merged_tick(m), *place), index))
 }
 
 fn merged_tick(m: &Merged) -> u64 {
@@ -776,12 +900,10 @@ mod tests {
         }
     }
 
-    /// Many threads that free each other's blocks, reusing addresses at once, with
-    /// their buffers read in an arbitrary order and merged a little after each: taking a
-    /// run of one thread's calls without scanning every thread gives the same merge as
-    /// scanning for every call.
-    #[test]
-    fn runs_merge_as_a_scan_for_every_call_would() {
+    /// Buffers of `THREADS` threads that free each other's blocks, reusing addresses at
+    /// once, 400 calls a tick for 30 ticks, in the order they arrive (any order within a
+    /// tick).
+    fn blocks_handed_between_threads() -> Vec<(EventsHeader, Vec<u8>)> {
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
         let mut rand = move |n: u64| {
             x ^= x << 13;
@@ -826,6 +948,14 @@ mod tests {
                 arrivals.push(sent.swap_remove(rand(sent.len() as u64) as usize));
             }
         }
+        arrivals
+    }
+
+    /// Taking a run of one thread's calls without scanning every thread gives the same
+    /// merge as scanning for every call.
+    #[test]
+    fn runs_merge_as_a_scan_for_every_call_would() {
+        let arrivals = blocks_handed_between_threads();
         let mut reference = Merger::new();
         reference.scan_every_call = true;
         let mut runs = Merger::new();
@@ -845,6 +975,74 @@ mod tests {
         assert_eq!(got, want);
         assert_eq!(runs.stats(), reference.stats());
         assert_never_live_twice(&got);
+    }
+
+    /// Calls held back past a memory budget of a few calls wait on disk and come back
+    /// in the same merge as with all of them in memory.
+    #[test]
+    fn calls_spilled_past_the_memory_budget_merge_as_in_memory() {
+        let arrivals = blocks_handed_between_threads();
+        let mut in_memory = Merger::with_memory_budget(usize::MAX);
+        let mut spilling = Merger::with_memory_budget(0);
+        let (mut want, mut got) = (Vec::new(), Vec::new());
+        for (h, b) in &arrivals {
+            for (m, out) in [(&mut in_memory, &mut want), (&mut spilling, &mut got)] {
+                m.push_chunk(h, b).unwrap();
+                while let Some(Merged::Call(c)) = m.pop() {
+                    out.push(c);
+                }
+            }
+        }
+        want.extend(drain(&mut in_memory));
+        got.extend(drain(&mut spilling));
+        assert_eq!(got.len(), 12_000);
+        assert_eq!(got, want);
+        assert!(spilling.stats().spilled > 1000, "{:?}", spilling.stats());
+        assert_eq!(in_memory.stats().spilled, 0);
+        assert_eq!(
+            MergeStats {
+                spilled: 0,
+                ..spilling.stats()
+            },
+            in_memory.stats()
+        );
+        assert_never_live_twice(&got);
+    }
+
+    /// One thread allocates a block and its buffer reaches the trace only after another
+    /// thread's millions of calls, the last of which frees that block: the merge waits
+    /// for the slow thread however many calls pile up, and forces nothing.
+    #[test]
+    fn a_slow_thread_is_waited_for_however_many_calls_pile_up() {
+        const CALLS: u64 = 3_000_000;
+        let fast = (0..CALLS / 2).flat_map(|i| {
+            let addr = 0x10_0000 + (i % 1000) * 0x40;
+            [(false, addr, Some(i + 1)), (true, addr, Some(i + 1))]
+        });
+        let handed = std::iter::once((true, 0x5000, Some(CALLS / 2 + 1)));
+        let mut fast = buffer(2, 5, fast.chain(handed));
+        fast.0.last_tick = 900;
+        let mut m = Merger::new();
+        let mut calls = Vec::new();
+        let first = ordered(1, 1, &[(false, 0x4000, 0)]);
+        let slow = ordered(1, 1, &[(false, 0x5000, 0)]);
+        for (h, b) in [first, fast, slow] {
+            m.push_chunk(&h, &b).unwrap();
+            while let Some(Merged::Call(c)) = m.pop() {
+                calls.push(c);
+            }
+        }
+        calls.extend(drain(&mut m));
+        let stats = m.stats();
+        assert_eq!(calls.len() as u64, CALLS + 3);
+        assert_eq!((calls[0].addr, calls[1].addr), (0x4000, 0x5000));
+        assert_eq!(
+            stats.forced_allocs + stats.unknown_frees + stats.late,
+            0,
+            "{stats:?}"
+        );
+        assert!(stats.spilled > 2_000_000, "{stats:?}");
+        assert_never_live_twice(&calls);
     }
 
     /// A thread that was idle with nothing buffered when another thread sent an empty
