@@ -21,6 +21,7 @@ static _Atomic(size_t *) slots[SLOTS];
 static long operations;
 static int bursts;
 static pthread_barrier_t halfway, resume;
+static void *volatile mark; /* keeps the compiler from removing the mark's malloc/free */
 
 static void swap_one(unsigned *seed) {
     *seed = *seed * 1103515245u + 12345u;
@@ -75,7 +76,8 @@ int main(int argc, char **argv) {
         size_t *b = atomic_load(&slots[k]);
         if (b) bytes += *b, blocks++;
     }
-    free(malloc(MARK_BYTES));
+    mark = malloc(MARK_BYTES);
+    free(mark);
     fprintf(stderr, "mid: %zu bytes in %zu blocks\n", bytes, blocks);
     pthread_barrier_wait(&resume);
     for (int i = 0; i < n; i++) pthread_join(t[i], NULL);

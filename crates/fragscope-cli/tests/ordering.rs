@@ -101,3 +101,82 @@ fn blocks_handed_to_other_threads_are_allocated_before_they_are_freed() {
         }
     }
 }
+
+/// larson.c's mark: the main thread frees a block of this size while every worker waits.
+const LARSON_MARK: u64 = 1_234_567;
+
+/// Records larson.c (blocks handed between `threads` threads) and checks the merge
+/// exactly: nothing forced, unknown, late or lost; at the mark, the workers' live blocks
+/// are exactly those the program counted in its slots; at the end, none.
+fn larson_is_merged_exactly(alloc: Allocator, threads: u32, operations: u32, mode: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = common::build(dir.path(), "larson", &["-O2"]);
+    let trace = dir.path().join("t.fsc");
+    let args = [
+        threads.to_string(),
+        operations.to_string(),
+        mode.to_string(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = common::record(alloc, &trace, &exe, &args);
+    let err = common::stderr(&out);
+    assert!(out.status.success(), "record failed: {err}");
+    // "mid: BYTES bytes in BLOCKS blocks"
+    let counted: Vec<u64> = err
+        .lines()
+        .find_map(|l| l.strip_prefix("mid: "))
+        .expect("larson prints its live blocks at the mark")
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let streams = common::stream_calls_marked(&trace, Some(LARSON_MARK));
+    assert_eq!(streams.len(), 1, "{streams:#?}");
+    let s = &streams[0];
+    let m = s.merge;
+    assert_eq!(
+        (m.forced_allocs, m.unknown_frees, m.late, m.lost_events),
+        (0, 0, 0, 0),
+        "{threads} threads ({mode}) under {alloc:?}: {s:#?}"
+    );
+    assert_eq!(s.disorder(), 0, "{s:#?}");
+    // Each operation is a malloc and a free, and each worker's blocks change threads.
+    let calls = 2 * u64::from(threads) * u64::from(operations);
+    assert!(
+        s.calls >= calls,
+        "{} calls, expected {calls} at least",
+        s.calls
+    );
+    assert_eq!(
+        s.others_live_at_mark,
+        Some((counted[0], counted[1])),
+        "live blocks of the workers at the mark: {s:#?}"
+    );
+    assert_eq!(s.others_live_at_end, (0, 0), "{s:#?}");
+    // What libc itself keeps (thread descriptors' memory, stdio): the program keeps none.
+    assert!(s.first_thread_live_at_end.0 < 256 << 10, "{s:#?}");
+}
+
+#[test]
+fn larson_48_threads_is_merged_exactly_under_glibc() {
+    larson_is_merged_exactly(Allocator::Glibc, 48, 10_000, "saturate");
+}
+
+#[test]
+fn larson_256_threads_is_merged_exactly_under_glibc() {
+    larson_is_merged_exactly(Allocator::Glibc, 256, 4_000, "saturate");
+}
+
+#[test]
+fn larson_128_threads_in_bursts_is_merged_exactly_under_glibc() {
+    larson_is_merged_exactly(Allocator::Glibc, 128, 4_000, "bursts");
+}
+
+#[test]
+fn larson_64_threads_is_merged_exactly_under_jemalloc() {
+    larson_is_merged_exactly(Allocator::Jemalloc, 64, 10_000, "saturate");
+}
+
+#[test]
+fn larson_128_threads_in_bursts_is_merged_exactly_under_jemalloc() {
+    larson_is_merged_exactly(Allocator::Jemalloc, 128, 4_000, "bursts");
+}

@@ -194,6 +194,7 @@ struct thread_state {
     int64_t sample_countdown;
     uint64_t rng;
     uint32_t retired; /* the thread exited; the state may be reused once it is gone */
+    uint32_t gone_told; /* retired, gone, and the recorder told so (see tell_gone) */
     pthread_t thread; /* pthread_self() of the thread that holds the state */
     /* The order counter value this thread expects to read next (its last reading, plus
      * one after a free), counted from 0 at each buffer and tick as the reader does; and
@@ -474,7 +475,7 @@ static void send_message(const struct msg_header *h, const void *payload, int wa
 }
 
 /* ---- thread buffers ---- */
-/* A buffer's seq with this bit set is the thread's last: it is exiting. */
+/* A buffer's seq with this bit set is the thread's last: it is gone (see tell_gone). */
 #define SEQ_THREAD_EXITED 0x80000000u
 /* A copy of another thread's buffer (see send_thread_copy). */
 #define SEQ_COPY 0x40000000u
@@ -504,6 +505,17 @@ static void send_thread_buffer(struct thread_state *ts, uint32_t seq_flags) {
 
 static void flush_thread(struct thread_state *ts) {
     if (ts->len > 0) send_thread_buffer(ts, 0);
+}
+
+/* Sends a retired thread's last buffer, flagged: the thread is gone, so the merge stops
+ * waiting for it. Not at its exit (thread_exited): glibc still frees after the last key
+ * destructor, and such a call, recorded and then preempted before it is sent, would
+ * reach the merge after later calls of other threads had gone. Under registry_lock, so
+ * that no new thread claims the state meanwhile. */
+static void tell_gone(struct thread_state *ts) {
+    if (ts->gone_told) return;
+    send_thread_buffer(ts, SEQ_THREAD_EXITED);
+    ts->gone_told = 1;
 }
 
 /* The holder of `ts`, with a flag of tls_flags set, waits while another thread sends its
@@ -573,6 +585,8 @@ static struct thread_state *thread_state_new(void) {
      * last destructors recorded. */
     for (struct thread_state *r = registry; r; r = r->next_in_registry) {
         if (r->retired && syscall(SYS_tgkill, my_pid, r->tid, 0) != 0 && errno == ESRCH) {
+            tell_gone(r);
+            r->gone_told = 0;
             r->retired = 0; /* claimed under the lock: no other new thread can take it */
             r->exited = 0;
             r->idle = 0;
@@ -584,9 +598,7 @@ static struct thread_state *thread_state_new(void) {
         }
     }
     pthread_mutex_unlock(&registry_lock);
-    if (ts) {
-        flush_thread(ts);
-    } else {
+    if (!ts) {
         ts = own_mmap(sizeof *ts);
         if (!ts) return NULL;
         ts->flags_of_holder = &tls_flags;
@@ -628,7 +640,7 @@ static void thread_exited(void *arg) {
     tls_flags |= TF_FORWARD;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     wait_until_not_taken(ts);
-    send_thread_buffer(ts, SEQ_THREAD_EXITED);
+    flush_thread(ts);
     ts->exited = 1;
     /* Under the lock: send_idle_buffers reads the flags of a thread it sees unretired. */
     pthread_mutex_lock(&registry_lock);
@@ -643,7 +655,8 @@ static void thread_exited(void *arg) {
 static void flush_all(void) {
     pthread_mutex_lock(&registry_lock);
     for (struct thread_state *r = registry; r; r = r->next_in_registry) {
-        if (r == tls_state || r->retired) flush_thread(r);
+        if (r->retired) tell_gone(r);
+        else if (r == tls_state) flush_thread(r);
         else send_thread_copy(r);
     }
     pthread_mutex_unlock(&registry_lock);
@@ -749,11 +762,11 @@ static __attribute__((noinline)) void send_idle_buffers(struct thread_state *sel
     if (pthread_mutex_trylock(&registry_lock) != 0) return;
     int asked = 0;
     for (struct thread_state *r = registry; r; r = r->next_in_registry) {
-        /* What glibc freed after a thread's last buffer, once the thread is gone (as
-         * thread_state_new sends it when it takes the state over). */
-        if (r->retired && r->len > 0 && syscall(SYS_tgkill, my_pid, r->tid, 0) != 0 &&
-            errno == ESRCH) {
-            flush_thread(r);
+        /* A thread gone since it retired (as thread_state_new tells it when it takes
+         * the state over, and pthread_join when it joins it). */
+        if (r->retired) {
+            if (!r->gone_told && syscall(SYS_tgkill, my_pid, r->tid, 0) != 0 && errno == ESRCH)
+                tell_gone(r);
             continue;
         }
         if (r != self && !r->retired && r->flags_of_holder && (r->len > 0 || !r->idle) &&
@@ -1800,6 +1813,15 @@ static uint32_t tid_of_thread(pthread_t thread) {
     return best.tid;
 }
 
+/* A joined thread made its last call before the join returned: the merge need not wait
+ * for it past what it sent (its state may already be another thread's, told then). */
+static void tell_joined_gone(uint32_t tid) {
+    pthread_mutex_lock(&registry_lock);
+    for (struct thread_state *r = registry; r; r = r->next_in_registry)
+        if (r->retired && r->tid == tid) tell_gone(r);
+    pthread_mutex_unlock(&registry_lock);
+}
+
 /* Writes a JOINED record: everything `tid` recorded came before this thread's next call. */
 static void record_joined(uint32_t tid) {
     if (tls_flags & TF_BUSY) return; /* a handler that interrupted a record: rare, skip */
@@ -1853,6 +1875,7 @@ EXPORT int pthread_join(pthread_t thread, void **retval) {
     if (rc == 0 && !joined && tracing) joined = tid_of_thread(thread);
     if (rc == 0 && joined && tracing) {
         int saved_errno = errno;
+        tell_joined_gone(joined);
         record_joined(joined);
         errno = saved_errno;
     }

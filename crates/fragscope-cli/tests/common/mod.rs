@@ -160,6 +160,13 @@ pub struct StreamCalls {
     pub misaligned: u64,
     /// malloc returning an address last allocated by another thread.
     pub cross_thread_reuse: u64,
+    /// (bytes, blocks) live, allocated by threads other than the first to call, when
+    /// the free of the first block of the mark size was merged (see [`stream_calls_marked`]).
+    pub others_live_at_mark: Option<(u64, u64)>,
+    /// The same at the end of the trace.
+    pub others_live_at_end: (u64, u64),
+    /// (bytes, blocks) live at the end, allocated by the first thread to call.
+    pub first_thread_live_at_end: (u64, u64),
     pub merge: MergeStats,
 }
 
@@ -189,34 +196,55 @@ impl StreamCalls {
 
 /// Merges every stream of the trace on its own and replays its calls.
 pub fn stream_calls(trace: &Path) -> Vec<StreamCalls> {
+    stream_calls_marked(trace, None)
+}
+
+/// [`stream_calls`], also counting what other threads than the first hold live when the
+/// first block of `mark` bytes is freed: a program marks a moment with free(malloc(mark)).
+pub fn stream_calls_marked(trace: &Path, mark: Option<u64>) -> Vec<StreamCalls> {
     struct Replay {
         merger: Merger,
-        live: AddrMap<u64>,
+        /// Live blocks: size and allocating thread.
+        live: AddrMap<(u64, u32)>,
         owner: AddrMap<u32>,
+        first_tid: Option<u32>,
         calls: StreamCalls,
     }
-    fn replay(r: &mut Replay) {
+    /// (bytes, blocks) live whose allocating thread is (`first`) or is not the first.
+    fn live_of(r: &Replay, first: bool) -> (u64, u64) {
+        r.live
+            .values()
+            .filter(|&&(_, tid)| (Some(tid) == r.first_tid) == first)
+            .fold((0, 0), |(bytes, n), &(size, _)| (bytes + size, n + 1))
+    }
+    fn replay(r: &mut Replay, mark: Option<u64>) {
         while let Some(m) = r.merger.pop() {
             let Merged::Call(c) = m else { continue };
-            let s = &mut r.calls;
-            s.calls += 1;
+            r.first_tid.get_or_insert(c.tid);
+            r.calls.calls += 1;
             if let Some(a) = c.releases() {
                 match r.live.remove(&a) {
-                    Some(size) => *s.freed.entry(size).or_default() += 1,
-                    None => s.unknown_frees += 1,
+                    Some((size, _)) => {
+                        *r.calls.freed.entry(size).or_default() += 1;
+                        if Some(size) == mark && r.calls.others_live_at_mark.is_none() {
+                            r.calls.others_live_at_mark = Some(live_of(r, false));
+                        }
+                    }
+                    None => r.calls.unknown_frees += 1,
                 }
             } else if c.func == Func::Free {
-                s.free_null += 1;
+                r.calls.free_null += 1;
             }
             if c.func == Func::Free {
                 continue;
             }
             let Some(a) = c.allocates() else {
-                *s.failed.entry((c.func, c.size)).or_default() += 1;
+                *r.calls.failed.entry((c.func, c.size)).or_default() += 1;
                 continue;
             };
+            let s = &mut r.calls;
             *s.allocs.entry((c.func, c.size)).or_default() += 1;
-            if r.live.insert(a, c.size).is_some() {
+            if r.live.insert(a, (c.size, c.tid)).is_some() {
                 s.live_twice += 1;
             }
             if c.align > 1 && a % c.align != 0 {
@@ -238,19 +266,22 @@ pub fn stream_calls(trace: &Path) -> Vec<StreamCalls> {
             merger: Merger::new(),
             live: AddrMap::default(),
             owner: AddrMap::default(),
+            first_tid: None,
             calls: StreamCalls {
                 stream: h.stream,
                 ..Default::default()
             },
         });
         r.merger.push_chunk(&h, &records).unwrap();
-        replay(r);
+        replay(r, mark);
     }
     let mut out: Vec<StreamCalls> = streams
         .into_values()
         .map(|mut r| {
             r.merger.finish();
-            replay(&mut r);
+            replay(&mut r, mark);
+            r.calls.others_live_at_end = live_of(&r, false);
+            r.calls.first_thread_live_at_end = live_of(&r, true);
             r.calls.merge = r.merger.stats();
             r.calls
         })
