@@ -124,6 +124,9 @@ pub fn render(r: &Report, top: usize) -> String {
             r.merge.forced_allocs, r.merge.unknown_frees, r.merge.lost_events
         );
     }
+    if let Some(why) = &r.merge.spill_problem {
+        let _ = writeln!(o, "note: {why}");
+    }
     headline(&mut o, r);
     decomposition_table(&mut o, r);
     phases(&mut o, r);

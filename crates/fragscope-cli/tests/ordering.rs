@@ -180,3 +180,38 @@ fn larson_64_threads_is_merged_exactly_under_jemalloc() {
 fn larson_128_threads_in_bursts_is_merged_exactly_under_jemalloc() {
     larson_is_merged_exactly(Allocator::Jemalloc, 128, 4_000, "bursts");
 }
+
+/// With hundreds of threads, calls that wait for slow threads go to a temporary file;
+/// where none can be made, they wait in memory instead: the report's figures are the
+/// same either way, and the report says why memory grew.
+#[test]
+fn calls_wait_in_memory_when_no_temporary_file_can_be_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = common::build(dir.path(), "larson", &["-O2"]);
+    let trace = dir.path().join("t.fsc");
+    let out = common::record(Allocator::Glibc, &trace, &exe, &["256", "4000"]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let report = |tmpdir: &std::path::Path| -> serde_json::Value {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fragscope"))
+            .args(["report", "--json"])
+            .arg(&trace)
+            .env("TMPDIR", tmpdir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let on_disk = report(dir.path());
+    let in_memory = report(&dir.path().join("no such directory"));
+    let merge = &on_disk["merge"];
+    assert!(merge["spilled"].as_u64().unwrap() > 0, "{merge}");
+    assert!(merge["spill_problem"].is_null(), "{merge}");
+    let problem = in_memory["merge"]["spill_problem"].as_str().unwrap();
+    assert!(problem.contains("no such directory"), "{problem}");
+    for key in ["forced_allocs", "unknown_frees", "late", "lost_events"] {
+        assert_eq!(in_memory["merge"][key], 0, "{key}: {}", in_memory["merge"]);
+    }
+    for key in ["snapshots", "timeline", "size_classes"] {
+        assert_eq!(on_disk[key], in_memory[key], "{key}");
+    }
+}

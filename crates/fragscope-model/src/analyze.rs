@@ -380,6 +380,8 @@ pub fn analyze(
             unknown_frees: merge.unknown_frees,
             late: merge.late,
             lost_events: merge.lost_events,
+            spilled: merge.spilled,
+            spill_problem: s.merger.spill_problem().map(str::to_string),
         },
         headline,
         timeline,

@@ -189,6 +189,10 @@ pub struct MergeFacts {
     pub unknown_frees: u64,
     pub late: u64,
     pub lost_events: u64,
+    /// Calls that waited on disk for slow threads (order kept, memory bounded).
+    pub spilled: u64,
+    /// Why calls that waited could not go to disk (or come back), if so.
+    pub spill_problem: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -1,29 +1,43 @@
 //! Merges a trace's first process and reports the calls that break the ordering
-//! invariant; with an address, also prints every merged call on it.
+//! invariant; with an address, also prints every merged call on it. Ends with the
+//! merge's statistics and what is live at the end, split between the first thread to
+//! call (the main thread, and libc's own blocks) and the others.
 //! usage: check_order TRACE [0xADDR]
-use fragscope_trace::merge::{AddrSet, Merged, Merger};
+use fragscope_trace::merge::{AddrMap, Merged, Merger};
 use fragscope_trace::reader::{Chunk, TraceReader};
 
 fn main() {
-    let path = std::env::args().nth(1).unwrap();
+    let Some(path) = std::env::args().nth(1) else {
+        eprintln!("usage: check_order TRACE [0xADDR]");
+        std::process::exit(2);
+    };
     let watch = std::env::args()
         .nth(2)
         .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok());
-    let mut r = TraceReader::open(std::path::Path::new(&path)).unwrap();
+    let mut r = match TraceReader::open(std::path::Path::new(&path)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("check_order: {path}: {e}");
+            std::process::exit(1);
+        }
+    };
     let mut m = Merger::new();
-    let mut live = AddrSet::default();
-    let check = |x: Merged, live: &mut AddrSet| {
+    // Live blocks: size and allocating thread.
+    let mut live: AddrMap<(u64, u32)> = AddrMap::default();
+    let mut first_tid = None;
+    let mut check = |x: Merged, live: &mut AddrMap<(u64, u32)>| {
         if let Merged::Call(c) = x {
+            first_tid.get_or_insert(c.tid);
             if watch.is_some_and(|w| c.releases() == Some(w) || c.allocates() == Some(w)) {
                 println!("merged {c:?}");
             }
             if let Some(a) = c.releases() {
-                if !live.remove(&a) {
+                if live.remove(&a).is_none() {
                     println!("bad free {a:#x} {c:?}");
                 }
             }
             if let Some(a) = c.allocates() {
-                if !live.insert(a) {
+                if live.insert(a, (c.size, c.tid)).is_some() {
                     println!("double {a:#x} {c:?}");
                 }
             }
@@ -43,6 +57,19 @@ fn main() {
     m.finish();
     while let Some(x) = m.pop() {
         check(x, &mut live);
+    }
+    let live_of = |first: bool| {
+        live.values()
+            .filter(|&&(_, tid)| (Some(tid) == first_tid) == first)
+            .fold((0u64, 0u64), |(b, n), &(size, _)| (b + size, n + 1))
+    };
+    let (first, others) = (live_of(true), live_of(false));
+    println!(
+        "live at end: first thread {} bytes in {} blocks, other threads {} bytes in {} blocks",
+        first.0, first.1, others.0, others.1
+    );
+    if let Some(why) = m.spill_problem() {
+        println!("spill: {why}");
     }
     println!("{:?}", m.stats());
 }
