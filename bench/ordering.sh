@@ -39,7 +39,7 @@ for alloc in glibc jemalloc; do
     total=$((total + 1))
     case "$stats" in *"forced_allocs: 0, unknown_frees: 0"*) clean=$((clean + 1)) ;; esac
     case "$stats" in *"late: 0,"*) ;; *) late=$((late + 1)) ;; esac
-    case "$stats" in *"reordered: 0 "*) ;; *) reordered=$((reordered + 1)) ;; esac
+    case "$stats" in *"reordered: 0,"*) ;; *) reordered=$((reordered + 1)) ;; esac
   done
   echo "$alloc: $clean of $total recordings merged with nothing forced; $late with calls merged late;" \
     "$reordered with calls taken out of counter order for causality"
