@@ -854,43 +854,94 @@ fn sites(
         }
     }
     let mut symbolizer = Symbolizer::new(s.code_maps.clone());
-    let mut make = |id: u32| -> Site {
-        let frames: Vec<Frame> = s
-            .merger
+    let mut frames_of = |id: u32| -> Vec<Frame> {
+        s.merger
             .stack(id)
             .iter()
             .flat_map(|&a| symbolizer.frames(a))
             // fragscope's own wrapper of main is not the program's code
             .filter(|f| !f.module.starts_with("libfragscope_preload"))
-            .collect();
-        let label = frames
+            .collect()
+    };
+    let label_of = |frames: &[Frame]| {
+        frames
             .iter()
             .find(|f| !is_allocator_frame(f))
             .or(frames.first())
-            .map_or_else(|| "(no stack)".to_string(), Frame::label);
-        let snap = at.get(&id);
-        let allocs = s.site_allocs.get(&id).copied().unwrap_or_default();
-        Site {
-            stack: id,
+            .map_or_else(|| "(no stack)".to_string(), Frame::label)
+    };
+    // The figures of a set of stacks, summed; frames and stack id of the first.
+    let site_of = |label: String, frames: Vec<Frame>, group: &[u32]| -> Site {
+        let mut site = Site {
+            stack: group[0],
             label,
             frames,
-            live_objects: snap.map_or(0, |x| x.live_objects.round() as u64),
-            live_bytes: snap.map_or(0, |x| x.live_bytes.round() as u64),
-            pinning_objects: snap.map_or(0, |x| x.pinning_objects.round() as u64),
-            pinned_pages: snap.map_or(0.0, |x| x.pinned_pages),
-            pinned_waste: snap.map_or(0, |x| x.pinned_waste.round() as u64),
-            allocations: allocs.0.round() as u64,
-            allocated_bytes: allocs.1.round() as u64,
+            stacks: group.len(),
+            live_objects: 0,
+            live_bytes: 0,
+            pinning_objects: 0,
+            pinned_pages: 0.0,
+            pinned_waste: 0,
+            allocations: 0,
+            allocated_bytes: 0,
+        };
+        let (mut objects, mut live, mut pinning, mut waste) = (0.0, 0.0, 0.0, 0.0);
+        let (mut allocations, mut allocated) = (0.0, 0.0);
+        for id in group {
+            if let Some(x) = at.get(id) {
+                objects += x.live_objects;
+                live += x.live_bytes;
+                pinning += x.pinning_objects;
+                site.pinned_pages += x.pinned_pages;
+                waste += x.pinned_waste;
+            }
+            let a = s.site_allocs.get(id).copied().unwrap_or_default();
+            allocations += a.0;
+            allocated += a.1;
         }
+        site.live_objects = objects.round() as u64;
+        site.live_bytes = live.round() as u64;
+        site.pinning_objects = pinning.round() as u64;
+        site.pinned_waste = waste.round() as u64;
+        site.allocations = allocations.round() as u64;
+        site.allocated_bytes = allocated.round() as u64;
+        site
     };
+    // The tables list places in the code, not stacks: the stacks whose first frame
+    // outside the allocator has the same label (function and line; the function alone
+    // without line tables) are one row, shown with the stack that weighs most.
+    let mut groups: Vec<(String, Vec<u32>)> = Vec::new();
+    {
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        let mut index: HashMap<String, usize> = HashMap::new();
+        for id in sorted {
+            let label = label_of(&frames_of(id));
+            let i = *index.entry(label.clone()).or_insert_with(|| {
+                groups.push((label, Vec::new()));
+                groups.len() - 1
+            });
+            groups[i].1.push(id);
+        }
+    }
     let top = opts.top;
     let mut pick = |key: &dyn Fn(&u32) -> f64| -> Vec<Site> {
-        let mut v: Vec<(f64, u32)> = ids.iter().map(|id| (key(id), *id)).collect();
+        let mut v: Vec<(f64, usize)> = groups
+            .iter()
+            .enumerate()
+            .map(|(g, (_, group))| (group.iter().map(key).sum(), g))
+            .collect();
         v.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         v.into_iter()
             .filter(|(k, _)| *k > 0.0)
             .take(top)
-            .map(|(_, id)| make(id))
+            .map(|(_, g)| {
+                let (label, group) = &groups[g];
+                let mut group = group.clone();
+                // The heaviest stack first: its frames stand for the row.
+                group.sort_by(|a, b| key(b).total_cmp(&key(a)).then(a.cmp(b)));
+                site_of(label.clone(), frames_of(group[0]), &group)
+            })
             .collect()
     };
     let by_live_bytes = pick(&|id| at.get(id).map_or(0.0, |x| x.live_bytes));
@@ -900,7 +951,13 @@ fn sites(
     let mut all = Vec::new();
     if opts.all_sites {
         ids.sort_unstable();
-        all = ids.iter().map(|&id| make(id)).collect();
+        all = ids
+            .iter()
+            .map(|&id| {
+                let frames = frames_of(id);
+                site_of(label_of(&frames), frames, &[id])
+            })
+            .collect();
     }
     let tables = Sites {
         by_live_bytes,

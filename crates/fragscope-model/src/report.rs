@@ -141,10 +141,13 @@ pub struct ClassHistory {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Site {
+    /// The trace's stack id (of the stack that weighs most, when `stacks` > 1).
     pub stack: u32,
     /// The first frame outside allocator wrappers, as "function (file:line)".
     pub label: String,
     pub frames: Vec<Frame>,
+    /// Call stacks summed in this site: those with the same label.
+    pub stacks: usize,
     /// At the focus snapshot (estimates when stacks were sampled).
     pub live_objects: u64,
     pub live_bytes: u64,
