@@ -207,24 +207,35 @@ fn signed_bytes(v: i64) -> String {
 }
 
 fn decomposition_table(o: &mut String, r: &Report) {
-    let mut cols: Vec<(String, &Snapshot)> = Vec::new();
-    let mut add = |label: String, i: Option<usize>| {
-        if let Some(i) = i {
-            if !cols.iter().any(|(_, s)| std::ptr::eq(*s, &r.snapshots[i])) {
-                cols.push((label, &r.snapshots[i]));
-            }
+    // Each column is a snapshot, labelled by every role it has: the snapshot of most
+    // waste may also be the one of highest RSS, which need not be at the peak of RSS
+    // itself (sampled every 10 ms, snapshots every second).
+    let peak_role = match r.peak_snapshot.map(|i| &r.snapshots[i]) {
+        Some(s) if s.parts.rss as f64 >= 0.99 * r.headline.peak_rss as f64 => "peak RSS",
+        _ => "highest RSS",
+    };
+    let mut cols: Vec<(Vec<&str>, &Snapshot)> = Vec::new();
+    let mut add = |role: &'static str, i: Option<usize>| {
+        let Some(i) = i else { return };
+        match cols.iter_mut().find(|(_, s)| std::ptr::eq(*s, &r.snapshots[i])) {
+            Some((roles, _)) => roles.push(role),
+            None => cols.push((vec![role], &r.snapshots[i])),
         }
     };
-    add("peak RSS".into(), r.peak_snapshot);
-    add("most waste".into(), r.focus_snapshot);
-    add("end".into(), r.end_snapshot);
+    add("most waste", r.focus_snapshot);
+    add(peak_role, r.peak_snapshot);
+    add("end", r.end_snapshot);
     if cols.is_empty() {
         return;
     }
     cols.sort_by(|a, b| a.1.t_ms.total_cmp(&b.1.t_ms));
     let _ = write!(o, "\nWhere RSS goes{:10}", "");
-    for (label, s) in &cols {
-        let _ = write!(o, "{:>22}", format!("{label} ({:.2} s)", s.t_ms / 1000.0));
+    for (roles, _) in &cols {
+        let _ = write!(o, "{:>22}", roles.join(" + "));
+    }
+    let _ = write!(o, "\n  (snapshot at){:10}", "");
+    for (_, s) in &cols {
+        let _ = write!(o, "{:>22}", format!("{:.2} s", s.t_ms / 1000.0));
     }
     o.push('\n');
     for (name, get) in PARTS {

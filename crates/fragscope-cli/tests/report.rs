@@ -368,6 +368,24 @@ fn sites_are_symbolized_with_whatever_the_binary_has() {
         }
         if flags[0] == "-g" {
             assert_eq!(mains, 2, "{}", r["sites"]);
+            // The decomposition's columns are labelled by every role they have: the
+            // snapshot of most waste is not called only "peak RSS".
+            let text = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+                .arg("report")
+                .arg(&trace)
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&text.stdout);
+            let header = text
+                .lines()
+                .find(|l| l.starts_with("Where RSS goes"))
+                .expect("a decomposition");
+            assert!(header.contains("most waste"), "{header}");
+            assert!(header.trim_end().ends_with("end"), "{header}");
+            let focus = r["focus_snapshot"].as_u64().unwrap() as usize;
+            let t = r["snapshots"][focus]["t_ms"].as_f64().unwrap() / 1000.0;
+            assert!(text.contains("(snapshot at)"), "{text}");
+            assert!(text.contains(&format!("{t:.2} s")), "{text}");
         }
         // the scattered survivors are the site that pins pages
         let pinning = &r["sites"]["by_pinned_waste"][0];
