@@ -125,11 +125,23 @@ pub fn run(a: RecordArgs) -> Result<ExitCode> {
         eprintln!("fragscope: note: {advice}");
     }
     for p in &out.silent_processes {
-        eprintln!(
-            "fragscope: warning: {p} made no malloc-family call: its runtime does not use malloc \
-             (e.g. a Go program, or an allocator linked in statically), so its heap is invisible \
-             to fragscope; its RSS was still recorded."
-        );
+        if p.go {
+            eprintln!(
+                "fragscope: warning: {} made no malloc-family call: it is a Go program, whose \
+                 runtime takes its heap from the kernel without malloc, so its heap is invisible \
+                 to fragscope; its RSS was still recorded.",
+                p.label
+            );
+        } else {
+            eprintln!(
+                "fragscope: warning: no malloc-family call was seen from {}; its RSS was still \
+                 recorded. Likely causes, most likely first: the compiler removed the calls (a \
+                 block that is allocated and freed unused, as in free(malloc(64)), is optimized \
+                 away at -O1 and above); an allocator linked into the program statically, whose \
+                 malloc the dynamic loader never sees; a runtime that does not use malloc.",
+                p.label
+            );
+        }
     }
     Ok(ExitCode::from(out.exit_code.clamp(0, 255) as u8))
 }

@@ -217,7 +217,10 @@ fn decomposition_table(o: &mut String, r: &Report) {
     let mut cols: Vec<(Vec<&str>, &Snapshot)> = Vec::new();
     let mut add = |role: &'static str, i: Option<usize>| {
         let Some(i) = i else { return };
-        match cols.iter_mut().find(|(_, s)| std::ptr::eq(*s, &r.snapshots[i])) {
+        match cols
+            .iter_mut()
+            .find(|(_, s)| std::ptr::eq(*s, &r.snapshots[i]))
+        {
             Some((roles, _)) => roles.push(role),
             None => cols.push((vec![role], &r.snapshots[i])),
         }

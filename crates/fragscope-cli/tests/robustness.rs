@@ -688,3 +688,18 @@ fn a_trace_whose_recorder_was_killed_reads_back_as_truncated_under_glibc() {
 fn a_trace_whose_recorder_was_killed_reads_back_as_truncated_under_jemalloc() {
     recorder_killed_mid_run(Allocator::Jemalloc);
 }
+
+/// A program whose only calls the compiler removed is told apart from a Go program: the
+/// warning says no call was seen and lists the likely causes, naming Go only for Go.
+#[test]
+fn a_program_whose_calls_were_optimized_away_is_not_called_a_go_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = common::build(dir.path(), "no_calls", &["-O2"]);
+    let trace = dir.path().join("t.fsc");
+    let out = common::record(Allocator::Glibc, &trace, &exe, &[]);
+    let err = common::stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("no malloc-family call was seen"), "{err}");
+    assert!(err.contains("optimized away"), "{err}");
+    assert!(!err.contains("Go program"), "{err}");
+}

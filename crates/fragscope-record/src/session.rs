@@ -67,6 +67,15 @@ const BEHIND_STREAK: u32 = 2;
 /// buffers.
 const QUEUED_MESSAGES: usize = 16;
 
+/// A process that made no malloc-family call.
+#[derive(Debug, Clone)]
+pub struct SilentProcess {
+    /// Its command line and pid.
+    pub label: String,
+    /// Its executable is a Go program (whose runtime does not allocate through malloc).
+    pub go: bool,
+}
+
 /// How a recording ended.
 #[derive(Debug, Clone)]
 pub struct RecordOutcome {
@@ -77,7 +86,7 @@ pub struct RecordOutcome {
     pub processes: u32,
     pub duration: Duration,
     /// Process images that made no malloc-family call at all.
-    pub silent_processes: Vec<String>,
+    pub silent_processes: Vec<SilentProcess>,
     /// The GHC RTS eventlog written beside the trace, when one was asked for.
     pub ghc_eventlog: Option<PathBuf>,
     /// Why a GHC program was recorded without an eventlog, and how to rebuild it.
@@ -108,6 +117,8 @@ struct ProcState {
     last_snapshot: Option<Instant>,
     event_bytes: u64,
     label: String,
+    /// The executable, as the process's interposer saw it.
+    exe: String,
     /// Packs this stream's buffers; shared by the stream's connections, which may follow
     /// one another, and held while a packed buffer is sent, so that buffers are stored in
     /// the order they were packed.
@@ -322,6 +333,7 @@ impl Shared {
             last_snapshot: None,
             event_bytes: 0,
             label,
+            exe: hello.exe.clone(),
             packer: Arc::default(),
             packing: self.pack != PackMode::Never,
         });
@@ -1045,7 +1057,10 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             // A child that exec'd before its first call (as fork+exec usually does) is
             // not a program without malloc.
             .filter(|s| s.event_bytes == 0 && !matches!(s.end, Some((EndHow::Exec, _))))
-            .map(|s| s.label.clone())
+            .map(|s| SilentProcess {
+                label: s.label.clone(),
+                go: crate::launch::is_go_program(Path::new(&s.exe)),
+            })
             .collect();
         (procs.streams.len() as u32, silent)
     };
