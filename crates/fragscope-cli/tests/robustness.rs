@@ -651,11 +651,38 @@ fn a_program_killed_mid_run_loses_at_most_one_flush_interval_under_jemalloc() {
 fn recorder_killed_mid_run(alloc: Allocator) {
     let dir = tempfile::tempdir().unwrap();
     let (recorder, pid, trace) = start_killed(alloc, dir.path(), 100, 1000);
+    // The recorder's rendezvous directory, from the program's environment.
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let rendezvous = environ
+        .split(|&b| b == 0)
+        .find_map(|v| v.strip_prefix(b"FRAGSCOPE_SOCK="))
+        .map(|p| {
+            Path::new(std::str::from_utf8(p).unwrap())
+                .parent()
+                .unwrap()
+                .to_owned()
+        })
+        .expect("the program knows the recorder's socket");
     sigkill(recorder.id() as i32);
     // The program goes on untraced (and holds the recorder's stderr); it is ours to stop.
     sigkill(pid);
     let out = recorder.wait_with_output().unwrap();
     assert_eq!(out.status.code(), None, "killed by a signal");
+    // The killed recorder's directory stays until the next recording sweeps it.
+    assert!(rendezvous.exists(), "{}", rendezvous.display());
+    let next = fragscope(&[
+        "record".as_ref(),
+        "-o".as_ref(),
+        dir.path().join("next.fsc").as_os_str(),
+        "--".as_ref(),
+        "true".as_ref(),
+    ]);
+    assert!(next.status.success(), "{}", common::stderr(&next));
+    assert!(
+        !rendezvous.exists(),
+        "{} was not swept",
+        rendezvous.display()
+    );
     let (_, points) = progress(&dir.path().join("progress"));
     let &(last_ms, last_pairs) = points.last().unwrap();
     // What reached the file reads back, and says it was cut short.

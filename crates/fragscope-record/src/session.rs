@@ -771,12 +771,61 @@ extern "C" fn forward_signal(sig: libc::c_int) {
 /// as its files live in memory. Under a disk's journal, removing the directory at the end
 /// waited for the commit of the trace's writes (12 ms after a 37 MiB trace on ext4).
 fn rendezvous_dir() -> Result<tempfile::TempDir> {
+    let shm = Path::new("/dev/shm");
+    sweep_stale_rendezvous(shm);
+    sweep_stale_rendezvous(&std::env::temp_dir());
     let mut builder = tempfile::Builder::new();
     builder.prefix("fragscope-");
     builder
-        .tempdir_in("/dev/shm")
+        .tempdir_in(shm)
         .or_else(|_| builder.tempdir())
         .context("creating a temporary directory")
+}
+
+/// Removes the rendezvous directories in `parent` that a recorder left when it was killed:
+/// ours (same uid), whose socket no process has bound any more (it is not among the bound
+/// Unix sockets in /proc/net/unix), or, without a socket, older than a minute (one that
+/// was just made is about to get its socket).
+fn sweep_stale_rendezvous(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    let Ok(bound) = std::fs::read_to_string("/proc/net/unix") else {
+        return; // without the list of bound sockets, a live recorder cannot be told apart
+    };
+    let bound: std::collections::HashSet<&str> = bound
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .collect();
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let ours = entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with("fragscope-")
+            && entry.metadata().is_ok_and(|m| {
+                use std::os::unix::fs::MetadataExt;
+                m.is_dir() && m.uid() == uid
+            });
+        if !ours {
+            continue;
+        }
+        let sock = dir.join("sock");
+        let stale = if sock.exists() {
+            !bound.contains(sock.to_string_lossy().as_ref())
+        } else {
+            entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > Duration::from_secs(60)))
+        };
+        if stale {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
 }
 
 /// Creates the trace file. An earlier file at the path (an older trace, most likely) is
