@@ -71,6 +71,10 @@ pub struct RecordArgs {
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = Pack::Auto,
           num_args = 0..=1, require_equals = true, default_missing_value = "always")]
     pack: Pack,
+    /// Replace the output even if it is not a fragscope trace (an existing file of
+    /// another kind, or a symbolic link, which is replaced, never written through).
+    #[arg(long)]
+    force: bool,
     /// The program to record, and its arguments.
     #[arg(required = true, last = true, value_name = "COMMAND")]
     command: Vec<OsString>,
@@ -97,6 +101,7 @@ pub fn run(a: RecordArgs) -> Result<ExitCode> {
             Pack::Never => PackMode::Never,
         },
         command: a.command,
+        force: a.force,
     };
     let out = record(&opts)?;
     eprintln!(

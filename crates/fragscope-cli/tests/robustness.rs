@@ -730,3 +730,50 @@ fn a_program_whose_calls_were_optimized_away_is_not_called_a_go_program() {
     assert!(err.contains("optimized away"), "{err}");
     assert!(!err.contains("Go program"), "{err}");
 }
+
+/// `record -o` replaces only a trace: a file of another kind is refused and left as it
+/// is, a symbolic link is never written through (refused, or replaced with --force), and
+/// an earlier trace is replaced.
+#[test]
+fn record_never_clobbers_what_is_not_a_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let notes = dir.path().join("notes.txt");
+    let link = dir.path().join("link.fsc");
+    std::fs::write(&notes, "keep me\n").unwrap();
+    std::os::unix::fs::symlink(&notes, &link).unwrap();
+    let record_into = |path: &Path, force: bool| {
+        let mut args: Vec<&std::ffi::OsStr> = vec!["record".as_ref(), "-o".as_ref()];
+        args.push(path.as_os_str());
+        if force {
+            args.push("--force".as_ref());
+        }
+        args.extend::<[&std::ffi::OsStr; 2]>(["--".as_ref(), "true".as_ref()]);
+        fragscope(&args)
+    };
+    let out = record_into(&notes, false);
+    assert!(!out.status.success());
+    assert!(
+        common::stderr(&out).contains("not a fragscope trace"),
+        "{}",
+        common::stderr(&out)
+    );
+    let out = record_into(&link, false);
+    assert!(!out.status.success());
+    assert!(
+        common::stderr(&out).contains("symbolic link"),
+        "{}",
+        common::stderr(&out)
+    );
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "keep me\n");
+    let out = record_into(&link, true);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert!(!std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "keep me\n");
+    // An earlier trace is replaced without being asked.
+    let out = record_into(&link, false);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(info(&link)["truncated"], false);
+}

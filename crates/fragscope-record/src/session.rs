@@ -14,7 +14,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use fragscope_trace::{
     ChunkKind, ChunkWriter, EndHow, EventsHeader, Mapping, Maps, Meta, Origin, PackedBuffer,
     Packer, Pagemap, Process, ProcessEnd, Rollup, RssBatch, RssSample, SnapshotReason, StackMode,
@@ -42,6 +42,8 @@ pub struct RecordOptions {
     pub pack: PackMode,
     /// The program and its arguments.
     pub command: Vec<OsString>,
+    /// Replace whatever is at `output` (a file that is not a trace, a symbolic link).
+    pub force: bool,
 }
 
 /// When event buffers are stored in the packed form.
@@ -828,23 +830,61 @@ fn sweep_stale_rendezvous(parent: &Path) {
     }
 }
 
-/// Creates the trace file. An earlier file at the path (an older trace, most likely) is
-/// unlinked and let go by a thread of its own: truncating it in place frees its blocks
-/// inside the call (25 ms for 37 MiB on ext4), time the recording would otherwise start
-/// late by. Anything else there (a symlink, a device) is opened as File::create would.
-fn create_output(path: &Path) -> std::io::Result<std::fs::File> {
-    let old = std::fs::symlink_metadata(path)
-        .ok()
-        .filter(|m| m.file_type().is_file() && m.len() > 0)
-        .and_then(|_| std::fs::File::open(path).ok());
-    if let Some(old) = old {
-        if std::fs::remove_file(path).is_ok() {
-            let _ = thread::Builder::new()
-                .name("fragscope-unlink".into())
-                .spawn(move || drop(old));
+/// Creates the trace file, replacing only what is a trace (or, with `force`, anything):
+/// `-o notes.txt` must not destroy notes.txt, and a symbolic link at the path is never
+/// written through (it is refused, or with `force` replaced by the trace). An earlier
+/// trace is unlinked and let go by a thread of its own: truncating it in place frees its
+/// blocks inside the call (25 ms for 37 MiB on ext4), time the recording would otherwise
+/// start late by. A device (/dev/null) is written as it is.
+fn create_output(path: &Path, force: bool) -> Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let shown = path.display();
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => Some(m),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("looking at {shown}")),
+    };
+    let is_trace = || {
+        let mut magic = [0u8; 8];
+        std::fs::File::open(path)
+            .and_then(|mut f| f.read_exact(&mut magic))
+            .is_ok_and(|()| &magic == fragscope_trace::chunk::FILE_MAGIC)
+    };
+    match &meta {
+        Some(m) if m.file_type().is_symlink() => {
+            if !force {
+                bail!(
+                    "{shown} is a symbolic link; fragscope does not write through it (it would \
+                     overwrite the file it points to). Name the file itself with -o, or add \
+                     --force to replace the link with the trace."
+                );
+            }
+            std::fs::remove_file(path).with_context(|| format!("removing the link {shown}"))?;
         }
+        Some(m) if m.file_type().is_file() && m.len() > 0 => {
+            if !force && !is_trace() {
+                bail!(
+                    "{shown} exists and is not a fragscope trace; it is left as it is. Choose \
+                     another name with -o, or add --force to replace it."
+                );
+            }
+            if let Ok(old) = std::fs::File::open(path) {
+                if std::fs::remove_file(path).is_ok() {
+                    let _ = thread::Builder::new()
+                        .name("fragscope-unlink".into())
+                        .spawn(move || drop(old));
+                }
+            }
+        }
+        _ => {}
     }
-    std::fs::File::create(path)
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .with_context(|| format!("creating {shown}"))
 }
 
 /// Records `opts.command` into `opts.output`.
@@ -867,8 +907,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         .with_context(|| format!("listening on {}", sock_path.display()))?;
     let clock = ClockPage::create(&clock_path)?;
 
-    let file = create_output(&opts.output)
-        .with_context(|| format!("creating {}", opts.output.display()))?;
+    let file = create_output(&opts.output, opts.force)?;
     let mut writer = ChunkWriter::new(
         BufWriter::with_capacity(1 << 20, file),
         opts.compression_level,
