@@ -110,6 +110,18 @@ pub fn render(r: &Report, top: usize) -> String {
         count(r.calls),
         secs(r.duration_ms)
     );
+    if r.processes.len() > 1 {
+        let _ = writeln!(
+            o,
+            "one of {} processes in this trace, {}; the others are listed at the end",
+            r.processes.len(),
+            if r.chosen_by_pid {
+                "as asked with --pid"
+            } else {
+                "the one with the largest heap (--pid N explains another)"
+            }
+        );
+    }
     if r.truncated {
         let _ = writeln!(
             o,

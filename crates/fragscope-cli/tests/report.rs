@@ -392,3 +392,51 @@ fn sites_are_symbolized_with_whatever_the_binary_has() {
         assert_eq!(pinning["stack"], top["stack"], "{}", r["sites"]);
     }
 }
+
+/// A command run through a shell records the shell and every program it starts; the
+/// report explains the one with the largest heap, says it is one of several, and lists
+/// the others with how to pick one.
+#[test]
+fn of_many_processes_the_largest_heap_is_explained_and_the_others_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/scatter.c");
+    let exe = dir.path().join("scatter");
+    let ok = Command::new("cc")
+        .arg("-O1")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let trace = dir.path().join("t.fsc");
+    let e = exe.display();
+    let script = format!("{e} 2000 10; {e} 40000 10; {e} 1000 10");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "-o"])
+        .arg(&trace)
+        .args(["--", "sh", "-c", &script])
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let rep = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .arg("report")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&rep.stdout);
+    let first = text.lines().next().unwrap();
+    assert!(first.contains("scatter 40000"), "{text}");
+    assert!(text.contains("one of 4 processes"), "{text}");
+    assert!(text.contains("--pid N"), "{text}");
+    let others = text
+        .split("Other processes")
+        .nth(1)
+        .expect("a list of the others");
+    assert_eq!(
+        others.lines().filter(|l| l.contains("peak RSS")).count(),
+        3,
+        "{others}"
+    );
+}

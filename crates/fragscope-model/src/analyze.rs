@@ -325,11 +325,14 @@ pub fn analyze(
             .iter()
             .rposition(|s| s.pid == pid)
             .ok_or(AnalysisError::NoSuchPid(pid))?,
+        // The largest heap: a command run through wrappers (sh -c, make, pyenv shims)
+        // records them too, and they are not what the user asks about.
         None => (0..streams.len())
             .max_by_key(|&i| {
                 let s = &streams[i];
                 (
                     s.calls > 0,
+                    s.peak_live.0,
                     s.rss.iter().map(|r| r.vm_rss_kib).max().unwrap_or(0),
                 )
             })
@@ -395,6 +398,7 @@ pub fn analyze(
         sites,
         all_sites,
         processes,
+        chosen_by_pid: opts.pid.is_some(),
     })
 }
 

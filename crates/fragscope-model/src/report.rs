@@ -241,4 +241,6 @@ pub struct Report {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub all_sites: Vec<Site>,
     pub processes: Vec<ProcessBrief>,
+    /// The process explained was named with `--pid` (else: the largest heap).
+    pub chosen_by_pid: bool,
 }
