@@ -149,6 +149,7 @@ pub fn render(r: &Report, top: usize) -> String {
         allocator_view(&mut o, &r.snapshots[f]);
     }
     sites(&mut o, r);
+    leaks_and_temporaries(&mut o, r);
     if r.processes.len() > 1 {
         let _ = writeln!(
             o,
@@ -484,6 +485,46 @@ fn site_rows(o: &mut String, title: &str, list: &[Site], value: impl Fn(&Site) -
     let _ = writeln!(o, "  {title}");
     for s in list {
         let _ = writeln!(o, "    {:>24}  {}", value(s), s.label);
+    }
+}
+
+/// What users of heaptrack look for: leaks (live at exit) and temporary allocations,
+/// with what each means for fragmentation.
+fn leaks_and_temporaries(o: &mut String, r: &Report) {
+    let l = &r.leaks;
+    let when = if l.at_exit {
+        "Leaked at exit (still live when the process ended)"
+    } else {
+        "Live when the trace ends (the process did not exit within it, so not known leaked)"
+    };
+    let _ = writeln!(
+        o,
+        "\n{when}: {} in {} blocks",
+        bytes(l.leaked_bytes),
+        count(l.leaked_blocks)
+    );
+    site_rows(o, "by site", &r.sites.by_leaked_bytes, |x| {
+        format!("{} in {}", bytes(x.leaked_bytes), count(x.leaked_objects))
+    });
+    let _ = writeln!(
+        o,
+        "Temporary allocations: {} of {} allocations ({}, {}) were freed by their thread \
+         before it allocated anything else",
+        count(l.temporary_allocations),
+        count(l.allocations),
+        pct(l.temporary_allocations, l.allocations).trim(),
+        bytes(l.temporary_bytes)
+    );
+    site_rows(o, "by site", &r.sites.by_temporary_allocations, |x| {
+        count(x.temporary_allocations)
+    });
+    if l.temporary_allocations > 0 {
+        let _ = writeln!(
+            o,
+            "  (a temporary block placed between long-lived ones is what leaves them scattered \
+             over pages once it is freed: allocating such blocks from a separate arena, or on \
+             the stack, keeps the survivors packed)"
+        );
     }
 }
 

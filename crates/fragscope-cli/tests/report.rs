@@ -440,3 +440,70 @@ fn of_many_processes_the_largest_heap_is_explained_and_the_others_listed() {
         "{others}"
     );
 }
+
+/// Leaks (live at exit) and temporary allocations (freed by their thread before it
+/// allocates anything else), exactly and by site, as heaptrack users expect them.
+#[test]
+fn leaks_and_temporary_allocations_are_counted_by_site() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = common::build(dir.path(), "leaks", &["-O2", "-g"]);
+    let trace = dir.path().join("t.fsc");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "--stacks", "all", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&exe)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let rep = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["report", "--json"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(rep.status.success(), "{}", common::stderr(&rep));
+    let r: Value = serde_json::from_slice(&rep.stdout).unwrap();
+    let l = &r["leaks"];
+    assert_eq!(l["at_exit"], true, "{l}");
+    // libc may keep a few blocks of its own; the program's are exact.
+    assert!((1000..1010).contains(&u(l, "leaked_blocks")), "{l}");
+    assert!((5000..5010).contains(&u(l, "temporary_allocations")), "{l}");
+    let leak = &r["sites"]["by_leaked_bytes"][0];
+    assert!(
+        leak["label"].as_str().unwrap().starts_with("leak_some"),
+        "{leak}"
+    );
+    assert_eq!(
+        (u(leak, "leaked_objects"), u(leak, "leaked_bytes")),
+        (1000, 100_000)
+    );
+    let temp = &r["sites"]["by_temporary_allocations"][0];
+    assert!(
+        temp["label"]
+            .as_str()
+            .unwrap()
+            .starts_with("use_temporarily"),
+        "{temp}"
+    );
+    assert_eq!(u(temp, "temporary_allocations"), 5000, "{temp}");
+    // Blocks kept for a while and freed are neither.
+    let kept = r["sites"]["by_allocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["label"].as_str().unwrap().starts_with("keep_for_a_while"))
+        .expect("keep_for_a_while allocates");
+    assert_eq!(
+        (u(kept, "leaked_objects"), u(kept, "temporary_allocations")),
+        (0, 0)
+    );
+    let text = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .arg("report")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("Leaked at exit"), "{text}");
+    assert!(text.contains("Temporary allocations: 5"), "{text}");
+}

@@ -7,12 +7,13 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
 
 use fragscope_trace::event::StatsSource;
-use fragscope_trace::merge::{Merged, Merger};
+use fragscope_trace::merge::{FastMap, Merged, Merger};
 use fragscope_trace::reader::{Chunk, TraceReader};
 use fragscope_trace::records::{
     EndHow, Mapping, Meta, Pagemap, ProcessEnd, Rollup, RssSample, SnapshotReason, StackMode,
     WaitStatus,
 };
+use fragscope_trace::Func;
 use fragscope_trace::TraceError;
 
 use crate::heap::{self, ClassAtSnapshot, HeapHistory, HeapParts, SiteAtSnapshot, SiteWeighting};
@@ -95,7 +96,15 @@ struct Stream {
     live_timeline: Vec<(u64, u64, u64)>,
     peak_live: (u64, u64),
     calls: u64,
+    /// Blocks allocated (every call that returned one).
+    allocations: u64,
     site_allocs: HashMap<u32, (f64, f64)>,
+    /// Each thread's last allocated address, while the thread allocates nothing else: a
+    /// free of it by the same thread makes the block a temporary allocation.
+    last_alloc: FastMap<u32, u64>,
+    /// Temporary allocations (count, bytes), exact, and by stack (weighted).
+    temporaries: (u64, u64),
+    site_temporaries: HashMap<u32, (f64, f64)>,
     /// The allocator's own statistics, as answered (about once per snapshot).
     stats: Vec<AllocatorStats>,
     code_maps: Vec<Mapping>,
@@ -119,11 +128,31 @@ impl Stream {
                         self.evaluate_next(ctx);
                     }
                     self.calls += 1;
+                    let temporary = c.func == Func::Free
+                        && c.addr != 0
+                        && self.last_alloc.get(&c.tid) == Some(&c.addr);
                     for (_, b) in self.merger.ended_by_last_pop() {
                         self.live_bytes -= b.size;
                         self.usable_bytes -= b.usable();
+                        if temporary {
+                            self.temporaries.0 += 1;
+                            self.temporaries.1 += b.size;
+                            if b.stack != 0 {
+                                let w = ctx.weighting.weight(b.size);
+                                let t = self.site_temporaries.entry(b.stack).or_default();
+                                t.0 += w;
+                                t.1 += w * b.size as f64;
+                            }
+                        }
+                    }
+                    // As heaptrack counts them: frees of other blocks in between do not matter.
+                    if let Some(a) = c.allocates() {
+                        self.last_alloc.insert(c.tid, a);
+                    } else if temporary {
+                        self.last_alloc.remove(&c.tid);
                     }
                     if c.allocates().is_some() {
+                        self.allocations += 1;
                         let usable = c.usable.max(c.size);
                         self.live_bytes += c.size;
                         self.usable_bytes += usable;
@@ -356,7 +385,23 @@ pub fn analyze(
     let focus_snapshot = focus_of(&snapshots, s.peak_live.0);
     let phases = phases_of(&timeline_full, &snapshots);
     let (size_classes, size_class_history) = size_classes(s, focus_snapshot, tick_ms);
-    let (sites, all_sites) = sites(s, focus_snapshot, opts, stacks, tick_ms);
+    // What is live at the end: leaked, if the process ended (by site, weighted).
+    let mut site_leaks: HashMap<u32, (f64, f64)> = HashMap::new();
+    for b in s.merger.live_blocks().values().filter(|b| b.stack != 0) {
+        let w = ctx.weighting.weight(b.size);
+        let l = site_leaks.entry(b.stack).or_default();
+        l.0 += w;
+        l.1 += w * b.size as f64;
+    }
+    let leaks = LeakFacts {
+        at_exit: s.end.as_ref().is_some_and(|e| e.how != EndHow::Vanished),
+        leaked_bytes: s.live_bytes,
+        leaked_blocks: s.merger.live_blocks().len() as u64,
+        temporary_allocations: s.temporaries.0,
+        temporary_bytes: s.temporaries.1,
+        allocations: s.allocations,
+    };
+    let (sites, all_sites) = sites(s, &site_leaks, focus_snapshot, opts, stacks, tick_ms);
     let peak_rss = timeline_full
         .iter()
         .max_by_key(|p| p.1)
@@ -399,6 +444,7 @@ pub fn analyze(
         all_sites,
         processes,
         chosen_by_pid: opts.pid.is_some(),
+        leaks,
     })
 }
 
@@ -831,6 +877,7 @@ fn is_allocator_frame(f: &Frame) -> bool {
 /// The site tables, and every site (sorted by stack id) when `opts.all_sites`.
 fn sites(
     s: &Stream,
+    leaks: &HashMap<u32, (f64, f64)>,
     focus: Option<usize>,
     opts: &Options,
     stacks: &str,
@@ -844,6 +891,8 @@ fn sites(
         by_pinned_waste: Vec::new(),
         by_allocated_bytes: Vec::new(),
         by_allocations: Vec::new(),
+        by_leaked_bytes: Vec::new(),
+        by_temporary_allocations: Vec::new(),
     };
     if stacks == "none" {
         return (empty(None), Vec::new());
@@ -852,11 +901,13 @@ fn sites(
         .map(|f| s.evaluated[f].sites.iter().map(|x| (x.stack, x)).collect())
         .unwrap_or_default();
     let mut ids: Vec<u32> = at.keys().copied().collect();
-    for id in s.site_allocs.keys() {
-        if !at.contains_key(id) {
+    for id in s.site_allocs.keys().chain(leaks.keys()) {
+        if !at.contains_key(id) && (leaks.contains_key(id) || s.site_allocs.contains_key(id)) {
             ids.push(*id);
         }
     }
+    ids.sort_unstable();
+    ids.dedup();
     let mut symbolizer = Symbolizer::new(s.code_maps.clone());
     let mut frames_of = |id: u32| -> Vec<Frame> {
         s.merger
@@ -888,10 +939,21 @@ fn sites(
             pinned_waste: 0,
             allocations: 0,
             allocated_bytes: 0,
+            leaked_objects: 0,
+            leaked_bytes: 0,
+            temporary_allocations: 0,
         };
         let (mut objects, mut live, mut pinning, mut waste) = (0.0, 0.0, 0.0, 0.0);
         let (mut allocations, mut allocated) = (0.0, 0.0);
+        let (mut leaked_objects, mut leaked, mut temporary) = (0.0, 0.0, 0.0);
         for id in group {
+            if let Some(l) = leaks.get(id) {
+                leaked_objects += l.0;
+                leaked += l.1;
+            }
+            if let Some(t) = s.site_temporaries.get(id) {
+                temporary += t.0;
+            }
             if let Some(x) = at.get(id) {
                 objects += x.live_objects;
                 live += x.live_bytes;
@@ -909,6 +971,9 @@ fn sites(
         site.pinned_waste = waste.round() as u64;
         site.allocations = allocations.round() as u64;
         site.allocated_bytes = allocated.round() as u64;
+        site.leaked_objects = leaked_objects.round() as u64;
+        site.leaked_bytes = leaked.round() as u64;
+        site.temporary_allocations = temporary.round() as u64;
         site
     };
     // The tables list places in the code, not stacks: the stacks whose first frame
@@ -952,6 +1017,8 @@ fn sites(
     let by_pinned_waste = pick(&|id| at.get(id).map_or(0.0, |x| x.pinned_waste));
     let by_allocated_bytes = pick(&|id| s.site_allocs.get(id).map_or(0.0, |x| x.1));
     let by_allocations = pick(&|id| s.site_allocs.get(id).map_or(0.0, |x| x.0));
+    let by_leaked_bytes = pick(&|id| leaks.get(id).map_or(0.0, |x| x.1));
+    let by_temporary_allocations = pick(&|id| s.site_temporaries.get(id).map_or(0.0, |x| x.0));
     let mut all = Vec::new();
     if opts.all_sites {
         ids.sort_unstable();
@@ -968,6 +1035,8 @@ fn sites(
         by_pinned_waste,
         by_allocated_bytes,
         by_allocations,
+        by_leaked_bytes,
+        by_temporary_allocations,
         ..empty(focus.map(|f| s.evaluated[f].tick as f64 * tick_ms))
     };
     (tables, all)

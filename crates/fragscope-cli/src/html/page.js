@@ -346,6 +346,12 @@
       s.append(el("h3", {}, "By " + title));
       s.append(table(["site", title.split(" (")[0], "live", "allocations"], list.map((r) => [r[0], bytes(r[col]), bytes(r[1]), count(r[4])]), "sites"));
     }
+    const L = R.leaks;
+    s.append(el("h3", {}, (L.at_exit ? "Leaked at exit: " : "Live when the trace ends: ") + bytes(L.leaked_bytes) + " in " + count(L.leaked_blocks) + " blocks"));
+    if (S.by_leaked_bytes.length) s.append(table(["site", "leaked", "allocations"], S.by_leaked_bytes.map((r) => [r[0], bytes(r[6]), count(r[4])]), "sites"));
+    s.append(el("h3", {}, "Temporary allocations: " + count(L.temporary_allocations) + " of " + count(L.allocations) + " (freed by their thread before it allocated anything else)"));
+    if (S.by_temporary_allocations.length) s.append(table(["site", "temporary", "allocations"], S.by_temporary_allocations.map((r) => [r[0], count(r[7]), count(r[4])]), "sites"));
+    if (L.temporary_allocations > 0) s.append(el("p", { class: "note" }, "A temporary block placed between long-lived ones is what leaves them scattered over pages once it is freed: allocating such blocks from a separate arena, or on the stack, keeps the survivors packed."));
     flameGraph(s, R);
   }
 
