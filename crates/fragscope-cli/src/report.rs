@@ -194,6 +194,29 @@ fn headline(o: &mut String, r: &Report) {
         );
     }
     let _ = writeln!(o, "=> {}", h.sentence);
+    // Live bytes peak at a call, snapshots are read between calls: a snapshot of the
+    // same moment as shown (to 10 ms) that saw far less live data was read after the
+    // frees that followed the peak. Both times are shown to the millisecond.
+    let shown = [r.focus_snapshot, r.peak_snapshot, r.end_snapshot];
+    if let Some(s) = shown
+        .into_iter()
+        .flatten()
+        .map(|i| &r.snapshots[i])
+        .find(|s| {
+            (s.t_ms - h.peak_live_t_ms).abs() < 10.0
+                && (s.parts.live as f64) < 0.9 * h.peak_live as f64
+        })
+    {
+        let _ = writeln!(
+            o,
+            "note: live data peaked at {} at {:.3} s, between two calls; the snapshot at {:.3} s \
+             was read after the calls of its millisecond, {} live",
+            bytes(h.peak_live),
+            h.peak_live_t_ms / 1000.0,
+            s.t_ms / 1000.0,
+            bytes(s.parts.live)
+        );
+    }
 }
 
 /// Reads one part of a decomposition (signed: `unexplained` can be negative).

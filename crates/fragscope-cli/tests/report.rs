@@ -507,3 +507,36 @@ fn leaks_and_temporary_allocations_are_counted_by_site() {
     assert!(text.contains("Leaked at exit"), "{text}");
     assert!(text.contains("Temporary allocations: 5"), "{text}");
 }
+
+/// A figure and its moment agree: live data that peaks a moment before the snapshot at
+/// exit (which sees it freed) is not shown as the same moment with two figures; the
+/// report gives both times to the millisecond and says which came first.
+#[test]
+fn a_peak_between_calls_and_a_snapshot_of_the_same_moment_are_told_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = common::build(dir.path(), "peak_at_exit", &["-O2"]);
+    let trace = dir.path().join("t.fsc");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&exe)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let text = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .arg("report")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    let note = text
+        .lines()
+        .find(|l| l.starts_with("note: live data peaked at 7.8 MiB"))
+        .unwrap_or_else(|| panic!("no note on the peak: {text}"));
+    assert!(
+        note.contains("was read after the calls of its millisecond"),
+        "{note}"
+    );
+}

@@ -406,11 +406,23 @@ pub fn analyze(
         .iter()
         .max_by_key(|p| p.1)
         .map_or((0.0, 0), |p| (p.0, p.1));
-    let headline = headline(
+    let mut headline = headline(
         peak_rss,
         (s.peak_live.0, s.peak_live.1 as f64 * tick_ms),
         focus_snapshot.map(|i| &snapshots[i]),
     );
+    if focus_snapshot.is_none() && !snapshots.is_empty() {
+        headline.sentence = format!(
+            "No page-residency snapshot came while live data was held ({} taken): only \
+             RSS and live bytes describe the rest (record for longer, or with a smaller \
+             --snapshot-ms).",
+            if snapshots.len() == 1 {
+                "one was".to_string()
+            } else {
+                format!("{} were", snapshots.len())
+            }
+        );
+    }
     let merge = s.merger.stats();
     Ok(Report {
         trace: path.display().to_string(),
