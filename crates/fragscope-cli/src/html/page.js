@@ -430,6 +430,11 @@
     h.append(el("p", { class: "headline" }, R.headline.sentence));
     h.append(el("p", { class: "note" }, "peak RSS " + bytes(R.headline.peak_rss) + " at " + secs(R.headline.peak_rss_t_ms) + "; peak live " + bytes(R.headline.peak_live) + " at " + secs(R.headline.peak_live_t_ms) +
       (R.headline.fragmentation_ratio ? "; fragmentation ratio " + R.headline.fragmentation_ratio.toFixed(2) + " (heap resident / live at the most waste)" : "")));
+    // A snapshot of the same moment (to 10 ms) that saw far less live data was read after
+    // the frees that followed the peak: both times to the millisecond, as in the text.
+    const S = R.snapshots, pl = R.headline.peak_live, pt = R.headline.peak_live_t_ms;
+    const near = S.t_ms.findIndex((t, i) => Math.abs(t - pt) < 10 && S.parts.live[i] < 0.9 * pl);
+    if (near >= 0) h.append(el("p", { class: "note" }, "Live data peaked at " + bytes(pl) + " at " + (pt / 1000).toFixed(3) + " s, between two calls; the snapshot at " + (S.t_ms[near] / 1000).toFixed(3) + " s was read after the calls of its millisecond, " + bytes(S.parts.live[near]) + " live."));
     const d = section(main, "Where the RSS went", "decomposition");
     d.append(el("p", { class: "note" }, "RSS split at each page-residency snapshot (ticks under the axis), with RSS every 10 ms as a line; shaded bands are the detected phases. Hover for values."));
     decompositionChart(d, R);
