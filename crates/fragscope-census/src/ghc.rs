@@ -63,7 +63,8 @@ const MAX_MEGABLOCKS: u64 = 1 << 20;
 const MAX_LIST_NODES: u64 = 1 << 24;
 
 /// The symbols the census reads.
-const SYMBOLS: [&str; 8] = [
+const SYMBOLS: [&str; 9] = [
+    "stats",
     "mblock_address_space",
     "mblock_high_watermark",
     "free_list_head",
@@ -158,6 +159,8 @@ pub struct GhcRts {
     nurseries: u64,
     n_nurseries: u64,
     arr_words_info: u64,
+    /// Stats.c's RTSStats; its first field counts the collections done.
+    stats: u64,
 }
 
 impl GhcRts {
@@ -207,6 +210,7 @@ impl GhcRts {
             nurseries: need("nurseries")?,
             n_nurseries: need("n_nurseries")?,
             arr_words_info: need("stg_ARR_WORDS_info")?,
+            stats: need("stats")?,
             info,
         })
     }
@@ -243,30 +247,66 @@ impl From<std::io::Error> for CensusError {
 /// Bounds on a census's cost.
 #[derive(Debug, Clone, Copy)]
 pub struct CensusLimits {
-    /// The reference scan for pinned blocks' live bytes reads the heap's used bytes; above
-    /// this many it is skipped (the block figures are still taken).
+    /// The reference scan that finds pinned blocks' live bytes reads the pinned blocks
+    /// and the heap's used bytes. Up to this many it is made while the program is
+    /// stopped (a few milliseconds)...
+    pub stopped_scan_bytes: u64,
+    /// ... up to this many after the program is let go again, and kept only when no
+    /// collection ran meanwhile (nothing moved); above it, not made.
     pub scan_bytes: u64,
+    /// `Some(m)`: when a collection spoilt the scan made while the program ran and the
+    /// heap holds at most `m` megablocks, take the census again with the program stopped
+    /// for the whole scan (tens of milliseconds per 100 MiB). The recorder allows it now
+    /// and then, once the heap has stopped growing.
+    pub stop_when_spoilt: Option<u64>,
 }
 
 impl Default for CensusLimits {
     fn default() -> Self {
         Self {
+            stopped_scan_bytes: 16 << 20,
             scan_bytes: 256 << 20,
+            stop_when_spoilt: None,
         }
     }
 }
 
-/// Takes a census of process `pid`, holding it stopped meanwhile.
+/// Takes a census of process `pid`: the block descriptors while it is held stopped, and
+/// the pinned blocks' live bytes then or just after (see [`CensusLimits`]).
 pub fn census(pid: u32, rts: &GhcRts, limits: CensusLimits) -> Result<GhcBlocks, CensusError> {
     let mut mem = ProcessMemory::open(pid)?;
     let pause = Pause::stop(pid).map_err(CensusError::Unreadable)?;
-    let result = read_census(&mut mem, rts, limits);
-    let held = pause.held();
+    let (mut census, groups) = read_census(&mut mem, rts)?;
+    let collections = mem.read_u32(rts.stats)?;
+    let work = liveness_work(&groups);
+    if work <= limits.stopped_scan_bytes {
+        census.pinned_liveness = pinned_liveness(&mut mem, rts, &groups).ok().flatten();
+        census.pause_us = pause.held().as_micros() as u64;
+        return Ok(census);
+    }
+    census.pause_us = pause.held().as_micros() as u64;
     drop(pause);
-    result.map(|mut b| {
-        b.pause_us = held.as_micros() as u64;
-        b
-    })
+    if work > limits.scan_bytes {
+        return Ok(census);
+    }
+    let liveness = pinned_liveness(&mut mem, rts, &groups).ok().flatten();
+    if mem.read_u32(rts.stats).ok() == Some(collections) {
+        census.pinned_liveness = liveness;
+    } else if limits
+        .stop_when_spoilt
+        .is_some_and(|m| census.megablocks <= m)
+    {
+        return self::census(
+            pid,
+            rts,
+            CensusLimits {
+                stopped_scan_bytes: limits.scan_bytes,
+                stop_when_spoilt: None,
+                ..limits
+            },
+        );
+    }
+    Ok(census)
 }
 
 /// A block group's head descriptor, as the census needs it.
@@ -297,11 +337,11 @@ fn blocks_to_mblocks(blocks: u64) -> u64 {
     1 + (blocks - BLOCKS_PER_MBLOCK).div_ceil(MBLOCK_SIZE / BLOCK_SIZE)
 }
 
+/// The block figures, and the groups in use for the liveness scan.
 fn read_census(
     mem: &mut ProcessMemory,
     rts: &GhcRts,
-    limits: CensusLimits,
-) -> Result<GhcBlocks, CensusError> {
+) -> Result<(GhcBlocks, Vec<Group>), CensusError> {
     let begin = mem.read_u64(rts.address_space)?;
     let end = mem.read_u64(rts.address_space + 8)?;
     let high = mem.read_u64(rts.high_watermark)?;
@@ -410,8 +450,7 @@ fn read_census(
             census.blocks_in_use()
         )));
     }
-    census.pinned_liveness = pinned_liveness(mem, rts, &groups, limits)?;
-    Ok(census)
+    Ok((census, groups))
 }
 
 /// Walks one megablock's descriptors, adding its groups to `groups` and its figures to
@@ -524,13 +563,115 @@ fn classify(d: &[u8], nursery: &HashSet<u64>, descriptor: u64) -> GhcBlockKind {
     }
 }
 
-/// A byte array in a small pinned block.
+/// A byte array in a pinned block (16 bytes: a heap may hold millions).
 #[derive(Debug, Clone, Copy)]
 struct PinnedObject {
     start: u64,
-    bytes: u64,
-    group: usize,
-    live: bool,
+    bytes: u32,
+    /// Its group's index; the top bit marks it live.
+    group: u32,
+}
+
+const LIVE: u32 = 1 << 31;
+
+impl PinnedObject {
+    fn end(&self) -> u64 {
+        self.start + u64::from(self.bytes)
+    }
+    fn group(&self) -> usize {
+        (self.group & !LIVE) as usize
+    }
+    fn live(&self) -> bool {
+        self.group & LIVE != 0
+    }
+}
+
+/// More pinned objects than this and the liveness scan is not made (its tables would
+/// cost the recorder too much memory).
+const MAX_PINNED_OBJECTS: usize = 8 << 20;
+
+/// Block kinds whose objects may refer to pinned objects: not byte arrays (pinned), not
+/// compact regions (which refuse pinned data), not the RTS's own lists.
+fn refers(kind: GhcBlockKind) -> bool {
+    !matches!(
+        kind,
+        GhcBlockKind::Pinned | GhcBlockKind::Compact | GhcBlockKind::Other
+    )
+}
+
+/// Bytes the liveness scan reads: the pinned blocks and the blocks that may refer to them.
+fn liveness_work(groups: &[Group]) -> u64 {
+    let pinned: u64 = groups
+        .iter()
+        .filter(|g| g.kind == GhcBlockKind::Pinned)
+        .map(Group::used_bytes)
+        .sum();
+    if pinned == 0 {
+        return 0;
+    }
+    pinned
+        + groups
+            .iter()
+            .filter(|g| refers(g.kind))
+            .map(Group::used_bytes)
+            .sum::<u64>()
+}
+
+/// The pinned blocks, indexed over the address range they span: the scan asks about
+/// every word of the heap, and must find the objects of a block without a search of all.
+#[derive(Default)]
+struct BlockSet {
+    blocks: Vec<u64>,
+    first: u64,
+    /// By block of the range: the index of the first object at or after its start; one
+    /// more entry (the object count) ends the last block.
+    first_object: Vec<u32>,
+    /// By block of the range: pinned or not.
+    pinned: Vec<u64>,
+}
+
+impl BlockSet {
+    fn insert(&mut self, block: u64) {
+        self.blocks.push(block / BLOCK_SIZE);
+    }
+
+    fn freeze(&mut self, lowest: u64, highest: u64, objects: &[PinnedObject]) {
+        self.first = lowest / BLOCK_SIZE;
+        let n = (highest.div_ceil(BLOCK_SIZE)).saturating_sub(self.first) as usize;
+        // Objects are in address order: one pass gives each block its first object.
+        let mut i = 0usize;
+        self.first_object = (0..=n)
+            .map(|b| {
+                let block_start = (self.first + b as u64) * BLOCK_SIZE;
+                while i < objects.len() && objects[i].start < block_start {
+                    i += 1;
+                }
+                i as u32
+            })
+            .collect();
+        self.pinned = vec![0; n.div_ceil(64)];
+        for &b in &self.blocks {
+            if let Some(i) = b.checked_sub(self.first).map(|i| i as usize) {
+                if i < n {
+                    self.pinned[i / 64] |= 1 << (i % 64);
+                }
+            }
+        }
+        self.blocks = Vec::new();
+    }
+
+    /// The objects that may hold `addr` (within the frozen range): those starting in its
+    /// block, and the one before them (it may run into the block); `None` when `addr`
+    /// is not in a pinned block.
+    fn objects_around(&self, addr: u64) -> Option<std::ops::Range<usize>> {
+        let b = (addr / BLOCK_SIZE - self.first) as usize;
+        if self.pinned.get(b / 64)? >> (b % 64) & 1 == 0 {
+            return None;
+        }
+        let from = self.first_object[b] as usize;
+        let to = self.first_object[b + 1] as usize;
+        Some(from.saturating_sub(1)..to)
+    }
 }
 
 /// The byte arrays laid one after another in a pinned group's used bytes `data` (at
@@ -552,14 +693,13 @@ fn parse_byte_arrays(
         }
         let payload = le_u64(data, at + 8);
         let size = 16 + payload.div_ceil(8) * 8;
-        if size > (data.len() - at) as u64 {
+        if size > (data.len() - at) as u64 || size >= u64::from(LIVE) {
             break;
         }
         objects.push(PinnedObject {
             start: start + at as u64,
-            bytes: size,
-            group,
-            live: false,
+            bytes: size as u32,
+            group: group as u32,
         });
         at += size as usize;
     }
@@ -575,7 +715,6 @@ fn pinned_liveness(
     mem: &mut ProcessMemory,
     rts: &GhcRts,
     groups: &[Group],
-    limits: CensusLimits,
 ) -> Result<Option<GhcPinnedLiveness>, CensusError> {
     let pinned: Vec<usize> = (0..groups.len())
         .filter(|&i| groups[i].kind == GhcBlockKind::Pinned)
@@ -583,22 +722,10 @@ fn pinned_liveness(
     if pinned.is_empty() {
         return Ok(None);
     }
-    let scanned: Vec<&Group> = groups
-        .iter()
-        .filter(|g| {
-            !matches!(
-                g.kind,
-                GhcBlockKind::Pinned | GhcBlockKind::Compact | GhcBlockKind::Other
-            )
-        })
-        .collect();
-    let scan_bytes: u64 = scanned.iter().map(|g| g.used_bytes()).sum();
-    if scan_bytes > limits.scan_bytes {
-        return Ok(None);
-    }
+    let scanned: Vec<&Group> = groups.iter().filter(|g| refers(g.kind)).collect();
     // The objects of each pinned group, in address order.
     let mut objects: Vec<PinnedObject> = Vec::new();
-    let mut pinned_blocks = HashSet::new();
+    let mut pinned_blocks = BlockSet::default();
     let mut buf = Vec::new();
     for batch in pinned.chunks(1024) {
         let ranges: Vec<(u64, usize)> = batch
@@ -621,21 +748,35 @@ fn pinned_liveness(
                 &mut objects,
             );
             from += used;
+            if objects.len() > MAX_PINNED_OBJECTS {
+                return Ok(None);
+            }
         }
     }
     objects.sort_unstable_by_key(|o| o.start);
     let lowest = objects.first().map_or(0, |o| o.start);
-    let highest = objects.last().map_or(0, |o| o.start + o.bytes);
+    let highest = objects.last().map_or(0, |o| o.end());
+    pinned_blocks.freeze(lowest, highest, &objects);
     // The ranges to read for references, cut into pieces of at most 1 MiB, read 64 MiB
     // at a time.
+    // Large byte arrays hold bytes, not pointers: their first words say which they are.
+    let large: Vec<(u64, usize)> = scanned
+        .iter()
+        .filter(|g| g.kind == GhcBlockKind::Large && g.used_bytes() >= 8)
+        .map(|g| (g.start, 8))
+        .collect();
+    mem.read_ranges(&large, &mut buf)?;
+    let byte_arrays: HashSet<u64> = large
+        .iter()
+        .zip(buf.chunks_exact(8))
+        .filter(|(_, w)| u64::from_le_bytes((*w).try_into().unwrap()) == rts.arr_words_info)
+        .map(|(r, _)| r.0)
+        .collect();
     let mut pieces: Vec<(u64, usize)> = Vec::new();
     for g in scanned {
         let used = g.used_bytes();
-        if g.kind == GhcBlockKind::Large
-            && used >= 8
-            && mem.read_u64(g.start)? == rts.arr_words_info
-        {
-            continue; // a large byte array: bytes, not pointers
+        if byte_arrays.contains(&g.start) {
+            continue;
         }
         let mut off = 0;
         while off < used {
@@ -662,12 +803,17 @@ fn pinned_liveness(
         scanned_bytes += batch_bytes as u64;
         for word in buf.chunks_exact(8) {
             let w = u64::from_le_bytes(word.try_into().unwrap());
-            if w < lowest || w >= highest || !pinned_blocks.contains(&(w & !(BLOCK_SIZE - 1))) {
+            if w < lowest || w >= highest {
                 continue;
             }
-            let i = objects.partition_point(|o| o.start <= w);
-            if i > 0 && w < objects[i - 1].start + objects[i - 1].bytes {
-                objects[i - 1].live = true;
+            let Some(candidates) = pinned_blocks.objects_around(w) else {
+                continue;
+            };
+            // The last object starting at or before `w`, among those of its block (and the
+            // one before them, which may run into it).
+            let i = candidates.start + objects[candidates].partition_point(|o| o.start <= w);
+            if i > 0 && w < objects[i - 1].end() {
+                objects[i - 1].group |= LIVE;
             }
         }
     }
@@ -677,10 +823,10 @@ fn pinned_liveness(
         scanned_bytes,
         ..Default::default()
     };
-    for o in objects.iter().filter(|o| o.live) {
-        *live_by_group.entry(o.group).or_default() += o.bytes;
+    for o in objects.iter().filter(|o| o.live()) {
+        *live_by_group.entry(o.group()).or_default() += u64::from(o.bytes);
         result.live_objects += 1;
-        result.live_bytes += o.bytes;
+        result.live_bytes += u64::from(o.bytes);
     }
     for &gi in &pinned {
         let g = &groups[gi];

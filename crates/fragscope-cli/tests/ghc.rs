@@ -151,12 +151,14 @@ fn build_pinned(dir: &Path, eventlog: bool) -> Option<PathBuf> {
     Some(exe)
 }
 
-/// `fragscope record` of `exe n mode +RTS -s`: (trace, fragscope's and the RTS's stderr).
+/// `fragscope record --ghc-heap-profile` of `exe n mode +RTS -s`: (trace, fragscope's
+/// and the RTS's stderr).
 fn record(dir: &Path, exe: &Path, n: u32, mode: &str) -> (PathBuf, String) {
     let trace = dir.join(format!("{mode}.fsc"));
     let out = Command::new(FRAGSCOPE)
         .current_dir(dir)
         .arg("record")
+        .arg("--ghc-heap-profile")
         .arg("-o")
         .arg(&trace)
         .arg("--")

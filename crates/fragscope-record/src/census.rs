@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use fragscope_census::ghc::{census, CensusError, CensusLimits, GhcRts, RtsInfo};
 use fragscope_trace::records::{GhcCensus, SnapshotReason};
@@ -13,8 +14,22 @@ use fragscope_trace::records::{GhcCensus, SnapshotReason};
 enum Target {
     /// Not a GHC program (or censuses are off).
     None,
-    Ready(Arc<GhcRts>),
+    Ready {
+        rts: Arc<GhcRts>,
+        last_long_stop: Option<Instant>,
+        /// Megablocks at the last census: a heap that stopped growing is where a
+        /// liveness scan matters (live data fell, or holds).
+        last_megablocks: u64,
+    },
 }
+
+/// A census may stop the program for a whole liveness scan (when a collection spoilt
+/// the one made while it ran, and the heap has not grown since the census before) at
+/// most this often: tens to hundreds of milliseconds, now and then.
+const LONG_STOP_EVERY: Duration = Duration::from_secs(5);
+
+/// A pause longer than this counts as a long stop.
+const LONG_STOP: Duration = Duration::from_millis(20);
 
 /// The census state of a recording: which streams run a GHC RTS fragscope can read.
 pub struct Censuses {
@@ -54,7 +69,9 @@ impl Censuses {
         tick: u64,
         reason: SnapshotReason,
     ) -> Option<GhcCensus> {
-        if !self.enabled {
+        // By the time the program calls exit, the RTS has shut its storage manager down
+        // and freed part of its heap: a census then describes no moment of the run.
+        if !self.enabled || reason == SnapshotReason::Exit {
             return None;
         }
         let mut targets = self.targets.lock().unwrap();
@@ -64,9 +81,20 @@ impl Censuses {
             reason,
             result,
         };
-        let rts = match targets.get(&stream) {
+        // A long stop is allowed when none was made lately, up to the heap size of the
+        // census before (a heap that grows is being built, and its scan would be stale).
+        let (rts, stop_when_spoilt) = match targets.get(&stream) {
             Some(Target::None) => return None,
-            Some(Target::Ready(rts)) => rts.clone(),
+            Some(Target::Ready {
+                rts,
+                last_long_stop,
+                last_megablocks,
+            }) => (
+                rts.clone(),
+                last_long_stop
+                    .is_none_or(|t| t.elapsed() >= LONG_STOP_EVERY)
+                    .then_some(*last_megablocks),
+            ),
             None => match self.resolve(pid) {
                 None => {
                     targets.insert(stream, Target::None);
@@ -78,14 +106,38 @@ impl Censuses {
                 }
                 Some(Ok(rts)) => {
                     let rts = Arc::new(rts);
-                    targets.insert(stream, Target::Ready(rts.clone()));
-                    rts
+                    targets.insert(
+                        stream,
+                        Target::Ready {
+                            rts: rts.clone(),
+                            last_long_stop: None,
+                            last_megablocks: 0,
+                        },
+                    );
+                    (rts, None)
                 }
             },
         };
         drop(targets);
-        match census(pid, &rts, CensusLimits::default()) {
-            Ok(blocks) => Some(note(Ok(blocks))),
+        let limits = CensusLimits {
+            stop_when_spoilt,
+            ..CensusLimits::default()
+        };
+        match census(pid, &rts, limits) {
+            Ok(blocks) => {
+                if let Some(Target::Ready {
+                    last_long_stop,
+                    last_megablocks,
+                    ..
+                }) = self.targets.lock().unwrap().get_mut(&stream)
+                {
+                    *last_megablocks = blocks.megablocks;
+                    if Duration::from_micros(blocks.pause_us) > LONG_STOP {
+                        *last_long_stop = Some(Instant::now());
+                    }
+                }
+                Some(note(Ok(blocks)))
+            }
             Err(CensusError::NoHeap | CensusError::Unreadable(_)) => None,
             Err(CensusError::Inconsistent(why)) => {
                 Some(note(Err(format!("a block census was refused: {why}"))))
