@@ -237,7 +237,16 @@ pub fn render(r: &GhcReport) -> String {
     let _ = writeln!(o, "  allocated          {}", bytes(g.allocated_bytes));
     let _ = writeln!(o, "  copied during GC   {}", bytes(g.copied_bytes));
     let _ = writeln!(o, "  maximum residency  {}", bytes(g.max_residency));
-    let _ = writeln!(o, "  maximum slop       {}", bytes(g.max_slop));
+    let _ = writeln!(
+        o,
+        "  maximum slop       {}",
+        g.max_slop.map_or_else(
+            || "unknown (a major collection reported a slop larger than the heap: the \
+                 RTS's count underflowed)"
+                .into(),
+            bytes
+        )
+    );
     let _ = writeln!(o, "  memory in use      {}", bytes(g.memory_in_use));
     let _ = writeln!(
         o,

@@ -467,3 +467,32 @@ fn a_seed_001_server_is_diagnosed_from_the_block_census_without_a_heap_profile()
             .contains("Data.ByteString.copy"));
     }
 }
+
+/// GHC 9.0 refuses a heap profile with the nonmoving collector and aborts: asked for
+/// one, fragscope leaves -hT out for a program run with -xn, says so, and the program
+/// runs with its eventlog and block census.
+#[test]
+fn a_nonmoving_program_is_not_given_a_heap_profile_it_would_abort_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_case(dir.path(), "Conns") else {
+        return;
+    };
+    let trace = dir.path().join("xn.fsc");
+    let out = Command::new(FRAGSCOPE)
+        .current_dir(dir.path())
+        .args(["record", "--ghc-heap-profile", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&exe)
+        .args(["2000", "keep", "+RTS", "-xn", "-RTS"])
+        .env_remove("GHCRTS")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("nonmoving collector (-xn)"), "{stderr}");
+    assert!(stderr.contains("GHC eventlog written"), "{stderr}");
+    let r = report_json(&trace);
+    assert!(!r["block_censuses"].as_array().unwrap().is_empty(), "{r}");
+    assert!(r["gc"]["memory_in_use"].as_u64().unwrap() > 0);
+}

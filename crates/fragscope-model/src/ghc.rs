@@ -146,7 +146,10 @@ pub struct GcTable {
     pub max_residency: u64,
     /// Largest heap size (`-s`: total memory in use).
     pub memory_in_use: u64,
-    pub max_slop: u64,
+    /// The largest slop a major collection reported (`-s`: maximum slop); `None` when
+    /// one reported a slop larger than the heap (the RTS's count underflowed, as the
+    /// nonmoving collector's does in GHC 9.0).
+    pub max_slop: Option<u64>,
     /// GC_STATS_GHC frag when the heap was largest (`-s`: lost due to fragmentation).
     pub fragmentation_at_peak: u64,
     pub max_fragmentation: u64,
@@ -729,6 +732,7 @@ struct GcAccumulator {
     frag_at_peak: u64,
     max_frag: u64,
     max_slop: u64,
+    slop_underflowed: bool,
     oldest_generation: u16,
     live_before_stats: Option<u64>,
 }
@@ -775,11 +779,19 @@ impl GcAccumulator {
                 g.gc_ms += pause_ms;
                 g.max_pause_ms = g.max_pause_ms.max(pause_ms);
                 self.copied += s.copied_bytes;
-                self.max_slop = self.max_slop.max(s.slop_bytes);
-                self.max_frag = self.max_frag.max(s.frag_bytes);
-                if state.heap_size >= self.memory_in_use {
-                    self.frag_at_peak = s.frag_bytes;
+                // `-s` takes the slop of major collections only; a slop beyond the heap
+                // is the RTS's count gone below zero, not a size.
+                if s.generation >= self.oldest_generation {
+                    if s.slop_bytes > state.heap_size.max(self.memory_in_use) {
+                        self.slop_underflowed = true;
+                    } else {
+                        self.max_slop = self.max_slop.max(s.slop_bytes);
+                    }
                 }
+                // The free blocks at the largest heap are paired with its HEAP_SIZE, which
+                // the RTS posts after this collection's stats (the heap size known here is
+                // the previous collection's).
+                self.max_frag = self.max_frag.max(s.frag_bytes);
                 // `-s` counts residency after major collections only.
                 if s.generation >= self.oldest_generation {
                     if let Some(live) = self.live_before_stats {
@@ -802,7 +814,7 @@ impl GcAccumulator {
             copied_bytes: self.copied,
             max_residency: self.max_residency,
             memory_in_use: self.memory_in_use,
-            max_slop: self.max_slop,
+            max_slop: (!self.slop_underflowed).then_some(self.max_slop),
             fragmentation_at_peak: self.frag_at_peak,
             max_fragmentation: self.max_frag,
         }
@@ -881,6 +893,80 @@ mod tests {
             }
         }
         assert!(checked >= 2, "{:?}", report.phases);
+    }
+
+    /// The RTS posts a collection's GC_STATS_GHC before its HEAP_SIZE: the free blocks at
+    /// the largest heap are those of the collection that posted that heap size, not of
+    /// the one after it.
+    #[test]
+    fn free_blocks_at_the_largest_heap_come_from_the_same_collection() {
+        for name in [
+            "pinned-strip-200000.eventlog",
+            "pinned-take-200000.eventlog",
+        ] {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../fragscope-ghc/tests/fixtures")
+                .join(name);
+            let log = read_eventlog(&path).unwrap();
+            // (heap size, frag of the stats posted last before it), per HEAP_SIZE.
+            let mut frag = None;
+            let mut pairs = Vec::new();
+            for e in &log.events {
+                match &e.kind {
+                    EventKind::GcStats(s) => frag = Some(s.frag_bytes),
+                    EventKind::HeapSize { bytes, .. } => pairs.push((*bytes, frag)),
+                    _ => {}
+                }
+            }
+            let largest = pairs.iter().map(|p| p.0).max().unwrap();
+            let (_, expected) = pairs.iter().find(|p| p.0 == largest).unwrap();
+            let report = analyze(&log, None, 0.0, &[]);
+            assert_eq!(report.gc.memory_in_use, largest);
+            assert_eq!(
+                Some(report.gc.fragmentation_at_peak),
+                *expected,
+                "{name}: {pairs:?}"
+            );
+        }
+    }
+
+    /// `+RTS -s` reports the largest slop of major collections; a minor collection's may
+    /// be larger. A slop beyond the heap is an underflow, shown as unknown.
+    #[test]
+    fn maximum_slop_is_that_of_major_collections() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fragscope-ghc/tests/fixtures/pinned-strip-200000.eventlog");
+        let mut log = read_eventlog(&path).unwrap();
+        let major_max = log
+            .events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::GcStats(s) if s.generation >= 1 => Some(s.slop_bytes),
+                _ => None,
+            })
+            .max()
+            .unwrap();
+        // A minor collection with more slop than any major one.
+        let minor = log
+            .events
+            .iter_mut()
+            .find_map(|e| match &mut e.kind {
+                EventKind::GcStats(s) if s.generation == 0 => Some(s),
+                _ => None,
+            })
+            .unwrap();
+        minor.slop_bytes = major_max + 4096;
+        assert_eq!(analyze(&log, None, 0.0, &[]).gc.max_slop, Some(major_max));
+        let major = log
+            .events
+            .iter_mut()
+            .find_map(|e| match &mut e.kind {
+                EventKind::GcStats(s) if s.generation == 1 => Some(s),
+                _ => None,
+            })
+            .unwrap();
+        major.slop_bytes = u64::MAX - 4095;
+        assert_eq!(analyze(&log, None, 0.0, &[]).gc.max_slop, None);
     }
 
     #[test]

@@ -85,7 +85,13 @@ pub fn eventlog_path(trace: &Path) -> PathBuf {
 /// Decides how to record a GHC program: probes its RTS with the flags we would add (the
 /// RTS parses GHCRTS, then `+RTS --info` prints and exits before `main` runs), so a
 /// program whose RTS would refuse them is run without them rather than aborted.
-pub fn prepare(program: &Path, binary: GhcBinary, trace: &Path, heap_profile: bool) -> GhcSetup {
+pub fn prepare(
+    program: &Path,
+    binary: GhcBinary,
+    trace: &Path,
+    heap_profile: bool,
+    args: &[OsString],
+) -> GhcSetup {
     let name = program.file_name().map_or_else(
         || program.display().to_string(),
         |n| n.to_string_lossy().into(),
@@ -108,6 +114,25 @@ pub fn prepare(program: &Path, binary: GhcBinary, trace: &Path, heap_profile: bo
              record to a path without spaces for {name}'s eventlog. RSS is recorded."
         ));
     }
+    // GHC 9.0 aborts at start-up when the nonmoving collector meets a heap profile
+    // ("The non-moving collector doesn't support profiling").
+    let theirs = std::env::var_os("GHCRTS").unwrap_or_default();
+    let nonmoving = theirs
+        .to_string_lossy()
+        .split_whitespace()
+        .chain(args.iter().filter_map(|a| a.to_str()))
+        .any(|f| f == "-xn" || f == "--nonmoving-gc");
+    let mut note = None;
+    let heap_profile = if heap_profile && nonmoving {
+        note = Some(format!(
+            "{name} runs the nonmoving collector (-xn), which GHC does not run with a heap \
+             profile: fragscope recorded it without -hT; the block census and the \
+             eventlog's figures are there."
+        ));
+        false
+    } else {
+        heap_profile
+    };
     let ours = if heap_profile {
         format!("{RTS_FLAGS} {HEAP_PROFILE_FLAGS} -ol{eventlog_str}")
     } else {
@@ -129,7 +154,7 @@ pub fn prepare(program: &Path, binary: GhcBinary, trace: &Path, heap_profile: bo
             GhcSetup {
                 ghcrts: Some(ghcrts),
                 eventlog: Some(eventlog),
-                advice: None,
+                advice: note,
             }
         }
         Err(stderr) => {

@@ -805,7 +805,13 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         .ok()
         .and_then(|data| crate::ghc::inspect(&data))
         .map(|binary| {
-            crate::ghc::prepare(&program_path, binary, &opts.output, opts.ghc_heap_profile)
+            crate::ghc::prepare(
+                &program_path,
+                binary,
+                &opts.output,
+                opts.ghc_heap_profile,
+                &opts.command[1..],
+            )
         });
     let censuses = crate::census::Censuses::new(opts.ghc_census);
     if ghc.is_some() {
