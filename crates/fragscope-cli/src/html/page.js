@@ -47,6 +47,8 @@
     return (n / 1e9).toFixed(2) + " G";
   }
   const secs = (ms) => (ms / 1000).toFixed(2) + " s";
+  // Durations that may be short (GC pauses): milliseconds below a second.
+  const duration = (ms) => (ms < 1000 ? ms.toFixed(ms < 10 ? 2 : 1) + " ms" : secs(ms));
   const pct = (part, whole) => (whole > 0 ? (100 * part / whole).toFixed(1) + "%" : "-");
   function niceStep(raw) {
     const p = Math.pow(10, Math.floor(Math.log10(raw)));
@@ -492,7 +494,7 @@
       return [p.kind + " " + secs(p.start_ms) + " - " + secs(p.end_ms), bytes(p.rss_max), bytes(d.live), bytes(d.copy_reserve_and_slop), bytes(d.free_resident_pages), bytes(d.lazy_free), bytes(d.other_anon), bytes(d.file)];
     })));
     const gc = section(main, "Garbage collection", "gc");
-    gc.append(table(["generation", "collections", "copied", "GC time", "max pause"], G.gc.generations.map((g) => ["gen " + g.generation, count(g.collections), bytes(g.copied_bytes), secs(g.gc_ms), secs(g.max_pause_ms)])));
+    gc.append(table(["generation", "collections", "copied", "GC time", "max pause"], G.gc.generations.map((g) => ["gen " + g.generation, count(g.collections), bytes(g.copied_bytes), duration(g.gc_ms), duration(g.max_pause_ms)])));
     gc.append(el("p", { class: "note" }, "allocated " + bytes(G.gc.allocated_bytes) + ", copied " + bytes(G.gc.copied_bytes) + ", maximum residency " + bytes(G.gc.max_residency) + ", memory in use " + bytes(G.gc.memory_in_use) + "; mutator " + secs(G.gc.mutator_ms) + ", GC " + secs(G.gc.gc_ms)));
   }
 
