@@ -44,6 +44,10 @@ pub struct RecordOptions {
     pub command: Vec<OsString>,
     /// Replace whatever is at `output` (a file that is not a trace, a symbolic link).
     pub force: bool,
+    /// Take a block census of a GHC program's heap at each snapshot.
+    pub ghc_census: bool,
+    /// Ask a GHC program for a -hT heap profile too (it changes the program's collections).
+    pub ghc_heap_profile: bool,
 }
 
 /// When event buffers are stored in the packed form.
@@ -140,6 +144,7 @@ struct Shared {
     arrivals: Mutex<Vec<Arrival>>,
     /// When to store event buffers in the packed form.
     pack: PackMode,
+    censuses: crate::census::Censuses,
 }
 
 /// A connection being served. Each is read by its own thread, so nothing but this keeps
@@ -230,6 +235,9 @@ impl Shared {
                 }
                 .encode(),
             );
+        }
+        if let Some(census) = self.censuses.take(stream, pid, tick, reason) {
+            self.send(ChunkKind::GhcCensus, census.encode());
         }
         if let Some(rss) = procfs::read_rss(pid, tick) {
             let mut procs = self.procs.lock().unwrap();
@@ -897,7 +905,19 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let ghc = std::fs::read(&program_path)
         .ok()
         .and_then(|data| crate::ghc::inspect(&data))
-        .map(|binary| crate::ghc::prepare(&program_path, binary, &opts.output));
+        .map(|binary| {
+            crate::ghc::prepare(
+                &program_path,
+                binary,
+                &opts.output,
+                opts.ghc_heap_profile,
+                &opts.command[1..],
+            )
+        });
+    let censuses = crate::census::Censuses::new(opts.ghc_census);
+    if ghc.is_some() {
+        censuses.learn(&program_path);
+    }
     let preload = crate::preload::preload_library()?;
     let started = Instant::now();
     let dir = rendezvous_dir()?;
@@ -959,6 +979,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         event_bytes: AtomicU64::new(0),
         arrivals: Mutex::new(Vec::new()),
         pack: opts.pack,
+        censuses,
     });
 
     let stop = Arc::new(Stop::default());

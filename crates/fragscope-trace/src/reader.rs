@@ -21,6 +21,7 @@ pub enum Chunk {
     ProcessEnd(ProcessEnd),
     WaitStatus(WaitStatus),
     End(End),
+    GhcCensus(GhcCensus),
 }
 
 /// Reads a trace chunk by chunk. Damage (a cut or corrupt file) ends the iteration; what
@@ -90,6 +91,7 @@ impl<R: Read> TraceReader<R> {
             ChunkKind::ProcessEnd => ProcessEnd::decode(data).map(Chunk::ProcessEnd),
             ChunkKind::WaitStatus => WaitStatus::decode(data).map(Chunk::WaitStatus),
             ChunkKind::End => End::decode(data).map(Chunk::End),
+            ChunkKind::GhcCensus => GhcCensus::decode(data).map(Chunk::GhcCensus),
             ChunkKind::PackedEventsV1 | ChunkKind::PackedEventsV2 => Err(TraceError::Malformed(
                 "events packed in the form of an earlier fragscope, which this one no longer \
                  reads: record the program again"
