@@ -127,6 +127,14 @@ pub fn render(r: &Report, top: usize) -> String {
     if let Some(why) = &r.merge.spill_problem {
         let _ = writeln!(o, "note: {why}");
     }
+    if !r.untraced.is_empty() {
+        let _ = writeln!(
+            o,
+            "note: {} process image{} could not be traced (listed at the end)",
+            r.untraced.len(),
+            if r.untraced.len() == 1 { "" } else { "s" }
+        );
+    }
     headline(&mut o, r);
     decomposition_table(&mut o, r);
     phases(&mut o, r);
@@ -148,9 +156,30 @@ pub fn render(r: &Report, top: usize) -> String {
                 "  pid {:<8} {:>9} calls  peak RSS {:>10}  {}  ({})",
                 p.pid,
                 count(p.calls),
-                bytes(p.peak_rss),
+                p.peak_rss.map_or_else(|| "not sampled".into(), bytes),
                 p.argv.join(" "),
                 p.end
+            );
+        }
+    }
+    if !r.untraced.is_empty() {
+        let _ = writeln!(o, "\nNot traced (their calls are missing from this trace):");
+        for u in &r.untraced {
+            let by = u
+                .exec_by_pid
+                .map(|p| format!(", exec'd by pid {p}"))
+                .unwrap_or_default();
+            let command = if u.argv.is_empty() {
+                u.path.clone()
+            } else {
+                u.argv.join(" ")
+            };
+            let _ = writeln!(
+                o,
+                "  pid {:<8} at {}{by}  {command}\n    {}",
+                u.pid,
+                secs(u.t_ms),
+                u.reason
             );
         }
     }
@@ -159,11 +188,15 @@ pub fn render(r: &Report, top: usize) -> String {
 
 fn headline(o: &mut String, r: &Report) {
     let h = &r.headline;
+    let rss = match (h.peak_rss, h.peak_rss_t_ms) {
+        (Some(peak), Some(t)) => format!("peak RSS {} at {}", bytes(peak), secs(t)),
+        // Not 0: nothing was measured (the run, or what is left of the trace, ended
+        // before the first sample).
+        _ => "peak RSS not measured (no RSS sample was taken)".into(),
+    };
     let _ = writeln!(
         o,
-        "\npeak RSS {} at {};  peak live {} at {}",
-        bytes(h.peak_rss),
-        secs(h.peak_rss_t_ms),
+        "\n{rss};  peak live {} at {}",
         bytes(h.peak_live),
         secs(h.peak_live_t_ms)
     );

@@ -170,8 +170,10 @@ pub struct Sites {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Headline {
-    pub peak_rss: u64,
-    pub peak_rss_t_ms: f64,
+    /// None when no RSS sample was taken (a run shorter than the first 10 ms sample, or
+    /// a trace cut before it).
+    pub peak_rss: Option<u64>,
+    pub peak_rss_t_ms: Option<f64>,
     pub peak_live: u64,
     pub peak_live_t_ms: f64,
     /// The snapshot with the most heap waste, which the sentence is about.
@@ -202,9 +204,23 @@ pub struct ProcessBrief {
     pub ppid: u32,
     pub argv: Vec<String>,
     pub calls: u64,
-    pub peak_rss: u64,
+    /// None when no RSS sample was taken.
+    pub peak_rss: Option<u64>,
     pub peak_live: u64,
     pub end: String,
+}
+
+/// A process image the program ran that fragscope could not trace.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UntracedImage {
+    pub pid: u32,
+    /// The pid of the traced image that exec'd it (None: the program itself).
+    pub exec_by_pid: Option<u32>,
+    pub t_ms: f64,
+    pub path: String,
+    pub argv: Vec<String>,
+    /// Why, and what to do.
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -238,4 +254,6 @@ pub struct Report {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub all_sites: Vec<Site>,
     pub processes: Vec<ProcessBrief>,
+    /// Images whose calls are missing: they could not be traced.
+    pub untraced: Vec<UntracedImage>,
 }

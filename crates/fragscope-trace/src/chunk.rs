@@ -44,6 +44,8 @@ pub enum ChunkKind {
     PackedEventsV2 = 12,
     /// Events in the packed form (see [`crate::pack`]).
     PackedEvents = 13,
+    /// A process image that could not be traced.
+    Untraced = 14,
 }
 
 impl ChunkKind {
@@ -63,6 +65,7 @@ impl ChunkKind {
             11 => PackedEventsV1,
             12 => PackedEventsV2,
             13 => PackedEvents,
+            14 => Untraced,
             _ => return None,
         })
     }

@@ -20,6 +20,7 @@ pub enum Chunk {
     Pagemap(Pagemap),
     ProcessEnd(ProcessEnd),
     WaitStatus(WaitStatus),
+    Untraced(Untraced),
     End(End),
 }
 
@@ -89,6 +90,7 @@ impl<R: Read> TraceReader<R> {
             ChunkKind::Pagemap => Pagemap::decode(data).map(Chunk::Pagemap),
             ChunkKind::ProcessEnd => ProcessEnd::decode(data).map(Chunk::ProcessEnd),
             ChunkKind::WaitStatus => WaitStatus::decode(data).map(Chunk::WaitStatus),
+            ChunkKind::Untraced => Untraced::decode(data).map(Chunk::Untraced),
             ChunkKind::End => End::decode(data).map(Chunk::End),
             ChunkKind::PackedEventsV1 | ChunkKind::PackedEventsV2 => Err(TraceError::Malformed(
                 "events packed in the form of an earlier fragscope, which this one no longer \

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::event::{ChunkDecoder, Func, Record, StreamTables};
 use crate::reader::{Chunk, TraceReader};
-use crate::records::{EndHow, Meta, Origin, ProcessEnd, WaitStatus};
+use crate::records::{EndHow, Meta, Origin, ProcessEnd, Untraced, WaitStatus};
 use crate::TraceError;
 
 /// One process image (exec starts another).
@@ -81,6 +81,8 @@ pub struct TraceSummary {
     /// The trace lacks its end marker or has damage: the recording was cut short.
     pub truncated: bool,
     pub damage: Option<String>,
+    /// Process images the program ran that could not be traced.
+    pub untraced: Vec<Untraced>,
 }
 
 impl TraceSummary {
@@ -209,6 +211,7 @@ pub fn summarize(
                 seen_end = true;
                 sum.duration_ticks = sum.duration_ticks.max(e.tick);
             }
+            Chunk::Untraced(u) => sum.untraced.push(u),
             Chunk::Maps(_) | Chunk::Rollup(_) => {}
         }
     }

@@ -422,7 +422,7 @@
     const h = section(main, "Summary", "summary");
     if (R.truncated) h.append(el("p", { class: "warn" }, "The trace is truncated (" + (R.damage || "no end marker") + "): this is the analysis of what is intact."));
     h.append(el("p", { class: "headline" }, R.headline.sentence));
-    h.append(el("p", { class: "note" }, "peak RSS " + bytes(R.headline.peak_rss) + " at " + secs(R.headline.peak_rss_t_ms) + "; peak live " + bytes(R.headline.peak_live) + " at " + secs(R.headline.peak_live_t_ms) +
+    h.append(el("p", { class: "note" }, (R.headline.peak_rss === null ? "no RSS sample was taken" : "peak RSS " + bytes(R.headline.peak_rss) + " at " + secs(R.headline.peak_rss_t_ms)) + "; peak live " + bytes(R.headline.peak_live) + " at " + secs(R.headline.peak_live_t_ms) +
       (R.headline.fragmentation_ratio ? "; fragmentation ratio " + R.headline.fragmentation_ratio.toFixed(2) + " (heap resident / live at the most waste)" : "")));
     const d = section(main, "Where the RSS went", "decomposition");
     d.append(el("p", { class: "note" }, "RSS split at each page-residency snapshot (ticks under the axis), with RSS every 10 ms as a line; shaded bands are the detected phases. Hover for values."));
