@@ -267,8 +267,16 @@ fn decomposition_table(o: &mut String, r: &Report) {
         {
             continue;
         }
+        let from_proc = matches!(
+            name,
+            "other anonymous" | "file-backed" | "fragscope's own" | "unexplained"
+        );
         let _ = write!(o, "  {name:<22}");
         for (v, (_, s)) in values.iter().zip(&cols) {
+            if from_proc && !s.rss_measured {
+                let _ = write!(o, "{:>14} {:>7}", "not sampled", "");
+                continue;
+            }
             let share = if *v >= 0 {
                 pct(*v as u64, s.parts.rss)
             } else {
@@ -280,7 +288,12 @@ fn decomposition_table(o: &mut String, r: &Report) {
     }
     let _ = write!(o, "  {:<22}", "= RSS");
     for (_, s) in &cols {
-        let _ = write!(o, "{:>14} {:>7}", bytes(s.parts.rss), "");
+        let rss = if s.rss_measured {
+            bytes(s.parts.rss)
+        } else {
+            "not sampled".into()
+        };
+        let _ = write!(o, "{rss:>14} {:>7}", "");
     }
     o.push('\n');
     let _ = write!(o, "  {:<22}", "(heap resident)");

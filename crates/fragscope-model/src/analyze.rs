@@ -608,6 +608,7 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         }
         .into(),
         parts,
+        rss_measured: rss.is_some(),
         live_not_resident: h.live_not_resident,
         page_size: e.page_size,
         used_pages: h.used_pages,

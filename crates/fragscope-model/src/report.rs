@@ -77,6 +77,9 @@ pub struct Snapshot {
     pub reason: String,
     #[serde(flatten)]
     pub parts: Decomposition,
+    /// An RSS sample was near: without one, the parts that come from /proc (rss,
+    /// rss_anon, other_anon, file, fragscope_own, unexplained) are not measured, not 0.
+    pub rss_measured: bool,
     pub live_not_resident: u64,
     pub page_size: u64,
     pub used_pages: u64,

@@ -878,7 +878,32 @@ fn sample(shared: Arc<Shared>, snapshot_every: Duration, stop: Arc<Stop>) {
 /// least every `WRITER_FLUSH` while busy (a program that never pauses would otherwise keep
 /// up to the buffer's megabyte, and the file's header, in memory), so a killed recording
 /// loses as little as possible.
-fn write_chunks(mut w: ChunkWriter<BufWriter<std::fs::File>>, rx: Receiver<Chunk>) -> Result<u64> {
+fn write_chunks(
+    w: ChunkWriter<BufWriter<std::fs::File>>,
+    rx: Receiver<Chunk>,
+    path: &Path,
+) -> Result<u64> {
+    write_all_chunks(w, &rx).map_err(|e| {
+        // Said at once: the program runs on, and its calls from here are not recorded.
+        let on_disk = std::fs::metadata(path).map_or(0, |m| m.len());
+        let message = format!(
+            "writing the trace to {} failed after {on_disk} bytes: {e}. The trace up to \
+             there is intact and readable (fragscope info and report read it to its last \
+             whole chunk); what the program did after that point is not recorded",
+            path.display()
+        );
+        eprintln!("fragscope: error: {message}");
+        anyhow!(
+            "the trace {} ends where writing failed ({e}); it is readable up to there",
+            path.display()
+        )
+    })
+}
+
+fn write_all_chunks(
+    mut w: ChunkWriter<BufWriter<std::fs::File>>,
+    rx: &Receiver<Chunk>,
+) -> std::io::Result<u64> {
     const WRITER_FLUSH: Duration = Duration::from_millis(100);
     let mut last_flush = Instant::now();
     loop {
@@ -1024,9 +1049,10 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     // the writer; a writer further behind holds the program back rather than our memory
     // growing. (The channel's slots are written out when it is made.)
     let (tx, rx) = sync_channel::<Chunk>(256);
+    let output = opts.output.clone();
     let writer_thread = thread::Builder::new()
         .name("fragscope-writer".into())
-        .spawn(move || write_chunks(writer, rx))?;
+        .spawn(move || write_chunks(writer, rx, &output))?;
     let shared = Arc::new(Shared {
         out: tx,
         clock,
