@@ -338,8 +338,15 @@ fn an_image_that_cannot_be_traced_is_named_with_the_reason_when_recording_and_in
     let dir = open_dir();
     let setuid = privileged_copy(dir.path(), "setuid_prog", 0o4755);
     let static_exe = build(dir.path(), "fork_exit", &["-static"]);
+    let spawner = build(dir.path(), "run_spawned", &[]);
     let trace = dir.path().join("t.fsc");
-    let script = format!("{} 0; {} 0; exit 0", setuid.display(), static_exe.display());
+    // Exec'd by the shell's vfork children, then posix_spawn'd by a traced program.
+    let script = format!(
+        "{setuid} 0; {} 0; {} {setuid} 0; exit 0",
+        static_exe.display(),
+        spawner.display(),
+        setuid = setuid.display(),
+    );
     let out = record(&trace, &["sh", "-c", &script]);
     let stderr = common::stderr(&out);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
@@ -348,19 +355,23 @@ fn an_image_that_cannot_be_traced_is_named_with_the_reason_when_recording_and_in
     assert!(stderr.contains("statically linked"), "{stderr}");
     let j = info(&trace);
     let untraced = j["untraced"].as_array().unwrap();
-    assert_eq!(untraced.len(), 2, "{j:#}");
-    assert!(untraced[0]["path"]
-        .as_str()
-        .unwrap()
-        .ends_with("setuid_prog"));
-    assert!(untraced[0]["reason"]
-        .as_str()
-        .unwrap()
-        .contains("set-user-ID"));
-    assert!(untraced[1]["reason"]
-        .as_str()
-        .unwrap()
-        .contains("statically linked"));
+    assert_eq!(untraced.len(), 3, "{j:#}");
+    let field = |i: usize, key: &str| untraced[i][key].as_str().unwrap().to_string();
+    assert!(field(0, "path").ends_with("setuid_prog"), "{j:#}");
+    assert!(field(0, "reason").contains("set-user-ID"), "{j:#}");
+    assert!(field(1, "reason").contains("statically linked"), "{j:#}");
+    assert!(field(2, "reason").contains("set-user-ID"), "{j:#}");
+    // The spawned one is named with its spawner's stream.
+    let spawner_stream = processes(&j)
+        .iter()
+        .find(|p| p["exe"].as_str().unwrap().ends_with("run_spawned"))
+        .map(|p| p["stream"].clone())
+        .unwrap();
+    assert_eq!(untraced[2]["parent_stream"], spawner_stream, "{j:#}");
+    // Each is a process of its own (the shell's vfork children): the shell went on.
+    let shell = &processes(&j)[0];
+    assert!(untraced.iter().all(|u| u["pid"] != shell["pid"]), "{j:#}");
+    assert_eq!(shell["exit_code"], 0, "{j:#}");
     let text = fragscope(&["info".as_ref(), trace.as_os_str()]);
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("not traced"), "{text}");
@@ -370,5 +381,5 @@ fn an_image_that_cannot_be_traced_is_named_with_the_reason_when_recording_and_in
     assert!(text.contains("setuid_prog"), "{text}");
     let report = fragscope(&["report".as_ref(), trace.as_os_str(), "--json".as_ref()]);
     let r: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
-    assert_eq!(r["untraced"].as_array().unwrap().len(), 2, "{r:#}");
+    assert_eq!(r["untraced"].as_array().unwrap().len(), 3, "{r:#}");
 }

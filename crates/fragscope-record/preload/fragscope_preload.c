@@ -1647,18 +1647,14 @@ static size_t count_env(char *const envp[]) {
     return n;
 }
 
-/* Before the program image is replaced: send what is buffered, and what is about to run
- * as whom (pid, uid, gid, path, argv), so that the recorder can say why if the new image
- * never connects (set-user-ID, statically linked, ...). The pid tells a vfork child
- * (dash runs commands so), which shares our connection, from this process. */
-static void before_exec(const char *path, char *const argv[]) {
-    if (!tracing) return;
-    tls_flags |= TF_FORWARD;
-    flush_all();
+/* Tells the recorder that process `pid` is about to run `path` as whom (uid, gid) with
+ * `argv`, so that it can say why if the image never connects (set-user-ID, statically
+ * linked, ...): our own exec, a vfork child's (dash runs commands so; it shares our
+ * connection) or a posix_spawn'd child's. */
+static void announce_image(uint32_t pid, const char *path, char *const argv[]) {
     char payload[8192];
     size_t path_len = path ? strnlen(path, 4096) : 0;
-    uint32_t head[4] = {(uint32_t)syscall(SYS_getpid), (uint32_t)getuid(), (uint32_t)getgid(),
-                        (uint32_t)path_len};
+    uint32_t head[4] = {pid, (uint32_t)getuid(), (uint32_t)getgid(), (uint32_t)path_len};
     memcpy(payload, head, sizeof head);
     size_t len = sizeof head;
     if (path_len) memcpy(payload + len, path, path_len);
@@ -1672,6 +1668,14 @@ static void before_exec(const char *path, char *const argv[]) {
     uint64_t tick = current_tick();
     struct msg_header h = {MSG_EXEC, (uint32_t)len, 0, 0, tick, tick};
     send_message(&h, payload, 0);
+}
+
+/* Before the program image is replaced: send what is buffered, and what comes next. */
+static void before_exec(const char *path, char *const argv[]) {
+    if (!tracing) return;
+    tls_flags |= TF_FORWARD;
+    flush_all();
+    announce_image((uint32_t)syscall(SYS_getpid), path, argv);
     tls_flags &= ~TF_FORWARD;
 }
 
@@ -1742,21 +1746,35 @@ EXPORT int execle(const char *path, const char *arg, ...) {
     return execve(path, argv, envp);
 }
 
+/* A spawned child runs `path` (its exec succeeded, or posix_spawn says it failed). */
+static void after_spawn(int rc, const pid_t *pid, const char *path, char *const argv[]) {
+    if (rc != 0 || !pid || !tracing) return;
+    int saved_errno = errno;
+    tls_flags |= TF_FORWARD;
+    announce_image((uint32_t)*pid, path, argv);
+    tls_flags &= ~TF_FORWARD;
+    errno = saved_errno;
+}
+
 EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
                        const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
     if (!real_posix_spawn) ensure_init();
     if (!tracing) return real_posix_spawn(pid, path, fa, attr, argv, envp);
     char **env = alloca((count_env(envp) + 16) * sizeof(char *));
-    return real_posix_spawn(pid, path, fa, attr, argv,
-                            traced_environment(envp, env, count_env(envp) + 16));
+    int rc = real_posix_spawn(pid, path, fa, attr, argv,
+                              traced_environment(envp, env, count_env(envp) + 16));
+    after_spawn(rc, pid, path, argv);
+    return rc;
 }
 EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
                         const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
     if (!real_posix_spawnp) ensure_init();
     if (!tracing) return real_posix_spawnp(pid, file, fa, attr, argv, envp);
     char **env = alloca((count_env(envp) + 16) * sizeof(char *));
-    return real_posix_spawnp(pid, file, fa, attr, argv,
-                             traced_environment(envp, env, count_env(envp) + 16));
+    int rc = real_posix_spawnp(pid, file, fa, attr, argv,
+                               traced_environment(envp, env, count_env(envp) + 16));
+    after_spawn(rc, pid, file, argv);
+    return rc;
 }
 
 EXPORT void exit(int status) {
