@@ -192,3 +192,51 @@ fn a_report_without_an_rss_sample_says_so_instead_of_printing_zero() {
     assert!(text.contains("0 RSS samples,"), "{text}");
     assert!(!text.contains("(peak 0 B)"), "{text}");
 }
+
+/// A small tmpfs mounted for one test, unmounted when dropped.
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    /// None (after saying why) where mounting is not allowed.
+    fn mount(bytes: u64) -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("skipping the full-disk test: cannot mount a tmpfs here (needs root)");
+            return None;
+        }
+        Some(Self { dir })
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+#[test]
+fn a_recording_onto_a_full_disk_says_so_and_leaves_a_readable_trace() {
+    let Some(disk) = SmallDisk::mount(16 << 10) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build(dir.path(), "paced", &[]);
+    let trace = disk.dir.path().join("t.fsc");
+    let out = common::record(Allocator::Glibc, &trace, &exe, &["300", "2000", "1000"]);
+    let stderr = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(&trace.display().to_string()), "{stderr}");
+    assert!(stderr.contains("No space left on device"), "{stderr}");
+    assert!(stderr.contains("intact and readable"), "{stderr}");
+    let j = info(&trace);
+    assert_eq!(j["truncated"], true, "{j:#}");
+    assert!(j["events"].as_u64().unwrap() > 1000, "{j:#}");
+}
