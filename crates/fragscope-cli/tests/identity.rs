@@ -383,3 +383,33 @@ fn an_image_that_cannot_be_traced_is_named_with_the_reason_when_recording_and_in
     let r: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
     assert_eq!(r["untraced"].as_array().unwrap().len(), 3, "{r:#}");
 }
+
+#[test]
+fn a_program_that_never_connects_is_named_and_report_says_why_instead_of_blaming_a_cut_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build(dir.path(), "fork_exit", &[]);
+    let trace = dir.path().join("t.fsc");
+    let missing = dir.path().join("no-such-interposer.so");
+    let mut cmd = common::record_command(Allocator::Glibc, &trace, &[], &exe, &["0"]);
+    let out = cmd.env("FRAGSCOPE_PRELOAD", &missing).output().unwrap();
+    let stderr = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("was not traced"), "{stderr}");
+    assert!(stderr.contains("does not exist"), "{stderr}");
+    let j = info(&trace);
+    assert_eq!(processes(&j).len(), 0, "{j:#}");
+    assert_eq!(j["truncated"], false, "{j:#}");
+    let untraced = j["untraced"].as_array().unwrap();
+    assert_eq!(untraced.len(), 1, "{j:#}");
+    assert_eq!(
+        untraced[0]["parent_stream"],
+        serde_json::Value::Null,
+        "{j:#}"
+    );
+    let report = fragscope(&["report".as_ref(), trace.as_os_str()]);
+    let err = common::stderr(&report);
+    assert_eq!(report.status.code(), Some(2), "{err}");
+    assert!(err.contains("could be traced"), "{err}");
+    assert!(err.contains("does not exist"), "{err}");
+    assert!(!err.contains("cut before"), "{err}");
+}

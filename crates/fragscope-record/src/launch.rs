@@ -86,6 +86,12 @@ pub fn why_untraced(program: &OsStr, uid: u32, gid: u32, preload: &Path) -> Stri
     if let Err(e) = check_traceable_as(program, &Identity::of(uid, gid)) {
         return e.reason;
     }
+    if !preload.is_file() {
+        return format!(
+            "fragscope's interposer {} does not exist (is FRAGSCOPE_PRELOAD set to it?)",
+            preload.display()
+        );
+    }
     if uid != 0 && !crate::preload::readable_by_all(preload) {
         return format!(
             "it ran as uid {uid}, which cannot read fragscope's interposer ({}); make it \

@@ -638,24 +638,22 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
                     let _ = conn.shutdown(std::net::Shutdown::Both);
                     break;
                 };
-                {
-                    let wants_clock = hello.flags & HELLO_WANTS_CLOCK != 0;
-                    if wants_clock {
-                        // It had no clock to read its start from.
-                        hello.tick = shared.tick();
-                    }
-                    shared.wait_for_earlier_connections(id, hello.pid, hello.ppid);
-                    let s = shared.register(&hello);
-                    shared.set_registered(id);
-                    if wants_clock {
-                        send_descriptor(&conn, shared.clock.descriptor());
-                    }
-                    if hello.flags & HELLO_RESUMED == 0 {
-                        shared.write_maps(s, hello.pid);
-                    }
-                    stream = Some(s);
-                    pid = hello.pid;
+                let wants_clock = hello.flags & HELLO_WANTS_CLOCK != 0;
+                if wants_clock {
+                    // It had no clock to read its start from.
+                    hello.tick = shared.tick();
                 }
+                shared.wait_for_earlier_connections(id, hello.pid, hello.ppid);
+                let s = shared.register(&hello);
+                shared.set_registered(id);
+                if wants_clock {
+                    send_descriptor(&conn, shared.clock.descriptor());
+                }
+                if hello.flags & HELLO_RESUMED == 0 {
+                    shared.write_maps(s, hello.pid);
+                }
+                stream = Some(s);
+                pid = hello.pid;
             }
             MsgType::Events => {
                 let Some(s) = stream else { continue };
@@ -1103,8 +1101,8 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
                         Kinship::InTree => false,
                         Kinship::Outsider => true,
                         // Gone before we could tell: another user's connection is refused
-                        // (its ancestry can no longer be checked);
-                        // our own user's is left to the token.
+                        // (its ancestry can no longer be checked), our own user's is left
+                        // to the token.
                         Kinship::Unknown => uid != own_uid,
                     };
                     if refuse {
