@@ -105,15 +105,21 @@ enum Value {
     InuseObjects,
     /// free bytes kept resident in sparse pages by the site's live objects
     PinnedWaste,
+    /// bytes still live at the end of the trace (leaked, if the process exited)
+    LeakedSpace,
+    /// allocations freed by their thread before it allocated anything else
+    TemporaryObjects,
 }
 
 impl Value {
-    const ALL: [Value; 5] = [
+    const ALL: [Value; 7] = [
         Value::AllocObjects,
         Value::AllocSpace,
         Value::InuseObjects,
         Value::InuseSpace,
         Value::PinnedWaste,
+        Value::LeakedSpace,
+        Value::TemporaryObjects,
     ];
 
     fn of(self, s: &Site) -> u64 {
@@ -123,6 +129,8 @@ impl Value {
             Value::InuseSpace => s.live_bytes,
             Value::InuseObjects => s.live_objects,
             Value::PinnedWaste => s.pinned_waste,
+            Value::LeakedSpace => s.leaked_bytes,
+            Value::TemporaryObjects => s.temporary_allocations,
         }
     }
 
@@ -134,6 +142,8 @@ impl Value {
             Value::InuseSpace => ("inuse_space", "bytes"),
             Value::InuseObjects => ("inuse_objects", "count"),
             Value::PinnedWaste => ("pinned_waste", "bytes"),
+            Value::LeakedSpace => ("leaked_space", "bytes"),
+            Value::TemporaryObjects => ("temporary_objects", "count"),
         }
     }
 }

@@ -197,7 +197,9 @@ fn malloc_data(r: &Report) -> Value {
             s.pinned_waste,
             s.allocated_bytes,
             s.allocations,
-            s.live_objects
+            s.live_objects,
+            s.leaked_bytes,
+            s.temporary_allocations
         ])
     };
     let sites = json!({
@@ -207,6 +209,8 @@ fn malloc_data(r: &Report) -> Value {
         "by_pinned_waste": r.sites.by_pinned_waste.iter().map(site_row).collect::<Vec<_>>(),
         "by_live_bytes": r.sites.by_live_bytes.iter().map(site_row).collect::<Vec<_>>(),
         "by_allocated_bytes": r.sites.by_allocated_bytes.iter().map(site_row).collect::<Vec<_>>(),
+        "by_leaked_bytes": r.sites.by_leaked_bytes.iter().map(site_row).collect::<Vec<_>>(),
+        "by_temporary_allocations": r.sites.by_temporary_allocations.iter().map(site_row).collect::<Vec<_>>(),
     });
     json!({
         "trace": r.trace,
@@ -229,6 +233,7 @@ fn malloc_data(r: &Report) -> Value {
         "size_classes": r.size_classes.iter().take(TABLE_CLASSES).collect::<Vec<_>>(),
         "class_history": class_history,
         "sites": sites,
+        "leaks": r.leaks,
         "flame": flame(&r.all_sites),
     })
 }

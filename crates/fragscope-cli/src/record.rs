@@ -71,6 +71,10 @@ pub struct RecordArgs {
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = Pack::Auto,
           num_args = 0..=1, require_equals = true, default_missing_value = "always")]
     pack: Pack,
+    /// Replace the output even if it is not a fragscope trace (an existing file of
+    /// another kind, or a symbolic link, which is replaced, never written through).
+    #[arg(long)]
+    force: bool,
     /// The program to record, and its arguments.
     #[arg(required = true, last = true, value_name = "COMMAND")]
     command: Vec<OsString>,
@@ -97,6 +101,7 @@ pub fn run(a: RecordArgs) -> Result<ExitCode> {
             Pack::Never => PackMode::Never,
         },
         command: a.command,
+        force: a.force,
     };
     let out = record(&opts)?;
     eprintln!(
@@ -144,11 +149,23 @@ pub fn run(a: RecordArgs) -> Result<ExitCode> {
         );
     }
     for p in &out.silent_processes {
-        eprintln!(
-            "fragscope: warning: {p} made no malloc-family call: its runtime does not use malloc \
-             (e.g. a Go program, or an allocator linked in statically), so its heap is invisible \
-             to fragscope; its RSS was still recorded."
-        );
+        if p.go {
+            eprintln!(
+                "fragscope: warning: {} made no malloc-family call: it is a Go program, whose \
+                 runtime takes its heap from the kernel without malloc, so its heap is invisible \
+                 to fragscope; its RSS was still recorded.",
+                p.label
+            );
+        } else {
+            eprintln!(
+                "fragscope: warning: no malloc-family call was seen from {}; its RSS was still \
+                 recorded. Likely causes, most likely first: the compiler removed the calls (a \
+                 block that is allocated and freed unused, as in free(malloc(64)), is optimized \
+                 away at -O1 and above); an allocator linked into the program statically, whose \
+                 malloc the dynamic loader never sees; a runtime that does not use malloc.",
+                p.label
+            );
+        }
     }
     Ok(ExitCode::from(out.exit_code.clamp(0, 255) as u8))
 }

@@ -110,6 +110,18 @@ pub fn render(r: &Report, top: usize) -> String {
         count(r.calls),
         secs(r.duration_ms)
     );
+    if r.processes.len() > 1 {
+        let _ = writeln!(
+            o,
+            "one of {} processes in this trace, {}; the others are listed at the end",
+            r.processes.len(),
+            if r.chosen_by_pid {
+                "as asked with --pid"
+            } else {
+                "the one with the largest heap (--pid N explains another)"
+            }
+        );
+    }
     if r.truncated {
         let _ = writeln!(
             o,
@@ -145,6 +157,7 @@ pub fn render(r: &Report, top: usize) -> String {
         allocator_view(&mut o, &r.snapshots[f]);
     }
     sites(&mut o, r);
+    leaks_and_temporaries(&mut o, r);
     if r.processes.len() > 1 {
         let _ = writeln!(
             o,
@@ -214,6 +227,29 @@ fn headline(o: &mut String, r: &Report) {
         );
     }
     let _ = writeln!(o, "=> {}", h.sentence);
+    // Live bytes peak at a call, snapshots are read between calls: a snapshot of the
+    // same moment as shown (to 10 ms) that saw far less live data was read after the
+    // frees that followed the peak. Both times are shown to the millisecond.
+    let shown = [r.focus_snapshot, r.peak_snapshot, r.end_snapshot];
+    if let Some(s) = shown
+        .into_iter()
+        .flatten()
+        .map(|i| &r.snapshots[i])
+        .find(|s| {
+            (s.t_ms - h.peak_live_t_ms).abs() < 10.0
+                && (s.parts.live as f64) < 0.9 * h.peak_live as f64
+        })
+    {
+        let _ = writeln!(
+            o,
+            "note: live data peaked at {} at {:.3} s, between two calls; the snapshot at {:.3} s \
+             was read after the calls of its millisecond, {} live",
+            bytes(h.peak_live),
+            h.peak_live_t_ms / 1000.0,
+            s.t_ms / 1000.0,
+            bytes(s.parts.live)
+        );
+    }
 }
 
 /// Reads one part of a decomposition (signed: `unexplained` can be negative).
@@ -240,24 +276,44 @@ fn signed_bytes(v: i64) -> String {
 }
 
 fn decomposition_table(o: &mut String, r: &Report) {
-    let mut cols: Vec<(String, &Snapshot)> = Vec::new();
-    let mut add = |label: String, i: Option<usize>| {
-        if let Some(i) = i {
-            if !cols.iter().any(|(_, s)| std::ptr::eq(*s, &r.snapshots[i])) {
-                cols.push((label, &r.snapshots[i]));
-            }
+    // Each column is a snapshot, labelled by every role it has: the snapshot of most
+    // waste may also be the one of highest RSS, which need not be at the peak of RSS
+    // itself (sampled every 10 ms, snapshots every second).
+    let peak_role = match r.peak_snapshot.map(|i| &r.snapshots[i]) {
+        Some(s)
+            if r.headline
+                .peak_rss
+                .is_some_and(|peak| s.parts.rss as f64 >= 0.99 * peak as f64) =>
+        {
+            "peak RSS"
+        }
+        _ => "highest RSS",
+    };
+    let mut cols: Vec<(Vec<&str>, &Snapshot)> = Vec::new();
+    let mut add = |role: &'static str, i: Option<usize>| {
+        let Some(i) = i else { return };
+        match cols
+            .iter_mut()
+            .find(|(_, s)| std::ptr::eq(*s, &r.snapshots[i]))
+        {
+            Some((roles, _)) => roles.push(role),
+            None => cols.push((vec![role], &r.snapshots[i])),
         }
     };
-    add("peak RSS".into(), r.peak_snapshot);
-    add("most waste".into(), r.focus_snapshot);
-    add("end".into(), r.end_snapshot);
+    add("most waste", r.focus_snapshot);
+    add(peak_role, r.peak_snapshot);
+    add("end", r.end_snapshot);
     if cols.is_empty() {
         return;
     }
     cols.sort_by(|a, b| a.1.t_ms.total_cmp(&b.1.t_ms));
     let _ = write!(o, "\nWhere RSS goes{:10}", "");
-    for (label, s) in &cols {
-        let _ = write!(o, "{:>22}", format!("{label} ({:.2} s)", s.t_ms / 1000.0));
+    for (roles, _) in &cols {
+        let _ = write!(o, "{:>22}", roles.join(" + "));
+    }
+    let _ = write!(o, "\n  (snapshot at){:10}", "");
+    for (_, s) in &cols {
+        let _ = write!(o, "{:>22}", format!("{:.2} s", s.t_ms / 1000.0));
     }
     o.push('\n');
     for (name, get) in PARTS {
@@ -504,6 +560,46 @@ fn site_rows(o: &mut String, title: &str, list: &[Site], value: impl Fn(&Site) -
     let _ = writeln!(o, "  {title}");
     for s in list {
         let _ = writeln!(o, "    {:>24}  {}", value(s), s.label);
+    }
+}
+
+/// What users of heaptrack look for: leaks (live at exit) and temporary allocations,
+/// with what each means for fragmentation.
+fn leaks_and_temporaries(o: &mut String, r: &Report) {
+    let l = &r.leaks;
+    let when = if l.at_exit {
+        "Leaked at exit (still live when the process ended)"
+    } else {
+        "Live when the trace ends (the process did not exit within it, so not known leaked)"
+    };
+    let _ = writeln!(
+        o,
+        "\n{when}: {} in {} blocks",
+        bytes(l.leaked_bytes),
+        count(l.leaked_blocks)
+    );
+    site_rows(o, "by site", &r.sites.by_leaked_bytes, |x| {
+        format!("{} in {}", bytes(x.leaked_bytes), count(x.leaked_objects))
+    });
+    let _ = writeln!(
+        o,
+        "Temporary allocations: {} of {} allocations ({}, {}) were freed by their thread \
+         before it allocated anything else",
+        count(l.temporary_allocations),
+        count(l.allocations),
+        pct(l.temporary_allocations, l.allocations).trim(),
+        bytes(l.temporary_bytes)
+    );
+    site_rows(o, "by site", &r.sites.by_temporary_allocations, |x| {
+        count(x.temporary_allocations)
+    });
+    if l.temporary_allocations > 0 {
+        let _ = writeln!(
+            o,
+            "  (a temporary block placed between long-lived ones is what leaves them scattered \
+             over pages once it is freed: allocating such blocks from a separate arena, or on \
+             the stack, keeps the survivors packed)"
+        );
     }
 }
 

@@ -306,14 +306,15 @@ fn bad_input_gets_a_clear_message() {
 }
 
 /// Sites are named from DWARF (function and file:line), from the symbol table alone
-/// (function and module+offset), or, with neither, as module+offset — never dropped.
+/// (function and module: all its calls are one site then), or, with neither, as
+/// module+offset — never dropped.
 #[test]
 fn sites_are_symbolized_with_whatever_the_binary_has() {
     let dir = tempfile::tempdir().unwrap();
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/scatter.c");
     for (flags, expect) in [
         (&["-g"][..], "main (scatter.c:"),
-        (&["-g0"][..], "main (scatter_symtab+0x"),
+        (&["-g0"][..], "main (scatter_symtab)"),
         (&["-s"][..], "scatter_stripped+0x"),
     ] {
         let name = match flags[0] {
@@ -350,11 +351,192 @@ fn sites_are_symbolized_with_whatever_the_binary_has() {
         assert!(rep.status.success(), "{}", common::stderr(&rep));
         let r: Value = serde_json::from_slice(&rep.stdout).unwrap();
         let top = &r["sites"]["by_allocations"][0];
-        assert_eq!(u(top, "allocations"), 20000, "{top}");
         let label = top["label"].as_str().unwrap();
         assert!(label.starts_with(expect), "{flags:?}: {label}");
+        // main's two calls of malloc are two sites with line tables, one without.
+        let rows = r["sites"]["by_allocations"].as_array().unwrap();
+        let mains = rows
+            .iter()
+            .filter(|s| s["label"].as_str().unwrap().starts_with("main ("))
+            .count();
+        if flags[0] == "-g0" {
+            assert_eq!(mains, 1, "{}", r["sites"]);
+            assert_eq!(u(top, "allocations"), 20001, "{top}");
+            assert_eq!(u(top, "stacks"), 2, "{top}");
+        } else {
+            assert_eq!(u(top, "allocations"), 20000, "{top}");
+        }
+        if flags[0] == "-g" {
+            assert_eq!(mains, 2, "{}", r["sites"]);
+            // The decomposition's columns are labelled by every role they have: the
+            // snapshot of most waste is not called only "peak RSS".
+            let text = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+                .arg("report")
+                .arg(&trace)
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&text.stdout);
+            let header = text
+                .lines()
+                .find(|l| l.starts_with("Where RSS goes"))
+                .expect("a decomposition");
+            assert!(header.contains("most waste"), "{header}");
+            assert!(header.trim_end().ends_with("end"), "{header}");
+            let focus = r["focus_snapshot"].as_u64().unwrap() as usize;
+            let t = r["snapshots"][focus]["t_ms"].as_f64().unwrap() / 1000.0;
+            assert!(text.contains("(snapshot at)"), "{text}");
+            assert!(text.contains(&format!("{t:.2} s")), "{text}");
+        }
         // the scattered survivors are the site that pins pages
         let pinning = &r["sites"]["by_pinned_waste"][0];
         assert_eq!(pinning["stack"], top["stack"], "{}", r["sites"]);
     }
+}
+
+/// A command run through a shell records the shell and every program it starts; the
+/// report explains the one with the largest heap, says it is one of several, and lists
+/// the others with how to pick one.
+#[test]
+fn of_many_processes_the_largest_heap_is_explained_and_the_others_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/scatter.c");
+    let exe = dir.path().join("scatter");
+    let ok = Command::new("cc")
+        .arg("-O1")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let trace = dir.path().join("t.fsc");
+    let e = exe.display();
+    let script = format!("{e} 2000 10; {e} 40000 10; {e} 1000 10");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "-o"])
+        .arg(&trace)
+        .args(["--", "sh", "-c", &script])
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let rep = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .arg("report")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&rep.stdout);
+    let first = text.lines().next().unwrap();
+    assert!(first.contains("scatter 40000"), "{text}");
+    assert!(text.contains("one of 4 processes"), "{text}");
+    assert!(text.contains("--pid N"), "{text}");
+    let others = text
+        .split("Other processes")
+        .nth(1)
+        .expect("a list of the others");
+    assert_eq!(
+        others.lines().filter(|l| l.contains("peak RSS")).count(),
+        3,
+        "{others}"
+    );
+}
+
+/// Leaks (live at exit) and temporary allocations (freed by their thread before it
+/// allocates anything else), exactly and by site, as heaptrack users expect them.
+#[test]
+fn leaks_and_temporary_allocations_are_counted_by_site() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = common::build(dir.path(), "leaks", &["-O2", "-g"]);
+    let trace = dir.path().join("t.fsc");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "--stacks", "all", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&exe)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let rep = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["report", "--json"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(rep.status.success(), "{}", common::stderr(&rep));
+    let r: Value = serde_json::from_slice(&rep.stdout).unwrap();
+    let l = &r["leaks"];
+    assert_eq!(l["at_exit"], true, "{l}");
+    // libc may keep a few blocks of its own; the program's are exact.
+    assert!((1000..1010).contains(&u(l, "leaked_blocks")), "{l}");
+    assert!((5000..5010).contains(&u(l, "temporary_allocations")), "{l}");
+    let leak = &r["sites"]["by_leaked_bytes"][0];
+    assert!(
+        leak["label"].as_str().unwrap().starts_with("leak_some"),
+        "{leak}"
+    );
+    assert_eq!(
+        (u(leak, "leaked_objects"), u(leak, "leaked_bytes")),
+        (1000, 100_000)
+    );
+    let temp = &r["sites"]["by_temporary_allocations"][0];
+    assert!(
+        temp["label"]
+            .as_str()
+            .unwrap()
+            .starts_with("use_temporarily"),
+        "{temp}"
+    );
+    assert_eq!(u(temp, "temporary_allocations"), 5000, "{temp}");
+    // Blocks kept for a while and freed are neither.
+    let kept = r["sites"]["by_allocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["label"].as_str().unwrap().starts_with("keep_for_a_while"))
+        .expect("keep_for_a_while allocates");
+    assert_eq!(
+        (u(kept, "leaked_objects"), u(kept, "temporary_allocations")),
+        (0, 0)
+    );
+    let text = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .arg("report")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("Leaked at exit"), "{text}");
+    assert!(text.contains("Temporary allocations: 5"), "{text}");
+}
+
+/// A figure and its moment agree: live data that peaks a moment before the snapshot at
+/// exit (which sees it freed) is not shown as the same moment with two figures; the
+/// report gives both times to the millisecond and says which came first.
+#[test]
+fn a_peak_between_calls_and_a_snapshot_of_the_same_moment_are_told_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = common::build(dir.path(), "peak_at_exit", &["-O2"]);
+    let trace = dir.path().join("t.fsc");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&exe)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let text = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .arg("report")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    let note = text
+        .lines()
+        .find(|l| l.starts_with("note: live data peaked at 7.8 MiB"))
+        .unwrap_or_else(|| panic!("no note on the peak: {text}"));
+    assert!(
+        note.contains("was read after the calls of its millisecond"),
+        "{note}"
+    );
 }

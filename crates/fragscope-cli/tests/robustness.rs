@@ -651,11 +651,38 @@ fn a_program_killed_mid_run_loses_at_most_one_flush_interval_under_jemalloc() {
 fn recorder_killed_mid_run(alloc: Allocator) {
     let dir = tempfile::tempdir().unwrap();
     let (recorder, pid, trace) = start_killed(alloc, dir.path(), 100, 1000);
+    // The recorder's rendezvous directory, from the program's environment.
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let rendezvous = environ
+        .split(|&b| b == 0)
+        .find_map(|v| v.strip_prefix(b"FRAGSCOPE_SOCK="))
+        .map(|p| {
+            Path::new(std::str::from_utf8(p).unwrap())
+                .parent()
+                .unwrap()
+                .to_owned()
+        })
+        .expect("the program knows the recorder's socket");
     sigkill(recorder.id() as i32);
     // The program goes on untraced (and holds the recorder's stderr); it is ours to stop.
     sigkill(pid);
     let out = recorder.wait_with_output().unwrap();
     assert_eq!(out.status.code(), None, "killed by a signal");
+    // The killed recorder's directory stays until the next recording sweeps it.
+    assert!(rendezvous.exists(), "{}", rendezvous.display());
+    let next = fragscope(&[
+        "record".as_ref(),
+        "-o".as_ref(),
+        dir.path().join("next.fsc").as_os_str(),
+        "--".as_ref(),
+        "true".as_ref(),
+    ]);
+    assert!(next.status.success(), "{}", common::stderr(&next));
+    assert!(
+        !rendezvous.exists(),
+        "{} was not swept",
+        rendezvous.display()
+    );
     let (_, points) = progress(&dir.path().join("progress"));
     let &(last_ms, last_pairs) = points.last().unwrap();
     // What reached the file reads back, and says it was cut short.
@@ -687,4 +714,66 @@ fn a_trace_whose_recorder_was_killed_reads_back_as_truncated_under_glibc() {
 #[test]
 fn a_trace_whose_recorder_was_killed_reads_back_as_truncated_under_jemalloc() {
     recorder_killed_mid_run(Allocator::Jemalloc);
+}
+
+/// A program whose only calls the compiler removed is told apart from a Go program: the
+/// warning says no call was seen and lists the likely causes, naming Go only for Go.
+#[test]
+fn a_program_whose_calls_were_optimized_away_is_not_called_a_go_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = common::build(dir.path(), "no_calls", &["-O2"]);
+    let trace = dir.path().join("t.fsc");
+    let out = common::record(Allocator::Glibc, &trace, &exe, &[]);
+    let err = common::stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("no malloc-family call was seen"), "{err}");
+    assert!(err.contains("optimized away"), "{err}");
+    assert!(!err.contains("Go program"), "{err}");
+}
+
+/// `record -o` replaces only a trace: a file of another kind is refused and left as it
+/// is, a symbolic link is never written through (refused, or replaced with --force), and
+/// an earlier trace is replaced.
+#[test]
+fn record_never_clobbers_what_is_not_a_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let notes = dir.path().join("notes.txt");
+    let link = dir.path().join("link.fsc");
+    std::fs::write(&notes, "keep me\n").unwrap();
+    std::os::unix::fs::symlink(&notes, &link).unwrap();
+    let record_into = |path: &Path, force: bool| {
+        let mut args: Vec<&std::ffi::OsStr> = vec!["record".as_ref(), "-o".as_ref()];
+        args.push(path.as_os_str());
+        if force {
+            args.push("--force".as_ref());
+        }
+        args.extend::<[&std::ffi::OsStr; 2]>(["--".as_ref(), "true".as_ref()]);
+        fragscope(&args)
+    };
+    let out = record_into(&notes, false);
+    assert!(!out.status.success());
+    assert!(
+        common::stderr(&out).contains("not a fragscope trace"),
+        "{}",
+        common::stderr(&out)
+    );
+    let out = record_into(&link, false);
+    assert!(!out.status.success());
+    assert!(
+        common::stderr(&out).contains("symbolic link"),
+        "{}",
+        common::stderr(&out)
+    );
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "keep me\n");
+    let out = record_into(&link, true);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert!(!std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "keep me\n");
+    // An earlier trace is replaced without being asked.
+    let out = record_into(&link, false);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(info(&link)["truncated"], false);
 }

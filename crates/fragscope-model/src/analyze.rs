@@ -7,12 +7,13 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
 
 use fragscope_trace::event::StatsSource;
-use fragscope_trace::merge::{Merged, Merger};
+use fragscope_trace::merge::{FastMap, Merged, Merger};
 use fragscope_trace::reader::{Chunk, TraceReader};
 use fragscope_trace::records::{
     EndHow, Mapping, Meta, Pagemap, ProcessEnd, Rollup, RssSample, SnapshotReason, StackMode,
     WaitStatus,
 };
+use fragscope_trace::Func;
 use fragscope_trace::TraceError;
 
 use crate::heap::{self, ClassAtSnapshot, HeapHistory, HeapParts, SiteAtSnapshot, SiteWeighting};
@@ -97,7 +98,15 @@ struct Stream {
     live_timeline: Vec<(u64, u64, u64)>,
     peak_live: (u64, u64),
     calls: u64,
+    /// Blocks allocated (every call that returned one).
+    allocations: u64,
     site_allocs: HashMap<u32, (f64, f64)>,
+    /// Each thread's last allocated address, while the thread allocates nothing else: a
+    /// free of it by the same thread makes the block a temporary allocation.
+    last_alloc: FastMap<u32, u64>,
+    /// Temporary allocations (count, bytes), exact, and by stack (weighted).
+    temporaries: (u64, u64),
+    site_temporaries: HashMap<u32, (f64, f64)>,
     /// The allocator's own statistics, as answered (about once per snapshot).
     stats: Vec<AllocatorStats>,
     code_maps: Vec<Mapping>,
@@ -121,11 +130,31 @@ impl Stream {
                         self.evaluate_next(ctx);
                     }
                     self.calls += 1;
+                    let temporary = c.func == Func::Free
+                        && c.addr != 0
+                        && self.last_alloc.get(&c.tid) == Some(&c.addr);
                     for (_, b) in self.merger.ended_by_last_pop() {
                         self.live_bytes -= b.size;
                         self.usable_bytes -= b.usable();
+                        if temporary {
+                            self.temporaries.0 += 1;
+                            self.temporaries.1 += b.size;
+                            if b.stack != 0 {
+                                let w = ctx.weighting.weight(b.size);
+                                let t = self.site_temporaries.entry(b.stack).or_default();
+                                t.0 += w;
+                                t.1 += w * b.size as f64;
+                            }
+                        }
+                    }
+                    // As heaptrack counts them: frees of other blocks in between do not matter.
+                    if let Some(a) = c.allocates() {
+                        self.last_alloc.insert(c.tid, a);
+                    } else if temporary {
+                        self.last_alloc.remove(&c.tid);
                     }
                     if c.allocates().is_some() {
+                        self.allocations += 1;
                         let usable = c.usable.max(c.size);
                         self.live_bytes += c.size;
                         self.usable_bytes += usable;
@@ -339,11 +368,14 @@ pub fn analyze(
             .iter()
             .rposition(|s| s.pid == pid)
             .ok_or(AnalysisError::NoSuchPid(pid))?,
+        // The largest heap: a command run through wrappers (sh -c, make, pyenv shims)
+        // records them too, and they are not what the user asks about.
         None => (0..streams.len())
             .max_by_key(|&i| {
                 let s = &streams[i];
                 (
                     s.calls > 0,
+                    s.peak_live.0,
                     s.rss.iter().map(|r| r.vm_rss_kib).max().unwrap_or(0),
                 )
             })
@@ -367,13 +399,41 @@ pub fn analyze(
     let focus_snapshot = focus_of(&snapshots, s.peak_live.0);
     let phases = phases_of(&timeline_full, &snapshots);
     let (size_classes, size_class_history) = size_classes(s, focus_snapshot, tick_ms);
-    let (sites, all_sites) = sites(s, focus_snapshot, opts, stacks, tick_ms);
+    // What is live at the end: leaked, if the process ended (by site, weighted).
+    let mut site_leaks: HashMap<u32, (f64, f64)> = HashMap::new();
+    for b in s.merger.live_blocks().values().filter(|b| b.stack != 0) {
+        let w = ctx.weighting.weight(b.size);
+        let l = site_leaks.entry(b.stack).or_default();
+        l.0 += w;
+        l.1 += w * b.size as f64;
+    }
+    let leaks = LeakFacts {
+        at_exit: s.end.as_ref().is_some_and(|e| e.how != EndHow::Vanished),
+        leaked_bytes: s.live_bytes,
+        leaked_blocks: s.merger.live_blocks().len() as u64,
+        temporary_allocations: s.temporaries.0,
+        temporary_bytes: s.temporaries.1,
+        allocations: s.allocations,
+    };
+    let (sites, all_sites) = sites(s, &site_leaks, focus_snapshot, opts, stacks, tick_ms);
     let peak_rss = timeline_full.iter().max_by_key(|p| p.1).map(|p| (p.0, p.1));
-    let headline = headline(
+    let mut headline = headline(
         peak_rss,
         (s.peak_live.0, s.peak_live.1 as f64 * tick_ms),
         focus_snapshot.map(|i| &snapshots[i]),
     );
+    if focus_snapshot.is_none() && !snapshots.is_empty() {
+        headline.sentence = format!(
+            "No page-residency snapshot came while live data was held ({} taken): only \
+             RSS and live bytes describe the rest (record for longer, or with a smaller \
+             --snapshot-ms).",
+            if snapshots.len() == 1 {
+                "one was".to_string()
+            } else {
+                format!("{} were", snapshots.len())
+            }
+        );
+    }
     let merge = s.merger.stats();
     Ok(Report {
         trace: path.display().to_string(),
@@ -420,6 +480,8 @@ pub fn analyze(
                 reason: u.reason.clone(),
             })
             .collect(),
+        chosen_by_pid: opts.pid.is_some(),
+        leaks,
     })
 }
 
@@ -858,6 +920,7 @@ fn is_allocator_frame(f: &Frame) -> bool {
 /// The site tables, and every site (sorted by stack id) when `opts.all_sites`.
 fn sites(
     s: &Stream,
+    leaks: &HashMap<u32, (f64, f64)>,
     focus: Option<usize>,
     opts: &Options,
     stacks: &str,
@@ -871,6 +934,8 @@ fn sites(
         by_pinned_waste: Vec::new(),
         by_allocated_bytes: Vec::new(),
         by_allocations: Vec::new(),
+        by_leaked_bytes: Vec::new(),
+        by_temporary_allocations: Vec::new(),
     };
     if stacks == "none" {
         return (empty(None), Vec::new());
@@ -879,65 +944,142 @@ fn sites(
         .map(|f| s.evaluated[f].sites.iter().map(|x| (x.stack, x)).collect())
         .unwrap_or_default();
     let mut ids: Vec<u32> = at.keys().copied().collect();
-    for id in s.site_allocs.keys() {
-        if !at.contains_key(id) {
+    for id in s.site_allocs.keys().chain(leaks.keys()) {
+        if !at.contains_key(id) && (leaks.contains_key(id) || s.site_allocs.contains_key(id)) {
             ids.push(*id);
         }
     }
+    ids.sort_unstable();
+    ids.dedup();
     let mut symbolizer = Symbolizer::new(s.code_maps.clone());
-    let mut make = |id: u32| -> Site {
-        let frames: Vec<Frame> = s
-            .merger
+    let mut frames_of = |id: u32| -> Vec<Frame> {
+        s.merger
             .stack(id)
             .iter()
             .flat_map(|&a| symbolizer.frames(a))
             // fragscope's own wrapper of main is not the program's code
             .filter(|f| !f.module.starts_with("libfragscope_preload"))
-            .collect();
-        let label = frames
+            .collect()
+    };
+    let label_of = |frames: &[Frame]| {
+        frames
             .iter()
             .find(|f| !is_allocator_frame(f))
             .or(frames.first())
-            .map_or_else(|| "(no stack)".to_string(), Frame::label);
-        let snap = at.get(&id);
-        let allocs = s.site_allocs.get(&id).copied().unwrap_or_default();
-        Site {
-            stack: id,
+            .map_or_else(|| "(no stack)".to_string(), Frame::label)
+    };
+    // The figures of a set of stacks, summed; frames and stack id of the first.
+    let site_of = |label: String, frames: Vec<Frame>, group: &[u32]| -> Site {
+        let mut site = Site {
+            stack: group[0],
             label,
             frames,
-            live_objects: snap.map_or(0, |x| x.live_objects.round() as u64),
-            live_bytes: snap.map_or(0, |x| x.live_bytes.round() as u64),
-            pinning_objects: snap.map_or(0, |x| x.pinning_objects.round() as u64),
-            pinned_pages: snap.map_or(0.0, |x| x.pinned_pages),
-            pinned_waste: snap.map_or(0, |x| x.pinned_waste.round() as u64),
-            allocations: allocs.0.round() as u64,
-            allocated_bytes: allocs.1.round() as u64,
+            stacks: group.len(),
+            live_objects: 0,
+            live_bytes: 0,
+            pinning_objects: 0,
+            pinned_pages: 0.0,
+            pinned_waste: 0,
+            allocations: 0,
+            allocated_bytes: 0,
+            leaked_objects: 0,
+            leaked_bytes: 0,
+            temporary_allocations: 0,
+        };
+        let (mut objects, mut live, mut pinning, mut waste) = (0.0, 0.0, 0.0, 0.0);
+        let (mut allocations, mut allocated) = (0.0, 0.0);
+        let (mut leaked_objects, mut leaked, mut temporary) = (0.0, 0.0, 0.0);
+        for id in group {
+            if let Some(l) = leaks.get(id) {
+                leaked_objects += l.0;
+                leaked += l.1;
+            }
+            if let Some(t) = s.site_temporaries.get(id) {
+                temporary += t.0;
+            }
+            if let Some(x) = at.get(id) {
+                objects += x.live_objects;
+                live += x.live_bytes;
+                pinning += x.pinning_objects;
+                site.pinned_pages += x.pinned_pages;
+                waste += x.pinned_waste;
+            }
+            let a = s.site_allocs.get(id).copied().unwrap_or_default();
+            allocations += a.0;
+            allocated += a.1;
         }
+        site.live_objects = objects.round() as u64;
+        site.live_bytes = live.round() as u64;
+        site.pinning_objects = pinning.round() as u64;
+        site.pinned_waste = waste.round() as u64;
+        site.allocations = allocations.round() as u64;
+        site.allocated_bytes = allocated.round() as u64;
+        site.leaked_objects = leaked_objects.round() as u64;
+        site.leaked_bytes = leaked.round() as u64;
+        site.temporary_allocations = temporary.round() as u64;
+        site
     };
+    // The tables list places in the code, not stacks: the stacks whose first frame
+    // outside the allocator has the same label (function and line; the function alone
+    // without line tables) are one row, shown with the stack that weighs most.
+    let mut groups: Vec<(String, Vec<u32>)> = Vec::new();
+    {
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        let mut index: HashMap<String, usize> = HashMap::new();
+        for id in sorted {
+            let label = label_of(&frames_of(id));
+            let i = *index.entry(label.clone()).or_insert_with(|| {
+                groups.push((label, Vec::new()));
+                groups.len() - 1
+            });
+            groups[i].1.push(id);
+        }
+    }
     let top = opts.top;
     let mut pick = |key: &dyn Fn(&u32) -> f64| -> Vec<Site> {
-        let mut v: Vec<(f64, u32)> = ids.iter().map(|id| (key(id), *id)).collect();
+        let mut v: Vec<(f64, usize)> = groups
+            .iter()
+            .enumerate()
+            .map(|(g, (_, group))| (group.iter().map(key).sum(), g))
+            .collect();
         v.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         v.into_iter()
             .filter(|(k, _)| *k > 0.0)
             .take(top)
-            .map(|(_, id)| make(id))
+            .map(|(_, g)| {
+                let (label, group) = &groups[g];
+                let mut group = group.clone();
+                // The heaviest stack first: its frames stand for the row.
+                group.sort_by(|a, b| key(b).total_cmp(&key(a)).then(a.cmp(b)));
+                site_of(label.clone(), frames_of(group[0]), &group)
+            })
             .collect()
     };
     let by_live_bytes = pick(&|id| at.get(id).map_or(0.0, |x| x.live_bytes));
     let by_pinned_waste = pick(&|id| at.get(id).map_or(0.0, |x| x.pinned_waste));
     let by_allocated_bytes = pick(&|id| s.site_allocs.get(id).map_or(0.0, |x| x.1));
     let by_allocations = pick(&|id| s.site_allocs.get(id).map_or(0.0, |x| x.0));
+    let by_leaked_bytes = pick(&|id| leaks.get(id).map_or(0.0, |x| x.1));
+    let by_temporary_allocations = pick(&|id| s.site_temporaries.get(id).map_or(0.0, |x| x.0));
     let mut all = Vec::new();
     if opts.all_sites {
         ids.sort_unstable();
-        all = ids.iter().map(|&id| make(id)).collect();
+        all = ids
+            .iter()
+            .map(|&id| {
+                let frames = frames_of(id);
+                site_of(label_of(&frames), frames, &[id])
+            })
+            .collect();
     }
     let tables = Sites {
         by_live_bytes,
         by_pinned_waste,
         by_allocated_bytes,
         by_allocations,
+        by_leaked_bytes,
+        by_temporary_allocations,
         ..empty(focus.map(|f| s.evaluated[f].tick as f64 * tick_ms))
     };
     (tables, all)

@@ -144,10 +144,13 @@ pub struct ClassHistory {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Site {
+    /// The trace's stack id (of the stack that weighs most, when `stacks` > 1).
     pub stack: u32,
     /// The first frame outside allocator wrappers, as "function (file:line)".
     pub label: String,
     pub frames: Vec<Frame>,
+    /// Call stacks summed in this site: those with the same label.
+    pub stacks: usize,
     /// At the focus snapshot (estimates when stacks were sampled).
     pub live_objects: u64,
     pub live_bytes: u64,
@@ -157,6 +160,11 @@ pub struct Site {
     /// Over the whole run.
     pub allocations: u64,
     pub allocated_bytes: u64,
+    /// Live at the end of the trace (leaked, when the process ended).
+    pub leaked_objects: u64,
+    pub leaked_bytes: u64,
+    /// Freed by the thread that allocated them before it allocated anything else.
+    pub temporary_allocations: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -169,6 +177,23 @@ pub struct Sites {
     pub by_pinned_waste: Vec<Site>,
     pub by_allocated_bytes: Vec<Site>,
     pub by_allocations: Vec<Site>,
+    pub by_leaked_bytes: Vec<Site>,
+    pub by_temporary_allocations: Vec<Site>,
+}
+
+/// Leaks and temporary allocations, as heaptrack counts them (exact; by site in `Sites`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LeakFacts {
+    /// The process ended (exit, exec) within the trace: what is live at the end was
+    /// leaked; otherwise it is only live when the trace ends.
+    pub at_exit: bool,
+    pub leaked_bytes: u64,
+    pub leaked_blocks: u64,
+    /// Blocks freed by the thread that allocated them before it allocated another.
+    pub temporary_allocations: u64,
+    pub temporary_bytes: u64,
+    /// Every block allocated, for scale.
+    pub allocations: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -259,4 +284,7 @@ pub struct Report {
     pub processes: Vec<ProcessBrief>,
     /// Images whose calls are missing: they could not be traced.
     pub untraced: Vec<UntracedImage>,
+    /// The process explained was named with `--pid` (else: the largest heap).
+    pub chosen_by_pid: bool,
+    pub leaks: LeakFacts,
 }

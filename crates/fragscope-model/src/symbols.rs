@@ -28,12 +28,13 @@ pub struct Frame {
 }
 
 impl Frame {
-    /// "func (file.c:12)", "func (prog+0x11a4)" without line tables, or "libfoo.so+0x1234".
+    /// "func (file.c:12)", "func (prog)" without line tables (every call in the function
+    /// is one site then), or "libfoo.so+0x1234" without a symbol.
     pub fn label(&self) -> String {
         let location = match (&self.file, self.line, &self.function) {
             (Some(f), Some(l), _) => format!(" ({}:{l})", basename(f)),
             (Some(f), None, _) => format!(" ({})", basename(f)),
-            (None, _, Some(_)) => format!(" ({}+{:#x})", self.module, self.offset),
+            (None, _, Some(_)) => format!(" ({})", self.module),
             _ => String::new(),
         };
         match &self.function {
@@ -163,7 +164,7 @@ impl Symbolizer {
                 .into_iter()
                 .flatten()
                 .find_map(|l| l.find_symbol(probe))
-                .map(|s| addr2line::demangle_auto(Cow::Borrowed(s), None).into_owned());
+                .map(demangle_symbol);
             if symbol.is_some() || out.is_empty() {
                 let (file, line) = out
                     .first()
@@ -177,6 +178,17 @@ impl Symbolizer {
             }
         }
         out
+    }
+}
+
+/// A symbol table name, demangled if it is mangled (C++ `_Z`, Rust `_R` or legacy
+/// `_ZN..E`): a plain C name such as `a` or `c` is a C++ mangling of a type too ("signed
+/// char", "char") and must stay as it is.
+fn demangle_symbol(name: &str) -> String {
+    if name.starts_with("_Z") || name.starts_with("_R") {
+        addr2line::demangle_auto(Cow::Borrowed(name), None).into_owned()
+    } else {
+        name.to_string()
     }
 }
 
@@ -226,6 +238,38 @@ fn debug_file_for(build_id: &[u8], root: &Path) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_mangled_symbols_are_demangled() {
+        for plain in ["a", "b", "c", "palloc", "main", "Z"] {
+            assert_eq!(demangle_symbol(plain), plain);
+        }
+        assert_eq!(demangle_symbol("_Z3fooi"), "foo(int)");
+        assert!(
+            demangle_symbol("_ZN4core3ptr13drop_in_place17h0123456789abcdefE")
+                .starts_with("core::ptr::drop_in_place")
+        );
+    }
+
+    #[test]
+    fn a_function_without_line_tables_is_labelled_by_name_and_module_alone() {
+        let f = Frame {
+            addr: 0x5555_1f70,
+            function: Some("palloc".into()),
+            file: None,
+            line: None,
+            module: "cfrac".into(),
+            offset: 0x1f70,
+            inlined: false,
+        };
+        let g = Frame {
+            addr: 0x5555_1f98,
+            offset: 0x1f98,
+            ..f.clone()
+        };
+        assert_eq!(f.label(), "palloc (cfrac)");
+        assert_eq!(f.label(), g.label());
+    }
 
     #[test]
     fn unknown_addresses_are_kept_as_module_and_offset() {

@@ -247,3 +247,17 @@ fn own_permitted_capabilities() -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// Whether `exe` is a program built by Go's toolchain (its build information section, or
+/// its runtime's entry point in the symbol table).
+pub fn is_go_program(exe: &Path) -> bool {
+    use object::{Object, ObjectSymbol};
+    let Ok(data) = std::fs::read(exe) else {
+        return false;
+    };
+    let Ok(obj) = object::File::parse(&*data) else {
+        return false;
+    };
+    obj.section_by_name(".go.buildinfo").is_some()
+        || obj.symbols().any(|s| s.name() == Ok("runtime.main"))
+}

@@ -17,4 +17,4 @@ mod protocol;
 mod session;
 
 pub use launch::{check_traceable, NotTraceable};
-pub use session::{record, PackMode, RecordOptions, RecordOutcome};
+pub use session::{record, PackMode, RecordOptions, RecordOutcome, SilentProcess};

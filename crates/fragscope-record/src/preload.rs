@@ -50,7 +50,7 @@ pub fn preload_library() -> Result<PathBuf> {
         .chain(
             ["/var/tmp", "/tmp", "/dev/shm"]
                 .iter()
-                .map(|t| Path::new(t).join(format!("fragscope-{uid}"))),
+                .map(|t| Path::new(t).join(format!("fragscope.{uid}"))),
         );
     let mut tried = Vec::new();
     for base in candidates {

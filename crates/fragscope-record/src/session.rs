@@ -14,7 +14,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use fragscope_trace::{
     ChunkKind, ChunkWriter, EndHow, EventsHeader, Mapping, Maps, Meta, Origin, PackedBuffer,
     Packer, Pagemap, Process, ProcessEnd, Rollup, RssBatch, RssSample, SnapshotReason, StackMode,
@@ -44,6 +44,8 @@ pub struct RecordOptions {
     pub pack: PackMode,
     /// The program and its arguments.
     pub command: Vec<OsString>,
+    /// Replace whatever is at `output` (a file that is not a trace, a symbolic link).
+    pub force: bool,
 }
 
 /// When event buffers are stored in the packed form.
@@ -69,6 +71,15 @@ const BEHIND_STREAK: u32 = 2;
 /// buffers.
 const QUEUED_MESSAGES: usize = 16;
 
+/// A process that made no malloc-family call.
+#[derive(Debug, Clone)]
+pub struct SilentProcess {
+    /// Its command line and pid.
+    pub label: String,
+    /// Its executable is a Go program (whose runtime does not allocate through malloc).
+    pub go: bool,
+}
+
 /// How a recording ended.
 #[derive(Debug, Clone)]
 pub struct RecordOutcome {
@@ -79,7 +90,7 @@ pub struct RecordOutcome {
     pub processes: u32,
     pub duration: Duration,
     /// Process images that made no malloc-family call at all.
-    pub silent_processes: Vec<String>,
+    pub silent_processes: Vec<SilentProcess>,
     /// The GHC RTS eventlog written beside the trace, when one was asked for.
     pub ghc_eventlog: Option<PathBuf>,
     /// Why a GHC program was recorded without an eventlog, and how to rebuild it.
@@ -115,6 +126,8 @@ struct ProcState {
     last_snapshot: Option<Instant>,
     event_bytes: u64,
     label: String,
+    /// The executable, as the process's interposer saw it.
+    exe: String,
     /// Packs this stream's buffers; shared by the stream's connections, which may follow
     /// one another, and held while a packed buffer is sent, so that buffers are stored in
     /// the order they were packed.
@@ -344,6 +357,7 @@ impl Shared {
             last_snapshot: None,
             event_bytes: 0,
             label,
+            exe: hello.exe.clone(),
             packer: Arc::default(),
             packing: self.pack != PackMode::Never,
         });
@@ -945,10 +959,13 @@ extern "C" fn forward_signal(sig: libc::c_int) {
 /// any user: who is served is decided per connection (`kinship`, the token).
 fn rendezvous_dir() -> Result<tempfile::TempDir> {
     use std::os::unix::fs::PermissionsExt;
+    let shm = Path::new("/dev/shm");
+    sweep_stale_rendezvous(shm);
+    sweep_stale_rendezvous(&std::env::temp_dir());
     let mut builder = tempfile::Builder::new();
     builder.prefix("fragscope-");
     let dir = builder
-        .tempdir_in("/dev/shm")
+        .tempdir_in(shm)
         .or_else(|_| builder.tempdir())
         .context("creating a temporary directory")?;
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
@@ -956,23 +973,107 @@ fn rendezvous_dir() -> Result<tempfile::TempDir> {
     Ok(dir)
 }
 
-/// Creates the trace file. An earlier file at the path (an older trace, most likely) is
-/// unlinked and let go by a thread of its own: truncating it in place frees its blocks
-/// inside the call (25 ms for 37 MiB on ext4), time the recording would otherwise start
-/// late by. Anything else there (a symlink, a device) is opened as File::create would.
-fn create_output(path: &Path) -> std::io::Result<std::fs::File> {
-    let old = std::fs::symlink_metadata(path)
-        .ok()
-        .filter(|m| m.file_type().is_file() && m.len() > 0)
-        .and_then(|_| std::fs::File::open(path).ok());
-    if let Some(old) = old {
-        if std::fs::remove_file(path).is_ok() {
-            let _ = thread::Builder::new()
-                .name("fragscope-unlink".into())
-                .spawn(move || drop(old));
+/// Removes the rendezvous directories in `parent` that a recorder left when it was killed:
+/// ours (same uid), whose socket no process has bound any more (it is not among the bound
+/// Unix sockets in /proc/net/unix), or, without a socket, older than a minute (one that
+/// was just made is about to get its socket).
+fn sweep_stale_rendezvous(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    let Ok(bound) = std::fs::read_to_string("/proc/net/unix") else {
+        return; // without the list of bound sockets, a live recorder cannot be told apart
+    };
+    let bound: std::collections::HashSet<&str> = bound
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .collect();
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let ours = entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with("fragscope-")
+            && entry.metadata().is_ok_and(|m| {
+                use std::os::unix::fs::MetadataExt;
+                m.is_dir() && m.uid() == uid
+            });
+        if !ours {
+            continue;
+        }
+        let sock = dir.join("sock");
+        let stale = if sock.exists() {
+            !bound.contains(sock.to_string_lossy().as_ref())
+        } else {
+            entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > Duration::from_secs(60)))
+        };
+        if stale {
+            let _ = std::fs::remove_dir_all(&dir);
         }
     }
-    std::fs::File::create(path)
+}
+
+/// Creates the trace file, replacing only what is a trace (or, with `force`, anything):
+/// `-o notes.txt` must not destroy notes.txt, and a symbolic link at the path is never
+/// written through (it is refused, or with `force` replaced by the trace). An earlier
+/// trace is unlinked and let go by a thread of its own: truncating it in place frees its
+/// blocks inside the call (25 ms for 37 MiB on ext4), time the recording would otherwise
+/// start late by. A device (/dev/null) is written as it is.
+fn create_output(path: &Path, force: bool) -> Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let shown = path.display();
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => Some(m),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("looking at {shown}")),
+    };
+    let is_trace = || {
+        let mut magic = [0u8; 8];
+        std::fs::File::open(path)
+            .and_then(|mut f| f.read_exact(&mut magic))
+            .is_ok_and(|()| &magic == fragscope_trace::chunk::FILE_MAGIC)
+    };
+    match &meta {
+        Some(m) if m.file_type().is_symlink() => {
+            if !force {
+                bail!(
+                    "{shown} is a symbolic link; fragscope does not write through it (it would \
+                     overwrite the file it points to). Name the file itself with -o, or add \
+                     --force to replace the link with the trace."
+                );
+            }
+            std::fs::remove_file(path).with_context(|| format!("removing the link {shown}"))?;
+        }
+        Some(m) if m.file_type().is_file() && m.len() > 0 => {
+            if !force && !is_trace() {
+                bail!(
+                    "{shown} exists and is not a fragscope trace; it is left as it is. Choose \
+                     another name with -o, or add --force to replace it."
+                );
+            }
+            if let Ok(old) = std::fs::File::open(path) {
+                if std::fs::remove_file(path).is_ok() {
+                    let _ = thread::Builder::new()
+                        .name("fragscope-unlink".into())
+                        .spawn(move || drop(old));
+                }
+            }
+        }
+        _ => {}
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .with_context(|| format!("creating {shown}"))
 }
 
 /// Records `opts.command` into `opts.output`.
@@ -1006,8 +1107,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let clock = ClockPage::create(&clock_path)?;
     let token = recording_token()?;
 
-    let file = create_output(&opts.output)
-        .with_context(|| format!("creating {}", opts.output.display()))?;
+    let file = create_output(&opts.output, opts.force)?;
     let mut writer = ChunkWriter::new(
         BufWriter::with_capacity(1 << 20, file),
         opts.compression_level,
@@ -1268,7 +1368,10 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             // A child that exec'd before its first call (as fork+exec usually does) is
             // not a program without malloc.
             .filter(|s| s.event_bytes == 0 && !matches!(s.end, Some((EndHow::Exec, _))))
-            .map(|s| s.label.clone())
+            .map(|s| SilentProcess {
+                label: s.label.clone(),
+                go: crate::launch::is_go_program(Path::new(&s.exe)),
+            })
             .collect();
         (procs.streams.len() as u32, silent)
     };

@@ -346,6 +346,12 @@
       s.append(el("h3", {}, "By " + title));
       s.append(table(["site", title.split(" (")[0], "live", "allocations"], list.map((r) => [r[0], bytes(r[col]), bytes(r[1]), count(r[4])]), "sites"));
     }
+    const L = R.leaks;
+    s.append(el("h3", {}, (L.at_exit ? "Leaked at exit: " : "Live when the trace ends: ") + bytes(L.leaked_bytes) + " in " + count(L.leaked_blocks) + " blocks"));
+    if (S.by_leaked_bytes.length) s.append(table(["site", "leaked", "allocations"], S.by_leaked_bytes.map((r) => [r[0], bytes(r[6]), count(r[4])]), "sites"));
+    s.append(el("h3", {}, "Temporary allocations: " + count(L.temporary_allocations) + " of " + count(L.allocations) + " (freed by their thread before it allocated anything else)"));
+    if (S.by_temporary_allocations.length) s.append(table(["site", "temporary", "allocations"], S.by_temporary_allocations.map((r) => [r[0], count(r[7]), count(r[4])]), "sites"));
+    if (L.temporary_allocations > 0) s.append(el("p", { class: "note" }, "A temporary block placed between long-lived ones is what leaves them scattered over pages once it is freed: allocating such blocks from a separate arena, or on the stack, keeps the survivors packed."));
     flameGraph(s, R);
   }
 
@@ -424,6 +430,11 @@
     h.append(el("p", { class: "headline" }, R.headline.sentence));
     h.append(el("p", { class: "note" }, (R.headline.peak_rss === null ? "no RSS sample was taken" : "peak RSS " + bytes(R.headline.peak_rss) + " at " + secs(R.headline.peak_rss_t_ms)) + "; peak live " + bytes(R.headline.peak_live) + " at " + secs(R.headline.peak_live_t_ms) +
       (R.headline.fragmentation_ratio ? "; fragmentation ratio " + R.headline.fragmentation_ratio.toFixed(2) + " (heap resident / live at the most waste)" : "")));
+    // A snapshot of the same moment (to 10 ms) that saw far less live data was read after
+    // the frees that followed the peak: both times to the millisecond, as in the text.
+    const S = R.snapshots, pl = R.headline.peak_live, pt = R.headline.peak_live_t_ms;
+    const near = S.t_ms.findIndex((t, i) => Math.abs(t - pt) < 10 && S.parts.live[i] < 0.9 * pl);
+    if (near >= 0) h.append(el("p", { class: "note" }, "Live data peaked at " + bytes(pl) + " at " + (pt / 1000).toFixed(3) + " s, between two calls; the snapshot at " + (S.t_ms[near] / 1000).toFixed(3) + " s was read after the calls of its millisecond, " + bytes(S.parts.live[near]) + " live."));
     const d = section(main, "Where the RSS went", "decomposition");
     d.append(el("p", { class: "note" }, "RSS split at each page-residency snapshot (ticks under the axis), with RSS every 10 ms as a line; shaded bands are the detected phases. Hover for values."));
     decompositionChart(d, R);
