@@ -331,7 +331,9 @@ fn render(cols: &[Column]) -> String {
     }
     o.push('\n');
     let rows: [(&str, FigureText); 14] = [
-        ("peak RSS", |f| bytes(f.peak_rss)),
+        ("peak RSS", |f| {
+            f.peak_rss.map_or_else(|| "not sampled".into(), bytes)
+        }),
         ("end RSS", |f| bytes(f.end_rss)),
         ("peak live", |f| bytes(f.peak_live)),
         ("at the most waste:", |_| String::new()),

@@ -234,6 +234,7 @@ fn malloc_data(r: &Report) -> Value {
         "class_history": class_history,
         "sites": sites,
         "leaks": r.leaks,
+        "untraced": r.untraced,
         "flame": flame(&r.all_sites),
     })
 }

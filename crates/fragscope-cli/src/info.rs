@@ -63,7 +63,7 @@ fn to_json(s: &TraceSummary) -> serde_json::Value {
             "packed_buffers": p.packed_buffers,
             "stacks": p.stacks,
             "rss_samples": p.rss_samples,
-            "peak_rss": p.peak_rss_kib * 1024,
+            "peak_rss": (p.rss_samples > 0).then_some(p.peak_rss_kib * 1024),
             "snapshots": p.snapshots,
             "ghc_censuses": p.ghc_censuses,
             "ghc_census_note": p.ghc_census_note,
@@ -74,6 +74,14 @@ fn to_json(s: &TraceSummary) -> serde_json::Value {
             "lost_events": p.lost_events,
             "own_memory": p.own_memory_bytes,
             "allocator": p.allocator,
+        })).collect::<Vec<_>>(),
+        "untraced": s.untraced.iter().map(|u| json!({
+            "pid": u.pid,
+            "parent_stream": u.parent_stream,
+            "t_ms": u.tick as f64 * tick_ms,
+            "path": u.path,
+            "argv": u.argv,
+            "reason": u.reason,
         })).collect::<Vec<_>>(),
     })
 }
@@ -147,12 +155,14 @@ fn print_text(path: &std::path::Path, s: &TraceSummary) {
             }
         );
         println!("  buffers  {} ({} packed)", p.buffers, p.packed_buffers);
+        let peak = if p.rss_samples > 0 {
+            format!(" (peak {})", units::bytes(p.peak_rss_kib * 1024))
+        } else {
+            String::new()
+        };
         println!(
-            "  samples  {} RSS samples (peak {}), {} page-residency snapshots, {} stacks",
-            p.rss_samples,
-            units::bytes(p.peak_rss_kib * 1024),
-            p.snapshots,
-            p.stacks
+            "  samples  {} RSS samples{peak}, {} page-residency snapshots, {} stacks",
+            p.rss_samples, p.snapshots, p.stacks
         );
         if p.ghc_censuses > 0 {
             println!(
@@ -169,5 +179,14 @@ fn print_text(path: &std::path::Path, s: &TraceSummary) {
                 p.lost_buffers, p.lost_events
             );
         }
+    }
+    for u in &s.untraced {
+        println!();
+        let origin = u
+            .parent_stream
+            .map(|ps| format!(", exec'd from stream {ps}"))
+            .unwrap_or_default();
+        println!("not traced {}{origin}", u.label());
+        println!("  why      {}", u.reason);
     }
 }

@@ -44,6 +44,14 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Record(_)) {
+        // A reader that stops early (`fragscope info t.fsc | head -1`) ends the command
+        // quietly, by SIGPIPE, as it ends coreutils; Rust's default (ignored, so every
+        // print to a closed pipe panics) stays for `record`, whose trace must not be cut
+        // because a pipe on its stderr closed.
+        // SAFETY: setting a signal's disposition to its default.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let result = match cli.command {
         Command::Record(a) => record::run(a),
         Command::Info(a) => info::run(a),

@@ -142,6 +142,25 @@ pub fn run(a: RecordArgs) -> Result<ExitCode> {
     if let Some(advice) = &out.ghc_advice {
         eprintln!("fragscope: note: {advice}");
     }
+    for u in &out.untraced {
+        eprintln!(
+            "fragscope: warning: {} was not traced: {}",
+            u.label(),
+            u.reason
+        );
+    }
+    if out.refused_connections > 0 {
+        eprintln!(
+            "fragscope: note: refused {} connection{} from processes outside the recorded \
+             program (or without its token); nothing of them is in the trace",
+            out.refused_connections,
+            if out.refused_connections == 1 {
+                ""
+            } else {
+                "s"
+            }
+        );
+    }
     for p in &out.silent_processes {
         if p.go {
             eprintln!(

@@ -139,6 +139,14 @@ pub fn render(r: &Report, top: usize) -> String {
     if let Some(why) = &r.merge.spill_problem {
         let _ = writeln!(o, "note: {why}");
     }
+    if !r.untraced.is_empty() {
+        let _ = writeln!(
+            o,
+            "note: {} process image{} could not be traced (listed at the end)",
+            r.untraced.len(),
+            if r.untraced.len() == 1 { "" } else { "s" }
+        );
+    }
     headline(&mut o, r);
     decomposition_table(&mut o, r);
     phases(&mut o, r);
@@ -161,9 +169,30 @@ pub fn render(r: &Report, top: usize) -> String {
                 "  pid {:<8} {:>9} calls  peak RSS {:>10}  {}  ({})",
                 p.pid,
                 count(p.calls),
-                bytes(p.peak_rss),
+                p.peak_rss.map_or_else(|| "not sampled".into(), bytes),
                 p.argv.join(" "),
                 p.end
+            );
+        }
+    }
+    if !r.untraced.is_empty() {
+        let _ = writeln!(o, "\nNot traced (their calls are missing from this trace):");
+        for u in &r.untraced {
+            let by = u
+                .exec_by_pid
+                .map(|p| format!(", exec'd by pid {p}"))
+                .unwrap_or_default();
+            let command = if u.argv.is_empty() {
+                u.path.clone()
+            } else {
+                u.argv.join(" ")
+            };
+            let _ = writeln!(
+                o,
+                "  pid {:<8} at {}{by}  {command}\n    {}",
+                u.pid,
+                secs(u.t_ms),
+                u.reason
             );
         }
     }
@@ -172,11 +201,15 @@ pub fn render(r: &Report, top: usize) -> String {
 
 fn headline(o: &mut String, r: &Report) {
     let h = &r.headline;
+    let rss = match (h.peak_rss, h.peak_rss_t_ms) {
+        (Some(peak), Some(t)) => format!("peak RSS {} at {}", bytes(peak), secs(t)),
+        // Not 0: nothing was measured (the run, or what is left of the trace, ended
+        // before the first sample).
+        _ => "peak RSS not measured (no RSS sample was taken)".into(),
+    };
     let _ = writeln!(
         o,
-        "\npeak RSS {} at {};  peak live {} at {}",
-        bytes(h.peak_rss),
-        secs(h.peak_rss_t_ms),
+        "\n{rss};  peak live {} at {}",
         bytes(h.peak_live),
         secs(h.peak_live_t_ms)
     );
@@ -247,7 +280,13 @@ fn decomposition_table(o: &mut String, r: &Report) {
     // waste may also be the one of highest RSS, which need not be at the peak of RSS
     // itself (sampled every 10 ms, snapshots every second).
     let peak_role = match r.peak_snapshot.map(|i| &r.snapshots[i]) {
-        Some(s) if s.parts.rss as f64 >= 0.99 * r.headline.peak_rss as f64 => "peak RSS",
+        Some(s)
+            if r.headline
+                .peak_rss
+                .is_some_and(|peak| s.parts.rss as f64 >= 0.99 * peak as f64) =>
+        {
+            "peak RSS"
+        }
         _ => "highest RSS",
     };
     let mut cols: Vec<(Vec<&str>, &Snapshot)> = Vec::new();
@@ -284,8 +323,16 @@ fn decomposition_table(o: &mut String, r: &Report) {
         {
             continue;
         }
+        let from_proc = matches!(
+            name,
+            "other anonymous" | "file-backed" | "fragscope's own" | "unexplained"
+        );
         let _ = write!(o, "  {name:<22}");
         for (v, (_, s)) in values.iter().zip(&cols) {
+            if from_proc && !s.rss_measured {
+                let _ = write!(o, "{:>14} {:>7}", "not sampled", "");
+                continue;
+            }
             let share = if *v >= 0 {
                 pct(*v as u64, s.parts.rss)
             } else {
@@ -297,7 +344,12 @@ fn decomposition_table(o: &mut String, r: &Report) {
     }
     let _ = write!(o, "  {:<22}", "= RSS");
     for (_, s) in &cols {
-        let _ = write!(o, "{:>14} {:>7}", bytes(s.parts.rss), "");
+        let rss = if s.rss_measured {
+            bytes(s.parts.rss)
+        } else {
+            "not sampled".into()
+        };
+        let _ = write!(o, "{rss:>14} {:>7}", "");
     }
     o.push('\n');
     let _ = write!(o, "  {:<22}", "(heap resident)");

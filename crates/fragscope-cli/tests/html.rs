@@ -310,3 +310,39 @@ fn compare_and_ghc_pages_draw_in_the_browser() {
         assert!(dom.contains(&shown), "{shown} not in the GC table");
     }
 }
+
+#[test]
+fn report_html_names_the_images_that_could_not_be_traced() {
+    let dir = tempfile::tempdir().unwrap();
+    let static_exe = common::build(dir.path(), "fork_exit", &["-static"]);
+    let exe = common::build(dir.path(), "fork_exit", &[]);
+    let trace = dir.path().join("t.fsc");
+    let script = format!("{} 0; {} 0", static_exe.display(), exe.display());
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "--stacks", "none", "-o"])
+        .arg(&trace)
+        .args(["--", "sh", "-c", &script])
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "record: {}", common::stderr(&out));
+    let page = dir.path().join("report.html");
+    let out = fragscope(&[
+        "report",
+        trace.to_str().unwrap(),
+        "--html",
+        page.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let Some(browser) = chromium() else {
+        eprintln!("skipped the browser checks: chromium is not installed (scripts/install-deps.sh installs it)");
+        return;
+    };
+    let dom = load(&browser, &page, &artefacts().join("untraced.png"));
+    assert_clean(&dom);
+    let report = report_json(&trace);
+    let pid = &report["untraced"][0]["pid"];
+    let shown = format!("Not traced, its calls are missing: pid {pid} (");
+    assert_eq!(n(&dom, &shown), 1, "{dom}");
+    assert!(dom.contains("statically linked"), "{dom}");
+}

@@ -53,6 +53,8 @@ pub enum AnalysisError {
     NoSuchPid(u32),
     #[error("the trace holds no process (it was cut before the program started)")]
     Empty,
+    #[error("no process of this trace could be traced: {0}")]
+    NothingTraced(String),
 }
 
 /// Sites kept per snapshot (by live bytes and by pinned waste each).
@@ -246,6 +248,7 @@ pub fn analyze(
     let mut last_tick = 0u64;
     let mut chunks = 0u64;
     let mut damage: Option<String> = None;
+    let mut untraced: Vec<fragscope_trace::Untraced> = Vec::new();
     let index = |streams: &mut Vec<Stream>, by: &mut HashMap<u32, usize>, s: u32| -> usize {
         *by.entry(s).or_insert_with(|| {
             streams.push(Stream {
@@ -326,6 +329,10 @@ pub fn analyze(
                     s.wait = Some(w);
                 }
             }
+            Chunk::Untraced(u) => {
+                last_tick = last_tick.max(u.tick);
+                untraced.push(u);
+            }
             Chunk::End(e) => {
                 seen_end = true;
                 last_tick = last_tick.max(e.tick);
@@ -348,6 +355,13 @@ pub fn analyze(
         s.rollups.sort_by_key(|r| r.0);
     }
     if streams.is_empty() {
+        if !untraced.is_empty() {
+            let each: Vec<String> = untraced
+                .iter()
+                .map(|u| format!("{}: {}", u.label(), u.reason))
+                .collect();
+            return Err(AnalysisError::NothingTraced(each.join("; ")));
+        }
         return Err(AnalysisError::Empty);
     }
     let tick_ms = meta.as_ref().map_or(1.0, |m| m.tick_ns as f64 / 1e6);
@@ -404,10 +418,7 @@ pub fn analyze(
         allocations: s.allocations,
     };
     let (sites, all_sites) = sites(s, &site_leaks, focus_snapshot, opts, stacks, tick_ms);
-    let peak_rss = timeline_full
-        .iter()
-        .max_by_key(|p| p.1)
-        .map_or((0.0, 0), |p| (p.0, p.1));
+    let peak_rss = timeline_full.iter().max_by_key(|p| p.1).map(|p| (p.0, p.1));
     let mut headline = headline(
         peak_rss,
         (s.peak_live.0, s.peak_live.1 as f64 * tick_ms),
@@ -457,6 +468,20 @@ pub fn analyze(
         sites,
         all_sites,
         processes,
+        untraced: untraced
+            .iter()
+            .map(|u| UntracedImage {
+                pid: u.pid,
+                exec_by_pid: u
+                    .parent_stream
+                    .and_then(|p| streams.iter().find(|s| s.stream == p))
+                    .map(|s| s.pid),
+                t_ms: u.tick as f64 * tick_ms,
+                path: u.path.clone(),
+                argv: u.argv.clone(),
+                reason: u.reason.clone(),
+            })
+            .collect(),
         chosen_by_pid: opts.pid.is_some(),
         leaks,
     })
@@ -493,7 +518,12 @@ fn brief(s: &Stream) -> ProcessBrief {
         ppid: s.ppid,
         argv: s.argv.clone(),
         calls: s.calls,
-        peak_rss: s.rss.iter().map(|r| r.vm_rss_kib).max().unwrap_or(0) * 1024,
+        peak_rss: s
+            .rss
+            .iter()
+            .map(|r| r.vm_rss_kib)
+            .max()
+            .map(|kib| kib * 1024),
         peak_live: s.peak_live.0,
         end: describe_end(s),
     }
@@ -642,6 +672,7 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         }
         .into(),
         parts,
+        rss_measured: rss.is_some(),
         live_not_resident: h.live_not_resident,
         page_size: e.page_size,
         used_pages: h.used_pages,
@@ -1056,10 +1087,14 @@ fn sites(
     (tables, all)
 }
 
-fn headline(peak_rss: (f64, u64), peak_live: (u64, f64), focus: Option<&Snapshot>) -> Headline {
+fn headline(
+    peak_rss: Option<(f64, u64)>,
+    peak_live: (u64, f64),
+    focus: Option<&Snapshot>,
+) -> Headline {
     let mut h = Headline {
-        peak_rss: peak_rss.1,
-        peak_rss_t_ms: peak_rss.0,
+        peak_rss: peak_rss.map(|p| p.1),
+        peak_rss_t_ms: peak_rss.map(|p| p.0),
         peak_live: peak_live.0,
         peak_live_t_ms: peak_live.1,
         focus_t_ms: None,

@@ -7,7 +7,8 @@ use crate::report::Report;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RunFigures {
-    pub peak_rss: u64,
+    /// None when no RSS sample was taken.
+    pub peak_rss: Option<u64>,
     /// The last RSS sample before the program exited.
     pub end_rss: u64,
     pub peak_live: u64,
@@ -59,7 +60,7 @@ impl RunFigures {
         let m = |f: fn(&RunFigures) -> u64| med(runs.iter().map(f).collect()).unwrap_or(0);
         let mo = |f: fn(&RunFigures) -> Option<f64>| med(runs.iter().filter_map(f).collect());
         RunFigures {
-            peak_rss: m(|r| r.peak_rss),
+            peak_rss: med(runs.iter().filter_map(|r| r.peak_rss).collect()),
             end_rss: m(|r| r.end_rss),
             peak_live: m(|r| r.peak_live),
             focus_t_ms: mo(|r| r.focus_t_ms),
@@ -86,14 +87,14 @@ mod tests {
         let runs: Vec<RunFigures> = [(10, Some(1.0)), (30, None), (20, Some(3.0))]
             .into_iter()
             .map(|(rss, w)| RunFigures {
-                peak_rss: rss,
+                peak_rss: Some(rss),
                 wall_ms: w,
                 ..Default::default()
             })
             .collect();
         let m = RunFigures::median(&runs);
-        assert_eq!(m.peak_rss, 20);
+        assert_eq!(m.peak_rss, Some(20));
         assert_eq!(m.wall_ms, Some(1.0));
-        assert_eq!(RunFigures::median(&runs[..2]).peak_rss, 10);
+        assert_eq!(RunFigures::median(&runs[..2]).peak_rss, Some(10));
     }
 }

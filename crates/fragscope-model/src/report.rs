@@ -77,6 +77,9 @@ pub struct Snapshot {
     pub reason: String,
     #[serde(flatten)]
     pub parts: Decomposition,
+    /// An RSS sample was near: without one, the parts that come from /proc (rss,
+    /// rss_anon, other_anon, file, fragscope_own, unexplained) are not measured, not 0.
+    pub rss_measured: bool,
     pub live_not_resident: u64,
     pub page_size: u64,
     pub used_pages: u64,
@@ -195,8 +198,10 @@ pub struct LeakFacts {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Headline {
-    pub peak_rss: u64,
-    pub peak_rss_t_ms: f64,
+    /// None when no RSS sample was taken (a run shorter than the first 10 ms sample, or
+    /// a trace cut before it).
+    pub peak_rss: Option<u64>,
+    pub peak_rss_t_ms: Option<f64>,
     pub peak_live: u64,
     pub peak_live_t_ms: f64,
     /// The snapshot with the most heap waste, which the sentence is about.
@@ -227,9 +232,23 @@ pub struct ProcessBrief {
     pub ppid: u32,
     pub argv: Vec<String>,
     pub calls: u64,
-    pub peak_rss: u64,
+    /// None when no RSS sample was taken.
+    pub peak_rss: Option<u64>,
     pub peak_live: u64,
     pub end: String,
+}
+
+/// A process image the program ran that fragscope could not trace.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UntracedImage {
+    pub pid: u32,
+    /// The pid of the traced image that exec'd it (None: the program itself).
+    pub exec_by_pid: Option<u32>,
+    pub t_ms: f64,
+    pub path: String,
+    pub argv: Vec<String>,
+    /// Why, and what to do.
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -263,6 +282,8 @@ pub struct Report {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub all_sites: Vec<Site>,
     pub processes: Vec<ProcessBrief>,
+    /// Images whose calls are missing: they could not be traced.
+    pub untraced: Vec<UntracedImage>,
     /// The process explained was named with `--pid` (else: the largest heap).
     pub chosen_by_pid: bool,
     pub leaks: LeakFacts,

@@ -85,8 +85,11 @@ enum {
     MSG_MAPS_CHANGED = 3, /* acknowledged: the recorder reads /proc/PID/maps meanwhile */
     MSG_EXIT = 4,         /* acknowledged: the recorder takes a last snapshot meanwhile */
     MSG_EXEC = 5,
+    MSG_EXEC_FAILED = 6, /* the exec announced by MSG_EXEC returned */
 };
-enum { HELLO_RESUMED = 1, HELLO_FORKED = 2 };
+/* HELLO_WANTS_CLOCK: the process could not open the clock page for writing (it runs as
+ * another user than the recorder); the recorder answers with its descriptor. */
+enum { HELLO_RESUMED = 1, HELLO_FORKED = 2, HELLO_WANTS_CLOCK = 4 };
 enum { EXIT_VIA_EXIT = 0, EXIT_VIA__EXIT = 1, EXIT_UNKNOWN_STATUS = 2 };
 
 struct msg_header {
@@ -291,7 +294,7 @@ static char sock_path[108];
 
 /* "NAME=value" strings of our environment, re-added to an exec'd program's environment. */
 #define ENV_VARS(X) X(LD_PRELOAD) X(FRAGSCOPE_SOCK) X(FRAGSCOPE_CLOCK) X(FRAGSCOPE_STACKS) \
-    X(FRAGSCOPE_SAMPLE_BYTES) X(FRAGSCOPE_FLUSH_MS)
+    X(FRAGSCOPE_SAMPLE_BYTES) X(FRAGSCOPE_FLUSH_MS) X(FRAGSCOPE_TOKEN)
 #define ENV_SLOT(n) static char env_##n[512];
 ENV_VARS(ENV_SLOT)
 
@@ -425,14 +428,18 @@ static int connect_recorder(void) {
     return fd;
 }
 
-/* HELLO: pid, ppid, flags, fork tick, then argv (as in /proc/PID/cmdline) and exe path. */
+/* HELLO: pid, ppid, flags, token length, fork tick, then argv (as in /proc/PID/cmdline),
+ * exe path and the recording's token (FRAGSCOPE_TOKEN: the recorder serves no one who
+ * does not know it). */
 static int send_hello_locked(uint32_t flags) {
     static char payload[16384];
+    const char *token = env_FRAGSCOPE_TOKEN[0] ? env_FRAGSCOPE_TOKEN + sizeof "FRAGSCOPE_TOKEN" : "";
+    size_t token_len = strlen(token);
     uint32_t *w = (uint32_t *)payload;
     w[0] = (uint32_t)my_pid;
     w[1] = (uint32_t)getppid();
     w[2] = flags;
-    w[3] = 0;
+    w[3] = (uint32_t)token_len;
     uint64_t tick = current_tick();
     memcpy(payload + 16, &tick, 8);
     char *cmd = payload + 32;
@@ -443,7 +450,8 @@ static int send_hello_locked(uint32_t flags) {
     if (exe_len < 0) exe_len = 0;
     uint32_t lens[2] = {(uint32_t)cmd_len, (uint32_t)exe_len};
     memcpy(payload + 24, lens, 8);
-    struct msg_header h = {MSG_HELLO, (uint32_t)(32 + cmd_len + exe_len), 0, 0, tick, tick};
+    memcpy(exe + exe_len, token, token_len);
+    struct msg_header h = {MSG_HELLO, (uint32_t)(32 + cmd_len + exe_len + token_len), 0, 0, tick, tick};
     return send_locked_once(&h, payload);
 }
 
@@ -1231,6 +1239,41 @@ static void atfork_child(void) {
     if (mine) emit_own_memory(mine);
 }
 
+/* Maps the clock page from `fd` (closed here; -1: none). */
+static void map_clock(int fd) {
+    if (fd < 0) return;
+    void *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) {
+        clock_page = p;
+        clock_writable = 1;
+    }
+    syscall(SYS_close, fd);
+}
+
+/* The descriptor the recorder sends with a one-byte answer (SCM_RIGHTS), or -1. */
+static int receive_descriptor(int sock) {
+    char byte;
+    struct iovec iov = {&byte, 1};
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } control;
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                       .msg_controllen = sizeof control.buf};
+    struct pollfd p = {sock, POLLIN, 0};
+    while (poll(&p, 1, 10000) < 0 && errno == EINTR) {
+    }
+    if (!(p.revents & POLLIN)) return -1;
+    ssize_t n;
+    while ((n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
+    }
+    struct cmsghdr *c = n == 1 ? CMSG_FIRSTHDR(&m) : NULL;
+    if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) return -1;
+    int fd;
+    memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    return fd;
+}
+
 static void init_tracing(void) {
     const char *path = getenv("FRAGSCOPE_SOCK");
     if (!path || !*path || strlen(path) >= sizeof sock_path) return;
@@ -1239,20 +1282,7 @@ static void init_tracing(void) {
     ENV_VARS(COPY_ENV)
     my_pid = getpid();
     const char *clock_path = getenv("FRAGSCOPE_CLOCK");
-    if (clock_path) {
-        /* Read-only when the program runs as another user than the recorder: then its
-         * threads' calls go unordered (the reader falls back on causality). */
-        int fd = (int)syscall(SYS_openat, AT_FDCWD, clock_path, O_RDWR | O_CLOEXEC);
-        clock_writable = fd >= 0;
-        if (fd < 0) fd = (int)syscall(SYS_openat, AT_FDCWD, clock_path, O_RDONLY | O_CLOEXEC);
-        if (fd >= 0) {
-            int prot = clock_writable ? PROT_READ | PROT_WRITE : PROT_READ;
-            void *p = mmap(NULL, 4096, prot, MAP_SHARED, fd, 0);
-            if (p != MAP_FAILED) clock_page = p;
-            else clock_writable = 0;
-            syscall(SYS_close, fd);
-        }
-    }
+    if (clock_path) map_clock((int)syscall(SYS_openat, AT_FDCWD, clock_path, O_RDWR | O_CLOEXEC));
     const char *stacks = getenv("FRAGSCOPE_STACKS");
     stacks_mode = !stacks ? 1 : !strcmp(stacks, "all") ? 2 : !strcmp(stacks, "none") ? 0 : 1;
     const char *mean = getenv("FRAGSCOPE_SAMPLE_BYTES");
@@ -1265,8 +1295,12 @@ static void init_tracing(void) {
         warn("cannot reach the recorder; this process runs untraced");
         return;
     }
+    /* A process that became another user than the recorder (setpriv, su, a daemon's
+     * setuid before an exec) cannot open the clock: the recorder hands it over. */
+    uint32_t hello_flags = clock_page == &no_clock ? HELLO_WANTS_CLOCK : 0;
+    if (send_hello_locked(hello_flags) != 0) return;
+    if (hello_flags & HELLO_WANTS_CLOCK) map_clock(receive_descriptor(sock_fd));
     atomic_store(&stats_answered, clock_page->stats_request);
-    if (send_hello_locked(0) != 0) return;
     tracing = 1;
     register_membarrier();
 }
@@ -1338,7 +1372,8 @@ __attribute__((constructor)) static void on_load(void) {
 }
 
 static void send_exit(int status, uint32_t how) {
-    if (!tracing) return;
+    /* A vfork child leaving (its exec failed) shares our connection: not our exit. */
+    if (!tracing || (pid_t)syscall(SYS_getpid) != my_pid) return;
     tls_flags |= TF_FORWARD;
     /* The allocator's view at exit, for the exit snapshot: a short run may end before
      * any periodic request was answered. */
@@ -1612,32 +1647,70 @@ static size_t count_env(char *const envp[]) {
     return n;
 }
 
-/* Before the program image is replaced: send what is buffered. */
-static void before_exec(void) {
+/* Tells the recorder that process `pid` is about to run `path` as whom (uid, gid) with
+ * `argv`, so that it can say why if the image never connects (set-user-ID, statically
+ * linked, ...): our own exec, a vfork child's (dash runs commands so; it shares our
+ * connection) or a posix_spawn'd child's. */
+static void announce_image(uint32_t pid, const char *path, char *const argv[]) {
+    char payload[8192];
+    size_t path_len = path ? strnlen(path, 4096) : 0;
+    uint32_t head[4] = {pid, (uint32_t)getuid(), (uint32_t)getgid(), (uint32_t)path_len};
+    memcpy(payload, head, sizeof head);
+    size_t len = sizeof head;
+    if (path_len) memcpy(payload + len, path, path_len);
+    len += path_len;
+    for (size_t i = 0; argv && argv[i]; i++) {
+        size_t n = strlen(argv[i]) + 1;
+        if (len + n > sizeof payload) break;
+        memcpy(payload + len, argv[i], n);
+        len += n;
+    }
+    uint64_t tick = current_tick();
+    struct msg_header h = {MSG_EXEC, (uint32_t)len, 0, 0, tick, tick};
+    send_message(&h, payload, 0);
+}
+
+/* Before the program image is replaced: send what is buffered, and what comes next. */
+static void before_exec(const char *path, char *const argv[]) {
     if (!tracing) return;
     tls_flags |= TF_FORWARD;
     flush_all();
-    uint64_t tick = current_tick();
-    struct msg_header h = {MSG_EXEC, 0, 0, 0, tick, tick};
-    send_message(&h, NULL, 0);
+    announce_image((uint32_t)syscall(SYS_getpid), path, argv);
     tls_flags &= ~TF_FORWARD;
+}
+
+/* The exec returned: this image goes on (or, in a vfork child, is about to _exit). */
+static void exec_failed(void) {
+    if (!tracing) return;
+    int saved_errno = errno; /* the exec's, for the caller */
+    tls_flags |= TF_FORWARD;
+    uint32_t pid = (uint32_t)syscall(SYS_getpid);
+    uint64_t tick = current_tick();
+    struct msg_header h = {MSG_EXEC_FAILED, sizeof pid, 0, 0, tick, tick};
+    send_message(&h, &pid, 0);
+    tls_flags &= ~TF_FORWARD;
+    errno = saved_errno;
 }
 
 extern char **environ;
 
 EXPORT int execve(const char *path, char *const argv[], char *const envp[]) {
     if (!real_execve) ensure_init();
-    before_exec();
+    before_exec(path, argv);
     if (!tracing) return real_execve(path, argv, envp);
     char **env = alloca((count_env(envp) + 16) * sizeof(char *));
-    return real_execve(path, argv, traced_environment(envp, env, count_env(envp) + 16));
+    int rc = real_execve(path, argv, traced_environment(envp, env, count_env(envp) + 16));
+    exec_failed();
+    return rc;
 }
 EXPORT int execvpe(const char *file, char *const argv[], char *const envp[]) {
     if (!real_execvpe) ensure_init();
-    before_exec();
+    before_exec(file, argv);
     if (!tracing) return real_execvpe(file, argv, envp);
     char **env = alloca((count_env(envp) + 16) * sizeof(char *));
-    return real_execvpe(file, argv, traced_environment(envp, env, count_env(envp) + 16));
+    int rc = real_execvpe(file, argv, traced_environment(envp, env, count_env(envp) + 16));
+    exec_failed();
+    return rc;
 }
 EXPORT int execv(const char *path, char *const argv[]) { return execve(path, argv, environ); }
 EXPORT int execvp(const char *file, char *const argv[]) { return execvpe(file, argv, environ); }
@@ -1673,21 +1746,35 @@ EXPORT int execle(const char *path, const char *arg, ...) {
     return execve(path, argv, envp);
 }
 
+/* A spawned child runs `path` (its exec succeeded, or posix_spawn says it failed). */
+static void after_spawn(int rc, const pid_t *pid, const char *path, char *const argv[]) {
+    if (rc != 0 || !pid || !tracing) return;
+    int saved_errno = errno;
+    tls_flags |= TF_FORWARD;
+    announce_image((uint32_t)*pid, path, argv);
+    tls_flags &= ~TF_FORWARD;
+    errno = saved_errno;
+}
+
 EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
                        const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
     if (!real_posix_spawn) ensure_init();
     if (!tracing) return real_posix_spawn(pid, path, fa, attr, argv, envp);
     char **env = alloca((count_env(envp) + 16) * sizeof(char *));
-    return real_posix_spawn(pid, path, fa, attr, argv,
-                            traced_environment(envp, env, count_env(envp) + 16));
+    int rc = real_posix_spawn(pid, path, fa, attr, argv,
+                              traced_environment(envp, env, count_env(envp) + 16));
+    after_spawn(rc, pid, path, argv);
+    return rc;
 }
 EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
                         const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
     if (!real_posix_spawnp) ensure_init();
     if (!tracing) return real_posix_spawnp(pid, file, fa, attr, argv, envp);
     char **env = alloca((count_env(envp) + 16) * sizeof(char *));
-    return real_posix_spawnp(pid, file, fa, attr, argv,
-                             traced_environment(envp, env, count_env(envp) + 16));
+    int rc = real_posix_spawnp(pid, file, fa, attr, argv,
+                               traced_environment(envp, env, count_env(envp) + 16));
+    after_spawn(rc, pid, file, argv);
+    return rc;
 }
 
 EXPORT void exit(int status) {

@@ -4,8 +4,9 @@
 //! [`TICK_SHIFT`] and below it the order counter, which threads add to on every free
 //! (docs/trace-format.md, "Order"); setting a tick starts the counter again at 0.
 
-use std::fs::OpenOptions;
-use std::os::fd::AsRawFd;
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -16,6 +17,9 @@ pub const TICK_SHIFT: u32 = 32;
 
 pub struct ClockPage {
     ptr: *mut AtomicU64,
+    /// Kept open for processes that cannot open the file themselves (another user's):
+    /// the recorder hands them this descriptor.
+    file: File,
 }
 
 // The page is only touched through atomics.
@@ -28,6 +32,7 @@ impl ClockPage {
             .read(true)
             .write(true)
             .create_new(true)
+            .mode(0o600)
             .open(path)?;
         file.set_len(4096)?;
         // SAFETY: a fresh 4 KiB shared mapping of a file we own; unmapped in Drop.
@@ -47,7 +52,14 @@ impl ClockPage {
                 std::io::Error::last_os_error()
             );
         }
-        Ok(Self { ptr: ptr.cast() })
+        Ok(Self {
+            ptr: ptr.cast(),
+            file,
+        })
+    }
+
+    pub fn descriptor(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
     }
 
     fn slot(&self, i: usize) -> &AtomicU64 {

@@ -43,15 +43,80 @@ fn is_executable(p: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// Who runs a program: what secure execution depends on.
+struct Identity {
+    uid: u32,
+    gid: u32,
+    /// Permitted capabilities.
+    capabilities: u64,
+}
+
+impl Identity {
+    fn own() -> Self {
+        // SAFETY: getuid and getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        Self {
+            uid,
+            gid,
+            capabilities: own_permitted_capabilities(),
+        }
+    }
+
+    /// Another process, known by its ids only: root is taken to hold every capability.
+    fn of(uid: u32, gid: u32) -> Self {
+        let capabilities = if uid == 0 { u64::MAX } else { 0 };
+        Self {
+            uid,
+            gid,
+            capabilities,
+        }
+    }
+}
+
 /// Checks that `program` is a dynamically linked ELF executable (or a script, whose
-/// interpreter is): LD_PRELOAD does nothing to a statically linked program.
+/// interpreter is): LD_PRELOAD does nothing to a statically linked program, nor to one
+/// that gains privileges when exec'd (set-user-ID, set-group-ID, file capabilities).
 pub fn check_traceable(program: &OsStr) -> Result<PathBuf, NotTraceable> {
+    check_traceable_as(program, &Identity::own())
+}
+
+/// Why a process image that uid `uid` and gid `gid` exec'd never connected, and what to
+/// do about it.
+pub fn why_untraced(program: &OsStr, uid: u32, gid: u32, preload: &Path) -> String {
+    if let Err(e) = check_traceable_as(program, &Identity::of(uid, gid)) {
+        return e.reason;
+    }
+    if !preload.is_file() {
+        return format!(
+            "fragscope's interposer {} does not exist (is FRAGSCOPE_PRELOAD set to it?)",
+            preload.display()
+        );
+    }
+    if uid != 0 && !crate::preload::readable_by_all(preload) {
+        return format!(
+            "it ran as uid {uid}, which cannot read fragscope's interposer ({}); make it \
+             readable by all (mode 0644, directories 0755) or set FRAGSCOPE_PRELOAD to a \
+             copy that is",
+            preload.display()
+        );
+    }
+    "it never connected to fragscope: the dynamic loader did not load the interposer (its \
+     LD_PRELOAD was changed or cleared before the exec, or the loader refused it: see the \
+     program's stderr), so it ran untraced. Keep fragscope's interposer in its LD_PRELOAD."
+        .into()
+}
+
+fn check_traceable_as(program: &OsStr, who: &Identity) -> Result<PathBuf, NotTraceable> {
     let not = |reason: String| NotTraceable {
         program: PathBuf::from(program),
         reason,
     };
     let path = resolve_program(program)
         .ok_or_else(|| not("no such program (not a file, and not found in PATH)".into()))?;
+    // Before reading it: a set-user-ID program may be executable and not readable.
+    if let Some(reason) = secure_execution(&path, who) {
+        return Err(not(reason));
+    }
     let data = std::fs::read(&path).map_err(|e| not(format!("cannot read it: {e}")))?;
     if data.starts_with(b"#!") {
         let line = data.split(|&b| b == b'\n').next().unwrap_or(&[]);
@@ -65,7 +130,7 @@ pub fn check_traceable(program: &OsStr) -> Result<PathBuf, NotTraceable> {
         return if interp.is_empty() {
             Err(not("a script without an interpreter".into()))
         } else {
-            check_traceable(OsStr::new(&interp)).map(|_| path)
+            check_traceable_as(OsStr::new(&interp), who).map(|_| path)
         };
     }
     use object::read::elf::{ElfFile64, ProgramHeader};
@@ -87,6 +152,100 @@ pub fn check_traceable(program: &OsStr) -> Result<PathBuf, NotTraceable> {
         ));
     }
     Ok(path)
+}
+
+/// Why `who` exec'ing `path` would run it in secure-execution mode (it gains a user, group
+/// or capabilities), in which the dynamic loader ignores LD_PRELOAD; None when it would
+/// not.
+fn secure_execution(path: &Path, who: &Identity) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    let gains_nothing = || -> bool {
+        // A nosuid mount, or no_new_privs on us, makes the kernel ignore the bits and
+        // file capabilities alike.
+        // SAFETY: prctl with integer arguments.
+        let no_new_privs = unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) } == 1;
+        no_new_privs || mounted_nosuid(path)
+    };
+    const WAY_OUT: &str = "Record a copy without the bit (`cp` does not copy it), or start \
+        fragscope as the user the program would become; a program that changes its user \
+        itself (setpriv, su, gosu, a daemon calling setuid) is followed.";
+    let why_secure = "the kernel runs it in secure-execution mode, where the dynamic loader \
+        ignores LD_PRELOAD, so its calls cannot be recorded";
+    let (uid, gid) = (who.uid, who.gid);
+    let mode = meta.mode();
+    if mode & libc::S_ISUID != 0 && meta.uid() != uid && !gains_nothing() {
+        return Some(format!(
+            "it is set-user-ID (it runs as uid {}, started by uid {uid}): {why_secure}. {WAY_OUT}",
+            meta.uid()
+        ));
+    }
+    // Set-group-ID without group execute is mandatory locking, not a change of group.
+    let setgid = mode & libc::S_ISGID != 0 && mode & libc::S_IXGRP != 0;
+    if setgid && meta.gid() != gid && !gains_nothing() {
+        return Some(format!(
+            "it is set-group-ID (it runs as gid {}, started by gid {gid}): {why_secure}. {WAY_OUT}",
+            meta.gid()
+        ));
+    }
+    let file_caps = file_capabilities(path)?;
+    let gained = file_caps & !who.capabilities;
+    (gained != 0 && !gains_nothing()).then(|| {
+        format!(
+            "it has file capabilities (setcap; {gained:#x} beyond those of its starter): {why_secure}. \
+             Record a copy without them (`cp` does not copy them), or run fragscope with \
+             those capabilities (e.g. as root)."
+        )
+    })
+}
+
+/// The flags (ST_NOSUID, ST_NOEXEC, ...) of the file system holding `path`.
+pub(crate) fn mount_flags(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs writes one struct into `st`.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and out pointer.
+    (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0).then_some(st.f_flag)
+}
+
+fn mounted_nosuid(path: &Path) -> bool {
+    mount_flags(path).is_some_and(|f| f & libc::ST_NOSUID != 0)
+}
+
+/// The permitted capabilities a file grants (its `security.capability` attribute, as
+/// `struct vfs_cap_data`: magic, then permitted and inheritable words, low then high);
+/// None when it has none.
+fn file_capabilities(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut data = [0u8; 24];
+    // SAFETY: getxattr writes at most data.len() bytes.
+    let n = unsafe {
+        libc::getxattr(
+            c.as_ptr(),
+            c"security.capability".as_ptr(),
+            data.as_mut_ptr().cast(),
+            data.len(),
+        )
+    };
+    if n < 12 {
+        return None;
+    }
+    let word = |at: usize| u64::from(u32::from_le_bytes(data[at..at + 4].try_into().unwrap()));
+    let high = if n >= 20 { word(12) } else { 0 };
+    Some(word(4) | high << 32)
+}
+
+/// This process's permitted capabilities (CapPrm in /proc/self/status).
+fn own_permitted_capabilities() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("CapPrm:"))?;
+            u64::from_str_radix(line["CapPrm:".len()..].trim(), 16).ok()
+        })
+        .unwrap_or(0)
 }
 
 /// Whether `exe` is a program built by Go's toolchain (its build information section, or

@@ -43,6 +43,14 @@ pub fn parse_status(text: &str, tick: u64) -> Option<RssSample> {
 }
 
 /// The (field, KiB) pairs of /proc/PID/smaps_rollup.
+/// The parent of `pid` (field 4 of /proc/PID/stat, after the command name, which may
+/// itself hold spaces and parentheses).
+pub fn parent_pid(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(1)?.parse().ok()
+}
+
 pub fn read_rollup(pid: u32) -> Option<Vec<(String, u64)>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
     let fields: Vec<(String, u64)> = text

@@ -13,6 +13,7 @@ pub enum MsgType {
     MapsChanged,
     Exit,
     Exec,
+    ExecFailed,
     Unknown(u32),
 }
 
@@ -28,6 +29,9 @@ pub struct MsgHeader {
 
 pub const HELLO_RESUMED: u32 = 1;
 pub const HELLO_FORKED: u32 = 2;
+/// The process could not open the clock page (it runs as another user): the recorder
+/// answers the HELLO with one byte carrying the page's descriptor (SCM_RIGHTS).
+pub const HELLO_WANTS_CLOCK: u32 = 4;
 
 /// The HELLO payload.
 #[derive(Debug, Clone)]
@@ -38,6 +42,19 @@ pub struct Hello {
     pub tick: u64,
     pub argv: Vec<String>,
     pub exe: String,
+    /// The recording's secret (FRAGSCOPE_TOKEN), as the process knows it.
+    pub token: Vec<u8>,
+}
+
+/// The EXEC payload: who is about to run what.
+#[derive(Debug, Clone)]
+pub struct ExecTarget {
+    /// The exec'ing process: the connection's, or a vfork child sharing it.
+    pub pid: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub path: String,
+    pub argv: Vec<String>,
 }
 
 fn le32(b: &[u8], at: usize) -> u32 {
@@ -66,6 +83,7 @@ pub fn read_header(r: &mut impl Read) -> io::Result<Option<MsgHeader>> {
         3 => MsgType::MapsChanged,
         4 => MsgType::Exit,
         5 => MsgType::Exec,
+        6 => MsgType::ExecFailed,
         other => MsgType::Unknown(other),
     };
     Ok(Some(MsgHeader {
@@ -82,15 +100,14 @@ pub fn parse_hello(p: &[u8]) -> Option<Hello> {
     if p.len() < 32 {
         return None;
     }
+    let token_len = le32(p, 12) as usize;
     let cmd_len = le32(p, 24) as usize;
     let exe_len = le32(p, 28) as usize;
     let cmd = p.get(32..32 + cmd_len)?;
     let exe = p.get(32 + cmd_len..32 + cmd_len + exe_len)?;
-    let argv = cmd
-        .split(|&b| b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect();
+    let token_at = 32 + cmd_len + exe_len;
+    let token = p.get(token_at..token_at + token_len)?;
+    let argv = split_strings(cmd);
     Some(Hello {
         pid: le32(p, 0),
         ppid: le32(p, 4),
@@ -98,7 +115,38 @@ pub fn parse_hello(p: &[u8]) -> Option<Hello> {
         tick: le64(p, 16),
         argv,
         exe: String::from_utf8_lossy(exe).into_owned(),
+        token: token.to_vec(),
     })
+}
+
+/// NUL-separated strings, as /proc/PID/cmdline holds them.
+fn split_strings(b: &[u8]) -> Vec<String> {
+    b.split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
+
+/// The EXEC payload: `pid:u32le uid:u32le gid:u32le path_len:u32le path argv` (argv
+/// NUL-separated).
+pub fn parse_exec(p: &[u8]) -> Option<ExecTarget> {
+    if p.len() < 16 {
+        return None;
+    }
+    let path_len = le32(p, 12) as usize;
+    let path = p.get(16..16 + path_len)?;
+    Some(ExecTarget {
+        pid: le32(p, 0),
+        uid: le32(p, 4),
+        gid: le32(p, 8),
+        path: String::from_utf8_lossy(path).into_owned(),
+        argv: split_strings(&p[16 + path_len..]),
+    })
+}
+
+/// The EXEC_FAILED payload: the pid whose exec returned.
+pub fn parse_exec_failed(p: &[u8]) -> Option<u32> {
+    (p.len() >= 4).then(|| le32(p, 0))
 }
 
 /// The EXIT payload: status and how the process left (0 exit, 1 _exit, 2 status unknown).

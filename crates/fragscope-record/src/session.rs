@@ -23,7 +23,9 @@ use fragscope_trace::{
 
 use crate::clock::ClockPage;
 use crate::procfs;
-use crate::protocol::{self, MsgHeader, MsgType, HELLO_FORKED, HELLO_RESUMED};
+use crate::protocol::{
+    self, ExecTarget, MsgHeader, MsgType, HELLO_FORKED, HELLO_RESUMED, HELLO_WANTS_CLOCK,
+};
 
 /// What `fragscope record` was asked to do.
 #[derive(Debug, Clone)]
@@ -97,6 +99,11 @@ pub struct RecordOutcome {
     pub ghc_eventlog: Option<PathBuf>,
     /// Why a GHC program was recorded without an eventlog, and how to rebuild it.
     pub ghc_advice: Option<String>,
+    /// Process images the program ran that could not be traced (also in the trace).
+    pub untraced: Vec<fragscope_trace::Untraced>,
+    /// Connections refused: from processes outside the recorded program, or without the
+    /// recording's token.
+    pub refused_connections: u64,
 }
 
 const RSS_INTERVAL: Duration = Duration::from_millis(10);
@@ -145,6 +152,21 @@ struct Shared {
     /// When to store event buffers in the packed form.
     pack: PackMode,
     censuses: crate::census::Censuses,
+    /// The recording's secret: a connection whose HELLO lacks it is refused.
+    token: String,
+    refused_connections: AtomicU64,
+    /// Images announced by an exec (EXEC messages): each should connect as a process.
+    announced_images: Mutex<Vec<AnnouncedImage>>,
+}
+
+/// An exec announced by a traced process (or a vfork child of one).
+struct AnnouncedImage {
+    target: ExecTarget,
+    tick: u64,
+    /// The stream whose connection announced it: the image, if it connected, is a later
+    /// stream (it may connect before the announcement is read, when a vfork child
+    /// exec'd it).
+    parent_stream: u32,
 }
 
 /// A connection being served. Each is read by its own thread, so nothing but this keeps
@@ -367,8 +389,96 @@ fn ack(conn: &mut UnixStream) {
     let _ = conn.write_all(&[1]);
 }
 
-/// The pid of the process at the other end of a Unix socket (0 if unknown).
-fn peer_pid(conn: &UnixStream) -> u32 {
+/// Sends `fd` over `conn` with a one-byte message (SCM_RIGHTS).
+fn send_descriptor(conn: &UnixStream, fd: std::os::fd::BorrowedFd<'_>) {
+    let byte = [1u8];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_ptr() as *mut libc::c_void,
+        iov_len: 1,
+    };
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: msghdr is plain data; every pointer set below outlives the sendmsg call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: the control buffer has room for one header and one int.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>(), fd.as_raw_fd());
+        libc::sendmsg(conn.as_raw_fd(), &msg, libc::MSG_NOSIGNAL);
+    }
+}
+
+/// Where a connecting process stands to the recorded program.
+#[derive(Debug, PartialEq, Eq)]
+enum Kinship {
+    /// The recorder or one of its descendants: the program and whatever it started
+    /// (orphans are re-parented to the recorder, their subreaper).
+    InTree,
+    /// Its ancestry leads elsewhere.
+    Outsider,
+    /// It is gone already: its HELLO's token decides.
+    Unknown,
+}
+
+fn kinship(pid: u32) -> Kinship {
+    let me = std::process::id();
+    for _attempt in 0..3 {
+        let mut p = pid;
+        let mut chain_broke = false;
+        for _depth in 0..4096 {
+            if p == me {
+                return Kinship::InTree;
+            }
+            if p <= 1 {
+                return Kinship::Outsider;
+            }
+            match procfs::parent_pid(p) {
+                Some(parent) => p = parent,
+                None if p == pid => return Kinship::Unknown,
+                None => {
+                    chain_broke = true;
+                    break;
+                }
+            }
+        }
+        if !chain_broke {
+            return Kinship::Outsider;
+        }
+        // An ancestor exited while we walked: its children are being re-parented.
+        thread::sleep(Duration::from_millis(1));
+    }
+    Kinship::Unknown
+}
+
+/// A random secret for this recording (hex), handed to the program in its environment.
+fn recording_token() -> Result<String> {
+    let mut bytes = [0u8; 16];
+    let mut got = 0;
+    while got < bytes.len() {
+        // SAFETY: getrandom writes at most the given length into the buffer.
+        let n = unsafe { libc::getrandom(bytes[got..].as_mut_ptr().cast(), bytes.len() - got, 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e).context("reading random bytes for the recording's token");
+        }
+        got += n as usize;
+    }
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The pid and uid of the process at the other end of a Unix socket (pid 0 if unknown).
+fn peer_credentials(conn: &UnixStream) -> (u32, u32) {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -386,9 +496,9 @@ fn peer_pid(conn: &UnixStream) -> u32 {
         )
     };
     if rc == 0 {
-        cred.pid as u32
+        (cred.pid as u32, cred.uid)
     } else {
-        0
+        (0, u32::MAX)
     }
 }
 
@@ -542,16 +652,30 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
         queued.fetch_sub(payload.len(), Ordering::Relaxed);
         match header.kind {
             MsgType::Hello => {
-                if let Some(hello) = protocol::parse_hello(&payload) {
-                    shared.wait_for_earlier_connections(id, hello.pid, hello.ppid);
-                    let s = shared.register(&hello);
-                    shared.set_registered(id);
-                    if hello.flags & HELLO_RESUMED == 0 {
-                        shared.write_maps(s, hello.pid);
-                    }
-                    stream = Some(s);
-                    pid = hello.pid;
+                let hello =
+                    protocol::parse_hello(&payload).filter(|h| h.token == shared.token.as_bytes());
+                let Some(mut hello) = hello else {
+                    // Not one of the recording's processes: it adds nothing to the trace.
+                    shared.refused_connections.fetch_add(1, Ordering::Relaxed);
+                    let _ = conn.shutdown(std::net::Shutdown::Both);
+                    break;
+                };
+                let wants_clock = hello.flags & HELLO_WANTS_CLOCK != 0;
+                if wants_clock {
+                    // It had no clock to read its start from.
+                    hello.tick = shared.tick();
                 }
+                shared.wait_for_earlier_connections(id, hello.pid, hello.ppid);
+                let s = shared.register(&hello);
+                shared.set_registered(id);
+                if wants_clock {
+                    send_descriptor(&conn, shared.clock.descriptor());
+                }
+                if hello.flags & HELLO_RESUMED == 0 {
+                    shared.write_maps(s, hello.pid);
+                }
+                stream = Some(s);
+                pid = hello.pid;
             }
             MsgType::Events => {
                 let Some(s) = stream else { continue };
@@ -611,7 +735,41 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
             }
             MsgType::Exec => {
                 if let Some(s) = stream {
-                    shared.procs.lock().unwrap().streams[s as usize].end = Some((EndHow::Exec, 0));
+                    let target = protocol::parse_exec(&payload);
+                    // A vfork child's exec (it shares this connection) does not end us.
+                    if target.as_ref().is_none_or(|t| t.pid == pid) {
+                        shared.procs.lock().unwrap().streams[s as usize].end =
+                            Some((EndHow::Exec, 0));
+                    }
+                    if let Some(target) = target {
+                        shared
+                            .announced_images
+                            .lock()
+                            .unwrap()
+                            .push(AnnouncedImage {
+                                target,
+                                tick: shared.tick(),
+                                parent_stream: s,
+                            });
+                    }
+                }
+            }
+            MsgType::ExecFailed => {
+                if let (Some(s), Some(failed)) = (stream, protocol::parse_exec_failed(&payload)) {
+                    let mut announced = shared.announced_images.lock().unwrap();
+                    if let Some(i) = announced
+                        .iter()
+                        .rposition(|a| a.parent_stream == s && a.target.pid == failed)
+                    {
+                        announced.remove(i);
+                    }
+                    drop(announced);
+                    if failed == pid {
+                        let st = &mut shared.procs.lock().unwrap().streams[s as usize];
+                        if matches!(st.end, Some((EndHow::Exec, _))) {
+                            st.end = None;
+                        }
+                    }
                 }
             }
             MsgType::Unknown(_) => {}
@@ -740,7 +898,32 @@ fn sample(shared: Arc<Shared>, snapshot_every: Duration, stop: Arc<Stop>) {
 /// least every `WRITER_FLUSH` while busy (a program that never pauses would otherwise keep
 /// up to the buffer's megabyte, and the file's header, in memory), so a killed recording
 /// loses as little as possible.
-fn write_chunks(mut w: ChunkWriter<BufWriter<std::fs::File>>, rx: Receiver<Chunk>) -> Result<u64> {
+fn write_chunks(
+    w: ChunkWriter<BufWriter<std::fs::File>>,
+    rx: Receiver<Chunk>,
+    path: &Path,
+) -> Result<u64> {
+    write_all_chunks(w, &rx).map_err(|e| {
+        // Said at once: the program runs on, and its calls from here are not recorded.
+        let on_disk = std::fs::metadata(path).map_or(0, |m| m.len());
+        let message = format!(
+            "writing the trace to {} failed after {on_disk} bytes: {e}. The trace up to \
+             there is intact and readable (fragscope info and report read it to its last \
+             whole chunk); what the program did after that point is not recorded",
+            path.display()
+        );
+        eprintln!("fragscope: error: {message}");
+        anyhow!(
+            "the trace {} ends where writing failed ({e}); it is readable up to there",
+            path.display()
+        )
+    })
+}
+
+fn write_all_chunks(
+    mut w: ChunkWriter<BufWriter<std::fs::File>>,
+    rx: &Receiver<Chunk>,
+) -> std::io::Result<u64> {
     const WRITER_FLUSH: Duration = Duration::from_millis(100);
     let mut last_flush = Instant::now();
     loop {
@@ -780,16 +963,22 @@ extern "C" fn forward_signal(sig: libc::c_int) {
 /// The directory of the recorder's socket and clock page: in /dev/shm where there is one,
 /// as its files live in memory. Under a disk's journal, removing the directory at the end
 /// waited for the commit of the trace's writes (12 ms after a 37 MiB trace on ext4).
+/// Every user may pass through it (mode 0711), since the program's processes may become
+/// any user: who is served is decided per connection (`kinship`, the token).
 fn rendezvous_dir() -> Result<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt;
     let shm = Path::new("/dev/shm");
     sweep_stale_rendezvous(shm);
     sweep_stale_rendezvous(&std::env::temp_dir());
     let mut builder = tempfile::Builder::new();
     builder.prefix("fragscope-");
-    builder
+    let dir = builder
         .tempdir_in(shm)
         .or_else(|_| builder.tempdir())
-        .context("creating a temporary directory")
+        .context("creating a temporary directory")?;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
+        .with_context(|| format!("opening {} to the program's users", dir.path().display()))?;
+    Ok(dir)
 }
 
 /// Removes the rendezvous directories in `parent` that a recorder left when it was killed:
@@ -902,6 +1091,10 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         .first()
         .ok_or_else(|| anyhow!("no program to record"))?;
     let program_path = crate::launch::check_traceable(program)?;
+    // A file size limit (ulimit -f) then fails the trace's write with EFBIG, which is
+    // reported, instead of killing the recorder mid-recording.
+    // SAFETY: ignoring a signal.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
     let ghc = std::fs::read(&program_path)
         .ok()
         .and_then(|data| crate::ghc::inspect(&data))
@@ -925,7 +1118,14 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let clock_path = dir.path().join("clock");
     let listener = UnixListener::bind(&sock_path)
         .with_context(|| format!("listening on {}", sock_path.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // Connecting needs write permission on the socket, whatever user a process became.
+        std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(0o666))
+            .with_context(|| format!("opening {} to the program's users", sock_path.display()))?;
+    }
     let clock = ClockPage::create(&clock_path)?;
+    let token = recording_token()?;
 
     let file = create_output(&opts.output, opts.force)?;
     let mut writer = ChunkWriter::new(
@@ -967,9 +1167,10 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     // the writer; a writer further behind holds the program back rather than our memory
     // growing. (The channel's slots are written out when it is made.)
     let (tx, rx) = sync_channel::<Chunk>(256);
+    let output = opts.output.clone();
     let writer_thread = thread::Builder::new()
         .name("fragscope-writer".into())
-        .spawn(move || write_chunks(writer, rx))?;
+        .spawn(move || write_chunks(writer, rx, &output))?;
     let shared = Arc::new(Shared {
         out: tx,
         clock,
@@ -980,6 +1181,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         arrivals: Mutex::new(Vec::new()),
         pack: opts.pack,
         censuses,
+        token: token.clone(),
+        refused_connections: AtomicU64::new(0),
+        announced_images: Mutex::new(Vec::new()),
     });
 
     let stop = Arc::new(Stop::default());
@@ -998,6 +1202,8 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     };
     let stop_accepting = Arc::new(AtomicBool::new(false));
     let open_connections: Arc<Mutex<Vec<UnixStream>>> = Arc::default();
+    // SAFETY: geteuid cannot fail.
+    let own_uid = unsafe { libc::geteuid() };
     let acceptor = {
         let shared = shared.clone();
         let stop_accepting = stop_accepting.clone();
@@ -1011,13 +1217,28 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
                         break;
                     }
                     let Ok(conn) = conn else { continue };
+                    let (pid, uid) = peer_credentials(&conn);
+                    let refuse = match kinship(pid) {
+                        Kinship::InTree => false,
+                        Kinship::Outsider => true,
+                        // Gone before we could tell: another user's connection is refused
+                        // (its ancestry can no longer be checked), our own user's is left
+                        // to the token.
+                        Kinship::Unknown => uid != own_uid,
+                    };
+                    if refuse {
+                        // Refused before it costs a thread: no one outside the program
+                        // can add to the trace or load the recorder.
+                        shared.refused_connections.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     if let Ok(c) = conn.try_clone() {
                         open_connections.lock().unwrap().push(c);
                     }
                     let id = servers.len() as u64;
                     shared.arrivals.lock().unwrap().push(Arrival {
                         id,
-                        pid: peer_pid(&conn),
+                        pid,
                         registered: false,
                     });
                     let shared = shared.clone();
@@ -1051,7 +1272,8 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         .env("FRAGSCOPE_CLOCK", &clock_path)
         .env("FRAGSCOPE_STACKS", opts.stacks.name())
         .env("FRAGSCOPE_SAMPLE_BYTES", opts.sample_bytes.to_string())
-        .env("FRAGSCOPE_FLUSH_MS", opts.flush_ms.to_string());
+        .env("FRAGSCOPE_FLUSH_MS", opts.flush_ms.to_string())
+        .env("FRAGSCOPE_TOKEN", &token);
     if let Some(ghcrts) = ghc.as_ref().and_then(|g| g.ghcrts.as_ref()) {
         cmd.env("GHCRTS", ghcrts);
     }
@@ -1060,6 +1282,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         cmd.pre_exec(|| {
             libc::signal(libc::SIGINT, libc::SIG_DFL);
             libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+            libc::signal(libc::SIGXFSZ, libc::SIG_DFL);
             Ok(())
         });
     }
@@ -1176,6 +1399,11 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     for s in 0..stream_count {
         shared.end_stream(s);
     }
+    let untraced = untraced_images(&shared, child_pid, &program_path, &opts.command, &preload);
+    for u in &untraced {
+        shared.send(ChunkKind::Untraced, u.encode());
+    }
+    let refused_connections = shared.refused_connections.load(Ordering::Relaxed);
     let event_bytes = shared.event_bytes.load(Ordering::Relaxed);
     shared.send(
         ChunkKind::End,
@@ -1198,5 +1426,57 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         silent_processes: silent,
         ghc_eventlog: ghc.as_ref().and_then(|g| g.eventlog.clone()),
         ghc_advice: ghc.and_then(|g| g.advice),
+        untraced,
+        refused_connections,
     })
+}
+
+/// The images the program ran that never connected: the program itself, or what a traced
+/// image exec'd (an image that loads the interposer connects before its first call).
+fn untraced_images(
+    shared: &Shared,
+    child_pid: u32,
+    program_path: &Path,
+    command: &[OsString],
+    preload: &Path,
+) -> Vec<fragscope_trace::Untraced> {
+    let procs = shared.procs.lock().unwrap();
+    let streams = &procs.streams;
+    let mut untraced = Vec::new();
+    if !streams.iter().any(|s| s.pid == child_pid) {
+        // SAFETY: getuid and getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        untraced.push(fragscope_trace::Untraced {
+            pid: child_pid,
+            parent_stream: None,
+            tick: 0,
+            path: program_path.display().to_string(),
+            argv: command
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
+            reason: crate::launch::why_untraced(program_path.as_os_str(), uid, gid, preload),
+        });
+    }
+    for a in shared.announced_images.lock().unwrap().iter() {
+        let connected = streams
+            .get(a.parent_stream as usize + 1..)
+            .is_some_and(|after| after.iter().any(|t| t.pid == a.target.pid));
+        if !connected {
+            untraced.push(fragscope_trace::Untraced {
+                pid: a.target.pid,
+                parent_stream: Some(a.parent_stream),
+                tick: a.tick,
+                path: a.target.path.clone(),
+                argv: a.target.argv.clone(),
+                reason: crate::launch::why_untraced(
+                    a.target.path.as_ref(),
+                    a.target.uid,
+                    a.target.gid,
+                    preload,
+                ),
+            });
+        }
+    }
+    untraced
 }

@@ -46,6 +46,8 @@ pub enum ChunkKind {
     PackedEvents = 13,
     /// A GHC program's block census (see [`crate::records::GhcCensus`]).
     GhcCensus = 14,
+    /// A process image that could not be traced.
+    Untraced = 15,
 }
 
 impl ChunkKind {
@@ -66,6 +68,7 @@ impl ChunkKind {
             12 => PackedEventsV2,
             13 => PackedEvents,
             14 => GhcCensus,
+            15 => Untraced,
             _ => return None,
         })
     }

@@ -20,6 +20,7 @@ pub enum Chunk {
     Pagemap(Pagemap),
     ProcessEnd(ProcessEnd),
     WaitStatus(WaitStatus),
+    Untraced(Untraced),
     End(End),
     GhcCensus(GhcCensus),
 }
@@ -90,6 +91,7 @@ impl<R: Read> TraceReader<R> {
             ChunkKind::Pagemap => Pagemap::decode(data).map(Chunk::Pagemap),
             ChunkKind::ProcessEnd => ProcessEnd::decode(data).map(Chunk::ProcessEnd),
             ChunkKind::WaitStatus => WaitStatus::decode(data).map(Chunk::WaitStatus),
+            ChunkKind::Untraced => Untraced::decode(data).map(Chunk::Untraced),
             ChunkKind::End => End::decode(data).map(Chunk::End),
             ChunkKind::GhcCensus => GhcCensus::decode(data).map(Chunk::GhcCensus),
             ChunkKind::PackedEventsV1 | ChunkKind::PackedEventsV2 => Err(TraceError::Malformed(

@@ -833,6 +833,68 @@ impl GhcCensus {
     }
 }
 
+/// Chunk 15: a process image the program ran that fragscope could not trace (its calls
+/// are missing from the trace): the program itself, or an image something exec'd.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Untraced {
+    pub pid: u32,
+    /// The stream that exec'd it (None: the program fragscope started).
+    pub parent_stream: Option<u32>,
+    /// When it was exec'd (or started).
+    pub tick: u64,
+    /// The file exec'd, as the exec call named it.
+    pub path: String,
+    pub argv: Vec<String>,
+    /// Why it could not be traced, and what to do about it.
+    pub reason: String,
+}
+
+impl Untraced {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.varint(self.pid.into())
+            .varint(self.parent_stream.map_or(0, |s| u64::from(s) + 1))
+            .varint(self.tick);
+        w.str(&self.path).varint(self.argv.len() as u64);
+        for a in &self.argv {
+            w.str(a);
+        }
+        w.str(&self.reason);
+        w.bytes
+    }
+    pub fn decode(data: &[u8]) -> Result<Self, TraceError> {
+        let mut r = Reader::new(data);
+        let pid = r.varint()? as u32;
+        let parent_stream = match r.varint()? {
+            0 => None,
+            s => Some((s - 1) as u32),
+        };
+        let tick = r.varint()?;
+        let path = r.string()?;
+        let n = r.count(1)?;
+        let argv = (0..n).map(|_| r.string()).collect::<Result<_, _>>()?;
+        let reason = r.string()?;
+        Ok(Self {
+            pid,
+            parent_stream,
+            tick,
+            path,
+            argv,
+            reason,
+        })
+    }
+
+    /// "pid N (argv)", as the views name it.
+    pub fn label(&self) -> String {
+        let command = if self.argv.is_empty() {
+            self.path.clone()
+        } else {
+            self.argv.join(" ")
+        };
+        format!("pid {} ({command})", self.pid)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -897,6 +959,15 @@ mod tests {
             ghc_eventlog: None,
         };
         assert_eq!(Meta::decode(&meta.encode()).unwrap(), meta);
+        let untraced = Untraced {
+            pid: 42,
+            parent_stream: Some(3),
+            tick: 17,
+            path: "/usr/bin/passwd".into(),
+            argv: vec!["passwd".into(), "-S".into()],
+            reason: "it is set-user-ID".into(),
+        };
+        assert_eq!(Untraced::decode(&untraced.encode()).unwrap(), untraced);
         let ghc = Meta {
             ghc_eventlog: Some("run.eventlog".into()),
             ..meta.clone()

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::event::{ChunkDecoder, Func, Record, StreamTables};
 use crate::reader::{Chunk, TraceReader};
-use crate::records::{EndHow, Meta, Origin, ProcessEnd, WaitStatus};
+use crate::records::{EndHow, Meta, Origin, ProcessEnd, Untraced, WaitStatus};
 use crate::TraceError;
 
 /// One process image (exec starts another).
@@ -84,6 +84,8 @@ pub struct TraceSummary {
     /// The trace lacks its end marker or has damage: the recording was cut short.
     pub truncated: bool,
     pub damage: Option<String>,
+    /// Process images the program ran that could not be traced.
+    pub untraced: Vec<Untraced>,
 }
 
 impl TraceSummary {
@@ -222,6 +224,7 @@ pub fn summarize(
                     }
                 }
             }
+            Chunk::Untraced(u) => sum.untraced.push(u),
             Chunk::Maps(_) | Chunk::Rollup(_) => {}
         }
     }

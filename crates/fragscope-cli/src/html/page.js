@@ -429,8 +429,9 @@
     document.getElementById("subtitle").textContent = "pid " + R.pid + (R.allocator ? ", " + R.allocator : "") + ", " + count(R.calls) + " calls, " + secs(R.duration_ms) + " - " + R.trace;
     const h = section(main, "Summary", "summary");
     if (R.truncated) h.append(el("p", { class: "warn" }, "The trace is truncated (" + (R.damage || "no end marker") + "): this is the analysis of what is intact."));
+    for (const u of R.untraced || []) h.append(el("p", { class: "warn" }, "Not traced, its calls are missing: pid " + u.pid + " (" + (u.argv.join(" ") || u.path) + ")" + (u.exec_by_pid === null ? "" : ", exec'd by pid " + u.exec_by_pid) + ": " + u.reason));
     h.append(el("p", { class: "headline" }, R.headline.sentence));
-    h.append(el("p", { class: "note" }, "peak RSS " + bytes(R.headline.peak_rss) + " at " + secs(R.headline.peak_rss_t_ms) + "; peak live " + bytes(R.headline.peak_live) + " at " + secs(R.headline.peak_live_t_ms) +
+    h.append(el("p", { class: "note" }, (R.headline.peak_rss === null ? "no RSS sample was taken" : "peak RSS " + bytes(R.headline.peak_rss) + " at " + secs(R.headline.peak_rss_t_ms)) + "; peak live " + bytes(R.headline.peak_live) + " at " + secs(R.headline.peak_live_t_ms) +
       (R.headline.fragmentation_ratio ? "; fragmentation ratio " + R.headline.fragmentation_ratio.toFixed(2) + " (heap resident / live at the most waste)" : "")));
     // A snapshot of the same moment (to 10 ms) that saw far less live data was read after
     // the frees that followed the peak: both times to the millisecond, as in the text.

@@ -61,8 +61,8 @@ impl Measured {
     pub fn of(report: &Report, held_t_ms: f64, slack_ms: f64) -> Self {
         let mut m = Measured {
             allocator: report.allocator.clone(),
-            peak_rss: report.headline.peak_rss,
-            peak_rss_t_ms: report.headline.peak_rss_t_ms,
+            peak_rss: report.headline.peak_rss.unwrap_or(0),
+            peak_rss_t_ms: report.headline.peak_rss_t_ms.unwrap_or(0.0),
             end_rss: report.timeline.last().map_or(0, |p| p.rss),
             snapshots: report.snapshots.len(),
             ..Default::default()
