@@ -516,11 +516,17 @@ pub fn analyze(
     add_pinned_notes(&mut phases);
     let mut notes = Vec::new();
     if log.is_truncated() {
-        notes.push(
-            "the eventlog stops before its end (the program was killed): it is read to its \
-             last whole event, and the RTS's start-up facts (version, arguments) are missing"
-                .into(),
-        );
+        // The start-up facts come first in a log: a log cut later still has them.
+        let missing = log.ghc_version().is_none() || log.program_args().is_none();
+        notes.push(format!(
+            "the eventlog stops before its end marker (the program was killed, or ended \
+             without the RTS's shutdown): it is read to its last whole event{}",
+            if missing {
+                ", and the RTS's start-up facts (version, arguments) are missing"
+            } else {
+                ""
+            }
+        ));
     }
     if profile.samples.is_empty() {
         notes.push(
@@ -967,6 +973,34 @@ mod tests {
             .unwrap();
         major.slop_bytes = u64::MAX - 4095;
         assert_eq!(analyze(&log, None, 0.0, &[]).gc.max_slop, None);
+    }
+
+    /// A log cut after its start-up events keeps them (the RTS writes them from a buffer
+    /// it flushes late, at exit for a short run): only a log without them says so.
+    #[test]
+    fn a_cut_eventlog_says_what_is_missing() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fragscope-ghc/tests/fixtures/pinned-take-200000.eventlog");
+        let bytes = std::fs::read(path).unwrap();
+        // Every event, but not the end-of-data marker (a 16-bit 0xffff).
+        let late = Eventlog::parse_intact(&bytes[..bytes.len() - 2]).unwrap();
+        assert!(late.ghc_version().is_some());
+        assert!(late.is_truncated());
+        let notes = analyze(&late, None, 0.0, &[]).notes;
+        let cut = notes
+            .iter()
+            .find(|n| n.contains("stops before its end"))
+            .unwrap();
+        assert!(!cut.contains("missing"), "{cut}");
+        // Just past the header: no event at all.
+        let header_end = bytes.windows(4).position(|w| w == b"datb").unwrap() + 4;
+        let early = Eventlog::parse_intact(&bytes[..header_end]).unwrap();
+        let notes = analyze(&early, None, 0.0, &[]).notes;
+        let cut = notes
+            .iter()
+            .find(|n| n.contains("stops before its end"))
+            .unwrap();
+        assert!(cut.contains("start-up facts"), "{cut}");
     }
 
     #[test]
