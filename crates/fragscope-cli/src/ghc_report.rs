@@ -160,7 +160,15 @@ pub fn render(r: &GhcReport) -> String {
                 .map_or_else(String::new, |m| format!(", RSS up to {}", bytes(m)))
         );
         let _ = writeln!(o, "    at {}:", secs(ph.snapshot_t_ms));
-        render_decomposition(&mut o, &ph.decomposition);
+        if r.heap_known {
+            render_decomposition(&mut o, &ph.decomposition);
+        } else {
+            let _ = writeln!(
+                o,
+                "      RSS {}; the heap is unknown (no heap figures in the eventlog)",
+                opt_bytes(ph.decomposition.rss)
+            );
+        }
         if !ph.closure_types.is_empty() {
             let total: u64 = ph.closure_types.iter().map(|c| c.bytes).sum();
             let _ = writeln!(

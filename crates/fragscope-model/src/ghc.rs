@@ -168,6 +168,9 @@ pub struct GhcReport {
     pub damage: Option<String>,
     /// False for an eventlog made elsewhere: the figures are the RTS's alone.
     pub rss_recorded: bool,
+    /// False when the eventlog holds no heap size (the program was killed before its
+    /// first collection's events were written): nothing is split out of RSS then.
+    pub heap_known: bool,
     pub notes: Vec<String>,
     pub duration_ms: f64,
     pub timeline: Vec<GhcPoint>,
@@ -513,6 +516,16 @@ pub fn analyze(
             }
         })
         .collect();
+    let heap_known = states.iter().any(|s| s.heap_size > 0);
+    if !heap_known {
+        // Without a heap size every byte of RSS would look outside the heap.
+        for p in &mut phases {
+            let d = &mut p.decomposition;
+            d.other_anon = None;
+            d.unexplained = None;
+            d.non_heap = None;
+        }
+    }
     add_pinned_notes(&mut phases);
     let mut notes = Vec::new();
     if log.is_truncated() {
@@ -536,6 +549,14 @@ pub fn analyze(
                 .into(),
         );
     }
+    if !heap_known {
+        notes.push(
+            "the eventlog holds no heap figures (the program ended, or was killed, before \
+             the RTS wrote its first collection's events): the heap is unknown, so RSS is \
+             not split into heap and outside it"
+                .into(),
+        );
+    }
     let diagnosis = ghc_blocks::diagnose(&block_censuses, |t| heap_at(t).live);
     GhcReport {
         source: String::new(),
@@ -549,6 +570,7 @@ pub fn analyze(
         truncated: log.is_truncated(),
         damage: log.corruption.as_ref().map(|e| e.to_string()),
         rss_recorded: rss.is_some(),
+        heap_known,
         notes,
         duration_ms: end_ms.max(full.last().map_or(0.0, |p| p.t_ms)),
         timeline: thin(full, TIMELINE_POINTS),
@@ -1001,6 +1023,40 @@ mod tests {
             .find(|n| n.contains("stops before its end"))
             .unwrap();
         assert!(cut.contains("start-up facts"), "{cut}");
+    }
+
+    /// A program killed before the RTS wrote a heap event: its RSS is not filed outside
+    /// a heap of 0 bytes.
+    #[test]
+    fn a_log_without_heap_events_leaves_the_heap_unknown() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fragscope-ghc/tests/fixtures/pinned-take-200000.eventlog");
+        let bytes = std::fs::read(path).unwrap();
+        let header_end = bytes.windows(4).position(|w| w == b"datb").unwrap() + 4;
+        let log = Eventlog::parse_intact(&bytes[..header_end]).unwrap();
+        const MIB: u64 = 1 << 20;
+        let rss: Vec<RssPoint> = (0..100)
+            .map(|i| RssPoint {
+                t_ms: i as f64 * 10.0,
+                rss: 310 * MIB,
+                rss_anon: 300 * MIB,
+                rss_file: 10 * MIB,
+                lazy_free: 0,
+                lazy_free_fresh: true,
+            })
+            .collect();
+        let r = analyze(&log, Some(&rss), 0.0, &[]);
+        assert!(!r.heap_known);
+        assert!(
+            r.notes.iter().any(|n| n.contains("the heap is unknown")),
+            "{:?}",
+            r.notes
+        );
+        assert!(!r.phases.is_empty());
+        for p in &r.phases {
+            assert_eq!(p.decomposition.other_anon, None, "{p:?}");
+            assert_eq!(p.decomposition.rss, Some(310 * MIB));
+        }
     }
 
     #[test]
