@@ -243,6 +243,67 @@ pub fn analyze_eventlog_file(path: &Path) -> Result<GhcReport, GhcError> {
 pub fn analyze_trace(trace: &Path) -> Result<GhcReport, GhcError> {
     let eventlog = referenced_eventlog(trace)?.ok_or(GhcError::NoEventlog)?;
     let log = read_eventlog(&eventlog)?;
+    let mut report = analyze_trace_with(trace, &log)?;
+    report.eventlog = eventlog.display().to_string();
+    Ok(report)
+}
+
+/// True when the trace's first snapshot of its first process came with a GHC block
+/// census (or a note that none could be taken): a GHC program, recorded without an
+/// eventlog. Reads only up to that snapshot.
+pub fn has_ghc_census(trace: &Path) -> Result<bool, GhcError> {
+    let mut reader = TraceReader::open(trace)?;
+    let mut main_stream = None;
+    // The census follows its snapshot's Pagemap chunk, a few chunks later at most.
+    let mut after_pagemap: Option<u32> = None;
+    for _ in 0..100_000 {
+        let Some(chunk) = reader.next_chunk() else {
+            break;
+        };
+        match chunk {
+            Chunk::Process(p) if main_stream.is_none() => main_stream = Some(p.stream),
+            Chunk::GhcCensus(c) if Some(c.stream) == main_stream => return Ok(true),
+            Chunk::Pagemap(p) if Some(p.stream) == main_stream => {
+                after_pagemap.get_or_insert(0);
+            }
+            _ => {}
+        }
+        if let Some(n) = after_pagemap.as_mut() {
+            *n += 1;
+            if *n > 8 {
+                break;
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// The GHC report of a GHC program recorded without an eventlog: RSS and the RTS's
+/// block censuses only.
+pub fn analyze_trace_without_eventlog(trace: &Path) -> Result<GhcReport, GhcError> {
+    let log = Eventlog {
+        header: fragscope_ghc::Header::default(),
+        events: Vec::new(),
+        end: fragscope_ghc::End::Complete,
+        corruption: None,
+    };
+    let mut report = analyze_trace_with(trace, &log)?;
+    report.eventlog = String::new();
+    // Said once, by the note below.
+    report
+        .notes
+        .retain(|n| !n.contains("heap profile by closure type") && !n.contains("heap is unknown"));
+    report.notes.insert(
+        0,
+        "recorded without an eventlog (the program's RTS was not linked with -eventlog, or \
+         refused GHCRTS): the figures are RSS and the RTS's block censuses; rebuild with \
+         `ghc -eventlog -rtsopts` for live data, the heap's size over time and the GC table"
+            .into(),
+    );
+    Ok(report)
+}
+
+fn analyze_trace_with(trace: &Path, log: &Eventlog) -> Result<GhcReport, GhcError> {
     let mut reader = TraceReader::open(trace)?;
     let mut start_unix_ns = 0u64;
     let mut tick_ms = 1.0;
@@ -328,7 +389,7 @@ pub fn analyze_trace(trace: &Path) -> Result<GhcReport, GhcError> {
         })
         .collect();
     let mut report = analyze(
-        &log,
+        log,
         if points.is_empty() {
             None
         } else {
@@ -341,7 +402,6 @@ pub fn analyze_trace(trace: &Path) -> Result<GhcReport, GhcError> {
         report.notes.push(format!("no block census: {note}"));
     }
     report.source = trace.display().to_string();
-    report.eventlog = eventlog.display().to_string();
     if points.is_empty() {
         report
             .notes
@@ -557,7 +617,7 @@ pub fn analyze(
                 .into(),
         );
     }
-    let diagnosis = ghc_blocks::diagnose(&block_censuses, |t| heap_at(t).live);
+    let diagnosis = ghc_blocks::diagnose(&block_censuses, |t| heap_known.then(|| heap_at(t).live));
     GhcReport {
         source: String::new(),
         eventlog: String::new(),
