@@ -984,19 +984,28 @@ fn rendezvous_dir() -> Result<tempfile::TempDir> {
 /// Removes the rendezvous directories in `parent` that a recorder left when it was killed:
 /// ours (same uid), whose socket no process has bound any more (it is not among the bound
 /// Unix sockets in /proc/net/unix), or, without a socket, older than a minute (one that
-/// was just made is about to get its socket).
+/// was just made is about to get its socket). The list of bound sockets is read for each
+/// socket file, after it was seen and once it is 200 ms old: a list read once before the
+/// loop would miss the sockets of recorders that started meanwhile (which then hung,
+/// their directory gone, in parallel tests).
 fn sweep_stale_rendezvous(parent: &Path) {
     let Ok(entries) = std::fs::read_dir(parent) else {
         return;
     };
-    let Ok(bound) = std::fs::read_to_string("/proc/net/unix") else {
-        return; // without the list of bound sockets, a live recorder cannot be told apart
+    let is_bound = |sock: &Path| -> Option<bool> {
+        let list = std::fs::read_to_string("/proc/net/unix").ok()?;
+        let sock = sock.to_string_lossy();
+        Some(
+            list.lines()
+                .skip(1)
+                .any(|l| l.split_whitespace().nth(7) == Some(sock.as_ref())),
+        )
     };
-    let bound: std::collections::HashSet<&str> = bound
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.split_whitespace().nth(7))
-        .collect();
+    let older_than = |p: &Path, age: Duration| {
+        std::fs::symlink_metadata(p)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|a| a > age))
+    };
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     for entry in entries.flatten() {
@@ -1014,12 +1023,10 @@ fn sweep_stale_rendezvous(parent: &Path) {
         }
         let sock = dir.join("sock");
         let stale = if sock.exists() {
-            !bound.contains(sock.to_string_lossy().as_ref())
+            // Without the list, a live recorder cannot be told apart: keep it.
+            older_than(&sock, Duration::from_millis(200)) && is_bound(&sock) == Some(false)
         } else {
-            entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > Duration::from_secs(60)))
+            older_than(&dir, Duration::from_secs(60))
         };
         if stale {
             let _ = std::fs::remove_dir_all(&dir);
