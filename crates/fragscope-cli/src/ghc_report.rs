@@ -96,6 +96,15 @@ pub fn render(r: &GhcReport) -> String {
     for n in &r.notes {
         let _ = writeln!(o, "  note: {n}");
     }
+    if let Some(d) = &r.diagnosis {
+        let _ = writeln!(o, "\n{}", d.headline);
+        for line in &d.details {
+            let _ = writeln!(o, "  {line}");
+        }
+        for a in &d.advice {
+            let _ = writeln!(o, "  - {a}");
+        }
+    }
 
     let _ = writeln!(
         o,
@@ -169,10 +178,28 @@ pub fn render(r: &GhcReport) -> String {
                 );
             }
         }
+        if let Some(c) = &ph.block_census {
+            let _ = writeln!(
+                o,
+                "    block census at {}: heap {} (HEAP_SIZE {}), blocks in use {}, free blocks {} \
+                 (GC frag {}), pinned blocks {}{}, {} in megablocks with at most 25 blocks in use",
+                secs(c.t_ms),
+                bytes(c.heap_size),
+                bytes(c.eventlog_heap_size),
+                bytes(c.blocks_in_use),
+                bytes(c.free_blocks),
+                opt_bytes(c.eventlog_free_blocks),
+                count(c.pinned_blocks),
+                c.pinned_live
+                    .map_or_else(String::new, |l| format!(" ({} referred to)", bytes(l))),
+                bytes(c.sparse_megablocks)
+            );
+        }
         if let Some(note) = &ph.pinned_note {
             let _ = writeln!(o, "    => {note}");
         }
     }
+    render_block_censuses(&mut o, r);
 
     let g = &r.gc;
     let _ = writeln!(
@@ -210,7 +237,16 @@ pub fn render(r: &GhcReport) -> String {
     let _ = writeln!(o, "  allocated          {}", bytes(g.allocated_bytes));
     let _ = writeln!(o, "  copied during GC   {}", bytes(g.copied_bytes));
     let _ = writeln!(o, "  maximum residency  {}", bytes(g.max_residency));
-    let _ = writeln!(o, "  maximum slop       {}", bytes(g.max_slop));
+    let _ = writeln!(
+        o,
+        "  maximum slop       {}",
+        g.max_slop.map_or_else(
+            || "unknown (a major collection reported a slop larger than the heap: the \
+                 RTS's count underflowed)"
+                .into(),
+            bytes
+        )
+    );
     let _ = writeln!(o, "  memory in use      {}", bytes(g.memory_in_use));
     let _ = writeln!(
         o,
@@ -219,6 +255,86 @@ pub fn render(r: &GhcReport) -> String {
         bytes(g.max_fragmentation)
     );
     o
+}
+
+/// The block censuses over time, and the one the diagnosis reads in detail.
+fn render_block_censuses(o: &mut String, r: &GhcReport) {
+    if r.block_censuses.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "\nBlock census (the RTS's block descriptors, read at each snapshot)"
+    );
+    let _ = writeln!(
+        o,
+        "  {:>8}  {:>11}  {:>11}  {:>11}  {:>11}  {:>13}  {:>11}  {:>8}",
+        "time", "heap", "in use", "free blocks", "pinned", "pinned live", "sparse MBs", "pause"
+    );
+    let step = (r.block_censuses.len() / TIMELINE_ROWS).max(1);
+    for c in r.block_censuses.iter().step_by(step) {
+        let pinned = r.block_censuses.first().map_or(0, |_| {
+            c.kinds
+                .iter()
+                .find(|k| k.kind == "pinned")
+                .map_or(0, |k| k.held)
+        });
+        let _ = writeln!(
+            o,
+            "  {:>8}  {:>11}  {:>11}  {:>11}  {:>11}  {:>13}  {:>11}  {:>8}",
+            secs(c.t_ms),
+            bytes(c.heap_size),
+            bytes(c.blocks_in_use),
+            bytes(c.free_blocks),
+            bytes(pinned),
+            opt_bytes(c.pinned_live),
+            bytes(c.sparse_megablocks),
+            format!("{:.1} ms", c.pause_ms)
+        );
+    }
+    let focus = r
+        .diagnosis
+        .as_ref()
+        .and_then(|d| r.block_censuses.iter().find(|c| c.t_ms == d.census_t_ms))
+        .or(r.block_censuses.last());
+    let Some(c) = focus else { return };
+    let _ = writeln!(o, "\n  at {}: blocks by kind", secs(c.t_ms));
+    let _ = writeln!(
+        o,
+        "    {:<20} {:>9} {:>11} {:>11}",
+        "", "groups", "held", "used"
+    );
+    for k in c.kinds.iter().filter(|k| k.groups > 0) {
+        let _ = writeln!(
+            o,
+            "    {:<20} {:>9} {:>11} {:>11}",
+            k.kind,
+            count(k.groups),
+            bytes(k.held),
+            bytes(k.used)
+        );
+    }
+    let _ = writeln!(o, "  megablocks by blocks in use (of 252)");
+    for f in c.megablock_fill.iter().filter(|f| f.megablocks > 0) {
+        let _ = writeln!(o, "    {:<24} {:>8}", f.label, count(f.megablocks));
+    }
+    if let Some(occ) = &c.pinned_occupancy {
+        let _ = writeln!(
+            o,
+            "  pinned blocks by how full they are (bytes still referred to / bytes held)"
+        );
+        let most = occ.iter().copied().max().unwrap_or(0).max(1);
+        for (i, n) in occ.iter().enumerate() {
+            let _ = writeln!(
+                o,
+                "    {:>3}%-{:>3}%  {:>8}  {}",
+                i * 10,
+                (i + 1) * 10,
+                count(*n),
+                "#".repeat(((n * 40).div_ceil(most)) as usize)
+            );
+        }
+    }
 }
 
 fn render_decomposition(o: &mut String, d: &GhcDecomposition) {

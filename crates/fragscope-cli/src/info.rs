@@ -65,6 +65,8 @@ fn to_json(s: &TraceSummary) -> serde_json::Value {
             "rss_samples": p.rss_samples,
             "peak_rss": (p.rss_samples > 0).then_some(p.peak_rss_kib * 1024),
             "snapshots": p.snapshots,
+            "ghc_censuses": p.ghc_censuses,
+            "ghc_census_note": p.ghc_census_note,
             "exit_code": p.wait.and_then(|w| w.exit_code).or(p.end.map(|e| e.status)),
             "signal": p.wait.and_then(|w| w.signal),
             "end": p.describe_end(),
@@ -162,6 +164,15 @@ fn print_text(path: &std::path::Path, s: &TraceSummary) {
             "  samples  {} RSS samples{peak}, {} page-residency snapshots, {} stacks",
             p.rss_samples, p.snapshots, p.stacks
         );
+        if p.ghc_censuses > 0 {
+            println!(
+                "  ghc      {} block censuses of the RTS heap",
+                p.ghc_censuses
+            );
+        }
+        if let Some(note) = &p.ghc_census_note {
+            println!("  ghc      {note}");
+        }
         if p.lost_buffers + p.lost_events > 0 {
             println!(
                 "  lost     {} buffers, {} events",

@@ -38,9 +38,11 @@ enum Pack {
 /// and stderr are its own, and fragscope exits with its exit status (128+N if signal N
 /// ended it). Children (fork, exec, posix_spawn) are recorded too.
 ///
-/// A GHC-compiled program is also asked for its RTS eventlog with a -hT heap profile
-/// (GHCRTS gains `-l -hT -i0.1 -ol<trace>.eventlog`, after your own flags), written beside
-/// the trace; if its RTS would refuse the flags, fragscope says which to rebuild with.
+/// A GHC-compiled program is also asked for its RTS eventlog (GHCRTS gains
+/// `-l -ol<trace>.eventlog`, after your own flags), written beside the trace; if its RTS
+/// would refuse the flags, fragscope says which to rebuild with. At each snapshot
+/// fragscope also reads the RTS's block descriptors (megablocks, blocks by kind, pinned
+/// blocks and how full they are) from outside the program.
 ///
 /// Example: fragscope record -o run.fsc -- ./server --port 8080
 #[derive(Args)]
@@ -75,6 +77,15 @@ pub struct RecordArgs {
     /// another kind, or a symbolic link, which is replaced, never written through).
     #[arg(long)]
     force: bool,
+    /// GHC programs: also ask the RTS for a heap profile by closure type (`-hT -i0.1`).
+    /// Each of its censuses is a major collection, so the program collects and copies
+    /// more than it would on its own.
+    #[arg(long)]
+    ghc_heap_profile: bool,
+    /// GHC programs: do not read the RTS's block descriptors at snapshots (each read
+    /// stops the program for about a millisecond per 20 MiB of heap).
+    #[arg(long)]
+    no_ghc_census: bool,
     /// The program to record, and its arguments.
     #[arg(required = true, last = true, value_name = "COMMAND")]
     command: Vec<OsString>,
@@ -102,6 +113,8 @@ pub fn run(a: RecordArgs) -> Result<ExitCode> {
         },
         command: a.command,
         force: a.force,
+        ghc_census: !a.no_ghc_census,
+        ghc_heap_profile: a.ghc_heap_profile,
     };
     let out = record(&opts)?;
     eprintln!(

@@ -151,12 +151,14 @@ fn build_pinned(dir: &Path, eventlog: bool) -> Option<PathBuf> {
     Some(exe)
 }
 
-/// `fragscope record` of `exe n mode +RTS -s`: (trace, fragscope's and the RTS's stderr).
+/// `fragscope record --ghc-heap-profile` of `exe n mode +RTS -s`: (trace, fragscope's
+/// and the RTS's stderr).
 fn record(dir: &Path, exe: &Path, n: u32, mode: &str) -> (PathBuf, String) {
     let trace = dir.join(format!("{mode}.fsc"));
     let out = Command::new(FRAGSCOPE)
         .current_dir(dir)
         .arg("record")
+        .arg("--ghc-heap-profile")
         .arg("-o")
         .arg(&trace)
         .arg("--")
@@ -304,4 +306,193 @@ fn a_ghc_program_without_eventlog_is_recorded_with_advice() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Builds tests/ghc/`name`.hs with `ghc -O -rtsopts -eventlog`; `None` without ghc.
+fn build_case(dir: &Path, name: &str) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/ghc/{name}.hs"));
+    if Command::new("ghc").arg("--version").output().is_err() {
+        eprintln!("skipped: ghc is missing");
+        return None;
+    }
+    let exe = dir.join(name);
+    let out = Command::new("ghc")
+        .args(["-O", "-rtsopts", "-eventlog", "-outputdir"])
+        .arg(dir.join(format!("build-{name}")))
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ghc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(exe)
+}
+
+fn within(a: u64, b: u64, share: f64) -> bool {
+    (a as f64 - b as f64).abs() <= share * b.max(1) as f64
+}
+
+/// Seed 001's server: 20 000 connections with pinned buffers; after they close, one
+/// slice in a hundred is kept. Recorded without a heap profile, the report names the
+/// pinned blocks that keep the megablocks, from the block census, whose figures agree
+/// with the eventlog's; copying the slices out leaves nothing to report.
+#[test]
+fn a_seed_001_server_is_diagnosed_from_the_block_census_without_a_heap_profile() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_case(dir.path(), "Conns") else {
+        return;
+    };
+    for mode in ["keep", "copy"] {
+        let trace = dir.path().join(format!("conns-{mode}.fsc"));
+        let html = dir.path().join(format!("conns-{mode}.html"));
+        let out = Command::new(FRAGSCOPE)
+            .current_dir(dir.path())
+            .args(["record", "-o"])
+            .arg(&trace)
+            .arg("--")
+            .arg(&exe)
+            .args(["20000", mode])
+            .env_remove("GHCRTS")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r = report_json(&trace);
+        // No -hT census ran: the program was left to collect as it would alone.
+        for p in r["phases"].as_array().unwrap() {
+            assert!(p["closure_types"].as_array().unwrap().is_empty(), "{p}");
+        }
+        let censuses = r["block_censuses"].as_array().unwrap();
+        assert!(censuses.len() >= 3, "{mode}: {censuses:?}");
+        // After the close: the last plateau, idle, so the eventlog's figures (posted at
+        // the last collection) describe the same heap the census read.
+        let last = *plateaus(&r).last().unwrap();
+        let (from, to) = (
+            last["start_ms"].as_f64().unwrap(),
+            last["end_ms"].as_f64().unwrap(),
+        );
+        let after: Vec<&Value> = censuses
+            .iter()
+            .filter(|c| (from..=to).contains(&c["t_ms"].as_f64().unwrap()))
+            .collect();
+        assert!(!after.is_empty(), "{mode}: no census in {from}-{to} ms");
+        for c in &after {
+            let heap = u(&c["heap_size"]);
+            assert!(
+                within(heap, u(&c["eventlog_heap_size"]), 0.02),
+                "{mode}: {c}"
+            );
+            assert!(
+                within(u(&c["free_blocks"]), u(&c["eventlog_free_blocks"]), 0.02),
+                "{mode}: {c}"
+            );
+            // A megablock's 1 MiB is its 252 blocks and their descriptors.
+            let blocks = u(&c["blocks_in_use"]) + u(&c["free_blocks"]);
+            assert_eq!(blocks, heap / (1 << 20) * 252 * 4096, "{mode}: {c}");
+        }
+        let text = Command::new(FRAGSCOPE)
+            .arg("report")
+            .arg(&trace)
+            .arg("--html")
+            .arg(&html)
+            .output()
+            .unwrap();
+        assert!(text.status.success());
+        let page = std::fs::read_to_string(&html).unwrap();
+        let text = String::from_utf8(
+            Command::new(FRAGSCOPE)
+                .arg("report")
+                .arg(&trace)
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        if mode == "copy" {
+            assert!(r["diagnosis"].is_null(), "{}", r["diagnosis"]);
+            assert!(u(&after[0]["heap_size"]) <= 16 << 20, "{}", after[0]);
+            continue;
+        }
+        let d = &r["diagnosis"];
+        let headline = d["headline"].as_str().unwrap();
+        // "67 MiB of megablocks are kept by 197 pinned blocks 12% full"
+        let words: Vec<&str> = headline.split(' ').collect();
+        assert_eq!(
+            &words[1..7],
+            ["MiB", "of", "megablocks", "are", "kept", "by"],
+            "{headline}"
+        );
+        let kept_mib: u64 = words[0].parse().unwrap();
+        let pinned_blocks: u64 = words[7].parse().unwrap();
+        assert_eq!(&words[8..10], ["pinned", "blocks"], "{headline}");
+        assert!(headline.ends_with("full"), "{headline}");
+        // 200 slices kept, each in its own block (or a few sharing one).
+        assert!((150..=260).contains(&pinned_blocks), "{headline}");
+        let c = censuses
+            .iter()
+            .find(|c| c["t_ms"] == d["census_t_ms"])
+            .unwrap();
+        assert!(kept_mib * 2 >= u(&c["heap_size"]) >> 20, "{headline}: {c}");
+        assert!(
+            within(u(&c["heap_size"]), u(&c["eventlog_heap_size"]), 0.02),
+            "{c}"
+        );
+        // Seed 001's histogram: most pinned blocks less than 20% full.
+        let occ: Vec<u64> = c["pinned_occupancy"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(u)
+            .collect();
+        assert_eq!(occ.len(), 10);
+        let blocks: u64 = occ.iter().sum();
+        assert!(occ[0] + occ[1] >= blocks * 8 / 10, "{occ:?}");
+        assert!(text.contains(headline), "{text}");
+        assert!(
+            text.contains("pinned blocks by how full they are"),
+            "{text}"
+        );
+        assert!(text.contains(" 0%- 10%"), "{text}");
+        assert!(page.contains(headline));
+        assert!(d["advice"][0]
+            .as_str()
+            .unwrap()
+            .contains("Data.ByteString.copy"));
+    }
+}
+
+/// GHC 9.0 refuses a heap profile with the nonmoving collector and aborts: asked for
+/// one, fragscope leaves -hT out for a program run with -xn, says so, and the program
+/// runs with its eventlog and block census.
+#[test]
+fn a_nonmoving_program_is_not_given_a_heap_profile_it_would_abort_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_case(dir.path(), "Conns") else {
+        return;
+    };
+    let trace = dir.path().join("xn.fsc");
+    let out = Command::new(FRAGSCOPE)
+        .current_dir(dir.path())
+        .args(["record", "--ghc-heap-profile", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&exe)
+        .args(["2000", "keep", "+RTS", "-xn", "-RTS"])
+        .env_remove("GHCRTS")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("nonmoving collector (-xn)"), "{stderr}");
+    assert!(stderr.contains("GHC eventlog written"), "{stderr}");
+    let r = report_json(&trace);
+    assert!(!r["block_censuses"].as_array().unwrap().is_empty(), "{r}");
+    assert!(r["gc"]["memory_in_use"].as_u64().unwrap() > 0);
 }

@@ -295,6 +295,20 @@ fn compare_and_ghc_pages_draw_in_the_browser() {
         n(&dom, "class=\"series ghc-line\""),
         if blocks { 3 } else { 2 }
     );
+    // Pauses of a few milliseconds read as such, not as "0.00 s".
+    for g in ghc_json["gc"]["generations"].as_array().unwrap() {
+        let pause = g["max_pause_ms"].as_f64().unwrap();
+        assert!(pause < 1000.0, "{g}");
+        let shown = format!(
+            "<td>{}</td>",
+            if pause < 10.0 {
+                format!("{pause:.2} ms")
+            } else {
+                format!("{pause:.1} ms")
+            }
+        );
+        assert!(dom.contains(&shown), "{shown} not in the GC table");
+    }
 }
 
 #[test]

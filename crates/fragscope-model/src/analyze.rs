@@ -337,6 +337,8 @@ pub fn analyze(
                 seen_end = true;
                 last_tick = last_tick.max(e.tick);
             }
+            // Read by the GHC model (`ghc.rs`).
+            Chunk::GhcCensus(_) => {}
         }
     }
     progress(reader.offset(), reader.file_bytes());

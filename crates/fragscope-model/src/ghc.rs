@@ -16,7 +16,17 @@ use fragscope_ghc::{EventKind, Eventlog, HeapProfile};
 use fragscope_trace::{Chunk, TraceReader};
 use serde::Serialize;
 
+use crate::ghc_blocks::{self, BlockCensus, BlockDiagnosis};
 use crate::phases::{self, PhaseKind};
+use fragscope_trace::records::{GhcBlocks, SnapshotReason};
+
+/// A block census read from the trace, on the trace's clock.
+#[derive(Debug, Clone)]
+pub struct CensusInput {
+    pub t_ms: f64,
+    pub reason: SnapshotReason,
+    pub blocks: GhcBlocks,
+}
 
 /// RSS at one moment, from the recording (bytes).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -109,6 +119,8 @@ pub struct GhcPhase {
     /// Set when ARR_WORDS dominates a plateau whose live data fell: the pinned-block
     /// explanation of seed 000.
     pub pinned_note: Option<String>,
+    /// The block census nearest `snapshot_t_ms` inside the phase.
+    pub block_census: Option<BlockCensus>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -134,7 +146,10 @@ pub struct GcTable {
     pub max_residency: u64,
     /// Largest heap size (`-s`: total memory in use).
     pub memory_in_use: u64,
-    pub max_slop: u64,
+    /// The largest slop a major collection reported (`-s`: maximum slop); `None` when
+    /// one reported a slop larger than the heap (the RTS's count underflowed, as the
+    /// nonmoving collector's does in GHC 9.0).
+    pub max_slop: Option<u64>,
     /// GC_STATS_GHC frag when the heap was largest (`-s`: lost due to fragmentation).
     pub fragmentation_at_peak: u64,
     pub max_fragmentation: u64,
@@ -158,6 +173,11 @@ pub struct GhcReport {
     pub timeline: Vec<GhcPoint>,
     pub phases: Vec<GhcPhase>,
     pub gc: GcTable,
+    /// The RTS's block censuses, read by the recorder at each snapshot (none for an
+    /// eventlog alone, or a program whose RTS the census cannot read: `notes` says why).
+    pub block_censuses: Vec<BlockCensus>,
+    /// What holds the megablocks, from the censuses; `None` when nothing stands out.
+    pub diagnosis: Option<BlockDiagnosis>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -203,7 +223,7 @@ pub fn referenced_eventlog(trace: &Path) -> Result<Option<PathBuf>, GhcError> {
 /// The GHC report of an eventlog on its own (no RSS).
 pub fn analyze_eventlog_file(path: &Path) -> Result<GhcReport, GhcError> {
     let log = read_eventlog(path)?;
-    let mut report = analyze(&log, None, 0.0);
+    let mut report = analyze(&log, None, 0.0, &[]);
     report.source = path.display().to_string();
     report.eventlog = path.display().to_string();
     report.notes.insert(
@@ -227,6 +247,8 @@ pub fn analyze_trace(trace: &Path) -> Result<GhcReport, GhcError> {
     let mut start_tick = 0u64;
     let mut rss: Vec<(u64, u64, u64, u64)> = Vec::new();
     let mut lazy: Vec<(u64, u64)> = Vec::new();
+    let mut censuses: Vec<(u64, SnapshotReason, GhcBlocks)> = Vec::new();
+    let mut census_note: Option<String> = None;
     while let Some(chunk) = reader.next_chunk() {
         match chunk {
             Chunk::Meta(m) => {
@@ -250,6 +272,12 @@ pub fn analyze_trace(trace: &Path) -> Result<GhcReport, GhcError> {
             Chunk::Rollup(r) if Some(r.stream) == main_stream => {
                 lazy.push((r.tick, r.get("LazyFree").unwrap_or(0) * 1024))
             }
+            Chunk::GhcCensus(c) if Some(c.stream) == main_stream => match c.result {
+                Ok(b) => censuses.push((c.tick, c.reason, b)),
+                Err(note) => {
+                    census_note.get_or_insert(note);
+                }
+            },
             _ => {}
         }
     }
@@ -288,6 +316,14 @@ pub fn analyze_trace(trace: &Path) -> Result<GhcReport, GhcError> {
         })
         .unwrap_or(start_tick as f64 * tick_ms)
         .max(0.0);
+    let censuses: Vec<CensusInput> = censuses
+        .into_iter()
+        .map(|(tick, reason, blocks)| CensusInput {
+            t_ms: tick as f64 * tick_ms,
+            reason,
+            blocks,
+        })
+        .collect();
     let mut report = analyze(
         &log,
         if points.is_empty() {
@@ -296,7 +332,11 @@ pub fn analyze_trace(trace: &Path) -> Result<GhcReport, GhcError> {
             Some(&points)
         },
         offset_ms,
+        &censuses,
     );
+    if let Some(note) = census_note {
+        report.notes.push(format!("no block census: {note}"));
+    }
     report.source = trace.display().to_string();
     report.eventlog = eventlog.display().to_string();
     if points.is_empty() {
@@ -332,8 +372,13 @@ struct HeapState {
 }
 
 /// Analyses `log` (sorted by time). `rss` in time order on the recording's clock; the
-/// eventlog's time 0 is `offset_ms` on that clock.
-pub fn analyze(log: &Eventlog, rss: Option<&[RssPoint]>, offset_ms: f64) -> GhcReport {
+/// eventlog's time 0 is `offset_ms` on that clock; so are the block `censuses`.
+pub fn analyze(
+    log: &Eventlog,
+    rss: Option<&[RssPoint]>,
+    offset_ms: f64,
+    censuses: &[CensusInput],
+) -> GhcReport {
     let mut states: Vec<HeapState> = Vec::new();
     let mut state = HeapState::default();
     let mut gc = GcAccumulator::default();
@@ -397,6 +442,18 @@ pub fn analyze(log: &Eventlog, rss: Option<&[RssPoint]>, offset_ms: f64) -> GhcR
         // seed 000 describes, and LazyFree moves as the kernel pleases.
         .map(|p| (p.t_ms, p.rss.unwrap_or(p.heap_size), p.live))
         .collect();
+    let block_censuses: Vec<BlockCensus> = censuses
+        .iter()
+        .map(|c| {
+            let s = heap_at(c.t_ms);
+            BlockCensus::new(
+                c.t_ms,
+                c.reason,
+                &c.blocks,
+                (s.heap_size, s.gc_frag, s.live),
+            )
+        })
+        .collect();
     let profile = log.heap_profile();
     let mut phases: Vec<GhcPhase> = phases::detect(&curve)
         .into_iter()
@@ -444,6 +501,15 @@ pub fn analyze(log: &Eventlog, rss: Option<&[RssPoint]>, offset_ms: f64) -> GhcR
                 census_t_ms,
                 closure_types,
                 pinned_note: None,
+                block_census: block_censuses
+                    .iter()
+                    .filter(|c| c.t_ms >= span.start_ms && c.t_ms <= span.end_ms)
+                    .min_by(|a, b| {
+                        (a.t_ms - mid.t_ms)
+                            .abs()
+                            .total_cmp(&(b.t_ms - mid.t_ms).abs())
+                    })
+                    .cloned(),
             }
         })
         .collect();
@@ -458,11 +524,13 @@ pub fn analyze(log: &Eventlog, rss: Option<&[RssPoint]>, offset_ms: f64) -> GhcR
     }
     if profile.samples.is_empty() {
         notes.push(
-            "the eventlog has no heap profile (run the program with +RTS -hT for the \
-             closure-type breakdown)"
+            "the eventlog has no heap profile by closure type (`fragscope record \
+             --ghc-heap-profile`, or +RTS -hT, adds one, at the cost of a major collection \
+             per census)"
                 .into(),
         );
     }
+    let diagnosis = ghc_blocks::diagnose(&block_censuses, |t| heap_at(t).live);
     GhcReport {
         source: String::new(),
         eventlog: String::new(),
@@ -480,6 +548,8 @@ pub fn analyze(log: &Eventlog, rss: Option<&[RssPoint]>, offset_ms: f64) -> GhcR
         timeline: thin(full, TIMELINE_POINTS),
         phases,
         gc: gc.finish(end_ms - offset_ms),
+        block_censuses,
+        diagnosis,
     }
 }
 
@@ -590,8 +660,10 @@ fn census_near(
     (Some(sample.time_ns as f64 / 1e6 + offset_ms), rows)
 }
 
-/// Seed 000: after a fall of live data, a plateau where ARR_WORDS dominates the profile
-/// points at pinned blocks kept whole by the few objects still alive in them.
+/// Seed 000: after a fall of live data, a plateau whose block census shows megablocks or
+/// pinned blocks kept by a few survivors, or (without a census) where ARR_WORDS
+/// dominates the -hT profile, points at pinned blocks kept whole by the few objects
+/// still alive in them.
 fn add_pinned_notes(phases: &mut [GhcPhase]) {
     const FALL: f64 = 0.7;
     const DOMINANT: f64 = 0.5;
@@ -604,7 +676,15 @@ fn add_pinned_notes(phases: &mut [GhcPhase]) {
             .find(|c| c.label == "ARR_WORDS")
             .map_or(0, |c| c.bytes);
         let live = phase.decomposition.live;
-        if phase.kind == PhaseKind::Plateau
+        let fell = (live as f64) < FALL * earlier_live_max as f64;
+        if let Some(note) = phase
+            .block_census
+            .as_ref()
+            .filter(|_| phase.kind == PhaseKind::Plateau && fell)
+            .and_then(ghc_blocks::phase_note)
+        {
+            phase.pinned_note = Some(note);
+        } else if phase.kind == PhaseKind::Plateau
             && total > 0
             && arr_words as f64 >= DOMINANT * total as f64
             && (live as f64) < FALL * earlier_live_max as f64
@@ -652,6 +732,7 @@ struct GcAccumulator {
     frag_at_peak: u64,
     max_frag: u64,
     max_slop: u64,
+    slop_underflowed: bool,
     oldest_generation: u16,
     live_before_stats: Option<u64>,
 }
@@ -698,11 +779,19 @@ impl GcAccumulator {
                 g.gc_ms += pause_ms;
                 g.max_pause_ms = g.max_pause_ms.max(pause_ms);
                 self.copied += s.copied_bytes;
-                self.max_slop = self.max_slop.max(s.slop_bytes);
-                self.max_frag = self.max_frag.max(s.frag_bytes);
-                if state.heap_size >= self.memory_in_use {
-                    self.frag_at_peak = s.frag_bytes;
+                // `-s` takes the slop of major collections only; a slop beyond the heap
+                // is the RTS's count gone below zero, not a size.
+                if s.generation >= self.oldest_generation {
+                    if s.slop_bytes > state.heap_size.max(self.memory_in_use) {
+                        self.slop_underflowed = true;
+                    } else {
+                        self.max_slop = self.max_slop.max(s.slop_bytes);
+                    }
                 }
+                // The free blocks at the largest heap are paired with its HEAP_SIZE, which
+                // the RTS posts after this collection's stats (the heap size known here is
+                // the previous collection's).
+                self.max_frag = self.max_frag.max(s.frag_bytes);
                 // `-s` counts residency after major collections only.
                 if s.generation >= self.oldest_generation {
                     if let Some(live) = self.live_before_stats {
@@ -725,7 +814,7 @@ impl GcAccumulator {
             copied_bytes: self.copied,
             max_residency: self.max_residency,
             memory_in_use: self.memory_in_use,
-            max_slop: self.max_slop,
+            max_slop: (!self.slop_underflowed).then_some(self.max_slop),
             fragmentation_at_peak: self.frag_at_peak,
             max_fragmentation: self.max_frag,
         }
@@ -791,7 +880,7 @@ mod tests {
                 }
             })
             .collect();
-        let report = analyze(&log, Some(&rss), 0.0);
+        let report = analyze(&log, Some(&rss), 0.0, &[]);
         let mut checked = 0;
         for phase in &report.phases {
             let holds_a_reading = rss
@@ -804,6 +893,80 @@ mod tests {
             }
         }
         assert!(checked >= 2, "{:?}", report.phases);
+    }
+
+    /// The RTS posts a collection's GC_STATS_GHC before its HEAP_SIZE: the free blocks at
+    /// the largest heap are those of the collection that posted that heap size, not of
+    /// the one after it.
+    #[test]
+    fn free_blocks_at_the_largest_heap_come_from_the_same_collection() {
+        for name in [
+            "pinned-strip-200000.eventlog",
+            "pinned-take-200000.eventlog",
+        ] {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../fragscope-ghc/tests/fixtures")
+                .join(name);
+            let log = read_eventlog(&path).unwrap();
+            // (heap size, frag of the stats posted last before it), per HEAP_SIZE.
+            let mut frag = None;
+            let mut pairs = Vec::new();
+            for e in &log.events {
+                match &e.kind {
+                    EventKind::GcStats(s) => frag = Some(s.frag_bytes),
+                    EventKind::HeapSize { bytes, .. } => pairs.push((*bytes, frag)),
+                    _ => {}
+                }
+            }
+            let largest = pairs.iter().map(|p| p.0).max().unwrap();
+            let (_, expected) = pairs.iter().find(|p| p.0 == largest).unwrap();
+            let report = analyze(&log, None, 0.0, &[]);
+            assert_eq!(report.gc.memory_in_use, largest);
+            assert_eq!(
+                Some(report.gc.fragmentation_at_peak),
+                *expected,
+                "{name}: {pairs:?}"
+            );
+        }
+    }
+
+    /// `+RTS -s` reports the largest slop of major collections; a minor collection's may
+    /// be larger. A slop beyond the heap is an underflow, shown as unknown.
+    #[test]
+    fn maximum_slop_is_that_of_major_collections() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fragscope-ghc/tests/fixtures/pinned-strip-200000.eventlog");
+        let mut log = read_eventlog(&path).unwrap();
+        let major_max = log
+            .events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::GcStats(s) if s.generation >= 1 => Some(s.slop_bytes),
+                _ => None,
+            })
+            .max()
+            .unwrap();
+        // A minor collection with more slop than any major one.
+        let minor = log
+            .events
+            .iter_mut()
+            .find_map(|e| match &mut e.kind {
+                EventKind::GcStats(s) if s.generation == 0 => Some(s),
+                _ => None,
+            })
+            .unwrap();
+        minor.slop_bytes = major_max + 4096;
+        assert_eq!(analyze(&log, None, 0.0, &[]).gc.max_slop, Some(major_max));
+        let major = log
+            .events
+            .iter_mut()
+            .find_map(|e| match &mut e.kind {
+                EventKind::GcStats(s) if s.generation == 1 => Some(s),
+                _ => None,
+            })
+            .unwrap();
+        major.slop_bytes = u64::MAX - 4095;
+        assert_eq!(analyze(&log, None, 0.0, &[]).gc.max_slop, None);
     }
 
     #[test]

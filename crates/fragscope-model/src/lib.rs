@@ -10,6 +10,7 @@ pub mod analyze;
 pub mod calls;
 pub mod compare;
 pub mod ghc;
+pub mod ghc_blocks;
 pub mod heap;
 pub mod phases;
 pub mod replay;

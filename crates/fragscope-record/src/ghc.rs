@@ -1,5 +1,6 @@
-//! GHC-compiled programs: recognise them, and ask their RTS for an eventlog with a
-//! closure-type heap profile (through GHCRTS) when it will accept the flags.
+//! GHC-compiled programs: recognise them, and ask their RTS for an eventlog (through
+//! GHCRTS) when it will accept the flags; a closure-type heap profile only on request,
+//! since its censuses are extra major collections that change the program measured.
 
 use std::ffi::OsString;
 use std::io::Read;
@@ -27,9 +28,15 @@ pub struct GhcSetup {
     pub advice: Option<String>,
 }
 
-/// The RTS flags fragscope adds (before `-ol<file>`): an eventlog, with a heap profile
-/// by closure type every 0.1 s (available without profiling).
-pub const RTS_FLAGS: &str = "-l -hT -i0.1";
+/// The RTS flags fragscope adds (before `-ol<file>`): an eventlog. Its heap, GC and
+/// block figures cost the program nothing measurable; the block census is read from
+/// outside (`crate::census`).
+pub const RTS_FLAGS: &str = "-l";
+
+/// Added on request (`record --ghc-heap-profile`): a heap profile by closure type every
+/// 0.1 s (available without profiling). Each census is a major collection: on seed
+/// 000's Pinned.hs it adds collections and copying (BENCHMARKS.md).
+pub const HEAP_PROFILE_FLAGS: &str = "-hT -i0.1";
 
 /// Recognises a GHC-compiled ELF by its RTS: symbols when the binary has them, else the
 /// RTS's own strings (a stripped binary keeps those).
@@ -78,7 +85,13 @@ pub fn eventlog_path(trace: &Path) -> PathBuf {
 /// Decides how to record a GHC program: probes its RTS with the flags we would add (the
 /// RTS parses GHCRTS, then `+RTS --info` prints and exits before `main` runs), so a
 /// program whose RTS would refuse them is run without them rather than aborted.
-pub fn prepare(program: &Path, binary: GhcBinary, trace: &Path) -> GhcSetup {
+pub fn prepare(
+    program: &Path,
+    binary: GhcBinary,
+    trace: &Path,
+    heap_profile: bool,
+    args: &[OsString],
+) -> GhcSetup {
     let name = program.file_name().map_or_else(
         || program.display().to_string(),
         |n| n.to_string_lossy().into(),
@@ -101,7 +114,30 @@ pub fn prepare(program: &Path, binary: GhcBinary, trace: &Path) -> GhcSetup {
              record to a path without spaces for {name}'s eventlog. RSS is recorded."
         ));
     }
-    let ours = format!("{RTS_FLAGS} -ol{eventlog_str}");
+    // GHC 9.0 aborts at start-up when the nonmoving collector meets a heap profile
+    // ("The non-moving collector doesn't support profiling").
+    let theirs = std::env::var_os("GHCRTS").unwrap_or_default();
+    let nonmoving = theirs
+        .to_string_lossy()
+        .split_whitespace()
+        .chain(args.iter().filter_map(|a| a.to_str()))
+        .any(|f| f == "-xn" || f == "--nonmoving-gc");
+    let mut note = None;
+    let heap_profile = if heap_profile && nonmoving {
+        note = Some(format!(
+            "{name} runs the nonmoving collector (-xn), which GHC does not run with a heap \
+             profile: fragscope recorded it without -hT; the block census and the \
+             eventlog's figures are there."
+        ));
+        false
+    } else {
+        heap_profile
+    };
+    let ours = if heap_profile {
+        format!("{RTS_FLAGS} {HEAP_PROFILE_FLAGS} -ol{eventlog_str}")
+    } else {
+        format!("{RTS_FLAGS} -ol{eventlog_str}")
+    };
     let ghcrts = match std::env::var_os("GHCRTS").filter(|v| !v.is_empty()) {
         Some(theirs) => {
             let mut v = theirs;
@@ -118,7 +154,7 @@ pub fn prepare(program: &Path, binary: GhcBinary, trace: &Path) -> GhcSetup {
             GhcSetup {
                 ghcrts: Some(ghcrts),
                 eventlog: Some(eventlog),
-                advice: None,
+                advice: note,
             }
         }
         Err(stderr) => {
@@ -127,7 +163,7 @@ pub fn prepare(program: &Path, binary: GhcBinary, trace: &Path) -> GhcSetup {
             } else if stderr.contains("options are disabled") {
                 "it was linked without -rtsopts, so its RTS refuses options from GHCRTS: \
                  rebuild it with `ghc -rtsopts` (or bake the flags in with \
-                 -with-rtsopts=\"-l -hT -i0.1\")"
+                 -with-rtsopts=-l)"
             } else {
                 "its RTS refused them"
             };

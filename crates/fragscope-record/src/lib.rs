@@ -8,6 +8,7 @@
 //! - the writer: compresses chunks and appends them to the trace file;
 //! - the caller's thread: waits for the program and its descendants.
 
+mod census;
 mod clock;
 pub mod ghc;
 mod launch;

@@ -46,6 +46,10 @@ pub struct RecordOptions {
     pub command: Vec<OsString>,
     /// Replace whatever is at `output` (a file that is not a trace, a symbolic link).
     pub force: bool,
+    /// Take a block census of a GHC program's heap at each snapshot.
+    pub ghc_census: bool,
+    /// Ask a GHC program for a -hT heap profile too (it changes the program's collections).
+    pub ghc_heap_profile: bool,
 }
 
 /// When event buffers are stored in the packed form.
@@ -147,6 +151,7 @@ struct Shared {
     arrivals: Mutex<Vec<Arrival>>,
     /// When to store event buffers in the packed form.
     pack: PackMode,
+    censuses: crate::census::Censuses,
     /// The recording's secret: a connection whose HELLO lacks it is refused.
     token: String,
     refused_connections: AtomicU64,
@@ -252,6 +257,9 @@ impl Shared {
                 }
                 .encode(),
             );
+        }
+        if let Some(census) = self.censuses.take(stream, pid, tick, reason) {
+            self.send(ChunkKind::GhcCensus, census.encode());
         }
         if let Some(rss) = procfs::read_rss(pid, tick) {
             let mut procs = self.procs.lock().unwrap();
@@ -1090,7 +1098,19 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let ghc = std::fs::read(&program_path)
         .ok()
         .and_then(|data| crate::ghc::inspect(&data))
-        .map(|binary| crate::ghc::prepare(&program_path, binary, &opts.output));
+        .map(|binary| {
+            crate::ghc::prepare(
+                &program_path,
+                binary,
+                &opts.output,
+                opts.ghc_heap_profile,
+                &opts.command[1..],
+            )
+        });
+    let censuses = crate::census::Censuses::new(opts.ghc_census);
+    if ghc.is_some() {
+        censuses.learn(&program_path);
+    }
     let preload = crate::preload::preload_library()?;
     let started = Instant::now();
     let dir = rendezvous_dir()?;
@@ -1160,6 +1180,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         event_bytes: AtomicU64::new(0),
         arrivals: Mutex::new(Vec::new()),
         pack: opts.pack,
+        censuses,
         token: token.clone(),
         refused_connections: AtomicU64::new(0),
         announced_images: Mutex::new(Vec::new()),

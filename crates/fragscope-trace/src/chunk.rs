@@ -44,8 +44,10 @@ pub enum ChunkKind {
     PackedEventsV2 = 12,
     /// Events in the packed form (see [`crate::pack`]).
     PackedEvents = 13,
+    /// A GHC program's block census (see [`crate::records::GhcCensus`]).
+    GhcCensus = 14,
     /// A process image that could not be traced.
-    Untraced = 14,
+    Untraced = 15,
 }
 
 impl ChunkKind {
@@ -65,7 +67,8 @@ impl ChunkKind {
             11 => PackedEventsV1,
             12 => PackedEventsV2,
             13 => PackedEvents,
-            14 => Untraced,
+            14 => GhcCensus,
+            15 => Untraced,
             _ => return None,
         })
     }
@@ -327,8 +330,13 @@ impl<R: Read> ChunkReader<R> {
         Some((kind, raw))
     }
 
-    /// As `next_chunk`, reusing the caller's buffer.
+    /// As `next_chunk`, reusing the caller's buffer. Chunks of kinds this reader does not
+    /// know are skipped.
     pub fn next_chunk_into(&mut self, raw: &mut Vec<u8>) -> Option<ChunkKind> {
+        self.next_known_chunk_into(raw)
+    }
+
+    fn next_known_chunk_into(&mut self, raw: &mut Vec<u8>) -> Option<ChunkKind> {
         if self.done {
             return None;
         }
@@ -379,8 +387,10 @@ impl<R: Read> ChunkReader<R> {
             return None;
         }
         let Some(kind) = ChunkKind::from_u8(kind_byte) else {
-            self.stop(format!("unknown chunk kind {kind_byte}"));
-            return None;
+            // A kind from a later fragscope: whole and checksummed, so it can be stepped
+            // over and what this reader knows still read.
+            self.offset += CHUNK_HEADER_BYTES + u64::from(stored_len);
+            return self.next_known_chunk_into(raw);
         };
         raw.clear();
         match codec {
@@ -428,6 +438,30 @@ fn read_full<R: Read>(input: &mut R, buf: &mut [u8]) -> io::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chunk_of_a_kind_from_a_later_version_is_skipped() {
+        let mut w = ChunkWriter::new(Vec::new(), 3).unwrap();
+        w.write_chunk(ChunkKind::Meta, b"hello").unwrap();
+        let unknown_at = w.into_inner().len();
+        let mut w = ChunkWriter::new(Vec::new(), 3).unwrap();
+        w.write_chunk(ChunkKind::Meta, b"hello").unwrap();
+        w.write_chunk(ChunkKind::Rss, b"a later kind").unwrap();
+        w.write_chunk(ChunkKind::End, b"").unwrap();
+        let mut file = w.into_inner();
+        // Make the middle chunk one of kind 200, with its checksum to match.
+        let header = unknown_at;
+        file[header + 4] = 200;
+        let stored_len = u32::from_le_bytes(file[header + 12..header + 16].try_into().unwrap());
+        let stored = &file[header + 20..header + 20 + stored_len as usize];
+        let crc = chunk_crc(&file[header + 4..header + 16], stored);
+        file[header + 16..header + 20].copy_from_slice(&crc.to_le_bytes());
+        let mut r = ChunkReader::new(&file[..]).unwrap();
+        let kinds: Vec<ChunkKind> = std::iter::from_fn(|| r.next_chunk().map(|c| c.0)).collect();
+        assert_eq!(kinds, [ChunkKind::Meta, ChunkKind::End]);
+        assert!(r.damage().is_none());
+        assert_eq!(r.offset(), file.len() as u64);
+    }
 
     fn sample_file() -> Vec<u8> {
         let mut w = ChunkWriter::new(Vec::new(), 3).unwrap();

@@ -22,6 +22,7 @@ pub enum Chunk {
     WaitStatus(WaitStatus),
     Untraced(Untraced),
     End(End),
+    GhcCensus(GhcCensus),
 }
 
 /// Reads a trace chunk by chunk. Damage (a cut or corrupt file) ends the iteration; what
@@ -92,6 +93,7 @@ impl<R: Read> TraceReader<R> {
             ChunkKind::WaitStatus => WaitStatus::decode(data).map(Chunk::WaitStatus),
             ChunkKind::Untraced => Untraced::decode(data).map(Chunk::Untraced),
             ChunkKind::End => End::decode(data).map(Chunk::End),
+            ChunkKind::GhcCensus => GhcCensus::decode(data).map(Chunk::GhcCensus),
             ChunkKind::PackedEventsV1 | ChunkKind::PackedEventsV2 => Err(TraceError::Malformed(
                 "events packed in the form of an earlier fragscope, which this one no longer \
                  reads: record the program again"

@@ -579,7 +579,261 @@ impl End {
     }
 }
 
-/// Chunk 14: a process image the program ran that fragscope could not trace (its calls
+/// The kinds of in-use block groups a GHC block census counts, in the order their
+/// figures are stored. A reader takes the kinds it knows from the front of a stored list,
+/// so kinds may only be appended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GhcBlockKind {
+    /// The allocation area, where new objects go (the RTS's nursery lists).
+    Nursery = 0,
+    /// Generation 0 blocks outside the nursery.
+    Gen0 = 1,
+    /// Blocks of the older generations (copied survivors).
+    OldGenerations = 2,
+    /// Pinned byte arrays: blocks of small ones, and large ones (a group each).
+    Pinned = 3,
+    /// Large unpinned objects, one per block group.
+    Large = 4,
+    /// Compact regions.
+    Compact = 5,
+    /// The nonmoving collector's segments (`-xn`).
+    Nonmoving = 6,
+    /// Blocks with no generation: the RTS's own lists (mutable lists, arenas, ...).
+    Other = 7,
+}
+
+impl GhcBlockKind {
+    pub const ALL: [GhcBlockKind; 8] = [
+        GhcBlockKind::Nursery,
+        GhcBlockKind::Gen0,
+        GhcBlockKind::OldGenerations,
+        GhcBlockKind::Pinned,
+        GhcBlockKind::Large,
+        GhcBlockKind::Compact,
+        GhcBlockKind::Nonmoving,
+        GhcBlockKind::Other,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            GhcBlockKind::Nursery => "nursery",
+            GhcBlockKind::Gen0 => "generation 0",
+            GhcBlockKind::OldGenerations => "old generations",
+            GhcBlockKind::Pinned => "pinned",
+            GhcBlockKind::Large => "large objects",
+            GhcBlockKind::Compact => "compact regions",
+            GhcBlockKind::Nonmoving => "nonmoving segments",
+            GhcBlockKind::Other => "RTS lists",
+        }
+    }
+}
+
+/// One kind's block groups in a census.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GhcKindFigures {
+    pub groups: u64,
+    pub blocks: u64,
+    /// Bytes from each group's start to its free pointer: what was allocated into it.
+    pub used_bytes: u64,
+}
+
+/// Upper bounds (inclusive) of the megablock-fill buckets: megablocks counted by how many
+/// of their 252 blocks are in use. The last bucket is the full megablock (and every
+/// megablock of a large group spanning several).
+pub const MEGABLOCK_FILL_BOUNDS: [u32; 6] = [1, 5, 25, 126, 251, 252];
+
+/// A megablock with at most this many blocks in use (10% of 252) is *sparse*: a few
+/// survivors keep the rest of it from being returned.
+pub const SPARSE_MEGABLOCK_BLOCKS: u32 = 25;
+
+/// What the pinned blocks' objects hold, found by a scan of the heap for references into
+/// them. A reference from a dead object not yet collected counts too, so live bytes are
+/// an upper bound and the waste a lower bound.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GhcPinnedLiveness {
+    pub objects: u64,
+    pub live_objects: u64,
+    pub live_bytes: u64,
+    /// Pinned groups by live bytes / bytes held: 0-10%, 10-20%, ..., 90-100%.
+    pub occupancy: [u64; 10],
+    /// The live bytes of the pinned blocks inside sparse megablocks.
+    pub sparse_live_bytes: u64,
+    /// Bytes of heap read for references.
+    pub scanned_bytes: u64,
+}
+
+/// The block census itself.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GhcBlocks {
+    /// Megablocks (1 MiB) the RTS holds.
+    pub megablocks: u64,
+    /// In-use block groups by kind, in [`GhcBlockKind::ALL`] order.
+    pub kinds: Vec<GhcKindFigures>,
+    /// Free blocks inside the megablocks held (block-level fragmentation).
+    pub free_blocks: u64,
+    /// Megablocks by blocks in use: [0] none, then one bucket per bound of
+    /// [`MEGABLOCK_FILL_BOUNDS`] (1, 2-5, 6-25, 26-126, 127-251, 252).
+    pub megablock_fill: Vec<u64>,
+    /// Sparse megablocks (at most [`SPARSE_MEGABLOCK_BLOCKS`] blocks in use) and the
+    /// in-use blocks inside them by kind, in [`GhcBlockKind::ALL`] order.
+    pub sparse_megablocks: u64,
+    pub sparse_blocks: Vec<u64>,
+    /// `None` when the scan was not made (too large a heap, or no pinned blocks).
+    pub pinned_liveness: Option<GhcPinnedLiveness>,
+    /// How long the program was stopped for the census, in microseconds.
+    pub pause_us: u64,
+}
+
+impl GhcBlocks {
+    pub fn kind(&self, kind: GhcBlockKind) -> GhcKindFigures {
+        self.kinds.get(kind as usize).copied().unwrap_or_default()
+    }
+    pub fn sparse_blocks_of(&self, kind: GhcBlockKind) -> u64 {
+        self.sparse_blocks.get(kind as usize).copied().unwrap_or(0)
+    }
+    pub fn blocks_in_use(&self) -> u64 {
+        self.kinds.iter().map(|k| k.blocks).sum()
+    }
+}
+
+/// Chunk 14: a block census of a GHC program's heap, read from its RTS's own block
+/// descriptors at a snapshot; or why none could be taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GhcCensus {
+    pub stream: u32,
+    pub tick: u64,
+    pub reason: SnapshotReason,
+    pub result: Result<GhcBlocks, String>,
+}
+
+fn encode_reason(r: SnapshotReason) -> u8 {
+    r as u8
+}
+
+fn decode_reason(b: u8) -> SnapshotReason {
+    match b {
+        1 => SnapshotReason::NearPeak,
+        2 => SnapshotReason::Exit,
+        _ => SnapshotReason::Periodic,
+    }
+}
+
+impl GhcCensus {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.varint(self.stream.into())
+            .varint(self.tick)
+            .u8(encode_reason(self.reason));
+        match &self.result {
+            Err(note) => {
+                w.u8(0).str(note);
+            }
+            Ok(b) => {
+                w.u8(1).varint(b.megablocks).varint(b.free_blocks);
+                w.varint(b.kinds.len() as u64);
+                for k in &b.kinds {
+                    w.varint(k.groups).varint(k.blocks).varint(k.used_bytes);
+                }
+                w.varint(b.megablock_fill.len() as u64);
+                for &n in &b.megablock_fill {
+                    w.varint(n);
+                }
+                w.varint(b.sparse_megablocks)
+                    .varint(b.sparse_blocks.len() as u64);
+                for &n in &b.sparse_blocks {
+                    w.varint(n);
+                }
+                match &b.pinned_liveness {
+                    None => {
+                        w.u8(0);
+                    }
+                    Some(p) => {
+                        w.u8(1)
+                            .varint(p.objects)
+                            .varint(p.live_objects)
+                            .varint(p.live_bytes);
+                        for &n in &p.occupancy {
+                            w.varint(n);
+                        }
+                        w.varint(p.sparse_live_bytes).varint(p.scanned_bytes);
+                    }
+                }
+                w.varint(b.pause_us);
+            }
+        }
+        w.bytes
+    }
+
+    pub fn decode(data: &[u8]) -> Result<Self, TraceError> {
+        let mut r = Reader::new(data);
+        let stream = r.varint()? as u32;
+        let tick = r.varint()?;
+        let reason = decode_reason(r.u8()?);
+        let result = match r.u8()? {
+            0 => Err(r.string()?),
+            1 => {
+                let megablocks = r.varint()?;
+                let free_blocks = r.varint()?;
+                let n = r.count(3)?;
+                let mut kinds = Vec::with_capacity(n);
+                for _ in 0..n {
+                    kinds.push(GhcKindFigures {
+                        groups: r.varint()?,
+                        blocks: r.varint()?,
+                        used_bytes: r.varint()?,
+                    });
+                }
+                let n = r.count(1)?;
+                let megablock_fill = (0..n).map(|_| r.varint()).collect::<Result<_, _>>()?;
+                let sparse_megablocks = r.varint()?;
+                let n = r.count(1)?;
+                let sparse_blocks = (0..n).map(|_| r.varint()).collect::<Result<_, _>>()?;
+                let pinned_liveness = match r.u8()? {
+                    0 => None,
+                    _ => {
+                        let objects = r.varint()?;
+                        let live_objects = r.varint()?;
+                        let live_bytes = r.varint()?;
+                        let mut occupancy = [0u64; 10];
+                        for o in &mut occupancy {
+                            *o = r.varint()?;
+                        }
+                        Some(GhcPinnedLiveness {
+                            objects,
+                            live_objects,
+                            live_bytes,
+                            occupancy,
+                            sparse_live_bytes: r.varint()?,
+                            scanned_bytes: r.varint()?,
+                        })
+                    }
+                };
+                Ok(GhcBlocks {
+                    megablocks,
+                    kinds,
+                    free_blocks,
+                    megablock_fill,
+                    sparse_megablocks,
+                    sparse_blocks,
+                    pinned_liveness,
+                    pause_us: r.varint()?,
+                })
+            }
+            other => {
+                return Err(TraceError::Malformed(format!(
+                    "a GHC census with an unknown outcome tag {other}"
+                )))
+            }
+        };
+        Ok(Self {
+            stream,
+            tick,
+            reason,
+            result,
+        })
+    }
+}
+
+/// Chunk 15: a process image the program ran that fragscope could not trace (its calls
 /// are missing from the trace): the program itself, or an image something exec'd.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Untraced {
@@ -644,6 +898,51 @@ impl Untraced {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ghc_censuses_round_trip() {
+        let taken = GhcCensus {
+            stream: 2,
+            tick: 1234,
+            reason: SnapshotReason::NearPeak,
+            result: Ok(GhcBlocks {
+                megablocks: 143,
+                kinds: GhcBlockKind::ALL
+                    .iter()
+                    .enumerate()
+                    .map(|(i, _)| GhcKindFigures {
+                        groups: i as u64,
+                        blocks: 10 * i as u64,
+                        used_bytes: 4096 * i as u64,
+                    })
+                    .collect(),
+                free_blocks: 35_000,
+                megablock_fill: vec![100, 3, 2, 1, 0, 37],
+                sparse_megablocks: 105,
+                sparse_blocks: vec![0, 0, 1, 210, 0, 0, 0, 0],
+                pinned_liveness: Some(GhcPinnedLiveness {
+                    objects: 50_000,
+                    live_objects: 210,
+                    live_bytes: 210 * 40,
+                    occupancy: [210, 0, 0, 0, 0, 0, 0, 0, 1, 5],
+                    sparse_live_bytes: 8400,
+                    scanned_bytes: 1 << 20,
+                }),
+                pause_us: 850,
+            }),
+        };
+        assert_eq!(GhcCensus::decode(&taken.encode()).unwrap(), taken);
+        let mut none = taken.clone();
+        none.result =
+            Err("the RTS is GHC 9.8.1, whose block layout fragscope does not know".into());
+        assert_eq!(GhcCensus::decode(&none.encode()).unwrap(), none);
+        let mut no_scan = taken;
+        if let Ok(b) = &mut no_scan.result {
+            b.pinned_liveness = None;
+        }
+        assert_eq!(GhcCensus::decode(&no_scan.encode()).unwrap(), no_scan);
+        assert!(GhcCensus::decode(&[2, 1, 0, 7]).is_err());
+    }
 
     #[test]
     fn every_payload_round_trips() {

@@ -29,6 +29,9 @@ pub struct ProcessSummary {
     pub rss_samples: u64,
     pub peak_rss_kib: u64,
     pub snapshots: u64,
+    /// GHC block censuses taken, and the note of the first that could not be.
+    pub ghc_censuses: u64,
+    pub ghc_census_note: Option<String>,
     pub end: Option<ProcessEnd>,
     pub wait: Option<WaitStatus>,
     /// Buffers missing from a thread's sequence, and events a signal handler dropped.
@@ -212,6 +215,16 @@ pub fn summarize(
                 sum.duration_ticks = sum.duration_ticks.max(e.tick);
             }
             Chunk::Untraced(u) => sum.untraced.push(u),
+            Chunk::GhcCensus(c) => {
+                let i = idx(&mut sum, &mut by_stream, c.stream);
+                let ps = &mut sum.processes[i];
+                match c.result {
+                    Ok(_) => ps.ghc_censuses += 1,
+                    Err(note) => {
+                        ps.ghc_census_note.get_or_insert(note);
+                    }
+                }
+            }
             Chunk::Maps(_) | Chunk::Rollup(_) => {}
         }
     }

@@ -47,6 +47,8 @@
     return (n / 1e9).toFixed(2) + " G";
   }
   const secs = (ms) => (ms / 1000).toFixed(2) + " s";
+  // Durations that may be short (GC pauses): milliseconds below a second.
+  const duration = (ms) => (ms < 1000 ? ms.toFixed(ms < 10 ? 2 : 1) + " ms" : secs(ms));
   const pct = (part, whole) => (whole > 0 ? (100 * part / whole).toFixed(1) + "%" : "-");
   function niceStep(raw) {
     const p = Math.pow(10, Math.floor(Math.log10(raw)));
@@ -453,6 +455,15 @@
     if (G.truncated) h.append(el("p", { class: "warn" }, "The eventlog is cut (" + (G.damage || "") + "): this is what is intact."));
     for (const n of G.notes) h.append(el("p", { class: "note" }, n));
     if (!G.rss_recorded) h.append(el("p", { class: "note" }, "An eventlog read on its own has no RSS."));
+    if (G.diagnosis) {
+      h.append(el("p", { class: "headline" }, G.diagnosis.headline));
+      for (const d of G.diagnosis.details) h.append(el("p", {}, d));
+      const ul = el("ul", { class: "advice" });
+      for (const a of G.diagnosis.advice) ul.append(el("li", {}, a));
+      h.append(ul);
+    } else if (G.block_censuses.length) {
+      h.append(el("p", { class: "note" }, "The block censuses show no megablocks kept by a few blocks: the heap's megablocks are mostly in use."));
+    }
     const T = G.timeline;
     const ts = T.map((p) => p.t_ms);
     const s = section(main, "Heap over time", "ghc-timeline");
@@ -488,14 +499,49 @@
       b.append(legend(labels.map((l) => [l, color(l)])));
       for (const p of G.phases) if (p.pinned_note) b.append(el("p", { class: "note" }, p.pinned_note));
     }
+    ghcBlockCensus(main, G);
     const ph = section(main, "Phases", "ghc-phases");
     ph.append(table(["phase", "RSS max", "live", "copy reserve + slop", "free blocks", "lazily freed", "other anon", "file"], G.phases.map((p) => {
       const d = p.decomposition;
       return [p.kind + " " + secs(p.start_ms) + " - " + secs(p.end_ms), bytes(p.rss_max), bytes(d.live), bytes(d.copy_reserve_and_slop), bytes(d.free_resident_pages), bytes(d.lazy_free), bytes(d.other_anon), bytes(d.file)];
     })));
     const gc = section(main, "Garbage collection", "gc");
-    gc.append(table(["generation", "collections", "copied", "GC time", "max pause"], G.gc.generations.map((g) => ["gen " + g.generation, count(g.collections), bytes(g.copied_bytes), secs(g.gc_ms), secs(g.max_pause_ms)])));
+    gc.append(table(["generation", "collections", "copied", "GC time", "max pause"], G.gc.generations.map((g) => ["gen " + g.generation, count(g.collections), bytes(g.copied_bytes), duration(g.gc_ms), duration(g.max_pause_ms)])));
     gc.append(el("p", { class: "note" }, "allocated " + bytes(G.gc.allocated_bytes) + ", copied " + bytes(G.gc.copied_bytes) + ", maximum residency " + bytes(G.gc.max_residency) + ", memory in use " + bytes(G.gc.memory_in_use) + "; mutator " + secs(G.gc.mutator_ms) + ", GC " + secs(G.gc.gc_ms)));
+  }
+
+  // The RTS's block censuses: figures over time beside the eventlog's, and the census the
+  // diagnosis reads in detail (blocks by kind, megablock fill, pinned-block occupancy).
+  function ghcBlockCensus(main, G) {
+    const C = G.block_censuses;
+    if (!C.length) return;
+    const s = section(main, "Block census", "ghc-blocks");
+    s.append(el("p", { class: "note" }, "Read from the RTS's block descriptors at each snapshot, with the program stopped meanwhile; HEAP_SIZE and GC frag are the eventlog's figures posted at the last collection before."));
+    const ts = C.map((c) => c.t_ms);
+    linesChart(s, { tmax: Math.max(G.duration_ms, ...ts, 1), ts, series: [
+      { name: "heap (megablocks)", values: C.map((c) => c.heap_size), color: "#f59e0b" },
+      { name: "blocks in use", values: C.map((c) => c.blocks_in_use), color: "#10b981" },
+      { name: "free blocks", values: C.map((c) => c.free_blocks), color: "#ef4444" },
+      { name: "sparse megablocks (at most 25 blocks in use)", values: C.map((c) => c.sparse_megablocks), color: "#8b5cf6", dashed: true },
+    ], phases: G.phases, cls: "ghc-lines", lineClass: "ghc-line", height: 240 });
+    const pinnedHeld = (c) => (c.kinds.find((k) => k.kind === "pinned") || { held: 0 }).held;
+    s.append(table(["time", "heap", "HEAP_SIZE", "in use", "free blocks", "GC frag", "pinned", "pinned live", "sparse megablocks", "pause"], C.map((c) => [
+      secs(c.t_ms), bytes(c.heap_size), bytes(c.eventlog_heap_size), bytes(c.blocks_in_use), bytes(c.free_blocks), c.eventlog_free_blocks === null ? "-" : bytes(c.eventlog_free_blocks),
+      bytes(pinnedHeld(c)), c.pinned_live === null ? "-" : bytes(c.pinned_live), bytes(c.sparse_megablocks), c.pause_ms.toFixed(1) + " ms"])));
+    const focus = (G.diagnosis && C.find((c) => c.t_ms === G.diagnosis.census_t_ms)) || C[C.length - 1];
+    s.append(el("h2", {}, "At " + secs(focus.t_ms)));
+    s.append(table(["blocks by kind", "groups", "held", "used"], focus.kinds.filter((k) => k.groups > 0).map((k) => [k.kind, count(k.groups), bytes(k.held), bytes(k.used)])));
+    s.append(table(["megablocks by blocks in use (of 252)", "megablocks"], focus.megablock_fill.filter((f) => f.megablocks > 0).map((f) => [f.label, count(f.megablocks)])));
+    if (focus.pinned_occupancy) {
+      const most = Math.max(1, ...focus.pinned_occupancy);
+      s.append(table(["pinned blocks, how full (referred-to bytes / held)", "blocks", ""], focus.pinned_occupancy.map((n, i) => {
+        const bar = el("div", { class: "occ-bar" });
+        bar.style.width = (100 * n / most).toFixed(1) + "%";
+        bar.style.background = "#8b5cf6";
+        bar.style.height = "0.8em";
+        return [i * 10 + "% - " + (i + 1) * 10 + "%", count(n), bar];
+      })));
+    }
   }
 
   // ---- compare ----

@@ -1,0 +1,16 @@
+//! The census room: reads a running process's heap metadata from outside it, through
+//! /proc/PID/maps and /proc/PID/mem, while the process is held stopped. The program is
+//! not changed and links nothing of ours; the figures are the runtime's own bookkeeping.
+//!
+//! [`ProcessMemory`] reads another process's memory, [`Pause`] holds it stopped for a
+//! consistent view, [`Symbols`] finds a runtime's variables in its executable (load bias
+//! included). A runtime's census (`ghc`) is built on those three.
+
+pub mod ghc;
+mod memory;
+mod pause;
+mod symbols;
+
+pub use memory::ProcessMemory;
+pub use pause::Pause;
+pub use symbols::Symbols;

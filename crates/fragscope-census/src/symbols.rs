@@ -1,0 +1,125 @@
+//! A runtime's variables, found by name in the executable's symbol table and placed at
+//! their run-time addresses.
+
+use std::collections::HashMap;
+
+use object::{Object, ObjectSegment, ObjectSymbol};
+
+/// Addresses of the symbols asked for, as the running process sees them.
+#[derive(Debug, Clone, Default)]
+pub struct Symbols {
+    addresses: HashMap<String, u64>,
+    /// Names defined more than once (file-local symbols of different objects).
+    ambiguous: Vec<String>,
+}
+
+impl Symbols {
+    /// Looks `names` up in `elf` (the executable's bytes) and relocates them by the load
+    /// bias of the image mapped in `pid` (none for a fixed-address executable). Names the
+    /// file does not define are absent.
+    pub fn resolve(elf: &[u8], names: &[&str], pid: Option<u32>) -> Result<Self, String> {
+        let file = object::File::parse(elf).map_err(|e| format!("not an ELF file ({e})"))?;
+        let mut addresses = HashMap::new();
+        let mut ambiguous = Vec::new();
+        for sym in file.symbols() {
+            let Ok(name) = sym.name() else { continue };
+            if sym.is_definition() && names.contains(&name) {
+                if let Some(old) = addresses.insert(name.to_string(), sym.address()) {
+                    if old != sym.address() {
+                        ambiguous.push(name.to_string());
+                    }
+                }
+            }
+        }
+        for name in &ambiguous {
+            addresses.remove(name);
+        }
+        let bias = match (file.kind(), pid) {
+            (object::ObjectKind::Dynamic, Some(pid)) => {
+                let first_vaddr = file.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
+                let base = image_base(pid)?;
+                base.wrapping_sub(first_vaddr)
+            }
+            _ => 0,
+        };
+        for a in addresses.values_mut() {
+            *a = a.wrapping_add(bias);
+        }
+        Ok(Self {
+            addresses,
+            ambiguous,
+        })
+    }
+
+    pub fn get(&self, name: &str) -> Option<u64> {
+        self.addresses.get(name).copied()
+    }
+
+    /// The address of `name`, or an error naming what is missing.
+    pub fn need(&self, name: &str) -> Result<u64, String> {
+        self.get(name).ok_or_else(|| {
+            if self.ambiguous.iter().any(|a| a == name) {
+                format!("the executable defines {name} more than once")
+            } else {
+                format!("the executable has no symbol {name}")
+            }
+        })
+    }
+}
+
+/// Where the executable's first page is mapped in `pid`: the lowest mapping of the file
+/// /proc/PID/exe names, at file offset 0.
+fn image_base(pid: u32) -> Result<u64, String> {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map_err(|e| format!("cannot read /proc/{pid}/exe: {e}"))?;
+    let exe = exe.to_string_lossy();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .map_err(|e| format!("cannot read /proc/{pid}/maps: {e}"))?;
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(_perms), Some(offset)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        let path = f.nth(2).unwrap_or("");
+        if path == exe && u64::from_str_radix(offset, 16) == Ok(0) {
+            let start = range.split('-').next().unwrap_or("");
+            return u64::from_str_radix(start, 16)
+                .map_err(|_| format!("a line of /proc/{pid}/maps does not parse: {line}"));
+        }
+    }
+    Err(format!("/proc/{pid}/maps does not map {exe} from offset 0"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_our_own_symbols_where_they_run() {
+        // The test binary is position-independent: its load bias is not zero, and the
+        // relocated address of a function must be where the function really is.
+        let me = std::fs::read("/proc/self/exe").unwrap();
+        let name = "fragscope_census_symbol_probe";
+        let s = Symbols::resolve(
+            &me,
+            &[name, "no_such_symbol_here"],
+            Some(std::process::id()),
+        )
+        .unwrap();
+        assert_eq!(
+            s.get(name),
+            Some(fragscope_census_symbol_probe as *const () as usize as u64)
+        );
+        assert!(s
+            .need("no_such_symbol_here")
+            .unwrap_err()
+            .contains("no symbol"));
+        assert!(Symbols::resolve(b"not elf", &[name], None).is_err());
+    }
+
+    #[no_mangle]
+    #[inline(never)]
+    extern "C" fn fragscope_census_symbol_probe() -> u32 {
+        std::hint::black_box(7)
+    }
+}

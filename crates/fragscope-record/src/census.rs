@@ -1,0 +1,168 @@
+//! Block censuses of GHC processes, taken with each page-residency snapshot: the RTS's
+//! own block descriptors, read from outside (fragscope-census), so the program runs
+//! without a heap-profile census of its own.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fragscope_census::ghc::{census, CensusError, CensusLimits, GhcRts, RtsInfo};
+use fragscope_trace::records::{GhcCensus, SnapshotReason};
+
+/// What a stream's census can be.
+enum Target {
+    /// Not a GHC program (or censuses are off).
+    None,
+    Ready {
+        rts: Arc<GhcRts>,
+        last_long_stop: Option<Instant>,
+        /// Megablocks at the last census: a heap that stopped growing is where a
+        /// liveness scan matters (live data fell, or holds).
+        last_megablocks: u64,
+    },
+}
+
+/// A census may stop the program for a whole liveness scan (when a collection spoilt
+/// the one made while it ran, and the heap has not grown since the census before) at
+/// most this often: tens to hundreds of milliseconds, now and then.
+const LONG_STOP_EVERY: Duration = Duration::from_secs(5);
+
+/// A pause longer than this counts as a long stop.
+const LONG_STOP: Duration = Duration::from_millis(20);
+
+/// The census state of a recording: which streams run a GHC RTS fragscope can read.
+pub struct Censuses {
+    enabled: bool,
+    /// `+RTS --info` by executable, asked once.
+    rts_info: Mutex<HashMap<PathBuf, Result<RtsInfo, String>>>,
+    targets: Mutex<HashMap<u32, Target>>,
+}
+
+impl Censuses {
+    pub fn new(enabled: bool) -> Self {
+        Self {
+            enabled,
+            rts_info: Mutex::default(),
+            targets: Mutex::default(),
+        }
+    }
+
+    /// Asks `program`'s RTS about itself now, before the program runs: during the
+    /// recording, the recorder reaps every child it has, this one's included.
+    pub fn learn(&self, program: &Path) {
+        if !self.enabled {
+            return;
+        }
+        let exe = std::fs::canonicalize(program).unwrap_or_else(|_| program.to_path_buf());
+        let info = RtsInfo::query(&exe, None);
+        self.rts_info.lock().unwrap().insert(exe, info);
+    }
+
+    /// A census of stream `stream` (process `pid`), or a note saying why it has none (the
+    /// first time only); `None` for a process that is not a GHC program, or whose RTS
+    /// holds no heap at the moment (starting, shutting down).
+    pub fn take(
+        &self,
+        stream: u32,
+        pid: u32,
+        tick: u64,
+        reason: SnapshotReason,
+    ) -> Option<GhcCensus> {
+        // By the time the program calls exit, the RTS has shut its storage manager down
+        // and freed part of its heap: a census then describes no moment of the run.
+        if !self.enabled || reason == SnapshotReason::Exit {
+            return None;
+        }
+        let mut targets = self.targets.lock().unwrap();
+        let note = |result| GhcCensus {
+            stream,
+            tick,
+            reason,
+            result,
+        };
+        // A long stop is allowed when none was made lately, up to the heap size of the
+        // census before (a heap that grows is being built, and its scan would be stale).
+        let (rts, stop_when_spoilt) = match targets.get(&stream) {
+            Some(Target::None) => return None,
+            Some(Target::Ready {
+                rts,
+                last_long_stop,
+                last_megablocks,
+            }) => (
+                rts.clone(),
+                last_long_stop
+                    .is_none_or(|t| t.elapsed() >= LONG_STOP_EVERY)
+                    .then_some(*last_megablocks),
+            ),
+            None => match self.resolve(pid) {
+                None => {
+                    targets.insert(stream, Target::None);
+                    return None;
+                }
+                Some(Err(why)) => {
+                    targets.insert(stream, Target::None);
+                    return Some(note(Err(why)));
+                }
+                Some(Ok(rts)) => {
+                    let rts = Arc::new(rts);
+                    targets.insert(
+                        stream,
+                        Target::Ready {
+                            rts: rts.clone(),
+                            last_long_stop: None,
+                            last_megablocks: 0,
+                        },
+                    );
+                    (rts, None)
+                }
+            },
+        };
+        drop(targets);
+        let limits = CensusLimits {
+            stop_when_spoilt,
+            ..CensusLimits::default()
+        };
+        match census(pid, &rts, limits) {
+            Ok(blocks) => {
+                if let Some(Target::Ready {
+                    last_long_stop,
+                    last_megablocks,
+                    ..
+                }) = self.targets.lock().unwrap().get_mut(&stream)
+                {
+                    *last_megablocks = blocks.megablocks;
+                    if Duration::from_micros(blocks.pause_us) > LONG_STOP {
+                        *last_long_stop = Some(Instant::now());
+                    }
+                }
+                Some(note(Ok(blocks)))
+            }
+            Err(CensusError::NoHeap | CensusError::Unreadable(_)) => None,
+            Err(CensusError::Inconsistent(why)) => {
+                Some(note(Err(format!("a block census was refused: {why}"))))
+            }
+        }
+    }
+
+    /// `None`: not a GHC program. Err: a GHC program whose RTS the census cannot read.
+    fn resolve(&self, pid: u32) -> Option<Result<GhcRts, String>> {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+        let elf = std::fs::read(&exe).ok()?;
+        crate::ghc::inspect(&elf)?;
+        let info = {
+            let mut known = self.rts_info.lock().unwrap();
+            known
+                .entry(exe.clone())
+                .or_insert_with(|| RtsInfo::query(&exe, None))
+                .clone()
+        };
+        Some(match info {
+            Ok(info) => GhcRts::new(&elf, info, Some(pid)),
+            Err(e) => Err(format!(
+                "no block census: fragscope could not learn which RTS {} runs ({e})",
+                exe.display()
+            )),
+        })
+    }
+}
