@@ -55,6 +55,11 @@ pub fn load(path: &Path) -> Result<Option<GhcReport>> {
                 );
                 return Ok(None);
             }
+            // A GHC program recorded without an eventlog: its RSS and block censuses.
+            Ok(None) if ghc::has_ghc_census(path).unwrap_or(false) => {
+                ghc::analyze_trace_without_eventlog(path)
+                    .with_context(|| format!("analysing {}", path.display()))?
+            }
             // Not a GHC recording, or not a trace: the malloc report says which.
             _ => return Ok(None),
         }
@@ -82,7 +87,9 @@ fn pct(part: u64, whole: u64) -> String {
 pub fn render(r: &GhcReport) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "fragscope report: {} (GHC program)", r.source);
-    let _ = writeln!(o, "  eventlog: {}", r.eventlog);
+    if !r.eventlog.is_empty() {
+        let _ = writeln!(o, "  eventlog: {}", r.eventlog);
+    }
     if !r.argv.is_empty() {
         let _ = writeln!(o, "  program:  {}", r.argv.join(" "));
     }
@@ -160,7 +167,15 @@ pub fn render(r: &GhcReport) -> String {
                 .map_or_else(String::new, |m| format!(", RSS up to {}", bytes(m)))
         );
         let _ = writeln!(o, "    at {}:", secs(ph.snapshot_t_ms));
-        render_decomposition(&mut o, &ph.decomposition);
+        if r.heap_known {
+            render_decomposition(&mut o, &ph.decomposition);
+        } else {
+            let _ = writeln!(
+                o,
+                "      RSS {}; the heap is unknown (no heap figures in the eventlog)",
+                opt_bytes(ph.decomposition.rss)
+            );
+        }
         if !ph.closure_types.is_empty() {
             let total: u64 = ph.closure_types.iter().map(|c| c.bytes).sum();
             let _ = writeln!(

@@ -289,13 +289,27 @@ fn a_ghc_program_without_eventlog_is_recorded_with_advice() {
     let Some(exe) = build_pinned(dir.path(), false) else {
         return;
     };
-    let (trace, stderr) = record(dir.path(), &exe, 20_000, "take");
+    // Snapshots every 100 ms: the run is short, and each brings a census.
+    let trace = dir.path().join("take.fsc");
+    let out = Command::new(FRAGSCOPE)
+        .current_dir(dir.path())
+        .args(["record", "--snapshot-ms", "100", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&exe)
+        .args(["200000", "take"])
+        .env_remove("GHCRTS")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
     assert!(
         stderr.contains("rebuild it with `ghc -eventlog -rtsopts`"),
         "{stderr}"
     );
     assert!(!dir.path().join("take.eventlog").exists());
-    // The RSS is still there: the malloc report reads it.
+    // The RSS and the block censuses are there: the GHC report reads them, says what is
+    // missing, and does not pass the program off as a malloc program.
     let out = Command::new(FRAGSCOPE)
         .arg("report")
         .arg(&trace)
@@ -306,6 +320,13 @@ fn a_ghc_program_without_eventlog_is_recorded_with_advice() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("(GHC program)"), "{text}");
+    assert!(text.contains("recorded without an eventlog"), "{text}");
+    assert!(!text.contains("fragmentation ratio"), "{text}");
+    let r = report_json(&trace);
+    assert!(!r["block_censuses"].as_array().unwrap().is_empty(), "{r}");
+    assert_eq!(r["heap_known"], false);
 }
 
 /// Builds tests/ghc/`name`.hs with `ghc -O -rtsopts -eventlog`; `None` without ghc.

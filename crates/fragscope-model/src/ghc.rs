@@ -168,6 +168,9 @@ pub struct GhcReport {
     pub damage: Option<String>,
     /// False for an eventlog made elsewhere: the figures are the RTS's alone.
     pub rss_recorded: bool,
+    /// False when the eventlog holds no heap size (the program was killed before its
+    /// first collection's events were written): nothing is split out of RSS then.
+    pub heap_known: bool,
     pub notes: Vec<String>,
     pub duration_ms: f64,
     pub timeline: Vec<GhcPoint>,
@@ -240,6 +243,67 @@ pub fn analyze_eventlog_file(path: &Path) -> Result<GhcReport, GhcError> {
 pub fn analyze_trace(trace: &Path) -> Result<GhcReport, GhcError> {
     let eventlog = referenced_eventlog(trace)?.ok_or(GhcError::NoEventlog)?;
     let log = read_eventlog(&eventlog)?;
+    let mut report = analyze_trace_with(trace, &log)?;
+    report.eventlog = eventlog.display().to_string();
+    Ok(report)
+}
+
+/// True when the trace's first snapshot of its first process came with a GHC block
+/// census (or a note that none could be taken): a GHC program, recorded without an
+/// eventlog. Reads only up to that snapshot.
+pub fn has_ghc_census(trace: &Path) -> Result<bool, GhcError> {
+    let mut reader = TraceReader::open(trace)?;
+    let mut main_stream = None;
+    // The census follows its snapshot's Pagemap chunk, a few chunks later at most.
+    let mut after_pagemap: Option<u32> = None;
+    for _ in 0..100_000 {
+        let Some(chunk) = reader.next_chunk() else {
+            break;
+        };
+        match chunk {
+            Chunk::Process(p) if main_stream.is_none() => main_stream = Some(p.stream),
+            Chunk::GhcCensus(c) if Some(c.stream) == main_stream => return Ok(true),
+            Chunk::Pagemap(p) if Some(p.stream) == main_stream => {
+                after_pagemap.get_or_insert(0);
+            }
+            _ => {}
+        }
+        if let Some(n) = after_pagemap.as_mut() {
+            *n += 1;
+            if *n > 8 {
+                break;
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// The GHC report of a GHC program recorded without an eventlog: RSS and the RTS's
+/// block censuses only.
+pub fn analyze_trace_without_eventlog(trace: &Path) -> Result<GhcReport, GhcError> {
+    let log = Eventlog {
+        header: fragscope_ghc::Header::default(),
+        events: Vec::new(),
+        end: fragscope_ghc::End::Complete,
+        corruption: None,
+    };
+    let mut report = analyze_trace_with(trace, &log)?;
+    report.eventlog = String::new();
+    // Said once, by the note below.
+    report
+        .notes
+        .retain(|n| !n.contains("heap profile by closure type") && !n.contains("heap is unknown"));
+    report.notes.insert(
+        0,
+        "recorded without an eventlog (the program's RTS was not linked with -eventlog, or \
+         refused GHCRTS): the figures are RSS and the RTS's block censuses; rebuild with \
+         `ghc -eventlog -rtsopts` for live data, the heap's size over time and the GC table"
+            .into(),
+    );
+    Ok(report)
+}
+
+fn analyze_trace_with(trace: &Path, log: &Eventlog) -> Result<GhcReport, GhcError> {
     let mut reader = TraceReader::open(trace)?;
     let mut start_unix_ns = 0u64;
     let mut tick_ms = 1.0;
@@ -325,7 +389,7 @@ pub fn analyze_trace(trace: &Path) -> Result<GhcReport, GhcError> {
         })
         .collect();
     let mut report = analyze(
-        &log,
+        log,
         if points.is_empty() {
             None
         } else {
@@ -338,7 +402,6 @@ pub fn analyze_trace(trace: &Path) -> Result<GhcReport, GhcError> {
         report.notes.push(format!("no block census: {note}"));
     }
     report.source = trace.display().to_string();
-    report.eventlog = eventlog.display().to_string();
     if points.is_empty() {
         report
             .notes
@@ -513,14 +576,30 @@ pub fn analyze(
             }
         })
         .collect();
+    let heap_known = states.iter().any(|s| s.heap_size > 0);
+    if !heap_known {
+        // Without a heap size every byte of RSS would look outside the heap.
+        for p in &mut phases {
+            let d = &mut p.decomposition;
+            d.other_anon = None;
+            d.unexplained = None;
+            d.non_heap = None;
+        }
+    }
     add_pinned_notes(&mut phases);
     let mut notes = Vec::new();
     if log.is_truncated() {
-        notes.push(
-            "the eventlog stops before its end (the program was killed): it is read to its \
-             last whole event, and the RTS's start-up facts (version, arguments) are missing"
-                .into(),
-        );
+        // The start-up facts come first in a log: a log cut later still has them.
+        let missing = log.ghc_version().is_none() || log.program_args().is_none();
+        notes.push(format!(
+            "the eventlog stops before its end marker (the program was killed, or ended \
+             without the RTS's shutdown): it is read to its last whole event{}",
+            if missing {
+                ", and the RTS's start-up facts (version, arguments) are missing"
+            } else {
+                ""
+            }
+        ));
     }
     if profile.samples.is_empty() {
         notes.push(
@@ -530,7 +609,15 @@ pub fn analyze(
                 .into(),
         );
     }
-    let diagnosis = ghc_blocks::diagnose(&block_censuses, |t| heap_at(t).live);
+    if !heap_known {
+        notes.push(
+            "the eventlog holds no heap figures (the program ended, or was killed, before \
+             the RTS wrote its first collection's events): the heap is unknown, so RSS is \
+             not split into heap and outside it"
+                .into(),
+        );
+    }
+    let diagnosis = ghc_blocks::diagnose(&block_censuses, |t| heap_known.then(|| heap_at(t).live));
     GhcReport {
         source: String::new(),
         eventlog: String::new(),
@@ -543,6 +630,7 @@ pub fn analyze(
         truncated: log.is_truncated(),
         damage: log.corruption.as_ref().map(|e| e.to_string()),
         rss_recorded: rss.is_some(),
+        heap_known,
         notes,
         duration_ms: end_ms.max(full.last().map_or(0.0, |p| p.t_ms)),
         timeline: thin(full, TIMELINE_POINTS),
@@ -967,6 +1055,68 @@ mod tests {
             .unwrap();
         major.slop_bytes = u64::MAX - 4095;
         assert_eq!(analyze(&log, None, 0.0, &[]).gc.max_slop, None);
+    }
+
+    /// A log cut after its start-up events keeps them (the RTS writes them from a buffer
+    /// it flushes late, at exit for a short run): only a log without them says so.
+    #[test]
+    fn a_cut_eventlog_says_what_is_missing() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fragscope-ghc/tests/fixtures/pinned-take-200000.eventlog");
+        let bytes = std::fs::read(path).unwrap();
+        // Every event, but not the end-of-data marker (a 16-bit 0xffff).
+        let late = Eventlog::parse_intact(&bytes[..bytes.len() - 2]).unwrap();
+        assert!(late.ghc_version().is_some());
+        assert!(late.is_truncated());
+        let notes = analyze(&late, None, 0.0, &[]).notes;
+        let cut = notes
+            .iter()
+            .find(|n| n.contains("stops before its end"))
+            .unwrap();
+        assert!(!cut.contains("missing"), "{cut}");
+        // Just past the header: no event at all.
+        let header_end = bytes.windows(4).position(|w| w == b"datb").unwrap() + 4;
+        let early = Eventlog::parse_intact(&bytes[..header_end]).unwrap();
+        let notes = analyze(&early, None, 0.0, &[]).notes;
+        let cut = notes
+            .iter()
+            .find(|n| n.contains("stops before its end"))
+            .unwrap();
+        assert!(cut.contains("start-up facts"), "{cut}");
+    }
+
+    /// A program killed before the RTS wrote a heap event: its RSS is not filed outside
+    /// a heap of 0 bytes.
+    #[test]
+    fn a_log_without_heap_events_leaves_the_heap_unknown() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fragscope-ghc/tests/fixtures/pinned-take-200000.eventlog");
+        let bytes = std::fs::read(path).unwrap();
+        let header_end = bytes.windows(4).position(|w| w == b"datb").unwrap() + 4;
+        let log = Eventlog::parse_intact(&bytes[..header_end]).unwrap();
+        const MIB: u64 = 1 << 20;
+        let rss: Vec<RssPoint> = (0..100)
+            .map(|i| RssPoint {
+                t_ms: i as f64 * 10.0,
+                rss: 310 * MIB,
+                rss_anon: 300 * MIB,
+                rss_file: 10 * MIB,
+                lazy_free: 0,
+                lazy_free_fresh: true,
+            })
+            .collect();
+        let r = analyze(&log, Some(&rss), 0.0, &[]);
+        assert!(!r.heap_known);
+        assert!(
+            r.notes.iter().any(|n| n.contains("the heap is unknown")),
+            "{:?}",
+            r.notes
+        );
+        assert!(!r.phases.is_empty());
+        for p in &r.phases {
+            assert_eq!(p.decomposition.other_anon, None, "{p:?}");
+            assert_eq!(p.decomposition.rss, Some(310 * MIB));
+        }
     }
 
     #[test]

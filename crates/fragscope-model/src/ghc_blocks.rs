@@ -252,8 +252,11 @@ fn significant(w: Waste, c: &BlockCensus) -> bool {
 
 /// The diagnosis from the censuses: the census and waste with the most bytes, when that
 /// is a real share of the heap; what kind of blocks keep them, and how full those are.
-/// `live_at(t_ms)`: HEAP_LIVE at that moment.
-pub fn diagnose(censuses: &[BlockCensus], live_at: impl Fn(f64) -> u64) -> Option<BlockDiagnosis> {
+/// `live_at(t_ms)`: HEAP_LIVE at that moment, when the eventlog has it.
+pub fn diagnose(
+    censuses: &[BlockCensus],
+    live_at: impl Fn(f64) -> Option<u64>,
+) -> Option<BlockDiagnosis> {
     let (c, waste) = censuses
         .iter()
         .flat_map(|c| wastes(c).map(|w| (c, w)))
@@ -267,12 +270,14 @@ pub fn diagnose(censuses: &[BlockCensus], live_at: impl Fn(f64) -> u64) -> Optio
     let live = live_at(c.t_ms);
     let sparse_blocks = c.sparse_blocks_in_use / BLOCK;
     let mut details = vec![format!(
-        "At {:.2} s the RTS held {} of megablocks for {} of live data (HEAP_LIVE): {} of \
-         free blocks inside them, and {} ({} megablocks) with at most {} of their 252 \
-         blocks in use, {} blocks in all.",
+        "At {:.2} s the RTS held {} of megablocks{}: {} of free blocks inside them, and {} \
+         ({} megablocks) with at most {} of their 252 blocks in use, {} blocks in all.",
         c.t_ms / 1000.0,
         mib(c.heap_size),
-        mib(live),
+        live.map_or_else(String::new, |l| format!(
+            " for {} of live data (HEAP_LIVE)",
+            mib(l)
+        )),
         mib(c.free_blocks),
         mib(c.sparse_megablocks),
         c.sparse_megablocks / MBLOCK,
@@ -445,7 +450,7 @@ mod tests {
         assert_eq!(c.free_blocks, 17_409 * 4096);
         assert_eq!(c.megablock_fill[2].label, "2-5 blocks in use");
         assert_eq!(c.megablock_fill[6].label, "all 252 blocks in use");
-        let d = diagnose(&[c], |_| 800 << 10).unwrap();
+        let d = diagnose(&[c], |_| Some(800 << 10)).unwrap();
         assert_eq!(
             d.headline,
             "67 MiB of megablocks are kept by 197 pinned blocks 12% full"
@@ -495,7 +500,7 @@ mod tests {
             &b,
             (60 << 20, None, 5 << 20),
         );
-        let d = diagnose(std::slice::from_ref(&c), |_| 5 << 20).unwrap();
+        let d = diagnose(std::slice::from_ref(&c), |_| Some(5 << 20)).unwrap();
         assert_eq!(
             d.headline,
             "47 MiB of pinned blocks hold only 4.7 MiB of objects still referred to: 11900 of \
@@ -515,7 +520,7 @@ mod tests {
         b.pinned_liveness = None;
         let c = BlockCensus::new(1.0, SnapshotReason::Periodic, &b, (0, None, 0));
         assert_eq!(c.sparse_survivor_blocks, 9);
-        assert!(diagnose(std::slice::from_ref(&c), |_| 0).is_none());
+        assert!(diagnose(std::slice::from_ref(&c), |_| None).is_none());
         assert!(phase_note(&c).is_none());
     }
 
@@ -525,7 +530,7 @@ mod tests {
         b.sparse_megablocks = 2;
         b.megablocks = 71;
         let c = BlockCensus::new(1.0, SnapshotReason::Periodic, &b, (0, None, 0));
-        assert!(diagnose(&[c], |_| 0).is_none());
+        assert!(diagnose(&[c], |_| None).is_none());
     }
 
     #[test]
@@ -533,7 +538,7 @@ mod tests {
         let mut b = after_close();
         b.pinned_liveness = None;
         let c = BlockCensus::new(1.0, SnapshotReason::Periodic, &b, (0, None, 0));
-        let d = diagnose(&[c], |_| 0).unwrap();
+        let d = diagnose(&[c], |_| None).unwrap();
         assert_eq!(
             d.headline,
             "67 MiB of megablocks are kept by 197 pinned blocks"

@@ -20,6 +20,9 @@ enum Target {
         /// Megablocks at the last census: a heap that stopped growing is where a
         /// liveness scan matters (live data fell, or holds).
         last_megablocks: u64,
+        /// Censuses refused in a row: one stop may land while the RTS is setting its
+        /// heap up; only a refusal that repeats says the layout is not the one read.
+        refused: u32,
     },
 }
 
@@ -27,6 +30,9 @@ enum Target {
 /// the one made while it ran, and the heap has not grown since the census before) at
 /// most this often: tens to hundreds of milliseconds, now and then.
 const LONG_STOP_EVERY: Duration = Duration::from_secs(5);
+
+/// Refused censuses in a row that make a note in the trace.
+const REFUSALS_TO_NOTE: u32 = 3;
 
 /// A pause longer than this counts as a long stop.
 const LONG_STOP: Duration = Duration::from_millis(20);
@@ -89,6 +95,7 @@ impl Censuses {
                 rts,
                 last_long_stop,
                 last_megablocks,
+                ..
             }) => (
                 rts.clone(),
                 last_long_stop
@@ -112,6 +119,7 @@ impl Censuses {
                             rts: rts.clone(),
                             last_long_stop: None,
                             last_megablocks: 0,
+                            refused: 0,
                         },
                     );
                     (rts, None)
@@ -128,9 +136,11 @@ impl Censuses {
                 if let Some(Target::Ready {
                     last_long_stop,
                     last_megablocks,
+                    refused,
                     ..
                 }) = self.targets.lock().unwrap().get_mut(&stream)
                 {
+                    *refused = 0;
                     *last_megablocks = blocks.megablocks;
                     if Duration::from_micros(blocks.pause_us) > LONG_STOP {
                         *last_long_stop = Some(Instant::now());
@@ -140,7 +150,16 @@ impl Censuses {
             }
             Err(CensusError::NoHeap | CensusError::Unreadable(_)) => None,
             Err(CensusError::Inconsistent(why)) => {
-                Some(note(Err(format!("a block census was refused: {why}"))))
+                let mut targets = self.targets.lock().unwrap();
+                let Some(Target::Ready { refused, .. }) = targets.get_mut(&stream) else {
+                    return None;
+                };
+                *refused += 1;
+                (*refused == REFUSALS_TO_NOTE).then(|| {
+                    note(Err(format!(
+                        "{REFUSALS_TO_NOTE} block censuses in a row were refused: {why}"
+                    )))
+                })
             }
         }
     }

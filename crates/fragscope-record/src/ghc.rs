@@ -99,9 +99,9 @@ pub fn prepare(
     if !binary.eventlog_rts {
         return no_eventlog(format!(
             "{name} is a GHC program linked without an eventlog-capable RTS, so fragscope \
-             records its RSS only. For the heap's live data, blocks, GC statistics and -hT \
-             profile, rebuild it with `ghc -eventlog -rtsopts` (cabal: ghc-options: -eventlog \
-             -rtsopts) and record again."
+             records its RSS and the RTS's block censuses only. For the heap's live data and \
+             size over time and the GC statistics, rebuild it with `ghc -eventlog -rtsopts` \
+             (cabal: ghc-options: -eventlog -rtsopts) and record again."
         ));
     }
     let eventlog = eventlog_path(trace);

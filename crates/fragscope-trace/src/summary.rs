@@ -214,7 +214,6 @@ pub fn summarize(
                 seen_end = true;
                 sum.duration_ticks = sum.duration_ticks.max(e.tick);
             }
-            Chunk::Untraced(u) => sum.untraced.push(u),
             Chunk::GhcCensus(c) => {
                 let i = idx(&mut sum, &mut by_stream, c.stream);
                 let ps = &mut sum.processes[i];
@@ -225,6 +224,7 @@ pub fn summarize(
                     }
                 }
             }
+            Chunk::Untraced(u) => sum.untraced.push(u),
             Chunk::Maps(_) | Chunk::Rollup(_) => {}
         }
     }
