@@ -308,15 +308,17 @@ fn render(
     );
     match measured {
         Some(m) => {
+            let peak = match (m.peak_rss, m.peak_rss_t_ms) {
+                (Some(peak), Some(t)) => format!("peak RSS {} at {}", bytes(peak), secs(t)),
+                _ => "no RSS sample was taken".into(),
+            };
             let _ = write!(
                 o,
-                "measured{}: peak RSS {} at {}",
+                "measured{}: {peak}",
                 m.allocator
                     .as_deref()
                     .map(|a| format!(" ({a})"))
                     .unwrap_or_default(),
-                bytes(m.peak_rss),
-                secs(m.peak_rss_t_ms)
             );
             match (m.peak_heap_resident, m.peak_heap_t_ms, m.outside_heap) {
                 (Some(h), Some(t), Some(out)) => {
@@ -328,6 +330,9 @@ fn render(
                         bytes(out)
                     );
                 }
+                (Some(h), Some(t), None) => {
+                    let _ = write!(o, "; heap resident {} at {}", bytes(h), secs(t));
+                }
                 _ => {
                     let _ = write!(o, "; no page-residency snapshot, so no heap resident");
                 }
@@ -335,7 +340,10 @@ fn render(
             if let (Some(h), Some(t)) = (m.held_heap_resident, m.held_t_ms) {
                 let _ = write!(o, "; {} on the plateau at {}", bytes(h), secs(t));
             }
-            let _ = writeln!(o, "; end RSS {}", bytes(m.end_rss));
+            if let Some(end) = m.end_rss {
+                let _ = write!(o, "; end RSS {}", bytes(end));
+            }
+            o.push('\n');
         }
         None => {
             let _ = writeln!(

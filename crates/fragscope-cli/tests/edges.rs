@@ -187,6 +187,12 @@ fn a_report_without_an_rss_sample_says_so_instead_of_printing_zero() {
     let rss_row = text.lines().find(|l| l.trim_start().starts_with("= RSS"));
     assert!(rss_row.is_some_and(|l| l.contains("not sampled")), "{text}");
     assert!(!text.contains("peak RSS 0 B"), "{text}");
+    let out = common::fragscope(&["replay".as_ref(), trace.as_os_str()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert!(text.contains("no RSS sample was taken"), "{text}");
+    assert!(!text.contains("peak RSS 0 B"), "{text}");
+    assert!(!text.contains("outside the heap 0 B"), "{text}");
     let out = common::fragscope(&["info".as_ref(), trace.as_os_str()]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("0 RSS samples,"), "{text}");

@@ -15,9 +15,10 @@ use crate::report::{Report, Snapshot};
 pub struct Measured {
     /// The allocator the program ran on, when it answered statistics.
     pub allocator: Option<String>,
-    pub peak_rss: u64,
-    pub peak_rss_t_ms: f64,
-    pub end_rss: u64,
+    /// None when no RSS sample was taken (as the three below).
+    pub peak_rss: Option<u64>,
+    pub peak_rss_t_ms: Option<f64>,
+    pub end_rss: Option<u64>,
     /// The snapshot with the most heap resident bytes (snapshots are taken every second,
     /// near RSS peaks and at exit).
     pub peak_heap_resident: Option<u64>,
@@ -43,7 +44,7 @@ pub struct Accuracy {
     pub peak_heap_error_pct: Option<f64>,
     /// The model's peak plus the memory outside the heap.
     pub predicted_peak_rss: Option<u64>,
-    pub measured_peak_rss: u64,
+    pub measured_peak_rss: Option<u64>,
     pub peak_rss_error_pct: Option<f64>,
     /// At the plateau before teardown.
     pub predicted_held_heap: u64,
@@ -61,9 +62,9 @@ impl Measured {
     pub fn of(report: &Report, held_t_ms: f64, slack_ms: f64) -> Self {
         let mut m = Measured {
             allocator: report.allocator.clone(),
-            peak_rss: report.headline.peak_rss.unwrap_or(0),
-            peak_rss_t_ms: report.headline.peak_rss_t_ms.unwrap_or(0.0),
-            end_rss: report.timeline.last().map_or(0, |p| p.rss),
+            peak_rss: report.headline.peak_rss,
+            peak_rss_t_ms: report.headline.peak_rss_t_ms,
+            end_rss: report.timeline.last().map(|p| p.rss),
             snapshots: report.snapshots.len(),
             ..Default::default()
         };
@@ -75,7 +76,9 @@ impl Measured {
         if let Some(s) = peak {
             m.peak_heap_resident = Some(s.parts.heap_resident);
             m.peak_heap_t_ms = Some(s.t_ms);
-            m.outside_heap = Some(s.parts.rss.saturating_sub(s.parts.heap_resident));
+            m.outside_heap = s
+                .rss_measured
+                .then(|| s.parts.rss.saturating_sub(s.parts.heap_resident));
         }
         let held: Option<&Snapshot> = report
             .snapshots
@@ -99,7 +102,9 @@ impl Measured {
             peak_heap_error_pct: self.peak_heap_resident.and_then(|m| pct(model.peak_rss, m)),
             predicted_peak_rss: predicted_rss,
             measured_peak_rss: self.peak_rss,
-            peak_rss_error_pct: predicted_rss.and_then(|p| pct(p, self.peak_rss)),
+            peak_rss_error_pct: predicted_rss
+                .zip(self.peak_rss)
+                .and_then(|(p, m)| pct(p, m)),
             predicted_held_heap: model.held_rss,
             measured_held_heap: self.held_heap_resident,
             held_heap_error_pct: self.held_heap_resident.and_then(|m| pct(model.held_rss, m)),
@@ -122,7 +127,7 @@ mod tests {
         assert_eq!(pct(50, 100), Some(-50.0));
         assert_eq!(pct(5, 0), None);
         let m = Measured {
-            peak_rss: 1000,
+            peak_rss: Some(1000),
             peak_heap_resident: Some(800),
             outside_heap: Some(200),
             held_heap_resident: None,
