@@ -119,6 +119,22 @@ pub struct Call {
 }
 
 impl Call {
+    /// A call of `func` on `addr` with no size, alignment or stack (a free, or a start
+    /// to fill in).
+    pub fn on(tick: u64, tid: u32, func: Func, addr: u64) -> Self {
+        Self {
+            tick,
+            tid,
+            func,
+            addr,
+            old_addr: 0,
+            size: 0,
+            usable: 0,
+            align: 0,
+            stack: 0,
+        }
+    }
+
     /// The address this call makes live, if any.
     pub fn allocates(&self) -> Option<u64> {
         (self.func != Func::Free && self.addr != 0).then_some(self.addr)
@@ -405,17 +421,7 @@ impl Merger {
                         stack,
                     })
                 }
-                Record::Free { addr } => Merged::Call(Call {
-                    tick,
-                    tid: h.tid,
-                    func: Func::Free,
-                    addr,
-                    old_addr: 0,
-                    size: 0,
-                    usable: 0,
-                    align: 0,
-                    stack: 0,
-                }),
+                Record::Free { addr } => Merged::Call(Call::on(tick, h.tid, Func::Free, addr)),
                 Record::Stats { source, values } => Merged::Stats {
                     tick,
                     source,

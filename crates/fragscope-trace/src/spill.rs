@@ -284,17 +284,7 @@ fn decode_into(
                 .ok_or_else(|| TraceError::Malformed(format!("spilled call of kind {tag}")))?;
             let addr = prev.addr.wrapping_add(r.svarint()? as u64);
             prev.addr = addr;
-            let mut c = Call {
-                tick,
-                tid,
-                func,
-                addr,
-                old_addr: 0,
-                size: 0,
-                usable: 0,
-                align: 0,
-                stack: 0,
-            };
+            let mut c = Call::on(tick, tid, func, addr);
             if tag & HAS_OLD_ADDR != 0 {
                 c.old_addr = addr.wrapping_add(r.svarint()? as u64);
             }
