@@ -4,11 +4,13 @@
 //!
 //! [`ProcessMemory`] reads another process's memory, [`Pause`] holds it stopped for a
 //! consistent view, [`Symbols`] finds a runtime's variables in its executable (load bias
-//! included). A runtime's census (`ghc`) is built on those three.
+//! included). A runtime's census is built on those three: `ghc` (the GHC RTS's block
+//! descriptors) and `pymalloc` (CPython's pool headers).
 
 pub mod ghc;
 mod memory;
 mod pause;
+pub mod pymalloc;
 mod symbols;
 
 pub use memory::ProcessMemory;

@@ -149,6 +149,7 @@ pub fn render(r: &Report, top: usize) -> String {
     }
     headline(&mut o, r);
     decomposition_table(&mut o, r);
+    pymalloc(&mut o, r);
     phases(&mut o, r);
     timeline(&mut o, r);
     if let Some(f) = r.focus_snapshot {
@@ -255,12 +256,13 @@ fn headline(o: &mut String, r: &Report) {
 /// Reads one part of a decomposition (signed: `unexplained` can be negative).
 type PartOf = fn(&Decomposition) -> i64;
 
-const PARTS: [(&str, PartOf); 9] = [
+const PARTS: [(&str, PartOf); 10] = [
     ("live", |d| d.live as i64),
     ("rounding", |d| d.rounding as i64),
     ("free in used pages", |d| d.free_in_used_pages as i64),
     ("free resident pages", |d| d.free_resident_pages as i64),
     ("lazily freed", |d| d.lazy_free as i64),
+    ("pymalloc arenas", |d| d.pymalloc_arenas as i64),
     ("other anonymous", |d| d.other_anon as i64),
     ("file-backed", |d| d.file as i64),
     ("fragscope's own", |d| d.fragscope_own as i64),
@@ -303,6 +305,7 @@ fn decomposition_table(o: &mut String, r: &Report) {
     add("most waste", r.focus_snapshot);
     add(peak_role, r.peak_snapshot);
     add("end", r.end_snapshot);
+    add("pymalloc", r.pymalloc_snapshot);
     if cols.is_empty() {
         return;
     }
@@ -318,7 +321,10 @@ fn decomposition_table(o: &mut String, r: &Report) {
     o.push('\n');
     for (name, get) in PARTS {
         let values: Vec<i64> = cols.iter().map(|(_, s)| get(&s.parts)).collect();
-        if (name == "unexplained" || name == "lazily freed" || name == "fragscope's own")
+        if matches!(
+            name,
+            "unexplained" | "lazily freed" | "fragscope's own" | "pymalloc arenas"
+        )
             && values.iter().all(|&v| v == 0)
         {
             continue;
@@ -450,6 +456,69 @@ fn timeline(o: &mut String, r: &Report) {
             o,
             "  heap  {}  (at snapshots)",
             heap.iter().collect::<String>()
+        );
+    }
+}
+
+/// CPython's pymalloc arenas at the snapshot where they hold the most free space.
+fn pymalloc(o: &mut String, r: &Report) {
+    if let Some(note) = &r.pymalloc_note {
+        let _ = writeln!(o, "\nnote: {note}");
+    }
+    let Some(p) = r.pymalloc_snapshot.and_then(|i| {
+        let s = &r.snapshots[i];
+        s.pymalloc.as_ref().map(|p| (s, p))
+    }) else {
+        return;
+    };
+    let (s, p) = p;
+    let _ = writeln!(
+        o,
+        "\nCPython {} small objects (pymalloc) at {}: {} in {} arenas of {} ({} hold a pool in \
+         use), {} pools of {}",
+        p.python,
+        secs(s.t_ms),
+        bytes(p.resident),
+        count(p.arenas),
+        bytes(p.arena_size),
+        count(p.arenas_in_use),
+        count(p.pools),
+        bytes(p.pool_size)
+    );
+    for (name, v) in [
+        ("blocks in use", p.in_use),
+        ("free in pools in use", p.free_in_used_pools),
+        ("free pools in arenas in use", p.free_pools),
+        ("arenas with no pool in use", p.empty_arenas),
+    ] {
+        let _ = writeln!(o, "  {name:<30} {:>10} {:>7}", bytes(v), pct(v, p.resident));
+    }
+    let _ = writeln!(
+        o,
+        "  pools in use by bytes in use (census paused the program {:.1} ms)",
+        p.pause_ms
+    );
+    let max = p.pool_fill.iter().map(|b| b.count).max().unwrap_or(1).max(1);
+    for b in &p.pool_fill {
+        let _ = writeln!(
+            o,
+            "    {:>3}%-{:>3}% {:>9} pools  {:>10} in use  {}",
+            b.lo_pct,
+            b.hi_pct,
+            count(b.count),
+            bytes(b.bytes_in_use),
+            "#".repeat((b.count * 30).div_ceil(max) as usize)
+        );
+    }
+    let _ = writeln!(o, "  size classes with the most free bytes in pools in use");
+    for c in p.classes.iter().take(5) {
+        let _ = writeln!(
+            o,
+            "    {:>5} B blocks {:>9} pools {:>11} in use {:>11} free",
+            c.block_size,
+            count(c.pools),
+            bytes(c.blocks_in_use * c.block_size),
+            bytes(c.blocks_free * c.block_size)
         );
     }
 }

@@ -10,14 +10,15 @@ use fragscope_trace::event::StatsSource;
 use fragscope_trace::merge::{FastMap, Merged, Merger};
 use fragscope_trace::reader::{Chunk, TraceReader};
 use fragscope_trace::records::{
-    EndHow, Mapping, Meta, Pagemap, ProcessEnd, Rollup, RssSample, SnapshotReason, StackMode,
-    WaitStatus,
+    EndHow, Mapping, Meta, Pagemap, ProcessEnd, PymallocPools, Rollup, RssSample, SnapshotReason,
+    StackMode, WaitStatus,
 };
 use fragscope_trace::Func;
 use fragscope_trace::TraceError;
 
 use crate::heap::{self, ClassAtSnapshot, HeapHistory, HeapParts, SiteAtSnapshot, SiteWeighting};
 use crate::phases;
+use crate::pymalloc::{self, PymallocParts};
 use crate::report::*;
 use crate::symbols::{Frame, Symbolizer};
 
@@ -78,6 +79,7 @@ struct Evaluated {
     classes: Vec<ClassAtSnapshot>,
     sites: Vec<SiteAtSnapshot>,
     own_memory: u64,
+    pymalloc: Option<PymallocParts>,
 }
 
 #[derive(Default)]
@@ -88,6 +90,11 @@ struct Stream {
     argv: Vec<String>,
     merger: Merger,
     pending: VecDeque<Pagemap>,
+    /// pymalloc censuses waiting for the snapshot of their tick (written just before it).
+    pymalloc_pending: VecDeque<PymallocPools>,
+    pymalloc_ticks: VecDeque<u64>,
+    /// Why the process has no pymalloc census, when it is CPython.
+    pymalloc_note: Option<String>,
     evaluated: Vec<Evaluated>,
     history: HeapHistory,
     rss: Vec<RssSample>,
@@ -204,6 +211,27 @@ impl Stream {
             ctx.weighting,
             ctx.sparse_pct,
         );
+        // Censuses older than this snapshot never met theirs (a pagemap not read).
+        while self.pymalloc_ticks.front().is_some_and(|&t| t < pm.tick) {
+            self.pymalloc_ticks.pop_front();
+            self.pymalloc_pending.pop_front();
+        }
+        let pymalloc = if self.pymalloc_ticks.front() == Some(&pm.tick) {
+            self.pymalloc_ticks.pop_front();
+            self.pymalloc_pending.pop_front().map(|pools| {
+                let (parts, by_range) = pymalloc::split(&pools, &pm);
+                let in_heap: u64 = by_range
+                    .iter()
+                    .filter(|(start, _)| self.history.held(**start))
+                    .map(|(_, bytes)| bytes)
+                    .sum();
+                snap.parts
+                    .leave_out_empty_pages(in_heap, u64::from(pm.page_size));
+                parts
+            })
+        } else {
+            None
+        };
         // Keep the sites that can make a top list.
         let mut keep: Vec<SiteAtSnapshot> = snap
             .sites
@@ -226,6 +254,7 @@ impl Stream {
             classes: snap.classes,
             sites: keep,
             own_memory: self.merger.own_memory(),
+            pymalloc,
         });
     }
 }
@@ -339,6 +368,19 @@ pub fn analyze(
             }
             // Read by the GHC model (`ghc.rs`).
             Chunk::GhcCensus(_) => {}
+            Chunk::PymallocCensus(c) => {
+                let i = index(&mut streams, &mut by_stream, c.stream);
+                let s = &mut streams[i];
+                match c.result {
+                    Ok(pools) => {
+                        s.pymalloc_ticks.push_back(c.tick);
+                        s.pymalloc_pending.push_back(pools);
+                    }
+                    Err(note) => {
+                        s.pymalloc_note.get_or_insert(note);
+                    }
+                }
+            }
         }
     }
     progress(reader.offset(), reader.file_bytes());
@@ -436,6 +478,19 @@ pub fn analyze(
             }
         );
     }
+    let pymalloc_snapshot = (0..snapshots.len())
+        .filter(|&i| snapshots[i].pymalloc.is_some())
+        .max_by_key(|&i| snapshots[i].pymalloc.as_ref().map_or(0, |p| p.waste()));
+    if let Some(p) = pymalloc_snapshot.and_then(|i| snapshots[i].pymalloc.as_ref()) {
+        // pymalloc's arenas are outside malloc's heap: they make the headline when they
+        // waste more than the heap does at its focus.
+        let heap_waste = focus_snapshot.map_or(0, |i| snapshots[i].parts.heap_waste());
+        if let Some((dominant, sentence)) = pymalloc::headline(p).filter(|_| p.waste() > heap_waste)
+        {
+            headline.dominant = Some(dominant.into());
+            headline.sentence = sentence;
+        }
+    }
     let merge = s.merger.stats();
     Ok(Report {
         trace: path.display().to_string(),
@@ -483,6 +538,8 @@ pub fn analyze(
             })
             .collect(),
         chosen_by_pid: opts.pid.is_some(),
+        pymalloc_snapshot,
+        pymalloc_note: s.pymalloc_note.clone(),
         leaks,
     })
 }
@@ -621,7 +678,8 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
     let lazy_free = lazy_reported.min(h.free_resident_pages);
     let own = e.own_memory.min(anon);
     let heap_total = h.live + h.rounding + h.free_in_used_pages + h.free_resident_pages;
-    let other = anon as i64 - heap_total as i64 - own as i64;
+    let pymalloc = e.pymalloc.as_ref().map_or(0, |p| p.resident);
+    let other = anon as i64 - heap_total as i64 - own as i64 - pymalloc as i64;
     let parts = Decomposition {
         rss: vm_rss,
         live: h.live,
@@ -629,6 +687,7 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         free_in_used_pages: h.free_in_used_pages,
         free_resident_pages: h.free_resident_pages - lazy_free,
         lazy_free,
+        pymalloc_arenas: pymalloc,
         other_anon: other.max(0) as u64,
         file,
         fragscope_own: own,
@@ -679,6 +738,7 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         empty_pages: h.empty_pages,
         occupancy,
         allocator,
+        pymalloc: e.pymalloc.clone(),
     }
 }
 

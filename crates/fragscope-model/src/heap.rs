@@ -126,6 +126,28 @@ pub struct HeapHistory {
     last_class: PageMap<u64>,
 }
 
+impl HeapHistory {
+    /// Whether the mapping starting at `start` ever held a live block (its resident pages
+    /// are then the heap's).
+    pub fn held(&self, start: u64) -> bool {
+        self.held_ranges.contains(&start)
+    }
+}
+
+impl HeapParts {
+    /// Leaves out `bytes` of resident pages that the evaluation counted as empty heap
+    /// pages but another allocator holds (pymalloc's arenas can share a mapping with
+    /// malloc's).
+    pub fn leave_out_empty_pages(&mut self, bytes: u64, page_size: u64) {
+        let bytes = bytes.min(self.free_resident_pages);
+        let pages = bytes / page_size.max(1);
+        self.heap_resident -= bytes;
+        self.free_resident_pages -= bytes;
+        self.empty_pages = self.empty_pages.saturating_sub(pages);
+        self.occupancy_pages[0] = self.occupancy_pages[0].saturating_sub(pages);
+    }
+}
+
 #[derive(Default, Clone, Copy)]
 struct PageAcc {
     live: u32,

@@ -13,9 +13,20 @@ pub mod ghc;
 pub mod ghc_blocks;
 pub mod heap;
 pub mod phases;
+pub mod pymalloc;
 pub mod replay;
 pub mod report;
 pub mod symbols;
 
 pub use analyze::{analyze, AnalysisError, Options};
 pub use report::Report;
+
+/// Bytes in MiB for a sentence of the model ("138 MiB", "4.2 MiB").
+pub(crate) fn mib(bytes: u64) -> String {
+    let m = bytes as f64 / (1u64 << 20) as f64;
+    if m >= 10.0 {
+        format!("{m:.0} MiB")
+    } else {
+        format!("{m:.1} MiB")
+    }
+}

@@ -21,6 +21,9 @@ pub struct Decomposition {
     pub free_in_used_pages: u64,
     pub free_resident_pages: u64,
     pub lazy_free: u64,
+    /// CPython's pymalloc arenas (resident), split in [`Snapshot::pymalloc`]; 0 for other
+    /// programs or without a census.
+    pub pymalloc_arenas: u64,
     pub other_anon: u64,
     pub file: u64,
     /// fragscope's own buffers in the traced process: shown, kept out of the other parts.
@@ -87,6 +90,8 @@ pub struct Snapshot {
     pub occupancy: Vec<OccupancyBucket>,
     /// The allocator's own statistics, answered just before this snapshot.
     pub allocator: Option<AllocatorView>,
+    /// A CPython process's pymalloc arenas, from a census taken with the snapshot.
+    pub pymalloc: Option<crate::pymalloc::PymallocParts>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -287,4 +292,8 @@ pub struct Report {
     /// The process explained was named with `--pid` (else: the largest heap).
     pub chosen_by_pid: bool,
     pub leaks: LeakFacts,
+    /// A CPython process: the snapshot whose pymalloc arenas hold the most free space.
+    pub pymalloc_snapshot: Option<usize>,
+    /// Why a CPython process has no pymalloc census.
+    pub pymalloc_note: Option<String>,
 }

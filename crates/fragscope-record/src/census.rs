@@ -1,6 +1,6 @@
-//! Block censuses of GHC processes, taken with each page-residency snapshot: the RTS's
-//! own block descriptors, read from outside (fragscope-census), so the program runs
-//! without a heap-profile census of its own.
+//! Censuses of runtime heaps malloc never sees, taken with each page-residency snapshot
+//! and read from outside (fragscope-census): a GHC program's block descriptors (so it
+//! runs without a heap-profile census of its own) and a CPython process's pymalloc pools.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -8,12 +8,31 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fragscope_census::ghc::{census, CensusError, CensusLimits, GhcRts, RtsInfo};
-use fragscope_trace::records::{GhcCensus, SnapshotReason};
+use fragscope_census::pymalloc::{self, Pymalloc};
+use fragscope_trace::chunk::ChunkKind;
+use fragscope_trace::records::{GhcCensus, PymallocCensus, SnapshotReason};
+
+/// A census as the trace stores it.
+pub enum CensusRecord {
+    Ghc(GhcCensus),
+    Pymalloc(PymallocCensus),
+}
+
+impl CensusRecord {
+    pub fn chunk(&self) -> (ChunkKind, Vec<u8>) {
+        match self {
+            CensusRecord::Ghc(c) => (ChunkKind::GhcCensus, c.encode()),
+            CensusRecord::Pymalloc(c) => (ChunkKind::PymallocCensus, c.encode()),
+        }
+    }
+}
 
 /// What a stream's census can be.
 enum Target {
-    /// Not a GHC program (or censuses are off).
+    /// Not a program whose runtime heap fragscope reads (or censuses are off).
     None,
+    /// A CPython process: its pymalloc pools.
+    Python { layout: Pymalloc, refused: u32 },
     Ready {
         rts: Arc<GhcRts>,
         last_long_stop: Option<Instant>,
@@ -66,21 +85,109 @@ impl Censuses {
     }
 
     /// A census of stream `stream` (process `pid`), or a note saying why it has none (the
-    /// first time only); `None` for a process that is not a GHC program, or whose RTS
-    /// holds no heap at the moment (starting, shutting down).
+    /// first time only); `None` for a process whose runtime heap fragscope does not read,
+    /// or that holds no heap at the moment (starting, shutting down).
     pub fn take(
         &self,
         stream: u32,
         pid: u32,
         tick: u64,
         reason: SnapshotReason,
-    ) -> Option<GhcCensus> {
-        // By the time the program calls exit, the RTS has shut its storage manager down
-        // and freed part of its heap: a census then describes no moment of the run.
+    ) -> Option<CensusRecord> {
+        // By the time the program calls exit, the runtime has shut its heap down (GHC's
+        // storage manager, CPython's finalization) and freed part of it: a census then
+        // describes no moment of the run.
         if !self.enabled || reason == SnapshotReason::Exit {
             return None;
         }
+        if !self.targets.lock().unwrap().contains_key(&stream) {
+            let target = match self.resolve(pid) {
+                Some(Ok(rts)) => Target::Ready {
+                    rts: Arc::new(rts),
+                    last_long_stop: None,
+                    last_megablocks: 0,
+                    refused: 0,
+                },
+                Some(Err(why)) => {
+                    self.targets.lock().unwrap().insert(stream, Target::None);
+                    return Some(CensusRecord::Ghc(GhcCensus {
+                        stream,
+                        tick,
+                        reason,
+                        result: Err(why),
+                    }));
+                }
+                None => match Pymalloc::detect(pid) {
+                    Some(Ok(layout)) => Target::Python { layout, refused: 0 },
+                    Some(Err(why)) => {
+                        self.targets.lock().unwrap().insert(stream, Target::None);
+                        return Some(CensusRecord::Pymalloc(PymallocCensus {
+                            stream,
+                            tick,
+                            reason,
+                            result: Err(why),
+                        }));
+                    }
+                    None => Target::None,
+                },
+            };
+            self.targets.lock().unwrap().insert(stream, target);
+        }
+        let python = match self.targets.lock().unwrap().get(&stream) {
+            Some(Target::Python { layout, .. }) => Some(*layout),
+            _ => None,
+        };
+        if let Some(layout) = python {
+            return self.take_pymalloc(stream, pid, layout).map(|result| {
+                CensusRecord::Pymalloc(PymallocCensus {
+                    stream,
+                    tick,
+                    reason,
+                    result,
+                })
+            });
+        }
+        self.take_ghc(stream, pid, tick, reason)
+            .map(CensusRecord::Ghc)
+    }
+
+    /// A pymalloc census, or the note that the last few were refused.
+    fn take_pymalloc(
+        &self,
+        stream: u32,
+        pid: u32,
+        layout: Pymalloc,
+    ) -> Option<Result<fragscope_trace::records::PymallocPools, String>> {
+        let result = pymalloc::census(pid, &layout);
         let mut targets = self.targets.lock().unwrap();
+        let Some(Target::Python { refused, .. }) = targets.get_mut(&stream) else {
+            return None;
+        };
+        match result {
+            Ok(pools) => {
+                *refused = 0;
+                Some(Ok(pools))
+            }
+            Err(CensusError::NoHeap | CensusError::Unreadable(_)) => None,
+            Err(CensusError::Inconsistent(why)) => {
+                *refused += 1;
+                (*refused == REFUSALS_TO_NOTE).then(|| {
+                    Err(format!(
+                        "{REFUSALS_TO_NOTE} pymalloc censuses in a row were refused: {why}"
+                    ))
+                })
+            }
+        }
+    }
+
+    fn take_ghc(
+        &self,
+        stream: u32,
+        pid: u32,
+        tick: u64,
+        reason: SnapshotReason,
+    ) -> Option<GhcCensus> {
+        let targets = self.targets.lock().unwrap();
         let note = |result| GhcCensus {
             stream,
             tick,
@@ -90,7 +197,6 @@ impl Censuses {
         // A long stop is allowed when none was made lately, up to the heap size of the
         // census before (a heap that grows is being built, and its scan would be stale).
         let (rts, stop_when_spoilt) = match targets.get(&stream) {
-            Some(Target::None) => return None,
             Some(Target::Ready {
                 rts,
                 last_long_stop,
@@ -102,29 +208,7 @@ impl Censuses {
                     .is_none_or(|t| t.elapsed() >= LONG_STOP_EVERY)
                     .then_some(*last_megablocks),
             ),
-            None => match self.resolve(pid) {
-                None => {
-                    targets.insert(stream, Target::None);
-                    return None;
-                }
-                Some(Err(why)) => {
-                    targets.insert(stream, Target::None);
-                    return Some(note(Err(why)));
-                }
-                Some(Ok(rts)) => {
-                    let rts = Arc::new(rts);
-                    targets.insert(
-                        stream,
-                        Target::Ready {
-                            rts: rts.clone(),
-                            last_long_stop: None,
-                            last_megablocks: 0,
-                            refused: 0,
-                        },
-                    );
-                    (rts, None)
-                }
-            },
+            _ => return None,
         };
         drop(targets);
         let limits = CensusLimits {

@@ -238,6 +238,12 @@ impl Shared {
                 .encode(),
             );
         }
+        // Before the residency: a pymalloc census is split by the residency read next,
+        // and the model meets the census first.
+        if let Some(census) = self.censuses.take(stream, pid, tick, reason) {
+            let (kind, payload) = census.chunk();
+            self.send(kind, payload);
+        }
         let Some(mappings) = self.write_maps(stream, pid) else {
             return;
         };
@@ -257,9 +263,6 @@ impl Shared {
                 }
                 .encode(),
             );
-        }
-        if let Some(census) = self.censuses.take(stream, pid, tick, reason) {
-            self.send(ChunkKind::GhcCensus, census.encode());
         }
         if let Some(rss) = procfs::read_rss(pid, tick) {
             let mut procs = self.procs.lock().unwrap();

@@ -48,6 +48,8 @@ pub enum ChunkKind {
     GhcCensus = 14,
     /// A process image that could not be traced.
     Untraced = 15,
+    /// A CPython process's pymalloc census (see [`crate::records::PymallocCensus`]).
+    PymallocCensus = 17,
 }
 
 impl ChunkKind {
@@ -69,6 +71,7 @@ impl ChunkKind {
             13 => PackedEvents,
             14 => GhcCensus,
             15 => Untraced,
+            17 => PymallocCensus,
             _ => return None,
         })
     }

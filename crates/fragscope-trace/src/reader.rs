@@ -23,6 +23,7 @@ pub enum Chunk {
     Untraced(Untraced),
     End(End),
     GhcCensus(GhcCensus),
+    PymallocCensus(PymallocCensus),
 }
 
 /// Reads a trace chunk by chunk. Damage (a cut or corrupt file) ends the iteration; what
@@ -94,6 +95,7 @@ impl<R: Read> TraceReader<R> {
             ChunkKind::Untraced => Untraced::decode(data).map(Chunk::Untraced),
             ChunkKind::End => End::decode(data).map(Chunk::End),
             ChunkKind::GhcCensus => GhcCensus::decode(data).map(Chunk::GhcCensus),
+            ChunkKind::PymallocCensus => PymallocCensus::decode(data).map(Chunk::PymallocCensus),
             ChunkKind::PackedEventsV1 | ChunkKind::PackedEventsV2 => Err(TraceError::Malformed(
                 "events packed in the form of an earlier fragscope, which this one no longer \
                  reads: record the program again"

@@ -895,9 +895,176 @@ impl Untraced {
     }
 }
 
+/// A pymalloc pool (CPython's small-object allocator), as its header said at a census.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PymallocPool {
+    /// Address of the pool (and of its header).
+    pub address: u64,
+    /// Index of its arena in the interpreter's arena table: the pools of one arena
+    /// share it.
+    pub arena: u32,
+    /// Block size of the pool's size class, in bytes (for an empty pool: of its last class).
+    pub block_size: u32,
+    /// Blocks in use (0: an empty pool, free for any class).
+    pub blocks_in_use: u32,
+    /// Blocks ever carved out of the pool (the rest lie untouched above them).
+    pub blocks_carved: u32,
+}
+
+/// The census itself: every pool found, in address order.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PymallocPools {
+    /// The interpreter's version, as "3.11".
+    pub python: String,
+    pub pool_size: u32,
+    pub arena_size: u32,
+    /// Bytes of each pool taken by its header.
+    pub pool_header: u32,
+    pub pools: Vec<PymallocPool>,
+    /// How long the program was stopped for the census, in microseconds.
+    pub pause_us: u64,
+}
+
+/// Chunk 17: a census of a CPython process's pymalloc pools, read from their headers at a
+/// snapshot; or why none could be taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PymallocCensus {
+    pub stream: u32,
+    pub tick: u64,
+    pub reason: SnapshotReason,
+    pub result: Result<PymallocPools, String>,
+}
+
+impl PymallocCensus {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.varint(self.stream.into())
+            .varint(self.tick)
+            .u8(encode_reason(self.reason));
+        match &self.result {
+            Err(note) => {
+                w.u8(0).str(note);
+            }
+            Ok(p) => {
+                w.u8(1)
+                    .str(&p.python)
+                    .varint(p.pool_size.into())
+                    .varint(p.arena_size.into())
+                    .varint(p.pool_header.into())
+                    .varint(p.pause_us)
+                    .varint(p.pools.len() as u64);
+                // Addresses as steps in pools from the one before: mostly 1.
+                let mut prev = 0u64;
+                for pool in &p.pools {
+                    w.varint(pool.address.wrapping_sub(prev) / u64::from(p.pool_size.max(1)))
+                        .varint(pool.arena.into())
+                        .varint(pool.block_size.into())
+                        .varint(pool.blocks_in_use.into())
+                        .varint(pool.blocks_carved.into());
+                    prev = pool.address;
+                }
+            }
+        }
+        w.bytes
+    }
+
+    pub fn decode(data: &[u8]) -> Result<Self, TraceError> {
+        let mut r = Reader::new(data);
+        let stream = r.varint()? as u32;
+        let tick = r.varint()?;
+        let reason = decode_reason(r.u8()?);
+        let result = match r.u8()? {
+            0 => Err(r.string()?),
+            1 => {
+                let python = r.string()?;
+                let pool_size = r.varint()? as u32;
+                let arena_size = r.varint()? as u32;
+                let pool_header = r.varint()? as u32;
+                let pause_us = r.varint()?;
+                if pool_size == 0 || !pool_size.is_power_of_two() {
+                    return Err(TraceError::Malformed(format!(
+                        "a pymalloc census with a pool size of {pool_size} bytes"
+                    )));
+                }
+                let n = r.count(5)?;
+                let mut pools = Vec::with_capacity(n);
+                let mut prev = 0u64;
+                for _ in 0..n {
+                    let address = prev.wrapping_add(r.varint()?.wrapping_mul(u64::from(pool_size)));
+                    let pool = PymallocPool {
+                        address,
+                        arena: r.varint()? as u32,
+                        block_size: r.varint()? as u32,
+                        blocks_in_use: r.varint()? as u32,
+                        blocks_carved: r.varint()? as u32,
+                    };
+                    prev = address;
+                    pools.push(pool);
+                }
+                Ok(PymallocPools {
+                    python,
+                    pool_size,
+                    arena_size,
+                    pool_header,
+                    pools,
+                    pause_us,
+                })
+            }
+            other => {
+                return Err(TraceError::Malformed(format!(
+                    "a pymalloc census with an unknown outcome tag {other}"
+                )))
+            }
+        };
+        Ok(Self {
+            stream,
+            tick,
+            reason,
+            result,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pymalloc_censuses_round_trip() {
+        let pool = |address, arena, block_size, blocks_in_use| PymallocPool {
+            address,
+            arena,
+            block_size,
+            blocks_in_use,
+            blocks_carved: blocks_in_use + 3,
+        };
+        let taken = PymallocCensus {
+            stream: 2,
+            tick: 4000,
+            reason: SnapshotReason::NearPeak,
+            result: Ok(PymallocPools {
+                python: "3.11".into(),
+                pool_size: 16384,
+                arena_size: 1 << 20,
+                pool_header: 48,
+                pools: vec![
+                    pool(0x7f00_0000_4000, 0, 32, 500),
+                    pool(0x7f00_0000_8000, 0, 32, 0),
+                    pool(0x7f10_0000_0000, 7, 512, 31),
+                ],
+                pause_us: 812,
+            }),
+        };
+        assert_eq!(PymallocCensus::decode(&taken.encode()).unwrap(), taken);
+        let none = PymallocCensus {
+            result: Err("not read".into()),
+            ..taken.clone()
+        };
+        assert_eq!(PymallocCensus::decode(&none.encode()).unwrap(), none);
+        let mut bad = taken.encode();
+        bad.truncate(bad.len() - 2);
+        assert!(PymallocCensus::decode(&bad).is_err());
+    }
 
     #[test]
     fn ghc_censuses_round_trip() {

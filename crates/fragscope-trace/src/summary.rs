@@ -32,6 +32,9 @@ pub struct ProcessSummary {
     /// GHC block censuses taken, and the note of the first that could not be.
     pub ghc_censuses: u64,
     pub ghc_census_note: Option<String>,
+    /// pymalloc censuses taken (CPython), and the note of the first that could not be.
+    pub pymalloc_censuses: u64,
+    pub pymalloc_census_note: Option<String>,
     pub end: Option<ProcessEnd>,
     pub wait: Option<WaitStatus>,
     /// Buffers missing from a thread's sequence, and events a signal handler dropped.
@@ -221,6 +224,16 @@ pub fn summarize(
                     Ok(_) => ps.ghc_censuses += 1,
                     Err(note) => {
                         ps.ghc_census_note.get_or_insert(note);
+                    }
+                }
+            }
+            Chunk::PymallocCensus(c) => {
+                let i = idx(&mut sum, &mut by_stream, c.stream);
+                let ps = &mut sum.processes[i];
+                match c.result {
+                    Ok(_) => ps.pymalloc_censuses += 1,
+                    Err(note) => {
+                        ps.pymalloc_census_note.get_or_insert(note);
                     }
                 }
             }
