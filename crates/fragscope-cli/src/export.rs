@@ -791,6 +791,7 @@ fn snapshots_batch(r: &Report) -> Result<RecordBatch> {
         u("free_in_used_pages", |x| x.parts.free_in_used_pages),
         u("free_resident_pages", |x| x.parts.free_resident_pages),
         u("lazy_free", |x| x.parts.lazy_free),
+        u("pymalloc_arenas", |x| x.parts.pymalloc_arenas),
         u("other_anon", |x| x.parts.other_anon),
         u("file", |x| x.parts.file),
         u("fragscope_own", |x| x.parts.fragscope_own),

@@ -67,6 +67,8 @@ fn to_json(s: &TraceSummary) -> serde_json::Value {
             "snapshots": p.snapshots,
             "ghc_censuses": p.ghc_censuses,
             "ghc_census_note": p.ghc_census_note,
+            "pymalloc_censuses": p.pymalloc_censuses,
+            "pymalloc_census_note": p.pymalloc_census_note,
             "exit_code": p.wait.and_then(|w| w.exit_code).or(p.end.map(|e| e.status)),
             "signal": p.wait.and_then(|w| w.signal),
             "end": p.describe_end(),
@@ -172,6 +174,15 @@ fn print_text(path: &std::path::Path, s: &TraceSummary) {
         }
         if let Some(note) = &p.ghc_census_note {
             println!("  ghc      {note}");
+        }
+        if p.pymalloc_censuses > 0 {
+            println!(
+                "  python   {} censuses of pymalloc's pools",
+                p.pymalloc_censuses
+            );
+        }
+        if let Some(note) = &p.pymalloc_census_note {
+            println!("  python   {note}");
         }
         if p.lost_buffers + p.lost_events > 0 {
             println!(

@@ -324,8 +324,7 @@ fn decomposition_table(o: &mut String, r: &Report) {
         if matches!(
             name,
             "unexplained" | "lazily freed" | "fragscope's own" | "pymalloc arenas"
-        )
-            && values.iter().all(|&v| v == 0)
+        ) && values.iter().all(|&v| v == 0)
         {
             continue;
         }
@@ -498,7 +497,13 @@ fn pymalloc(o: &mut String, r: &Report) {
         "  pools in use by bytes in use (census paused the program {:.1} ms)",
         p.pause_ms
     );
-    let max = p.pool_fill.iter().map(|b| b.count).max().unwrap_or(1).max(1);
+    let max = p
+        .pool_fill
+        .iter()
+        .map(|b| b.count)
+        .max()
+        .unwrap_or(1)
+        .max(1);
     for b in &p.pool_fill {
         let _ = writeln!(
             o,

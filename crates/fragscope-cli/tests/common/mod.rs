@@ -297,3 +297,10 @@ pub fn calls_of(all: &[StreamCalls], stream: u64) -> &StreamCalls {
         .find(|s| u64::from(s.stream) == stream)
         .unwrap_or_else(|| NONE.get_or_init(StreamCalls::default))
 }
+
+/// `fragscope report TRACE --json`, which must succeed.
+pub fn report_json(trace: &Path) -> serde_json::Value {
+    let out = fragscope(&["report".as_ref(), trace.as_os_str(), "--json".as_ref()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}

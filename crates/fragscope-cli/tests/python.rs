@@ -1,0 +1,148 @@
+//! CPython programs: pymalloc's arenas, read from the pools' own headers, inside the
+//! decomposition; figures checked against the interpreter's own statistics.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/keep_a_tenth.py")
+}
+
+/// Debian's interpreter, and any pyenv releases this machine has (older layouts).
+fn interpreters() -> Vec<PathBuf> {
+    let mut found = vec![PathBuf::from("/usr/bin/python3")];
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    for v in ["3.8", "3.9", "3.12", "3.13"] {
+        let Ok(dir) = std::fs::read_dir(home.join(".pyenv/versions")) else {
+            break;
+        };
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let exe = e.path().join(format!("bin/python{v}"));
+            if name.starts_with(&format!("{v}.")) && exe.exists() {
+                found.push(exe);
+            }
+        }
+    }
+    found
+}
+
+/// A figure of sys._debugmallocstats: "# arenas allocated current = 10".
+fn stat(text: &str, name: &str) -> u64 {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("# {name}")))
+        .unwrap_or_else(|| panic!("no '{name}' in:\n{text}"));
+    line.rsplit('=')
+        .next()
+        .unwrap()
+        .trim()
+        .replace(',', "")
+        .parse()
+        .unwrap()
+}
+
+/// The snapshots with a pymalloc census.
+fn censused(report: &Value) -> Vec<&Value> {
+    report["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| !s["pymalloc"].is_null())
+        .collect()
+}
+
+#[test]
+fn pymalloc_census_agrees_with_the_interpreters_own_statistics() {
+    let dir = tempfile::tempdir().unwrap();
+    for python in interpreters() {
+        let trace = dir.path().join("py.fsc");
+        let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+            .args(["record", "--snapshot-ms", "300", "-o"])
+            .arg(&trace)
+            .arg("--")
+            .arg(&python)
+            .arg(script())
+            .args(["300000", "2"])
+            .output()
+            .unwrap();
+        let err = common::stderr(&out);
+        assert!(out.status.success(), "{}: {err}", python.display());
+        let report = common::report_json(&trace);
+        let theirs = stat(&err, "bytes in allocated blocks") as f64;
+        // Censuses are taken every 300 ms while the program idles after printing its
+        // statistics: the one nearest them is one of those.
+        let snaps = censused(&report);
+        let seen: Vec<(f64, u64)> = snaps
+            .iter()
+            .map(|s| {
+                (
+                    s["t_ms"].as_f64().unwrap(),
+                    s["pymalloc"]["in_use"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        let snap = *snaps
+            .iter()
+            .min_by_key(|s| {
+                (s["pymalloc"]["in_use"].as_u64().unwrap() as f64 - theirs).abs() as u64
+            })
+            .expect("a snapshot with a pymalloc census");
+        let p = &snap["pymalloc"];
+        let what = format!("{}: censuses {seen:?}\n{p}\n{err}", python.display());
+        assert_eq!(
+            p["arenas"].as_u64().unwrap(),
+            stat(&err, "arenas allocated current"),
+            "{what}"
+        );
+        let in_use = p["in_use"].as_u64().unwrap() as f64;
+        assert!((in_use - theirs).abs() <= 0.02 * theirs, "{what}");
+        // A tenth kept: the arenas are mostly free space inside pools still in use.
+        let resident = p["resident"].as_u64().unwrap();
+        assert!(
+            p["free_in_used_pools"].as_u64().unwrap() * 2 > resident,
+            "{what}"
+        );
+        let parts = ["in_use", "free_in_used_pools", "free_pools", "empty_arenas"];
+        let sum: u64 = parts.iter().map(|k| p[k].as_u64().unwrap()).sum();
+        assert_eq!(sum, resident, "{what}");
+        // pymalloc's arenas are no longer "other anonymous", and they make the headline.
+        assert_eq!(
+            snap["pymalloc_arenas"].as_u64().unwrap(),
+            resident,
+            "{what}"
+        );
+        assert!(snap["other_anon"].as_u64().unwrap() < resident, "{what}");
+        assert_eq!(
+            report["headline"]["dominant"], "pymalloc_free_in_used_pools",
+            "{what}"
+        );
+        let text = common::fragscope(&["report".as_ref(), trace.as_os_str()]);
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert!(text.contains("pymalloc arenas"), "{text}");
+        assert!(text.contains("small objects (pymalloc)"), "{text}");
+    }
+}
+
+#[test]
+fn a_program_that_is_not_python_has_no_pymalloc_census() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("sh.fsc");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "--snapshot-ms", "100", "-o"])
+        .arg(&trace)
+        .args(["--", "sh", "-c", "sleep 0.5"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let info = common::info(&trace);
+    for p in info["processes"].as_array().unwrap() {
+        assert_eq!(p["pymalloc_censuses"], 0, "{p}");
+    }
+}
