@@ -82,9 +82,10 @@ pub struct RecordArgs {
     /// more than it would on its own.
     #[arg(long)]
     ghc_heap_profile: bool,
-    /// GHC programs: do not read the RTS's block descriptors at snapshots (each read
-    /// stops the program for about a millisecond per 20 MiB of heap).
-    #[arg(long)]
+    /// Do not read runtime heaps at snapshots: a GHC RTS's block descriptors (each read
+    /// stops the program for about a millisecond per 20 MiB of heap) and CPython's
+    /// pymalloc pools (about 5 ms per 100 MiB of arenas).
+    #[arg(long, visible_alias = "no-census")]
     no_ghc_census: bool,
     /// The program to record, and its arguments.
     #[arg(required = true, last = true, value_name = "COMMAND")]
