@@ -246,3 +246,37 @@ fn a_recording_onto_a_full_disk_says_so_and_leaves_a_readable_trace() {
     assert_eq!(j["truncated"], true, "{j:#}");
     assert!(j["events"].as_u64().unwrap() > 1000, "{j:#}");
 }
+
+#[test]
+fn a_program_that_removes_the_recorders_socket_still_gets_its_trace_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("rm.fsc");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "-o"])
+        .arg(&trace)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "rm -rf \"$(dirname \"$FRAGSCOPE_SOCK\")\"; echo removed",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The recorder used to wait for ever for a connection that could no longer come.
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("fragscope record did not finish once the program removed its socket");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success());
+    let info = info(&trace);
+    assert!(!info["processes"].as_array().unwrap().is_empty(), "{info}");
+}

@@ -1214,6 +1214,10 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let open_connections: Arc<Mutex<Vec<UnixStream>>> = Arc::default();
     // SAFETY: geteuid cannot fail.
     let own_uid = unsafe { libc::geteuid() };
+    let listener_fd = {
+        use std::os::fd::AsRawFd;
+        listener.as_raw_fd()
+    };
     let acceptor = {
         let shared = shared.clone();
         let stop_accepting = stop_accepting.clone();
@@ -1380,8 +1384,14 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     stop.stop();
     let _ = sampler.join();
     stop_accepting.store(true, Ordering::Release);
-    // The acceptor sees the flag at its next connection: this one.
-    drop(UnixStream::connect(&sock_path));
+    // The acceptor sees the flag at its next connection: this one. When the socket's
+    // name is gone (the program cleaned the temporary directory up), shutting the
+    // listener down wakes it instead: until it has seen the flag it holds the listener
+    // open, so the descriptor is still ours.
+    if UnixStream::connect(&sock_path).is_err() {
+        // SAFETY: shutdown has no memory effects on a descriptor we own.
+        unsafe { libc::shutdown(listener_fd, libc::SHUT_RDWR) };
+    }
     let servers = acceptor.join().unwrap_or_default();
     // Descendants still running past the grace period are no longer traced.
     for c in open_connections.lock().unwrap().iter() {
