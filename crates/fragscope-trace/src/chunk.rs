@@ -48,6 +48,8 @@ pub enum ChunkKind {
     GhcCensus = 14,
     /// A process image that could not be traced.
     Untraced = 15,
+    /// A malloc heap read from outside the process (see [`crate::heap_census`]).
+    HeapCensus = 16,
 }
 
 impl ChunkKind {
@@ -69,6 +71,7 @@ impl ChunkKind {
             13 => PackedEvents,
             14 => GhcCensus,
             15 => Untraced,
+            16 => HeapCensus,
             _ => return None,
         })
     }

@@ -23,6 +23,7 @@ pub enum Chunk {
     Untraced(Untraced),
     End(End),
     GhcCensus(GhcCensus),
+    HeapCensus(crate::heap_census::HeapCensus),
 }
 
 /// Reads a trace chunk by chunk. Damage (a cut or corrupt file) ends the iteration; what
@@ -94,6 +95,9 @@ impl<R: Read> TraceReader<R> {
             ChunkKind::Untraced => Untraced::decode(data).map(Chunk::Untraced),
             ChunkKind::End => End::decode(data).map(Chunk::End),
             ChunkKind::GhcCensus => GhcCensus::decode(data).map(Chunk::GhcCensus),
+            ChunkKind::HeapCensus => {
+                crate::heap_census::HeapCensus::decode(data).map(Chunk::HeapCensus)
+            }
             ChunkKind::PackedEventsV1 | ChunkKind::PackedEventsV2 => Err(TraceError::Malformed(
                 "events packed in the form of an earlier fragscope, which this one no longer \
                  reads: record the program again"

@@ -32,6 +32,8 @@ pub struct ProcessSummary {
     /// GHC block censuses taken, and the note of the first that could not be.
     pub ghc_censuses: u64,
     pub ghc_census_note: Option<String>,
+    /// The heap census of `fragscope snapshot`, if this is one.
+    pub heap_census: Option<crate::heap_census::HeapCensus>,
     pub end: Option<ProcessEnd>,
     pub wait: Option<WaitStatus>,
     /// Buffers missing from a thread's sequence, and events a signal handler dropped.
@@ -223,6 +225,10 @@ pub fn summarize(
                         ps.ghc_census_note.get_or_insert(note);
                     }
                 }
+            }
+            Chunk::HeapCensus(c) => {
+                let i = idx(&mut sum, &mut by_stream, c.stream);
+                sum.processes[i].heap_census = Some(c);
             }
             Chunk::Untraced(u) => sum.untraced.push(u),
             Chunk::Maps(_) | Chunk::Rollup(_) => {}
