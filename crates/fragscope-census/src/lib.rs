@@ -7,6 +7,7 @@
 //! included). A runtime's census (`ghc`) is built on those three.
 
 pub mod ghc;
+pub mod glibc;
 mod memory;
 mod pause;
 mod symbols;

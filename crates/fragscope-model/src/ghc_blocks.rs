@@ -170,7 +170,7 @@ impl BlockCensus {
     }
 }
 
-fn mib(bytes: u64) -> String {
+pub(crate) fn mib(bytes: u64) -> String {
     let m = bytes as f64 / MBLOCK as f64;
     if m >= 10.0 {
         format!("{m:.0} MiB")

@@ -16,6 +16,8 @@ pub mod preload;
 pub mod procfs;
 mod protocol;
 mod session;
+mod snapshot;
 
 pub use launch::{check_traceable, NotTraceable};
+pub use snapshot::{snapshot, SnapshotOptions, SnapshotOutcome};
 pub use session::{record, PackMode, RecordOptions, RecordOutcome, SilentProcess};

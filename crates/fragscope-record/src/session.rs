@@ -1040,7 +1040,7 @@ fn sweep_stale_rendezvous(parent: &Path) {
 /// trace is unlinked and let go by a thread of its own: truncating it in place frees its
 /// blocks inside the call (25 ms for 37 MiB on ext4), time the recording would otherwise
 /// start late by. A device (/dev/null) is written as it is.
-fn create_output(path: &Path, force: bool) -> Result<std::fs::File> {
+pub(crate) fn create_output(path: &Path, force: bool) -> Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     let shown = path.display();
     let meta = match std::fs::symlink_metadata(path) {
