@@ -67,6 +67,12 @@ static void print_mallinfo(void) {
 }
 
 int main(void) {
+    // stdio's buffers are static: glibc would otherwise malloc them at the first read and
+    // write, after mallinfo2 is taken, and the heap the census reads would not be the one
+    // printed.
+    static char inbuf[4096], outbuf[4096];
+    setvbuf(stdin, inbuf, _IOLBF, sizeof inbuf);
+    setvbuf(stdout, outbuf, _IOLBF, sizeof outbuf);
     pthread_t t[THREADS];
     for (long i = 0; i < THREADS; i++) pthread_create(&t[i], NULL, worker, (void *)i);
     void **keep = fragment(40000, 1);

@@ -5,6 +5,7 @@
 //! trace, plus the census's own figures ([`SnapshotFacts`]).
 
 use fragscope_trace::heap_census::{GlibcArena, HeapCensus, OCCUPANCY_BUCKETS};
+use fragscope_trace::reader::{Chunk, TraceReader};
 use fragscope_trace::records::Pagemap;
 
 use crate::heap::{ClassAtSnapshot, HeapParts};
@@ -18,6 +19,7 @@ pub fn heap_parts(c: &HeapCensus, pm: &Pagemap) -> (HeapParts, Vec<ClassAtSnapsh
     let Ok(h) = &c.result else {
         let resident: u64 = pm.ranges.iter().map(|r| r.resident_pages()).sum();
         let parts = HeapParts {
+            heap_resident: resident * page,
             never_held_resident: resident * page,
             ..HeapParts::default()
         };
@@ -146,6 +148,7 @@ pub fn headline(h: &mut Headline, c: &HeapCensus, focus: Option<&Snapshot>) {
             );
         }
         Err(note) => {
+            h.focus_t_ms = None;
             h.fragmentation_ratio = None;
             h.dominant = None;
             h.sentence = format!(
@@ -156,3 +159,17 @@ pub fn headline(h: &mut Headline, c: &HeapCensus, focus: Option<&Snapshot>) {
     }
 }
 
+
+/// The heap census of `trace` when it is a snapshot (`fragscope snapshot` writes one, a few
+/// chunks in); None for a recording. Reads only the first chunks.
+pub fn snapshot_of(trace: &std::path::Path) -> Option<HeapCensus> {
+    let mut reader = TraceReader::open(trace).ok()?;
+    for _ in 0..16 {
+        match reader.next_chunk()? {
+            Chunk::HeapCensus(c) => return Some(c),
+            Chunk::Events(..) => return None,
+            _ => {}
+        }
+    }
+    None
+}
