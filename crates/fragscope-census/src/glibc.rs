@@ -23,8 +23,11 @@
 //! Debian's 2.36). The arena is found by name in libc's separate debug file (libc6-dbg,
 //! /usr/lib/debug/.build-id/xx/yyyy.debug, matched by build-id); without one, by scanning
 //! libc's writable data for the one structure that is a main arena: its 127 bins each
-//! either empty (pointing at itself) or holding chunk addresses, its `next` list coming
-//! back to it, its top chunk inside the brk heap. Another glibc release is refused.
+//! either empty (pointing at itself) or holding chunk addresses and marked in its binmap,
+//! its `next` list coming back to it, its top chunk inside the brk heap; exactly one must
+//! match. Without the debug file, `mp_` and `tcache_key` are unknown: the mmapped chunks
+//! are not checked against glibc's count, and a thread cache is recognised by its lists
+//! alone. Another glibc release is refused.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -44,6 +47,7 @@ const NFASTBINS: usize = 10;
 const MS_TOP: usize = 96;
 const MS_BINS: usize = 112;
 const NBINS_PAIRS: usize = 127;
+const MS_BINMAP: usize = 2144;
 const MS_NEXT: usize = 2160;
 const MS_ATTACHED: usize = 2176;
 const MS_SYSTEM_MEM: usize = 2184;
@@ -154,7 +158,9 @@ pub fn locate(pid: u32, maps: &[Mapping], mem: &mut ProcessMemory) -> Result<Gli
     };
     if let Some(id) = build_id.filter(|id| id.len() > 1) {
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-        let debug = format!("/usr/lib/debug/.build-id/{}/{}.debug", &hex[..2], &hex[2..]);
+        // Where debuggers look (gdb's debug-file-directory), or FRAGSCOPE_DEBUG_DIR.
+        let dir = std::env::var("FRAGSCOPE_DEBUG_DIR").unwrap_or_else(|_| "/usr/lib/debug".into());
+        let debug = format!("{dir}/.build-id/{}/{}.debug", &hex[..2], &hex[2..]);
         if let Ok(elf) = std::fs::read(&debug) {
             let names = ["main_arena", "mp_", "tcache_key"];
             let symbols = Symbols::resolve_at(&elf, &names, base)?;
@@ -196,7 +202,7 @@ fn release_of(libc: &[u8]) -> Option<String> {
 }
 
 /// The main arena, found in libc's writable data (and the anonymous .bss right after it)
-/// by its shape: see the module's documentation.
+/// by its shape: see the module's documentation and [`looks_like_main_arena`].
 fn scan_for_main_arena(
     maps: &[Mapping],
     libc_path: &str,
@@ -221,7 +227,9 @@ fn scan_for_main_arena(
         let mut off = 0usize;
         while off + MS_SIZE <= data.len() {
             let addr = start + off as u64;
-            if looks_like_main_arena(&data[off..off + MS_SIZE], addr, heap) {
+            if looks_like_main_arena(&data[off..off + MS_SIZE], addr, heap)
+                && list_comes_back(mem, addr)
+            {
                 found.push(addr);
             }
             off += 8;
@@ -241,26 +249,41 @@ fn scan_for_main_arena(
     }
 }
 
+/// Whether `b`, read at `addr`, is a main arena: each bin empty (pointing at itself) or
+/// holding 16-byte aligned chunks and marked in the binmap (glibc marks a bin there when
+/// it puts a chunk in it), the top chunk in the brk heap.
 fn looks_like_main_arena(b: &[u8], addr: u64, heap: Option<&Mapping>) -> bool {
     let next = le(b, MS_NEXT);
     let top = le(b, MS_TOP);
-    if next == 0 || top == 0 || next % 8 != 0 {
+    if next == 0 || top == 0 || next % 8 != 0 || !heap.is_some_and(|h| h.start <= top && top < h.end)
+    {
         return false;
     }
-    let mut empty = 0;
-    for i in 0..NBINS_PAIRS {
-        let fd = le(b, MS_BINS + 16 * i);
-        let bk = le(b, MS_BINS + 16 * i + 8);
-        // bin_at(i+1): the address that makes fd and bk the fields of a chunk header.
-        let own = addr + (MS_BINS + 16 * i) as u64 - 2 * SIZE_SZ;
-        if fd == own && bk == own {
-            empty += 1;
-        } else if fd % ALIGN != 0 || bk % ALIGN != 0 || fd == 0 || bk == 0 {
-            return false;
+    let marked = |bin: usize| {
+        let word = u32::from_le_bytes(b[MS_BINMAP + 4 * (bin / 32)..][..4].try_into().unwrap());
+        word >> (bin % 32) & 1 == 1
+    };
+    (0..NBINS_PAIRS).all(|k| {
+        let fd = le(b, MS_BINS + 16 * k);
+        let bk = le(b, MS_BINS + 16 * k + 8);
+        // bin_at(k+1): the address that makes fd and bk the fields of a chunk header.
+        let own = addr + (MS_BINS + 16 * k) as u64 - 2 * SIZE_SZ;
+        (fd == own && bk == own)
+            || (fd % ALIGN == 0 && bk % ALIGN == 0 && fd != 0 && bk != 0 && (k == 0 || marked(k + 1)))
+    })
+}
+
+/// Whether the arenas' `next` list from `addr` comes back to it.
+fn list_comes_back(mem: &mut ProcessMemory, addr: u64) -> bool {
+    let mut at = addr;
+    for _ in 0..MAX_ARENAS {
+        match mem.read_u64(at + MS_NEXT as u64) {
+            Ok(next) if next == addr => return true,
+            Ok(next) if next != 0 => at = next,
+            _ => return false,
         }
     }
-    let top_in_heap = heap.is_some_and(|h| h.start <= top && top < h.end);
-    empty >= 32 && top_in_heap
+    false
 }
 
 fn le(b: &[u8], at: usize) -> u64 {

@@ -122,6 +122,10 @@ fn glibc_census_agrees_with_mallinfo_and_the_process_runs_on() {
         g["mallinfo_free"],
         before["fordblks"]
     );
+    // The helper's threads are blocked: nothing moved between mallinfo2 and the census,
+    // which then agree to the byte.
+    assert_eq!(n(&g["mallinfo_in_use"]), their_in_use, "{g}");
+    assert_eq!(n(&g["mallinfo_free"]), before["fordblks"], "{g}");
     assert_eq!(n(&g["mmapped_chunks"]), before["hblks"], "{g}");
     assert_eq!(n(&g["mmapped_bytes"]), before["hblkhd"], "{g}");
     // The main arena and one per thread, each thread's cache found and counted free.
@@ -159,6 +163,27 @@ fn glibc_census_agrees_with_mallinfo_and_the_process_runs_on() {
         within(predicted, dropped, 0.25),
         "malloc_trim dropped RSS by {dropped} bytes, the census predicted {predicted}"
     );
+}
+
+#[test]
+fn without_debug_symbols_the_arena_is_found_by_its_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = helper(dir.path());
+    let mut p = Running::start(Command::new(&exe));
+    let before = mallinfo(&p.line());
+    let trace = dir.path().join("snap.fsc");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .env("FRAGSCOPE_DEBUG_DIR", dir.path())
+        .args(["snapshot", &p.pid().to_string(), "-o"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let g = &report_json(&trace)["snapshot"]["glibc"];
+    assert!(g["layout_source"].as_str().unwrap().contains("scan"), "{g}");
+    let their_in_use = before["uordblks"] + before["hblkhd"];
+    assert!(within(g["mallinfo_in_use"].as_u64().unwrap(), their_in_use, 0.05), "{g}");
+    assert!(within(g["mallinfo_free"].as_u64().unwrap(), before["fordblks"], 0.05), "{g}");
 }
 
 #[test]
