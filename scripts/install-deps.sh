@@ -2,7 +2,7 @@
 # Installs what fragscope and its tests need on Debian/Ubuntu: a C compiler, libunwind
 # (stacks), the allocators the tests and `compare` run programs under, GHC (the tests
 # build a Haskell program and record its eventlog), Chromium (the tests load the HTML
-# report in a headless browser), Go (the tests read pprof exports with `go tool pprof`) and
+# report in a headless browser), Go (the tests read pprof exports with `go tool pprof`),
 # a Python virtualenv with DuckDB in target/pyenv (the tests read the Parquet exports),
 # glibc's debug symbols (`fragscope snapshot` finds malloc's arenas by name) and setpriv
 # (util-linux: the snapshot tests read a process as another user).

@@ -77,6 +77,9 @@ const SIZE_BITS: u64 = 7;
 /// sizeof(struct malloc_chunk): malloc_trim keeps this much of a free chunk's start.
 const MALLOC_CHUNK: u64 = 48;
 
+/// The largest chunk a fastbin holds (MAX_FAST_SIZE 160 bytes requested, 64-bit).
+const MAX_FAST_CHUNK: u64 = 0xb0;
+
 // tcache.
 const TCACHE_BINS: usize = 64;
 const TCACHE_STRUCT: usize = 640;
@@ -360,14 +363,42 @@ fn class_of(size: u64) -> u64 {
     size.next_multiple_of(step)
 }
 
-#[derive(Default)]
+/// Chunks by size class, with the last page counted for each: an array for the exact
+/// sizes up to 1 KiB (most chunks, so the walk pays no lookup), a map above.
 struct Classes {
+    small: Vec<(GlibcClass, u64)>,
     by_size: BTreeMap<u64, (GlibcClass, u64)>,
 }
 
+impl Default for Classes {
+    fn default() -> Self {
+        Self {
+            small: vec![Default::default(); (1024 / ALIGN + 1) as usize],
+            by_size: BTreeMap::new(),
+        }
+    }
+}
+
 impl Classes {
+    fn slot(&mut self, size: u64) -> &mut (GlibcClass, u64) {
+        if size <= 1024 {
+            &mut self.small[(size / ALIGN) as usize]
+        } else {
+            self.by_size.entry(class_of(size)).or_default()
+        }
+    }
+
+    fn into_classes(self) -> Vec<GlibcClass> {
+        self.small
+            .into_iter()
+            .chain(self.by_size.into_values())
+            .map(|c| c.0)
+            .filter(|c| c.in_use + c.free > 0)
+            .collect()
+    }
+
     fn in_use(&mut self, addr: u64, size: u64, page: u64, sign: i64) {
-        let (c, last_page) = self.by_size.entry(class_of(size)).or_default();
+        let (c, last_page) = self.slot(size);
         c.chunk_size = class_of(size);
         if sign > 0 {
             c.in_use += 1;
@@ -386,7 +417,7 @@ impl Classes {
         }
     }
     fn free(&mut self, size: u64) {
-        let (c, _) = self.by_size.entry(class_of(size)).or_default();
+        let (c, _) = self.slot(size);
         c.chunk_size = class_of(size);
         c.free += 1;
         c.free_bytes += size;
@@ -671,7 +702,7 @@ impl Walk<'_> {
                 arena.free_bytes += csize;
                 self.classes.free(csize);
                 run.get_or_insert(p);
-            } else if self.fastbin.contains(&p) {
+            } else if csize <= MAX_FAST_CHUNK && self.fastbin.contains(&p) {
                 arena.fastbin_chunks += 1;
                 arena.fastbin_bytes += csize;
                 self.classes.free(csize);
@@ -911,8 +942,7 @@ impl Walk<'_> {
                 }
             }
         }
-        let mut classes: Vec<GlibcClass> = self.classes.by_size.into_values().map(|c| c.0).collect();
-        classes.retain(|c| c.in_use + c.free > 0);
+        let classes = self.classes.into_classes();
         GlibcHeap {
             version: layout.version.clone(),
             layout_source: layout.source.clone(),
