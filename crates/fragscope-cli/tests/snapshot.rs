@@ -144,6 +144,32 @@ fn glibc_census_agrees_with_mallinfo_and_the_process_runs_on() {
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("a snapshot has no history"), "{text}");
     assert!(text.contains("malloc_trim(0) would"), "{text}");
+    // The HTML page carries the census too; compare and export read the trace.
+    let html = dir.path().join("snap.html");
+    let out = common::fragscope(&[
+        "report".as_ref(),
+        trace.as_os_str(),
+        "--html".as_ref(),
+        html.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("\"mallinfo_in_use\":"), "no census in the page");
+    let exported = dir.path().join("e.json");
+    for args in [
+        vec!["compare".as_ref(), trace.as_os_str(), trace.as_os_str()],
+        vec![
+            "export".as_ref(),
+            trace.as_os_str(),
+            "--format".as_ref(),
+            "json".as_ref(),
+            "-o".as_ref(),
+            exported.as_os_str(),
+        ],
+    ] {
+        let out = common::fragscope(&args);
+        assert!(out.status.success(), "{args:?}: {}", common::stderr(&out));
+    }
 
     // The process goes on, its heap as it was.
     p.send("again");
