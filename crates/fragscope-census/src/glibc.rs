@@ -240,10 +240,12 @@ fn scan_for_main_arena(
     }
     match found.as_slice() {
         [one] => Ok(*one),
-        [] => Err("glibc's main arena was not found in libc's data (malloc not used yet, or a \
+        [] => Err(
+            "glibc's main arena was not found in libc's data (malloc not used yet, or a \
                    build whose layout differs); install libc6-dbg so fragscope can find it by \
                    name"
-            .into()),
+                .into(),
+        ),
         _ => Err(format!(
             "{} structures in libc's data look like glibc's main arena; fragscope does not \
              guess: install libc6-dbg so it can find it by name",
@@ -258,7 +260,10 @@ fn scan_for_main_arena(
 fn looks_like_main_arena(b: &[u8], addr: u64, heap: Option<&Mapping>) -> bool {
     let next = le(b, MS_NEXT);
     let top = le(b, MS_TOP);
-    if next == 0 || top == 0 || next % 8 != 0 || !heap.is_some_and(|h| h.start <= top && top < h.end)
+    if next == 0
+        || top == 0
+        || !next.is_multiple_of(8)
+        || !heap.is_some_and(|h| h.start <= top && top < h.end)
     {
         return false;
     }
@@ -272,7 +277,11 @@ fn looks_like_main_arena(b: &[u8], addr: u64, heap: Option<&Mapping>) -> bool {
         // bin_at(k+1): the address that makes fd and bk the fields of a chunk header.
         let own = addr + (MS_BINS + 16 * k) as u64 - 2 * SIZE_SZ;
         (fd == own && bk == own)
-            || (fd % ALIGN == 0 && bk % ALIGN == 0 && fd != 0 && bk != 0 && (k == 0 || marked(k + 1)))
+            || (fd.is_multiple_of(ALIGN)
+                && bk.is_multiple_of(ALIGN)
+                && fd != 0
+                && bk != 0
+                && (k == 0 || marked(k + 1)))
     })
 }
 
@@ -503,7 +512,7 @@ pub fn census(
             let mut p = le(b, MS_FASTBINS + 8 * i);
             let mut n = 0u64;
             while p != 0 {
-                if p % ALIGN != 0 || n > MAX_LIST || !w.fastbin.insert(p) {
+                if !p.is_multiple_of(ALIGN) || n > MAX_LIST || !w.fastbin.insert(p) {
                     return Err(CensusError::Inconsistent(format!(
                         "a fastbin list does not hold together (at {p:#x})"
                     )));
@@ -682,7 +691,7 @@ impl Walk<'_> {
                 return self.end_run(arena, &mut run, p);
             }
             let next = p + csize;
-            if csize < 2 * SIZE_SZ || csize % ALIGN != 0 || next > end {
+            if csize < 2 * SIZE_SZ || !csize.is_multiple_of(ALIGN) || next > end {
                 return Err(CensusError::Inconsistent(format!(
                     "a chunk at {p:#x} has size {csize:#x}, past its heap's end {end:#x}"
                 )));
@@ -781,9 +790,11 @@ impl Walk<'_> {
             a.overhead_bytes += TCACHE_CHUNK;
             self.classes.in_use(p, TCACHE_CHUNK, page, -1);
             for (c, size) in chunks {
-                let Some(cr) = self.regions.iter().position(|g| {
-                    g.start <= c && c < g.start + g.in_use.len() as u64 * page
-                }) else {
+                let Some(cr) = self
+                    .regions
+                    .iter()
+                    .position(|g| g.start <= c && c < g.start + g.in_use.len() as u64 * page)
+                else {
                     continue;
                 };
                 let owner = self.regions[cr].arena.unwrap_or(0);
@@ -817,7 +828,7 @@ impl Walk<'_> {
             let size = MINSIZE + ALIGN * i as u64;
             let mut n = 0;
             while e != 0 {
-                if e % ALIGN != 0 || n >= count {
+                if !e.is_multiple_of(ALIGN) || n >= count {
                     return Ok(None);
                 }
                 let mut entry = [0u8; 16];
@@ -883,7 +894,7 @@ impl Walk<'_> {
                 if size & IS_MMAPPED == 0
                     || prev != 0
                     || csize == 0
-                    || csize % page != 0
+                    || !csize.is_multiple_of(page)
                     || p + csize > end
                 {
                     break;

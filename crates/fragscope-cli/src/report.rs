@@ -213,11 +213,18 @@ pub fn render(r: &Report, top: usize) -> String {
 /// How a snapshot was taken, and the allocator's heap as its own metadata tells it.
 fn snapshot_census(o: &mut String, s: &SnapshotFacts) {
     let how = if s.stopped {
-        format!("the process was stopped for {:.1} ms while it was read", s.pause_ms)
+        format!(
+            "the process was stopped for {:.1} ms while it was read",
+            s.pause_ms
+        )
     } else {
         "read without stopping the process (--no-stop): the figures may not hold together".into()
     };
-    let _ = writeln!(o, "\nSnapshot of a running process ({}): {how}", s.allocator);
+    let _ = writeln!(
+        o,
+        "\nSnapshot of a running process ({}): {how}",
+        s.allocator
+    );
     if let Some(note) = &s.note {
         let _ = writeln!(o, "note: {note}");
     }
@@ -247,13 +254,26 @@ fn snapshot_census(o: &mut String, s: &SnapshotFacts) {
     let _ = writeln!(
         o,
         "  {:<7} {:>7} {:>5} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11} {:>10}",
-        "arena", "threads", "heaps", "system", "in use", "free", "resident", "free in used", "free pages", "trimmable"
+        "arena",
+        "threads",
+        "heaps",
+        "system",
+        "in use",
+        "free",
+        "resident",
+        "free in used",
+        "free pages",
+        "trimmable"
     );
     for (i, a) in g.arenas.iter().enumerate() {
         let _ = writeln!(
             o,
             "  {:<7} {:>7} {:>5} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11} {:>10}",
-            if a.main { "main".to_string() } else { format!("#{i}") },
+            if a.main {
+                "main".to_string()
+            } else {
+                format!("#{i}")
+            },
             count(a.threads),
             count(a.heaps),
             bytes(a.system_mem),

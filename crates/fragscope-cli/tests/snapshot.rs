@@ -101,7 +101,10 @@ fn glibc_census_agrees_with_mallinfo_and_the_process_runs_on() {
     let out = snapshot(p.pid(), &trace, &[]);
     let err = common::stderr(&out);
     assert!(out.status.success(), "{err}");
-    assert!(err.contains("was stopped for") && err.contains("ms per GiB"), "{err}");
+    assert!(
+        err.contains("was stopped for") && err.contains("ms per GiB"),
+        "{err}"
+    );
 
     let r = report_json(&trace);
     let s = &r["snapshot"];
@@ -132,7 +135,10 @@ fn glibc_census_agrees_with_mallinfo_and_the_process_runs_on() {
     let arenas = g["arenas"].as_array().unwrap();
     assert_eq!(arenas.len(), 4, "{g}");
     assert_eq!(n(&g["thread_caches"]), 4, "{g}");
-    assert!(n(&g["tcache_chunks"]) > 0 && n(&g["fastbin_chunks"]) > 0, "{g}");
+    assert!(
+        n(&g["tcache_chunks"]) > 0 && n(&g["fastbin_chunks"]) > 0,
+        "{g}"
+    );
     // Live bytes (as the snapshot counts them: whole chunks, on resident pages or not)
     // are the census's, not 0.
     let snap = &r["snapshots"][0];
@@ -154,7 +160,10 @@ fn glibc_census_agrees_with_mallinfo_and_the_process_runs_on() {
     ]);
     assert!(out.status.success(), "{}", common::stderr(&out));
     let page = std::fs::read_to_string(&html).unwrap();
-    assert!(page.contains("\"mallinfo_in_use\":"), "no census in the page");
+    assert!(
+        page.contains("\"mallinfo_in_use\":"),
+        "no census in the page"
+    );
     let exported = dir.path().join("e.json");
     for args in [
         vec!["compare".as_ref(), trace.as_os_str(), trace.as_os_str()],
@@ -208,8 +217,18 @@ fn without_debug_symbols_the_arena_is_found_by_its_shape() {
     let g = &report_json(&trace)["snapshot"]["glibc"];
     assert!(g["layout_source"].as_str().unwrap().contains("scan"), "{g}");
     let their_in_use = before["uordblks"] + before["hblkhd"];
-    assert!(within(g["mallinfo_in_use"].as_u64().unwrap(), their_in_use, 0.05), "{g}");
-    assert!(within(g["mallinfo_free"].as_u64().unwrap(), before["fordblks"], 0.05), "{g}");
+    assert!(
+        within(g["mallinfo_in_use"].as_u64().unwrap(), their_in_use, 0.05),
+        "{g}"
+    );
+    assert!(
+        within(
+            g["mallinfo_free"].as_u64().unwrap(),
+            before["fordblks"],
+            0.05
+        ),
+        "{g}"
+    );
 }
 
 #[test]
@@ -222,7 +241,10 @@ fn no_stop_reads_a_running_process_and_says_so() {
     let out = snapshot(p.pid(), &trace, &["--no-stop"]);
     let err = common::stderr(&out);
     assert!(out.status.success(), "{err}");
-    assert!(err.contains("without stopping") && err.contains("may not hold together"), "{err}");
+    assert!(
+        err.contains("without stopping") && err.contains("may not hold together"),
+        "{err}"
+    );
     let r = report_json(&trace);
     assert_eq!(r["snapshot"]["stopped"], false);
     // An idle process: the census holds together even so.
@@ -280,8 +302,7 @@ fn refusals_are_clear_messages() {
 
     // Another user may not read a root process's memory.
     // SAFETY: getuid has no preconditions.
-    if unsafe { libc::getuid() } != 0 || Command::new("setpriv").arg("--help").output().is_err()
-    {
+    if unsafe { libc::getuid() } != 0 || Command::new("setpriv").arg("--help").output().is_err() {
         eprintln!("skipped the permission check: it needs root and setpriv");
         return;
     }
@@ -289,7 +310,12 @@ fn refusals_are_clear_messages() {
     let out = Command::new("setpriv")
         .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
         .arg(env!("CARGO_BIN_EXE_fragscope"))
-        .args(["snapshot", &p.pid().to_string(), "-o", "/tmp/never-written.fsc"])
+        .args([
+            "snapshot",
+            &p.pid().to_string(),
+            "-o",
+            "/tmp/never-written.fsc",
+        ])
         .output()
         .unwrap();
     let err = common::stderr(&out);
@@ -321,7 +347,11 @@ fn ghc_program_gets_its_block_census() {
         .arg(&src)
         .output()
         .unwrap();
-    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
     let mut cmd = Command::new(&exe);
     cmd.args(["20000", "keep"]);
     let mut p = Running::start(cmd);
@@ -342,7 +372,10 @@ fn ghc_program_gets_its_block_census() {
         "{}",
         censuses[0]
     );
-    assert!(r["notes"][0].as_str().unwrap().contains("a snapshot of a running program"));
+    assert!(r["notes"][0]
+        .as_str()
+        .unwrap()
+        .contains("a snapshot of a running program"));
     // It finishes as it would have.
     assert!(p.line().trim().parse::<u64>().is_ok());
 }

@@ -159,7 +159,6 @@ pub fn headline(h: &mut Headline, c: &HeapCensus, focus: Option<&Snapshot>) {
     }
 }
 
-
 /// The heap census of `trace` when it is a snapshot (`fragscope snapshot` writes one, a few
 /// chunks in); None for a recording. Reads only the first chunks.
 pub fn snapshot_of(trace: &std::path::Path) -> Option<HeapCensus> {

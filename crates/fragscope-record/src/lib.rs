@@ -19,5 +19,5 @@ mod session;
 mod snapshot;
 
 pub use launch::{check_traceable, NotTraceable};
-pub use snapshot::{snapshot, SnapshotOptions, SnapshotOutcome};
 pub use session::{record, PackMode, RecordOptions, RecordOutcome, SilentProcess};
+pub use snapshot::{snapshot, SnapshotOptions, SnapshotOutcome};

@@ -46,7 +46,9 @@ pub struct SnapshotOutcome {
 /// Why a snapshot could not be taken, worded for the user.
 fn access_error(pid: u32, e: &std::io::Error) -> anyhow::Error {
     match e.kind() {
-        std::io::ErrorKind::NotFound => anyhow::anyhow!("no process {pid} (it does not exist or has exited)"),
+        std::io::ErrorKind::NotFound => {
+            anyhow::anyhow!("no process {pid} (it does not exist or has exited)")
+        }
         std::io::ErrorKind::PermissionDenied => anyhow::anyhow!(
             "not allowed to read the memory of process {pid} ({e}). fragscope snapshot needs \
              ptrace access to it: run it as the process's user with \
@@ -62,7 +64,13 @@ fn access_error(pid: u32, e: &std::io::Error) -> anyhow::Error {
 fn gone(pid: u32) -> bool {
     !std::path::Path::new(&format!("/proc/{pid}")).exists()
         || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
             .unwrap_or(true)
 }
 
@@ -131,7 +139,10 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
                 },
                 Err(why) => Err(why.clone()),
             };
-            let pause = result.as_ref().ok().map(|b| Duration::from_micros(b.pause_us));
+            let pause = result
+                .as_ref()
+                .ok()
+                .map(|b| Duration::from_micros(b.pause_us));
             ghc_census = Some(result);
             let maps = procfs::read_maps(pid, &mut build_ids).unwrap_or(maps);
             let residency = read_residency(pid, &maps, page);
@@ -191,7 +202,10 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
     let rollup = procfs::read_rollup(pid);
 
     let file = crate::session::create_output(&opts.output, opts.force)?;
-    let mut w = ChunkWriter::new(BufWriter::with_capacity(1 << 20, file), opts.compression_level)?;
+    let mut w = ChunkWriter::new(
+        BufWriter::with_capacity(1 << 20, file),
+        opts.compression_level,
+    )?;
     let meta = Meta {
         fragscope_version: env!("CARGO_PKG_VERSION").into(),
         start_unix_ns: SystemTime::now()
