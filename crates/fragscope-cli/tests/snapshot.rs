@@ -332,26 +332,11 @@ fn refusals_are_clear_messages() {
 
 #[test]
 fn ghc_program_gets_its_block_census() {
-    if Command::new("ghc").arg("--version").output().is_err() {
-        eprintln!("skipped: ghc is missing");
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/ghc/Conns.hs");
-    let exe = dir.path().join("Conns");
-    let built = Command::new("ghc")
-        .args(["-O", "-rtsopts", "-outputdir"])
-        .arg(dir.path().join("build"))
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(
-        built.status.success(),
-        "{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
+    // Without -eventlog: a server built as most are.
+    let Some(exe) = common::build_ghc(dir.path(), &common::ghc_case("Conns"), "Conns", &[]) else {
+        return;
+    };
     let mut cmd = Command::new(&exe);
     cmd.args(["20000", "keep"]);
     let mut p = Running::start(cmd);

@@ -1091,6 +1091,34 @@ pub(crate) fn create_output(path: &Path, force: bool) -> Result<std::fs::File> {
         .with_context(|| format!("creating {shown}"))
 }
 
+/// The Meta chunk of a trace that starts now, on this host (no GHC eventlog).
+pub(crate) fn meta_now(
+    page_size: u64,
+    stacks: StackMode,
+    sample_bytes: u64,
+    snapshot_ms: u32,
+    argv: Vec<String>,
+) -> Meta {
+    Meta {
+        fragscope_version: env!("CARGO_PKG_VERSION").into(),
+        start_unix_ns: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
+        tick_ns: 1_000_000,
+        page_size: page_size as u32,
+        stacks,
+        sample_bytes,
+        snapshot_ms,
+        argv,
+        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+        ghc_eventlog: None,
+    }
+}
+
 /// Records `opts.command` into `opts.output`.
 pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let program = opts
@@ -1142,25 +1170,6 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     // SAFETY: sysconf has no preconditions.
     let page_size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
     let meta = Meta {
-        fragscope_version: env!("CARGO_PKG_VERSION").into(),
-        start_unix_ns: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0),
-        tick_ns: 1_000_000,
-        page_size: page_size as u32,
-        stacks: opts.stacks,
-        sample_bytes: opts.sample_bytes,
-        snapshot_ms: opts.snapshot_ms,
-        argv: opts
-            .command
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect(),
-        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
         ghc_eventlog: ghc.as_ref().and_then(|g| g.eventlog.as_ref()).map(|e| {
             // Relative to the trace's directory, so the two can move together.
             e.file_name()
@@ -1168,6 +1177,16 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
                 .to_string_lossy()
                 .into_owned()
         }),
+        ..meta_now(
+            page_size,
+            opts.stacks,
+            opts.sample_bytes,
+            opts.snapshot_ms,
+            opts.command
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
+        )
     };
     writer.write_chunk(ChunkKind::Meta, &meta.encode())?;
     // Room for 256 chunks (up to 32 MiB of event buffers) between the connections and

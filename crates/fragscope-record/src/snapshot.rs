@@ -6,14 +6,14 @@
 use std::collections::HashMap;
 use std::io::BufWriter;
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{bail, Result};
 use fragscope_census::ghc::{CensusError, CensusLimits, GhcRts, RtsInfo};
 use fragscope_census::{glibc, Pause, ProcessMemory};
 use fragscope_trace::heap_census::{GlibcHeap, HeapCensus};
 use fragscope_trace::records::{
-    GhcCensus, Maps, Meta, Pagemap, Process, Rollup, RssBatch, SnapshotReason,
+    GhcCensus, Maps, Pagemap, Process, Rollup, RssBatch, SnapshotReason,
 };
 use fragscope_trace::{ChunkKind, ChunkWriter, End, Origin, StackMode};
 
@@ -206,24 +206,7 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         BufWriter::with_capacity(1 << 20, file),
         opts.compression_level,
     )?;
-    let meta = Meta {
-        fragscope_version: env!("CARGO_PKG_VERSION").into(),
-        start_unix_ns: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0),
-        tick_ns: 1_000_000,
-        page_size: page as u32,
-        stacks: StackMode::None,
-        sample_bytes: 0,
-        snapshot_ms: 0,
-        argv: argv.clone(),
-        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
-        ghc_eventlog: None,
-    };
+    let meta = crate::session::meta_now(page, StackMode::None, 0, 0, argv.clone());
     w.write_chunk(ChunkKind::Meta, &meta.encode())?;
     let process = Process {
         stream: 0,
