@@ -5,11 +5,13 @@
 # report in a headless browser), Go (the tests read pprof exports with `go tool pprof`),
 # a Python virtualenv with DuckDB in target/pyenv (the tests read the Parquet exports),
 # glibc's debug symbols (`fragscope snapshot` finds malloc's arenas by name) and setpriv
-# (util-linux: the snapshot tests read a process as another user).
+# (util-linux: the snapshot tests read a process as another user), redis-server (a real
+# server on jemalloc, snapshot while it runs).
 # With --bench, also heaptrack and hyperfine (the benchmark's reference points).
 set -euo pipefail
 pkgs=(build-essential pkg-config libunwind8 libunwind-dev libjemalloc2 libjemalloc-dev
-      libgoogle-perftools-dev libmimalloc-dev ghc chromium python3-venv libc6-dbg util-linux)
+      libgoogle-perftools-dev libmimalloc-dev ghc chromium python3-venv libc6-dbg util-linux
+      redis-server)
 command -v go >/dev/null || [[ -x /usr/local/go/bin/go ]] || pkgs+=(golang-go)
 [[ "${1:-}" == "--bench" ]] && pkgs+=(heaptrack hyperfine time)
 missing=()

@@ -364,3 +364,70 @@ fn ghc_program_gets_its_block_census() {
     // It finishes as it would have.
     assert!(p.line().trim().parse::<u64>().is_ok());
 }
+
+/// A real server on jemalloc (Debian's redis-server): the page-level picture holds its
+/// data, and it answers after the snapshot as before.
+#[test]
+fn redis_server_on_jemalloc_answers_after_its_snapshot() {
+    if Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: redis-server is missing");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A port of our own: from the test's pid, above the usual ones.
+    let port = (20000 + std::process::id() % 20000).to_string();
+    let mut server = Command::new("redis-server")
+        .args(["--port", &port, "--save", "", "--appendonly", "no"])
+        .args(["--enable-debug-command", "yes", "--dir"])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let cli = |args: &[&str]| -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &port])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while cli(&["PING"]) != "PONG" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "redis-server did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(cli(&["DEBUG", "POPULATE", "200000", "key", "500"]), "OK");
+    let info = cli(&["INFO", "memory"]);
+    let used: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let trace = dir.path().join("snap.fsc");
+    let out = snapshot(server.id(), &trace, &[]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let r = report_json(&trace);
+    assert_eq!(r["snapshot"]["allocator"], "jemalloc", "{}", r["snapshot"]);
+    let snap = &r["snapshots"][0];
+    // jemalloc's resident pages hold what redis counts as used (its own allocations).
+    let resident = snap["heap_resident"].as_u64().unwrap();
+    assert!(
+        resident >= used * 9 / 10,
+        "heap resident {resident}, used_memory {used}"
+    );
+    assert!(snap["rss"].as_u64().unwrap() >= used);
+    assert_eq!(cli(&["PING"]), "PONG");
+    assert_eq!(cli(&["DBSIZE"]), "200000");
+    let _ = cli(&["SHUTDOWN", "NOSAVE"]);
+    let _ = server.wait();
+}

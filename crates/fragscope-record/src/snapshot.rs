@@ -266,7 +266,13 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         if let Ok(b) = &result {
             heap_bytes = b.megablocks << 20;
         }
-        note = result.as_ref().err().cloned();
+        note = result.as_ref().err().cloned().or_else(|| {
+            (!opts.stop).then(|| {
+                "--no-stop applies to malloc heaps: the GHC block census always holds the \
+                 program, for a few milliseconds"
+                    .to_string()
+            })
+        });
         w.write_chunk(
             ChunkKind::GhcCensus,
             &GhcCensus {
