@@ -978,3 +978,62 @@ pub fn mallinfo_view(h: &GlibcHeap) -> (u64, u64) {
     let free = h.sum(GlibcArena::allocator_free);
     (in_use, free)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapping(path: &str) -> Mapping {
+        Mapping {
+            start: 0x1000,
+            end: 0x2000,
+            perms: "r-xp".into(),
+            offset: 0,
+            inode: 1,
+            path: path.into(),
+            build_id: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_allocator_is_the_one_mapped_over_glibc() {
+        let libc = mapping("/usr/lib/x86_64-linux-gnu/libc.so.6");
+        assert_eq!(allocator_of(std::slice::from_ref(&libc)), "glibc");
+        let je = mapping("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+        assert_eq!(allocator_of(&[libc.clone(), je]), "jemalloc");
+        assert_eq!(
+            allocator_of(&[mapping("/lib/ld-musl-x86_64.so.1")]),
+            "unknown"
+        );
+    }
+
+    #[test]
+    fn the_release_comes_from_glibcs_banner() {
+        let banner =
+            b"xx GNU C Library (Debian GLIBC 2.36-9+deb12u14) stable release version 2.36.\n";
+        assert_eq!(release_of(banner).as_deref(), Some("2.36"));
+        assert_eq!(release_of(b"no banner here"), None);
+        // Our own libc, whatever it is, names one.
+        let own = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap_or_default();
+        if !own.is_empty() {
+            assert!(release_of(&own).is_some_and(|v| v.starts_with("2.")));
+        }
+    }
+
+    #[test]
+    fn size_classes_are_exact_to_1_kib_then_quarter_powers_of_two() {
+        assert_eq!(class_of(48), 48);
+        assert_eq!(class_of(1024), 1024);
+        assert_eq!(class_of(1040), 1280);
+        assert_eq!(class_of(1280), 1280);
+        assert_eq!(class_of(1296), 1536);
+        assert_eq!(class_of(5000), 5120);
+    }
+
+    #[test]
+    fn safe_linked_pointers_are_revealed_by_their_address() {
+        let pos = 0x5555_5555_9000u64;
+        let target = 0x5555_5555_a2c0u64;
+        assert_eq!(reveal(pos, (pos >> 12) ^ target), target);
+    }
+}

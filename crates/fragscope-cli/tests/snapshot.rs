@@ -299,6 +299,17 @@ fn refusals_are_clear_messages() {
         common::stderr(&out)
     );
     assert!(!dir.path().join("a.fsc").exists());
+    // One that has exited and not been reaped yet (a zombie): no memory left to read.
+    let mut zombie = Command::new("true").spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let out = snapshot(zombie.id(), &dir.path().join("z.fsc"), &[]);
+    let err = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("has exited") && !err.contains("panicked"),
+        "{err}"
+    );
+    zombie.wait().unwrap();
 
     // Another user may not read a root process's memory.
     // SAFETY: getuid has no preconditions.
