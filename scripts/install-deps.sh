@@ -2,12 +2,16 @@
 # Installs what fragscope and its tests need on Debian/Ubuntu: a C compiler, libunwind
 # (stacks), the allocators the tests and `compare` run programs under, GHC (the tests
 # build a Haskell program and record its eventlog), Chromium (the tests load the HTML
-# report in a headless browser), Go (the tests read pprof exports with `go tool pprof`) and
-# a Python virtualenv with DuckDB in target/pyenv (the tests read the Parquet exports).
+# report in a headless browser), Go (the tests read pprof exports with `go tool pprof`),
+# a Python virtualenv with DuckDB in target/pyenv (the tests read the Parquet exports),
+# glibc's debug symbols (`fragscope snapshot` finds malloc's arenas by name) and setpriv
+# (util-linux: the snapshot tests read a process as another user), redis-server (a real
+# server on jemalloc, snapshot while it runs).
 # With --bench, also heaptrack and hyperfine (the benchmark's reference points).
 set -euo pipefail
 pkgs=(build-essential pkg-config libunwind8 libunwind-dev libjemalloc2 libjemalloc-dev
-      libgoogle-perftools-dev libmimalloc-dev ghc chromium python3-venv)
+      libgoogle-perftools-dev libmimalloc-dev ghc chromium python3-venv libc6-dbg util-linux
+      redis-server)
 command -v go >/dev/null || [[ -x /usr/local/go/bin/go ]] || pkgs+=(golang-go)
 [[ "${1:-}" == "--bench" ]] && pkgs+=(heaptrack hyperfine time)
 missing=()

@@ -8,6 +8,7 @@
 //! descriptors) and `pymalloc` (CPython's pool headers).
 
 pub mod ghc;
+pub mod glibc;
 mod memory;
 mod pause;
 pub mod pymalloc;

@@ -111,16 +111,16 @@ impl Pymalloc {
         let capacity = (self.pool_size - POOL_HEADER) / size;
         let nextoffset = u64::from(nextoffset);
         let carved = nextoffset.checked_sub(POOL_HEADER)? / size;
-        let fits = (nextoffset - POOL_HEADER) % size == 0
+        let fits = (nextoffset - POOL_HEADER).is_multiple_of(size)
             && carved >= 1
             && carved <= capacity
             && u64::from(count) <= carved
             && (freeblock == 0
                 || (freeblock >= address + POOL_HEADER
                     && freeblock < address + self.pool_size
-                    && (freeblock - address - POOL_HEADER) % size == 0))
-            && next % 8 == 0
-            && prev % 8 == 0
+                    && (freeblock - address - POOL_HEADER).is_multiple_of(size)))
+            && next.is_multiple_of(8)
+            && prev.is_multiple_of(8)
             && (count == 0 || (next != 0 && prev != 0))
             && arena < 1 << 24;
         fits.then_some(PymallocPool {

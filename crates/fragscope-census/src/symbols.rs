@@ -18,6 +18,25 @@ impl Symbols {
     /// bias of the image mapped in `pid` (none for a fixed-address executable). Names the
     /// file does not define are absent.
     pub fn resolve(elf: &[u8], names: &[&str], pid: Option<u32>) -> Result<Self, String> {
+        Self::resolve_with(elf, names, |_| match pid {
+            Some(pid) => image_base(pid).map(Some),
+            None => Ok(None),
+        })
+    }
+
+    /// As [`Symbols::resolve`], for a shared library (or its separate debug file, which
+    /// keeps its segments' addresses) whose first page is mapped at `base`.
+    pub fn resolve_at(elf: &[u8], names: &[&str], base: u64) -> Result<Self, String> {
+        Self::resolve_with(elf, names, |_| Ok(Some(base)))
+    }
+
+    /// `base`: where the image's first page is mapped, for a position-independent one
+    /// (None: not placed).
+    fn resolve_with(
+        elf: &[u8],
+        names: &[&str],
+        base: impl FnOnce(()) -> Result<Option<u64>, String>,
+    ) -> Result<Self, String> {
         let file = object::File::parse(elf).map_err(|e| format!("not an ELF file ({e})"))?;
         let mut addresses = HashMap::new();
         let mut ambiguous = Vec::new();
@@ -34,12 +53,15 @@ impl Symbols {
         for name in &ambiguous {
             addresses.remove(name);
         }
-        let bias = match (file.kind(), pid) {
-            (object::ObjectKind::Dynamic, Some(pid)) => {
-                let first_vaddr = file.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
-                let base = image_base(pid)?;
-                base.wrapping_sub(first_vaddr)
-            }
+        let bias = match file.kind() {
+            object::ObjectKind::Dynamic => match base(())? {
+                Some(base) => {
+                    let first_vaddr =
+                        file.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
+                    base.wrapping_sub(first_vaddr)
+                }
+                None => 0,
+            },
             _ => 0,
         };
         for a in addresses.values_mut() {

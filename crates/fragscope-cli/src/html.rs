@@ -237,6 +237,7 @@ fn malloc_data(r: &Report) -> Value {
         "sites": sites,
         "leaks": r.leaks,
         "untraced": r.untraced,
+        "snapshot": r.snapshot,
         "flame": flame(&r.all_sites),
     })
 }

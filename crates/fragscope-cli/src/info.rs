@@ -69,6 +69,7 @@ fn to_json(s: &TraceSummary) -> serde_json::Value {
             "ghc_census_note": p.ghc_census_note,
             "pymalloc_censuses": p.pymalloc_censuses,
             "pymalloc_census_note": p.pymalloc_census_note,
+            "snapshot_allocator": p.heap_census.as_ref().map(|c| c.allocator.clone()),
             "exit_code": p.wait.and_then(|w| w.exit_code).or(p.end.map(|e| e.status)),
             "signal": p.wait.and_then(|w| w.signal),
             "end": p.describe_end(),
@@ -183,6 +184,23 @@ fn print_text(path: &std::path::Path, s: &TraceSummary) {
         }
         if let Some(note) = &p.pymalloc_census_note {
             println!("  python   {note}");
+        }
+        if let Some(c) = &p.heap_census {
+            let how = if c.stopped {
+                format!("stopped {:.1} ms", c.pause_us as f64 / 1e3)
+            } else {
+                "not stopped".into()
+            };
+            match &c.result {
+                Ok(h) => println!(
+                    "  snapshot {} {} heap census ({how}): {} arenas, {} chunks in use",
+                    c.allocator,
+                    h.version,
+                    h.arenas.len(),
+                    h.in_use_chunks()
+                ),
+                Err(note) => println!("  snapshot {} ({how}): {note}", c.allocator),
+            }
         }
         if p.lost_buffers + p.lost_events > 0 {
             println!(

@@ -9,6 +9,7 @@ mod progress;
 mod record;
 mod replay;
 mod report;
+mod snapshot;
 mod units;
 
 use std::process::ExitCode;
@@ -40,6 +41,7 @@ enum Command {
     Compare(compare::CompareArgs),
     Export(export::ExportArgs),
     Replay(replay::ReplayArgs),
+    Snapshot(snapshot::SnapshotArgs),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +61,7 @@ fn main() -> ExitCode {
         Command::Compare(a) => compare::run(a),
         Command::Export(a) => export::run(a),
         Command::Replay(a) => replay::run(a),
+        Command::Snapshot(a) => snapshot::run(a),
     };
     match result {
         Ok(code) => code,

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use fragscope_model::report::{Decomposition, Report, Site, Snapshot};
+use fragscope_model::report::{Decomposition, Report, Site, Snapshot, SnapshotFacts};
 use fragscope_model::{analyze, Options};
 
 use crate::progress;
@@ -148,6 +148,9 @@ pub fn render(r: &Report, top: usize) -> String {
         );
     }
     headline(&mut o, r);
+    if let Some(s) = &r.snapshot {
+        snapshot_census(&mut o, s);
+    }
     decomposition_table(&mut o, r);
     pymalloc(&mut o, r);
     phases(&mut o, r);
@@ -157,8 +160,16 @@ pub fn render(r: &Report, top: usize) -> String {
         size_classes(&mut o, r, top);
         allocator_view(&mut o, &r.snapshots[f]);
     }
-    sites(&mut o, r);
-    leaks_and_temporaries(&mut o, r);
+    if r.snapshot.is_some() {
+        let _ = writeln!(
+            o,
+            "\nAllocation sites: none (a snapshot has no history; `fragscope record` the \
+             program to see who allocates)"
+        );
+    } else {
+        sites(&mut o, r);
+        leaks_and_temporaries(&mut o, r);
+    }
     if r.processes.len() > 1 {
         let _ = writeln!(
             o,
@@ -198,6 +209,83 @@ pub fn render(r: &Report, top: usize) -> String {
         }
     }
     o
+}
+
+/// How a snapshot was taken, and the allocator's heap as its own metadata tells it.
+fn snapshot_census(o: &mut String, s: &SnapshotFacts) {
+    let how = if s.stopped {
+        format!(
+            "the process was stopped for {:.1} ms while it was read",
+            s.pause_ms
+        )
+    } else {
+        "read without stopping the process (--no-stop): the figures may not hold together".into()
+    };
+    let _ = writeln!(
+        o,
+        "\nSnapshot of a running process ({}): {how}",
+        s.allocator
+    );
+    if let Some(note) = &s.note {
+        let _ = writeln!(o, "note: {note}");
+    }
+    let Some(g) = &s.glibc else { return };
+    let _ = writeln!(
+        o,
+        "glibc {} malloc, read from {}\n  in use {} in {} chunks ({} in {} mmapped); free {} \
+         ({} in bins, {} in fastbins, {} in {} threads' caches, {} at the top of the heaps)\n  \
+         as mallinfo2 counts it: uordblks + hblkhd {}, fordblks {}\n  malloc_trim(0) would \
+         return {} (predicted, not done)",
+        g.version,
+        g.layout_source,
+        bytes(g.in_use_bytes),
+        count(g.in_use_chunks),
+        bytes(g.mmapped_bytes),
+        count(g.mmapped_chunks),
+        bytes(g.free_bytes + g.fastbin_bytes + g.tcache_bytes + g.top_bytes),
+        bytes(g.free_bytes),
+        bytes(g.fastbin_bytes),
+        bytes(g.tcache_bytes),
+        count(g.thread_caches),
+        bytes(g.top_bytes),
+        bytes(g.mallinfo_in_use),
+        bytes(g.mallinfo_free),
+        bytes(g.trimmable_bytes)
+    );
+    let _ = writeln!(
+        o,
+        "  {:<7} {:>7} {:>5} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11} {:>10}",
+        "arena",
+        "threads",
+        "heaps",
+        "system",
+        "in use",
+        "free",
+        "resident",
+        "free in used",
+        "free pages",
+        "trimmable"
+    );
+    for (i, a) in g.arenas.iter().enumerate() {
+        let _ = writeln!(
+            o,
+            "  {:<7} {:>7} {:>5} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11} {:>10}",
+            if a.main {
+                "main".to_string()
+            } else {
+                format!("#{i}")
+            },
+            count(a.threads),
+            count(a.heaps),
+            bytes(a.system_mem),
+            bytes(a.in_use_bytes),
+            bytes(a.free_bytes + a.fastbin_bytes + a.tcache_bytes + a.top_bytes),
+            bytes(a.resident_bytes),
+            bytes(a.free_in_used_pages),
+            bytes(a.free_pages_bytes),
+            bytes(a.trimmable_bytes)
+        );
+    }
 }
 
 fn headline(o: &mut String, r: &Report) {

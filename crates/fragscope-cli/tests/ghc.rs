@@ -3,6 +3,8 @@
 //! and recorded, strip (every 10th ByteString kept: pinned blocks stay) vs take (the first
 //! tenth kept: whole blocks freed).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -124,31 +126,12 @@ fn a_file_that_is_neither_trace_nor_eventlog_is_a_clear_error() {
 /// without -eventlog); `None` when ghc or the case is missing.
 fn build_pinned(dir: &Path, eventlog: bool) -> Option<PathBuf> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/cases/ghc/Pinned.hs");
-    if !src.exists() || Command::new("ghc").arg("--version").output().is_err() {
-        eprintln!("skipped: ghc or {} is missing", src.display());
-        return None;
-    }
-    let tag = if eventlog { "eventlog" } else { "plain" };
-    let exe = dir.join(format!("Pinned-{tag}"));
-    let mut cmd = Command::new("ghc");
-    cmd.args(["-O", "-rtsopts"]);
-    if eventlog {
-        cmd.arg("-eventlog");
-    }
-    let out = cmd
-        .arg("-outputdir")
-        .arg(dir.join(format!("build-{tag}")))
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ghc failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(exe)
+    let (tag, flags): (&str, &[&str]) = if eventlog {
+        ("eventlog", &["-eventlog"])
+    } else {
+        ("plain", &[])
+    };
+    common::build_ghc(dir, &src, &format!("Pinned-{tag}"), flags)
 }
 
 /// `fragscope record --ghc-heap-profile` of `exe n mode +RTS -s`: (trace, fragscope's
@@ -331,26 +314,7 @@ fn a_ghc_program_without_eventlog_is_recorded_with_advice() {
 
 /// Builds tests/ghc/`name`.hs with `ghc -O -rtsopts -eventlog`; `None` without ghc.
 fn build_case(dir: &Path, name: &str) -> Option<PathBuf> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/ghc/{name}.hs"));
-    if Command::new("ghc").arg("--version").output().is_err() {
-        eprintln!("skipped: ghc is missing");
-        return None;
-    }
-    let exe = dir.join(name);
-    let out = Command::new("ghc")
-        .args(["-O", "-rtsopts", "-eventlog", "-outputdir"])
-        .arg(dir.join(format!("build-{name}")))
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ghc failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(exe)
+    common::build_ghc(dir, &common::ghc_case(name), name, &["-eventlog"])
 }
 
 fn within(a: u64, b: u64, share: f64) -> bool {

@@ -120,6 +120,8 @@ struct Stream {
     end: Option<ProcessEnd>,
     wait: Option<WaitStatus>,
     allocator: Option<&'static str>,
+    /// The heap census of a snapshot, which stands for the calls it has not.
+    census: Option<fragscope_trace::heap_census::HeapCensus>,
 }
 
 struct Ctx {
@@ -204,6 +206,23 @@ impl Stream {
         let Some(pm) = self.pending.pop_front() else {
             return;
         };
+        if let Some(c) = &self.census {
+            let (parts, classes) = crate::census::heap_parts(c, &pm);
+            let live = parts.live;
+            self.evaluated.push(Evaluated {
+                tick: pm.tick,
+                reason: pm.reason,
+                page_size: u64::from(pm.page_size),
+                heap: parts,
+                classes,
+                sites: Vec::new(),
+                own_memory: 0,
+                pymalloc: None,
+            });
+            self.peak_live = self.peak_live.max((live, pm.tick));
+            self.live_timeline.push((pm.tick / 10, live, live));
+            return;
+        }
         let mut snap = heap::evaluate(
             self.merger.live_blocks(),
             &pm,
@@ -381,6 +400,10 @@ pub fn analyze(
                     }
                 }
             }
+            Chunk::HeapCensus(c) => {
+                let i = index(&mut streams, &mut by_stream, c.stream);
+                streams[i].census = Some(c);
+            }
         }
     }
     progress(reader.offset(), reader.file_bytes());
@@ -491,6 +514,9 @@ pub fn analyze(
             headline.sentence = sentence;
         }
     }
+    if let Some(c) = &s.census {
+        crate::census::headline(&mut headline, c, focus_snapshot.map(|i| &snapshots[i]));
+    }
     let merge = s.merger.stats();
     Ok(Report {
         trace: path.display().to_string(),
@@ -541,6 +567,7 @@ pub fn analyze(
         pymalloc_snapshot,
         pymalloc_note: s.pymalloc_note.clone(),
         leaks,
+        snapshot: s.census.as_ref().map(crate::census::facts),
     })
 }
 

@@ -293,13 +293,29 @@ pub fn analyze_trace_without_eventlog(trace: &Path) -> Result<GhcReport, GhcErro
     report
         .notes
         .retain(|n| !n.contains("heap profile by closure type") && !n.contains("heap is unknown"));
-    report.notes.insert(
-        0,
-        "recorded without an eventlog (the program's RTS was not linked with -eventlog, or \
-         refused GHCRTS): the figures are RSS and the RTS's block censuses; rebuild with \
-         `ghc -eventlog -rtsopts` for live data, the heap's size over time and the GC table"
+    let note = match crate::census::snapshot_of(trace) {
+        Some(c) => format!(
+            "a snapshot of a running program (fragscope snapshot), {}: one block census and \
+             RSS, with no history, so no eventlog figures, timeline or GC table (`fragscope \
+             record` the program for those){}",
+            if c.stopped {
+                "held stopped while its block descriptors were read"
+            } else {
+                "read without stopping it"
+            },
+            if c.stopped {
+                ""
+            } else {
+                "; the block census always holds the program for its few milliseconds"
+            }
+        ),
+        None => "recorded without an eventlog (the program's RTS was not linked with -eventlog, \
+                 or refused GHCRTS): the figures are RSS and the RTS's block censuses; rebuild \
+                 with `ghc -eventlog -rtsopts` for live data, the heap's size over time and the \
+                 GC table"
             .into(),
-    );
+    };
+    report.notes.insert(0, note);
     Ok(report)
 }
 

@@ -7,6 +7,8 @@ use fragscope_trace::records::{
 };
 use serde::Serialize;
 
+use crate::mib;
+
 const MBLOCK: u64 = 1 << 20;
 const BLOCK: u64 = 4096;
 
@@ -167,15 +169,6 @@ impl BlockCensus {
             eventlog_free_blocks: eventlog.1,
             eventlog_live: eventlog.2,
         }
-    }
-}
-
-fn mib(bytes: u64) -> String {
-    let m = bytes as f64 / MBLOCK as f64;
-    if m >= 10.0 {
-        format!("{m:.0} MiB")
-    } else {
-        format!("{m:.1} MiB")
     }
 }
 

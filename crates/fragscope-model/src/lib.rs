@@ -8,6 +8,7 @@
 
 pub mod analyze;
 pub mod calls;
+pub mod census;
 pub mod compare;
 pub mod ghc;
 pub mod ghc_blocks;

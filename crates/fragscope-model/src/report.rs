@@ -296,4 +296,74 @@ pub struct Report {
     pub pymalloc_snapshot: Option<usize>,
     /// Why a CPython process has no pymalloc census.
     pub pymalloc_note: Option<String>,
+    /// A `fragscope snapshot` of a running process: the census that stands for the calls
+    /// (absent from recordings).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotFacts>,
+}
+
+/// How a snapshot was taken and what the allocator's metadata said.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SnapshotFacts {
+    /// "glibc", "jemalloc", "tcmalloc", "mimalloc", "ghc" or "unknown".
+    pub allocator: String,
+    /// Held stopped while read; false with --no-stop (the figures may not hold together).
+    pub stopped: bool,
+    pub pause_ms: f64,
+    /// Why the allocator's metadata was not read (the page-level picture only).
+    pub note: Option<String>,
+    pub glibc: Option<GlibcFigures>,
+}
+
+/// glibc malloc's heap, whole. Bytes are whole chunks, headers included, as glibc counts.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GlibcFigures {
+    pub version: String,
+    pub layout_source: String,
+    /// Chunks the program holds (arenas and mmapped).
+    pub in_use_chunks: u64,
+    pub in_use_bytes: u64,
+    /// Free chunks in the bins, the fastbins and the threads' caches, and the top chunks.
+    pub free_chunks: u64,
+    pub free_bytes: u64,
+    pub fastbin_chunks: u64,
+    pub fastbin_bytes: u64,
+    pub tcache_chunks: u64,
+    pub tcache_bytes: u64,
+    pub top_bytes: u64,
+    /// Heap and arena headers, threads' cache tables, fenceposts.
+    pub overhead_bytes: u64,
+    /// Resident bytes malloc_trim(0) would return: predicted, never done.
+    pub trimmable_bytes: u64,
+    pub mmapped_chunks: u64,
+    pub mmapped_bytes: u64,
+    pub mmapped_resident: u64,
+    pub thread_caches: u64,
+    /// The same heap as mallinfo2 counts it: uordblks + hblkhd, and fordblks.
+    pub mallinfo_in_use: u64,
+    pub mallinfo_free: u64,
+    pub bytes_read: u64,
+    pub arenas: Vec<ArenaFigures>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ArenaFigures {
+    pub main: bool,
+    pub heaps: u64,
+    pub threads: u64,
+    pub system_mem: u64,
+    pub in_use_chunks: u64,
+    pub in_use_bytes: u64,
+    pub free_chunks: u64,
+    pub free_bytes: u64,
+    pub fastbin_chunks: u64,
+    pub fastbin_bytes: u64,
+    pub tcache_chunks: u64,
+    pub tcache_bytes: u64,
+    pub top_bytes: u64,
+    pub overhead_bytes: u64,
+    pub resident_bytes: u64,
+    pub free_in_used_pages: u64,
+    pub free_pages_bytes: u64,
+    pub trimmable_bytes: u64,
 }

@@ -16,6 +16,8 @@ pub mod preload;
 pub mod procfs;
 mod protocol;
 mod session;
+mod snapshot;
 
 pub use launch::{check_traceable, NotTraceable};
 pub use session::{record, PackMode, RecordOptions, RecordOutcome, SilentProcess};
+pub use snapshot::{snapshot, SnapshotOptions, SnapshotOutcome};

@@ -1043,7 +1043,7 @@ fn sweep_stale_rendezvous(parent: &Path) {
 /// trace is unlinked and let go by a thread of its own: truncating it in place frees its
 /// blocks inside the call (25 ms for 37 MiB on ext4), time the recording would otherwise
 /// start late by. A device (/dev/null) is written as it is.
-fn create_output(path: &Path, force: bool) -> Result<std::fs::File> {
+pub(crate) fn create_output(path: &Path, force: bool) -> Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     let shown = path.display();
     let meta = match std::fs::symlink_metadata(path) {
@@ -1092,6 +1092,34 @@ fn create_output(path: &Path, force: bool) -> Result<std::fs::File> {
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)
         .with_context(|| format!("creating {shown}"))
+}
+
+/// The Meta chunk of a trace that starts now, on this host (no GHC eventlog).
+pub(crate) fn meta_now(
+    page_size: u64,
+    stacks: StackMode,
+    sample_bytes: u64,
+    snapshot_ms: u32,
+    argv: Vec<String>,
+) -> Meta {
+    Meta {
+        fragscope_version: env!("CARGO_PKG_VERSION").into(),
+        start_unix_ns: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
+        tick_ns: 1_000_000,
+        page_size: page_size as u32,
+        stacks,
+        sample_bytes,
+        snapshot_ms,
+        argv,
+        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+        ghc_eventlog: None,
+    }
 }
 
 /// Records `opts.command` into `opts.output`.
@@ -1145,25 +1173,6 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     // SAFETY: sysconf has no preconditions.
     let page_size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
     let meta = Meta {
-        fragscope_version: env!("CARGO_PKG_VERSION").into(),
-        start_unix_ns: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0),
-        tick_ns: 1_000_000,
-        page_size: page_size as u32,
-        stacks: opts.stacks,
-        sample_bytes: opts.sample_bytes,
-        snapshot_ms: opts.snapshot_ms,
-        argv: opts
-            .command
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect(),
-        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
         ghc_eventlog: ghc.as_ref().and_then(|g| g.eventlog.as_ref()).map(|e| {
             // Relative to the trace's directory, so the two can move together.
             e.file_name()
@@ -1171,6 +1180,16 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
                 .to_string_lossy()
                 .into_owned()
         }),
+        ..meta_now(
+            page_size,
+            opts.stacks,
+            opts.sample_bytes,
+            opts.snapshot_ms,
+            opts.command
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
+        )
     };
     writer.write_chunk(ChunkKind::Meta, &meta.encode())?;
     // Room for 256 chunks (up to 32 MiB of event buffers) between the connections and

@@ -48,6 +48,8 @@ pub enum ChunkKind {
     GhcCensus = 14,
     /// A process image that could not be traced.
     Untraced = 15,
+    /// A malloc heap read from outside the process (see [`crate::heap_census`]).
+    HeapCensus = 16,
     /// A CPython process's pymalloc census (see [`crate::records::PymallocCensus`]).
     PymallocCensus = 17,
 }
@@ -71,6 +73,7 @@ impl ChunkKind {
             13 => PackedEvents,
             14 => GhcCensus,
             15 => Untraced,
+            16 => HeapCensus,
             17 => PymallocCensus,
             _ => return None,
         })

@@ -24,6 +24,7 @@ pub enum Chunk {
     End(End),
     GhcCensus(GhcCensus),
     PymallocCensus(PymallocCensus),
+    HeapCensus(crate::heap_census::HeapCensus),
 }
 
 /// Reads a trace chunk by chunk. Damage (a cut or corrupt file) ends the iteration; what
@@ -96,6 +97,9 @@ impl<R: Read> TraceReader<R> {
             ChunkKind::End => End::decode(data).map(Chunk::End),
             ChunkKind::GhcCensus => GhcCensus::decode(data).map(Chunk::GhcCensus),
             ChunkKind::PymallocCensus => PymallocCensus::decode(data).map(Chunk::PymallocCensus),
+            ChunkKind::HeapCensus => {
+                crate::heap_census::HeapCensus::decode(data).map(Chunk::HeapCensus)
+            }
             ChunkKind::PackedEventsV1 | ChunkKind::PackedEventsV2 => Err(TraceError::Malformed(
                 "events packed in the form of an earlier fragscope, which this one no longer \
                  reads: record the program again"

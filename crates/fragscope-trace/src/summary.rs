@@ -35,6 +35,8 @@ pub struct ProcessSummary {
     /// pymalloc censuses taken (CPython), and the note of the first that could not be.
     pub pymalloc_censuses: u64,
     pub pymalloc_census_note: Option<String>,
+    /// The heap census of `fragscope snapshot`, if this is one.
+    pub heap_census: Option<crate::heap_census::HeapCensus>,
     pub end: Option<ProcessEnd>,
     pub wait: Option<WaitStatus>,
     /// Buffers missing from a thread's sequence, and events a signal handler dropped.
@@ -236,6 +238,10 @@ pub fn summarize(
                         ps.pymalloc_census_note.get_or_insert(note);
                     }
                 }
+            }
+            Chunk::HeapCensus(c) => {
+                let i = idx(&mut sum, &mut by_stream, c.stream);
+                sum.processes[i].heap_census = Some(c);
             }
             Chunk::Untraced(u) => sum.untraced.push(u),
             Chunk::Maps(_) | Chunk::Rollup(_) => {}

@@ -438,12 +438,30 @@
     const S = R.snapshots, pl = R.headline.peak_live, pt = R.headline.peak_live_t_ms;
     const near = S.t_ms.findIndex((t, i) => Math.abs(t - pt) < 10 && S.parts.live[i] < 0.9 * pl);
     if (near >= 0) h.append(el("p", { class: "note" }, "Live data peaked at " + bytes(pl) + " at " + (pt / 1000).toFixed(3) + " s, between two calls; the snapshot at " + (S.t_ms[near] / 1000).toFixed(3) + " s was read after the calls of its millisecond, " + bytes(S.parts.live[near]) + " live."));
+    if (R.snapshot) snapshotSection(main, R.snapshot);
     const d = section(main, "Where the RSS went", "decomposition");
     d.append(el("p", { class: "note" }, "RSS split at each page-residency snapshot (ticks under the axis), with RSS every 10 ms as a line; shaded bands are the detected phases. Hover for values."));
     decompositionChart(d, R);
     occupancySection(main, R);
     sizeClassSection(main, R);
     sitesSection(main, R);
+  }
+
+  // A `fragscope snapshot` of a running process: how it was read, and the allocator's heap.
+  function snapshotSection(main, P) {
+    const s = section(main, "Snapshot of a running process", "snapshot");
+    s.append(el("p", { class: P.stopped ? "note" : "warn" }, P.stopped
+      ? "The process (" + P.allocator + ") was stopped for " + P.pause_ms.toFixed(1) + " ms while it was read. A snapshot has no history: no allocation sites."
+      : "Read without stopping the process (--no-stop): the figures may not hold together. A snapshot has no history: no allocation sites."));
+    if (P.note) s.append(el("p", { class: "warn" }, P.note));
+    const g = P.glibc;
+    if (!g) return;
+    s.append(el("p", { class: "note" }, "glibc " + g.version + " malloc, read from " + g.layout_source + ". In use " + bytes(g.in_use_bytes) + " in " + count(g.in_use_chunks) + " chunks (" + bytes(g.mmapped_bytes) + " mmapped); free " +
+      bytes(g.free_bytes + g.fastbin_bytes + g.tcache_bytes + g.top_bytes) + " (bins " + bytes(g.free_bytes) + ", fastbins " + bytes(g.fastbin_bytes) + ", threads' caches " + bytes(g.tcache_bytes) + ", tops " + bytes(g.top_bytes) +
+      "). As mallinfo2 counts it: uordblks + hblkhd " + bytes(g.mallinfo_in_use) + ", fordblks " + bytes(g.mallinfo_free) + ". malloc_trim(0) would return " + bytes(g.trimmable_bytes) + " (predicted, not done)."));
+    s.append(table(["arena", "threads", "heaps", "system", "in use", "free", "resident", "free in used pages", "free pages", "trimmable"],
+      g.arenas.map((a, i) => [a.main ? "main" : "#" + i, count(a.threads), count(a.heaps), bytes(a.system_mem), bytes(a.in_use_bytes),
+        bytes(a.free_bytes + a.fastbin_bytes + a.tcache_bytes + a.top_bytes), bytes(a.resident_bytes), bytes(a.free_in_used_pages), bytes(a.free_pages_bytes), bytes(a.trimmable_bytes)])));
   }
 
   // ---- GHC programs ----

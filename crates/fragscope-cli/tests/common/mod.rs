@@ -89,6 +89,37 @@ pub fn build_shared(dir: &Path, name: &str) -> PathBuf {
     lib
 }
 
+/// tests/ghc/`name`.hs.
+pub fn ghc_case(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/ghc/{name}.hs"))
+}
+
+/// Builds the Haskell program `src` with `ghc -O -rtsopts` and `extra` flags into
+/// `dir`/`name`; `None` when ghc or the source is missing.
+pub fn build_ghc(dir: &Path, src: &Path, name: &str, extra: &[&str]) -> Option<PathBuf> {
+    if !src.exists() || Command::new("ghc").arg("--version").output().is_err() {
+        eprintln!("skipped: ghc or {} is missing", src.display());
+        return None;
+    }
+    let exe = dir.join(name);
+    let out = Command::new("ghc")
+        .args(["-O", "-rtsopts"])
+        .args(extra)
+        .arg("-outputdir")
+        .arg(dir.join(format!("build-{name}")))
+        .arg("-o")
+        .arg(&exe)
+        .arg(src)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ghc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(exe)
+}
+
 pub fn fragscope(args: &[&OsStr]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fragscope"))
         .args(args)

@@ -1,0 +1,1039 @@
+//! glibc malloc's heap, read from outside a running process.
+//!
+//! glibc keeps its heap in *arenas* (`struct malloc_state`): the main arena, a variable
+//! of libc, grows the brk heap; each thread arena lives at the start of its first 64 MiB
+//! *heap* (`heap_info`, then the arena), and takes more heaps as it grows, each linked to
+//! the one before. Every heap is a run of *chunks*, each headed by its size, whose low
+//! bits say whether the chunk before it is in use (PREV_INUSE), whether it was mmapped on
+//! its own (IS_MMAPPED) and whether it belongs to a thread arena. A freed chunk goes to a
+//! thread's cache (tcache: up to 7 per size, per thread) or a fastbin, where it stays
+//! marked in use, or to the arena's bins, merged with its free neighbours. Blocks above
+//! the mmap threshold are chunks mmapped alone, outside every arena.
+//!
+//! The census walks every arena's heaps chunk by chunk, follows the fastbin lists and
+//! each thread's cache (found in the walk: the 640-byte table a thread allocates in its
+//! arena the first time it calls malloc), and finds the mmapped chunks in the maps. Each
+//! figure is checked against glibc's own: the walk must end exactly at the arena's top
+//! chunk, the heaps' sizes add up to the arena's `system_mem`, the mmapped chunks found
+//! are `mp_.n_mmaps` and `mp_.mmapped_mem`; a census that does not hold together is
+//! refused, never patched.
+//!
+//! Layouts are glibc 2.36's for x86-64 (`malloc_state` 2200 bytes, `malloc_par` 136,
+//! `heap_info` 48, `tcache_perthread_struct` 640, checked with the debug information of
+//! Debian's 2.36). The arena is found by name in libc's separate debug file (libc6-dbg,
+//! /usr/lib/debug/.build-id/xx/yyyy.debug, matched by build-id); without one, by scanning
+//! libc's writable data for the one structure that is a main arena: its 127 bins each
+//! either empty (pointing at itself) or holding chunk addresses and marked in its binmap,
+//! its `next` list coming back to it, its top chunk inside the brk heap; exactly one must
+//! match. Without the debug file, `mp_` and `tcache_key` are unknown: the mmapped chunks
+//! are not checked against glibc's count, and a thread cache is recognised by its lists
+//! alone. Another glibc release is refused.
+
+use std::collections::{BTreeMap, HashSet};
+
+use fragscope_trace::heap_census::{GlibcArena, GlibcClass, GlibcHeap, OCCUPANCY_BUCKETS};
+use fragscope_trace::{Mapping, ResidentRange};
+
+use crate::ghc::CensusError;
+use crate::{ProcessMemory, Symbols};
+
+/// The releases whose layouts are checked.
+const VERIFIED: [&str; 1] = ["2.36"];
+
+// struct malloc_state (2.36, x86-64).
+const MS_SIZE: usize = 2200;
+const MS_FASTBINS: usize = 16;
+const NFASTBINS: usize = 10;
+const MS_TOP: usize = 96;
+const MS_BINS: usize = 112;
+const NBINS_PAIRS: usize = 127;
+const MS_BINMAP: usize = 2144;
+const MS_NEXT: usize = 2160;
+const MS_ATTACHED: usize = 2176;
+const MS_SYSTEM_MEM: usize = 2184;
+
+// struct malloc_par.
+const MP_SIZE: usize = 136;
+const MP_N_MMAPS: usize = 60;
+const MP_MMAPPED_MEM: usize = 80;
+const MP_SBRK_BASE: usize = 96;
+const MP_TCACHE_COUNT: usize = 120;
+
+// heap_info.
+const HEAP_INFO_SIZE: u64 = 48;
+const HI_AR_PTR: usize = 0;
+const HI_PREV: usize = 8;
+const HI_SIZE: usize = 16;
+/// HEAP_MAX_SIZE: 2 * DEFAULT_MMAP_THRESHOLD_MAX on 64-bit; heaps are aligned to it.
+const HEAP_MAX: u64 = 64 << 20;
+
+// Chunks.
+const SIZE_SZ: u64 = 8;
+const ALIGN: u64 = 16;
+const MINSIZE: u64 = 32;
+const PREV_INUSE: u64 = 1;
+const IS_MMAPPED: u64 = 2;
+const SIZE_BITS: u64 = 7;
+/// sizeof(struct malloc_chunk): malloc_trim keeps this much of a free chunk's start.
+const MALLOC_CHUNK: u64 = 48;
+
+/// The largest chunk a fastbin holds (MAX_FAST_SIZE 160 bytes requested, 64-bit).
+const MAX_FAST_CHUNK: u64 = 0xb0;
+
+// tcache.
+const TCACHE_BINS: usize = 64;
+const TCACHE_STRUCT: usize = 640;
+const TCACHE_CHUNK: u64 = TCACHE_STRUCT as u64 + ALIGN;
+
+/// Bytes read at a time in the chunk walk.
+const WINDOW: u64 = 1 << 20;
+const MAX_ARENAS: usize = 4096;
+const MAX_LIST: u64 = 1 << 24;
+
+/// The allocator a process runs on, from the libraries it maps.
+pub fn allocator_of(maps: &[Mapping]) -> &'static str {
+    let file = |m: &Mapping| m.path.rsplit('/').next().unwrap_or("").to_string();
+    for (prefix, name) in [
+        ("libjemalloc", "jemalloc"),
+        ("libtcmalloc", "tcmalloc"),
+        ("libmimalloc", "mimalloc"),
+    ] {
+        if maps.iter().any(|m| file(m).starts_with(prefix)) {
+            return name;
+        }
+    }
+    if maps.iter().any(|m| is_libc(&file(m))) {
+        "glibc"
+    } else {
+        "unknown"
+    }
+}
+
+fn is_libc(file: &str) -> bool {
+    file == "libc.so.6" || (file.starts_with("libc-2.") && file.ends_with(".so"))
+}
+
+/// Where a process's glibc keeps its malloc state.
+#[derive(Debug, Clone)]
+pub struct GlibcLayout {
+    pub version: String,
+    /// How the arena was found, for the report.
+    pub source: String,
+    main_arena: u64,
+    /// The addresses of `mp_` and `tcache_key`: known from debug symbols only.
+    mp: Option<u64>,
+    tcache_key: Option<u64>,
+}
+
+/// Finds glibc's malloc state in process `pid` (its memory map `maps`). Err: why the
+/// census cannot be taken (another glibc release, a libc not found), a sentence for the
+/// report.
+pub fn locate(pid: u32, maps: &[Mapping], mem: &mut ProcessMemory) -> Result<GlibcLayout, String> {
+    let libc = maps
+        .iter()
+        .find(|m| is_libc(m.path.rsplit('/').next().unwrap_or("")))
+        .ok_or("the process maps no glibc (libc.so.6): it is statically linked or runs on another C library")?;
+    // The file as the process sees it (it may live in another mount namespace).
+    let path = format!("/proc/{pid}/root{}", libc.path);
+    let bytes = std::fs::read(&path)
+        .or_else(|_| std::fs::read(&libc.path))
+        .map_err(|e| format!("cannot read the process's libc {}: {e}", libc.path))?;
+    let version = release_of(&bytes)
+        .ok_or_else(|| format!("{} does not name its glibc release", libc.path))?;
+    if !VERIFIED.contains(&version.as_str()) {
+        return Err(format!(
+            "the process runs glibc {version}, whose malloc layout fragscope has not verified \
+             (it reads glibc {}); its heap is shown at the page level only",
+            VERIFIED.join(", ")
+        ));
+    }
+    let base = maps
+        .iter()
+        .filter(|m| m.path == libc.path && m.offset == 0)
+        .map(|m| m.start)
+        .min()
+        .ok_or_else(|| format!("/proc/{pid}/maps does not map {} from offset 0", libc.path))?;
+    let build_id = {
+        use object::Object;
+        object::File::parse(&*bytes)
+            .ok()
+            .and_then(|f| f.build_id().ok().flatten().map(<[u8]>::to_vec))
+    };
+    if let Some(id) = build_id.filter(|id| id.len() > 1) {
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        // Where debuggers look (gdb's debug-file-directory), or FRAGSCOPE_DEBUG_DIR.
+        let dir = std::env::var("FRAGSCOPE_DEBUG_DIR").unwrap_or_else(|_| "/usr/lib/debug".into());
+        let debug = format!("{dir}/.build-id/{}/{}.debug", &hex[..2], &hex[2..]);
+        if let Ok(elf) = std::fs::read(&debug) {
+            let names = ["main_arena", "mp_", "tcache_key"];
+            let symbols = Symbols::resolve_at(&elf, &names, base)?;
+            if let (Some(main_arena), Some(mp)) = (symbols.get("main_arena"), symbols.get("mp_")) {
+                return Ok(GlibcLayout {
+                    version,
+                    source: format!("libc's debug symbols ({debug})"),
+                    main_arena,
+                    mp: Some(mp),
+                    tcache_key: symbols.get("tcache_key"),
+                });
+            }
+        }
+    }
+    let main_arena = scan_for_main_arena(maps, &libc.path, mem)?;
+    Ok(GlibcLayout {
+        version,
+        source: "a scan of libc's data for the main arena (no debug symbols: libc6-dbg \
+                 would let fragscope also check the mmapped chunks against glibc's count)"
+            .into(),
+        main_arena,
+        mp: None,
+        tcache_key: None,
+    })
+}
+
+/// "2.36" from the banner glibc carries ("... release version 2.36.").
+fn release_of(libc: &[u8]) -> Option<String> {
+    let key = b"release version ";
+    let at = libc.windows(key.len()).position(|w| w == key)? + key.len();
+    let rest = &libc[at..(at + 16).min(libc.len())];
+    let v: String = rest
+        .iter()
+        .take_while(|b| b.is_ascii_digit() || **b == b'.')
+        .map(|&b| b as char)
+        .collect();
+    let v = v.trim_end_matches('.').to_string();
+    (!v.is_empty()).then_some(v)
+}
+
+/// The main arena, found in libc's writable data (and the anonymous .bss right after it)
+/// by its shape: see the module's documentation and [`looks_like_main_arena`].
+fn scan_for_main_arena(
+    maps: &[Mapping],
+    libc_path: &str,
+    mem: &mut ProcessMemory,
+) -> Result<u64, String> {
+    let heap = maps.iter().find(|m| m.path == "[heap]");
+    let mut regions = Vec::new();
+    for (i, m) in maps.iter().enumerate() {
+        if m.path == libc_path && m.perms.starts_with("rw") {
+            regions.push((m.start, m.end));
+            if let Some(next) = maps.get(i + 1) {
+                if next.path.is_empty() && next.start == m.end && next.perms.starts_with("rw") {
+                    regions.push((next.start, next.end));
+                }
+            }
+        }
+    }
+    let mut found = Vec::new();
+    for (start, end) in regions {
+        let mut data = vec![0u8; (end - start) as usize];
+        mem.read(start, &mut data).map_err(|e| e.to_string())?;
+        let mut off = 0usize;
+        while off + MS_SIZE <= data.len() {
+            let addr = start + off as u64;
+            if looks_like_main_arena(&data[off..off + MS_SIZE], addr, heap)
+                && list_comes_back(mem, addr)
+            {
+                found.push(addr);
+            }
+            off += 8;
+        }
+    }
+    match found.as_slice() {
+        [one] => Ok(*one),
+        [] => Err(
+            "glibc's main arena was not found in libc's data (malloc not used yet, or a \
+                   build whose layout differs); install libc6-dbg so fragscope can find it by \
+                   name"
+                .into(),
+        ),
+        _ => Err(format!(
+            "{} structures in libc's data look like glibc's main arena; fragscope does not \
+             guess: install libc6-dbg so it can find it by name",
+            found.len()
+        )),
+    }
+}
+
+/// Whether `b`, read at `addr`, is a main arena: each bin empty (pointing at itself) or
+/// holding 16-byte aligned chunks and marked in the binmap (glibc marks a bin there when
+/// it puts a chunk in it), the top chunk in the brk heap.
+fn looks_like_main_arena(b: &[u8], addr: u64, heap: Option<&Mapping>) -> bool {
+    let next = le(b, MS_NEXT);
+    let top = le(b, MS_TOP);
+    if next == 0
+        || top == 0
+        || !next.is_multiple_of(8)
+        || !heap.is_some_and(|h| h.start <= top && top < h.end)
+    {
+        return false;
+    }
+    let marked = |bin: usize| {
+        let word = u32::from_le_bytes(b[MS_BINMAP + 4 * (bin / 32)..][..4].try_into().unwrap());
+        word >> (bin % 32) & 1 == 1
+    };
+    (0..NBINS_PAIRS).all(|k| {
+        let fd = le(b, MS_BINS + 16 * k);
+        let bk = le(b, MS_BINS + 16 * k + 8);
+        // bin_at(k+1): the address that makes fd and bk the fields of a chunk header.
+        let own = addr + (MS_BINS + 16 * k) as u64 - 2 * SIZE_SZ;
+        (fd == own && bk == own)
+            || (fd.is_multiple_of(ALIGN)
+                && bk.is_multiple_of(ALIGN)
+                && fd != 0
+                && bk != 0
+                && (k == 0 || marked(k + 1)))
+    })
+}
+
+/// Whether the arenas' `next` list from `addr` comes back to it.
+fn list_comes_back(mem: &mut ProcessMemory, addr: u64) -> bool {
+    let mut at = addr;
+    for _ in 0..MAX_ARENAS {
+        match mem.read_u64(at + MS_NEXT as u64) {
+            Ok(next) if next == addr => return true,
+            Ok(next) if next != 0 => at = next,
+            _ => return false,
+        }
+    }
+    false
+}
+
+fn le(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+/// Page residency by address, from pagemap ranges.
+struct Residency<'a> {
+    ranges: Vec<&'a ResidentRange>,
+    page: u64,
+}
+
+impl<'a> Residency<'a> {
+    fn new(ranges: &'a [ResidentRange], page: u64) -> Self {
+        let mut ranges: Vec<&ResidentRange> = ranges.iter().collect();
+        ranges.sort_by_key(|r| r.start);
+        Self { ranges, page }
+    }
+    fn resident(&self, addr: u64) -> bool {
+        let i = self.ranges.partition_point(|r| r.start <= addr);
+        i.checked_sub(1).is_some_and(|i| {
+            let r = self.ranges[i];
+            r.is_resident((addr - r.start) / self.page)
+        })
+    }
+    /// Resident bytes of the whole pages in [lo, hi).
+    fn resident_bytes(&self, lo: u64, hi: u64) -> u64 {
+        let lo = lo.next_multiple_of(self.page);
+        let hi = hi / self.page * self.page;
+        (lo..hi.max(lo))
+            .step_by(self.page as usize)
+            .filter(|&p| self.resident(p))
+            .count() as u64
+            * self.page
+    }
+}
+
+/// A run of memory whose pages are counted: a heap of an arena, or mmapped chunks.
+struct Region {
+    start: u64,
+    arena: Option<usize>,
+    /// Bytes in use (chunks the program holds, the allocator's own) on each page.
+    in_use: Vec<u32>,
+}
+
+impl Region {
+    fn new(start: u64, end: u64, arena: Option<usize>, page: u64) -> Self {
+        let start = start / page * page;
+        Self {
+            start,
+            arena,
+            in_use: vec![0; (end.next_multiple_of(page) - start).div_ceil(page) as usize],
+        }
+    }
+    fn add(&mut self, lo: u64, hi: u64, page: u64, sign: i64) {
+        let mut at = lo;
+        while at < hi {
+            let p = (at - self.start) / page;
+            let page_end = self.start + (p + 1) * page;
+            let n = hi.min(page_end) - at;
+            let slot = &mut self.in_use[p as usize];
+            *slot = (i64::from(*slot) + sign * n as i64).max(0) as u32;
+            at += n;
+        }
+    }
+}
+
+/// The size class a chunk is counted in.
+fn class_of(size: u64) -> u64 {
+    if size <= 1024 {
+        return size;
+    }
+    let step = 1u64 << (63 - size.leading_zeros()).saturating_sub(2);
+    size.next_multiple_of(step)
+}
+
+/// Chunks by size class, with the last page counted for each: an array for the exact
+/// sizes up to 1 KiB (most chunks, so the walk pays no lookup), a map above.
+struct Classes {
+    small: Vec<(GlibcClass, u64)>,
+    by_size: BTreeMap<u64, (GlibcClass, u64)>,
+}
+
+impl Default for Classes {
+    fn default() -> Self {
+        Self {
+            small: vec![Default::default(); (1024 / ALIGN + 1) as usize],
+            by_size: BTreeMap::new(),
+        }
+    }
+}
+
+impl Classes {
+    fn slot(&mut self, size: u64) -> &mut (GlibcClass, u64) {
+        if size <= 1024 {
+            &mut self.small[(size / ALIGN) as usize]
+        } else {
+            self.by_size.entry(class_of(size)).or_default()
+        }
+    }
+
+    fn into_classes(self) -> Vec<GlibcClass> {
+        self.small
+            .into_iter()
+            .chain(self.by_size.into_values())
+            .map(|c| c.0)
+            .filter(|c| c.in_use + c.free > 0)
+            .collect()
+    }
+
+    fn in_use(&mut self, addr: u64, size: u64, page: u64, sign: i64) {
+        let (c, last_page) = self.slot(size);
+        c.chunk_size = class_of(size);
+        if sign > 0 {
+            c.in_use += 1;
+            c.in_use_bytes += size;
+            let (first, last) = (addr / page, (addr + size - 1) / page);
+            let first = if first == *last_page && c.pages > 0 {
+                first + 1
+            } else {
+                first
+            };
+            c.pages += (last + 1).saturating_sub(first);
+            *last_page = last;
+        } else {
+            c.in_use -= 1;
+            c.in_use_bytes -= size;
+        }
+    }
+    fn free(&mut self, size: u64) {
+        let (c, _) = self.slot(size);
+        c.chunk_size = class_of(size);
+        c.free += 1;
+        c.free_bytes += size;
+    }
+}
+
+/// The census's working state.
+struct Walk<'a> {
+    mem: &'a mut ProcessMemory,
+    page: u64,
+    residency: Residency<'a>,
+    arenas: Vec<GlibcArena>,
+    regions: Vec<Region>,
+    classes: Classes,
+    /// Fastbin chunks (addresses), found from the arenas' lists before the walk.
+    fastbin: HashSet<u64>,
+    /// In-use chunks the size of a thread's cache table: (address, region, first chunk
+    /// of its heap).
+    tcache_candidates: Vec<(u64, usize, bool)>,
+    window: Vec<u8>,
+    window_at: u64,
+    tcache_found: u64,
+}
+
+/// Reads the heap of process `pid` (which the caller holds stopped, or not: then the
+/// figures may not hold together). `maps`: its memory map; `residency`: pagemap of its
+/// heap-holding mappings.
+pub fn census(
+    mem: &mut ProcessMemory,
+    layout: &GlibcLayout,
+    maps: &[Mapping],
+    residency: &[ResidentRange],
+    page: u64,
+) -> Result<GlibcHeap, CensusError> {
+    let mp = match layout.mp {
+        Some(a) => {
+            let mut b = vec![0u8; MP_SIZE];
+            mem.read(a, &mut b)?;
+            Some(b)
+        }
+        None => None,
+    };
+    let started_read = mem.bytes_read();
+    let mut w = Walk {
+        mem,
+        page,
+        residency: Residency::new(residency, page),
+        arenas: Vec::new(),
+        regions: Vec::new(),
+        classes: Classes::default(),
+        fastbin: HashSet::new(),
+        tcache_candidates: Vec::new(),
+        window: Vec::new(),
+        window_at: 0,
+        tcache_found: 0,
+    };
+    // The arenas, from the main one round its `next` list.
+    let mut states = Vec::new();
+    let mut at = layout.main_arena;
+    loop {
+        let mut b = vec![0u8; MS_SIZE];
+        w.mem.read(at, &mut b)?;
+        let next = le(&b, MS_NEXT);
+        states.push((at, b));
+        if next == layout.main_arena {
+            break;
+        }
+        if states.len() >= MAX_ARENAS || next == 0 {
+            return Err(CensusError::Inconsistent(
+                "glibc's list of arenas does not come back to the main arena".into(),
+            ));
+        }
+        at = next;
+    }
+    let main_top = le(&states[0].1, MS_TOP);
+    if main_top == layout.main_arena + MS_TOP as u64 - 2 * SIZE_SZ || main_top == 0 {
+        // The initial top is the unsorted bin: malloc never ran.
+        return Err(CensusError::NoHeap);
+    }
+    // Fastbin chunks of every arena.
+    for (_, b) in &states {
+        for i in 0..NFASTBINS {
+            let mut p = le(b, MS_FASTBINS + 8 * i);
+            let mut n = 0u64;
+            while p != 0 {
+                if !p.is_multiple_of(ALIGN) || n > MAX_LIST || !w.fastbin.insert(p) {
+                    return Err(CensusError::Inconsistent(format!(
+                        "a fastbin list does not hold together (at {p:#x})"
+                    )));
+                }
+                n += 1;
+                let stored = w.mem.read_u64(p + 2 * SIZE_SZ)?;
+                p = reveal(p + 2 * SIZE_SZ, stored);
+            }
+        }
+    }
+    for (i, (addr, b)) in states.iter().enumerate() {
+        let top = le(b, MS_TOP);
+        let top_size = w.mem.read_u64(top + SIZE_SZ)? & !SIZE_BITS;
+        let mut arena = GlibcArena {
+            main: i == 0,
+            system_mem: le(b, MS_SYSTEM_MEM),
+            threads: le(b, MS_ATTACHED),
+            top_bytes: top_size,
+            ..Default::default()
+        };
+        let top_end = top + top_size;
+        w.arenas.push(GlibcArena::default());
+        if i == 0 {
+            let start = match &mp {
+                Some(mp) => le(mp, MP_SBRK_BASE),
+                None => maps
+                    .iter()
+                    .find(|m| m.path == "[heap]")
+                    .map(|m| m.start)
+                    .ok_or_else(|| {
+                        CensusError::Inconsistent("the main arena's top is not in [heap]".into())
+                    })?,
+            };
+            let first = start.next_multiple_of(ALIGN);
+            if top < first || top_end.abs_diff(start + arena.system_mem) > ALIGN {
+                return Err(CensusError::Inconsistent(format!(
+                    "the main arena's top chunk ({top:#x}, {top_size} bytes) is not the end of \
+                     its brk heap from {start:#x} ({} bytes by its own count): the heap is not \
+                     contiguous",
+                    arena.system_mem
+                )));
+            }
+            arena.heaps = 1;
+            w.regions.push(Region::new(start, top_end, Some(i), page));
+            let r = w.regions.len() - 1;
+            w.walk(r, &mut arena, first, top, top_end, true)?;
+        } else {
+            // The heap holding the top, then each one before it.
+            let mut h = top & !(HEAP_MAX - 1);
+            let mut heaps = Vec::new();
+            loop {
+                let mut hi = [0u8; HEAP_INFO_SIZE as usize];
+                w.mem.read(h, &mut hi)?;
+                if le(&hi, HI_AR_PTR) != *addr || heaps.len() > 1 << 16 {
+                    return Err(CensusError::Inconsistent(format!(
+                        "the heap at {h:#x} does not name its arena {addr:#x}"
+                    )));
+                }
+                heaps.push((h, le(&hi, HI_SIZE)));
+                match le(&hi, HI_PREV) {
+                    0 => break,
+                    prev => h = prev,
+                }
+            }
+            let total: u64 = heaps.iter().map(|h| h.1).sum();
+            if total != arena.system_mem {
+                return Err(CensusError::Inconsistent(format!(
+                    "an arena's heaps hold {total} bytes, the arena counts {}",
+                    arena.system_mem
+                )));
+            }
+            arena.heaps = heaps.len() as u64;
+            for (k, &(h, size)) in heaps.iter().enumerate() {
+                let first_heap = k == heaps.len() - 1;
+                let header = if first_heap {
+                    // heap_info, then the arena, then the first chunk, aligned so that
+                    // its user memory is.
+                    let mut c = h + HEAP_INFO_SIZE + MS_SIZE as u64;
+                    let mis = (c + 2 * SIZE_SZ) % ALIGN;
+                    if mis != 0 {
+                        c += ALIGN - mis;
+                    }
+                    c - h
+                } else {
+                    HEAP_INFO_SIZE
+                };
+                arena.overhead_bytes += header;
+                w.regions.push(Region::new(h, h + size, Some(i), page));
+                let r = w.regions.len() - 1;
+                w.regions[r].add(h, h + header, page, 1);
+                let is_top_heap = k == 0;
+                let end = if is_top_heap { top_end } else { h + size };
+                if is_top_heap && top_end != h + size {
+                    return Err(CensusError::Inconsistent(format!(
+                        "an arena's top chunk ends at {top_end:#x}, its heap at {:#x}",
+                        h + size
+                    )));
+                }
+                w.walk(r, &mut arena, h + header, top, end, is_top_heap)?;
+            }
+        }
+        w.arenas[i] = arena;
+    }
+    let key = match layout.tcache_key {
+        Some(a) => Some(w.mem.read_u64(a)?),
+        None => None,
+    };
+    w.tcaches(key, mp.as_ref().map(|m| le(m, MP_TCACHE_COUNT)))?;
+    let (mmapped_chunks, mmapped_bytes) = w.mmapped(maps)?;
+    if let Some(mp) = &mp {
+        let n = u64::from(u32::from_le_bytes(
+            mp[MP_N_MMAPS..MP_N_MMAPS + 4].try_into().unwrap(),
+        ));
+        let bytes = le(mp, MP_MMAPPED_MEM);
+        if n != mmapped_chunks || bytes != mmapped_bytes {
+            return Err(CensusError::Inconsistent(format!(
+                "{mmapped_chunks} mmapped chunks of {mmapped_bytes} bytes found, glibc counts \
+                 {n} of {bytes}"
+            )));
+        }
+    }
+    Ok(w.finish(layout, mmapped_chunks, mmapped_bytes, started_read))
+}
+
+/// glibc's safe-linking (2.32 and later): a list pointer stored at `pos` is the pointer
+/// xored with `pos >> 12`.
+fn reveal(pos: u64, stored: u64) -> u64 {
+    (pos >> 12) ^ stored
+}
+
+impl Walk<'_> {
+    /// The header word (size and bits) of the chunk at `p`, read through the window.
+    fn size_at(&mut self, p: u64, end: u64) -> Result<u64, CensusError> {
+        let at = p + SIZE_SZ;
+        if at < self.window_at || at + 8 > self.window_at + self.window.len() as u64 {
+            let hi = (at + WINDOW).min(end.max(at + 8));
+            self.window_at = at;
+            self.mem
+                .read_ranges(&[(at, (hi - at) as usize)], &mut self.window)?;
+        }
+        let o = (at - self.window_at) as usize;
+        Ok(le(&self.window, o))
+    }
+
+    /// Walks the chunks of one heap from `first` to `end`; `top`: the arena's top chunk,
+    /// which ends the walk of the heap that holds it (`has_top`).
+    fn walk(
+        &mut self,
+        r: usize,
+        arena: &mut GlibcArena,
+        first: u64,
+        top: u64,
+        end: u64,
+        has_top: bool,
+    ) -> Result<(), CensusError> {
+        let page = self.page;
+        let mut p = first;
+        let mut size = self.size_at(p, end)?;
+        // A run of free chunks (bins and fastbins), which malloc_trim would consolidate.
+        let mut run: Option<u64> = None;
+        let mut first_chunk = true;
+        loop {
+            if has_top && p == top {
+                // The top chunk: free; a run just before it merges into it.
+                let from = run.take().unwrap_or(top);
+                if arena.main {
+                    arena.trimmable_bytes += self.trim_top(from, end);
+                }
+                return Ok(());
+            }
+            let csize = size & !SIZE_BITS;
+            if csize == 0 && !has_top {
+                // The fencepost that ends an old heap.
+                arena.overhead_bytes += end - p;
+                self.regions[r].add(p, end, page, 1);
+                return self.end_run(arena, &mut run, p);
+            }
+            let next = p + csize;
+            if csize < 2 * SIZE_SZ || !csize.is_multiple_of(ALIGN) || next > end {
+                return Err(CensusError::Inconsistent(format!(
+                    "a chunk at {p:#x} has size {csize:#x}, past its heap's end {end:#x}"
+                )));
+            }
+            let next_size = if next + 2 * SIZE_SZ <= end {
+                self.size_at(next, end)?
+            } else {
+                PREV_INUSE
+            };
+            if csize < MINSIZE {
+                // A fencepost (the end of an old heap).
+                arena.overhead_bytes += csize;
+                self.regions[r].add(p, next, page, 1);
+                self.end_run(arena, &mut run, p)?;
+            } else if next_size & PREV_INUSE == 0 {
+                arena.free_chunks += 1;
+                arena.free_bytes += csize;
+                self.classes.free(csize);
+                run.get_or_insert(p);
+            } else if csize <= MAX_FAST_CHUNK && self.fastbin.contains(&p) {
+                arena.fastbin_chunks += 1;
+                arena.fastbin_bytes += csize;
+                self.classes.free(csize);
+                run.get_or_insert(p);
+            } else {
+                self.end_run(arena, &mut run, p)?;
+                arena.in_use_chunks += 1;
+                arena.in_use_bytes += csize;
+                self.regions[r].add(p, next, page, 1);
+                self.classes.in_use(p, csize, page, 1);
+                if csize == TCACHE_CHUNK {
+                    self.tcache_candidates.push((p, r, first_chunk));
+                }
+            }
+            first_chunk = false;
+            p = next;
+            size = next_size;
+            if p >= end {
+                return self.end_run(arena, &mut run, p);
+            }
+        }
+    }
+
+    /// Ends a run of free chunks at `at`: what malloc_trim would give back from it (it
+    /// keeps each free chunk's first 48 bytes and returns the whole pages after them).
+    fn end_run(
+        &mut self,
+        arena: &mut GlibcArena,
+        run: &mut Option<u64>,
+        at: u64,
+    ) -> Result<(), CensusError> {
+        if let Some(start) = run.take() {
+            arena.trimmable_bytes += self.residency.resident_bytes(start + MALLOC_CHUNK, at);
+        }
+        Ok(())
+    }
+
+    /// systrim with no pad: the main arena's top gives back its whole pages but the last
+    /// MINSIZE bytes' page.
+    fn trim_top(&self, from: u64, end: u64) -> u64 {
+        let size = end - from;
+        if size <= MINSIZE + 1 {
+            return 0;
+        }
+        let extra = (size - MINSIZE - 1) / self.page * self.page;
+        self.residency.resident_bytes(end - extra, end)
+    }
+
+    /// Checks each candidate thread cache and moves its chunks from in use to free.
+    /// `key`: the value of glibc's `tcache_key`, which every cached chunk carries.
+    fn tcaches(&mut self, key: Option<u64>, fill: Option<u64>) -> Result<(), CensusError> {
+        let candidates = std::mem::take(&mut self.tcache_candidates);
+        let ranges: Vec<(u64, usize)> = candidates
+            .iter()
+            .map(|&(p, _, _)| (p + 2 * SIZE_SZ, TCACHE_STRUCT))
+            .collect();
+        let mut tables = Vec::new();
+        self.mem.read_ranges(&ranges, &mut tables)?;
+        let fill = fill.unwrap_or(u64::from(u16::MAX));
+        for (k, &(p, r, first_chunk)) in candidates.iter().enumerate() {
+            let t = &tables[k * TCACHE_STRUCT..(k + 1) * TCACHE_STRUCT];
+            let Some(chunks) = self.tcache_chunks(t, key, fill)? else {
+                continue;
+            };
+            if chunks.is_empty() && !first_chunk {
+                // An empty table that is not where a thread's first malloc puts it: as
+                // likely a zeroed block of the program's.
+                continue;
+            }
+            self.tcache_found += 1;
+            let page = self.page;
+            let arena = self.regions[r].arena.unwrap_or(0);
+            let a = &mut self.arenas[arena];
+            a.in_use_chunks -= 1;
+            a.in_use_bytes -= TCACHE_CHUNK;
+            a.overhead_bytes += TCACHE_CHUNK;
+            self.classes.in_use(p, TCACHE_CHUNK, page, -1);
+            for (c, size) in chunks {
+                let Some(cr) = self
+                    .regions
+                    .iter()
+                    .position(|g| g.start <= c && c < g.start + g.in_use.len() as u64 * page)
+                else {
+                    continue;
+                };
+                let owner = self.regions[cr].arena.unwrap_or(0);
+                let a = &mut self.arenas[owner];
+                a.in_use_chunks -= 1;
+                a.in_use_bytes -= size;
+                a.tcache_chunks += 1;
+                a.tcache_bytes += size;
+                self.regions[cr].add(c, c + size, page, -1);
+                self.classes.in_use(c, size, page, -1);
+                self.classes.free(size);
+            }
+        }
+        Ok(())
+    }
+
+    /// The chunks in a thread cache table `t`, or None when `t` is not one.
+    fn tcache_chunks(
+        &mut self,
+        t: &[u8],
+        key: Option<u64>,
+        fill: u64,
+    ) -> Result<Option<Vec<(u64, u64)>>, CensusError> {
+        let mut out = Vec::new();
+        for i in 0..TCACHE_BINS {
+            let count = u64::from(u16::from_le_bytes([t[2 * i], t[2 * i + 1]]));
+            let mut e = le(t, 2 * TCACHE_BINS + 8 * i);
+            if count > fill || (count == 0) != (e == 0) {
+                return Ok(None);
+            }
+            let size = MINSIZE + ALIGN * i as u64;
+            let mut n = 0;
+            while e != 0 {
+                if !e.is_multiple_of(ALIGN) || n >= count {
+                    return Ok(None);
+                }
+                let mut entry = [0u8; 16];
+                let mut hdr = [0u8; 8];
+                if self.mem.read(e - SIZE_SZ, &mut hdr).is_err()
+                    || self.mem.read(e, &mut entry).is_err()
+                {
+                    return Ok(None);
+                }
+                if u64::from_le_bytes(hdr) & !SIZE_BITS != size {
+                    return Ok(None);
+                }
+                if let Some(key) = key {
+                    if le(&entry, 8) != key {
+                        return Ok(None);
+                    }
+                }
+                out.push((e - 2 * SIZE_SZ, size));
+                n += 1;
+                e = reveal(e, le(&entry, 0));
+            }
+            if n != count {
+                return Ok(None);
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// Chunks mmapped alone: anonymous writable mappings outside the arenas' heaps that
+    /// start with a chunk header marked IS_MMAPPED, one chunk after another.
+    fn mmapped(&mut self, maps: &[Mapping]) -> Result<(u64, u64), CensusError> {
+        let page = self.page;
+        let heaps: Vec<(u64, u64)> = self
+            .regions
+            .iter()
+            .map(|r| (r.start, r.start + r.in_use.len() as u64 * page))
+            .collect();
+        let (mut chunks, mut bytes) = (0, 0);
+        for m in maps {
+            let anon = m.inode == 0
+                && m.perms.starts_with("rw")
+                && (m.path.is_empty() || m.path.starts_with("[anon:"))
+                && m.path != "[anon:fragscope]";
+            if !anon || heaps.iter().any(|&(lo, hi)| lo <= m.start && m.start < hi) {
+                continue;
+            }
+            // The kernel merges neighbouring anonymous mappings: mmapped chunks may run
+            // into an arena's heap, where they end.
+            let end = heaps
+                .iter()
+                .map(|&(lo, _)| lo)
+                .filter(|&lo| lo > m.start)
+                .min()
+                .unwrap_or(m.end)
+                .min(m.end);
+            let mut p = m.start;
+            let mut region: Option<Region> = None;
+            while p + 2 * SIZE_SZ <= end {
+                let mut h = [0u8; 16];
+                self.mem.read(p, &mut h)?;
+                let (prev, size) = (le(&h, 0), le(&h, 8));
+                let csize = size & !SIZE_BITS;
+                if size & IS_MMAPPED == 0
+                    || prev != 0
+                    || csize == 0
+                    || !csize.is_multiple_of(page)
+                    || p + csize > end
+                {
+                    break;
+                }
+                let r = region.get_or_insert_with(|| Region::new(m.start, end, None, page));
+                r.add(p, p + csize, page, 1);
+                self.classes.in_use(p, csize, page, 1);
+                chunks += 1;
+                bytes += csize;
+                p += csize;
+            }
+            if let Some(r) = region {
+                self.regions.push(r);
+            }
+        }
+        Ok((chunks, bytes))
+    }
+
+    fn finish(
+        self,
+        layout: &GlibcLayout,
+        mmapped_chunks: u64,
+        mmapped_bytes: u64,
+        started_read: u64,
+    ) -> GlibcHeap {
+        let page = self.page;
+        let mut arenas = self.arenas;
+        let mut occupancy_pages = vec![0u64; OCCUPANCY_BUCKETS];
+        let mut occupancy_in_use = vec![0u64; OCCUPANCY_BUCKETS];
+        let mut mmapped_resident = 0;
+        for r in &self.regions {
+            for (i, &used) in r.in_use.iter().enumerate() {
+                let addr = r.start + i as u64 * page;
+                if !self.residency.resident(addr) {
+                    continue;
+                }
+                let used = u64::from(used).min(page);
+                let bucket = if used == 0 {
+                    0
+                } else {
+                    1 + ((used * 10 / page) as usize).min(9)
+                };
+                occupancy_pages[bucket] += 1;
+                occupancy_in_use[bucket] += used;
+                match r.arena {
+                    Some(a) => {
+                        let a = &mut arenas[a];
+                        a.resident_bytes += page;
+                        if used == 0 {
+                            a.free_pages_bytes += page;
+                        } else {
+                            a.free_in_used_pages += page - used;
+                        }
+                    }
+                    None => mmapped_resident += page,
+                }
+            }
+        }
+        let classes = self.classes.into_classes();
+        GlibcHeap {
+            version: layout.version.clone(),
+            layout_source: layout.source.clone(),
+            page_size: page,
+            tcaches: self.tcache_found,
+            arenas,
+            mmapped_chunks,
+            mmapped_bytes,
+            mmapped_resident,
+            occupancy_pages,
+            occupancy_in_use,
+            classes,
+            bytes_read: self.mem.bytes_read() - started_read,
+        }
+    }
+}
+
+/// Process-wide figures that agree with mallinfo2: (in use = uordblks + hblkhd, free =
+/// fordblks).
+pub fn mallinfo_view(h: &GlibcHeap) -> (u64, u64) {
+    let in_use = h.sum(GlibcArena::allocator_in_use) + h.mmapped_bytes;
+    let free = h.sum(GlibcArena::allocator_free);
+    (in_use, free)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapping(path: &str) -> Mapping {
+        Mapping {
+            start: 0x1000,
+            end: 0x2000,
+            perms: "r-xp".into(),
+            offset: 0,
+            inode: 1,
+            path: path.into(),
+            build_id: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_allocator_is_the_one_mapped_over_glibc() {
+        let libc = mapping("/usr/lib/x86_64-linux-gnu/libc.so.6");
+        assert_eq!(allocator_of(std::slice::from_ref(&libc)), "glibc");
+        let je = mapping("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+        assert_eq!(allocator_of(&[libc.clone(), je]), "jemalloc");
+        assert_eq!(
+            allocator_of(&[mapping("/lib/ld-musl-x86_64.so.1")]),
+            "unknown"
+        );
+    }
+
+    #[test]
+    fn the_release_comes_from_glibcs_banner() {
+        let banner =
+            b"xx GNU C Library (Debian GLIBC 2.36-9+deb12u14) stable release version 2.36.\n";
+        assert_eq!(release_of(banner).as_deref(), Some("2.36"));
+        assert_eq!(release_of(b"no banner here"), None);
+        // Our own libc, whatever it is, names one.
+        let own = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap_or_default();
+        if !own.is_empty() {
+            assert!(release_of(&own).is_some_and(|v| v.starts_with("2.")));
+        }
+    }
+
+    #[test]
+    fn size_classes_are_exact_to_1_kib_then_quarter_powers_of_two() {
+        assert_eq!(class_of(48), 48);
+        assert_eq!(class_of(1024), 1024);
+        assert_eq!(class_of(1040), 1280);
+        assert_eq!(class_of(1280), 1280);
+        assert_eq!(class_of(1296), 1536);
+        assert_eq!(class_of(5000), 5120);
+    }
+
+    #[test]
+    fn safe_linked_pointers_are_revealed_by_their_address() {
+        let pos = 0x5555_5555_9000u64;
+        let target = 0x5555_5555_a2c0u64;
+        assert_eq!(reveal(pos, (pos >> 12) ^ target), target);
+    }
+}

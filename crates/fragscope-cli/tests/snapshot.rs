@@ -1,0 +1,444 @@
+//! `fragscope snapshot PID`: a census of a process fragscope did not start, checked
+//! against the process's own view of its heap, and the process left running as before.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
+
+use serde_json::Value;
+
+/// A program that waits on stdin, started by the test (not by fragscope).
+struct Running {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Running {
+    fn start(mut cmd: Command) -> Self {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Self {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.stdout.read_line(&mut l).unwrap();
+        assert!(!l.is_empty(), "the program ended");
+        l
+    }
+    fn send(&mut self, line: &str) {
+        writeln!(self.stdin, "{line}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `key=value` fields of a `mallinfo2 ...` line.
+fn mallinfo(line: &str) -> std::collections::HashMap<String, u64> {
+    assert!(line.starts_with("mallinfo2 "), "{line}");
+    line.split_whitespace()
+        .skip(1)
+        .filter_map(|f| {
+            let (k, v) = f.split_once('=')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+fn snapshot(pid: u32, trace: &Path, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .arg("snapshot")
+        .arg(pid.to_string())
+        .arg("-o")
+        .arg(trace)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+fn report_json(trace: &Path) -> Value {
+    let out = common::fragscope(&["report".as_ref(), "--json".as_ref(), trace.as_os_str()]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn within(ours: u64, theirs: u64, share: f64) -> bool {
+    (ours as f64 - theirs as f64).abs() <= share * theirs.max(1) as f64
+}
+
+fn helper(dir: &Path) -> PathBuf {
+    common::build(dir, "glibc_heap", &["-pthread"])
+}
+
+#[test]
+fn glibc_census_agrees_with_mallinfo_and_the_process_runs_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = helper(dir.path());
+    let mut p = Running::start(Command::new(&exe));
+    let before = mallinfo(&p.line());
+    let trace = dir.path().join("snap.fsc");
+    let out = snapshot(p.pid(), &trace, &[]);
+    let err = common::stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("was stopped for") && err.contains("ms per GiB"),
+        "{err}"
+    );
+
+    let r = report_json(&trace);
+    let s = &r["snapshot"];
+    assert_eq!(s["allocator"], "glibc", "{s}");
+    assert_eq!(s["stopped"], true);
+    let g = &s["glibc"];
+    let n = |v: &Value| v.as_u64().unwrap();
+    // glibc's own view: in use = uordblks + hblkhd, free = fordblks.
+    let their_in_use = before["uordblks"] + before["hblkhd"];
+    assert!(
+        within(n(&g["mallinfo_in_use"]), their_in_use, 0.05),
+        "in use: census {} vs mallinfo2 {their_in_use}",
+        g["mallinfo_in_use"]
+    );
+    assert!(
+        within(n(&g["mallinfo_free"]), before["fordblks"], 0.05),
+        "free: census {} vs mallinfo2 {}",
+        g["mallinfo_free"],
+        before["fordblks"]
+    );
+    // The helper's threads are blocked: nothing moved between mallinfo2 and the census,
+    // which then agree to the byte.
+    assert_eq!(n(&g["mallinfo_in_use"]), their_in_use, "{g}");
+    assert_eq!(n(&g["mallinfo_free"]), before["fordblks"], "{g}");
+    assert_eq!(n(&g["mmapped_chunks"]), before["hblks"], "{g}");
+    assert_eq!(n(&g["mmapped_bytes"]), before["hblkhd"], "{g}");
+    // The main arena and one per thread, each thread's cache found and counted free.
+    let arenas = g["arenas"].as_array().unwrap();
+    assert_eq!(arenas.len(), 4, "{g}");
+    assert_eq!(n(&g["thread_caches"]), 4, "{g}");
+    assert!(
+        n(&g["tcache_chunks"]) > 0 && n(&g["fastbin_chunks"]) > 0,
+        "{g}"
+    );
+    // Live bytes (as the snapshot counts them: whole chunks, on resident pages or not)
+    // are the census's, not 0.
+    let snap = &r["snapshots"][0];
+    let live = n(&snap["live"]) + n(&snap["live_not_resident"]);
+    assert!(within(live, n(&g["in_use_bytes"]), 0.05), "{snap}");
+    assert!(n(&snap["free_in_used_pages"]) > n(&snap["live"]), "{snap}");
+    assert!(r["sites"]["by_live_bytes"].as_array().unwrap().is_empty());
+    let text = common::fragscope(&["report".as_ref(), trace.as_os_str()]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("a snapshot has no history"), "{text}");
+    assert!(text.contains("malloc_trim(0) would"), "{text}");
+    // The HTML page carries the census too; compare and export read the trace.
+    let html = dir.path().join("snap.html");
+    let out = common::fragscope(&[
+        "report".as_ref(),
+        trace.as_os_str(),
+        "--html".as_ref(),
+        html.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains("\"mallinfo_in_use\":"),
+        "no census in the page"
+    );
+    let exported = dir.path().join("e.json");
+    for args in [
+        vec!["compare".as_ref(), trace.as_os_str(), trace.as_os_str()],
+        vec![
+            "export".as_ref(),
+            trace.as_os_str(),
+            "--format".as_ref(),
+            "json".as_ref(),
+            "-o".as_ref(),
+            exported.as_os_str(),
+        ],
+    ] {
+        let out = common::fragscope(&args);
+        assert!(out.status.success(), "{args:?}: {}", common::stderr(&out));
+    }
+
+    // The process goes on, its heap as it was.
+    p.send("again");
+    assert_eq!(mallinfo(&p.line()), before);
+    // What malloc_trim gives back is what the census predicted (the RSS it drops).
+    p.send("trim");
+    let trimmed = p.line();
+    let kib: Vec<u64> = trimmed
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap())
+        .collect();
+    let dropped = (kib[0] - kib[1]) * 1024;
+    let predicted = n(&g["trimmable_bytes"]);
+    assert!(predicted > 0, "{g}");
+    assert!(
+        within(predicted, dropped, 0.25),
+        "malloc_trim dropped RSS by {dropped} bytes, the census predicted {predicted}"
+    );
+}
+
+#[test]
+fn without_debug_symbols_the_arena_is_found_by_its_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = helper(dir.path());
+    let mut p = Running::start(Command::new(&exe));
+    let before = mallinfo(&p.line());
+    let trace = dir.path().join("snap.fsc");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .env("FRAGSCOPE_DEBUG_DIR", dir.path())
+        .args(["snapshot", &p.pid().to_string(), "-o"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let g = &report_json(&trace)["snapshot"]["glibc"];
+    assert!(g["layout_source"].as_str().unwrap().contains("scan"), "{g}");
+    let their_in_use = before["uordblks"] + before["hblkhd"];
+    assert!(
+        within(g["mallinfo_in_use"].as_u64().unwrap(), their_in_use, 0.05),
+        "{g}"
+    );
+    assert!(
+        within(
+            g["mallinfo_free"].as_u64().unwrap(),
+            before["fordblks"],
+            0.05
+        ),
+        "{g}"
+    );
+}
+
+#[test]
+fn no_stop_reads_a_running_process_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = helper(dir.path());
+    let mut p = Running::start(Command::new(&exe));
+    let _ = p.line();
+    let trace = dir.path().join("snap.fsc");
+    let out = snapshot(p.pid(), &trace, &["--no-stop"]);
+    let err = common::stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("without stopping") && err.contains("may not hold together"),
+        "{err}"
+    );
+    let r = report_json(&trace);
+    assert_eq!(r["snapshot"]["stopped"], false);
+    // An idle process: the census holds together even so.
+    assert!(r["snapshot"]["glibc"].is_object(), "{}", r["snapshot"]);
+}
+
+#[test]
+fn another_allocator_gets_the_page_level_picture_and_a_note() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = helper(dir.path());
+    let mut cmd = Command::new(&exe);
+    common::Allocator::Jemalloc.apply(&mut cmd);
+    let mut p = Running::start(cmd);
+    let _ = p.line();
+    let trace = dir.path().join("snap.fsc");
+    let out = snapshot(p.pid(), &trace, &[]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let r = report_json(&trace);
+    let s = &r["snapshot"];
+    assert_eq!(s["allocator"], "jemalloc", "{s}");
+    assert!(s["glibc"].is_null());
+    assert!(
+        s["note"].as_str().unwrap().contains("page-level picture"),
+        "{s}"
+    );
+    let snap = &r["snapshots"][0];
+    // No live bytes claimed; the resident heap pages are there, as other anonymous.
+    assert_eq!(snap["live"], 0);
+    assert_eq!(snap["free_resident_pages"], 0);
+    assert!(snap["heap_resident"].as_u64().unwrap() > 32 << 20, "{snap}");
+    assert!(snap["other_anon"].as_u64().unwrap() > 32 << 20, "{snap}");
+    assert!(r["headline"]["sentence"]
+        .as_str()
+        .unwrap()
+        .contains("without the allocator's figures"));
+    p.send("again");
+    assert!(p.line().starts_with("mallinfo2"));
+}
+
+#[test]
+fn refusals_are_clear_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    // A process that does not exist (one that has exited and been reaped).
+    let mut gone = Command::new("true").spawn().unwrap();
+    let pid = gone.id();
+    gone.wait().unwrap();
+    let out = snapshot(pid, &dir.path().join("a.fsc"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        common::stderr(&out).contains(&format!("no process {pid}")),
+        "{}",
+        common::stderr(&out)
+    );
+    assert!(!dir.path().join("a.fsc").exists());
+    // One that has exited and not been reaped yet (a zombie): no memory left to read.
+    let mut zombie = Command::new("true").spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let out = snapshot(zombie.id(), &dir.path().join("z.fsc"), &[]);
+    let err = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("has exited") && !err.contains("panicked"),
+        "{err}"
+    );
+    zombie.wait().unwrap();
+
+    // Another user may not read a root process's memory.
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 || Command::new("setpriv").arg("--help").output().is_err() {
+        eprintln!("skipped the permission check: it needs root and setpriv");
+        return;
+    }
+    let mut p = Running::start(Command::new("cat"));
+    let out = Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_fragscope"))
+        .args([
+            "snapshot",
+            &p.pid().to_string(),
+            "-o",
+            "/tmp/never-written.fsc",
+        ])
+        .output()
+        .unwrap();
+    let err = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("/proc/sys/kernel/yama/ptrace_scope") && err.contains("CAP_SYS_PTRACE"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    // cat was never stopped: it still echoes.
+    p.send("hello");
+    assert_eq!(p.line(), "hello\n");
+}
+
+#[test]
+fn ghc_program_gets_its_block_census() {
+    let dir = tempfile::tempdir().unwrap();
+    // Without -eventlog: a server built as most are.
+    let Some(exe) = common::build_ghc(dir.path(), &common::ghc_case("Conns"), "Conns", &[]) else {
+        return;
+    };
+    let mut cmd = Command::new(&exe);
+    cmd.args(["20000", "keep"]);
+    let mut p = Running::start(cmd);
+    assert!(p.line().starts_with("open:"));
+    // After the close the program idles for 3 s: the plateau a snapshot explains.
+    assert!(p.line().starts_with("closed:"));
+    let trace = dir.path().join("snap.fsc");
+    let out = snapshot(p.pid(), &trace, &[]);
+    let err = common::stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("(ghc) was stopped for"), "{err}");
+    let r = report_json(&trace);
+    let censuses = r["block_censuses"].as_array().unwrap();
+    assert_eq!(censuses.len(), 1, "{r}");
+    // 1 in 100 connections keeps a slice of its pinned buffer: megablocks stay, sparse.
+    assert!(
+        censuses[0]["sparse_megablocks"].as_u64().unwrap() > 20 << 20,
+        "{}",
+        censuses[0]
+    );
+    assert!(r["notes"][0]
+        .as_str()
+        .unwrap()
+        .contains("a snapshot of a running program"));
+    // It finishes as it would have.
+    assert!(p.line().trim().parse::<u64>().is_ok());
+}
+
+/// A real server on jemalloc (Debian's redis-server): the page-level picture holds its
+/// data, and it answers after the snapshot as before.
+#[test]
+fn redis_server_on_jemalloc_answers_after_its_snapshot() {
+    if Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: redis-server is missing");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A port of our own: from the test's pid, above the usual ones.
+    let port = (20000 + std::process::id() % 20000).to_string();
+    let mut server = Command::new("redis-server")
+        .args(["--port", &port, "--save", "", "--appendonly", "no"])
+        .args(["--enable-debug-command", "yes", "--dir"])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let cli = |args: &[&str]| -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &port])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while cli(&["PING"]) != "PONG" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "redis-server did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(cli(&["DEBUG", "POPULATE", "200000", "key", "500"]), "OK");
+    let info = cli(&["INFO", "memory"]);
+    let used: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let trace = dir.path().join("snap.fsc");
+    let out = snapshot(server.id(), &trace, &[]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let r = report_json(&trace);
+    assert_eq!(r["snapshot"]["allocator"], "jemalloc", "{}", r["snapshot"]);
+    let snap = &r["snapshots"][0];
+    // jemalloc's resident pages hold what redis counts as used (its own allocations).
+    let resident = snap["heap_resident"].as_u64().unwrap();
+    assert!(
+        resident >= used * 9 / 10,
+        "heap resident {resident}, used_memory {used}"
+    );
+    assert!(snap["rss"].as_u64().unwrap() >= used);
+    assert_eq!(cli(&["PING"]), "PONG");
+    assert_eq!(cli(&["DBSIZE"]), "200000");
+    let _ = cli(&["SHUTDOWN", "NOSAVE"]);
+    let _ = server.wait();
+}

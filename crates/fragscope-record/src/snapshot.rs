@@ -1,0 +1,333 @@
+//! `fragscope snapshot PID`: a census of a process that is already running, with no
+//! preload and no restart, written as a trace of one snapshot. The process is held with
+//! SIGSTOP while its heap metadata, maps, pagemap and RSS are read (unless `stop` is
+//! off), and continued at once.
+
+use std::collections::HashMap;
+use std::io::BufWriter;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use fragscope_census::ghc::{CensusError, CensusLimits, GhcRts, RtsInfo};
+use fragscope_census::{glibc, Pause, ProcessMemory};
+use fragscope_trace::heap_census::{GlibcHeap, HeapCensus};
+use fragscope_trace::records::{
+    GhcCensus, Maps, Pagemap, Process, Rollup, RssBatch, SnapshotReason,
+};
+use fragscope_trace::{ChunkKind, ChunkWriter, End, Origin, StackMode};
+
+use crate::procfs;
+
+#[derive(Debug, Clone)]
+pub struct SnapshotOptions {
+    pub pid: u32,
+    pub output: PathBuf,
+    pub force: bool,
+    /// Hold the process stopped while it is read (the figures then describe one moment).
+    pub stop: bool,
+    pub compression_level: i32,
+}
+
+#[derive(Debug, Clone)]
+pub struct SnapshotOutcome {
+    pub file_bytes: u64,
+    /// The process's allocator or runtime: "glibc", "jemalloc", ..., "ghc".
+    pub allocator: String,
+    /// How long the process was held stopped (None: it was not).
+    pub stopped_for: Option<Duration>,
+    /// Bytes of heap the census covered (arenas' heaps and mmapped chunks, or the GHC
+    /// RTS's megablocks), for the stop time per GiB.
+    pub heap_bytes: u64,
+    /// Why the allocator's own metadata was not read, when it was not.
+    pub note: Option<String>,
+}
+
+/// Why a snapshot could not be taken, worded for the user.
+fn access_error(pid: u32, e: &std::io::Error) -> anyhow::Error {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => {
+            anyhow::anyhow!("no process {pid} (it does not exist or has exited)")
+        }
+        std::io::ErrorKind::PermissionDenied => anyhow::anyhow!(
+            "not allowed to read the memory of process {pid} ({e}). fragscope snapshot needs \
+             ptrace access to it: run it as the process's user with \
+             /proc/sys/kernel/yama/ptrace_scope at 0 (it is {}), or as root / with \
+             CAP_SYS_PTRACE (e.g. sudo fragscope snapshot {pid})",
+            std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+                .map_or_else(|_| "absent".into(), |s| s.trim().to_string())
+        ),
+        _ => anyhow::anyhow!("cannot read process {pid}: {e}"),
+    }
+}
+
+fn gone(pid: u32) -> bool {
+    !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(true)
+}
+
+/// Takes the snapshot and writes the trace.
+pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
+    let pid = opts.pid;
+    if pid == std::process::id() {
+        bail!("fragscope cannot take a snapshot of itself");
+    }
+    if gone(pid) {
+        bail!("no process {pid} (it does not exist or has exited)");
+    }
+    let mut mem = ProcessMemory::open(pid).map_err(|e| access_error(pid, &e))?;
+    // process_vm_readv is checked apart from the open: try it on a page we know.
+    let mut build_ids = HashMap::new();
+    let maps = procfs::read_maps(pid, &mut build_ids)
+        .ok_or_else(|| anyhow::anyhow!("process {pid} exited before it could be read"))?;
+    if let Some(m) = maps.iter().find(|m| m.perms.starts_with('r')) {
+        let mut one = Vec::new();
+        if let Err(e) = mem.read_ranges(&[(m.start, 8)], &mut one) {
+            if gone(pid) {
+                bail!("process {pid} exited before it could be read");
+            }
+            return Err(access_error(pid, &e));
+        }
+    }
+    let argv: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_default()
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+
+    // What reads the heap: the GHC RTS's census, glibc's, or none (page level only).
+    let elf = std::fs::read(format!("/proc/{pid}/exe")).unwrap_or_default();
+    let ghc = crate::ghc::inspect(&elf).map(|_| {
+        RtsInfo::query(std::path::Path::new(&format!("/proc/{pid}/exe")), None)
+            .and_then(|info| GhcRts::new(&elf, info, Some(pid)))
+    });
+    let allocator = if ghc.is_some() {
+        "ghc"
+    } else {
+        glibc::allocator_of(&maps)
+    };
+    let layout = match allocator {
+        "glibc" => Some(glibc::locate(pid, &maps, &mut mem)),
+        _ => None,
+    };
+
+    let mut ghc_census = None;
+    let (stopped_for, maps, residency, rss, census) = match &ghc {
+        Some(rts) => {
+            // The GHC census holds the program itself (about 1 ms per 50 MiB of heap).
+            let result = match rts {
+                Ok(rts) => match fragscope_census::ghc::census(pid, rts, CensusLimits::default()) {
+                    Ok(b) => Ok(b),
+                    Err(CensusError::Unreadable(e)) if gone(pid) => {
+                        bail!("process {pid} exited while it was read ({e})")
+                    }
+                    Err(e) => Err(format!("no block census: {e}")),
+                },
+                Err(why) => Err(why.clone()),
+            };
+            let pause = result
+                .as_ref()
+                .ok()
+                .map(|b| Duration::from_micros(b.pause_us));
+            ghc_census = Some(result);
+            let maps = procfs::read_maps(pid, &mut build_ids).unwrap_or(maps);
+            let residency = read_residency(pid, &maps, page);
+            let rss = procfs::read_rss(pid, 0);
+            (pause, maps, residency, rss, None)
+        }
+        None => {
+            let pause = if opts.stop {
+                Some(Pause::stop(pid).map_err(|e| {
+                    if gone(pid) {
+                        anyhow::anyhow!("process {pid} exited before it could be read")
+                    } else {
+                        anyhow::anyhow!(e)
+                    }
+                })?)
+            } else {
+                None
+            };
+            let maps = procfs::read_maps(pid, &mut build_ids)
+                .ok_or_else(|| anyhow::anyhow!("process {pid} exited while it was read"))?;
+            let residency = read_residency(pid, &maps, page);
+            let rss = procfs::read_rss(pid, 0);
+            let census: Result<GlibcHeap, String> = match layout {
+                Some(Ok(layout)) => {
+                    match glibc::census(&mut mem, &layout, &maps, &residency, page) {
+                        Ok(h) => Ok(h),
+                        Err(_) if gone(pid) => bail!("process {pid} exited while it was read"),
+                        Err(CensusError::NoHeap) => {
+                            Err("glibc malloc has not been used yet in this process".into())
+                        }
+                        Err(e) if !opts.stop => Err(format!(
+                            "the heap changed while it was read without stopping the process \
+                             (--no-stop): {e}; take the snapshot without --no-stop"
+                        )),
+                        Err(e) => Err(format!("glibc's heap did not hold together: {e}")),
+                    }
+                }
+                Some(Err(why)) => Err(why),
+                None => Err(format!(
+                    "the process runs on {}; fragscope does not read that allocator's own \
+                     metadata yet, so this snapshot gives the page-level picture (RSS, \
+                     resident heap pages, lazily freed pages), not live and free bytes",
+                    match allocator {
+                        "unknown" => "an allocator fragscope does not recognise",
+                        a => a,
+                    }
+                )),
+            };
+            let held = pause.as_ref().map(Pause::held);
+            drop(pause);
+            (held, maps, residency, rss, Some(census))
+        }
+    };
+    if gone(pid) && rss.is_none() {
+        bail!("process {pid} exited while it was read");
+    }
+    let rollup = procfs::read_rollup(pid);
+
+    let file = crate::session::create_output(&opts.output, opts.force)?;
+    let mut w = ChunkWriter::new(
+        BufWriter::with_capacity(1 << 20, file),
+        opts.compression_level,
+    )?;
+    let meta = crate::session::meta_now(page, StackMode::None, 0, 0, argv.clone());
+    w.write_chunk(ChunkKind::Meta, &meta.encode())?;
+    let process = Process {
+        stream: 0,
+        pid,
+        ppid: procfs::parent_pid(pid).unwrap_or(0),
+        origin: Origin::Started,
+        parent_stream: None,
+        start_tick: 0,
+        argv,
+        exe,
+    };
+    w.write_chunk(ChunkKind::Process, &process.encode())?;
+    w.write_chunk(
+        ChunkKind::Maps,
+        &Maps {
+            stream: 0,
+            tick: 0,
+            mappings: maps.clone(),
+        }
+        .encode(),
+    )?;
+    if let Some(rss) = rss {
+        w.write_chunk(
+            ChunkKind::Rss,
+            &RssBatch {
+                stream: 0,
+                samples: vec![rss],
+            }
+            .encode(),
+        )?;
+    }
+    if let Some(fields) = rollup {
+        w.write_chunk(
+            ChunkKind::Rollup,
+            &Rollup {
+                stream: 0,
+                tick: 0,
+                fields,
+            }
+            .encode(),
+        )?;
+    }
+    w.write_chunk(
+        ChunkKind::Pagemap,
+        &Pagemap {
+            stream: 0,
+            tick: 0,
+            reason: SnapshotReason::Periodic,
+            page_size: page as u32,
+            ranges: residency,
+        }
+        .encode(),
+    )?;
+    let mut heap_bytes = 0;
+    let mut note = None;
+    if let Some(result) = ghc_census {
+        if let Ok(b) = &result {
+            heap_bytes = b.megablocks << 20;
+        }
+        note = result.as_ref().err().cloned().or_else(|| {
+            (!opts.stop).then(|| {
+                "--no-stop applies to malloc heaps: the GHC block census always holds the \
+                 program, for a few milliseconds"
+                    .to_string()
+            })
+        });
+        w.write_chunk(
+            ChunkKind::GhcCensus,
+            &GhcCensus {
+                stream: 0,
+                tick: 0,
+                reason: SnapshotReason::Periodic,
+                result,
+            }
+            .encode(),
+        )?;
+    }
+    let census = census.unwrap_or_else(|| {
+        Err("a GHC program: its heap is described by the RTS's block census".into())
+    });
+    if let Ok(h) = &census {
+        heap_bytes = h.arenas.iter().map(|a| a.system_mem).sum::<u64>() + h.mmapped_bytes;
+    } else if allocator != "ghc" {
+        note = census.as_ref().err().cloned();
+    }
+    w.write_chunk(
+        ChunkKind::HeapCensus,
+        &HeapCensus {
+            stream: 0,
+            tick: 0,
+            allocator: allocator.into(),
+            stopped: stopped_for.is_some(),
+            pause_us: stopped_for.map_or(0, |d| d.as_micros() as u64),
+            result: census,
+        }
+        .encode(),
+    )?;
+    w.write_chunk(
+        ChunkKind::End,
+        &End {
+            tick: 0,
+            event_bytes: 0,
+        }
+        .encode(),
+    )?;
+    w.flush()?;
+    Ok(SnapshotOutcome {
+        file_bytes: w.bytes_written(),
+        allocator: allocator.into(),
+        stopped_for,
+        heap_bytes,
+        note,
+    })
+}
+
+fn read_residency(
+    pid: u32,
+    maps: &[fragscope_trace::Mapping],
+    page: u64,
+) -> Vec<fragscope_trace::ResidentRange> {
+    let heap: Vec<&fragscope_trace::Mapping> =
+        maps.iter().filter(|m| procfs::may_hold_heap(m)).collect();
+    procfs::read_residency(pid, &heap, page).unwrap_or_default()
+}

@@ -1,0 +1,381 @@
+//! Chunk 16, HeapCensus: a malloc heap read from outside a running process by `fragscope
+//! snapshot` (glibc's arenas and chunks), or why it could not be (another allocator, a
+//! glibc whose layout fragscope has not verified). docs/trace-format.md, "Heap census".
+
+use crate::wire::{Reader, Writer};
+use crate::TraceError;
+
+/// Upper bounds (exclusive, percent) of the page-occupancy buckets after the first: the
+/// first bucket is resident pages with no in-use byte, then [0, 10), [10, 20) ... [90, 100].
+pub const OCCUPANCY_BUCKETS: usize = 11;
+
+/// One arena of glibc malloc: the main one (the brk heap) or a thread arena (its 64 MiB
+/// heaps). Bytes are whole chunks, headers included, as glibc counts them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GlibcArena {
+    pub main: bool,
+    /// Heaps walked (1 for the main arena).
+    pub heaps: u64,
+    /// The arena's own count of the memory it took from the system.
+    pub system_mem: u64,
+    /// Threads attached to it (`attached_threads`).
+    pub threads: u64,
+    /// Chunks the program holds.
+    pub in_use_chunks: u64,
+    pub in_use_bytes: u64,
+    /// Free chunks in the arena's bins (unsorted, small, large), the top chunk excluded.
+    pub free_chunks: u64,
+    pub free_bytes: u64,
+    /// Freed chunks waiting in the fastbins and in threads' caches (tcache): free to the
+    /// program, marked in use in the heap.
+    pub fastbin_chunks: u64,
+    pub fastbin_bytes: u64,
+    pub tcache_chunks: u64,
+    pub tcache_bytes: u64,
+    /// The top chunk: the free end of the current heap.
+    pub top_bytes: u64,
+    /// The allocator's own bytes inside its heaps: heap and arena headers, the threads'
+    /// cache tables, fenceposts.
+    pub overhead_bytes: u64,
+    /// Resident bytes of the arena's heaps (pagemap).
+    pub resident_bytes: u64,
+    /// Free bytes on resident pages that a chunk in use touches.
+    pub free_in_used_pages: u64,
+    /// Resident pages no chunk in use touches, in bytes.
+    pub free_pages_bytes: u64,
+    /// Resident bytes malloc_trim(0) would give back (predicted, never done).
+    pub trimmable_bytes: u64,
+}
+
+impl GlibcArena {
+    /// What mallinfo2 counts as in use in this arena (`uordblks`): everything but the
+    /// bins, the fastbins and the top chunk.
+    pub fn allocator_in_use(&self) -> u64 {
+        self.in_use_bytes + self.tcache_bytes + self.overhead_bytes
+    }
+    /// What mallinfo2 counts as free (`fordblks`).
+    pub fn allocator_free(&self) -> u64 {
+        self.free_bytes + self.fastbin_bytes + self.top_bytes
+    }
+}
+
+/// Chunks of one size (exact below 1 KiB, then in quarter-power-of-two ranges named by
+/// their largest size).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GlibcClass {
+    pub chunk_size: u64,
+    pub in_use: u64,
+    pub in_use_bytes: u64,
+    /// Free chunks of this size: in bins, fastbins and thread caches.
+    pub free: u64,
+    pub free_bytes: u64,
+    /// Pages the chunks in use of this size touch.
+    pub pages: u64,
+}
+
+/// A glibc malloc heap, whole: every arena, every chunk, the mmapped chunks.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GlibcHeap {
+    /// The glibc release, e.g. "2.36".
+    pub version: String,
+    /// Where the arenas were found: the debug file whose symbols named them, or the scan
+    /// of libc's data.
+    pub layout_source: String,
+    pub page_size: u64,
+    pub arenas: Vec<GlibcArena>,
+    /// Chunks glibc mmapped on their own (above the mmap threshold).
+    pub mmapped_chunks: u64,
+    pub mmapped_bytes: u64,
+    pub mmapped_resident: u64,
+    /// Threads' caches (tcache_perthread_struct) found.
+    pub tcaches: u64,
+    /// Resident heap pages by in-use bytes: no byte in use, then 0-10% ... 90-100%
+    /// ([`OCCUPANCY_BUCKETS`]); and the in-use bytes on the pages of each bucket.
+    pub occupancy_pages: Vec<u64>,
+    pub occupancy_in_use: Vec<u64>,
+    pub classes: Vec<GlibcClass>,
+    /// Bytes of the process read for the census.
+    pub bytes_read: u64,
+}
+
+impl GlibcHeap {
+    pub fn in_use_bytes(&self) -> u64 {
+        self.arenas.iter().map(|a| a.in_use_bytes).sum::<u64>() + self.mmapped_bytes
+    }
+    pub fn in_use_chunks(&self) -> u64 {
+        self.arenas.iter().map(|a| a.in_use_chunks).sum::<u64>() + self.mmapped_chunks
+    }
+    pub fn sum(&self, f: impl Fn(&GlibcArena) -> u64) -> u64 {
+        self.arenas.iter().map(f).sum()
+    }
+}
+
+/// Chunk 16.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeapCensus {
+    pub stream: u32,
+    pub tick: u64,
+    /// The allocator the process runs on, as its maps tell: "glibc", "jemalloc",
+    /// "tcmalloc", "mimalloc" or "unknown".
+    pub allocator: String,
+    /// The process was held stopped while it was read (`--no-stop`: not, and the figures
+    /// may not hold together).
+    pub stopped: bool,
+    /// How long it was held, in microseconds.
+    pub pause_us: u64,
+    /// The heap, or why it could not be read.
+    pub result: Result<GlibcHeap, String>,
+}
+
+impl HeapCensus {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.varint(self.stream.into())
+            .varint(self.tick)
+            .str(&self.allocator)
+            .u8(self.stopped.into())
+            .varint(self.pause_us);
+        match &self.result {
+            Err(note) => {
+                w.u8(0).str(note);
+            }
+            Ok(h) => {
+                w.u8(1)
+                    .str(&h.version)
+                    .str(&h.layout_source)
+                    .varint(h.page_size)
+                    .varint(h.arenas.len() as u64);
+                for a in &h.arenas {
+                    w.u8(a.main.into());
+                    for v in arena_fields(a) {
+                        w.varint(v);
+                    }
+                }
+                w.varint(h.mmapped_chunks)
+                    .varint(h.mmapped_bytes)
+                    .varint(h.mmapped_resident)
+                    .varint(h.tcaches);
+                for list in [&h.occupancy_pages, &h.occupancy_in_use] {
+                    w.varint(list.len() as u64);
+                    for &v in list {
+                        w.varint(v);
+                    }
+                }
+                w.varint(h.classes.len() as u64);
+                for c in &h.classes {
+                    w.varint(c.chunk_size)
+                        .varint(c.in_use)
+                        .varint(c.in_use_bytes)
+                        .varint(c.free)
+                        .varint(c.free_bytes)
+                        .varint(c.pages);
+                }
+                w.varint(h.bytes_read);
+            }
+        }
+        w.bytes
+    }
+
+    pub fn decode(data: &[u8]) -> Result<Self, TraceError> {
+        let mut r = Reader::new(data);
+        let stream = r.varint()? as u32;
+        let tick = r.varint()?;
+        let allocator = r.string()?;
+        let stopped = r.u8()? != 0;
+        let pause_us = r.varint()?;
+        let result = match r.u8()? {
+            0 => Err(r.string()?),
+            1 => {
+                let version = r.string()?;
+                let layout_source = r.string()?;
+                let page_size = r.varint()?;
+                let n = r.count(ARENA_FIELDS + 1)?;
+                let mut arenas = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let main = r.u8()? != 0;
+                    let mut v = [0u64; ARENA_FIELDS];
+                    for x in &mut v {
+                        *x = r.varint()?;
+                    }
+                    arenas.push(arena_from(main, v));
+                }
+                let mmapped_chunks = r.varint()?;
+                let mmapped_bytes = r.varint()?;
+                let mmapped_resident = r.varint()?;
+                let tcaches = r.varint()?;
+                let mut lists = [Vec::new(), Vec::new()];
+                for list in &mut lists {
+                    let n = r.count(1)?;
+                    *list = (0..n).map(|_| r.varint()).collect::<Result<_, _>>()?;
+                }
+                let [occupancy_pages, occupancy_in_use] = lists;
+                let n = r.count(6)?;
+                let mut classes = Vec::with_capacity(n);
+                for _ in 0..n {
+                    classes.push(GlibcClass {
+                        chunk_size: r.varint()?,
+                        in_use: r.varint()?,
+                        in_use_bytes: r.varint()?,
+                        free: r.varint()?,
+                        free_bytes: r.varint()?,
+                        pages: r.varint()?,
+                    });
+                }
+                Ok(GlibcHeap {
+                    version,
+                    layout_source,
+                    page_size,
+                    arenas,
+                    mmapped_chunks,
+                    mmapped_bytes,
+                    mmapped_resident,
+                    tcaches,
+                    occupancy_pages,
+                    occupancy_in_use,
+                    classes,
+                    bytes_read: r.varint()?,
+                })
+            }
+            other => {
+                return Err(TraceError::Malformed(format!(
+                    "a heap census with an unknown outcome tag {other}"
+                )))
+            }
+        };
+        Ok(Self {
+            stream,
+            tick,
+            allocator,
+            stopped,
+            pause_us,
+            result,
+        })
+    }
+}
+
+const ARENA_FIELDS: usize = 17;
+
+fn arena_fields(a: &GlibcArena) -> [u64; ARENA_FIELDS] {
+    [
+        a.heaps,
+        a.system_mem,
+        a.threads,
+        a.in_use_chunks,
+        a.in_use_bytes,
+        a.free_chunks,
+        a.free_bytes,
+        a.fastbin_chunks,
+        a.fastbin_bytes,
+        a.tcache_chunks,
+        a.tcache_bytes,
+        a.top_bytes,
+        a.overhead_bytes,
+        a.resident_bytes,
+        a.free_in_used_pages,
+        a.free_pages_bytes,
+        a.trimmable_bytes,
+    ]
+}
+
+fn arena_from(main: bool, v: [u64; ARENA_FIELDS]) -> GlibcArena {
+    let [heaps, system_mem, threads, in_use_chunks, in_use_bytes, free_chunks, free_bytes, fastbin_chunks, fastbin_bytes, tcache_chunks, tcache_bytes, top_bytes, overhead_bytes, resident_bytes, free_in_used_pages, free_pages_bytes, trimmable_bytes] =
+        v;
+    GlibcArena {
+        main,
+        heaps,
+        system_mem,
+        threads,
+        in_use_chunks,
+        in_use_bytes,
+        free_chunks,
+        free_bytes,
+        fastbin_chunks,
+        fastbin_bytes,
+        tcache_chunks,
+        tcache_bytes,
+        top_bytes,
+        overhead_bytes,
+        resident_bytes,
+        free_in_used_pages,
+        free_pages_bytes,
+        trimmable_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heap_censuses_round_trip_and_cut_ones_are_errors() {
+        let arena = GlibcArena {
+            main: true,
+            heaps: 1,
+            system_mem: 1 << 20,
+            threads: 1,
+            in_use_chunks: 10,
+            in_use_bytes: 4000,
+            free_chunks: 2,
+            free_bytes: 300,
+            tcache_chunks: 3,
+            tcache_bytes: 96,
+            top_bytes: 5000,
+            trimmable_bytes: 4096,
+            ..Default::default()
+        };
+        let heap = GlibcHeap {
+            version: "2.36".into(),
+            layout_source: "symbols".into(),
+            page_size: 4096,
+            arenas: vec![
+                arena.clone(),
+                GlibcArena {
+                    main: false,
+                    heaps: 2,
+                    ..arena
+                },
+            ],
+            mmapped_chunks: 1,
+            mmapped_bytes: 1 << 18,
+            mmapped_resident: 1 << 17,
+            tcaches: 2,
+            occupancy_pages: vec![1; OCCUPANCY_BUCKETS],
+            occupancy_in_use: vec![2; OCCUPANCY_BUCKETS],
+            classes: vec![GlibcClass {
+                chunk_size: 48,
+                in_use: 3,
+                in_use_bytes: 144,
+                free: 1,
+                free_bytes: 48,
+                pages: 1,
+            }],
+            bytes_read: 12345,
+        };
+        for c in [
+            HeapCensus {
+                stream: 0,
+                tick: 3,
+                allocator: "glibc".into(),
+                stopped: true,
+                pause_us: 812,
+                result: Ok(heap),
+            },
+            HeapCensus {
+                stream: 1,
+                tick: 0,
+                allocator: "jemalloc".into(),
+                stopped: false,
+                pause_us: 0,
+                result: Err("not read".into()),
+            },
+        ] {
+            let bytes = c.encode();
+            assert_eq!(HeapCensus::decode(&bytes).unwrap(), c);
+            for cut in 0..bytes.len() {
+                assert!(HeapCensus::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            }
+        }
+        assert_eq!(arena.allocator_in_use(), 4096);
+        assert_eq!(arena.allocator_free(), 5300);
+    }
+}

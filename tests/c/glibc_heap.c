@@ -1,0 +1,108 @@
+// A long-running process with a fragmented glibc heap, for `fragscope snapshot`: the main
+// thread and THREADS threads (each in its own arena) allocate blocks of mixed sizes and
+// free most of them in a pattern that leaves holes (some in the threads' caches and the
+// fastbins), plus a few blocks above the mmap threshold. Then it prints glibc's own view,
+// one line
+//   mallinfo2 arena=A ordblks=B smblks=C hblks=D hblkhd=E uordblks=F fordblks=G keepcost=H
+// and malloc_info's XML on stderr, and waits: for each line read on stdin it prints
+// the mallinfo2 line again ("trim" first calls malloc_trim(0) and prints
+// "trimmed RSS_BEFORE_KIB RSS_AFTER_KIB"); it exits at the end of stdin.
+#define _GNU_SOURCE
+#include <malloc.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define THREADS 3
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+static int ready, done;
+
+static void **fragment(int n, unsigned seed) {
+    void **keep = calloc(n, sizeof(void *));
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        size_t size = 16 + (seed >> 16) % 2000;
+        if (i % 16 == 0) size = 40; // a small size, freed below into tcache and fastbins
+        keep[i] = malloc(size);
+        memset(keep[i], 0x5a, size);
+    }
+    // Free three of four, keeping every fourth: pages stay pinned by the survivors.
+    for (int i = 0; i < n; i++)
+        if (i % 4 != 3) {
+            free(keep[i]);
+            keep[i] = NULL;
+        }
+    return keep;
+}
+
+static void *worker(void *arg) {
+    void **keep = fragment(20000 + 5000 * (int)(long)arg, 7u + (unsigned)(long)arg);
+    pthread_mutex_lock(&lock);
+    ready++;
+    pthread_cond_broadcast(&cond);
+    while (!done) pthread_cond_wait(&cond, &lock);
+    pthread_mutex_unlock(&lock);
+    return keep;
+}
+
+static long rss_kib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kib = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld", &kib) == 1) break;
+    if (f) fclose(f);
+    return kib;
+}
+
+static void print_mallinfo(void) {
+    struct mallinfo2 m = mallinfo2();
+    printf("mallinfo2 arena=%zu ordblks=%zu smblks=%zu hblks=%zu hblkhd=%zu uordblks=%zu "
+           "fordblks=%zu keepcost=%zu\n",
+           m.arena, m.ordblks, m.smblks, m.hblks, m.hblkhd, m.uordblks, m.fordblks, m.keepcost);
+    fflush(stdout);
+}
+
+int main(void) {
+    // stdio's buffers are static: glibc would otherwise malloc them at the first read and
+    // write, after mallinfo2 is taken, and the heap the census reads would not be the one
+    // printed.
+    static char inbuf[4096], outbuf[4096];
+    setvbuf(stdin, inbuf, _IOLBF, sizeof inbuf);
+    setvbuf(stdout, outbuf, _IOLBF, sizeof outbuf);
+    pthread_t t[THREADS];
+    for (long i = 0; i < THREADS; i++) pthread_create(&t[i], NULL, worker, (void *)i);
+    void **keep = fragment(40000, 1);
+    void *big[4];
+    for (int i = 0; i < 4; i++) {
+        big[i] = malloc((size_t)(200 + 300 * i) << 10);
+        memset(big[i], 1, 4096 * (i + 1)); // partly resident
+    }
+    pthread_mutex_lock(&lock);
+    while (ready < THREADS) pthread_cond_wait(&cond, &lock);
+    pthread_mutex_unlock(&lock);
+
+    print_mallinfo();
+    malloc_info(0, stderr);
+    fflush(stderr);
+    char line[64];
+    while (fgets(line, sizeof line, stdin)) {
+        if (strncmp(line, "trim", 4) == 0) {
+            long before = rss_kib();
+            malloc_trim(0);
+            printf("trimmed %ld %ld\n", before, rss_kib());
+        }
+        print_mallinfo();
+    }
+    pthread_mutex_lock(&lock);
+    done = 1;
+    pthread_cond_broadcast(&cond);
+    pthread_mutex_unlock(&lock);
+    for (int i = 0; i < THREADS; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < 4; i++) free(big[i]);
+    free(keep);
+    return 0;
+}
