@@ -202,12 +202,39 @@ impl Stream {
         }
     }
 
+    /// The pymalloc census taken with snapshot `pm`, split by its residency; its pages
+    /// that the heap's own evaluation counted as empty heap pages are left out of `parts`.
+    fn pymalloc_at(&mut self, pm: &Pagemap, parts: &mut HeapParts) -> Option<PymallocParts> {
+        // Censuses older than this snapshot never met theirs (a pagemap not read).
+        while self.pymalloc_ticks.front().is_some_and(|&t| t < pm.tick) {
+            self.pymalloc_ticks.pop_front();
+            self.pymalloc_pending.pop_front();
+        }
+        if self.pymalloc_ticks.front() != Some(&pm.tick) {
+            return None;
+        }
+        self.pymalloc_ticks.pop_front();
+        let pools = self.pymalloc_pending.pop_front()?;
+        let (split, by_range) = pymalloc::split(&pools, pm);
+        let in_heap: u64 = by_range
+            .iter()
+            .filter(|(start, _)| self.history.held(**start))
+            .map(|(_, bytes)| bytes)
+            .sum();
+        parts.leave_out_empty_pages(in_heap, u64::from(pm.page_size));
+        Some(split)
+    }
+
     fn evaluate_next(&mut self, ctx: &Ctx) {
         let Some(pm) = self.pending.pop_front() else {
             return;
         };
-        if let Some(c) = &self.census {
-            let (parts, classes) = crate::census::heap_parts(c, &pm);
+        let census = self
+            .census
+            .as_ref()
+            .map(|c| crate::census::heap_parts(c, &pm));
+        if let Some((mut parts, classes)) = census {
+            let pymalloc = self.pymalloc_at(&pm, &mut parts);
             let live = parts.live;
             self.evaluated.push(Evaluated {
                 tick: pm.tick,
@@ -217,7 +244,7 @@ impl Stream {
                 classes,
                 sites: Vec::new(),
                 own_memory: 0,
-                pymalloc: None,
+                pymalloc,
             });
             self.peak_live = self.peak_live.max((live, pm.tick));
             self.live_timeline.push((pm.tick / 10, live, live));
@@ -230,27 +257,7 @@ impl Stream {
             ctx.weighting,
             ctx.sparse_pct,
         );
-        // Censuses older than this snapshot never met theirs (a pagemap not read).
-        while self.pymalloc_ticks.front().is_some_and(|&t| t < pm.tick) {
-            self.pymalloc_ticks.pop_front();
-            self.pymalloc_pending.pop_front();
-        }
-        let pymalloc = if self.pymalloc_ticks.front() == Some(&pm.tick) {
-            self.pymalloc_ticks.pop_front();
-            self.pymalloc_pending.pop_front().map(|pools| {
-                let (parts, by_range) = pymalloc::split(&pools, &pm);
-                let in_heap: u64 = by_range
-                    .iter()
-                    .filter(|(start, _)| self.history.held(**start))
-                    .map(|(_, bytes)| bytes)
-                    .sum();
-                snap.parts
-                    .leave_out_empty_pages(in_heap, u64::from(pm.page_size));
-                parts
-            })
-        } else {
-            None
-        };
+        let pymalloc = self.pymalloc_at(&pm, &mut snap.parts);
         // Keep the sites that can make a top list.
         let mut keep: Vec<SiteAtSnapshot> = snap
             .sites

@@ -13,7 +13,7 @@ use fragscope_census::ghc::{CensusError, CensusLimits, GhcRts, RtsInfo};
 use fragscope_census::{glibc, Pause, ProcessMemory};
 use fragscope_trace::heap_census::{GlibcHeap, HeapCensus};
 use fragscope_trace::records::{
-    GhcCensus, Maps, Pagemap, Process, Rollup, RssBatch, SnapshotReason,
+    GhcCensus, Maps, Pagemap, Process, PymallocCensus, Rollup, RssBatch, SnapshotReason,
 };
 use fragscope_trace::{ChunkKind, ChunkWriter, End, Origin, StackMode};
 
@@ -125,6 +125,14 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         _ => None,
     };
 
+    // A CPython process: its pymalloc pools, read with the program held for their own
+    // short stop, before the residency that splits them.
+    let pymalloc = fragscope_census::pymalloc::Pymalloc::detect(pid).map(|layout| {
+        layout.and_then(|layout| {
+            fragscope_census::pymalloc::census(pid, &layout)
+                .map_err(|e| format!("no pymalloc census: {e}"))
+        })
+    });
     let mut ghc_census = None;
     let (stopped_for, maps, residency, rss, census) = match &ghc {
         Some(rts) => {
@@ -245,6 +253,18 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
                 stream: 0,
                 tick: 0,
                 fields,
+            }
+            .encode(),
+        )?;
+    }
+    if let Some(result) = pymalloc {
+        w.write_chunk(
+            ChunkKind::PymallocCensus,
+            &PymallocCensus {
+                stream: 0,
+                tick: 0,
+                reason: SnapshotReason::Periodic,
+                result,
             }
             .encode(),
         )?;
