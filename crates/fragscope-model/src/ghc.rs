@@ -254,7 +254,8 @@ pub fn analyze_trace(trace: &Path) -> Result<GhcReport, GhcError> {
 pub fn has_ghc_census(trace: &Path) -> Result<bool, GhcError> {
     let mut reader = TraceReader::open(trace)?;
     let mut main_stream = None;
-    // The census follows its snapshot's Pagemap chunk, a few chunks later at most.
+    // The census follows its snapshot's Pagemap chunk, from the census thread: a few
+    // chunks later.
     let mut after_pagemap: Option<u32> = None;
     for _ in 0..100_000 {
         let Some(chunk) = reader.next_chunk() else {
@@ -270,7 +271,7 @@ pub fn has_ghc_census(trace: &Path) -> Result<bool, GhcError> {
         }
         if let Some(n) = after_pagemap.as_mut() {
             *n += 1;
-            if *n > 8 {
+            if *n > 64 {
                 break;
             }
         }

@@ -31,6 +31,10 @@ enum Target {
 /// most this often: tens to hundreds of milliseconds, now and then.
 const LONG_STOP_EVERY: Duration = Duration::from_secs(5);
 
+/// Censuses taken again, 4, 8 and 16 ms later, when the first found the RTS's counts
+/// in flux.
+const RETRIES_IN_A_COLLECTION: u32 = 3;
+
 /// Refused censuses in a row that make a note in the trace.
 const REFUSALS_TO_NOTE: u32 = 3;
 
@@ -72,7 +76,7 @@ impl Censuses {
         &self,
         stream: u32,
         pid: u32,
-        tick: u64,
+        tick: impl Fn() -> u64,
         reason: SnapshotReason,
     ) -> Option<GhcCensus> {
         // By the time the program calls exit, the RTS has shut its storage manager down
@@ -81,9 +85,10 @@ impl Censuses {
             return None;
         }
         let mut targets = self.targets.lock().unwrap();
+        let first_tick = tick();
         let note = |result| GhcCensus {
             stream,
-            tick,
+            tick: first_tick,
             reason,
             result,
         };
@@ -131,7 +136,27 @@ impl Censuses {
             stop_when_spoilt,
             ..CensusLimits::default()
         };
-        match census(pid, &rts, limits) {
+        // A stop inside a collection finds the RTS's counts in flux (blocks moved from
+        // one list to another, megablocks taken for the to-space): let the collection
+        // finish and look again, a few times, before counting a refusal.
+        let mut attempt = 0;
+        let (tick, result) = loop {
+            let tick = tick();
+            match census(pid, &rts, limits) {
+                Err(CensusError::Inconsistent(_)) if attempt < RETRIES_IN_A_COLLECTION => {
+                    std::thread::sleep(Duration::from_millis(4 << attempt));
+                    attempt += 1;
+                }
+                result => break (tick, result),
+            }
+        };
+        let note = |result| GhcCensus {
+            stream,
+            tick,
+            reason,
+            result,
+        };
+        match result {
             Ok(blocks) => {
                 if let Some(Target::Ready {
                     last_long_stop,

@@ -225,7 +225,15 @@ impl Shared {
     }
 
     /// RSS, smaps_rollup, memory map and page residency of one process, now.
-    fn snapshot(&self, stream: u32, pid: u32, reason: SnapshotReason) {
+    /// A page-residency snapshot of `pid`; with `census`, a GHC block census is asked of
+    /// the census thread too (see [`census_worker`]).
+    fn snapshot(
+        &self,
+        stream: u32,
+        pid: u32,
+        reason: SnapshotReason,
+        census: Option<&SyncSender<CensusRequest>>,
+    ) {
         let tick = self.tick();
         if let Some(fields) = procfs::read_rollup(pid) {
             self.send(
@@ -258,8 +266,14 @@ impl Shared {
                 .encode(),
             );
         }
-        if let Some(census) = self.censuses.take(stream, pid, tick, reason) {
-            self.send(ChunkKind::GhcCensus, census.encode());
+        if let Some(census) = census {
+            // Dropped when the census thread is still busy with the one before: the
+            // next snapshot asks again.
+            let _ = census.try_send(CensusRequest {
+                stream,
+                pid,
+                reason,
+            });
         }
         if let Some(rss) = procfs::read_rss(pid, tick) {
             let mut procs = self.procs.lock().unwrap();
@@ -729,7 +743,7 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
                         stored_copies.insert(tid, h.seq);
                         store.events(h, &copy);
                     }
-                    shared.snapshot(s, pid, SnapshotReason::Exit);
+                    shared.snapshot(s, pid, SnapshotReason::Exit, None);
                 }
                 ack(&mut conn);
             }
@@ -823,9 +837,51 @@ fn process_alive(pid: u32) -> bool {
     procfs::read_rss(pid, 0).is_some()
 }
 
+/// A GHC block census to take, asked by a snapshot.
+struct CensusRequest {
+    stream: u32,
+    pid: u32,
+    reason: SnapshotReason,
+}
+
+/// Takes the censuses the sampler asks for, one at a time, on its own thread: a census
+/// with its reference scan can read hundreds of MiB, and the sampler must go on taking
+/// RSS every 10 ms meanwhile (else the timeline has a hole of that length, a phase of
+/// its own hidden in it). The census's time is when it stops the program.
+fn census_worker(shared: &Shared, requests: Receiver<CensusRequest>) {
+    for r in requests {
+        if let Some(census) = shared
+            .censuses
+            .take(r.stream, r.pid, || shared.tick(), r.reason)
+        {
+            shared.send(ChunkKind::GhcCensus, census.encode());
+        }
+    }
+}
+
 /// The sampler: RSS of every live stream every 10 ms, smaps_rollup every 100 ms,
 /// page-residency snapshots every `snapshot_ms` and near RSS peaks.
 fn sample(shared: Arc<Shared>, snapshot_every: Duration, stop: Arc<Stop>) {
+    let (census, requests) = sync_channel::<CensusRequest>(1);
+    let worker = {
+        let shared = shared.clone();
+        thread::Builder::new()
+            .name("fragscope-census".into())
+            .spawn(move || census_worker(&shared, requests))
+    };
+    sample_until_stopped(&shared, snapshot_every, &stop, &census);
+    drop(census);
+    if let Ok(w) = worker {
+        let _ = w.join();
+    }
+}
+
+fn sample_until_stopped(
+    shared: &Shared,
+    snapshot_every: Duration,
+    stop: &Stop,
+    census: &SyncSender<CensusRequest>,
+) {
     let mut round = 0u32;
     let mut last_periodic = Instant::now();
     while !stop.sleep(RSS_INTERVAL) {
@@ -876,7 +932,7 @@ fn sample(shared: Arc<Shared>, snapshot_every: Duration, stop: Arc<Stop>) {
                     shared.clock.request_stats_and_flush();
                     SnapshotReason::NearPeak
                 };
-                shared.snapshot(stream, pid, reason);
+                shared.snapshot(stream, pid, reason, Some(census));
             } else if round.is_multiple_of(ROLLUP_EVERY) {
                 if let Some(fields) = procfs::read_rollup(pid) {
                     shared.send(
