@@ -517,3 +517,134 @@ fn a_nonmoving_program_is_not_given_a_heap_profile_it_would_abort_on() {
     assert!(!r["block_censuses"].as_array().unwrap().is_empty(), "{r}");
     assert!(r["gc"]["memory_in_use"].as_u64().unwrap() > 0);
 }
+
+/// Seed 000 through `compare`: strip and take recorded, side by side with the GHC model.
+/// Where memory settles (the second plateau), strip holds more live data (HEAP_LIVE counts
+/// its pinned blocks whole), a larger heap and more pinned blocks than take, after the
+/// same collections; the eventlogs compare too; a malloc trace beside them is refused.
+#[test]
+fn compare_puts_strip_and_take_side_by_side_with_the_ghc_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_pinned(dir.path(), true) else {
+        return;
+    };
+    for mode in ["strip", "take"] {
+        let out = Command::new(FRAGSCOPE)
+            .current_dir(dir.path())
+            .args(["record", "--snapshot-ms", "100", "-o"])
+            .arg(format!("{mode}.fsc"))
+            .arg("--")
+            .arg(&exe)
+            .args(["2000000", mode])
+            .env_remove("GHCRTS")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let compare = |args: &[&str]| {
+        Command::new(FRAGSCOPE)
+            .current_dir(dir.path())
+            .arg("compare")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = compare(&["--json", "strip.fsc", "take.fsc"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (s, t) = (&v["columns"][0], &v["columns"][1]);
+    for c in [s, t] {
+        assert_eq!(c["kind"], "ghc", "{c}");
+        assert_eq!(c["settled_phase"], "plateau", "{c}");
+        assert!(
+            c["census"].is_object(),
+            "no census where memory settled: {c}"
+        );
+    }
+    let more = |k: &str, factor: u64| {
+        assert!(
+            u(&s[k]) > factor * u(&t[k]),
+            "{k}: strip {} take {}",
+            s[k],
+            t[k]
+        );
+    };
+    more("live", 2);
+    more("heap_size", 2);
+    more("rss_minus_lazy_free", 2);
+    assert!(u(&s["census"]["pinned_blocks"]) > 4 * u(&t["census"]["pinned_blocks"]));
+    // The same program's collections: same counts, same bytes copied within 5%.
+    assert_eq!(s["major_collections"], t["major_collections"]);
+    assert!(within(u(&s["copied_bytes"]), u(&t["copied_bytes"]), 0.05));
+    assert!(u(&s["major_collections"]) >= 30, "{s}");
+
+    let text = compare(&["strip.fsc", "take.fsc"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    for line in [
+        "(GHC programs)",
+        "live (HEAP_LIVE)",
+        "heap size (megablocks)",
+        "free blocks in heap",
+        "RSS - LazyFree",
+        "pinned blocks",
+        "major collections",
+        "bytes copied",
+        "max pause",
+    ] {
+        assert!(text.contains(line), "{line}: {text}");
+    }
+    assert!(!text.contains("fragmentation ratio"), "{text}");
+
+    // Eventlogs, alone or beside a trace.
+    let out = compare(&["--json", "strip.eventlog", "take.fsc"]);
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["columns"][0]["kind"], "ghc");
+    assert!(v["columns"][0]["rss"].is_null());
+    assert_eq!(v["columns"][0]["major_collections"], s["major_collections"]);
+
+    let html = dir.path().join("cmp.html");
+    let out = compare(&["strip.fsc", "take.fsc", "--html", html.to_str().unwrap()]);
+    assert!(out.status.success());
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("\"kind\":\"ghc_compare\""));
+
+    // A malloc program's trace beside them: refused, saying why.
+    let c_src = dir.path().join("m.c");
+    std::fs::write(
+        &c_src,
+        "#include <stdlib.h>\nint main(void){free(malloc(64));return 0;}\n",
+    )
+    .unwrap();
+    let m = dir.path().join("m");
+    assert!(Command::new("cc")
+        .arg("-o")
+        .arg(&m)
+        .arg(&c_src)
+        .status()
+        .unwrap()
+        .success());
+    assert!(Command::new(FRAGSCOPE)
+        .current_dir(dir.path())
+        .args(["record", "-o", "m.fsc", "--"])
+        .arg(&m)
+        .status()
+        .unwrap()
+        .success());
+    let out = compare(&["strip.fsc", "m.fsc"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot compare GHC programs with malloc programs"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
