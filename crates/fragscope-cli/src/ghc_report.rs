@@ -367,10 +367,20 @@ fn render_decomposition(o: &mut String, d: &GhcDecomposition) {
     };
     row("RSS", d.rss, "VmRSS; the parts below add up to it");
     row("live", Some(d.live), "HEAP_LIVE");
+    let copy_reserve_why = d.to_space.filter(|t| *t >= 1 << 20).map_or_else(
+        || "blocks in use minus live: nursery, copy space, block ends, uncollected".into(),
+        |t| {
+            format!(
+                "blocks in use minus live, and {} of to-space: read during a collection, whose \
+                 megablocks join HEAP_SIZE when it ends",
+                bytes(t)
+            )
+        },
+    );
     row(
         "copy reserve and slop",
         Some(d.copy_reserve_and_slop),
-        "blocks in use minus live: nursery, copy space, block ends, uncollected",
+        &copy_reserve_why,
     );
     row(
         "free blocks in heap",

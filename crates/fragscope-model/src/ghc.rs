@@ -61,6 +61,11 @@ pub struct GhcPoint {
     pub rss_file: Option<u64>,
     pub lazy_free: Option<u64>,
     pub rss_minus_lazy_free: Option<u64>,
+    /// Set for an RSS sample read during a collection (between the eventlog's GC_START
+    /// and GC_END): the megablocks the collection took for its to-space, not yet in
+    /// HEAP_SIZE (posted when it ends), estimated as the anonymous memory beyond the heap
+    /// above what it was at the nearest sample outside a collection.
+    pub to_space: Option<u64>,
 }
 
 /// RSS at one moment split into parts; without RSS (an eventlog made elsewhere) only the
@@ -72,8 +77,11 @@ pub struct GhcDecomposition {
     pub rss: Option<u64>,
     pub live: u64,
     /// Blocks in use minus live data: the copy reserve, the nursery, slop at block ends
-    /// and objects not yet collected.
+    /// and objects not yet collected; during a collection, its to-space too.
     pub copy_reserve_and_slop: u64,
+    /// The moment fell inside a collection: of `copy_reserve_and_slop`, the megablocks
+    /// taken for the to-space beyond HEAP_SIZE (see [`GhcPoint::to_space`]).
+    pub to_space: Option<u64>,
     /// Block-level waste: free blocks inside the megablocks the heap holds.
     pub free_resident_pages: u64,
     pub lazy_free: Option<u64>,
@@ -500,6 +508,10 @@ pub fn analyze(
             .collect(),
         None => states.iter().map(|s| point(s.t_ms, s, None)).collect(),
     };
+    let mut full = full;
+    if rss.is_some() {
+        mark_collections(&mut full, &collections(log, offset_ms));
+    }
     let curve: Vec<(f64, u64, u64)> = full
         .iter()
         // VmRSS, not RSS minus LazyFree: a flat RSS over falling live data is the plateau
@@ -655,6 +667,73 @@ fn point(t_ms: f64, s: &HeapState, r: Option<&RssPoint>) -> GhcPoint {
         rss_file: r.map(|r| r.rss_file),
         lazy_free: r.map(|r| r.lazy_free),
         rss_minus_lazy_free: r.map(|r| r.rss.saturating_sub(r.lazy_free)),
+        to_space: None,
+    }
+}
+
+/// The collections of `log` as (start, end) on the recording's clock: from a GC_START
+/// to the GC_END that closes the last capability's part in it.
+fn collections(log: &Eventlog, offset_ms: f64) -> Vec<(f64, f64)> {
+    let mut out = Vec::new();
+    let mut open = 0usize;
+    let mut start = 0.0;
+    for e in &log.events {
+        let t = e.time_ns as f64 / 1e6 + offset_ms;
+        match e.kind {
+            EventKind::GcStart => {
+                if open == 0 {
+                    start = t;
+                }
+                open += 1;
+            }
+            EventKind::GcEnd if open > 0 => {
+                open -= 1;
+                if open == 0 {
+                    out.push((start, t));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Anonymous memory beyond the heap and LazyFree at `p` (signed: megablocks not yet
+/// touched are in the heap size but not in RSS).
+fn anon_beyond_heap(p: &GhcPoint) -> Option<i64> {
+    Some(p.rss_anon? as i64 - p.heap_size as i64 - p.lazy_free? as i64)
+}
+
+/// Sets `to_space` of the points read inside a collection: the copying collector takes
+/// megablocks for its to-space as it copies, and HEAP_SIZE counts them only once it
+/// ends, so without this they would look like memory outside the heap.
+fn mark_collections(points: &mut [GhcPoint], gcs: &[(f64, f64)]) {
+    let inside = |t: f64| {
+        let i = gcs.partition_point(|g| g.0 <= t);
+        i > 0 && t <= gcs[i - 1].1
+    };
+    let flags: Vec<bool> = points.iter().map(|p| inside(p.t_ms)).collect();
+    // What lies outside the heap at the nearest sample outside a collection, before
+    // (else after) each point.
+    let mut before = vec![None; points.len()];
+    let mut last = None;
+    for (i, p) in points.iter().enumerate() {
+        if !flags[i] {
+            last = anon_beyond_heap(p).or(last);
+        }
+        before[i] = last;
+    }
+    let mut next = None;
+    for i in (0..points.len()).rev() {
+        if !flags[i] {
+            next = anon_beyond_heap(&points[i]).or(next);
+            continue;
+        }
+        let Some(now) = anon_beyond_heap(&points[i]) else {
+            continue;
+        };
+        let baseline = before[i].or(next).unwrap_or(0).max(0);
+        points[i].to_space = Some((now - baseline).max(0) as u64);
     }
 }
 
@@ -688,9 +767,14 @@ pub fn decompose(p: &GhcPoint) -> GhcDecomposition {
     if let (Some(rss), Some(anon), Some(file), Some(lazy)) =
         (p.rss, p.rss_anon, p.rss_file, p.lazy_free)
     {
-        let non_heap = rss as i64 - p.heap_size as i64 - lazy as i64;
-        let other_anon = (anon as i64 - p.heap_size as i64 - lazy as i64).max(0) as u64;
+        let to_space = p.to_space.unwrap_or(0);
+        let non_heap = rss as i64 - p.heap_size as i64 - lazy as i64 - to_space as i64;
+        let other_anon =
+            (anon as i64 - p.heap_size as i64 - lazy as i64 - to_space as i64).max(0) as u64;
+        let copy_reserve_and_slop = copy_reserve_and_slop + to_space;
         let explained = live + copy_reserve_and_slop + free_blocks + lazy + other_anon + file;
+        d.copy_reserve_and_slop = copy_reserve_and_slop;
+        d.to_space = p.to_space;
         d.other_anon = Some(other_anon);
         d.file = Some(file);
         d.unexplained = Some(rss as i64 - explained as i64);
@@ -928,6 +1012,7 @@ mod tests {
             rss_file: Some(200),
             lazy_free: Some(500),
             rss_minus_lazy_free: Some(1500),
+            to_space: None,
         };
         let d = decompose(&p);
         assert_eq!(d.live, 100);
@@ -1120,6 +1205,58 @@ mod tests {
         }
     }
 
+    /// RSS read during a collection holds the to-space's megablocks, which HEAP_SIZE
+    /// counts only once the collection ends: they are the heap's copy reserve, not
+    /// memory outside the heap.
+    #[test]
+    fn the_to_space_of_a_collection_in_progress_is_heap() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fragscope-ghc/tests/fixtures/pinned-strip-200000.eventlog");
+        let log = read_eventlog(&path).unwrap();
+        let gcs = collections(&log, 0.0);
+        let longest = *gcs
+            .iter()
+            .max_by(|a, b| (a.1 - a.0).total_cmp(&(b.1 - b.0)))
+            .unwrap();
+        assert!(longest.1 - longest.0 > 4.0, "{longest:?}");
+        let end_ms = log.events.iter().map(|e| e.time_ns).max().unwrap() as f64 / 1e6;
+        const MIB: u64 = 1 << 20;
+        let samples = |anon: &dyn Fn(f64) -> u64| -> Vec<RssPoint> {
+            (0..(end_ms / 1.0) as u64)
+                .map(|i| {
+                    let t_ms = i as f64;
+                    RssPoint {
+                        t_ms,
+                        rss: anon(t_ms) + 5 * MIB,
+                        rss_anon: anon(t_ms),
+                        rss_file: 5 * MIB,
+                        lazy_free: 0,
+                        lazy_free_fresh: true,
+                    }
+                })
+                .collect()
+        };
+        // The heap size at each sample, then RSS: the heap, 3 MiB outside it, and 40 MiB
+        // of to-space during the longest collection.
+        let heap = analyze(&log, Some(&samples(&|_| 0)), 0.0, &[]).timeline;
+        let heap_at = |t: f64| heap.iter().find(|p| p.t_ms == t).unwrap().heap_size;
+        let during = |t: f64| t > longest.0 && t < longest.1;
+        let rss = samples(&|t| heap_at(t) + 3 * MIB + if during(t) { 40 * MIB } else { 0 });
+        let r = analyze(&log, Some(&rss), 0.0, &[]);
+        let mut inside = 0;
+        for p in &r.timeline {
+            let d = decompose(p);
+            assert_eq!(d.other_anon, Some(3 * MIB), "{p:?}");
+            assert_eq!(d.unexplained, Some(0), "{p:?}");
+            if during(p.t_ms) {
+                assert_eq!(d.to_space, Some(40 * MIB), "{p:?}");
+                assert!(d.copy_reserve_and_slop >= 40 * MIB);
+                inside += 1;
+            }
+        }
+        assert!(inside >= 3, "{longest:?}");
+    }
+
     #[test]
     fn blocks_size_wins_over_frag_when_present() {
         let p = GhcPoint {
@@ -1134,6 +1271,7 @@ mod tests {
             rss_file: None,
             lazy_free: None,
             rss_minus_lazy_free: None,
+            to_space: None,
         };
         let d = decompose(&p);
         assert_eq!((d.free_resident_pages, d.copy_reserve_and_slop), (40, 50));

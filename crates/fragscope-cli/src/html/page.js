@@ -491,7 +491,7 @@
     const ph = section(main, "Phases", "ghc-phases");
     ph.append(table(["phase", "RSS max", "live", "copy reserve + slop", "free blocks", "lazily freed", "other anon", "file"], G.phases.map((p) => {
       const d = p.decomposition;
-      return [p.kind + " " + secs(p.start_ms) + " - " + secs(p.end_ms), bytes(p.rss_max), bytes(d.live), bytes(d.copy_reserve_and_slop), bytes(d.free_resident_pages), bytes(d.lazy_free), bytes(d.other_anon), bytes(d.file)];
+      return [p.kind + " " + secs(p.start_ms) + " - " + secs(p.end_ms), bytes(p.rss_max), bytes(d.live), bytes(d.copy_reserve_and_slop) + (d.to_space === null || d.to_space === undefined ? "" : " (to-space of a collection in progress: " + bytes(d.to_space) + ")"), bytes(d.free_resident_pages), bytes(d.lazy_free), bytes(d.other_anon), bytes(d.file)];
     })));
     const gc = section(main, "Garbage collection", "gc");
     gc.append(table(["generation", "collections", "copied", "GC time", "max pause"], G.gc.generations.map((g) => ["gen " + g.generation, count(g.collections), bytes(g.copied_bytes), duration(g.gc_ms), duration(g.max_pause_ms)])));
