@@ -531,11 +531,21 @@ pub fn analyze(
         })
         .collect();
     let profile = log.heap_profile();
-    let mut phases: Vec<GhcPhase> = phases::detect(&curve)
+    let mut spans = phases::detect(&curve);
+    snap_to_steps(&mut spans, &curve);
+    let last_end = spans.last().map_or(0.0, |s| s.end_ms);
+    let mut phases: Vec<GhcPhase> = spans
         .into_iter()
         .map(|span| {
+            // A phase holds the points from its start up to the next phase's start: the
+            // point where the next one begins is that one's (the heap's figures are steps,
+            // each holding until the next event).
             let inside_at: Vec<usize> = (0..full.len())
-                .filter(|&i| full[i].t_ms >= span.start_ms && full[i].t_ms <= span.end_ms)
+                .filter(|&i| {
+                    full[i].t_ms >= span.start_ms
+                        && (full[i].t_ms < span.end_ms
+                            || (span.end_ms == last_end && full[i].t_ms <= span.end_ms))
+                })
                 .collect();
             let inside: Vec<&GhcPoint> = inside_at.iter().map(|&i| &full[i]).collect();
             // The phase is shown at its middle, or at the sample nearest it whose LazyFree
@@ -549,11 +559,14 @@ pub fn analyze(
                         .min_by_key(|&k| k.abs_diff(middle))
                 })
                 .unwrap_or(middle);
-            let mid = inside
-                .get(shown)
-                .copied()
-                .cloned()
-                .unwrap_or_else(|| point(span.start_ms, &heap_at(span.start_ms), None));
+            // Without RSS the points are the heap's changes, bunched where it grows: the
+            // middle moment of the phase, not its middle point.
+            let middle_ms = (span.start_ms + span.end_ms) / 2.0;
+            let mid = match rss {
+                Some(_) => inside.get(shown).copied().cloned(),
+                None => Some(point(middle_ms, &heap_at(middle_ms), None)),
+            }
+            .unwrap_or_else(|| point(span.start_ms, &heap_at(span.start_ms), None));
             let (census_t_ms, closure_types) = census_near(
                 &profile,
                 (span.start_ms - offset_ms, span.end_ms - offset_ms),
@@ -651,6 +664,52 @@ pub fn analyze(
         gc: gc.finish(end_ms - offset_ms),
         block_censuses,
         diagnosis,
+    }
+}
+
+/// Moves each boundary between phases to the step it stands for: phase detection cuts
+/// on a grid (up to 1000 cells over the run), so a boundary can fall a cell before the
+/// collection that changed the heap, and the phase after it would then begin with the
+/// figures before the change (an eventlog alone has a point only where the heap
+/// changes). The boundary goes to the largest change of RSS (heap size without it) or
+/// live data within two cells of it, among the points between its neighbours.
+fn snap_to_steps(spans: &mut [phases::PhaseSpan], curve: &[(f64, u64, u64)]) {
+    let (Some(first), Some(last)) = (curve.first(), curve.last()) else {
+        return;
+    };
+    let cells = curve.len().clamp(2, 1000) - 1;
+    let window = 2.0 * (last.0 - first.0) / cells as f64;
+    let peak_rss = curve.iter().map(|p| p.1).max().unwrap_or(0).max(1) as f64;
+    let peak_live = curve.iter().map(|p| p.2).max().unwrap_or(0).max(1) as f64;
+    let change = |a: &(f64, u64, u64), b: &(f64, u64, u64)| {
+        ((b.1 as f64 - a.1 as f64).abs() / peak_rss)
+            .max((b.2 as f64 - a.2 as f64).abs() / peak_live)
+    };
+    for k in 1..spans.len() {
+        let at = spans[k].start_ms;
+        let (lo, hi) = (
+            spans[k - 1].start_ms.max(at - window),
+            spans[k].end_ms.min(at + window),
+        );
+        let best = (1..curve.len())
+            .filter(|&i| curve[i].0 > lo && curve[i].0 < hi)
+            .map(|i| (i, change(&curve[i - 1], &curve[i])))
+            .filter(|&(_, c)| c > 0.0)
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some((best, _)) = best {
+            // A collection posts its figures in a few events a moment apart: the step
+            // begins at the first of them.
+            let mut i = best;
+            while i > 1
+                && curve[i - 1].0 > lo
+                && curve[best].0 - curve[i - 1].0 < 1.0
+                && change(&curve[i - 2], &curve[i - 1]) > 0.0
+            {
+                i -= 1;
+            }
+            spans[k - 1].end_ms = curve[i].0;
+            spans[k].start_ms = curve[i].0;
+        }
     }
 }
 
@@ -1255,6 +1314,64 @@ mod tests {
             }
         }
         assert!(inside >= 3, "{longest:?}");
+    }
+
+    /// An eventlog alone, shaped like seed 001's server: live data built in many small
+    /// steps over 90 ms, held to 1.61 s, then a fall to 0.8 MiB held to 4.63 s.
+    fn a_server_eventlog() -> Eventlog {
+        const MIB: u64 = 1 << 20;
+        let mut events = Vec::new();
+        let mut push = |t_ms: f64, kind: EventKind| {
+            events.push(fragscope_ghc::Event {
+                time_ns: (t_ms * 1e6) as u64,
+                capability: Some(0),
+                kind,
+            })
+        };
+        let mut at = |t_ms: f64, live: u64, heap: u64| {
+            push(
+                t_ms,
+                EventKind::HeapLive {
+                    heap_capset: 0,
+                    bytes: live,
+                },
+            );
+            push(
+                t_ms + 0.001,
+                EventKind::HeapSize {
+                    heap_capset: 0,
+                    bytes: heap,
+                },
+            );
+        };
+        for i in 1..=200u64 {
+            at(i as f64 * 0.45, i * 350 << 10, 10 * MIB + (i * 385 << 10));
+        }
+        at(1610.5, 816 << 10, 87 * MIB);
+        at(1610.6, 816 << 10, 71 * MIB);
+        at(4633.5, 43 << 10, 10 * MIB);
+        Eventlog {
+            header: fragscope_ghc::Header::default(),
+            events,
+            end: fragscope_ghc::End::Complete,
+            corruption: None,
+        }
+    }
+
+    /// A phase's figures are those of its own span: the plateau after the fall does not
+    /// report the live data held before it, and is shown at its middle moment.
+    #[test]
+    fn phases_of_an_eventlog_alone_hold_their_own_figures() {
+        let r = analyze(&a_server_eventlog(), None, 0.0, &[]);
+        let last = r.phases.last().unwrap();
+        assert!(r.phases.len() >= 2, "{:?}", r.phases);
+        assert_eq!(last.start_ms, 1610.5, "{:?}", r.phases);
+        assert_eq!(r.phases[r.phases.len() - 2].end_ms, 1610.5);
+        assert_eq!(last.live_max, 816 << 10, "{last:?}");
+        assert!((2500.0..3500.0).contains(&last.snapshot_t_ms), "{last:?}");
+        let before = &r.phases[r.phases.len() - 2];
+        assert_eq!(before.live_max, 200 * 350 << 10, "{before:?}");
+        assert_eq!(before.live_end, 200 * 350 << 10, "{before:?}");
     }
 
     #[test]
