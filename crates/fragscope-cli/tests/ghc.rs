@@ -648,3 +648,80 @@ fn compare_puts_strip_and_take_side_by_side_with_the_ghc_model() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// A shell script that execs the GHC program, recorded: the program still gets its
+/// eventlog and block census (GHCRTS reaches it through the script), and the report
+/// explains the GHC process, not the shell.
+#[test]
+fn a_ghc_program_run_by_a_shell_script_is_recognised() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_case(dir.path(), "Conns") else {
+        return;
+    };
+    let script = dir.path().join("run.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho starting\nexec {} 2000 keep\n",
+            exe.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for (name, cmd) in [
+        ("script", vec![script.to_str().unwrap().to_string()]),
+        (
+            "sh-c",
+            vec![
+                "sh".to_string(),
+                "-c".to_string(),
+                format!("{} 2000 copy; true", exe.display()),
+            ],
+        ),
+    ] {
+        let trace = dir.path().join(format!("{name}.fsc"));
+        let out = Command::new(FRAGSCOPE)
+            .current_dir(dir.path())
+            .args(["record", "--snapshot-ms", "100", "-o"])
+            .arg(&trace)
+            .arg("--")
+            .args(&cmd)
+            .env_remove("GHCRTS")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(stderr.contains("runs the GHC program"), "{stderr}");
+        assert!(stderr.contains("GHC eventlog written"), "{stderr}");
+        let r = report_json(&trace);
+        assert!(
+            r["argv"][0].as_str().unwrap().ends_with("Conns"),
+            "{}",
+            r["argv"]
+        );
+        assert!(u(&r["gc"]["memory_in_use"]) > 0);
+        assert_eq!(r["rss_recorded"], true);
+        assert!(
+            !r["block_censuses"].as_array().unwrap().is_empty(),
+            "{name}"
+        );
+        assert!(
+            r["notes"][0]
+                .as_str()
+                .unwrap()
+                .contains("the GHC program is"),
+            "{}",
+            r["notes"]
+        );
+        // RSS is the GHC process's: far more than a shell's few MiB.
+        let peak = r["timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p["rss"].as_u64())
+            .max()
+            .unwrap();
+        assert!(peak > 8 << 20, "{name}: {peak}");
+    }
+}

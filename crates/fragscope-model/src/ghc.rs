@@ -312,7 +312,44 @@ pub fn analyze_trace_without_eventlog(trace: &Path) -> Result<GhcReport, GhcErro
     Ok(report)
 }
 
+/// The process of the trace that ran the GHC program: the first with a block census,
+/// else the first whose program name is the eventlog's, else the first process. A
+/// wrapper (a shell, a script, `stack exec`) comes first in the trace; the GHC program
+/// is one of its children. `(stream, argv)` of each, and the chosen stream.
+fn ghc_process(
+    trace: &Path,
+    log: &Eventlog,
+) -> Result<(Vec<(u32, Vec<String>)>, Option<u32>), GhcError> {
+    let mut reader = TraceReader::open(trace)?;
+    let mut processes: Vec<(u32, Vec<String>, String)> = Vec::new();
+    let mut census = None;
+    while let Some(chunk) = reader.next_chunk() {
+        match chunk {
+            Chunk::Process(p) => processes.push((p.stream, p.argv, p.exe)),
+            Chunk::GhcCensus(c) if census.is_none() => census = Some(c.stream),
+            _ => {}
+        }
+    }
+    let name = |s: &str| Path::new(s).file_name().map(|n| n.to_os_string());
+    let by_name = log
+        .program_args()
+        .and_then(|a| a.first())
+        .and_then(|a| name(a))
+        .and_then(|prog| {
+            processes
+                .iter()
+                .find(|p| {
+                    name(&p.2).as_ref() == Some(&prog)
+                        || p.1.first().and_then(|a| name(a)).as_ref() == Some(&prog)
+                })
+                .map(|p| p.0)
+        });
+    let chosen = census.or(by_name).or(processes.first().map(|p| p.0));
+    Ok((processes.into_iter().map(|p| (p.0, p.1)).collect(), chosen))
+}
+
 fn analyze_trace_with(trace: &Path, log: &Eventlog) -> Result<GhcReport, GhcError> {
+    let (processes, ghc_stream) = ghc_process(trace, log)?;
     let mut reader = TraceReader::open(trace)?;
     let mut start_unix_ns = 0u64;
     let mut tick_ms = 1.0;
@@ -328,7 +365,7 @@ fn analyze_trace_with(trace: &Path, log: &Eventlog) -> Result<GhcReport, GhcErro
                 start_unix_ns = m.start_unix_ns;
                 tick_ms = m.tick_ns as f64 / 1e6;
             }
-            Chunk::Process(p) if main_stream.is_none() => {
+            Chunk::Process(p) if main_stream.is_none() && Some(p.stream) == ghc_stream => {
                 main_stream = Some(p.stream);
                 start_tick = p.start_tick;
             }
@@ -411,6 +448,26 @@ fn analyze_trace_with(trace: &Path, log: &Eventlog) -> Result<GhcReport, GhcErro
         report.notes.push(format!("no block census: {note}"));
     }
     report.source = trace.display().to_string();
+    if let (Some(first), Some(stream)) = (processes.first(), ghc_stream) {
+        if first.0 != stream {
+            let argv = |s: u32| {
+                processes
+                    .iter()
+                    .find(|p| p.0 == s)
+                    .map_or_else(String::new, |p| p.1.join(" "))
+            };
+            report.notes.insert(
+                0,
+                format!(
+                    "the GHC program is `{}`, run by `{}`: the report is that process's \
+                     ({} processes in the trace)",
+                    argv(stream),
+                    first.1.join(" "),
+                    processes.len()
+                ),
+            );
+        }
+    }
     if points.is_empty() {
         report
             .notes

@@ -1158,21 +1158,45 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     // reported, instead of killing the recorder mid-recording.
     // SAFETY: ignoring a signal.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
-    let ghc = std::fs::read(&program_path)
+    // The GHC program: the one recorded, or the one a wrapper (a shell, a script, stack
+    // exec) runs, whose RTS reads the same GHCRTS from the environment it inherits.
+    let ghc_program = match std::fs::read(&program_path)
         .ok()
         .and_then(|data| crate::ghc::inspect(&data))
-        .map(|binary| {
-            crate::ghc::prepare(
-                &program_path,
-                binary,
-                &opts.output,
-                opts.ghc_heap_profile,
-                &opts.command[1..],
-            )
-        });
+    {
+        Some(binary) => Some((program_path.clone(), binary, false)),
+        None => crate::ghc::wrapped_program(&program_path, &opts.command[1..])
+            .map(|(path, binary)| (path, binary, true)),
+    };
+    let ghc = ghc_program.as_ref().map(|(path, binary, wrapped)| {
+        let mut setup = crate::ghc::prepare(
+            path,
+            *binary,
+            &opts.output,
+            opts.ghc_heap_profile,
+            &opts.command[1..],
+        );
+        if *wrapped {
+            let said = format!(
+                "{} runs the GHC program {}{}",
+                program_path.display(),
+                path.display(),
+                if setup.ghcrts.is_some() {
+                    ": its RTS is asked for an eventlog through GHCRTS, which it inherits"
+                } else {
+                    ""
+                }
+            );
+            setup.advice = Some(match setup.advice {
+                Some(a) => format!("{said}. {a}"),
+                None => said,
+            });
+        }
+        setup
+    });
     let censuses = crate::census::Censuses::new(opts.ghc_census);
-    if ghc.is_some() {
-        censuses.learn(&program_path);
+    if let Some((path, ..)) = &ghc_program {
+        censuses.learn(path);
     }
     let preload = crate::preload::preload_library()?;
     let started = Instant::now();
