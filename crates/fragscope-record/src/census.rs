@@ -23,6 +23,8 @@ enum Target {
         /// Censuses refused in a row: one stop may land while the RTS is setting its
         /// heap up; only a refusal that repeats says the layout is not the one read.
         refused: u32,
+        /// Blocks in use at the last census whose liveness scan was made.
+        scanned_blocks: Option<u64>,
     },
 }
 
@@ -125,6 +127,7 @@ impl Censuses {
                             last_long_stop: None,
                             last_megablocks: 0,
                             refused: 0,
+                            scanned_blocks: None,
                         },
                     );
                     (rts, None)
@@ -156,17 +159,40 @@ impl Censuses {
             reason,
             result,
         };
+        // Live data fell by a quarter or more since the last scan, and this census's scan
+        // was spoilt by a collection: what keeps the pinned blocks now is what the report
+        // is about, so the census is taken again with the program stopped for its scan.
+        let fell = |b: &fragscope_trace::records::GhcBlocks| {
+            let targets = self.targets.lock().unwrap();
+            matches!(targets.get(&stream), Some(Target::Ready { scanned_blocks: Some(s), .. })
+                if b.pinned_liveness.is_none() && b.blocks_in_use() * 4 < s * 3)
+        };
+        let result = match result {
+            Ok(b) if fell(&b) => {
+                let stopped = CensusLimits {
+                    stopped_scan_bytes: limits.scan_bytes,
+                    stop_when_spoilt: None,
+                    ..limits
+                };
+                census(pid, &rts, stopped).or(Ok(b))
+            }
+            other => other,
+        };
         match result {
             Ok(blocks) => {
                 if let Some(Target::Ready {
                     last_long_stop,
                     last_megablocks,
                     refused,
+                    scanned_blocks,
                     ..
                 }) = self.targets.lock().unwrap().get_mut(&stream)
                 {
                     *refused = 0;
                     *last_megablocks = blocks.megablocks;
+                    if blocks.pinned_liveness.is_some() {
+                        *scanned_blocks = Some(blocks.blocks_in_use());
+                    }
                     if Duration::from_micros(blocks.pause_us) > LONG_STOP {
                         *last_long_stop = Some(Instant::now());
                     }
