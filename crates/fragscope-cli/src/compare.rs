@@ -102,7 +102,7 @@ enum Figures {
 
 /// A trace's report, by model.
 enum Report {
-    Malloc(fragscope_model::Report),
+    Malloc(Box<fragscope_model::Report>),
     Ghc(Box<GhcReport>),
 }
 
@@ -114,7 +114,7 @@ fn load(path: &Path) -> Result<Report> {
     }
     let r = analyze(path, &Options::default(), |_, _| {})
         .with_context(|| format!("analysing {}", path.display()))?;
-    Ok(Report::Malloc(r))
+    Ok(Report::Malloc(Box::new(r)))
 }
 
 /// Refuses GHC traces beside malloc traces: a GHC heap is the RTS's megablocks, which
@@ -343,7 +343,7 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
                 let (t, f, report) = run_once(&a, c, &dir, n)?;
                 traces.push(t.display().to_string());
                 figures.push(f);
-                last = a.html.is_some().then_some(Report::Malloc(report));
+                last = a.html.is_some().then(|| Report::Malloc(Box::new(report)));
                 bar.inc(1);
             }
             let alloc = c.label.split(' ').next().unwrap_or("");
@@ -379,7 +379,7 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
             let reports: Vec<_> = columns
                 .iter()
                 .map(|c| match &c.report {
-                    Some(Report::Malloc(r)) => Some(r),
+                    Some(Report::Malloc(r)) => Some(r.as_ref()),
                     _ => None,
                 })
                 .collect();

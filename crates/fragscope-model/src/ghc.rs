@@ -312,14 +312,14 @@ pub fn analyze_trace_without_eventlog(trace: &Path) -> Result<GhcReport, GhcErro
     Ok(report)
 }
 
+/// `(stream, argv)` of each process of a trace.
+type Processes = Vec<(u32, Vec<String>)>;
+
 /// The process of the trace that ran the GHC program: the first with a block census,
 /// else the first whose program name is the eventlog's, else the first process. A
 /// wrapper (a shell, a script, `stack exec`) comes first in the trace; the GHC program
 /// is one of its children. `(stream, argv)` of each, and the chosen stream.
-fn ghc_process(
-    trace: &Path,
-    log: &Eventlog,
-) -> Result<(Vec<(u32, Vec<String>)>, Option<u32>), GhcError> {
+fn ghc_process(trace: &Path, log: &Eventlog) -> Result<(Processes, Option<u32>), GhcError> {
     let mut reader = TraceReader::open(trace)?;
     let mut processes: Vec<(u32, Vec<String>, String)> = Vec::new();
     let mut census = None;
@@ -1402,7 +1402,11 @@ mod tests {
             );
         };
         for i in 1..=200u64 {
-            at(i as f64 * 0.45, i * 350 << 10, 10 * MIB + (i * 385 << 10));
+            at(
+                i as f64 * 0.45,
+                (i * 350) << 10,
+                10 * MIB + ((i * 385) << 10),
+            );
         }
         at(1610.5, 816 << 10, 87 * MIB);
         at(1610.6, 816 << 10, 71 * MIB);
@@ -1427,8 +1431,8 @@ mod tests {
         assert_eq!(last.live_max, 816 << 10, "{last:?}");
         assert!((2500.0..3500.0).contains(&last.snapshot_t_ms), "{last:?}");
         let before = &r.phases[r.phases.len() - 2];
-        assert_eq!(before.live_max, 200 * 350 << 10, "{before:?}");
-        assert_eq!(before.live_end, 200 * 350 << 10, "{before:?}");
+        assert_eq!(before.live_max, (200 * 350) << 10, "{before:?}");
+        assert_eq!(before.live_end, (200 * 350) << 10, "{before:?}");
     }
 
     #[test]

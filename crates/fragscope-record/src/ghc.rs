@@ -83,7 +83,8 @@ const WRAPPER_WORDS: usize = 512;
 const WRAPPER_SCRIPT_BYTES: u64 = 64 << 10;
 
 /// The GHC program a wrapper runs: `sh -c './prog 10'`, a shell script that execs it,
-/// `stack exec -- prog`, `cabal exec -- prog`, `env X=1 prog`. Looks at the words of the
+/// `stack exec -- bin/prog`, `env X=1 prog` (a name `stack` or `cabal` would resolve in
+/// their own build directories is not found). Looks at the words of the
 /// command's arguments and of the scripts among them (the program itself, when it is a
 /// script, included): the first that names a GHC-compiled executable (a path, or a name
 /// found on PATH) is it. `None` when no word does.
