@@ -3,6 +3,7 @@
 //! and recorded, strip (every 10th ByteString kept: pinned blocks stay) vs take (the first
 //! tenth kept: whole blocks freed).
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -353,6 +354,25 @@ fn build_case(dir: &Path, name: &str) -> Option<PathBuf> {
     Some(exe)
 }
 
+/// `fragscope record OPTIONS -o TRACE -- COMMAND` in `dir`, without the caller's GHCRTS;
+/// fails the test if it fails. Returns fragscope's and the program's stderr.
+fn record_in(dir: &Path, options: &[&str], trace: &Path, command: &[&OsStr]) -> String {
+    let out = Command::new(FRAGSCOPE)
+        .current_dir(dir)
+        .arg("record")
+        .args(options)
+        .arg("-o")
+        .arg(trace)
+        .arg("--")
+        .args(command)
+        .env_remove("GHCRTS")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    stderr
+}
+
 fn within(a: u64, b: u64, share: f64) -> bool {
     (a as f64 - b as f64).abs() <= share * b.max(1) as f64
 }
@@ -370,20 +390,11 @@ fn a_seed_001_server_is_diagnosed_from_the_block_census_without_a_heap_profile()
     for mode in ["keep", "copy"] {
         let trace = dir.path().join(format!("conns-{mode}.fsc"));
         let html = dir.path().join(format!("conns-{mode}.html"));
-        let out = Command::new(FRAGSCOPE)
-            .current_dir(dir.path())
-            .args(["record", "-o"])
-            .arg(&trace)
-            .arg("--")
-            .arg(&exe)
-            .args(["20000", mode])
-            .env_remove("GHCRTS")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        record_in(
+            dir.path(),
+            &[],
+            &trace,
+            &[exe.as_os_str(), OsStr::new("20000"), OsStr::new(mode)],
         );
         let r = report_json(&trace);
         // No -hT census ran: the program was left to collect as it would alone.
@@ -529,20 +540,11 @@ fn compare_puts_strip_and_take_side_by_side_with_the_ghc_model() {
         return;
     };
     for mode in ["strip", "take"] {
-        let out = Command::new(FRAGSCOPE)
-            .current_dir(dir.path())
-            .args(["record", "--snapshot-ms", "100", "-o"])
-            .arg(format!("{mode}.fsc"))
-            .arg("--")
-            .arg(&exe)
-            .args(["2000000", mode])
-            .env_remove("GHCRTS")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        record_in(
+            dir.path(),
+            &["--snapshot-ms", "100"],
+            &dir.path().join(format!("{mode}.fsc")),
+            &[exe.as_os_str(), OsStr::new("2000000"), OsStr::new(mode)],
         );
     }
     let compare = |args: &[&str]| {
@@ -681,17 +683,8 @@ fn a_ghc_program_run_by_a_shell_script_is_recognised() {
         ),
     ] {
         let trace = dir.path().join(format!("{name}.fsc"));
-        let out = Command::new(FRAGSCOPE)
-            .current_dir(dir.path())
-            .args(["record", "--snapshot-ms", "100", "-o"])
-            .arg(&trace)
-            .arg("--")
-            .args(&cmd)
-            .env_remove("GHCRTS")
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{stderr}");
+        let cmd: Vec<&OsStr> = cmd.iter().map(OsStr::new).collect();
+        let stderr = record_in(dir.path(), &["--snapshot-ms", "100"], &trace, &cmd);
         assert!(stderr.contains("runs the GHC program"), "{stderr}");
         assert!(stderr.contains("GHC eventlog written"), "{stderr}");
         let r = report_json(&trace);
