@@ -280,7 +280,7 @@ pub fn census(pid: u32, rts: &GhcRts, limits: CensusLimits) -> Result<GhcBlocks,
     let collections = mem.read_u32(rts.stats)?;
     let work = liveness_work(&groups);
     if work <= limits.stopped_scan_bytes {
-        census.pinned_liveness = pinned_liveness(&mut mem, rts, &groups).ok().flatten();
+        census.pinned_liveness = pinned_liveness(&mut mem, rts, &groups, None).ok().flatten();
         census.pause_us = pause.held().as_micros() as u64;
         return Ok(census);
     }
@@ -289,7 +289,9 @@ pub fn census(pid: u32, rts: &GhcRts, limits: CensusLimits) -> Result<GhcBlocks,
     if work > limits.scan_bytes {
         return Ok(census);
     }
-    let liveness = pinned_liveness(&mut mem, rts, &groups).ok().flatten();
+    let liveness = pinned_liveness(&mut mem, rts, &groups, Some(collections))
+        .ok()
+        .flatten();
     if mem.read_u32(rts.stats).ok() == Some(collections) {
         census.pinned_liveness = liveness;
     } else if limits
@@ -600,6 +602,10 @@ fn refers(kind: GhcBlockKind) -> bool {
 }
 
 /// Bytes the liveness scan reads: the pinned blocks and the blocks that may refer to them.
+/// Bytes the reference scan reads at a time (and, while the program runs, between two
+/// looks at its collection count).
+const SCAN_BATCH: usize = 16 << 20;
+
 fn liveness_work(groups: &[Group]) -> u64 {
     let pinned: u64 = groups
         .iter()
@@ -711,11 +717,18 @@ fn parse_byte_arrays(
 /// arrays are not read for references). A word that looks like a pointer is taken as one,
 /// so a dead object not yet collected, or a number that happens to fall inside a pinned
 /// object, makes it count as live: live bytes are an upper bound.
+/// `collections`: the program runs meanwhile, and had made this many collections when
+/// its descriptors were read; the scan stops (`None`) as soon as it sees another, which
+/// moved what it reads.
 fn pinned_liveness(
     mem: &mut ProcessMemory,
     rts: &GhcRts,
     groups: &[Group],
+    collections: Option<u32>,
 ) -> Result<Option<GhcPinnedLiveness>, CensusError> {
+    let spoilt = |mem: &mut ProcessMemory| {
+        collections.is_some_and(|n| mem.read_u32(rts.stats).ok() != Some(n))
+    };
     let pinned: Vec<usize> = (0..groups.len())
         .filter(|&i| groups[i].kind == GhcBlockKind::Pinned)
         .collect();
@@ -757,7 +770,7 @@ fn pinned_liveness(
     let lowest = objects.first().map_or(0, |o| o.start);
     let highest = objects.last().map_or(0, |o| o.end());
     pinned_blocks.freeze(lowest, highest, &objects);
-    // The ranges to read for references, cut into pieces of at most 1 MiB, read 64 MiB
+    // The ranges to read for references, cut into pieces of at most 1 MiB, read 16 MiB
     // at a time.
     // Large byte arrays hold bytes, not pointers: their first words say which they are.
     let large: Vec<(u64, usize)> = scanned
@@ -792,12 +805,15 @@ fn pinned_liveness(
         batch.clear();
         let mut batch_bytes = 0usize;
         while let Some(&p) = pieces.peek() {
-            if batch_bytes > 0 && batch_bytes + p.1 > 64 << 20 {
+            if batch_bytes > 0 && batch_bytes + p.1 > SCAN_BATCH {
                 break;
             }
             batch.push(p);
             batch_bytes += p.1;
             pieces.next();
+        }
+        if spoilt(mem) {
+            return Ok(None);
         }
         mem.read_ranges(&batch, &mut buf)?;
         scanned_bytes += batch_bytes as u64;

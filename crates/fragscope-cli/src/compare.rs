@@ -9,11 +9,12 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use fragscope_model::compare::RunFigures;
+use fragscope_model::compare::{GhcRunFigures, RunFigures};
+use fragscope_model::ghc::GhcReport;
 use fragscope_model::{analyze, Options};
 use serde::Serialize;
 
-use crate::units::bytes;
+use crate::units::{bytes, count};
 
 /// Compare allocators on one program, or compare recorded traces.
 ///
@@ -21,7 +22,9 @@ use crate::units::bytes;
 /// --variant, each run recorded; prints peak and end RSS, live data, heap resident, the
 /// waste by part and the fragmentation ratio side by side (medians with --runs). The
 /// program's output goes to a log beside each trace.
-/// With trace files instead, compares those (e.g. before and after a fix).
+/// With trace files instead, compares those (e.g. before and after a fix). Traces of
+/// GHC programs, and GHC eventlogs, are compared with the GHC model: live data, heap
+/// size, free blocks, the block census and the GC table, where memory settled.
 ///
 /// Examples:
 ///   fragscope compare -- ./server --bench
@@ -29,6 +32,7 @@ use crate::units::bytes;
 ///   fragscope compare --variant glibc:MALLOC_ARENA_MAX=2 --runs 3 -- ./prog
 ///   fragscope compare strip.fsc take.fsc
 ///   fragscope compare strip.fsc take.fsc --html compare.html
+///   fragscope compare strip.eventlog take.eventlog
 #[derive(Args)]
 #[command(verbatim_doc_comment)]
 pub struct CompareArgs {
@@ -79,11 +83,67 @@ struct Column {
     short: String,
     runs: usize,
     traces: Vec<String>,
+    /// "malloc", or "ghc" for a GHC program's trace or eventlog.
+    kind: &'static str,
     #[serde(flatten)]
-    figures: RunFigures,
+    figures: Figures,
     /// The report of the (last) run, for --html.
     #[serde(skip)]
-    report: Option<fragscope_model::Report>,
+    report: Option<Report>,
+}
+
+/// A column's figures: the malloc model's, or the GHC model's.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Figures {
+    Malloc(RunFigures),
+    Ghc(Box<GhcRunFigures>),
+}
+
+/// A trace's report, by model.
+enum Report {
+    Malloc(Box<fragscope_model::Report>),
+    Ghc(Box<GhcReport>),
+}
+
+/// The GHC report of `path` when it is a GHC program's trace or an eventlog, else the
+/// malloc report.
+fn load(path: &Path) -> Result<Report> {
+    if let Some(g) = crate::ghc_report::load(path)? {
+        return Ok(Report::Ghc(Box::new(g)));
+    }
+    let r = analyze(path, &Options::default(), |_, _| {})
+        .with_context(|| format!("analysing {}", path.display()))?;
+    Ok(Report::Malloc(Box::new(r)))
+}
+
+/// Refuses GHC traces beside malloc traces: a GHC heap is the RTS's megablocks, which
+/// malloc never sees, so no figure of one model means the same in the other.
+fn same_model(cols: &[Column]) -> Result<()> {
+    let names = |kind: &str| {
+        cols.iter()
+            .filter(|c| c.kind == kind)
+            .map(|c| c.short.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let (ghc, malloc) = (names("ghc"), names("malloc"));
+    if !ghc.is_empty() && !malloc.is_empty() {
+        bail!(
+            "cannot compare GHC programs with malloc programs: {ghc} {} the GHC RTS's heap \
+             (megablocks and blocks, from its eventlog), {malloc} {} a malloc heap, and no \
+             figure means the same in both (a GHC heap is not made with malloc). Compare \
+             GHC traces or eventlogs with each other, malloc traces with each other, or \
+             read each with `fragscope report`",
+            if ghc.contains(", ") { "show" } else { "shows" },
+            if malloc.contains(", ") {
+                "show"
+            } else {
+                "shows"
+            },
+        );
+    }
+    Ok(())
 }
 
 /// Where Debian puts each allocator, and the package that does.
@@ -229,24 +289,31 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
         if a.traces.is_empty() {
             bail!("give traces to compare, or a command after -- to run under each allocator (see --help)");
         }
-        a.traces
+        let cols = a
+            .traces
             .iter()
             .map(|t| {
-                let report = analyze(t, &Options::default(), |_, _| {})
-                    .with_context(|| format!("analysing {}", t.display()))?;
+                let report = load(t)?;
                 let name = t.file_name().map_or(t.display().to_string(), |n| {
                     n.to_string_lossy().into_owned()
                 });
+                let (kind, figures) = match &report {
+                    Report::Malloc(r) => ("malloc", Figures::Malloc(RunFigures::of(r))),
+                    Report::Ghc(g) => ("ghc", Figures::Ghc(Box::new(GhcRunFigures::of(g)))),
+                };
                 Ok(Column {
                     short: name,
                     label: t.display().to_string(),
                     runs: 1,
                     traces: vec![t.display().to_string()],
-                    figures: RunFigures::of(&report),
+                    kind,
+                    figures,
                     report: a.html.is_some().then_some(report),
                 })
             })
-            .collect::<Result<Vec<_>>>()?
+            .collect::<Result<Vec<_>>>()?;
+        same_model(&cols)?;
+        cols
     } else {
         if !a.traces.is_empty() {
             bail!("give either traces or a command after --, not both");
@@ -276,7 +343,7 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
                 let (t, f, report) = run_once(&a, c, &dir, n)?;
                 traces.push(t.display().to_string());
                 figures.push(f);
-                last = a.html.is_some().then_some(report);
+                last = a.html.is_some().then(|| Report::Malloc(Box::new(report)));
                 bar.inc(1);
             }
             let alloc = c.label.split(' ').next().unwrap_or("");
@@ -289,7 +356,8 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
                 label: c.label.clone(),
                 runs: figures.len(),
                 traces: if a.keep.is_some() { traces } else { Vec::new() },
-                figures: RunFigures::median(&figures),
+                kind: "malloc",
+                figures: Figures::Malloc(RunFigures::median(&figures)),
                 report: last,
             });
         }
@@ -297,8 +365,26 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
         cols
     };
     if let Some(path) = &a.html {
-        let reports: Vec<_> = columns.iter().map(|c| c.report.as_ref()).collect();
-        crate::html::write_compare(path, &serde_json::to_value(&columns)?, &reports)?;
+        let columns_json = serde_json::to_value(&columns)?;
+        if columns.iter().any(|c| c.kind == "ghc") {
+            let reports: Vec<_> = columns
+                .iter()
+                .map(|c| match &c.report {
+                    Some(Report::Ghc(g)) => Some(g.as_ref()),
+                    _ => None,
+                })
+                .collect();
+            crate::html::write_ghc_compare(path, &columns_json, &reports)?;
+        } else {
+            let reports: Vec<_> = columns
+                .iter()
+                .map(|c| match &c.report {
+                    Some(Report::Malloc(r)) => Some(r.as_ref()),
+                    _ => None,
+                })
+                .collect();
+            crate::html::write_compare(path, &columns_json, &reports)?;
+        }
         eprintln!("fragscope: wrote {}", path.display());
     }
     if a.json {
@@ -307,7 +393,11 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
             serde_json::to_string_pretty(&serde_json::json!({ "columns": columns }))?
         );
     } else if a.html.is_none() {
-        print!("{}", render(&columns));
+        if columns.iter().any(|c| c.kind == "ghc") {
+            print!("{}", render_ghc(&columns));
+        } else {
+            print!("{}", render(&columns));
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -315,14 +405,22 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
 /// Formats one figure of a run for the table.
 type FigureText = fn(&RunFigures) -> String;
 
-fn render(cols: &[Column]) -> String {
-    let width = cols
-        .iter()
+/// The table's column width: the longest short name, at least 12, plus 2.
+fn column_width(cols: &[Column]) -> usize {
+    cols.iter()
         .map(|c| c.short.len())
         .max()
         .unwrap_or(0)
         .max(12)
-        + 2;
+        + 2
+}
+
+fn render(cols: &[Column]) -> String {
+    let width = column_width(cols);
+    let malloc = |c: &Column| match &c.figures {
+        Figures::Malloc(f) => f.clone(),
+        Figures::Ghc(_) => RunFigures::default(),
+    };
     let mut o = String::new();
     let runs = cols.iter().map(|c| c.runs).max().unwrap_or(1);
     let _ = write!(o, "{:<26}", if runs > 1 { "(medians)" } else { "" });
@@ -359,9 +457,163 @@ fn render(cols: &[Column]) -> String {
     for (name, get) in rows {
         let _ = write!(o, "{name:<26}");
         for c in cols {
-            let _ = write!(o, "{:>width$}", get(&c.figures));
+            let _ = write!(o, "{:>width$}", get(&malloc(c)));
         }
         o.push('\n');
+    }
+    for c in cols.iter().filter(|c| c.short != c.label) {
+        let _ = writeln!(o, "{}: {}", c.short, c.label);
+    }
+    o
+}
+
+/// Formats one figure of a GHC run for the table.
+type GhcFigureText = fn(&GhcRunFigures) -> String;
+
+fn secs(ms: f64) -> String {
+    format!("{:.2} s", ms / 1000.0)
+}
+
+fn opt_bytes(v: Option<u64>) -> String {
+    v.map_or_else(|| "-".into(), bytes)
+}
+
+/// The GHC programs' table: the RTS's heap where memory settled, its block census and the
+/// GC table, side by side; then each column's headline.
+fn render_ghc(cols: &[Column]) -> String {
+    let width = column_width(cols);
+    let figures: Vec<&GhcRunFigures> = cols
+        .iter()
+        .filter_map(|c| match &c.figures {
+            Figures::Ghc(f) => Some(f.as_ref()),
+            Figures::Malloc(_) => None,
+        })
+        .collect();
+    let mut o = String::new();
+    let _ = write!(o, "{:<34}", "(GHC programs)");
+    for c in cols {
+        let _ = write!(o, "{:>width$}", c.short);
+    }
+    o.push('\n');
+    let row = |o: &mut String, name: &str, get: &dyn Fn(&GhcRunFigures) -> String| {
+        let _ = write!(o, "{name:<34}");
+        for f in &figures {
+            let _ = write!(o, "{:>width$}", get(f));
+        }
+        o.push('\n');
+    };
+    let census = |f: &GhcRunFigures,
+                  get: fn(&fragscope_model::compare::GhcCensusFigures) -> String| {
+        f.census.as_ref().map_or_else(|| "-".into(), get)
+    };
+    let rows: [(&str, GhcFigureText); 4] = [
+        ("peak RSS", |f| opt_bytes(f.peak_rss)),
+        ("end RSS", |f| opt_bytes(f.end_rss)),
+        ("maximum residency (live)", |f| bytes(f.max_residency)),
+        ("memory in use (largest heap)", |f| bytes(f.memory_in_use)),
+    ];
+    for (name, get) in rows {
+        row(&mut o, name, &get);
+    }
+    row(&mut o, "where memory settled:", &|f| {
+        f.settled_phase
+            .map_or_else(|| "-".into(), |k| k.name().into())
+    });
+    row(&mut o, "  from", &|f| {
+        f.settled_start_ms.map_or("-".into(), secs)
+    });
+    row(&mut o, "  to", &|f| {
+        f.settled_end_ms.map_or("-".into(), secs)
+    });
+    row(&mut o, "  read at", &|f| {
+        f.settled_t_ms.map_or("-".into(), secs)
+    });
+    let rows: [(&str, GhcFigureText); 9] = [
+        ("  RSS", |f| opt_bytes(f.rss)),
+        ("  RSS - LazyFree", |f| opt_bytes(f.rss_minus_lazy_free)),
+        ("  live (HEAP_LIVE)", |f| bytes(f.live)),
+        ("  heap size (megablocks)", |f| {
+            if f.heap_known {
+                bytes(f.heap_size)
+            } else {
+                "unknown".into()
+            }
+        }),
+        ("  copy reserve and slop", |f| {
+            bytes(f.copy_reserve_and_slop)
+        }),
+        ("  free blocks in heap", |f| bytes(f.free_blocks)),
+        ("  lazily freed", |f| opt_bytes(f.lazy_free)),
+        ("  other anonymous", |f| opt_bytes(f.other_anon)),
+        ("block census at", |f| {
+            f.census
+                .as_ref()
+                .map_or_else(|| "none".into(), |c| secs(c.t_ms))
+        }),
+    ];
+    for (name, get) in rows {
+        row(&mut o, name, &get);
+    }
+    row(&mut o, "  heap (megablocks)", &|f| {
+        census(f, |c| bytes(c.heap_size))
+    });
+    row(&mut o, "  blocks in use", &|f| {
+        census(f, |c| bytes(c.blocks_in_use))
+    });
+    row(&mut o, "  free blocks", &|f| {
+        census(f, |c| bytes(c.free_blocks))
+    });
+    row(&mut o, "  pinned blocks", &|f| {
+        census(f, |c| count(c.pinned_blocks))
+    });
+    row(&mut o, "  pinned blocks held", &|f| {
+        census(f, |c| bytes(c.pinned_held))
+    });
+    row(&mut o, "  pinned objects referred to", &|f| {
+        census(f, |c| opt_bytes(c.pinned_live))
+    });
+    row(&mut o, "  megablocks <= 25 blocks in use", &|f| {
+        census(f, |c| bytes(c.sparse_megablocks))
+    });
+    if figures.iter().any(|f| {
+        f.census
+            .as_ref()
+            .is_some_and(|c| c.pinned_occupancy.is_some())
+    }) {
+        let _ = writeln!(o, "  pinned blocks by how full:");
+        for i in 0..10 {
+            let name = format!("    {:>3}%-{:>3}%", i * 10, (i + 1) * 10);
+            row(&mut o, &name, &|f| {
+                f.census
+                    .as_ref()
+                    .and_then(|c| c.pinned_occupancy.as_ref())
+                    .and_then(|occ| occ.get(i))
+                    .map_or_else(|| "-".into(), |n| count(*n))
+            });
+        }
+    }
+    let rows: [(&str, GhcFigureText); 8] = [
+        ("garbage collection:", |_| String::new()),
+        ("  major collections", |f| count(f.major_collections)),
+        ("  minor collections", |f| count(f.minor_collections)),
+        ("  bytes copied", |f| bytes(f.copied_bytes)),
+        ("  bytes allocated", |f| bytes(f.allocated_bytes)),
+        ("  GC time", |f| secs(f.gc_ms)),
+        ("  max pause", |f| format!("{:.1} ms", f.max_pause_ms)),
+        ("  maximum slop", |f| {
+            f.max_slop.map_or_else(|| "unknown".into(), bytes)
+        }),
+    ];
+    for (name, get) in rows {
+        row(&mut o, name, &get);
+    }
+    for (c, f) in cols.iter().zip(&figures) {
+        let what = match (&f.headline, &f.census) {
+            (Some(h), _) => h.as_str(),
+            (None, Some(_)) => "no block-level waste stands out in its block censuses",
+            (None, None) => "no block census where memory settled",
+        };
+        let _ = writeln!(o, "{}: {what}", c.short);
     }
     for c in cols.iter().filter(|c| c.short != c.label) {
         let _ = writeln!(o, "{}: {}", c.short, c.label);

@@ -132,17 +132,12 @@ pub fn render(r: &GhcReport) -> String {
         "  {:>8}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}  {:>15}",
         "time", "live", "blocks", "heap", "GC frag", "RSS", "RSS - LazyFree"
     );
-    let step = (r.timeline.len() / TIMELINE_ROWS).max(1);
-    let rows = r
-        .timeline
-        .iter()
-        .step_by(step)
-        .chain(r.timeline.last().filter(|_| r.timeline.len() % step != 1));
-    for p in rows {
+    for (t_ms, i) in timeline_rows(r) {
+        let p = &r.timeline[i];
         let _ = writeln!(
             o,
             "  {:>8}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}  {:>15}",
-            secs(p.t_ms),
+            secs(t_ms),
             bytes(p.live),
             opt_bytes(p.blocks_size),
             bytes(p.heap_size),
@@ -272,6 +267,34 @@ pub fn render(r: &GhcReport) -> String {
     o
 }
 
+/// The timeline rows the text shows, as (moment, point): evenly spaced moments of the
+/// run with the figures of the last point at or before each (an eventlog alone has a
+/// point per change of the heap, bunched where it grows, so a row per point would skip
+/// its long plateaus), and the first point of each phase, so no phase is skipped.
+fn timeline_rows(r: &GhcReport) -> Vec<(f64, usize)> {
+    let t = &r.timeline;
+    let (Some(first), Some(last)) = (t.first(), t.last()) else {
+        return Vec::new();
+    };
+    let mut rows: Vec<(f64, usize)> = (0..TIMELINE_ROWS)
+        .map(|k| {
+            let at = first.t_ms + (last.t_ms - first.t_ms) * k as f64 / (TIMELINE_ROWS - 1) as f64;
+            (at, t.partition_point(|p| p.t_ms <= at).saturating_sub(1))
+        })
+        .collect();
+    rows.extend(
+        r.phases
+            .iter()
+            .map(|ph| t.partition_point(|p| p.t_ms < ph.start_ms))
+            .filter(|&i| i < t.len())
+            .map(|i| (t[i].t_ms, i)),
+    );
+    rows.push((last.t_ms, t.len() - 1));
+    rows.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    rows.dedup_by(|a, b| a.1 == b.1 && (a.0 - b.0).abs() < 0.5);
+    rows
+}
+
 /// The block censuses over time, and the one the diagnosis reads in detail.
 fn render_block_censuses(o: &mut String, r: &GhcReport) {
     if r.block_censuses.is_empty() {
@@ -367,10 +390,20 @@ fn render_decomposition(o: &mut String, d: &GhcDecomposition) {
     };
     row("RSS", d.rss, "VmRSS; the parts below add up to it");
     row("live", Some(d.live), "HEAP_LIVE");
+    let copy_reserve_why = d.to_space.filter(|t| *t >= 1 << 20).map_or_else(
+        || "blocks in use minus live: nursery, copy space, block ends, uncollected".into(),
+        |t| {
+            format!(
+                "blocks in use minus live, and {} of to-space: read during a collection, whose \
+                 megablocks join HEAP_SIZE when it ends",
+                bytes(t)
+            )
+        },
+    );
     row(
         "copy reserve and slop",
         Some(d.copy_reserve_and_slop),
-        "blocks in use minus live: nursery, copy space, block ends, uncollected",
+        &copy_reserve_why,
     );
     row(
         "free blocks in heap",
@@ -412,4 +445,57 @@ fn render_decomposition(o: &mut String, d: &GhcDecomposition) {
             bytes(r)
         ))
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fragscope_ghc::{End, Event, EventKind, Eventlog, Header};
+
+    /// An eventlog alone has a point per change of the heap: 300 while the heap grows in
+    /// its first 0.3 s, then one when live data falls at 1 s and one at the end (4 s).
+    /// The text's rows still cover the whole run, the plateau after the fall included.
+    #[test]
+    fn the_timeline_of_an_eventlog_alone_covers_the_whole_run() {
+        let mut events = Vec::new();
+        let mut live = |t_ms: u64, bytes: u64| {
+            events.push(Event {
+                time_ns: t_ms * 1_000_000,
+                capability: Some(0),
+                kind: EventKind::HeapLive {
+                    heap_capset: 0,
+                    bytes,
+                },
+            });
+            events.push(Event {
+                time_ns: t_ms * 1_000_000 + 1,
+                capability: Some(0),
+                kind: EventKind::HeapSize {
+                    heap_capset: 0,
+                    bytes: 100 << 20,
+                },
+            });
+        };
+        for i in 1..=300 {
+            live(i, i << 20);
+        }
+        live(1000, 1 << 20);
+        live(4000, 0);
+        let log = Eventlog {
+            header: Header::default(),
+            events,
+            end: End::Complete,
+            corruption: None,
+        };
+        let r = ghc::analyze(&log, None, 0.0, &[]);
+        let times: Vec<f64> = timeline_rows(&r).iter().map(|(t, _)| *t).collect();
+        let gaps: Vec<f64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(gaps.iter().all(|g| *g <= 4000.0 / 15.0 + 1.0), "{times:?}");
+        let text = render(&r);
+        let after_fall = text
+            .lines()
+            .filter(|l| l.contains("  1.0 MiB  ") && !l.contains("live up to"))
+            .count();
+        assert!(after_fall >= 8, "{text}");
+    }
 }

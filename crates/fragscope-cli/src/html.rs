@@ -69,6 +69,19 @@ pub fn write_compare(path: &Path, columns: &Value, reports: &[Option<&Report>]) 
     )
 }
 
+/// Writes the comparison page of GHC programs: `columns` as for [`write_compare`], with
+/// each column's GHC report.
+pub fn write_ghc_compare(
+    path: &Path,
+    columns: &Value,
+    reports: &[Option<&GhcReport>],
+) -> Result<()> {
+    write_page(
+        path,
+        &json!({"kind": "ghc_compare", "columns": columns, "reports": reports}),
+    )
+}
+
 fn write_page(path: &Path, data: &Value) -> Result<()> {
     let page = page(data, &nonce());
     std::fs::write(path, page).with_context(|| format!("cannot write {}", path.display()))

@@ -5,6 +5,9 @@
 
 mod common;
 
+use common::report_json;
+
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -16,20 +19,6 @@ const MIB: f64 = 1024.0 * 1024.0;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fragscope-ghc/tests/fixtures/{name}"))
-}
-
-fn report_json(path: &Path) -> Value {
-    let out = Command::new(FRAGSCOPE)
-        .args(["report", "--json"])
-        .arg(path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "report failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn u(v: &Value) -> u64 {
@@ -317,6 +306,25 @@ fn build_case(dir: &Path, name: &str) -> Option<PathBuf> {
     common::build_ghc(dir, &common::ghc_case(name), name, &["-eventlog"])
 }
 
+/// `fragscope record OPTIONS -o TRACE -- COMMAND` in `dir`, without the caller's GHCRTS;
+/// fails the test if it fails. Returns fragscope's and the program's stderr.
+fn record_in(dir: &Path, options: &[&str], trace: &Path, command: &[&OsStr]) -> String {
+    let out = Command::new(FRAGSCOPE)
+        .current_dir(dir)
+        .arg("record")
+        .args(options)
+        .arg("-o")
+        .arg(trace)
+        .arg("--")
+        .args(command)
+        .env_remove("GHCRTS")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    stderr
+}
+
 fn within(a: u64, b: u64, share: f64) -> bool {
     (a as f64 - b as f64).abs() <= share * b.max(1) as f64
 }
@@ -334,20 +342,11 @@ fn a_seed_001_server_is_diagnosed_from_the_block_census_without_a_heap_profile()
     for mode in ["keep", "copy"] {
         let trace = dir.path().join(format!("conns-{mode}.fsc"));
         let html = dir.path().join(format!("conns-{mode}.html"));
-        let out = Command::new(FRAGSCOPE)
-            .current_dir(dir.path())
-            .args(["record", "-o"])
-            .arg(&trace)
-            .arg("--")
-            .arg(&exe)
-            .args(["20000", mode])
-            .env_remove("GHCRTS")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        record_in(
+            dir.path(),
+            &[],
+            &trace,
+            &[exe.as_os_str(), OsStr::new("20000"), OsStr::new(mode)],
         );
         let r = report_json(&trace);
         // No -hT census ran: the program was left to collect as it would alone.
@@ -480,4 +479,194 @@ fn a_nonmoving_program_is_not_given_a_heap_profile_it_would_abort_on() {
     let r = report_json(&trace);
     assert!(!r["block_censuses"].as_array().unwrap().is_empty(), "{r}");
     assert!(r["gc"]["memory_in_use"].as_u64().unwrap() > 0);
+}
+
+/// Seed 000 through `compare`: strip and take recorded, side by side with the GHC model.
+/// Where memory settles (the second plateau), strip holds more live data (HEAP_LIVE counts
+/// its pinned blocks whole), a larger heap and more pinned blocks than take, after the
+/// same collections; the eventlogs compare too; a malloc trace beside them is refused.
+#[test]
+fn compare_puts_strip_and_take_side_by_side_with_the_ghc_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_pinned(dir.path(), true) else {
+        return;
+    };
+    for mode in ["strip", "take"] {
+        record_in(
+            dir.path(),
+            &["--snapshot-ms", "100"],
+            &dir.path().join(format!("{mode}.fsc")),
+            &[exe.as_os_str(), OsStr::new("2000000"), OsStr::new(mode)],
+        );
+    }
+    let compare = |args: &[&str]| {
+        Command::new(FRAGSCOPE)
+            .current_dir(dir.path())
+            .arg("compare")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = compare(&["--json", "strip.fsc", "take.fsc"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (s, t) = (&v["columns"][0], &v["columns"][1]);
+    for c in [s, t] {
+        assert_eq!(c["kind"], "ghc", "{c}");
+        assert_eq!(c["settled_phase"], "plateau", "{c}");
+        assert!(
+            c["census"].is_object(),
+            "no census where memory settled: {c}"
+        );
+    }
+    let more = |k: &str, factor: u64| {
+        assert!(
+            u(&s[k]) > factor * u(&t[k]),
+            "{k}: strip {} take {}",
+            s[k],
+            t[k]
+        );
+    };
+    more("live", 2);
+    more("heap_size", 2);
+    more("rss_minus_lazy_free", 2);
+    assert!(u(&s["census"]["pinned_blocks"]) > 4 * u(&t["census"]["pinned_blocks"]));
+    // The same program's collections: same counts, same bytes copied within 5%.
+    assert_eq!(s["major_collections"], t["major_collections"]);
+    assert!(within(u(&s["copied_bytes"]), u(&t["copied_bytes"]), 0.05));
+    assert!(u(&s["major_collections"]) >= 30, "{s}");
+
+    let text = compare(&["strip.fsc", "take.fsc"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    for line in [
+        "(GHC programs)",
+        "live (HEAP_LIVE)",
+        "heap size (megablocks)",
+        "free blocks in heap",
+        "RSS - LazyFree",
+        "pinned blocks",
+        "major collections",
+        "bytes copied",
+        "max pause",
+    ] {
+        assert!(text.contains(line), "{line}: {text}");
+    }
+    assert!(!text.contains("fragmentation ratio"), "{text}");
+
+    // Eventlogs, alone or beside a trace.
+    let out = compare(&["--json", "strip.eventlog", "take.fsc"]);
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["columns"][0]["kind"], "ghc");
+    assert!(v["columns"][0]["rss"].is_null());
+    assert_eq!(v["columns"][0]["major_collections"], s["major_collections"]);
+
+    let html = dir.path().join("cmp.html");
+    let out = compare(&["strip.fsc", "take.fsc", "--html", html.to_str().unwrap()]);
+    assert!(out.status.success());
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("\"kind\":\"ghc_compare\""));
+
+    // A malloc program's trace beside them: refused, saying why.
+    let c_src = dir.path().join("m.c");
+    std::fs::write(
+        &c_src,
+        "#include <stdlib.h>\nint main(void){free(malloc(64));return 0;}\n",
+    )
+    .unwrap();
+    let m = dir.path().join("m");
+    assert!(Command::new("cc")
+        .arg("-o")
+        .arg(&m)
+        .arg(&c_src)
+        .status()
+        .unwrap()
+        .success());
+    assert!(Command::new(FRAGSCOPE)
+        .current_dir(dir.path())
+        .args(["record", "-o", "m.fsc", "--"])
+        .arg(&m)
+        .status()
+        .unwrap()
+        .success());
+    let out = compare(&["strip.fsc", "m.fsc"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot compare GHC programs with malloc programs"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// A shell script that execs the GHC program, recorded: the program still gets its
+/// eventlog and block census (GHCRTS reaches it through the script), and the report
+/// explains the GHC process, not the shell.
+#[test]
+fn a_ghc_program_run_by_a_shell_script_is_recognised() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_case(dir.path(), "Conns") else {
+        return;
+    };
+    let script = dir.path().join("run.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho starting\nexec {} 2000 keep\n",
+            exe.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for (name, cmd) in [
+        ("script", vec![script.to_str().unwrap().to_string()]),
+        (
+            "sh-c",
+            vec![
+                "sh".to_string(),
+                "-c".to_string(),
+                format!("{} 2000 copy; true", exe.display()),
+            ],
+        ),
+    ] {
+        let trace = dir.path().join(format!("{name}.fsc"));
+        let cmd: Vec<&OsStr> = cmd.iter().map(OsStr::new).collect();
+        let stderr = record_in(dir.path(), &["--snapshot-ms", "100"], &trace, &cmd);
+        assert!(stderr.contains("runs the GHC program"), "{stderr}");
+        assert!(stderr.contains("GHC eventlog written"), "{stderr}");
+        let r = report_json(&trace);
+        assert!(
+            r["argv"][0].as_str().unwrap().ends_with("Conns"),
+            "{}",
+            r["argv"]
+        );
+        assert!(u(&r["gc"]["memory_in_use"]) > 0);
+        assert_eq!(r["rss_recorded"], true);
+        assert!(
+            !r["block_censuses"].as_array().unwrap().is_empty(),
+            "{name}"
+        );
+        assert!(
+            r["notes"][0]
+                .as_str()
+                .unwrap()
+                .contains("the GHC program is"),
+            "{}",
+            r["notes"]
+        );
+        // RSS is the GHC process's: far more than a shell's few MiB.
+        let peak = r["timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p["rss"].as_u64())
+            .max()
+            .unwrap();
+        assert!(peak > 8 << 20, "{name}: {peak}");
+    }
 }

@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::report_json;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -36,12 +38,6 @@ fn record(dir: &Path) -> PathBuf {
         .unwrap();
     assert!(out.status.success(), "record: {}", common::stderr(&out));
     trace
-}
-
-fn report_json(trace: &Path) -> Value {
-    let out = fragscope(&["report", "--json", trace.to_str().unwrap()]);
-    assert!(out.status.success(), "report: {}", common::stderr(&out));
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn chromium() -> Option<PathBuf> {

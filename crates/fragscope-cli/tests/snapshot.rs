@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::report_json;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
@@ -75,12 +77,6 @@ fn snapshot(pid: u32, trace: &Path, extra: &[&str]) -> Output {
         .args(extra)
         .output()
         .unwrap()
-}
-
-fn report_json(trace: &Path) -> Value {
-    let out = common::fragscope(&["report".as_ref(), "--json".as_ref(), trace.as_os_str()]);
-    assert!(out.status.success(), "{}", common::stderr(&out));
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn within(ours: u64, theirs: u64, share: f64) -> bool {

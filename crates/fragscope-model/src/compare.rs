@@ -1,8 +1,11 @@
 //! The figures `fragscope compare` puts side by side, one set per run or trace, and the
-//! median over repeated runs of one configuration.
+//! median over repeated runs of one configuration; for GHC programs, the GHC model's
+//! figures ([`GhcRunFigures`]).
 
 use serde::Serialize;
 
+use crate::ghc::GhcReport;
+use crate::phases::PhaseKind;
 use crate::report::Report;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -75,6 +78,145 @@ impl RunFigures {
             wall_ms: mo(|r| r.wall_ms),
             cpu_ms: mo(|r| r.cpu_ms),
         }
+    }
+}
+
+/// A GHC program's figures: the RTS's heap where memory settled (the last plateau), its
+/// block census, and the GC table, as the GHC report shows them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct GhcRunFigures {
+    pub peak_rss: Option<u64>,
+    pub end_rss: Option<u64>,
+    /// `-s`: maximum residency (HEAP_LIVE after major collections).
+    pub max_residency: u64,
+    /// `-s`: total memory in use (the largest HEAP_SIZE).
+    pub memory_in_use: u64,
+    /// The phase the figures below describe: the last plateau, else the last phase.
+    pub settled_phase: Option<PhaseKind>,
+    pub settled_start_ms: Option<f64>,
+    pub settled_end_ms: Option<f64>,
+    /// The moment of that phase they are read at.
+    pub settled_t_ms: Option<f64>,
+    pub rss: Option<u64>,
+    pub rss_minus_lazy_free: Option<u64>,
+    /// HEAP_LIVE.
+    pub live: u64,
+    /// HEAP_SIZE: megablocks held.
+    pub heap_size: u64,
+    pub copy_reserve_and_slop: u64,
+    /// Free blocks inside the megablocks held.
+    pub free_blocks: u64,
+    pub lazy_free: Option<u64>,
+    pub other_anon: Option<u64>,
+    /// False when the eventlog holds no heap figures (the heap parts above are 0 then).
+    pub heap_known: bool,
+    /// The block census of that phase (else the last one after its start).
+    pub census: Option<GhcCensusFigures>,
+    pub major_collections: u64,
+    pub minor_collections: u64,
+    pub copied_bytes: u64,
+    pub allocated_bytes: u64,
+    pub gc_ms: f64,
+    pub max_pause_ms: f64,
+    pub max_slop: Option<u64>,
+    /// The report's headline (what holds the megablocks), when it has one.
+    pub headline: Option<String>,
+}
+
+/// One block census, as compared.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct GhcCensusFigures {
+    pub t_ms: f64,
+    pub heap_size: u64,
+    pub blocks_in_use: u64,
+    pub free_blocks: u64,
+    pub pinned_blocks: u64,
+    pub pinned_held: u64,
+    /// Bytes of pinned objects something still refers to (`None`: not scanned).
+    pub pinned_live: Option<u64>,
+    /// Megablocks with at most 25 blocks in use, in bytes.
+    pub sparse_megablocks: u64,
+    /// Pinned block groups by how full they are: 0-10%, ..., 90-100%.
+    pub pinned_occupancy: Option<Vec<u64>>,
+}
+
+impl GhcRunFigures {
+    pub fn of(r: &GhcReport) -> Self {
+        let settled = r
+            .phases
+            .iter()
+            .rev()
+            .find(|p| p.kind == PhaseKind::Plateau)
+            .or(r.phases.last());
+        let oldest = r.gc.generations.iter().map(|g| g.generation).max();
+        let mut f = Self {
+            peak_rss: r.timeline.iter().filter_map(|p| p.rss).max(),
+            end_rss: r.timeline.last().and_then(|p| p.rss),
+            max_residency: r.gc.max_residency,
+            memory_in_use: r.gc.memory_in_use,
+            heap_known: r.heap_known,
+            major_collections: r
+                .gc
+                .generations
+                .iter()
+                .filter(|g| Some(g.generation) == oldest && g.generation > 0)
+                .map(|g| g.collections)
+                .sum(),
+            minor_collections: r
+                .gc
+                .generations
+                .iter()
+                .filter(|g| Some(g.generation) != oldest || g.generation == 0)
+                .map(|g| g.collections)
+                .sum(),
+            copied_bytes: r.gc.copied_bytes,
+            allocated_bytes: r.gc.allocated_bytes,
+            gc_ms: r.gc.gc_ms,
+            max_pause_ms: r
+                .gc
+                .generations
+                .iter()
+                .map(|g| g.max_pause_ms)
+                .fold(0.0, f64::max),
+            max_slop: r.gc.max_slop,
+            headline: r.diagnosis.as_ref().map(|d| d.headline.clone()),
+            ..Default::default()
+        };
+        if let Some(p) = settled {
+            let d = &p.decomposition;
+            f.settled_phase = Some(p.kind);
+            f.settled_start_ms = Some(p.start_ms);
+            f.settled_end_ms = Some(p.end_ms);
+            f.settled_t_ms = Some(p.snapshot_t_ms);
+            f.rss = d.rss;
+            f.rss_minus_lazy_free = d.rss_minus_lazy_free;
+            f.live = d.live;
+            f.heap_size = d.heap_size;
+            f.copy_reserve_and_slop = d.copy_reserve_and_slop;
+            f.free_blocks = d.free_resident_pages;
+            f.lazy_free = d.lazy_free;
+            f.other_anon = d.other_anon;
+            let census = p
+                .block_census
+                .as_ref()
+                .or_else(|| r.block_censuses.iter().rev().find(|c| c.t_ms >= p.start_ms));
+            f.census = census.map(|c| GhcCensusFigures {
+                t_ms: c.t_ms,
+                heap_size: c.heap_size,
+                blocks_in_use: c.blocks_in_use,
+                free_blocks: c.free_blocks,
+                pinned_blocks: c.pinned_blocks,
+                pinned_held: c
+                    .kinds
+                    .iter()
+                    .find(|k| k.kind == "pinned")
+                    .map_or(0, |k| k.held),
+                pinned_live: c.pinned_live,
+                sparse_megablocks: c.sparse_megablocks,
+                pinned_occupancy: c.pinned_occupancy.clone(),
+            });
+        }
+        f
     }
 }
 

@@ -61,6 +61,11 @@ pub struct GhcPoint {
     pub rss_file: Option<u64>,
     pub lazy_free: Option<u64>,
     pub rss_minus_lazy_free: Option<u64>,
+    /// Set for an RSS sample read during a collection (between the eventlog's GC_START
+    /// and GC_END): the megablocks the collection took for its to-space, not yet in
+    /// HEAP_SIZE (posted when it ends), estimated as the anonymous memory beyond the heap
+    /// above what it was at the nearest sample outside a collection.
+    pub to_space: Option<u64>,
 }
 
 /// RSS at one moment split into parts; without RSS (an eventlog made elsewhere) only the
@@ -72,8 +77,11 @@ pub struct GhcDecomposition {
     pub rss: Option<u64>,
     pub live: u64,
     /// Blocks in use minus live data: the copy reserve, the nursery, slop at block ends
-    /// and objects not yet collected.
+    /// and objects not yet collected; during a collection, its to-space too.
     pub copy_reserve_and_slop: u64,
+    /// The moment fell inside a collection: of `copy_reserve_and_slop`, the megablocks
+    /// taken for the to-space beyond HEAP_SIZE (see [`GhcPoint::to_space`]).
+    pub to_space: Option<u64>,
     /// Block-level waste: free blocks inside the megablocks the heap holds.
     pub free_resident_pages: u64,
     pub lazy_free: Option<u64>,
@@ -254,7 +262,8 @@ pub fn analyze_trace(trace: &Path) -> Result<GhcReport, GhcError> {
 pub fn has_ghc_census(trace: &Path) -> Result<bool, GhcError> {
     let mut reader = TraceReader::open(trace)?;
     let mut main_stream = None;
-    // The census follows its snapshot's Pagemap chunk, a few chunks later at most.
+    // The census follows its snapshot's Pagemap chunk, from the census thread: a few
+    // chunks later.
     let mut after_pagemap: Option<u32> = None;
     for _ in 0..100_000 {
         let Some(chunk) = reader.next_chunk() else {
@@ -270,7 +279,7 @@ pub fn has_ghc_census(trace: &Path) -> Result<bool, GhcError> {
         }
         if let Some(n) = after_pagemap.as_mut() {
             *n += 1;
-            if *n > 8 {
+            if *n > 64 {
                 break;
             }
         }
@@ -319,7 +328,44 @@ pub fn analyze_trace_without_eventlog(trace: &Path) -> Result<GhcReport, GhcErro
     Ok(report)
 }
 
+/// `(stream, argv)` of each process of a trace.
+type Processes = Vec<(u32, Vec<String>)>;
+
+/// The process of the trace that ran the GHC program: the first with a block census,
+/// else the first whose program name is the eventlog's, else the first process. A
+/// wrapper (a shell, a script, `stack exec`) comes first in the trace; the GHC program
+/// is one of its children. `(stream, argv)` of each, and the chosen stream.
+fn ghc_process(trace: &Path, log: &Eventlog) -> Result<(Processes, Option<u32>), GhcError> {
+    let mut reader = TraceReader::open(trace)?;
+    let mut processes: Vec<(u32, Vec<String>, String)> = Vec::new();
+    let mut census = None;
+    while let Some(chunk) = reader.next_chunk() {
+        match chunk {
+            Chunk::Process(p) => processes.push((p.stream, p.argv, p.exe)),
+            Chunk::GhcCensus(c) if census.is_none() => census = Some(c.stream),
+            _ => {}
+        }
+    }
+    let name = |s: &str| Path::new(s).file_name().map(|n| n.to_os_string());
+    let by_name = log
+        .program_args()
+        .and_then(|a| a.first())
+        .and_then(|a| name(a))
+        .and_then(|prog| {
+            processes
+                .iter()
+                .find(|p| {
+                    name(&p.2).as_ref() == Some(&prog)
+                        || p.1.first().and_then(|a| name(a)).as_ref() == Some(&prog)
+                })
+                .map(|p| p.0)
+        });
+    let chosen = census.or(by_name).or(processes.first().map(|p| p.0));
+    Ok((processes.into_iter().map(|p| (p.0, p.1)).collect(), chosen))
+}
+
 fn analyze_trace_with(trace: &Path, log: &Eventlog) -> Result<GhcReport, GhcError> {
+    let (processes, ghc_stream) = ghc_process(trace, log)?;
     let mut reader = TraceReader::open(trace)?;
     let mut start_unix_ns = 0u64;
     let mut tick_ms = 1.0;
@@ -335,7 +381,7 @@ fn analyze_trace_with(trace: &Path, log: &Eventlog) -> Result<GhcReport, GhcErro
                 start_unix_ns = m.start_unix_ns;
                 tick_ms = m.tick_ns as f64 / 1e6;
             }
-            Chunk::Process(p) if main_stream.is_none() => {
+            Chunk::Process(p) if main_stream.is_none() && Some(p.stream) == ghc_stream => {
                 main_stream = Some(p.stream);
                 start_tick = p.start_tick;
             }
@@ -418,6 +464,26 @@ fn analyze_trace_with(trace: &Path, log: &Eventlog) -> Result<GhcReport, GhcErro
         report.notes.push(format!("no block census: {note}"));
     }
     report.source = trace.display().to_string();
+    if let (Some(first), Some(stream)) = (processes.first(), ghc_stream) {
+        if first.0 != stream {
+            let argv = |s: u32| {
+                processes
+                    .iter()
+                    .find(|p| p.0 == s)
+                    .map_or_else(String::new, |p| p.1.join(" "))
+            };
+            report.notes.insert(
+                0,
+                format!(
+                    "the GHC program is `{}`, run by `{}`: the report is that process's \
+                     ({} processes in the trace)",
+                    argv(stream),
+                    first.1.join(" "),
+                    processes.len()
+                ),
+            );
+        }
+    }
     if points.is_empty() {
         report
             .notes
@@ -515,6 +581,10 @@ pub fn analyze(
             .collect(),
         None => states.iter().map(|s| point(s.t_ms, s, None)).collect(),
     };
+    let mut full = full;
+    if rss.is_some() {
+        mark_collections(&mut full, &collections(log, offset_ms));
+    }
     let curve: Vec<(f64, u64, u64)> = full
         .iter()
         // VmRSS, not RSS minus LazyFree: a flat RSS over falling live data is the plateau
@@ -534,11 +604,21 @@ pub fn analyze(
         })
         .collect();
     let profile = log.heap_profile();
-    let mut phases: Vec<GhcPhase> = phases::detect(&curve)
+    let mut spans = phases::detect(&curve);
+    snap_to_steps(&mut spans, &curve);
+    let last_end = spans.last().map_or(0.0, |s| s.end_ms);
+    let mut phases: Vec<GhcPhase> = spans
         .into_iter()
         .map(|span| {
+            // A phase holds the points from its start up to the next phase's start: the
+            // point where the next one begins is that one's (the heap's figures are steps,
+            // each holding until the next event).
             let inside_at: Vec<usize> = (0..full.len())
-                .filter(|&i| full[i].t_ms >= span.start_ms && full[i].t_ms <= span.end_ms)
+                .filter(|&i| {
+                    full[i].t_ms >= span.start_ms
+                        && (full[i].t_ms < span.end_ms
+                            || (span.end_ms == last_end && full[i].t_ms <= span.end_ms))
+                })
                 .collect();
             let inside: Vec<&GhcPoint> = inside_at.iter().map(|&i| &full[i]).collect();
             // The phase is shown at its middle, or at the sample nearest it whose LazyFree
@@ -552,11 +632,14 @@ pub fn analyze(
                         .min_by_key(|&k| k.abs_diff(middle))
                 })
                 .unwrap_or(middle);
-            let mid = inside
-                .get(shown)
-                .copied()
-                .cloned()
-                .unwrap_or_else(|| point(span.start_ms, &heap_at(span.start_ms), None));
+            // Without RSS the points are the heap's changes, bunched where it grows: the
+            // middle moment of the phase, not its middle point.
+            let middle_ms = (span.start_ms + span.end_ms) / 2.0;
+            let mid = match rss {
+                Some(_) => inside.get(shown).copied().cloned(),
+                None => Some(point(middle_ms, &heap_at(middle_ms), None)),
+            }
+            .unwrap_or_else(|| point(span.start_ms, &heap_at(span.start_ms), None));
             let (census_t_ms, closure_types) = census_near(
                 &profile,
                 (span.start_ms - offset_ms, span.end_ms - offset_ms),
@@ -657,6 +740,52 @@ pub fn analyze(
     }
 }
 
+/// Moves each boundary between phases to the step it stands for: phase detection cuts
+/// on a grid (up to 1000 cells over the run), so a boundary can fall a cell before the
+/// collection that changed the heap, and the phase after it would then begin with the
+/// figures before the change (an eventlog alone has a point only where the heap
+/// changes). The boundary goes to the largest change of RSS (heap size without it) or
+/// live data within two cells of it, among the points between its neighbours.
+fn snap_to_steps(spans: &mut [phases::PhaseSpan], curve: &[(f64, u64, u64)]) {
+    let (Some(first), Some(last)) = (curve.first(), curve.last()) else {
+        return;
+    };
+    let cells = curve.len().clamp(2, 1000) - 1;
+    let window = 2.0 * (last.0 - first.0) / cells as f64;
+    let peak_rss = curve.iter().map(|p| p.1).max().unwrap_or(0).max(1) as f64;
+    let peak_live = curve.iter().map(|p| p.2).max().unwrap_or(0).max(1) as f64;
+    let change = |a: &(f64, u64, u64), b: &(f64, u64, u64)| {
+        ((b.1 as f64 - a.1 as f64).abs() / peak_rss)
+            .max((b.2 as f64 - a.2 as f64).abs() / peak_live)
+    };
+    for k in 1..spans.len() {
+        let at = spans[k].start_ms;
+        let (lo, hi) = (
+            spans[k - 1].start_ms.max(at - window),
+            spans[k].end_ms.min(at + window),
+        );
+        let best = (1..curve.len())
+            .filter(|&i| curve[i].0 > lo && curve[i].0 < hi)
+            .map(|i| (i, change(&curve[i - 1], &curve[i])))
+            .filter(|&(_, c)| c > 0.0)
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some((best, _)) = best {
+            // A collection posts its figures in a few events a moment apart: the step
+            // begins at the first of them.
+            let mut i = best;
+            while i > 1
+                && curve[i - 1].0 > lo
+                && curve[best].0 - curve[i - 1].0 < 1.0
+                && change(&curve[i - 2], &curve[i - 1]) > 0.0
+            {
+                i -= 1;
+            }
+            spans[k - 1].end_ms = curve[i].0;
+            spans[k].start_ms = curve[i].0;
+        }
+    }
+}
+
 fn point(t_ms: f64, s: &HeapState, r: Option<&RssPoint>) -> GhcPoint {
     GhcPoint {
         t_ms,
@@ -670,6 +799,73 @@ fn point(t_ms: f64, s: &HeapState, r: Option<&RssPoint>) -> GhcPoint {
         rss_file: r.map(|r| r.rss_file),
         lazy_free: r.map(|r| r.lazy_free),
         rss_minus_lazy_free: r.map(|r| r.rss.saturating_sub(r.lazy_free)),
+        to_space: None,
+    }
+}
+
+/// The collections of `log` as (start, end) on the recording's clock: from a GC_START
+/// to the GC_END that closes the last capability's part in it.
+fn collections(log: &Eventlog, offset_ms: f64) -> Vec<(f64, f64)> {
+    let mut out = Vec::new();
+    let mut open = 0usize;
+    let mut start = 0.0;
+    for e in &log.events {
+        let t = e.time_ns as f64 / 1e6 + offset_ms;
+        match e.kind {
+            EventKind::GcStart => {
+                if open == 0 {
+                    start = t;
+                }
+                open += 1;
+            }
+            EventKind::GcEnd if open > 0 => {
+                open -= 1;
+                if open == 0 {
+                    out.push((start, t));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Anonymous memory beyond the heap and LazyFree at `p` (signed: megablocks not yet
+/// touched are in the heap size but not in RSS).
+fn anon_beyond_heap(p: &GhcPoint) -> Option<i64> {
+    Some(p.rss_anon? as i64 - p.heap_size as i64 - p.lazy_free? as i64)
+}
+
+/// Sets `to_space` of the points read inside a collection: the copying collector takes
+/// megablocks for its to-space as it copies, and HEAP_SIZE counts them only once it
+/// ends, so without this they would look like memory outside the heap.
+fn mark_collections(points: &mut [GhcPoint], gcs: &[(f64, f64)]) {
+    let inside = |t: f64| {
+        let i = gcs.partition_point(|g| g.0 <= t);
+        i > 0 && t <= gcs[i - 1].1
+    };
+    let flags: Vec<bool> = points.iter().map(|p| inside(p.t_ms)).collect();
+    // What lies outside the heap at the nearest sample outside a collection, before
+    // (else after) each point.
+    let mut before = vec![None; points.len()];
+    let mut last = None;
+    for (i, p) in points.iter().enumerate() {
+        if !flags[i] {
+            last = anon_beyond_heap(p).or(last);
+        }
+        before[i] = last;
+    }
+    let mut next = None;
+    for i in (0..points.len()).rev() {
+        if !flags[i] {
+            next = anon_beyond_heap(&points[i]).or(next);
+            continue;
+        }
+        let Some(now) = anon_beyond_heap(&points[i]) else {
+            continue;
+        };
+        let baseline = before[i].or(next).unwrap_or(0).max(0);
+        points[i].to_space = Some((now - baseline).max(0) as u64);
     }
 }
 
@@ -703,9 +899,14 @@ pub fn decompose(p: &GhcPoint) -> GhcDecomposition {
     if let (Some(rss), Some(anon), Some(file), Some(lazy)) =
         (p.rss, p.rss_anon, p.rss_file, p.lazy_free)
     {
-        let non_heap = rss as i64 - p.heap_size as i64 - lazy as i64;
-        let other_anon = (anon as i64 - p.heap_size as i64 - lazy as i64).max(0) as u64;
+        let to_space = p.to_space.unwrap_or(0);
+        let non_heap = rss as i64 - p.heap_size as i64 - lazy as i64 - to_space as i64;
+        let other_anon =
+            (anon as i64 - p.heap_size as i64 - lazy as i64 - to_space as i64).max(0) as u64;
+        let copy_reserve_and_slop = copy_reserve_and_slop + to_space;
         let explained = live + copy_reserve_and_slop + free_blocks + lazy + other_anon + file;
+        d.copy_reserve_and_slop = copy_reserve_and_slop;
+        d.to_space = p.to_space;
         d.other_anon = Some(other_anon);
         d.file = Some(file);
         d.unexplained = Some(rss as i64 - explained as i64);
@@ -943,6 +1144,7 @@ mod tests {
             rss_file: Some(200),
             lazy_free: Some(500),
             rss_minus_lazy_free: Some(1500),
+            to_space: None,
         };
         let d = decompose(&p);
         assert_eq!(d.live, 100);
@@ -1135,6 +1337,120 @@ mod tests {
         }
     }
 
+    /// RSS read during a collection holds the to-space's megablocks, which HEAP_SIZE
+    /// counts only once the collection ends: they are the heap's copy reserve, not
+    /// memory outside the heap.
+    #[test]
+    fn the_to_space_of_a_collection_in_progress_is_heap() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fragscope-ghc/tests/fixtures/pinned-strip-200000.eventlog");
+        let log = read_eventlog(&path).unwrap();
+        let gcs = collections(&log, 0.0);
+        let longest = *gcs
+            .iter()
+            .max_by(|a, b| (a.1 - a.0).total_cmp(&(b.1 - b.0)))
+            .unwrap();
+        assert!(longest.1 - longest.0 > 4.0, "{longest:?}");
+        let end_ms = log.events.iter().map(|e| e.time_ns).max().unwrap() as f64 / 1e6;
+        const MIB: u64 = 1 << 20;
+        let samples = |anon: &dyn Fn(f64) -> u64| -> Vec<RssPoint> {
+            (0..(end_ms / 1.0) as u64)
+                .map(|i| {
+                    let t_ms = i as f64;
+                    RssPoint {
+                        t_ms,
+                        rss: anon(t_ms) + 5 * MIB,
+                        rss_anon: anon(t_ms),
+                        rss_file: 5 * MIB,
+                        lazy_free: 0,
+                        lazy_free_fresh: true,
+                    }
+                })
+                .collect()
+        };
+        // The heap size at each sample, then RSS: the heap, 3 MiB outside it, and 40 MiB
+        // of to-space during the longest collection.
+        let heap = analyze(&log, Some(&samples(&|_| 0)), 0.0, &[]).timeline;
+        let heap_at = |t: f64| heap.iter().find(|p| p.t_ms == t).unwrap().heap_size;
+        let during = |t: f64| t > longest.0 && t < longest.1;
+        let rss = samples(&|t| heap_at(t) + 3 * MIB + if during(t) { 40 * MIB } else { 0 });
+        let r = analyze(&log, Some(&rss), 0.0, &[]);
+        let mut inside = 0;
+        for p in &r.timeline {
+            let d = decompose(p);
+            assert_eq!(d.other_anon, Some(3 * MIB), "{p:?}");
+            assert_eq!(d.unexplained, Some(0), "{p:?}");
+            if during(p.t_ms) {
+                assert_eq!(d.to_space, Some(40 * MIB), "{p:?}");
+                assert!(d.copy_reserve_and_slop >= 40 * MIB);
+                inside += 1;
+            }
+        }
+        assert!(inside >= 3, "{longest:?}");
+    }
+
+    /// An eventlog alone, shaped like seed 001's server: live data built in many small
+    /// steps over 90 ms, held to 1.61 s, then a fall to 0.8 MiB held to 4.63 s.
+    fn a_server_eventlog() -> Eventlog {
+        const MIB: u64 = 1 << 20;
+        let mut events = Vec::new();
+        let mut push = |t_ms: f64, kind: EventKind| {
+            events.push(fragscope_ghc::Event {
+                time_ns: (t_ms * 1e6) as u64,
+                capability: Some(0),
+                kind,
+            })
+        };
+        let mut at = |t_ms: f64, live: u64, heap: u64| {
+            push(
+                t_ms,
+                EventKind::HeapLive {
+                    heap_capset: 0,
+                    bytes: live,
+                },
+            );
+            push(
+                t_ms + 0.001,
+                EventKind::HeapSize {
+                    heap_capset: 0,
+                    bytes: heap,
+                },
+            );
+        };
+        for i in 1..=200u64 {
+            at(
+                i as f64 * 0.45,
+                (i * 350) << 10,
+                10 * MIB + ((i * 385) << 10),
+            );
+        }
+        at(1610.5, 816 << 10, 87 * MIB);
+        at(1610.6, 816 << 10, 71 * MIB);
+        at(4633.5, 43 << 10, 10 * MIB);
+        Eventlog {
+            header: fragscope_ghc::Header::default(),
+            events,
+            end: fragscope_ghc::End::Complete,
+            corruption: None,
+        }
+    }
+
+    /// A phase's figures are those of its own span: the plateau after the fall does not
+    /// report the live data held before it, and is shown at its middle moment.
+    #[test]
+    fn phases_of_an_eventlog_alone_hold_their_own_figures() {
+        let r = analyze(&a_server_eventlog(), None, 0.0, &[]);
+        let last = r.phases.last().unwrap();
+        assert!(r.phases.len() >= 2, "{:?}", r.phases);
+        assert_eq!(last.start_ms, 1610.5, "{:?}", r.phases);
+        assert_eq!(r.phases[r.phases.len() - 2].end_ms, 1610.5);
+        assert_eq!(last.live_max, 816 << 10, "{last:?}");
+        assert!((2500.0..3500.0).contains(&last.snapshot_t_ms), "{last:?}");
+        let before = &r.phases[r.phases.len() - 2];
+        assert_eq!(before.live_max, (200 * 350) << 10, "{before:?}");
+        assert_eq!(before.live_end, (200 * 350) << 10, "{before:?}");
+    }
+
     #[test]
     fn blocks_size_wins_over_frag_when_present() {
         let p = GhcPoint {
@@ -1149,6 +1465,7 @@ mod tests {
             rss_file: None,
             lazy_free: None,
             rss_minus_lazy_free: None,
+            to_space: None,
         };
         let d = decompose(&p);
         assert_eq!((d.free_resident_pages, d.copy_reserve_and_slop), (40, 50));

@@ -1,6 +1,8 @@
 //! Censuses of runtime heaps malloc never sees, taken with each page-residency snapshot
 //! and read from outside (fragscope-census): a GHC program's block descriptors (so it
-//! runs without a heap-profile census of its own) and a CPython process's pymalloc pools.
+//! runs without a heap-profile census of its own; on the census thread) and a CPython
+//! process's pymalloc pools (a few milliseconds, taken with the snapshot itself: its
+//! residency splits them).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -9,23 +11,7 @@ use std::time::{Duration, Instant};
 
 use fragscope_census::ghc::{census, CensusError, CensusLimits, GhcRts, RtsInfo};
 use fragscope_census::pymalloc::{self, Pymalloc};
-use fragscope_trace::chunk::ChunkKind;
 use fragscope_trace::records::{GhcCensus, PymallocCensus, SnapshotReason};
-
-/// A census as the trace stores it.
-pub enum CensusRecord {
-    Ghc(GhcCensus),
-    Pymalloc(PymallocCensus),
-}
-
-impl CensusRecord {
-    pub fn chunk(&self) -> (ChunkKind, Vec<u8>) {
-        match self {
-            CensusRecord::Ghc(c) => (ChunkKind::GhcCensus, c.encode()),
-            CensusRecord::Pymalloc(c) => (ChunkKind::PymallocCensus, c.encode()),
-        }
-    }
-}
 
 /// What a stream's census can be.
 enum Target {
@@ -42,6 +28,8 @@ enum Target {
         /// Censuses refused in a row: one stop may land while the RTS is setting its
         /// heap up; only a refusal that repeats says the layout is not the one read.
         refused: u32,
+        /// Blocks in use at the last census whose liveness scan was made.
+        scanned_blocks: Option<u64>,
     },
 }
 
@@ -49,6 +37,10 @@ enum Target {
 /// the one made while it ran, and the heap has not grown since the census before) at
 /// most this often: tens to hundreds of milliseconds, now and then.
 const LONG_STOP_EVERY: Duration = Duration::from_secs(5);
+
+/// Censuses taken again, 4, 8 and 16 ms later, when the first found the RTS's counts
+/// in flux.
+const RETRIES_IN_A_COLLECTION: u32 = 3;
 
 /// Refused censuses in a row that make a note in the trace.
 const REFUSALS_TO_NOTE: u32 = 3;
@@ -85,118 +77,32 @@ impl Censuses {
     }
 
     /// A census of stream `stream` (process `pid`), or a note saying why it has none (the
-    /// first time only); `None` for a process whose runtime heap fragscope does not read,
-    /// or that holds no heap at the moment (starting, shutting down).
+    /// first time only); `None` for a process that is not a GHC program, or whose RTS
+    /// holds no heap at the moment (starting, shutting down).
     pub fn take(
         &self,
         stream: u32,
         pid: u32,
-        tick: u64,
+        tick: impl Fn() -> u64,
         reason: SnapshotReason,
-    ) -> Option<CensusRecord> {
-        // By the time the program calls exit, the runtime has shut its heap down (GHC's
-        // storage manager, CPython's finalization) and freed part of it: a census then
-        // describes no moment of the run.
+    ) -> Option<GhcCensus> {
+        // By the time the program calls exit, the RTS has shut its storage manager down
+        // and freed part of its heap: a census then describes no moment of the run.
         if !self.enabled || reason == SnapshotReason::Exit {
             return None;
         }
-        if !self.targets.lock().unwrap().contains_key(&stream) {
-            let target = match self.resolve(pid) {
-                Some(Ok(rts)) => Target::Ready {
-                    rts: Arc::new(rts),
-                    last_long_stop: None,
-                    last_megablocks: 0,
-                    refused: 0,
-                },
-                Some(Err(why)) => {
-                    self.targets.lock().unwrap().insert(stream, Target::None);
-                    return Some(CensusRecord::Ghc(GhcCensus {
-                        stream,
-                        tick,
-                        reason,
-                        result: Err(why),
-                    }));
-                }
-                None => match Pymalloc::detect(pid) {
-                    Some(Ok(layout)) => Target::Python { layout, refused: 0 },
-                    Some(Err(why)) => {
-                        self.targets.lock().unwrap().insert(stream, Target::None);
-                        return Some(CensusRecord::Pymalloc(PymallocCensus {
-                            stream,
-                            tick,
-                            reason,
-                            result: Err(why),
-                        }));
-                    }
-                    None => Target::None,
-                },
-            };
-            self.targets.lock().unwrap().insert(stream, target);
-        }
-        let python = match self.targets.lock().unwrap().get(&stream) {
-            Some(Target::Python { layout, .. }) => Some(*layout),
-            _ => None,
-        };
-        if let Some(layout) = python {
-            return self.take_pymalloc(stream, pid, layout).map(|result| {
-                CensusRecord::Pymalloc(PymallocCensus {
-                    stream,
-                    tick,
-                    reason,
-                    result,
-                })
-            });
-        }
-        self.take_ghc(stream, pid, tick, reason)
-            .map(CensusRecord::Ghc)
-    }
-
-    /// A pymalloc census, or the note that the last few were refused.
-    fn take_pymalloc(
-        &self,
-        stream: u32,
-        pid: u32,
-        layout: Pymalloc,
-    ) -> Option<Result<fragscope_trace::records::PymallocPools, String>> {
-        let result = pymalloc::census(pid, &layout);
         let mut targets = self.targets.lock().unwrap();
-        let Some(Target::Python { refused, .. }) = targets.get_mut(&stream) else {
-            return None;
-        };
-        match result {
-            Ok(pools) => {
-                *refused = 0;
-                Some(Ok(pools))
-            }
-            Err(CensusError::NoHeap | CensusError::Unreadable(_)) => None,
-            Err(CensusError::Inconsistent(why)) => {
-                *refused += 1;
-                (*refused == REFUSALS_TO_NOTE).then(|| {
-                    Err(format!(
-                        "{REFUSALS_TO_NOTE} pymalloc censuses in a row were refused: {why}"
-                    ))
-                })
-            }
-        }
-    }
-
-    fn take_ghc(
-        &self,
-        stream: u32,
-        pid: u32,
-        tick: u64,
-        reason: SnapshotReason,
-    ) -> Option<GhcCensus> {
-        let targets = self.targets.lock().unwrap();
+        let first_tick = tick();
         let note = |result| GhcCensus {
             stream,
-            tick,
+            tick: first_tick,
             reason,
             result,
         };
         // A long stop is allowed when none was made lately, up to the heap size of the
         // census before (a heap that grows is being built, and its scan would be stale).
         let (rts, stop_when_spoilt) = match targets.get(&stream) {
+            Some(Target::None | Target::Python { .. }) => return None,
             Some(Target::Ready {
                 rts,
                 last_long_stop,
@@ -208,24 +114,90 @@ impl Censuses {
                     .is_none_or(|t| t.elapsed() >= LONG_STOP_EVERY)
                     .then_some(*last_megablocks),
             ),
-            _ => return None,
+            None => match self.resolve(pid) {
+                None => {
+                    targets.insert(stream, Target::None);
+                    return None;
+                }
+                Some(Err(why)) => {
+                    targets.insert(stream, Target::None);
+                    return Some(note(Err(why)));
+                }
+                Some(Ok(rts)) => {
+                    let rts = Arc::new(rts);
+                    targets.insert(
+                        stream,
+                        Target::Ready {
+                            rts: rts.clone(),
+                            last_long_stop: None,
+                            last_megablocks: 0,
+                            refused: 0,
+                            scanned_blocks: None,
+                        },
+                    );
+                    (rts, None)
+                }
+            },
         };
         drop(targets);
         let limits = CensusLimits {
             stop_when_spoilt,
             ..CensusLimits::default()
         };
-        match census(pid, &rts, limits) {
+        // A stop inside a collection finds the RTS's counts in flux (blocks moved from
+        // one list to another, megablocks taken for the to-space): let the collection
+        // finish and look again, a few times, before counting a refusal.
+        let mut attempt = 0;
+        let (tick, result) = loop {
+            let tick = tick();
+            match census(pid, &rts, limits) {
+                Err(CensusError::Inconsistent(_)) if attempt < RETRIES_IN_A_COLLECTION => {
+                    std::thread::sleep(Duration::from_millis(4 << attempt));
+                    attempt += 1;
+                }
+                result => break (tick, result),
+            }
+        };
+        let note = |result| GhcCensus {
+            stream,
+            tick,
+            reason,
+            result,
+        };
+        // Live data fell by a quarter or more since the last scan, and this census's scan
+        // was spoilt by a collection: what keeps the pinned blocks now is what the report
+        // is about, so the census is taken again with the program stopped for its scan.
+        let fell = |b: &fragscope_trace::records::GhcBlocks| {
+            let targets = self.targets.lock().unwrap();
+            matches!(targets.get(&stream), Some(Target::Ready { scanned_blocks: Some(s), .. })
+                if b.pinned_liveness.is_none() && b.blocks_in_use() * 4 < s * 3)
+        };
+        let result = match result {
+            Ok(b) if fell(&b) => {
+                let stopped = CensusLimits {
+                    stopped_scan_bytes: limits.scan_bytes,
+                    stop_when_spoilt: None,
+                    ..limits
+                };
+                census(pid, &rts, stopped).or(Ok(b))
+            }
+            other => other,
+        };
+        match result {
             Ok(blocks) => {
                 if let Some(Target::Ready {
                     last_long_stop,
                     last_megablocks,
                     refused,
+                    scanned_blocks,
                     ..
                 }) = self.targets.lock().unwrap().get_mut(&stream)
                 {
                     *refused = 0;
                     *last_megablocks = blocks.megablocks;
+                    if blocks.pinned_liveness.is_some() {
+                        *scanned_blocks = Some(blocks.blocks_in_use());
+                    }
                     if Duration::from_micros(blocks.pause_us) > LONG_STOP {
                         *last_long_stop = Some(Instant::now());
                     }
@@ -242,6 +214,66 @@ impl Censuses {
                 (*refused == REFUSALS_TO_NOTE).then(|| {
                     note(Err(format!(
                         "{REFUSALS_TO_NOTE} block censuses in a row were refused: {why}"
+                    )))
+                })
+            }
+        }
+    }
+
+    /// A pymalloc census of stream `stream` (process `pid`) if it runs CPython, or a note
+    /// saying why it has none (the first time, or after a few refusals in a row).
+    pub fn take_pymalloc(
+        &self,
+        stream: u32,
+        pid: u32,
+        tick: u64,
+        reason: SnapshotReason,
+    ) -> Option<PymallocCensus> {
+        // At exit CPython's finalization has freed part of its objects: no moment of the
+        // run.
+        if !self.enabled || reason == SnapshotReason::Exit {
+            return None;
+        }
+        let note = |result| PymallocCensus {
+            stream,
+            tick,
+            reason,
+            result,
+        };
+        let layout = match self.targets.lock().unwrap().get(&stream) {
+            Some(Target::Python { layout, .. }) => *layout,
+            Some(_) => return None,
+            // Not known yet: a CPython process is told here, anything else by `take`.
+            None => match Pymalloc::detect(pid)? {
+                Ok(layout) => {
+                    self.targets
+                        .lock()
+                        .unwrap()
+                        .insert(stream, Target::Python { layout, refused: 0 });
+                    layout
+                }
+                Err(why) => {
+                    self.targets.lock().unwrap().insert(stream, Target::None);
+                    return Some(note(Err(why)));
+                }
+            },
+        };
+        let result = pymalloc::census(pid, &layout);
+        let mut targets = self.targets.lock().unwrap();
+        let Some(Target::Python { refused, .. }) = targets.get_mut(&stream) else {
+            return None;
+        };
+        match result {
+            Ok(pools) => {
+                *refused = 0;
+                Some(note(Ok(pools)))
+            }
+            Err(CensusError::NoHeap | CensusError::Unreadable(_)) => None,
+            Err(CensusError::Inconsistent(why)) => {
+                *refused += 1;
+                (*refused == REFUSALS_TO_NOTE).then(|| {
+                    note(Err(format!(
+                        "{REFUSALS_TO_NOTE} pymalloc censuses in a row were refused: {why}"
                     )))
                 })
             }

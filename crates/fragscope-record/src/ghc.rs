@@ -77,6 +77,90 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
+/// Words a wrapper's command line and scripts may name a program by, at most this many.
+const WRAPPER_WORDS: usize = 512;
+/// Scripts read for program names up to this size.
+const WRAPPER_SCRIPT_BYTES: u64 = 64 << 10;
+
+/// The GHC program a wrapper runs: `sh -c './prog 10'`, a shell script that execs it,
+/// `stack exec -- bin/prog`, `env X=1 prog` (a name `stack` or `cabal` would resolve in
+/// their own build directories is not found). Looks at the words of the
+/// command's arguments and of the scripts among them (the program itself, when it is a
+/// script, included): the first that names a GHC-compiled executable (a path, or a name
+/// found on PATH) is it. `None` when no word does.
+pub fn wrapped_program(program: &Path, args: &[OsString]) -> Option<(PathBuf, GhcBinary)> {
+    let mut words: Vec<String> = Vec::new();
+    let add = |text: &str, words: &mut Vec<String>| {
+        for w in text.split(|c: char| {
+            c.is_whitespace()
+                || matches!(
+                    c,
+                    ';' | '&' | '|' | '(' | ')' | '<' | '>' | '"' | '\'' | '`' | '='
+                )
+        }) {
+            if !w.is_empty() && words.len() < WRAPPER_WORDS {
+                words.push(w.to_string());
+            }
+        }
+    };
+    let script = |path: &Path| -> Option<String> {
+        let meta = std::fs::metadata(path).ok()?;
+        if !meta.is_file() || meta.len() > WRAPPER_SCRIPT_BYTES {
+            return None;
+        }
+        let text = std::fs::read(path).ok()?;
+        text.starts_with(b"#!")
+            .then(|| String::from_utf8_lossy(&text).into_owned())
+            .or_else(|| {
+                // `sh script`: a script need not start with #!; text only.
+                (!text.contains(&0)).then(|| String::from_utf8_lossy(&text).into_owned())
+            })
+    };
+    if let Some(text) = script(program).filter(|t| t.starts_with("#!")) {
+        add(&text, &mut words);
+    }
+    for a in args {
+        let a = a.to_string_lossy();
+        add(&a, &mut words);
+        if let Some(text) = script(Path::new(a.as_ref())) {
+            add(&text, &mut words);
+        }
+    }
+    let path_dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    let mut seen = std::collections::HashSet::new();
+    for w in words {
+        let candidates: Vec<PathBuf> = if w.contains('/') {
+            vec![PathBuf::from(&w)]
+        } else {
+            path_dirs.iter().map(|d| d.join(&w)).collect()
+        };
+        for c in candidates {
+            let Ok(meta) = std::fs::metadata(&c) else {
+                continue;
+            };
+            if !meta.is_file() || !seen.insert(c.clone()) {
+                continue;
+            }
+            let mut head = [0u8; 4];
+            let is_elf = std::fs::File::open(&c)
+                .and_then(|mut f| f.read_exact(&mut head))
+                .is_ok()
+                && head == *b"\x7fELF";
+            if !is_elf {
+                continue;
+            }
+            if let Some(binary) = std::fs::read(&c).ok().and_then(|d| inspect(&d)) {
+                let c = std::path::absolute(&c).unwrap_or(c);
+                return Some((c, binary));
+            }
+            break;
+        }
+    }
+    None
+}
+
 /// The eventlog's path for a trace: `run.fsc` → `run.eventlog`, beside it.
 pub fn eventlog_path(trace: &Path) -> PathBuf {
     trace.with_extension("eventlog")

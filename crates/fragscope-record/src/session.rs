@@ -224,8 +224,16 @@ impl Shared {
         Some(mappings)
     }
 
-    /// RSS, smaps_rollup, memory map and page residency of one process, now.
-    fn snapshot(&self, stream: u32, pid: u32, reason: SnapshotReason) {
+    /// A page-residency snapshot of `pid` (smaps_rollup, memory map, residency, RSS) and
+    /// a CPython process's pymalloc census; with `census`, a GHC block census is asked of
+    /// the census thread too (see [`census_worker`]).
+    fn snapshot(
+        &self,
+        stream: u32,
+        pid: u32,
+        reason: SnapshotReason,
+        census: Option<&SyncSender<CensusRequest>>,
+    ) {
         let tick = self.tick();
         if let Some(fields) = procfs::read_rollup(pid) {
             self.send(
@@ -240,9 +248,8 @@ impl Shared {
         }
         // Before the residency: a pymalloc census is split by the residency read next,
         // and the model meets the census first.
-        if let Some(census) = self.censuses.take(stream, pid, tick, reason) {
-            let (kind, payload) = census.chunk();
-            self.send(kind, payload);
+        if let Some(census) = self.censuses.take_pymalloc(stream, pid, tick, reason) {
+            self.send(ChunkKind::PymallocCensus, census.encode());
         }
         let Some(mappings) = self.write_maps(stream, pid) else {
             return;
@@ -263,6 +270,15 @@ impl Shared {
                 }
                 .encode(),
             );
+        }
+        if let Some(census) = census {
+            // Dropped when the census thread is still busy with the one before: the
+            // next snapshot asks again.
+            let _ = census.try_send(CensusRequest {
+                stream,
+                pid,
+                reason,
+            });
         }
         if let Some(rss) = procfs::read_rss(pid, tick) {
             let mut procs = self.procs.lock().unwrap();
@@ -732,7 +748,7 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
                         stored_copies.insert(tid, h.seq);
                         store.events(h, &copy);
                     }
-                    shared.snapshot(s, pid, SnapshotReason::Exit);
+                    shared.snapshot(s, pid, SnapshotReason::Exit, None);
                 }
                 ack(&mut conn);
             }
@@ -826,9 +842,51 @@ fn process_alive(pid: u32) -> bool {
     procfs::read_rss(pid, 0).is_some()
 }
 
+/// A GHC block census to take, asked by a snapshot.
+struct CensusRequest {
+    stream: u32,
+    pid: u32,
+    reason: SnapshotReason,
+}
+
+/// Takes the censuses the sampler asks for, one at a time, on its own thread: a census
+/// with its reference scan can read hundreds of MiB, and the sampler must go on taking
+/// RSS every 10 ms meanwhile (else the timeline has a hole of that length, a phase of
+/// its own hidden in it). The census's time is when it stops the program.
+fn census_worker(shared: &Shared, requests: Receiver<CensusRequest>) {
+    for r in requests {
+        if let Some(census) = shared
+            .censuses
+            .take(r.stream, r.pid, || shared.tick(), r.reason)
+        {
+            shared.send(ChunkKind::GhcCensus, census.encode());
+        }
+    }
+}
+
 /// The sampler: RSS of every live stream every 10 ms, smaps_rollup every 100 ms,
 /// page-residency snapshots every `snapshot_ms` and near RSS peaks.
 fn sample(shared: Arc<Shared>, snapshot_every: Duration, stop: Arc<Stop>) {
+    let (census, requests) = sync_channel::<CensusRequest>(1);
+    let worker = {
+        let shared = shared.clone();
+        thread::Builder::new()
+            .name("fragscope-census".into())
+            .spawn(move || census_worker(&shared, requests))
+    };
+    sample_until_stopped(&shared, snapshot_every, &stop, &census);
+    drop(census);
+    if let Ok(w) = worker {
+        let _ = w.join();
+    }
+}
+
+fn sample_until_stopped(
+    shared: &Shared,
+    snapshot_every: Duration,
+    stop: &Stop,
+    census: &SyncSender<CensusRequest>,
+) {
     let mut round = 0u32;
     let mut last_periodic = Instant::now();
     while !stop.sleep(RSS_INTERVAL) {
@@ -879,7 +937,7 @@ fn sample(shared: Arc<Shared>, snapshot_every: Duration, stop: Arc<Stop>) {
                     shared.clock.request_stats_and_flush();
                     SnapshotReason::NearPeak
                 };
-                shared.snapshot(stream, pid, reason);
+                shared.snapshot(stream, pid, reason, Some(census));
             } else if round.is_multiple_of(ROLLUP_EVERY) {
                 if let Some(fields) = procfs::read_rollup(pid) {
                     shared.send(
@@ -1133,21 +1191,45 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     // reported, instead of killing the recorder mid-recording.
     // SAFETY: ignoring a signal.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
-    let ghc = std::fs::read(&program_path)
+    // The GHC program: the one recorded, or the one a wrapper (a shell, a script, stack
+    // exec) runs, whose RTS reads the same GHCRTS from the environment it inherits.
+    let ghc_program = match std::fs::read(&program_path)
         .ok()
         .and_then(|data| crate::ghc::inspect(&data))
-        .map(|binary| {
-            crate::ghc::prepare(
-                &program_path,
-                binary,
-                &opts.output,
-                opts.ghc_heap_profile,
-                &opts.command[1..],
-            )
-        });
+    {
+        Some(binary) => Some((program_path.clone(), binary, false)),
+        None => crate::ghc::wrapped_program(&program_path, &opts.command[1..])
+            .map(|(path, binary)| (path, binary, true)),
+    };
+    let ghc = ghc_program.as_ref().map(|(path, binary, wrapped)| {
+        let mut setup = crate::ghc::prepare(
+            path,
+            *binary,
+            &opts.output,
+            opts.ghc_heap_profile,
+            &opts.command[1..],
+        );
+        if *wrapped {
+            let said = format!(
+                "{} runs the GHC program {}{}",
+                program_path.display(),
+                path.display(),
+                if setup.ghcrts.is_some() {
+                    ": its RTS is asked for an eventlog through GHCRTS, which it inherits"
+                } else {
+                    ""
+                }
+            );
+            setup.advice = Some(match setup.advice {
+                Some(a) => format!("{said}. {a}"),
+                None => said,
+            });
+        }
+        setup
+    });
     let censuses = crate::census::Censuses::new(opts.ghc_census);
-    if ghc.is_some() {
-        censuses.learn(&program_path);
+    if let Some((path, ..)) = &ghc_program {
+        censuses.learn(path);
     }
     let preload = crate::preload::preload_library()?;
     let started = Instant::now();

@@ -295,7 +295,7 @@
 
   function linesChart(parent, o) {
     const all = o.series.flatMap((s) => s.values.filter((v) => v !== null));
-    const c = timeChart(parent, { tmax: o.tmax, ymax: Math.max(0, ...all), width: o.width, height: o.height || 260, cls: o.cls });
+    const c = timeChart(parent, { tmax: o.tmax, ymax: o.ymax || Math.max(0, ...all), width: o.width, height: o.height || 260, cls: o.cls });
     if (o.phases) phaseMarks(c, o.phases);
     for (const s of o.series) {
       const attrs = { class: "series " + (o.lineClass || ""), d: linePath(o.ts, s.values, c), fill: "none", stroke: s.color, "stroke-width": 1.6 };
@@ -482,19 +482,7 @@
     } else if (G.block_censuses.length) {
       h.append(el("p", { class: "note" }, "The block censuses show no megablocks kept by a few blocks: the heap's megablocks are mostly in use."));
     }
-    const T = G.timeline;
-    const ts = T.map((p) => p.t_ms);
-    const s = section(main, "Heap over time", "ghc-timeline");
-    const series = [
-      { name: "live (HEAP_LIVE)", values: T.map((p) => p.live), color: "#3b82f6" },
-      { name: "blocks (BLOCKS_SIZE)", values: T.map((p) => p.blocks_size), color: "#10b981" },
-      { name: "heap size (megablocks)", values: T.map((p) => p.heap_size), color: "#f59e0b" },
-    ];
-    if (G.rss_recorded) {
-      series.push({ name: "RSS", values: T.map((p) => p.rss), color: "#111" });
-      series.push({ name: "RSS minus LazyFree", values: T.map((p) => p.rss_minus_lazy_free), color: "#ef4444", dashed: true });
-    }
-    linesChart(s, { tmax: Math.max(G.duration_ms, ...ts, 1), ts, series: series.filter((x) => x.values.some((v) => v !== null)), phases: G.phases, cls: "ghc-lines", lineClass: "ghc-line", height: 320 });
+    ghcTimeline(section(main, "Heap over time", "ghc-timeline"), G, { height: 320 });
     const b = section(main, "Closure types by phase (-hT)", "closure-types");
     const labels = [];
     for (const p of G.phases) for (const c of p.closure_types) if (!labels.includes(c.label)) labels.push(c.label);
@@ -521,11 +509,27 @@
     const ph = section(main, "Phases", "ghc-phases");
     ph.append(table(["phase", "RSS max", "live", "copy reserve + slop", "free blocks", "lazily freed", "other anon", "file"], G.phases.map((p) => {
       const d = p.decomposition;
-      return [p.kind + " " + secs(p.start_ms) + " - " + secs(p.end_ms), bytes(p.rss_max), bytes(d.live), bytes(d.copy_reserve_and_slop), bytes(d.free_resident_pages), bytes(d.lazy_free), bytes(d.other_anon), bytes(d.file)];
+      return [p.kind + " " + secs(p.start_ms) + " - " + secs(p.end_ms), bytes(p.rss_max), bytes(d.live), bytes(d.copy_reserve_and_slop) + (d.to_space === null || d.to_space === undefined ? "" : " (to-space of a collection in progress: " + bytes(d.to_space) + ")"), bytes(d.free_resident_pages), bytes(d.lazy_free), bytes(d.other_anon), bytes(d.file)];
     })));
     const gc = section(main, "Garbage collection", "gc");
     gc.append(table(["generation", "collections", "copied", "GC time", "max pause"], G.gc.generations.map((g) => ["gen " + g.generation, count(g.collections), bytes(g.copied_bytes), duration(g.gc_ms), duration(g.max_pause_ms)])));
     gc.append(el("p", { class: "note" }, "allocated " + bytes(G.gc.allocated_bytes) + ", copied " + bytes(G.gc.copied_bytes) + ", maximum residency " + bytes(G.gc.max_residency) + ", memory in use " + bytes(G.gc.memory_in_use) + "; mutator " + secs(G.gc.mutator_ms) + ", GC " + secs(G.gc.gc_ms)));
+  }
+
+  // Live data, blocks, heap size and (when recorded) RSS over time.
+  function ghcTimeline(parent, G, o) {
+    const T = G.timeline;
+    const ts = T.map((p) => p.t_ms);
+    const series = [
+      { name: "live (HEAP_LIVE)", values: T.map((p) => p.live), color: "#3b82f6" },
+      { name: "blocks (BLOCKS_SIZE)", values: T.map((p) => p.blocks_size), color: "#10b981" },
+      { name: "heap size (megablocks)", values: T.map((p) => p.heap_size), color: "#f59e0b" },
+    ];
+    if (G.rss_recorded) {
+      series.push({ name: "RSS", values: T.map((p) => p.rss), color: "#111" });
+      series.push({ name: "RSS minus LazyFree", values: T.map((p) => p.rss_minus_lazy_free), color: "#ef4444", dashed: true });
+    }
+    linesChart(parent, { tmax: o.tmax || Math.max(G.duration_ms, ...ts, 1), ymax: o.ymax, width: o.width, ts, series: series.filter((x) => x.values.some((v) => v !== null)), phases: G.phases, cls: "ghc-lines", lineClass: "ghc-line", height: o.height });
   }
 
   // The RTS's block censuses: figures over time beside the eventlog's, and the census the
@@ -621,6 +625,89 @@
     });
   }
 
+  // GHC programs side by side: where memory settled, the block census there, the GC table.
+  function ghcCompare(main, D) {
+    const cols = D.columns;
+    document.title = "fragscope compare";
+    document.getElementById("title").textContent = "fragscope compare (GHC programs)";
+    document.getElementById("subtitle").textContent = cols.map((c) => c.label).join(" | ");
+    const t = section(main, "Side by side", "compare-table");
+    for (const c of cols) t.append(el("p", { class: c.headline ? "headline" : "note" }, c.label + ": " + (c.headline || (c.census ? "no block-level waste stands out in its block censuses" : "no block census where memory settled"))));
+    const fmt = (v, f) => (v === null || v === undefined ? "-" : f(v));
+    const cen = (f) => (c) => (c.census ? f(c.census) : "-");
+    const rows = [
+      ["peak RSS", (c) => fmt(c.peak_rss, bytes)], ["end RSS", (c) => fmt(c.end_rss, bytes)],
+      ["maximum residency (live)", (c) => bytes(c.max_residency)], ["memory in use (largest heap)", (c) => bytes(c.memory_in_use)],
+      ["where memory settled", (c) => (c.settled_phase ? c.settled_phase + " " + secs(c.settled_start_ms) + " - " + secs(c.settled_end_ms) : "-")],
+      ["  read at", (c) => fmt(c.settled_t_ms, secs)],
+      ["  RSS", (c) => fmt(c.rss, bytes)], ["  RSS - LazyFree", (c) => fmt(c.rss_minus_lazy_free, bytes)],
+      ["  live (HEAP_LIVE)", (c) => bytes(c.live)], ["  heap size (megablocks)", (c) => (c.heap_known ? bytes(c.heap_size) : "unknown")],
+      ["  copy reserve and slop", (c) => bytes(c.copy_reserve_and_slop)], ["  free blocks in heap", (c) => bytes(c.free_blocks)],
+      ["  lazily freed", (c) => fmt(c.lazy_free, bytes)], ["  other anonymous", (c) => fmt(c.other_anon, bytes)],
+      ["block census at", cen((k) => secs(k.t_ms))], ["  heap (megablocks)", cen((k) => bytes(k.heap_size))],
+      ["  blocks in use", cen((k) => bytes(k.blocks_in_use))], ["  free blocks", cen((k) => bytes(k.free_blocks))],
+      ["  pinned blocks", cen((k) => count(k.pinned_blocks) + " (" + bytes(k.pinned_held) + ")")],
+      ["  pinned objects referred to", cen((k) => fmt(k.pinned_live, bytes))],
+      ["  megablocks with at most 25 blocks in use", cen((k) => bytes(k.sparse_megablocks))],
+      ["major collections", (c) => count(c.major_collections)], ["minor collections", (c) => count(c.minor_collections)],
+      ["bytes copied", (c) => bytes(c.copied_bytes)], ["bytes allocated", (c) => bytes(c.allocated_bytes)],
+      ["GC time", (c) => secs(c.gc_ms)], ["max pause", (c) => duration(c.max_pause_ms)],
+      ["maximum slop", (c) => fmt(c.max_slop, bytes)],
+    ];
+    t.append(table([""].concat(cols.map((c) => c.label)), rows.map(([name, f]) => [name].concat(cols.map(f))), "compare"));
+    // Where memory settled, as stacked bars of the same parts.
+    const keys = [["live", "#3b82f6"], ["copy_reserve_and_slop", "#10b981"], ["free_blocks", "#ef4444"], ["lazy_free", PART_COLORS.lazy_free], ["other_anon", PART_COLORS.other_anon]];
+    const W = 1100, H = 20 + cols.length * 34, m = { l: 200, r: 20 };
+    const svg = sv("svg", { viewBox: "0 0 " + W + " " + H, width: W, height: H, class: "chart compare-bars" });
+    svg.style.maxWidth = "100%";
+    svg.style.height = "auto";
+    const val = (c, k) => c[k] || 0;
+    const xmax = Math.max(1, ...cols.map((c) => keys.reduce((a, [k]) => a + val(c, k), 0)));
+    cols.forEach((c, i) => {
+      let acc = 0;
+      const y = 10 + i * 34;
+      svg.append(sv("text", { x: m.l - 8, y: y + 17, "text-anchor": "end" }, c.label.length > 30 ? c.label.slice(0, 29) + "\u2026" : c.label));
+      for (const [k, color] of keys) {
+        const w = (W - m.l - m.r) * val(c, k) / xmax;
+        const r = sv("rect", { class: "cmp-bar", x: m.l + (W - m.l - m.r) * acc / xmax, y, width: w, height: 24, fill: color });
+        r.addEventListener("mousemove", (ev) => showTip(ev, tipTable(c.label, [[k.replace(/_/g, " "), bytes(val(c, k)), color]])));
+        r.addEventListener("mouseleave", hideTip);
+        svg.append(r);
+        acc += val(c, k);
+      }
+    });
+    t.append(el("h2", {}, "Where memory settled"));
+    t.append(svg);
+    t.append(legend(keys.map(([k, color]) => [k.replace(/_/g, " "), color])));
+    // The pinned-block histograms of the censuses, one column per run.
+    if (cols.some((c) => c.census && c.census.pinned_occupancy)) {
+      t.append(el("h2", {}, "Pinned blocks by how full they are (referred-to bytes / held)"));
+      const most = Math.max(1, ...cols.flatMap((c) => (c.census && c.census.pinned_occupancy) || []));
+      t.append(table(["how full"].concat(cols.map((c) => c.label)), [...Array(10).keys()].map((i) => [i * 10 + "% - " + (i + 1) * 10 + "%"].concat(cols.map((c) => {
+        const occ = c.census && c.census.pinned_occupancy;
+        if (!occ) return "-";
+        const bar = el("div", { class: "occ-bar" });
+        bar.style.width = (100 * occ[i] / most).toFixed(1) + "%";
+        bar.style.background = "#8b5cf6";
+        bar.style.height = "0.8em";
+        return el("div", {}, count(occ[i]), bar);
+      }))), "compare"));
+    }
+    const reports = D.reports.filter((r) => r);
+    if (!reports.length) return;
+    const tmax = Math.max(1, ...reports.map((G) => G.duration_ms));
+    const ymax = Math.max(1, ...reports.flatMap((G) => G.timeline.flatMap((p) => [p.live, p.heap_size, p.rss || 0])));
+    const s = section(main, "Over time", "compare-charts");
+    const side = el("div", { class: "side" });
+    s.append(side);
+    D.reports.forEach((G, i) => {
+      if (!G) return;
+      const box = el("div", { class: "run" }, el("h3", {}, cols[i].label));
+      side.append(box);
+      ghcTimeline(box, G, { width: 560, height: 260, tmax, ymax });
+    });
+  }
+
   try {
     const D = JSON.parse(document.getElementById("data").textContent);
     const main = document.getElementById("main");
@@ -628,6 +715,7 @@
     if (D.kind === "malloc") malloc(main, D.report);
     else if (D.kind === "ghc") ghc(main, D.report);
     else if (D.kind === "compare") compare(main, D);
+    else if (D.kind === "ghc_compare") ghcCompare(main, D);
     else fail("unknown report kind");
   } catch (e) {
     fail("error: " + (e && e.stack ? e.stack : e));
