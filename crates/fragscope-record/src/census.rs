@@ -240,9 +240,14 @@ impl Censuses {
             reason,
             result,
         };
-        let layout = match self.targets.lock().unwrap().get(&stream) {
-            Some(Target::Python { layout, .. }) => *layout,
-            Some(_) => return None,
+        let known = match self.targets.lock().unwrap().get(&stream) {
+            Some(Target::Python { layout, .. }) => Some(Some(*layout)),
+            Some(_) => Some(None),
+            None => None,
+        };
+        let layout = match known {
+            Some(Some(layout)) => layout,
+            Some(None) => return None,
             // Not known yet: a CPython process is told here, anything else by `take`.
             None => match Pymalloc::detect(pid)? {
                 Ok(layout) => {
