@@ -8,6 +8,8 @@ use std::process::Command;
 
 use serde_json::Value;
 
+use common::report_json;
+
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/keep_a_tenth.py")
 }
@@ -74,7 +76,7 @@ fn pymalloc_census_agrees_with_the_interpreters_own_statistics() {
             .unwrap();
         let err = common::stderr(&out);
         assert!(out.status.success(), "{}: {err}", python.display());
-        let report = common::report_json(&trace);
+        let report = report_json(&trace);
         let theirs = stat(&err, "bytes in allocated blocks") as f64;
         // Censuses are taken every 300 ms while the program idles after printing its
         // statistics: the one nearest them is one of those.
@@ -90,10 +92,8 @@ fn pymalloc_census_agrees_with_the_interpreters_own_statistics() {
             .collect();
         let snap = *snaps
             .iter()
-            .min_by_key(|s| {
-                (s["pymalloc"]["in_use"].as_u64().unwrap() as f64 - theirs).abs() as u64
-            })
-            .expect("a snapshot with a pymalloc census");
+            .find(|s| std::ptr::eq(&s["pymalloc"], nearest_census(&report, theirs)))
+            .unwrap();
         let p = &snap["pymalloc"];
         let what = format!("{}: censuses {seen:?}\n{p}\n{err}", python.display());
         assert_eq!(
@@ -128,6 +128,69 @@ fn pymalloc_census_agrees_with_the_interpreters_own_statistics() {
         assert!(text.contains("pymalloc arenas"), "{text}");
         assert!(text.contains("small objects (pymalloc)"), "{text}");
     }
+}
+
+/// Records keep_a_tenth.py with `python` (`mode`: "scattered" or "first"); its report,
+/// and the census taken while it idled after printing its statistics (the one whose
+/// bytes in use are nearest theirs).
+fn record_tenth(dir: &Path, python: &Path, mode: &str) -> (Value, Value) {
+    let trace = dir.join(format!("{mode}.fsc"));
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "--snapshot-ms", "300", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(python)
+        .arg(script())
+        .args(["300000", "1", mode])
+        .output()
+        .unwrap();
+    let err = common::stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let report = report_json(&trace);
+    let idle = nearest_census(&report, stat(&err, "bytes in allocated blocks") as f64).clone();
+    (report, idle)
+}
+
+/// The census whose bytes in use are nearest `bytes`.
+fn nearest_census(report: &Value, bytes: f64) -> &Value {
+    let distance =
+        |s: &&Value| (s["pymalloc"]["in_use"].as_u64().unwrap() as f64 - bytes).abs() as u64;
+    &censused(report)
+        .into_iter()
+        .min_by_key(distance)
+        .expect("a pymalloc census")["pymalloc"]
+}
+
+/// The census of the snapshot the report's pymalloc section is about.
+fn pymalloc_of(report: &Value) -> &Value {
+    let i = report["pymalloc_snapshot"]
+        .as_u64()
+        .expect("a pymalloc snapshot") as usize;
+    &report["snapshots"][i]["pymalloc"]
+}
+
+#[test]
+fn keeping_the_first_tenth_frees_arenas_that_a_scattered_tenth_pins() {
+    let dir = tempfile::tempdir().unwrap();
+    let python = Path::new("/usr/bin/python3");
+    let (scattered, s) = record_tenth(dir.path(), python, "scattered");
+    let (first, f) = record_tenth(dir.path(), python, "first");
+    let (s, f) = (&s, &f);
+    let what = format!("scattered: {s}\nfirst: {f}");
+    // The same objects kept, in a third of the arenas or fewer: survivors packed
+    // together leave whole pools and arenas free to go back.
+    let in_use = |p: &Value| p["in_use"].as_u64().unwrap() as f64;
+    assert!((in_use(s) - in_use(f)).abs() < 0.2 * in_use(s), "{what}");
+    let arenas = |p: &Value| p["arenas"].as_u64().unwrap();
+    assert!(arenas(f) * 3 <= arenas(s), "{what}");
+    assert_eq!(
+        scattered["headline"]["dominant"], "pymalloc_free_in_used_pools",
+        "{what}"
+    );
+    assert_ne!(
+        first["headline"]["dominant"], "pymalloc_free_in_used_pools",
+        "{what}"
+    );
 }
 
 #[test]
