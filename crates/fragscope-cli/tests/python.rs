@@ -161,14 +161,6 @@ fn nearest_census(report: &Value, bytes: f64) -> &Value {
         .expect("a pymalloc census")["pymalloc"]
 }
 
-/// The census of the snapshot the report's pymalloc section is about.
-fn pymalloc_of(report: &Value) -> &Value {
-    let i = report["pymalloc_snapshot"]
-        .as_u64()
-        .expect("a pymalloc snapshot") as usize;
-    &report["snapshots"][i]["pymalloc"]
-}
-
 #[test]
 fn keeping_the_first_tenth_frees_arenas_that_a_scattered_tenth_pins() {
     let dir = tempfile::tempdir().unwrap();
