@@ -428,7 +428,7 @@ fn render(cols: &[Column]) -> String {
         let _ = write!(o, "{:>width$}", c.short);
     }
     o.push('\n');
-    let rows: [(&str, FigureText); 14] = [
+    let rows: [(&str, FigureText); 18] = [
         ("peak RSS", |f| {
             f.peak_rss.map_or_else(|| "not sampled".into(), bytes)
         }),
@@ -446,6 +446,10 @@ fn render(cols: &[Column]) -> String {
             f.fragmentation_ratio
                 .map_or("-".into(), |r| format!("{r:.2}"))
         }),
+        ("pymalloc arenas (CPython)", |f| count(f.pymalloc_arenas)),
+        ("  resident", |f| bytes(f.pymalloc_resident)),
+        ("  in use", |f| bytes(f.pymalloc_in_use)),
+        ("  free", |f| bytes(f.pymalloc_free)),
         ("wall time (recorded)", |f| {
             f.wall_ms
                 .map_or("-".into(), |t| format!("{:.2} s", t / 1e3))
@@ -454,7 +458,13 @@ fn render(cols: &[Column]) -> String {
             f.cpu_ms.map_or("-".into(), |t| format!("{:.2} s", t / 1e3))
         }),
     ];
-    for (name, get) in rows {
+    // pymalloc's rows only when a column is a CPython program.
+    let python = cols.iter().any(|c| malloc(c).pymalloc_arenas > 0);
+    for (i, (name, get)) in rows.into_iter().enumerate() {
+        let pymalloc_row = (13..17).contains(&i);
+        if pymalloc_row && !python {
+            continue;
+        }
         let _ = write!(o, "{name:<26}");
         for c in cols {
             let _ = write!(o, "{:>width$}", get(&malloc(c)));

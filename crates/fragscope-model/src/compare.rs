@@ -25,6 +25,13 @@ pub struct RunFigures {
     pub lazy_free: u64,
     pub other_anon: u64,
     pub fragmentation_ratio: Option<f64>,
+    /// A CPython process's pymalloc arenas at the snapshot where they hold the most free
+    /// space (0 for other programs): arenas, resident bytes, bytes in use, and free
+    /// (inside pools in use, free pools, empty arenas).
+    pub pymalloc_arenas: u64,
+    pub pymalloc_resident: u64,
+    pub pymalloc_in_use: u64,
+    pub pymalloc_free: u64,
     /// Of the recorded run (recording included), when fragscope ran it.
     pub wall_ms: Option<f64>,
     pub cpu_ms: Option<f64>,
@@ -51,6 +58,15 @@ impl RunFigures {
             f.lazy_free = d.lazy_free;
             f.other_anon = d.other_anon;
         }
+        if let Some(p) = report
+            .pymalloc_snapshot
+            .and_then(|i| report.snapshots[i].pymalloc.as_ref())
+        {
+            f.pymalloc_arenas = p.arenas;
+            f.pymalloc_resident = p.resident;
+            f.pymalloc_in_use = p.in_use;
+            f.pymalloc_free = p.waste();
+        }
         f
     }
 
@@ -75,6 +91,10 @@ impl RunFigures {
             lazy_free: m(|r| r.lazy_free),
             other_anon: m(|r| r.other_anon),
             fragmentation_ratio: mo(|r| r.fragmentation_ratio),
+            pymalloc_arenas: m(|r| r.pymalloc_arenas),
+            pymalloc_resident: m(|r| r.pymalloc_resident),
+            pymalloc_in_use: m(|r| r.pymalloc_in_use),
+            pymalloc_free: m(|r| r.pymalloc_free),
             wall_ms: mo(|r| r.wall_ms),
             cpu_ms: mo(|r| r.cpu_ms),
         }
