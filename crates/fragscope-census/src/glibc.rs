@@ -73,6 +73,8 @@ const ALIGN: u64 = 16;
 const MINSIZE: u64 = 32;
 const PREV_INUSE: u64 = 1;
 const IS_MMAPPED: u64 = 2;
+/// Pages whose first bytes are read at once when looking for the next mmapped chunk.
+const MMAPPED_SCAN_BATCH: u64 = 1024;
 const SIZE_BITS: u64 = 7;
 /// sizeof(struct malloc_chunk): malloc_trim keeps this much of a free chunk's start.
 const MALLOC_CHUNK: u64 = 48;
@@ -857,8 +859,11 @@ impl Walk<'_> {
         Ok(Some(out))
     }
 
-    /// Chunks mmapped alone: anonymous writable mappings outside the arenas' heaps that
-    /// start with a chunk header marked IS_MMAPPED, one chunk after another.
+    /// Chunks mmapped alone: in anonymous writable mappings outside the arenas' heaps,
+    /// page-aligned chunk headers marked IS_MMAPPED. The kernel merges neighbouring
+    /// anonymous mappings, so a mapping may hold other memory before, between or after
+    /// them (a runtime's own arenas, such as CPython's pymalloc): past the last chunk the
+    /// next one is looked for page by page, in batches.
     fn mmapped(&mut self, maps: &[Mapping]) -> Result<(u64, u64), CensusError> {
         let page = self.page;
         let heaps: Vec<(u64, u64)> = self
@@ -867,6 +872,7 @@ impl Walk<'_> {
             .map(|r| (r.start, r.start + r.in_use.len() as u64 * page))
             .collect();
         let (mut chunks, mut bytes) = (0, 0);
+        let mut headers = Vec::new();
         for m in maps {
             let anon = m.inode == 0
                 && m.perms.starts_with("rw")
@@ -875,8 +881,7 @@ impl Walk<'_> {
             if !anon || heaps.iter().any(|&(lo, hi)| lo <= m.start && m.start < hi) {
                 continue;
             }
-            // The kernel merges neighbouring anonymous mappings: mmapped chunks may run
-            // into an arena's heap, where they end.
+            // Mmapped chunks may run into an arena's heap, where they end.
             let end = heaps
                 .iter()
                 .map(|&(lo, _)| lo)
@@ -884,29 +889,64 @@ impl Walk<'_> {
                 .min()
                 .unwrap_or(m.end)
                 .min(m.end);
+            let chunk_at = |h: &[u8], p: u64| {
+                let (prev, size) = (le(h, 0), le(h, 8));
+                let csize = size & !SIZE_BITS;
+                (size & IS_MMAPPED != 0
+                    && prev == 0
+                    && csize != 0
+                    && csize.is_multiple_of(page)
+                    && p + csize <= end)
+                    .then_some(csize)
+            };
+            // Runs of chunks one after another: each becomes a region of counted pages.
+            let mut runs: Vec<(u64, Vec<(u64, u64)>)> = Vec::new();
             let mut p = m.start;
-            let mut region: Option<Region> = None;
             while p + 2 * SIZE_SZ <= end {
                 let mut h = [0u8; 16];
                 self.mem.read(p, &mut h)?;
-                let (prev, size) = (le(&h, 0), le(&h, 8));
-                let csize = size & !SIZE_BITS;
-                if size & IS_MMAPPED == 0
-                    || prev != 0
-                    || csize == 0
-                    || !csize.is_multiple_of(page)
-                    || p + csize > end
-                {
-                    break;
+                let found = match chunk_at(&h, p) {
+                    Some(csize) => Some((p, csize)),
+                    None => {
+                        // Not a chunk: the next page that starts one, if any.
+                        let batch: Vec<(u64, usize)> = (1..=MMAPPED_SCAN_BATCH)
+                            .map(|i| p + i * page)
+                            .take_while(|&a| a + 2 * SIZE_SZ <= end)
+                            .map(|a| (a, 16))
+                            .collect();
+                        let Some(&(last, _)) = batch.last() else {
+                            break;
+                        };
+                        self.mem.read_ranges(&batch, &mut headers)?;
+                        match batch.iter().enumerate().find_map(|(i, &(a, _))| {
+                            chunk_at(&headers[i * 16..][..16], a).map(|c| (a, c))
+                        }) {
+                            Some(f) => Some(f),
+                            None => {
+                                p = last + page;
+                                continue;
+                            }
+                        }
+                    }
+                };
+                let Some((at, csize)) = found else { break };
+                match runs.last_mut() {
+                    Some((_, run)) if run.last().is_some_and(|&(a, c)| a + c == at) => {
+                        run.push((at, csize))
+                    }
+                    _ => runs.push((at, vec![(at, csize)])),
                 }
-                let r = region.get_or_insert_with(|| Region::new(m.start, end, None, page));
-                r.add(p, p + csize, page, 1);
-                self.classes.in_use(p, csize, page, 1);
                 chunks += 1;
                 bytes += csize;
-                p += csize;
+                p = at + csize;
             }
-            if let Some(r) = region {
+            for (start, run) in runs {
+                let (a, c) = *run.last().unwrap();
+                let mut r = Region::new(start, a + c, None, page);
+                for &(lo, csize) in &run {
+                    r.add(lo, lo + csize, page, 1);
+                    self.classes.in_use(lo, csize, page, 1);
+                }
                 self.regions.push(r);
             }
         }

@@ -201,3 +201,40 @@ fn a_program_that_is_not_python_has_no_pymalloc_census() {
         assert_eq!(p["pymalloc_censuses"], 0, "{p}");
     }
 }
+
+#[test]
+fn a_running_cpython_process_gets_its_pymalloc_and_glibc_censuses_from_a_snapshot() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new("/usr/bin/python3")
+        .arg(script())
+        .args(["300000", "30"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("kept"), "{line}");
+    let trace = dir.path().join("snap.fsc");
+    let out = common::fragscope(&[
+        "snapshot".as_ref(),
+        child.id().to_string().as_ref(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+    ]);
+    let still_running = child.try_wait().unwrap().is_none();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert!(still_running, "the snapshot must leave the process running");
+    let report = report_json(&trace);
+    let p = &report["snapshots"][0]["pymalloc"];
+    assert!(p["arenas"].as_u64().unwrap() > 50, "{p}");
+    // glibc's mmapped chunks share mappings with pymalloc's arenas: found all the same.
+    let s = &report["snapshot"];
+    assert!(s["note"].is_null(), "{s}");
+    assert!(s["glibc"]["mmapped_chunks"].as_u64().unwrap() > 0, "{s}");
+}
