@@ -238,3 +238,36 @@ fn a_running_cpython_process_gets_its_pymalloc_and_glibc_censuses_from_a_snapsho
     assert!(s["note"].is_null(), "{s}");
     assert!(s["glibc"]["mmapped_chunks"].as_u64().unwrap() > 0, "{s}");
 }
+
+#[test]
+fn every_worker_of_a_multiprocessing_pool_gets_its_own_pymalloc_census() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("pool.fsc");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "--snapshot-ms", "300", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg("/usr/bin/python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/pool_workers.py"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let info = common::info(&trace);
+    let processes = info["processes"].as_array().unwrap();
+    assert_eq!(processes.len(), 3, "{info}");
+    for p in processes {
+        assert!(p["pymalloc_censuses"].as_u64().unwrap() > 0, "{p}");
+    }
+    // A worker, asked for by pid, is explained with its own arenas.
+    let worker = processes[1]["pid"].as_u64().unwrap().to_string();
+    let out = common::fragscope(&[
+        "report".as_ref(),
+        trace.as_os_str(),
+        "--json".as_ref(),
+        "--pid".as_ref(),
+        worker.as_ref(),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(!censused(&report).is_empty(), "worker {worker}");
+}
