@@ -9,7 +9,7 @@ use fragscope_trace::reader::{Chunk, TraceReader};
 use fragscope_trace::records::Pagemap;
 
 use crate::heap::{ClassAtSnapshot, HeapParts};
-use crate::report::{ArenaFigures, GlibcFigures, Headline, Snapshot, SnapshotFacts};
+use crate::report::{GlibcFigures, Headline, Snapshot, SnapshotFacts};
 
 /// The heap's parts and size classes at the snapshot. A census that could not read the
 /// allocator leaves only the resident heap pages, which then count as other anonymous
@@ -67,22 +67,20 @@ pub fn heap_parts(c: &HeapCensus, pm: &Pagemap) -> (HeapParts, Vec<ClassAtSnapsh
 /// The census's own figures, for the report.
 pub fn facts(c: &HeapCensus) -> SnapshotFacts {
     let heap = c.result.as_ref().ok().map(|h| {
-        let arenas: Vec<ArenaFigures> = h.arenas.iter().map(arena).collect();
-        let sum = |f: fn(&ArenaFigures) -> u64| arenas.iter().map(f).sum::<u64>();
         GlibcFigures {
             version: h.version.clone(),
             layout_source: h.layout_source.clone(),
             in_use_chunks: h.in_use_chunks(),
             in_use_bytes: h.in_use_bytes(),
-            free_chunks: sum(|a| a.free_chunks),
-            free_bytes: sum(|a| a.free_bytes),
-            fastbin_chunks: sum(|a| a.fastbin_chunks),
-            fastbin_bytes: sum(|a| a.fastbin_bytes),
-            tcache_chunks: sum(|a| a.tcache_chunks),
-            tcache_bytes: sum(|a| a.tcache_bytes),
-            top_bytes: sum(|a| a.top_bytes),
-            overhead_bytes: sum(|a| a.overhead_bytes),
-            trimmable_bytes: sum(|a| a.trimmable_bytes),
+            free_chunks: h.sum(|a| a.free_chunks),
+            free_bytes: h.sum(|a| a.free_bytes),
+            fastbin_chunks: h.sum(|a| a.fastbin_chunks),
+            fastbin_bytes: h.sum(|a| a.fastbin_bytes),
+            tcache_chunks: h.sum(|a| a.tcache_chunks),
+            tcache_bytes: h.sum(|a| a.tcache_bytes),
+            top_bytes: h.sum(|a| a.top_bytes),
+            overhead_bytes: h.sum(|a| a.overhead_bytes),
+            trimmable_bytes: h.sum(|a| a.trimmable_bytes),
             mmapped_chunks: h.mmapped_chunks,
             mmapped_bytes: h.mmapped_bytes,
             mmapped_resident: h.mmapped_resident,
@@ -90,7 +88,7 @@ pub fn facts(c: &HeapCensus) -> SnapshotFacts {
             mallinfo_in_use: h.sum(GlibcArena::allocator_in_use) + h.mmapped_bytes,
             mallinfo_free: h.sum(GlibcArena::allocator_free),
             bytes_read: h.bytes_read,
-            arenas,
+            arenas: h.arenas.clone(),
         }
     });
     SnapshotFacts {
@@ -99,29 +97,6 @@ pub fn facts(c: &HeapCensus) -> SnapshotFacts {
         pause_ms: c.pause_us as f64 / 1e3,
         note: c.result.as_ref().err().cloned(),
         glibc: heap,
-    }
-}
-
-fn arena(a: &GlibcArena) -> ArenaFigures {
-    ArenaFigures {
-        main: a.main,
-        heaps: a.heaps,
-        threads: a.threads,
-        system_mem: a.system_mem,
-        in_use_chunks: a.in_use_chunks,
-        in_use_bytes: a.in_use_bytes,
-        free_chunks: a.free_chunks,
-        free_bytes: a.free_bytes,
-        fastbin_chunks: a.fastbin_chunks,
-        fastbin_bytes: a.fastbin_bytes,
-        tcache_chunks: a.tcache_chunks,
-        tcache_bytes: a.tcache_bytes,
-        top_bytes: a.top_bytes,
-        overhead_bytes: a.overhead_bytes,
-        resident_bytes: a.resident_bytes,
-        free_in_used_pages: a.free_in_used_pages,
-        free_pages_bytes: a.free_pages_bytes,
-        trimmable_bytes: a.trimmable_bytes,
     }
 }
 

@@ -343,27 +343,6 @@ pub struct GlibcFigures {
     pub mallinfo_in_use: u64,
     pub mallinfo_free: u64,
     pub bytes_read: u64,
-    pub arenas: Vec<ArenaFigures>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ArenaFigures {
-    pub main: bool,
-    pub heaps: u64,
-    pub threads: u64,
-    pub system_mem: u64,
-    pub in_use_chunks: u64,
-    pub in_use_bytes: u64,
-    pub free_chunks: u64,
-    pub free_bytes: u64,
-    pub fastbin_chunks: u64,
-    pub fastbin_bytes: u64,
-    pub tcache_chunks: u64,
-    pub tcache_bytes: u64,
-    pub top_bytes: u64,
-    pub overhead_bytes: u64,
-    pub resident_bytes: u64,
-    pub free_in_used_pages: u64,
-    pub free_pages_bytes: u64,
-    pub trimmable_bytes: u64,
+    /// Each arena as the census read it.
+    pub arenas: Vec<fragscope_trace::heap_census::GlibcArena>,
 }

@@ -11,7 +11,8 @@ pub const OCCUPANCY_BUCKETS: usize = 11;
 
 /// One arena of glibc malloc: the main one (the brk heap) or a thread arena (its 64 MiB
 /// heaps). Bytes are whole chunks, headers included, as glibc counts them.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// Serialised as it is into the report (`snapshot.glibc.arenas`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct GlibcArena {
     pub main: bool,
     /// Heaps walked (1 for the main arena).
