@@ -66,30 +66,28 @@ pub fn heap_parts(c: &HeapCensus, pm: &Pagemap) -> (HeapParts, Vec<ClassAtSnapsh
 
 /// The census's own figures, for the report.
 pub fn facts(c: &HeapCensus) -> SnapshotFacts {
-    let heap = c.result.as_ref().ok().map(|h| {
-        GlibcFigures {
-            version: h.version.clone(),
-            layout_source: h.layout_source.clone(),
-            in_use_chunks: h.in_use_chunks(),
-            in_use_bytes: h.in_use_bytes(),
-            free_chunks: h.sum(|a| a.free_chunks),
-            free_bytes: h.sum(|a| a.free_bytes),
-            fastbin_chunks: h.sum(|a| a.fastbin_chunks),
-            fastbin_bytes: h.sum(|a| a.fastbin_bytes),
-            tcache_chunks: h.sum(|a| a.tcache_chunks),
-            tcache_bytes: h.sum(|a| a.tcache_bytes),
-            top_bytes: h.sum(|a| a.top_bytes),
-            overhead_bytes: h.sum(|a| a.overhead_bytes),
-            trimmable_bytes: h.sum(|a| a.trimmable_bytes),
-            mmapped_chunks: h.mmapped_chunks,
-            mmapped_bytes: h.mmapped_bytes,
-            mmapped_resident: h.mmapped_resident,
-            thread_caches: h.tcaches,
-            mallinfo_in_use: h.sum(GlibcArena::allocator_in_use) + h.mmapped_bytes,
-            mallinfo_free: h.sum(GlibcArena::allocator_free),
-            bytes_read: h.bytes_read,
-            arenas: h.arenas.clone(),
-        }
+    let heap = c.result.as_ref().ok().map(|h| GlibcFigures {
+        version: h.version.clone(),
+        layout_source: h.layout_source.clone(),
+        in_use_chunks: h.in_use_chunks(),
+        in_use_bytes: h.in_use_bytes(),
+        free_chunks: h.sum(|a| a.free_chunks),
+        free_bytes: h.sum(|a| a.free_bytes),
+        fastbin_chunks: h.sum(|a| a.fastbin_chunks),
+        fastbin_bytes: h.sum(|a| a.fastbin_bytes),
+        tcache_chunks: h.sum(|a| a.tcache_chunks),
+        tcache_bytes: h.sum(|a| a.tcache_bytes),
+        top_bytes: h.sum(|a| a.top_bytes),
+        overhead_bytes: h.sum(|a| a.overhead_bytes),
+        trimmable_bytes: h.sum(|a| a.trimmable_bytes),
+        mmapped_chunks: h.mmapped_chunks,
+        mmapped_bytes: h.mmapped_bytes,
+        mmapped_resident: h.mmapped_resident,
+        thread_caches: h.tcaches,
+        mallinfo_in_use: h.sum(GlibcArena::allocator_in_use) + h.mmapped_bytes,
+        mallinfo_free: h.sum(GlibcArena::allocator_free),
+        bytes_read: h.bytes_read,
+        arenas: h.arenas.clone(),
     });
     SnapshotFacts {
         allocator: c.allocator.clone(),

@@ -695,14 +695,23 @@ impl GhcBlocks {
     }
 }
 
-/// Chunk 14: a block census of a GHC program's heap, read from its RTS's own block
-/// descriptors at a snapshot; or why none could be taken.
+/// A census of a runtime's heap taken with a snapshot, or why none could be taken: the
+/// framing chunks 14 (GHC) and 17 (pymalloc) share, `stream tick reason outcome`, then the
+/// note (outcome 0) or the census itself (outcome 1).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GhcCensus {
+pub struct Census<T> {
     pub stream: u32,
     pub tick: u64,
     pub reason: SnapshotReason,
-    pub result: Result<GhcBlocks, String>,
+    pub result: Result<T, String>,
+}
+
+/// What a [`Census`] holds when one was taken.
+pub trait CensusBody: Sized {
+    /// Names it in errors: "a GHC census".
+    const WHAT: &'static str;
+    fn encode_body(&self, w: &mut Writer);
+    fn decode_body(r: &mut Reader) -> Result<Self, TraceError>;
 }
 
 fn encode_reason(r: SnapshotReason) -> u8 {
@@ -717,7 +726,7 @@ fn decode_reason(b: u8) -> SnapshotReason {
     }
 }
 
-impl GhcCensus {
+impl<T: CensusBody> Census<T> {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::new();
         w.varint(self.stream.into())
@@ -727,37 +736,9 @@ impl GhcCensus {
             Err(note) => {
                 w.u8(0).str(note);
             }
-            Ok(b) => {
-                w.u8(1).varint(b.megablocks).varint(b.free_blocks);
-                w.varint(b.kinds.len() as u64);
-                for k in &b.kinds {
-                    w.varint(k.groups).varint(k.blocks).varint(k.used_bytes);
-                }
-                w.varint(b.megablock_fill.len() as u64);
-                for &n in &b.megablock_fill {
-                    w.varint(n);
-                }
-                w.varint(b.sparse_megablocks)
-                    .varint(b.sparse_blocks.len() as u64);
-                for &n in &b.sparse_blocks {
-                    w.varint(n);
-                }
-                match &b.pinned_liveness {
-                    None => {
-                        w.u8(0);
-                    }
-                    Some(p) => {
-                        w.u8(1)
-                            .varint(p.objects)
-                            .varint(p.live_objects)
-                            .varint(p.live_bytes);
-                        for &n in &p.occupancy {
-                            w.varint(n);
-                        }
-                        w.varint(p.sparse_live_bytes).varint(p.scanned_bytes);
-                    }
-                }
-                w.varint(b.pause_us);
+            Ok(body) => {
+                w.u8(1);
+                body.encode_body(&mut w);
             }
         }
         w.bytes
@@ -770,57 +751,11 @@ impl GhcCensus {
         let reason = decode_reason(r.u8()?);
         let result = match r.u8()? {
             0 => Err(r.string()?),
-            1 => {
-                let megablocks = r.varint()?;
-                let free_blocks = r.varint()?;
-                let n = r.count(3)?;
-                let mut kinds = Vec::with_capacity(n);
-                for _ in 0..n {
-                    kinds.push(GhcKindFigures {
-                        groups: r.varint()?,
-                        blocks: r.varint()?,
-                        used_bytes: r.varint()?,
-                    });
-                }
-                let n = r.count(1)?;
-                let megablock_fill = (0..n).map(|_| r.varint()).collect::<Result<_, _>>()?;
-                let sparse_megablocks = r.varint()?;
-                let n = r.count(1)?;
-                let sparse_blocks = (0..n).map(|_| r.varint()).collect::<Result<_, _>>()?;
-                let pinned_liveness = match r.u8()? {
-                    0 => None,
-                    _ => {
-                        let objects = r.varint()?;
-                        let live_objects = r.varint()?;
-                        let live_bytes = r.varint()?;
-                        let mut occupancy = [0u64; 10];
-                        for o in &mut occupancy {
-                            *o = r.varint()?;
-                        }
-                        Some(GhcPinnedLiveness {
-                            objects,
-                            live_objects,
-                            live_bytes,
-                            occupancy,
-                            sparse_live_bytes: r.varint()?,
-                            scanned_bytes: r.varint()?,
-                        })
-                    }
-                };
-                Ok(GhcBlocks {
-                    megablocks,
-                    kinds,
-                    free_blocks,
-                    megablock_fill,
-                    sparse_megablocks,
-                    sparse_blocks,
-                    pinned_liveness,
-                    pause_us: r.varint()?,
-                })
-            }
+            1 => Ok(T::decode_body(&mut r)?),
             other => {
                 return Err(TraceError::Malformed(format!(
-                    "a GHC census with an unknown outcome tag {other}"
+                    "{} with an unknown outcome tag {other}",
+                    T::WHAT
                 )))
             }
         };
@@ -829,6 +764,96 @@ impl GhcCensus {
             tick,
             reason,
             result,
+        })
+    }
+}
+
+/// Chunk 14: a block census of a GHC program's heap, read from its RTS's own block
+/// descriptors at a snapshot; or why none could be taken.
+pub type GhcCensus = Census<GhcBlocks>;
+
+impl CensusBody for GhcBlocks {
+    const WHAT: &'static str = "a GHC census";
+
+    fn encode_body(&self, w: &mut Writer) {
+        w.varint(self.megablocks).varint(self.free_blocks);
+        w.varint(self.kinds.len() as u64);
+        for k in &self.kinds {
+            w.varint(k.groups).varint(k.blocks).varint(k.used_bytes);
+        }
+        w.varint(self.megablock_fill.len() as u64);
+        for &n in &self.megablock_fill {
+            w.varint(n);
+        }
+        w.varint(self.sparse_megablocks)
+            .varint(self.sparse_blocks.len() as u64);
+        for &n in &self.sparse_blocks {
+            w.varint(n);
+        }
+        match &self.pinned_liveness {
+            None => {
+                w.u8(0);
+            }
+            Some(p) => {
+                w.u8(1)
+                    .varint(p.objects)
+                    .varint(p.live_objects)
+                    .varint(p.live_bytes);
+                for &n in &p.occupancy {
+                    w.varint(n);
+                }
+                w.varint(p.sparse_live_bytes).varint(p.scanned_bytes);
+            }
+        }
+        w.varint(self.pause_us);
+    }
+
+    fn decode_body(r: &mut Reader) -> Result<Self, TraceError> {
+        let megablocks = r.varint()?;
+        let free_blocks = r.varint()?;
+        let n = r.count(3)?;
+        let mut kinds = Vec::with_capacity(n);
+        for _ in 0..n {
+            kinds.push(GhcKindFigures {
+                groups: r.varint()?,
+                blocks: r.varint()?,
+                used_bytes: r.varint()?,
+            });
+        }
+        let n = r.count(1)?;
+        let megablock_fill = (0..n).map(|_| r.varint()).collect::<Result<_, _>>()?;
+        let sparse_megablocks = r.varint()?;
+        let n = r.count(1)?;
+        let sparse_blocks = (0..n).map(|_| r.varint()).collect::<Result<_, _>>()?;
+        let pinned_liveness = match r.u8()? {
+            0 => None,
+            _ => {
+                let objects = r.varint()?;
+                let live_objects = r.varint()?;
+                let live_bytes = r.varint()?;
+                let mut occupancy = [0u64; 10];
+                for o in &mut occupancy {
+                    *o = r.varint()?;
+                }
+                Some(GhcPinnedLiveness {
+                    objects,
+                    live_objects,
+                    live_bytes,
+                    occupancy,
+                    sparse_live_bytes: r.varint()?,
+                    scanned_bytes: r.varint()?,
+                })
+            }
+        };
+        Ok(GhcBlocks {
+            megablocks,
+            kinds,
+            free_blocks,
+            megablock_fill,
+            sparse_megablocks,
+            sparse_blocks,
+            pinned_liveness,
+            pause_us: r.varint()?,
         })
     }
 }
@@ -927,100 +952,63 @@ pub struct PymallocPools {
 
 /// Chunk 17: a census of a CPython process's pymalloc pools, read from their headers at a
 /// snapshot; or why none could be taken.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PymallocCensus {
-    pub stream: u32,
-    pub tick: u64,
-    pub reason: SnapshotReason,
-    pub result: Result<PymallocPools, String>,
-}
+pub type PymallocCensus = Census<PymallocPools>;
 
-impl PymallocCensus {
-    pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::new();
-        w.varint(self.stream.into())
-            .varint(self.tick)
-            .u8(encode_reason(self.reason));
-        match &self.result {
-            Err(note) => {
-                w.u8(0).str(note);
-            }
-            Ok(p) => {
-                w.u8(1)
-                    .str(&p.python)
-                    .varint(p.pool_size.into())
-                    .varint(p.arena_size.into())
-                    .varint(p.pool_header.into())
-                    .varint(p.pause_us)
-                    .varint(p.pools.len() as u64);
-                // Addresses as steps in pools from the one before: mostly 1.
-                let mut prev = 0u64;
-                for pool in &p.pools {
-                    w.varint(pool.address.wrapping_sub(prev) / u64::from(p.pool_size.max(1)))
-                        .varint(pool.arena.into())
-                        .varint(pool.block_size.into())
-                        .varint(pool.blocks_in_use.into())
-                        .varint(pool.blocks_carved.into());
-                    prev = pool.address;
-                }
-            }
+impl CensusBody for PymallocPools {
+    const WHAT: &'static str = "a pymalloc census";
+
+    fn encode_body(&self, w: &mut Writer) {
+        w.str(&self.python)
+            .varint(self.pool_size.into())
+            .varint(self.arena_size.into())
+            .varint(self.pool_header.into())
+            .varint(self.pause_us)
+            .varint(self.pools.len() as u64);
+        // Addresses as steps in pools from the one before: mostly 1.
+        let mut prev = 0u64;
+        for pool in &self.pools {
+            w.varint(pool.address.wrapping_sub(prev) / u64::from(self.pool_size.max(1)))
+                .varint(pool.arena.into())
+                .varint(pool.block_size.into())
+                .varint(pool.blocks_in_use.into())
+                .varint(pool.blocks_carved.into());
+            prev = pool.address;
         }
-        w.bytes
     }
 
-    pub fn decode(data: &[u8]) -> Result<Self, TraceError> {
-        let mut r = Reader::new(data);
-        let stream = r.varint()? as u32;
-        let tick = r.varint()?;
-        let reason = decode_reason(r.u8()?);
-        let result = match r.u8()? {
-            0 => Err(r.string()?),
-            1 => {
-                let python = r.string()?;
-                let pool_size = r.varint()? as u32;
-                let arena_size = r.varint()? as u32;
-                let pool_header = r.varint()? as u32;
-                let pause_us = r.varint()?;
-                if pool_size == 0 || !pool_size.is_power_of_two() {
-                    return Err(TraceError::Malformed(format!(
-                        "a pymalloc census with a pool size of {pool_size} bytes"
-                    )));
-                }
-                let n = r.count(5)?;
-                let mut pools = Vec::with_capacity(n);
-                let mut prev = 0u64;
-                for _ in 0..n {
-                    let address = prev.wrapping_add(r.varint()?.wrapping_mul(u64::from(pool_size)));
-                    let pool = PymallocPool {
-                        address,
-                        arena: r.varint()? as u32,
-                        block_size: r.varint()? as u32,
-                        blocks_in_use: r.varint()? as u32,
-                        blocks_carved: r.varint()? as u32,
-                    };
-                    prev = address;
-                    pools.push(pool);
-                }
-                Ok(PymallocPools {
-                    python,
-                    pool_size,
-                    arena_size,
-                    pool_header,
-                    pools,
-                    pause_us,
-                })
-            }
-            other => {
-                return Err(TraceError::Malformed(format!(
-                    "a pymalloc census with an unknown outcome tag {other}"
-                )))
-            }
-        };
-        Ok(Self {
-            stream,
-            tick,
-            reason,
-            result,
+    fn decode_body(r: &mut Reader) -> Result<Self, TraceError> {
+        let python = r.string()?;
+        let pool_size = r.varint()? as u32;
+        let arena_size = r.varint()? as u32;
+        let pool_header = r.varint()? as u32;
+        let pause_us = r.varint()?;
+        if pool_size == 0 || !pool_size.is_power_of_two() {
+            return Err(TraceError::Malformed(format!(
+                "a pymalloc census with a pool size of {pool_size} bytes"
+            )));
+        }
+        let n = r.count(5)?;
+        let mut pools = Vec::with_capacity(n);
+        let mut prev = 0u64;
+        for _ in 0..n {
+            let address = prev.wrapping_add(r.varint()?.wrapping_mul(u64::from(pool_size)));
+            let pool = PymallocPool {
+                address,
+                arena: r.varint()? as u32,
+                block_size: r.varint()? as u32,
+                blocks_in_use: r.varint()? as u32,
+                blocks_carved: r.varint()? as u32,
+            };
+            prev = address;
+            pools.push(pool);
+        }
+        Ok(PymallocPools {
+            python,
+            pool_size,
+            arena_size,
+            pool_header,
+            pools,
+            pause_us,
         })
     }
 }
