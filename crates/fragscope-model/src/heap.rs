@@ -159,14 +159,14 @@ struct PageAcc {
 
 /// Sorted residency ranges with a one-entry cache (objects arrive in hash order, but
 /// large runs fall in the same range).
-struct Residency<'a> {
+pub(crate) struct Residency<'a> {
     ranges: Vec<&'a ResidentRange>,
     shift: u32,
     last: usize,
 }
 
 impl<'a> Residency<'a> {
-    fn new(pm: &'a Pagemap) -> Self {
+    pub(crate) fn new(pm: &'a Pagemap) -> Self {
         let mut ranges: Vec<&ResidentRange> = pm.ranges.iter().collect();
         ranges.sort_by_key(|r| r.start);
         Self {
@@ -198,9 +198,15 @@ impl<'a> Residency<'a> {
         Some((i, page - (r.start >> self.shift)))
     }
 
-    fn is_resident(&mut self, page: u64) -> Option<usize> {
+    /// The index of the range holding `page` (a page number), when the page is resident.
+    pub(crate) fn is_resident(&mut self, page: u64) -> Option<usize> {
         let (i, idx) = self.find(page)?;
         self.ranges[i].is_resident(idx).then_some(i)
+    }
+
+    /// The start address of range `i`.
+    pub(crate) fn range_start(&self, i: usize) -> u64 {
+        self.ranges[i].start
     }
 }
 

@@ -7,7 +7,9 @@
 
 use std::collections::HashMap;
 
-use fragscope_trace::records::{Pagemap, PymallocPools, ResidentRange};
+use fragscope_trace::records::{Pagemap, PymallocPools};
+
+use crate::heap::Residency;
 use serde::Serialize;
 
 /// Pools or arenas whose bytes in use are [lo_pct, hi_pct) of what they can hold.
@@ -134,39 +136,6 @@ fn fill_words(buckets: &[FillBucket]) -> String {
     }
 }
 
-/// Resident pages of a sorted list of ranges, looked up in address order.
-struct Resident<'a> {
-    ranges: Vec<&'a ResidentRange>,
-    page_size: u64,
-}
-
-impl<'a> Resident<'a> {
-    fn new(pm: &'a Pagemap) -> Self {
-        let mut ranges: Vec<&ResidentRange> = pm.ranges.iter().collect();
-        ranges.sort_by_key(|r| r.start);
-        Self {
-            ranges,
-            page_size: u64::from(pm.page_size.max(1)),
-        }
-    }
-
-    /// Resident bytes of [lo, hi), and the start of the range holding `lo` (None when no
-    /// range holds it).
-    fn bytes(&self, lo: u64, hi: u64) -> (u64, Option<u64>) {
-        let i = self.ranges.partition_point(|r| r.start <= lo);
-        let Some(r) = i.checked_sub(1).map(|i| self.ranges[i]) else {
-            return (0, None);
-        };
-        let first = (lo - r.start) / self.page_size;
-        if first >= r.pages {
-            return (0, None);
-        }
-        let last = ((hi - r.start).div_ceil(self.page_size)).min(r.pages);
-        let pages = (first..last).filter(|&p| r.is_resident(p)).count() as u64;
-        (pages * self.page_size, Some(r.start))
-    }
-}
-
 fn fill_buckets() -> Vec<FillBucket> {
     (0..10)
         .map(|b| FillBucket {
@@ -197,7 +166,8 @@ struct ArenaAcc {
 pub fn split(pools: &PymallocPools, pm: &Pagemap) -> (PymallocParts, HashMap<u64, u64>) {
     let pool_size = u64::from(pools.pool_size);
     let header = u64::from(pools.pool_header);
-    let resident = Resident::new(pm);
+    let mut residency = Residency::new(pm);
+    let page_size = u64::from(pm.page_size.max(1));
     let mut parts = PymallocParts {
         python: pools.python.clone(),
         pool_size,
@@ -220,9 +190,12 @@ pub fn split(pools: &PymallocPools, pm: &Pagemap) -> (PymallocParts, HashMap<u64
     let mut arenas: HashMap<u32, ArenaAcc> = HashMap::new();
     let mut classes: HashMap<u32, PymallocClass> = HashMap::new();
     for p in &pools.pools {
-        let (bytes, range) = resident.bytes(p.address, p.address + pool_size);
-        if let Some(start) = range {
-            *by_range.entry(start).or_default() += bytes;
+        let mut bytes = 0;
+        for page in p.address / page_size..(p.address + pool_size).div_ceil(page_size) {
+            if let Some(range) = residency.is_resident(page) {
+                bytes += page_size;
+                *by_range.entry(residency.range_start(range)).or_default() += page_size;
+            }
         }
         parts.resident += bytes;
         let arena = arenas.entry(p.arena).or_default();
@@ -271,7 +244,7 @@ pub fn split(pools: &PymallocPools, pm: &Pagemap) -> (PymallocParts, HashMap<u64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fragscope_trace::records::{PymallocPool, SnapshotReason};
+    use fragscope_trace::records::{PymallocPool, ResidentRange, SnapshotReason};
 
     fn pool(address: u64, arena: u32, block_size: u32, blocks_in_use: u32) -> PymallocPool {
         PymallocPool {
