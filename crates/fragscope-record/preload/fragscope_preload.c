@@ -89,8 +89,11 @@ enum {
     MSG_EXEC_FAILED = 6, /* the exec announced by MSG_EXEC returned */
 };
 /* HELLO_WANTS_CLOCK: the process could not open the clock page for writing (it runs as
- * another user than the recorder); the recorder answers with its descriptor. */
-enum { HELLO_RESUMED = 1, HELLO_FORKED = 2, HELLO_WANTS_CLOCK = 4 };
+ * another user than the recorder); the recorder answers with its descriptor.
+ * HELLO_MARKS_IDLE: threads idle for IDLE_TICKS get an idle buffer sent for them
+ * (membarrier registered), so a thread the merge has heard nothing from is not idle but
+ * still inside a call: preempted, waiting for the socket. */
+enum { HELLO_RESUMED = 1, HELLO_FORKED = 2, HELLO_WANTS_CLOCK = 4, HELLO_MARKS_IDLE = 8 };
 enum { EXIT_VIA_EXIT = 0, EXIT_VIA__EXIT = 1, EXIT_UNKNOWN_STATUS = 2 };
 
 struct msg_header {
@@ -439,7 +442,7 @@ static int send_hello_locked(uint32_t flags) {
     uint32_t *w = (uint32_t *)payload;
     w[0] = (uint32_t)my_pid;
     w[1] = (uint32_t)getppid();
-    w[2] = flags;
+    w[2] = flags | (can_send_idle ? HELLO_MARKS_IDLE : 0);
     w[3] = (uint32_t)token_len;
     uint64_t tick = current_tick();
     memcpy(payload + 16, &tick, 8);
@@ -1248,9 +1251,9 @@ static void atfork_child(void) {
         mine->chunk_first_tick = mine->tick = current_tick();
     }
     syscall(SYS_close, sock_fd);
+    register_membarrier(); /* before the HELLO, which says whether it is */
     sock_fd = connect_recorder();
     if (sock_fd < 0 || send_hello_locked(HELLO_FORKED) != 0) tracing = 0;
-    if (tracing) register_membarrier();
     next_idle_scan = 0;
     if (mine) emit_own_memory(mine);
 }
@@ -1314,11 +1317,11 @@ static void init_tracing(void) {
     /* A process that became another user than the recorder (setpriv, su, a daemon's
      * setuid before an exec) cannot open the clock: the recorder hands it over. */
     uint32_t hello_flags = clock_page == &no_clock ? HELLO_WANTS_CLOCK : 0;
+    register_membarrier(); /* before the HELLO, which says whether it is */
     if (send_hello_locked(hello_flags) != 0) return;
     if (hello_flags & HELLO_WANTS_CLOCK) map_clock(receive_descriptor(sock_fd));
     atomic_store(&stats_answered, clock_page->stats_request);
     tracing = 1;
-    register_membarrier();
 }
 
 /* Called by every hook until the real functions are known. Returns 1 when the caller

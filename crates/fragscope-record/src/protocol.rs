@@ -32,6 +32,9 @@ pub const HELLO_FORKED: u32 = 2;
 /// The process could not open the clock page (it runs as another user): the recorder
 /// answers the HELLO with one byte carrying the page's descriptor (SCM_RIGHTS).
 pub const HELLO_WANTS_CLOCK: u32 = 4;
+/// The process's threads get an idle buffer sent for them when they make no call for a
+/// while (the interposer registered membarrier).
+pub const HELLO_MARKS_IDLE: u32 = 8;
 
 /// The HELLO payload.
 #[derive(Debug, Clone)]

@@ -24,7 +24,8 @@ use fragscope_trace::{
 use crate::clock::ClockPage;
 use crate::procfs;
 use crate::protocol::{
-    self, ExecTarget, MsgHeader, MsgType, HELLO_FORKED, HELLO_RESUMED, HELLO_WANTS_CLOCK,
+    self, ExecTarget, MsgHeader, MsgType, HELLO_FORKED, HELLO_MARKS_IDLE, HELLO_RESUMED,
+    HELLO_WANTS_CLOCK,
 };
 
 /// What `fragscope record` was asked to do.
@@ -644,6 +645,7 @@ fn read_messages(
 fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
     let mut stream: Option<u32> = None;
     let mut pid = 0u32;
+    let mut marks_idle = false;
     let mut store = EventStore {
         shared,
         packed: PackedBuffer::default(),
@@ -695,6 +697,7 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
                 }
                 stream = Some(s);
                 pid = hello.pid;
+                marks_idle = hello.flags & HELLO_MARKS_IDLE != 0;
             }
             MsgType::Events => {
                 let Some(s) = stream else { continue };
@@ -710,6 +713,7 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
                     last_tick: header.last_tick,
                     thread_exited: header.seq & 0x8000_0000 != 0,
                     thread_idle: header.seq & 0x2000_0000 != 0,
+                    process_marks_idle: marks_idle,
                     packed: false,
                 };
                 if header.seq & 0x4000_0000 != 0 {

@@ -33,8 +33,15 @@ use crate::records::EventsHeader;
 use crate::spill::{SpillFile, ThreadSpill};
 use crate::TraceError;
 
-/// How long (in ticks, i.e. ms) a call may wait for its causal partner.
+/// How long (in ticks, i.e. ms) a call may wait for its causal partner, and for a
+/// silent thread of a process whose idle threads are not flagged.
 pub const WAIT_WINDOW_TICKS: u64 = 1000;
+/// How long calls wait for a silent thread of a process that flags its idle threads:
+/// such a thread is inside a call (with hundreds of threads on a few cores, the
+/// scheduler or the socket's lock can leave it waiting for over a second) and its calls
+/// will come. The bound is for a thread that never returns to the interposer (a signal
+/// handler that longjmp'd out of it): what waits meanwhile is on disk.
+pub const SILENT_THREAD_WAIT_TICKS: u64 = 60_000;
 /// Calls held in memory, across all threads, before later ones go to disk (about 80
 /// bytes each).
 pub const MEMORY_BUDGET_ITEMS: usize = 1 << 18;
@@ -260,6 +267,8 @@ pub struct Merger {
     stack_ids: HashMap<Vec<u64>, u32>,
     max_seen: u64,
     last_tick: u64,
+    /// The process flags its idle threads ([`EventsHeader::process_marks_idle`]).
+    marks_idle: bool,
     /// Items in the threads' in-memory queues.
     in_memory: usize,
     /// Items the threads' in-memory queues have room for.
@@ -309,6 +318,7 @@ impl Merger {
             stack_ids: HashMap::new(),
             max_seen: 0,
             last_tick: 0,
+            marks_idle: false,
             in_memory: 0,
             queue_capacity: 0,
             memory_budget: items,
@@ -473,6 +483,7 @@ impl Merger {
         // new thread that got the same tid starts again at seq 0.
         t.exited = h.thread_exited || (t.exited && h.seq != 0);
         t.idle = h.thread_idle;
+        self.marks_idle |= h.process_marks_idle;
         self.max_seen = self.max_seen.max(t.known_through.0);
         if !had_head {
             if let Some(head) = head_of(t, ti) {
@@ -491,7 +502,12 @@ impl Merger {
     /// `Watermark::allows` it, where every other thread active within the wait window has
     /// sent all its calls before that (tick, place).
     fn compute_watermark(&self) -> Watermark {
-        let floor = self.max_seen.saturating_sub(WAIT_WINDOW_TICKS);
+        let window = if self.marks_idle {
+            SILENT_THREAD_WAIT_TICKS
+        } else {
+            WAIT_WINDOW_TICKS
+        };
+        let floor = self.max_seen.saturating_sub(window);
         let mut lowest = ((u64::MAX, u64::MAX), usize::MAX);
         let mut second = (u64::MAX, u64::MAX);
         for (i, t) in self.threads.iter().enumerate() {
@@ -834,6 +850,7 @@ mod tests {
                 last_tick: tick,
                 thread_exited: false,
                 thread_idle: false,
+                process_marks_idle: false,
                 packed: false,
             },
             w.bytes,
@@ -1082,6 +1099,48 @@ mod tests {
         // Thread 2's last call may wait for its own next buffer, not for thread 1's.
         assert!(merged_before_finish(true) >= 4);
         assert_eq!(merged_before_finish(false), 1);
+    }
+
+    /// A thread silent for two seconds while the others go on: in a process that flags
+    /// its idle threads it is inside a call (preempted), and the merge waits for its
+    /// calls, however late they come; elsewhere it may be idle, and after the wait
+    /// window the others' calls go without it (its late call then counts as late).
+    #[test]
+    fn a_silent_thread_of_a_process_that_flags_idle_threads_is_waited_for() {
+        let merge = |marks_idle: bool| {
+            let mut m = Merger::new();
+            let mark = |(h, b): (EventsHeader, Vec<u8>)| {
+                (
+                    EventsHeader {
+                        process_marks_idle: marks_idle,
+                        ..h
+                    },
+                    b,
+                )
+            };
+            let (h, b) = mark(chunk(1, 1, &[(false, 0x1000)]));
+            m.push_chunk(&h, &b).unwrap();
+            let mut merged = Vec::new();
+            for tick in (2..2_000).step_by(100) {
+                let (h, b) = mark(chunk(2, tick, &[(false, 0x2000 + tick * 0x100)]));
+                m.push_chunk(&h, &b).unwrap();
+                while let Some(Merged::Call(c)) = m.pop() {
+                    merged.push(c);
+                }
+            }
+            // Thread 1 comes back with the call it was making at tick 50.
+            let (h, b) = mark(chunk(1, 50, &[(false, 0x3000)]));
+            m.push_chunk(&EventsHeader { seq: 1, ..h }, &b).unwrap();
+            merged.extend(drain(&mut m));
+            (merged, m.stats())
+        };
+        let (calls, stats) = merge(true);
+        assert_eq!(stats.late, 0, "{stats:?}");
+        let ticks: Vec<u64> = calls.iter().map(|c| c.tick).collect();
+        assert!(ticks.windows(2).all(|w| w[0] <= w[1]), "{ticks:?}");
+        assert_eq!(calls[2].addr, 0x3000, "after thread 2's call of tick 2");
+        let (_, stats) = merge(false);
+        assert_eq!(stats.late, 1, "{stats:?}");
     }
 
     #[test]

@@ -179,6 +179,10 @@ pub struct EventsHeader {
     /// buffered: it sends again right after its next call, so the merge need not wait
     /// for it meanwhile.
     pub thread_idle: bool,
+    /// The process's threads are flagged idle (above) whenever they make no call for a
+    /// while: a thread the merge hears nothing from is inside a call (preempted, waiting
+    /// for the recorder), and its calls will come, however late.
+    pub process_marks_idle: bool,
     /// The records are in the packed form (the chunk's kind says so; not encoded here).
     pub packed: bool,
 }
@@ -190,7 +194,11 @@ impl EventsHeader {
             .varint(self.tid.into())
             .varint(self.seq.into());
         w.varint(self.first_tick).varint(self.last_tick);
-        w.varint(u64::from(self.thread_exited) | u64::from(self.thread_idle) << 1);
+        w.varint(
+            u64::from(self.thread_exited)
+                | u64::from(self.thread_idle) << 1
+                | u64::from(self.process_marks_idle) << 2,
+        );
         w.bytes.extend_from_slice(records);
         w.bytes
     }
@@ -207,6 +215,7 @@ impl EventsHeader {
             last_tick,
             thread_exited: flags & 1 == 1,
             thread_idle: flags & 2 == 2,
+            process_marks_idle: flags & 4 == 4,
             packed: false,
         };
         Ok((h, r.remaining()))
