@@ -614,6 +614,54 @@ fn pymalloc(o: &mut String, r: &Report) {
             bytes(c.blocks_free * c.block_size)
         );
     }
+    python_sites(o, r);
+}
+
+/// The Python lines whose sampled objects survive in pymalloc's arenas.
+fn python_sites(o: &mut String, r: &Report) {
+    let Some(ps) = &r.python_sites else {
+        return;
+    };
+    let _ = writeln!(
+        o,
+        "  Python lines whose objects keep the arenas ({} objects sampled, one per {} \
+         allocated on average; {} live at this census, in {} of the {} arenas in use)",
+        count(ps.samples),
+        bytes(ps.mean_bytes),
+        count(ps.live_samples),
+        count(ps.arenas_sampled),
+        count(ps.arenas_in_use)
+    );
+    let _ = writeln!(
+        o,
+        "    {:>10} {:>10} {:>7} {:>11}  line",
+        "holds", "live", "arenas", "allocated"
+    );
+    for s in ps.sites.iter().filter(|s| s.allocated_bytes > 0.0).take(5) {
+        let _ = writeln!(
+            o,
+            "    {:>10} {:>10} {:>7} {:>11}  {}",
+            bytes(s.held_bytes as u64),
+            bytes(s.live_bytes as u64),
+            count(s.arenas),
+            bytes(s.allocated_bytes as u64),
+            s.location
+        );
+        for c in s.callers.iter().take(2) {
+            let _ = writeln!(o, "    {:>42}  <- {c}", "");
+        }
+    }
+    if ps.held_unattributed > 0 {
+        let _ = writeln!(
+            o,
+            "    {:>10} in arenas where no sampled object lives (a smaller --sample-bytes \
+             samples more)",
+            bytes(ps.held_unattributed)
+        );
+    }
+    if let Some(p) = &ps.problem {
+        let _ = writeln!(o, "    note: {p}");
+    }
 }
 
 fn occupancy(o: &mut String, s: &Snapshot) {

@@ -19,6 +19,7 @@ use fragscope_trace::TraceError;
 use crate::heap::{self, ClassAtSnapshot, HeapHistory, HeapParts, SiteAtSnapshot, SiteWeighting};
 use crate::phases;
 use crate::pymalloc::{self, PymallocParts};
+use crate::python_sites::{self, PoolIndex, PythonLog};
 use crate::report::*;
 use crate::symbols::{Frame, Symbolizer};
 
@@ -95,6 +96,10 @@ struct Stream {
     pymalloc_ticks: VecDeque<u64>,
     /// Why the process has no pymalloc census, when it is CPython.
     pymalloc_note: Option<String>,
+    /// CPython's sampled objects, and where the pools of the census with the most
+    /// pymalloc waste so far were (the one the report explains).
+    python: PythonLog,
+    python_census: Option<PoolIndex>,
     evaluated: Vec<Evaluated>,
     history: HeapHistory,
     rss: Vec<RssSample>,
@@ -215,7 +220,19 @@ impl Stream {
         }
         self.pymalloc_ticks.pop_front();
         let pools = self.pymalloc_pending.pop_front()?;
-        let (split, by_range) = pymalloc::split(&pools, pm);
+        let pymalloc::Split {
+            parts: split,
+            by_range,
+            arenas,
+        } = pymalloc::split(&pools, pm);
+        // As the report picks its pymalloc snapshot: the most waste, the latest of equals.
+        if self
+            .python_census
+            .as_ref()
+            .is_none_or(|c| split.waste() >= c.waste)
+        {
+            self.python_census = Some(PoolIndex::new(pm.tick, split.waste(), &pools, arenas));
+        }
         let in_heap: u64 = by_range
             .iter()
             .filter(|(start, _)| self.history.held(**start))
@@ -411,6 +428,10 @@ pub fn analyze(
                 let i = index(&mut streams, &mut by_stream, c.stream);
                 streams[i].census = Some(c);
             }
+            Chunk::PythonSamples(c) => {
+                let i = index(&mut streams, &mut by_stream, c.stream);
+                streams[i].python.add(&c);
+            }
         }
     }
     progress(reader.offset(), reader.file_bytes());
@@ -508,6 +529,8 @@ pub fn analyze(
             }
         );
     }
+    let python_sites =
+        (!s.python.is_empty()).then(|| python_sites::sites(&s.python, s.python_census.as_ref()));
     let pymalloc_snapshot = (0..snapshots.len())
         .filter(|&i| snapshots[i].pymalloc.is_some())
         .max_by_key(|&i| snapshots[i].pymalloc.as_ref().map_or(0, |p| p.waste()));
@@ -515,8 +538,15 @@ pub fn analyze(
         // pymalloc's arenas are outside malloc's heap: they make the headline when they
         // waste more than the heap does at its focus.
         let heap_waste = focus_snapshot.map_or(0, |i| snapshots[i].parts.heap_waste());
-        if let Some((dominant, sentence)) = pymalloc::headline(p).filter(|_| p.waste() > heap_waste)
+        if let Some((dominant, mut sentence)) =
+            pymalloc::headline(p).filter(|_| p.waste() > heap_waste)
         {
+            if let Some(clause) = python_sites
+                .as_ref()
+                .and_then(python_sites::headline_clause)
+            {
+                sentence = format!("{sentence} Here {clause}.");
+            }
             headline.dominant = Some(dominant.into());
             headline.sentence = sentence;
         }
@@ -573,6 +603,7 @@ pub fn analyze(
         chosen_by_pid: opts.pid.is_some(),
         pymalloc_snapshot,
         pymalloc_note: s.pymalloc_note.clone(),
+        python_sites,
         leaks,
         snapshot: s.census.as_ref().map(crate::census::facts),
     })

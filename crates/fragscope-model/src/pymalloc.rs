@@ -153,17 +153,42 @@ fn add_to(buckets: &mut [FillBucket], in_use: u64, capacity: u64) {
     buckets[b].bytes_in_use += in_use;
 }
 
-#[derive(Default)]
-struct ArenaAcc {
-    pools_in_use: u64,
-    in_use: u64,
-    empty_resident: u64,
+/// One arena's figures in a census.
+#[derive(Default, Debug, Clone, Copy)]
+pub struct ArenaAcc {
+    pub pools_in_use: u64,
+    /// Bytes of blocks in use.
+    pub in_use: u64,
+    /// Resident bytes of its pools with no block in use.
+    pub empty_resident: u64,
+    /// Resident bytes of its pools in use beyond their blocks in use.
+    pub free_in_used_pools: u64,
 }
 
-/// Splits a census's pools by the residency `pm` read with it. Also returns the resident
-/// pool bytes by the start of the pagemap range that holds them, for the heap's own
-/// count to leave out.
-pub fn split(pools: &PymallocPools, pm: &Pagemap) -> (PymallocParts, HashMap<u64, u64>) {
+impl ArenaAcc {
+    /// What the arena's blocks in use keep resident beyond themselves: its free space,
+    /// which pymalloc gives back only once the arena is empty.
+    pub fn held(&self) -> u64 {
+        if self.pools_in_use == 0 {
+            0
+        } else {
+            self.free_in_used_pools + self.empty_resident
+        }
+    }
+}
+
+/// A census split by its residency (see [`split`]).
+pub struct Split {
+    pub parts: PymallocParts,
+    /// Resident pool bytes by the start of the pagemap range that holds them, for the
+    /// heap's own count to leave out.
+    pub by_range: HashMap<u64, u64>,
+    /// Each arena's figures, by the census's arena number.
+    pub arenas: HashMap<u32, ArenaAcc>,
+}
+
+/// Splits a census's pools by the residency `pm` read with it.
+pub fn split(pools: &PymallocPools, pm: &Pagemap) -> Split {
     let pool_size = u64::from(pools.pool_size);
     let header = u64::from(pools.pool_header);
     let mut residency = Residency::new(pm);
@@ -208,6 +233,7 @@ pub fn split(pools: &PymallocPools, pm: &Pagemap) -> (PymallocParts, HashMap<u64
         parts.pools_in_use += 1;
         parts.in_use += in_use;
         parts.free_in_used_pools += bytes - in_use;
+        arena.free_in_used_pools += bytes - in_use;
         add_to(&mut parts.pool_fill, in_use, pool_size - header);
         arena.pools_in_use += 1;
         arena.in_use += in_use;
@@ -238,7 +264,11 @@ pub fn split(pools: &PymallocPools, pm: &Pagemap) -> (PymallocParts, HashMap<u64
             c.block_size,
         )
     });
-    (parts, by_range)
+    Split {
+        parts,
+        by_range,
+        arenas,
+    }
 }
 
 #[cfg(test)]
@@ -290,7 +320,9 @@ mod tests {
                 resident,
             }],
         };
-        let (p, by_range) = split(&pools, &pm);
+        let Split {
+            parts: p, by_range, ..
+        } = split(&pools, &pm);
         assert_eq!(p.resident, 16384 + 12288 + 16384);
         assert_eq!(p.in_use, 640);
         assert_eq!(p.free_in_used_pools, 16384 - 640);

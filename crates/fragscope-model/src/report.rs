@@ -296,6 +296,10 @@ pub struct Report {
     pub pymalloc_snapshot: Option<usize>,
     /// Why a CPython process has no pymalloc census.
     pub pymalloc_note: Option<String>,
+    /// A CPython process: the Python lines whose sampled objects survive in pymalloc's
+    /// arenas, at the census of `pymalloc_snapshot`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub python_sites: Option<crate::python_sites::PythonSites>,
     /// A `fragscope snapshot` of a running process: the census that stands for the calls
     /// (absent from recordings).
     #[serde(skip_serializing_if = "Option::is_none")]

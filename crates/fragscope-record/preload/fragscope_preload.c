@@ -87,6 +87,7 @@ enum {
     MSG_EXIT = 4,         /* acknowledged: the recorder takes a last snapshot meanwhile */
     MSG_EXEC = 5,
     MSG_EXEC_FAILED = 6, /* the exec announced by MSG_EXEC returned */
+    MSG_PYTHON = 7,      /* CPython's sampled objects (cpython.h) */
 };
 /* HELLO_WANTS_CLOCK: the process could not open the clock page for writing (it runs as
  * another user than the recorder); the recorder answers with its descriptor.
@@ -486,6 +487,8 @@ static void send_message(const struct msg_header *h, const void *payload, int wa
     pthread_mutex_unlock(&sock_lock);
 }
 
+#include "cpython.h"
+
 /* ---- thread buffers ---- */
 /* A buffer's seq with this bit set is the thread's last: it is gone (see tell_gone). */
 #define SEQ_THREAD_EXITED 0x80000000u
@@ -833,6 +836,7 @@ static __attribute__((noinline)) void tick_changed(struct thread_state *ts, uint
         flush_thread(ts);
     }
     if (can_send_idle) send_idle_buffers(ts, tick);
+    if (UNLIKELY(py_state == 1) && !(tls_flags & TF_REAL)) py_try_wrap();
     put_tagged(ts, KIND_TICK, tick - ts->tick);
     ts->tick = tick;
     ts->order_next = 0; /* the recorder started the counter again with the tick */
@@ -1230,6 +1234,7 @@ static void atfork_child(void) {
     pthread_mutex_init(&registry_lock, NULL);
     my_pid = getpid();
     if (!tracing) return;
+    py_after_fork();
     struct thread_state *mine = tls_state;
     for (struct thread_state *r = registry, *next; r; r = next) {
         next = r->next_in_registry;
@@ -1322,6 +1327,7 @@ static void init_tracing(void) {
     if (hello_flags & HELLO_WANTS_CLOCK) map_clock(receive_descriptor(sock_fd));
     atomic_store(&stats_answered, clock_page->stats_request);
     tracing = 1;
+    py_detect();
 }
 
 /* Called by every hook until the real functions are known. Returns 1 when the caller
@@ -1410,6 +1416,7 @@ static void send_exit(int status, uint32_t how) {
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
         tls_flags &= ~TF_BUSY;
     }
+    py_flush();
     flush_all();
     int32_t payload[2] = {status, (int32_t)how};
     uint64_t tick = current_tick();

@@ -14,6 +14,8 @@ pub enum MsgType {
     Exit,
     Exec,
     ExecFailed,
+    /// CPython's sampled objects (chunk 18, as they come).
+    Python,
     Unknown(u32),
 }
 
@@ -87,6 +89,7 @@ pub fn read_header(r: &mut impl Read) -> io::Result<Option<MsgHeader>> {
         4 => MsgType::Exit,
         5 => MsgType::Exec,
         6 => MsgType::ExecFailed,
+        7 => MsgType::Python,
         other => MsgType::Unknown(other),
     };
     Ok(Some(MsgHeader {

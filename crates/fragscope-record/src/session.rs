@@ -15,6 +15,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
+use fragscope_trace::python_samples::PythonSamples;
 use fragscope_trace::{
     ChunkKind, ChunkWriter, EndHow, EventsHeader, Mapping, Maps, Meta, Origin, PackedBuffer,
     Packer, Pagemap, Process, ProcessEnd, Rollup, RssBatch, RssSample, SnapshotReason, StackMode,
@@ -793,6 +794,18 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
                             st.end = None;
                         }
                     }
+                }
+            }
+            MsgType::Python => {
+                if let Some(s) = stream {
+                    // The interposer's header carries the sampling mean in seq.
+                    let samples = PythonSamples {
+                        stream: s,
+                        mean_bytes: header.seq.into(),
+                        first_tick: header.first_tick,
+                        records: payload.clone(),
+                    };
+                    shared.send(ChunkKind::PythonSamples, samples.encode());
                 }
             }
             MsgType::Unknown(_) => {}

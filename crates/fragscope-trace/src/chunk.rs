@@ -52,6 +52,9 @@ pub enum ChunkKind {
     HeapCensus = 16,
     /// A CPython process's pymalloc census (see [`crate::records::PymallocCensus`]).
     PymallocCensus = 17,
+    /// A CPython process's sampled objects with Python stacks (see
+    /// [`crate::python_samples`]).
+    PythonSamples = 18,
 }
 
 impl ChunkKind {
@@ -75,6 +78,7 @@ impl ChunkKind {
             15 => Untraced,
             16 => HeapCensus,
             17 => PymallocCensus,
+            18 => PythonSamples,
             _ => return None,
         })
     }

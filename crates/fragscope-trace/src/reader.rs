@@ -25,6 +25,7 @@ pub enum Chunk {
     GhcCensus(GhcCensus),
     PymallocCensus(PymallocCensus),
     HeapCensus(crate::heap_census::HeapCensus),
+    PythonSamples(crate::python_samples::PythonSamples),
 }
 
 /// Reads a trace chunk by chunk. Damage (a cut or corrupt file) ends the iteration; what
@@ -97,6 +98,9 @@ impl<R: Read> TraceReader<R> {
             ChunkKind::End => End::decode(data).map(Chunk::End),
             ChunkKind::GhcCensus => GhcCensus::decode(data).map(Chunk::GhcCensus),
             ChunkKind::PymallocCensus => PymallocCensus::decode(data).map(Chunk::PymallocCensus),
+            ChunkKind::PythonSamples => {
+                crate::python_samples::PythonSamples::decode(data).map(Chunk::PythonSamples)
+            }
             ChunkKind::HeapCensus => {
                 crate::heap_census::HeapCensus::decode(data).map(Chunk::HeapCensus)
             }

@@ -35,6 +35,8 @@ pub struct ProcessSummary {
     /// pymalloc censuses taken (CPython), and the note of the first that could not be.
     pub pymalloc_censuses: u64,
     pub pymalloc_census_note: Option<String>,
+    /// CPython objects sampled with their Python stacks.
+    pub python_samples: u64,
     /// The heap census of `fragscope snapshot`, if this is one.
     pub heap_census: Option<crate::heap_census::HeapCensus>,
     pub end: Option<ProcessEnd>,
@@ -238,6 +240,14 @@ pub fn summarize(
                         ps.pymalloc_census_note.get_or_insert(note);
                     }
                 }
+            }
+            Chunk::PythonSamples(c) => {
+                let i = idx(&mut sum, &mut by_stream, c.stream);
+                let (records, _) = c.records();
+                sum.processes[i].python_samples += records
+                    .iter()
+                    .filter(|r| matches!(r, crate::python_samples::PythonRecord::Alloc { .. }))
+                    .count() as u64;
             }
             Chunk::HeapCensus(c) => {
                 let i = idx(&mut sum, &mut by_stream, c.stream);

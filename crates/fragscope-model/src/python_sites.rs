@@ -1,0 +1,415 @@
+//! Who pins pymalloc's arenas: the Python lines whose sampled objects survive in them.
+//!
+//! The interposer samples CPython's object allocations (chunk 18) with their Python
+//! stacks, and records the frees of the sampled objects. At the pymalloc census that
+//! wastes the most, the samples still live are placed in their pools and arenas; each
+//! arena's free space (what its survivors keep from being returned) is shared among the
+//! sites of the samples in it by their estimated bytes. Arenas with no sample in them
+//! are counted apart: a site that pins many arenas with one object each is found only as
+//! often as sampling meets it.
+
+use std::collections::HashMap;
+
+use fragscope_trace::python_samples::{PythonRecord, PythonSamples};
+use fragscope_trace::records::PymallocPools;
+use serde::Serialize;
+
+use crate::pymalloc::ArenaAcc;
+
+/// Sites listed in the report.
+const SITES_LISTED: usize = 10;
+/// Callers shown under a site's line.
+const CALLERS_SHOWN: usize = 4;
+
+/// One process's samples, in the order of its calls.
+#[derive(Default)]
+pub struct PythonLog {
+    mean_bytes: u64,
+    frames: HashMap<u32, Frame>,
+    stacks: HashMap<u32, Vec<u32>>,
+    events: Vec<Event>,
+    /// Why some records could not be read.
+    pub problem: Option<String>,
+}
+
+struct Frame {
+    line: u32,
+    file: String,
+    function: String,
+}
+
+enum Event {
+    Alloc {
+        tick: u64,
+        address: u64,
+        size: u64,
+        stack: u32,
+    },
+    Free {
+        tick: u64,
+        address: u64,
+    },
+}
+
+impl PythonLog {
+    pub fn add(&mut self, chunk: &PythonSamples) {
+        self.mean_bytes = chunk.mean_bytes.max(1);
+        let (records, problem) = chunk.records();
+        if let Some(p) = problem {
+            self.problem
+                .get_or_insert(format!("CPython samples cut short: {p}"));
+        }
+        for r in records {
+            match r {
+                PythonRecord::Alloc {
+                    tick,
+                    address,
+                    size,
+                    stack,
+                } => self.events.push(Event::Alloc {
+                    tick,
+                    address,
+                    size,
+                    stack,
+                }),
+                PythonRecord::Free { tick, address } => {
+                    self.events.push(Event::Free { tick, address })
+                }
+                PythonRecord::Frame {
+                    id,
+                    line,
+                    file,
+                    function,
+                } => {
+                    self.frames.insert(
+                        id,
+                        Frame {
+                            line,
+                            file,
+                            function,
+                        },
+                    );
+                }
+                PythonRecord::Stack { id, frames } => {
+                    self.stacks.insert(id, frames);
+                }
+            }
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// "file:line (function)" of a frame id.
+    fn frame_name(&self, id: u32) -> String {
+        match self.frames.get(&id) {
+            Some(f) => format!("{}:{} ({})", f.file, f.line, f.function),
+            None => "?".into(),
+        }
+    }
+
+    /// The estimated number of objects one sample of `size` bytes stands for: a Poisson
+    /// process over bytes samples it with probability 1 - exp(-size / mean).
+    fn weight(&self, size: u64) -> f64 {
+        1.0 / (1.0 - (-(size.max(1) as f64) / self.mean_bytes as f64).exp())
+    }
+}
+
+/// Where the pools of the census the report explains are, and what each arena holds.
+pub struct PoolIndex {
+    pub tick: u64,
+    pub waste: u64,
+    pool_size: u64,
+    pool_arena: HashMap<u64, u32>,
+    arenas: HashMap<u32, ArenaAcc>,
+}
+
+impl PoolIndex {
+    pub fn new(
+        tick: u64,
+        waste: u64,
+        pools: &PymallocPools,
+        arenas: HashMap<u32, ArenaAcc>,
+    ) -> Self {
+        Self {
+            tick,
+            waste,
+            pool_size: u64::from(pools.pool_size.max(1)),
+            pool_arena: pools.pools.iter().map(|p| (p.address, p.arena)).collect(),
+            arenas,
+        }
+    }
+}
+
+/// A Python line whose objects were sampled.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PythonSite {
+    /// "file:line (function)" of the frame that allocated.
+    pub location: String,
+    /// Its callers, innermost first (of the stack sampled most often at this line).
+    pub callers: Vec<String>,
+    /// Estimated bytes allocated here over the run (objects of 512 bytes or less).
+    pub allocated_bytes: f64,
+    /// Estimated bytes of its objects live at the census.
+    pub live_bytes: f64,
+    /// Arenas in use holding a sampled object of it.
+    pub arenas: u64,
+    /// Its share of those arenas' free space (by its estimated bytes among theirs).
+    pub held_bytes: f64,
+}
+
+/// Python call sites of a CPython process (see the module's comment).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PythonSites {
+    /// Mean bytes between samples.
+    pub mean_bytes: u64,
+    /// Objects sampled over the run, and those live at the census.
+    pub samples: u64,
+    pub live_samples: u64,
+    /// Arenas in use at the census, and those with a sampled object in them.
+    pub arenas_in_use: u64,
+    pub arenas_sampled: u64,
+    /// Free space of arenas in use with no sampled object in them.
+    pub held_unattributed: u64,
+    /// By bytes held, then by bytes allocated.
+    pub sites: Vec<PythonSite>,
+    pub problem: Option<String>,
+}
+
+#[derive(Default)]
+struct SiteAcc {
+    allocated: f64,
+    live: f64,
+    held: f64,
+    arenas: u64,
+    stacks: HashMap<u32, u64>,
+}
+
+/// The sites of `log`, placed in the census `index` describes.
+pub fn sites(log: &PythonLog, index: Option<&PoolIndex>) -> PythonSites {
+    // By the allocating line's name: one line has a frame id per instruction.
+    let mut by_line: HashMap<String, SiteAcc> = HashMap::new();
+    let mut names: HashMap<u32, String> = HashMap::new();
+    let mut site_of = |stack: u32| -> String {
+        let frame = log.stacks.get(&stack).and_then(|f| f.first().copied());
+        names
+            .entry(frame.unwrap_or(0))
+            .or_insert_with(|| match frame {
+                Some(id) => log.frame_name(id),
+                None => "(no Python frame)".into(),
+            })
+            .clone()
+    };
+    let until = index.map_or(u64::MAX, |i| i.tick);
+    let mut live: HashMap<u64, (u64, u32)> = HashMap::new();
+    let mut samples = 0;
+    for e in &log.events {
+        match *e {
+            Event::Alloc {
+                tick,
+                address,
+                size,
+                stack,
+            } => {
+                samples += 1;
+                let acc = by_line.entry(site_of(stack)).or_default();
+                acc.allocated += log.weight(size) * size as f64;
+                *acc.stacks.entry(stack).or_default() += 1;
+                if tick <= until {
+                    live.insert(address, (size, stack));
+                }
+            }
+            Event::Free { tick, address } => {
+                if tick <= until {
+                    live.remove(&address);
+                }
+            }
+        }
+    }
+    let mut result = PythonSites {
+        mean_bytes: log.mean_bytes,
+        samples,
+        live_samples: live.len() as u64,
+        arenas_in_use: 0,
+        arenas_sampled: 0,
+        held_unattributed: 0,
+        sites: Vec::new(),
+        problem: log.problem.clone(),
+    };
+    if let Some(index) = index {
+        // Each arena's sampled bytes by site.
+        let mut in_arena: HashMap<u32, HashMap<String, f64>> = HashMap::new();
+        for (&address, &(size, stack)) in &live {
+            let pool = address - address % index.pool_size;
+            let Some(&arena) = index.pool_arena.get(&pool) else {
+                continue;
+            };
+            let bytes = log.weight(size) * size as f64;
+            let site = site_of(stack);
+            by_line.entry(site.clone()).or_default().live += bytes;
+            *in_arena.entry(arena).or_default().entry(site).or_default() += bytes;
+        }
+        for (arena, acc) in &index.arenas {
+            if acc.pools_in_use == 0 {
+                continue;
+            }
+            result.arenas_in_use += 1;
+            let Some(sites) = in_arena.get(arena) else {
+                result.held_unattributed += acc.held();
+                continue;
+            };
+            result.arenas_sampled += 1;
+            let total: f64 = sites.values().sum();
+            for (site, &bytes) in sites {
+                let s = by_line.entry(site.clone()).or_default();
+                s.arenas += 1;
+                s.held += acc.held() as f64 * bytes / total.max(1.0);
+            }
+        }
+    }
+    let mut sites: Vec<PythonSite> = by_line
+        .into_iter()
+        .map(|(location, acc)| {
+            let stack = acc
+                .stacks
+                .iter()
+                .max_by_key(|&(id, n)| (*n, std::cmp::Reverse(*id)))
+                .map(|(id, _)| *id);
+            let callers = stack
+                .and_then(|s| log.stacks.get(&s))
+                .map(|f| {
+                    f.iter()
+                        .skip(1)
+                        .take(CALLERS_SHOWN)
+                        .map(|&id| log.frame_name(id))
+                        .collect()
+                })
+                .unwrap_or_default();
+            PythonSite {
+                location,
+                callers,
+                allocated_bytes: acc.allocated,
+                live_bytes: acc.live,
+                arenas: acc.arenas,
+                held_bytes: acc.held,
+            }
+        })
+        .collect();
+    sites.sort_by(|a, b| {
+        b.held_bytes
+            .total_cmp(&a.held_bytes)
+            .then(b.allocated_bytes.total_cmp(&a.allocated_bytes))
+            .then(a.location.cmp(&b.location))
+    });
+    sites.truncate(SITES_LISTED);
+    result.sites = sites;
+    result
+}
+
+/// "objects from handlers.py:88 (handle) survive in 1 790 of the 1 850 arenas in use":
+/// the site that holds the most, when it holds a fifth of what the sampled arenas hold.
+pub fn headline_clause(s: &PythonSites) -> Option<String> {
+    let top = s.sites.first().filter(|t| t.arenas > 0)?;
+    let held: f64 = s.sites.iter().map(|t| t.held_bytes).sum();
+    if top.held_bytes * 5.0 < held {
+        return None;
+    }
+    Some(format!(
+        "objects allocated at {} survive in {} of the {} arenas in use and hold {} of \
+         their free space",
+        top.location,
+        top.arenas,
+        s.arenas_in_use,
+        crate::mib(top.held_bytes as u64)
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fragscope_trace::records::PymallocPool;
+    use fragscope_trace::wire::Writer;
+
+    fn log_of(records: impl Fn(&mut Writer)) -> PythonLog {
+        let mut w = Writer::new();
+        records(&mut w);
+        let mut log = PythonLog::default();
+        log.add(&PythonSamples {
+            stream: 0,
+            mean_bytes: 64,
+            first_tick: 0,
+            records: w.bytes,
+        });
+        log
+    }
+
+    /// Two lines: a.py:1 keeps one object in each of two arenas, b.py:2 fills a third and
+    /// frees everything it allocated in the first two.
+    #[test]
+    fn an_arenas_free_space_goes_to_the_lines_whose_objects_survive_in_it() {
+        let pool = 16 << 10;
+        let log = log_of(|w| {
+            w.varint(0)
+                .u8(3)
+                .varint(1)
+                .varint(1)
+                .str("a.py")
+                .str("keep");
+            w.varint(0)
+                .u8(3)
+                .varint(2)
+                .varint(2)
+                .str("b.py")
+                .str("churn");
+            w.varint(0).u8(4).varint(1).varint(1).varint(1);
+            w.varint(0).u8(4).varint(2).varint(1).varint(2);
+            // a.py survives in arenas 0 and 1.
+            w.varint(1).u8(1).varint(0x10_0000).varint(64).varint(1);
+            w.varint(0).u8(1).varint(0x20_0000).varint(64).varint(1);
+            // b.py: one freed in arena 0, one kept in arena 2.
+            w.varint(0).u8(1).varint(0x10_0040).varint(64).varint(2);
+            w.varint(0).u8(2).varint(0x10_0040);
+            w.varint(0).u8(1).varint(0x30_0000).varint(64).varint(2);
+            // After the census: not counted.
+            w.varint(10).u8(2).varint(0x20_0000);
+        });
+        let pools = PymallocPools {
+            python: "3.11".into(),
+            pool_size: pool as u32,
+            arena_size: 1 << 20,
+            pool_header: 48,
+            pause_us: 0,
+            pools: [0x10_0000u64, 0x20_0000, 0x30_0000]
+                .iter()
+                .enumerate()
+                .map(|(i, &address)| PymallocPool {
+                    address,
+                    arena: i as u32,
+                    block_size: 64,
+                    blocks_in_use: 1,
+                    blocks_carved: 1,
+                })
+                .collect(),
+        };
+        let arena = |held: u64| ArenaAcc {
+            pools_in_use: 1,
+            in_use: 64,
+            empty_resident: held,
+            free_in_used_pools: 0,
+        };
+        let arenas = HashMap::from([(0, arena(1000)), (1, arena(2000)), (2, arena(500))]);
+        let index = PoolIndex::new(5, 3500, &pools, arenas);
+        let s = sites(&log, Some(&index));
+        assert_eq!((s.samples, s.live_samples), (4, 3));
+        assert_eq!((s.arenas_in_use, s.arenas_sampled), (3, 3));
+        let a = &s.sites[0];
+        assert_eq!(a.location, "a.py:1 (keep)");
+        assert_eq!((a.arenas, a.held_bytes.round()), (2, 3000.0));
+        let b = &s.sites[1];
+        assert_eq!((b.arenas, b.held_bytes.round()), (1, 500.0));
+        assert!(headline_clause(&s)
+            .unwrap()
+            .contains("a.py:1 (keep) survive in 2 of the 3"));
+    }
+}

@@ -1,0 +1,399 @@
+/* CPython's object allocator, sampled with Python call sites. Included once, by
+ * fragscope_preload.c, after the socket and clock helpers it uses.
+ *
+ * Objects of 512 bytes or less come from pymalloc's arenas, which malloc never sees: the
+ * recorder's census counts their pools, and this part says which Python lines allocated
+ * the objects that keep them. Once the interpreter runs (Py_IsInitialized, and this
+ * thread holds the GIL), the object and memory domains' allocators are wrapped with
+ * PyMem_SetAllocator, as tracemalloc.start() does at run time; PYTHONMALLOC and pymalloc
+ * itself are left as they are. Allocations are sampled like native ones (a Poisson
+ * process over bytes, a mean of FRAGSCOPE_SAMPLE_BYTES / 8), each sample with the Python
+ * stack read from the thread's frames in place (layouts of 3.8 to 3.13, checked against
+ * PyCode_Type at every frame), never by materialising frame objects, which would
+ * allocate and could run the collector inside an allocation. A sampled object's free is
+ * recorded too (one table lookup per free), so the reader knows which samples survive.
+ *
+ * Every wrapped call runs with the GIL held (CPython requires it for these domains), so
+ * the tables and the buffer need no lock of their own. Records go to one process-wide
+ * buffer, sent as MSG_PYTHON (docs/trace-format.md, chunk 18): their order is the order
+ * of the calls. */
+
+typedef struct {
+    void *ctx;
+    void *(*malloc)(void *ctx, size_t size);
+    void *(*calloc)(void *ctx, size_t nelem, size_t elsize);
+    void *(*realloc)(void *ctx, void *ptr, size_t new_size);
+    void (*free)(void *ctx, void *ptr);
+} py_allocator;
+enum { PY_DOMAIN_MEM = 1, PY_DOMAIN_OBJ = 2 };
+/* pymalloc serves requests up to this size; larger ones go to malloc (recorded there). */
+#define PY_SMALL_REQUEST 512
+#define PY_MAX_FRAMES 64
+
+/* Where a thread's current frame, its caller, code object and instruction are, by
+ * release. `chain`: 0 PyFrameObjects from tstate->frame (3.8-3.10); 1 interpreter
+ * frames from tstate->cframe->current_frame (3.11, 3.12); 2 from tstate->current_frame
+ * (3.13). Offsets from each release's headers (offsetof, x86-64). */
+struct py_layout {
+    int minor, chain;
+    int ts_frame, cframe_current, back, code, instr;
+    int lasti_scale; /* chain 0: f_lasti in bytes (1) or code units (2) */
+    int owner;       /* -1: none; frames owned by the C stack (3) are skipped */
+    int co_filename, co_name, co_code;
+};
+static const struct py_layout py_layouts[] = {
+    {8, 0, 24, 0, 24, 32, 104, 1, -1, 104, 112, 0},
+    {9, 0, 24, 0, 24, 32, 104, 1, -1, 104, 112, 0},
+    {10, 0, 24, 0, 24, 32, 96, 2, -1, 104, 112, 0},
+    {11, 1, 56, 8, 48, 32, 56, 0, 69, 112, 128, 184},
+    {12, 1, 56, 0, 8, 0, 56, 0, 70, 112, 128, 192},
+    {13, 2, 72, 0, 8, 0, 56, 0, 70, 112, 128, 200},
+};
+
+/* 0: no CPython seen yet; 1: CPython, not wrapped yet; 2: wrapped; 3: never (no
+ * CPython, an unknown release, a debug or free-threaded build). */
+static int py_state;
+static const struct py_layout *py_layout;
+static int (*py_is_initialized)(void);
+static int (*py_gil_check)(void);
+static void (*py_get_allocator)(int domain, py_allocator *a);
+static void (*py_set_allocator)(int domain, py_allocator *a);
+static void *(*py_current_tstate)(void);
+static int (*py_addr2line)(void *code, int addrq);
+static const char *(*py_utf8)(void *str);
+static void (*py_incref)(void *obj);
+static void *py_code_type;
+static py_allocator py_orig_mem, py_orig_obj;
+static double py_mean_bytes;
+static __thread int64_t tls_py_countdown;
+static __thread uint64_t tls_py_rng;
+static __thread int tls_py_inside; /* in our own part of a wrapped call */
+static uint64_t py_frames_walked_bad; /* walks stopped by a frame that was not code */
+
+/* Sampled objects still live, by address (open addressing, linear probing, 0 empty). */
+static uintptr_t *py_live;
+static size_t py_live_cap, py_live_len;
+/* (code object, instruction offset) -> frame id; (stack hash) -> stack id. Forgotten
+ * when crowded: ids keep counting up, so the reader keeps older definitions. */
+#define PY_FRAME_SLOTS 8192
+#define PY_STACK_SLOTS 4096
+static struct { uintptr_t code; int addrq; uint32_t id; } py_frame_slots[PY_FRAME_SLOTS];
+static struct { uint64_t hash; uint32_t id; } py_stack_slots[PY_STACK_SLOTS];
+static uint32_t py_next_frame = 1, py_next_stack = 1;
+
+/* The records, sent as one MSG_PYTHON when full, every flush interval, and at exit. */
+#define PY_BUF_CAP (64 << 10)
+static uint8_t py_buf[PY_BUF_CAP];
+static uint32_t py_len, py_seq;
+static uint64_t py_first_tick, py_last_tick;
+enum { PY_REC_ALLOC = 1, PY_REC_FREE = 2, PY_REC_FRAME = 3, PY_REC_STACK = 4 };
+
+static void py_flush(void) {
+    if (!py_len) return;
+    /* The header's seq carries the sampling mean in bytes (the reader scales by it). */
+    struct msg_header h = {MSG_PYTHON, py_len, (uint32_t)syscall(SYS_gettid),
+                           (uint32_t)py_mean_bytes, py_first_tick, py_last_tick};
+    send_message(&h, py_buf, 0);
+    py_len = 0;
+    py_seq++;
+}
+
+/* Room for `bytes` more, and the record's tick: each record starts with the ticks since
+ * the last one. */
+static uint8_t *py_reserve(size_t bytes) {
+    uint64_t tick = current_tick();
+    if (py_len && (py_len + bytes > PY_BUF_CAP || tick - py_first_tick >= flush_interval_ticks))
+        py_flush();
+    if (bytes > PY_BUF_CAP) return NULL;
+    if (!py_len) py_first_tick = py_last_tick = tick;
+    uint8_t *o = py_buf + py_len;
+    o = put_varint(o, tick - py_last_tick);
+    py_last_tick = tick;
+    return o;
+}
+
+static uint8_t *put_bytes(uint8_t *o, const char *s, size_t n) {
+    o = put_varint(o, n);
+    memcpy(o, s, n);
+    return o + n;
+}
+
+static uint32_t py_frame_id(void *code, int addrq) {
+    uint64_t h = ((uintptr_t)code * 0x9E3779B97F4A7C15ULL) ^ ((uint64_t)(uint32_t)addrq * 0xC2B2AE3D27D4EB4FULL);
+    uint32_t slot = (uint32_t)(h >> 40) & (PY_FRAME_SLOTS - 1);
+    for (uint32_t probe = 0; probe < 8; probe++) {
+        uint32_t s = (slot + probe) & (PY_FRAME_SLOTS - 1);
+        if (py_frame_slots[s].code == (uintptr_t)code && py_frame_slots[s].addrq == addrq)
+            return py_frame_slots[s].id;
+        if (!py_frame_slots[s].code) {
+            slot = s;
+            goto define;
+        }
+    }
+    memset(py_frame_slots, 0, sizeof py_frame_slots);
+define:;
+    const struct py_layout *L = py_layout;
+    int line = py_addr2line(code, addrq);
+    const char *file = py_utf8(*(void **)((char *)code + L->co_filename));
+    const char *name = py_utf8(*(void **)((char *)code + L->co_name));
+    if (!file) file = "?";
+    if (!name) name = "?";
+    size_t fl = strnlen(file, 1024), nl = strnlen(name, 512);
+    uint8_t *o = py_reserve(32 + fl + nl);
+    if (!o) return 0;
+    /* The code object stays alive, so its address names it for good. */
+    py_incref(code);
+    uint32_t id = py_next_frame++;
+    py_frame_slots[slot].code = (uintptr_t)code;
+    py_frame_slots[slot].addrq = addrq;
+    py_frame_slots[slot].id = id;
+    *o++ = PY_REC_FRAME;
+    o = put_varint(o, id);
+    o = put_varint(o, line < 0 ? 0 : (uint64_t)line);
+    o = put_bytes(o, file, fl);
+    o = put_bytes(o, name, nl);
+    py_len = (uint32_t)(o - py_buf);
+    return id;
+}
+
+/* This thread's Python stack as frame ids, innermost first. */
+static int py_walk(uint32_t *ids) {
+    const struct py_layout *L = py_layout;
+    char *ts = py_current_tstate();
+    if (!ts) return 0;
+    char *f = *(char **)(ts + L->ts_frame);
+    if (L->chain == 1 && f) f = *(char **)(f + L->cframe_current);
+    int n = 0;
+    for (int steps = 0; f && n < PY_MAX_FRAMES && steps < 4 * PY_MAX_FRAMES; steps++) {
+        char *next = *(char **)(f + L->back);
+        if (L->owner >= 0 && *(uint8_t *)(f + L->owner) == 3) {
+            f = next;
+            continue;
+        }
+        char *code = *(char **)(f + L->code);
+        if (!code || *(void **)(code + 8) != py_code_type) {
+            py_frames_walked_bad++;
+            break;
+        }
+        int addrq;
+        if (L->chain == 0) {
+            addrq = *(int *)(f + L->instr) * L->lasti_scale;
+        } else {
+            char *instr = *(char **)(f + L->instr);
+            char *start = code + L->co_code;
+            addrq = instr >= start ? (int)(instr - start) : -1;
+        }
+        uint32_t id = py_frame_id(code, addrq);
+        if (!id) break;
+        ids[n++] = id;
+        f = next;
+    }
+    return n;
+}
+
+static uint32_t py_stack_id(const uint32_t *ids, int n) {
+    uint64_t h = 0x84222325CBF29CE4ULL ^ (uint64_t)n;
+    for (int i = 0; i < n; i++) {
+        h ^= ids[i];
+        h *= 0x100000001B3ULL;
+        h ^= h >> 29;
+    }
+    if (h == 0) h = 1;
+    uint32_t slot = (uint32_t)h & (PY_STACK_SLOTS - 1);
+    for (uint32_t probe = 0; probe < 8; probe++) {
+        uint32_t s = (slot + probe) & (PY_STACK_SLOTS - 1);
+        if (py_stack_slots[s].hash == h) return py_stack_slots[s].id;
+        if (!py_stack_slots[s].hash) {
+            slot = s;
+            goto define;
+        }
+    }
+    memset(py_stack_slots, 0, sizeof py_stack_slots);
+define:;
+    uint8_t *o = py_reserve(16 + (size_t)n * 5);
+    if (!o) return 0;
+    uint32_t id = py_next_stack++;
+    py_stack_slots[slot].hash = h;
+    py_stack_slots[slot].id = id;
+    *o++ = PY_REC_STACK;
+    o = put_varint(o, id);
+    o = put_varint(o, (uint64_t)n);
+    for (int i = 0; i < n; i++) o = put_varint(o, ids[i]);
+    py_len = (uint32_t)(o - py_buf);
+    return id;
+}
+
+static size_t py_slot_of(uintptr_t p) {
+    return (size_t)((p * 0x9E3779B97F4A7C15ULL) >> 20) & (py_live_cap - 1);
+}
+
+/* Whether `p` is a sampled object; if so it is forgotten. */
+static int py_forget(uintptr_t p) {
+    if (!py_live_len) return 0;
+    size_t i = py_slot_of(p);
+    while (py_live[i] && py_live[i] != p) i = (i + 1) & (py_live_cap - 1);
+    if (!py_live[i]) return 0;
+    /* Backward-shift deletion: the entries after it that probed past it move up. */
+    size_t hole = i;
+    for (size_t j = (i + 1) & (py_live_cap - 1); py_live[j]; j = (j + 1) & (py_live_cap - 1)) {
+        size_t home = py_slot_of(py_live[j]);
+        if (((j - home) & (py_live_cap - 1)) >= ((j - hole) & (py_live_cap - 1))) {
+            py_live[hole] = py_live[j];
+            hole = j;
+        }
+    }
+    py_live[hole] = 0;
+    py_live_len--;
+    return 1;
+}
+
+static int py_remember(uintptr_t p) {
+    if (2 * (py_live_len + 1) > py_live_cap) {
+        size_t cap = py_live_cap ? 2 * py_live_cap : 4096;
+        uintptr_t *table = real_calloc(cap, sizeof *table);
+        if (!table) return 0;
+        uintptr_t *old = py_live;
+        size_t old_cap = py_live_cap;
+        py_live = table;
+        py_live_cap = cap;
+        for (size_t i = 0; i < old_cap; i++) {
+            if (!old[i]) continue;
+            size_t j = py_slot_of(old[i]);
+            while (py_live[j]) j = (j + 1) & (cap - 1);
+            py_live[j] = old[i];
+        }
+        real_free(old);
+        atomic_fetch_add(&own_bytes, (cap - old_cap) * sizeof *table);
+    }
+    size_t i = py_slot_of(p);
+    while (py_live[i]) i = (i + 1) & (py_live_cap - 1);
+    py_live[i] = p;
+    py_live_len++;
+    return 1;
+}
+
+static int64_t py_next_interval(void) {
+    if (!tls_py_rng) tls_py_rng = (uint64_t)syscall(SYS_gettid) * 0x9E3779B97F4A7C15ULL | 1;
+    tls_py_rng ^= tls_py_rng << 13;
+    tls_py_rng ^= tls_py_rng >> 7;
+    tls_py_rng ^= tls_py_rng << 17;
+    double u = ((tls_py_rng >> 11) + 1) * (1.0 / 9007199254740993.0);
+    return (int64_t)(-log(u) * py_mean_bytes) + 1;
+}
+
+static void py_sample(void *p, size_t size) {
+    tls_py_inside = 1;
+    int saved_errno = errno;
+    tls_py_countdown = py_next_interval();
+    uint32_t ids[PY_MAX_FRAMES];
+    int n = py_walk(ids);
+    uint32_t stack = n ? py_stack_id(ids, n) : 0;
+    uint8_t *o = py_reserve(40);
+    if (o && py_remember((uintptr_t)p)) {
+        *o++ = PY_REC_ALLOC;
+        o = put_varint(o, (uintptr_t)p);
+        o = put_varint(o, size);
+        o = put_varint(o, stack);
+        py_len = (uint32_t)(o - py_buf);
+    }
+    errno = saved_errno;
+    tls_py_inside = 0;
+}
+
+static inline void py_note_alloc(void *p, size_t size) {
+    if (!p || size > PY_SMALL_REQUEST || tls_py_inside) return;
+    if (LIKELY((tls_py_countdown -= (int64_t)size) >= 0)) return;
+    py_sample(p, size);
+}
+
+/* Before the real free: no other call can be handed the address first. */
+static inline void py_note_free(void *p) {
+    if (!p || !py_live_len || tls_py_inside || !py_forget((uintptr_t)p)) return;
+    tls_py_inside = 1;
+    uint8_t *o = py_reserve(24);
+    if (o) {
+        *o++ = PY_REC_FREE;
+        o = put_varint(o, (uintptr_t)p);
+        py_len = (uint32_t)(o - py_buf);
+    }
+    tls_py_inside = 0;
+}
+
+static void *py_malloc(void *ctx, size_t size) {
+    py_allocator *a = ctx;
+    void *p = a->malloc(a->ctx, size);
+    py_note_alloc(p, size);
+    return p;
+}
+static void *py_calloc(void *ctx, size_t nelem, size_t elsize) {
+    py_allocator *a = ctx;
+    void *p = a->calloc(a->ctx, nelem, elsize);
+    size_t total;
+    if (!__builtin_mul_overflow(nelem, elsize, &total)) py_note_alloc(p, total);
+    return p;
+}
+static void *py_realloc(void *ctx, void *ptr, size_t size) {
+    py_allocator *a = ctx;
+    py_note_free(ptr);
+    void *p = a->realloc(a->ctx, ptr, size);
+    /* A failed realloc keeps the old block, now unsampled: it is simply not followed. */
+    py_note_alloc(p, size);
+    return p;
+}
+static void py_free(void *ctx, void *ptr) {
+    py_allocator *a = ctx;
+    py_note_free(ptr);
+    a->free(a->ctx, ptr);
+}
+
+/* At start: is this CPython, of a release whose frames we can read? */
+static void py_detect(void) {
+    py_state = 3;
+    py_set_allocator = dlsym(RTLD_DEFAULT, "PyMem_SetAllocator");
+    if (!py_set_allocator) return;
+    const char *(*version)(void) = dlsym(RTLD_DEFAULT, "Py_GetVersion");
+    py_get_allocator = dlsym(RTLD_DEFAULT, "PyMem_GetAllocator");
+    py_is_initialized = dlsym(RTLD_DEFAULT, "Py_IsInitialized");
+    py_gil_check = dlsym(RTLD_DEFAULT, "PyGILState_Check");
+    py_current_tstate = dlsym(RTLD_DEFAULT, "_PyThreadState_UncheckedGet");
+    if (!py_current_tstate) py_current_tstate = dlsym(RTLD_DEFAULT, "PyThreadState_GetUnchecked");
+    py_addr2line = dlsym(RTLD_DEFAULT, "PyCode_Addr2Line");
+    py_utf8 = dlsym(RTLD_DEFAULT, "PyUnicode_AsUTF8");
+    py_incref = dlsym(RTLD_DEFAULT, "Py_IncRef");
+    py_code_type = dlsym(RTLD_DEFAULT, "PyCode_Type");
+    if (!version || !py_get_allocator || !py_is_initialized || !py_gil_check ||
+        !py_current_tstate || !py_addr2line || !py_utf8 || !py_incref || !py_code_type)
+        return;
+    /* Debug and free-threaded builds lay objects out differently. */
+    if (dlsym(RTLD_DEFAULT, "_Py_NegativeRefcount") || dlsym(RTLD_DEFAULT, "_Py_MergeZeroLocalRefcount"))
+        return;
+    int major = 0, minor = 0;
+    if (sscanf(version(), "%d.%d", &major, &minor) != 2 || major != 3) return;
+    for (size_t i = 0; i < sizeof py_layouts / sizeof *py_layouts; i++)
+        if (py_layouts[i].minor == minor) py_layout = &py_layouts[i];
+    if (!py_layout || stacks_mode == 0) return;
+    py_mean_bytes = sample_mean_bytes / 8 < 1 ? 1 : sample_mean_bytes / 8;
+    if (stacks_mode == 2) py_mean_bytes = 1;
+    py_state = 1;
+}
+
+/* Wraps the allocators once the interpreter runs and this thread holds the GIL; called
+ * from tick_changed, so at most once a tick per thread until it succeeds. */
+static __attribute__((noinline)) void py_try_wrap(void) {
+    if (!py_is_initialized() || !py_gil_check()) return;
+    static py_allocator mine_mem, mine_obj;
+    py_get_allocator(PY_DOMAIN_MEM, &py_orig_mem);
+    py_get_allocator(PY_DOMAIN_OBJ, &py_orig_obj);
+    mine_mem = (py_allocator){&py_orig_mem, py_malloc, py_calloc, py_realloc, py_free};
+    mine_obj = (py_allocator){&py_orig_obj, py_malloc, py_calloc, py_realloc, py_free};
+    tls_py_countdown = py_next_interval();
+    py_set_allocator(PY_DOMAIN_MEM, &mine_mem);
+    py_set_allocator(PY_DOMAIN_OBJ, &mine_obj);
+    py_state = 2;
+}
+
+/* A forked child starts with the parent's samples, which are the child's objects too;
+ * the records not sent yet are the parent's to send. */
+static void py_after_fork(void) {
+    py_len = 0;
+}

@@ -1,0 +1,212 @@
+//! Chunk 18: a CPython process's sampled object allocations with their Python stacks,
+//! and the frees of those objects, in the order of the calls (every call made with the
+//! GIL held, into one buffer). Written by the interposer's CPython part (preload/cpython.h)
+//! as it is; decoded here.
+
+use crate::wire::{Reader, Writer};
+use crate::TraceError;
+
+/// One buffer of records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PythonSamples {
+    pub stream: u32,
+    /// The mean bytes between samples (a Poisson process over allocated bytes).
+    pub mean_bytes: u64,
+    pub first_tick: u64,
+    /// The records, as the interposer wrote them (see [`PythonSamples::records`]).
+    pub records: Vec<u8>,
+}
+
+/// A record of [`PythonSamples`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PythonRecord {
+    /// A sampled object of `size` bytes at `address`, allocated with stack `stack` (0:
+    /// none could be read).
+    Alloc {
+        tick: u64,
+        address: u64,
+        size: u64,
+        stack: u32,
+    },
+    /// A sampled object was freed (or given to realloc).
+    Free { tick: u64, address: u64 },
+    /// A frame: a code object's line. Ids count up; one may be defined again later.
+    Frame {
+        id: u32,
+        line: u32,
+        file: String,
+        function: String,
+    },
+    /// A stack of frame ids, innermost first.
+    Stack { id: u32, frames: Vec<u32> },
+}
+
+impl PythonSamples {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.varint(self.stream.into())
+            .varint(self.mean_bytes)
+            .varint(self.first_tick);
+        w.bytes.extend_from_slice(&self.records);
+        w.bytes
+    }
+
+    pub fn decode(data: &[u8]) -> Result<Self, TraceError> {
+        let mut r = Reader::new(data);
+        let stream = r.varint()? as u32;
+        let mean_bytes = r.varint()?;
+        let first_tick = r.varint()?;
+        Ok(Self {
+            stream,
+            mean_bytes,
+            first_tick,
+            records: r.remaining().to_vec(),
+        })
+    }
+
+    /// The records in order. A record cut short or of an unknown kind is an error; the
+    /// records before it are returned with it.
+    pub fn records(&self) -> (Vec<PythonRecord>, Option<TraceError>) {
+        let mut out = Vec::new();
+        let mut r = Reader::new(&self.records);
+        let mut tick = self.first_tick;
+        while !r.is_empty() {
+            match next_record(&mut r, &mut tick) {
+                Ok(rec) => out.push(rec),
+                Err(e) => return (out, Some(e)),
+            }
+        }
+        (out, None)
+    }
+}
+
+fn next_record(r: &mut Reader<'_>, tick: &mut u64) -> Result<PythonRecord, TraceError> {
+    *tick = tick.saturating_add(r.varint()?);
+    let small = |v: u64, what: &str| {
+        u32::try_from(v).map_err(|_| TraceError::Malformed(format!("python {what} {v}")))
+    };
+    Ok(match r.u8()? {
+        1 => PythonRecord::Alloc {
+            tick: *tick,
+            address: r.varint()?,
+            size: r.varint()?,
+            stack: small(r.varint()?, "stack id")?,
+        },
+        2 => PythonRecord::Free {
+            tick: *tick,
+            address: r.varint()?,
+        },
+        3 => PythonRecord::Frame {
+            id: small(r.varint()?, "frame id")?,
+            line: small(r.varint()?, "line")?,
+            file: String::from_utf8_lossy(r.bytes()?).into_owned(),
+            function: String::from_utf8_lossy(r.bytes()?).into_owned(),
+        },
+        4 => {
+            let id = small(r.varint()?, "stack id")?;
+            let n = r.count(1)?;
+            let frames = (0..n)
+                .map(|_| small(r.varint()?, "frame id"))
+                .collect::<Result<_, _>>()?;
+            PythonRecord::Stack { id, frames }
+        }
+        other => {
+            return Err(TraceError::Malformed(format!(
+                "python sample record of unknown kind {other}"
+            )))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn written(records: &[PythonRecord]) -> Vec<u8> {
+        // As preload/cpython.h writes them.
+        let mut w = Writer::new();
+        let mut last = 100;
+        for rec in records {
+            let tick = match rec {
+                PythonRecord::Alloc { tick, .. } | PythonRecord::Free { tick, .. } => *tick,
+                _ => last,
+            };
+            w.varint(tick - last);
+            last = tick;
+            match rec {
+                PythonRecord::Alloc {
+                    address,
+                    size,
+                    stack,
+                    ..
+                } => {
+                    w.u8(1)
+                        .varint(*address)
+                        .varint(*size)
+                        .varint((*stack).into());
+                }
+                PythonRecord::Free { address, .. } => {
+                    w.u8(2).varint(*address);
+                }
+                PythonRecord::Frame {
+                    id,
+                    line,
+                    file,
+                    function,
+                } => {
+                    w.u8(3).varint((*id).into()).varint((*line).into());
+                    w.str(file).str(function);
+                }
+                PythonRecord::Stack { id, frames } => {
+                    w.u8(4).varint((*id).into()).varint(frames.len() as u64);
+                    for f in frames {
+                        w.varint((*f).into());
+                    }
+                }
+            }
+        }
+        w.bytes
+    }
+
+    #[test]
+    fn records_round_trip_and_a_cut_keeps_what_came_before() {
+        let records = vec![
+            PythonRecord::Frame {
+                id: 1,
+                line: 88,
+                file: "handlers.py".into(),
+                function: "handle".into(),
+            },
+            PythonRecord::Stack {
+                id: 1,
+                frames: vec![1],
+            },
+            PythonRecord::Alloc {
+                tick: 105,
+                address: 0x7f00_0000_1000,
+                size: 64,
+                stack: 1,
+            },
+            PythonRecord::Free {
+                tick: 107,
+                address: 0x7f00_0000_1000,
+            },
+        ];
+        let chunk = PythonSamples {
+            stream: 3,
+            mean_bytes: 65536,
+            first_tick: 100,
+            records: written(&records),
+        };
+        let back = PythonSamples::decode(&chunk.encode()).unwrap();
+        assert_eq!(back, chunk);
+        assert_eq!(back.records(), (records.clone(), None));
+        let cut = PythonSamples {
+            records: chunk.records[..chunk.records.len() - 2].to_vec(),
+            ..chunk
+        };
+        let (got, err) = cut.records();
+        assert_eq!(got, records[..3]);
+        assert!(err.is_some());
+    }
+}
