@@ -69,6 +69,7 @@ fn to_json(s: &TraceSummary) -> serde_json::Value {
             "ghc_census_note": p.ghc_census_note,
             "pymalloc_censuses": p.pymalloc_censuses,
             "pymalloc_census_note": p.pymalloc_census_note,
+            "python_samples": p.python_samples,
             "snapshot_allocator": p.heap_census.as_ref().map(|c| c.allocator.clone()),
             "exit_code": p.wait.and_then(|w| w.exit_code).or(p.end.map(|e| e.status)),
             "signal": p.wait.and_then(|w| w.signal),
@@ -184,6 +185,12 @@ fn print_text(path: &std::path::Path, s: &TraceSummary) {
         }
         if let Some(note) = &p.pymalloc_census_note {
             println!("  python   {note}");
+        }
+        if p.python_samples > 0 {
+            println!(
+                "  python   {} objects sampled with their Python stacks",
+                p.python_samples
+            );
         }
         if let Some(c) = &p.heap_census {
             let how = if c.stopped {

@@ -66,7 +66,7 @@ fn pymalloc_census_agrees_with_the_interpreters_own_statistics() {
     for python in interpreters() {
         let trace = dir.path().join("py.fsc");
         let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
-            .args(["record", "--snapshot-ms", "300", "-o"])
+            .args(["record", "--stacks", "none", "--snapshot-ms", "300", "-o"])
             .arg(&trace)
             .arg("--")
             .arg(&python)
@@ -136,7 +136,7 @@ fn pymalloc_census_agrees_with_the_interpreters_own_statistics() {
 fn record_tenth(dir: &Path, python: &Path, mode: &str) -> (Value, Value) {
     let trace = dir.join(format!("{mode}.fsc"));
     let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
-        .args(["record", "--snapshot-ms", "300", "-o"])
+        .args(["record", "--stacks", "none", "--snapshot-ms", "300", "-o"])
         .arg(&trace)
         .arg("--")
         .arg(python)
@@ -183,6 +183,74 @@ fn keeping_the_first_tenth_frees_arenas_that_a_scattered_tenth_pins() {
         first["headline"]["dominant"], "pymalloc_free_in_used_pools",
         "{what}"
     );
+}
+
+/// Records keep_a_tenth.py with `python` as a user would (Python sites sampled: the
+/// wrapped allocators make sys._debugmallocstats print nothing of pymalloc's, as under
+/// tracemalloc); the report.
+fn record_with_sites(dir: &Path, python: &Path, mode: &str) -> Value {
+    let trace = dir.join(format!("sites-{mode}.fsc"));
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "--snapshot-ms", "300", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(python)
+        .arg(script())
+        .args(["300000", "1", mode])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let text = common::fragscope(&["report".as_ref(), trace.as_os_str()]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("Python lines whose objects keep the arenas"),
+        "{text}"
+    );
+    report_json(&trace)
+}
+
+/// Who pins the arenas, read from the frames of every release at hand: the dicts of
+/// line 11, whose survivors are scattered over the arenas (or packed into a few when the
+/// first tenth is kept).
+#[test]
+fn the_python_line_whose_survivors_pin_the_arenas_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    for python in interpreters() {
+        let report = record_with_sites(dir.path(), &python, "scattered");
+        let what = python.display().to_string();
+        // Who pins them: the dicts of line 11 (read from the frames of every release).
+        let sites = &report["python_sites"];
+        let what = format!("{what}\n{sites}");
+        let top = &sites["sites"][0];
+        let location = top["location"].as_str().unwrap_or_default();
+        assert!(location.contains("keep_a_tenth.py:11 ("), "{what}");
+        assert!(top["arenas"].as_u64().unwrap() > 10, "{what}");
+        let sentence = report["headline"]["sentence"].as_str().unwrap();
+        assert!(sentence.contains("keep_a_tenth.py:11"), "{sentence}");
+        // The samples' estimate of what lives at the census, against the census (which
+        // also counts what the interpreter made before its allocators were wrapped).
+        let focus = report["pymalloc_snapshot"].as_u64().unwrap() as usize;
+        let census = report["snapshots"][focus]["pymalloc"]["in_use"]
+            .as_f64()
+            .unwrap();
+        let estimated: f64 = sites["sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["live_bytes"].as_f64().unwrap())
+            .sum();
+        assert!(
+            (0.5 * census..1.3 * census).contains(&estimated),
+            "estimated {estimated} live of {census}: {what}"
+        );
+        let first = record_with_sites(dir.path(), &python, "first");
+        let top_arenas = |r: &Value| r["python_sites"]["sites"][0]["arenas"].as_u64().unwrap();
+        assert!(
+            top_arenas(&first) * 3 <= top_arenas(&report),
+            "{what}\n{}",
+            first["python_sites"]
+        );
+    }
 }
 
 #[test]
@@ -257,6 +325,8 @@ fn every_worker_of_a_multiprocessing_pool_gets_its_own_pymalloc_census() {
     assert_eq!(processes.len(), 3, "{info}");
     for p in processes {
         assert!(p["pymalloc_censuses"].as_u64().unwrap() > 0, "{p}");
+        // The allocators wrapped in the parent stay wrapped in each forked worker.
+        assert!(p["python_samples"].as_u64().unwrap() > 0, "{p}");
     }
     // A worker, asked for by pid, is explained with its own arenas.
     let worker = processes[1]["pid"].as_u64().unwrap().to_string();
