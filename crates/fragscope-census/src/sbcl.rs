@@ -64,6 +64,8 @@ const THREAD_NEXT: u64 = 208;
 /// gc_alloc_region[6]: mixed, small mixed, unboxed, code, boxed, cons.
 const GLOBAL_REGIONS: [&str; 6] = ["mixed", "small mixed", "unboxed", "code", "boxed", "cons"];
 const MAX_THREADS: u64 = 1 << 16;
+/// 4 TiB of dynamic space: more is a misread, not a heap.
+const MAX_PAGES: u64 = 1 << 27;
 
 /// Header words of a filler (free space inside a page) and of a dead bignum's tail.
 const FILLER_WIDETAG: u8 = 109;
@@ -546,7 +548,11 @@ fn read_census(
     if page_table == 0 || npages == 0 {
         return Err(CensusError::NoHeap);
     }
-    if start % PAGE_BYTES != 0 || size != npages.saturating_mul(PAGE_BYTES) {
+    if start % PAGE_BYTES != 0
+        || npages > MAX_PAGES
+        || size != npages * PAGE_BYTES
+        || start.checked_add(size).is_none()
+    {
         return Err(inconsistent(format!(
             "the dynamic space does not hold together (start {start:#x}, size {size}, \
              {npages} pages of {PAGE_BYTES} bytes)"
@@ -582,6 +588,14 @@ fn read_census(
     };
 
     let regions = open_regions(mem, rt, start, size)?;
+    // The runtime moves next_free_page past a region's pages when it opens one.
+    let top = start + next_free * PAGE_BYTES;
+    if let Some(r) = regions.iter().find(|r| r.free > top) {
+        return Err(inconsistent(format!(
+            "the {} allocation region reaches {:#x}, beyond next_free_page at {top:#x}",
+            r.owner, r.free
+        )));
+    }
     let mut open_on_page = std::collections::HashMap::<u64, u64>::new();
     for r in &regions {
         let mut a = r.start;
@@ -676,7 +690,7 @@ fn read_census(
         )));
     }
     if regions.iter().any(|r| {
-        open_on_page.contains_key(&((r.start - start) / PAGE_BYTES)) && {
+        r.free > r.start && {
             let (_, _, bits, _) = entry((r.start - start) / PAGE_BYTES);
             bits & OPEN_REGION_PAGE_FLAG == 0
         }
@@ -922,7 +936,8 @@ impl Window<'_> {
 
 /// Words of the object whose header is `h` at `addr` (its size in the heap).
 fn object_words(w: &mut Window, addr: u64, h: u64, limit: u64) -> Result<u64, CensusError> {
-    let align2 = |n: u64| (n + 1) & !1;
+    // Saturating: a misread length must end the walk with an error, not wrap around.
+    let align2 = |n: u64| n.saturating_add(1) & !1;
     let value = h >> 8;
     let vector_len =
         |w: &mut Window| -> Result<u64, CensusError> { Ok(w.word(addr + 8, limit)? >> 1) };
@@ -931,7 +946,7 @@ fn object_words(w: &mut Window, addr: u64, h: u64, limit: u64) -> Result<u64, Ce
             let per = 64 / bits;
             len.div_ceil(per)
         } else {
-            len * (bits / 64)
+            len.saturating_mul(bits / 64)
         }
     };
     Ok(match sizer(h as u8) {
@@ -960,10 +975,10 @@ fn object_words(w: &mut Window, addr: u64, h: u64, limit: u64) -> Result<u64, Ce
             // struct array is 8 words with one dimension.
             align2(8 + u64::from(rank) - 1)
         }
-        Sizer::VectorT => align2(vector_len(w)? + 2),
+        Sizer::VectorT => align2(vector_len(w)?.saturating_add(2)),
         Sizer::VectorNil => 2,
-        Sizer::Vector(bits) => align2(nwords(vector_len(w)?, u64::from(bits)) + 2),
-        Sizer::BaseString => align2(nwords(vector_len(w)? + 1, 8) + 2),
+        Sizer::Vector(bits) => align2(nwords(vector_len(w)?, u64::from(bits)).saturating_add(2)),
+        Sizer::BaseString => align2(nwords(vector_len(w)? + 1, 8).saturating_add(2)),
     })
 }
 
@@ -1019,8 +1034,8 @@ fn walk_range(w: &mut Window, from: u64, to: u64, o: &mut SbclObjects) -> Result
         } else {
             object_words(w, addr, h, to)?
         };
-        let bytes = words * 8;
-        if words == 0 || addr + bytes > to {
+        let bytes = words.saturating_mul(8);
+        if words == 0 || bytes > to - addr {
             return Err(inconsistent(format!(
                 "the object at {addr:#x} (header {h:#x}, {bytes} bytes) overruns its block \
                  ending at {to:#x}"
