@@ -48,13 +48,13 @@ fn run() -> Result<(), String> {
         c.open_region_bytes,
         c.collections
     );
-    println!("gen  pages   used MiB   held MiB  large pages  gcs  promote-after  trigger MiB");
+    println!("gen  pages    used bytes   held MiB  large pages  gcs  promote-after  trigger MiB");
     for g in &c.generations {
         println!(
-            "{:>3} {:>6} {:>10.1} {:>10.1} {:>12} {:>4} {:>14} {:>12.1}",
+            "{:>3} {:>6} {:>13} {:>10.1} {:>12} {:>4} {:>14} {:>12.1}",
             g.gen,
             g.pages.pages,
-            mib(g.pages.bytes_used),
+            g.pages.bytes_used,
             mib(g.pages.bytes_held()),
             g.pages.large_pages,
             g.num_gc,
@@ -84,6 +84,12 @@ fn run() -> Result<(), String> {
                 k.name(),
                 f.count,
                 f.bytes
+            );
+        }
+        for (w, f) in o.by_widetag.iter().enumerate().filter(|(_, f)| f.count > 0) {
+            println!(
+                "  widetag {w:>3} {:>10} objects {:>14} bytes",
+                f.count, f.bytes
             );
         }
         println!("fillers {} bytes; walk {} us", o.filler_bytes, o.walk_us);
