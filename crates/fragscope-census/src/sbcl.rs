@@ -45,8 +45,8 @@ const GENERATION_SIZE: u64 = 48;
 const PAGE_TYPE_MASK: u8 = 15;
 const SINGLE_OBJECT_FLAG: u8 = 16;
 const OPEN_REGION_PAGE_FLAG: u8 = 32;
-/// THREAD_PAGE_FLAG is never set in a 2.2.9 page table; anything else above the flags
-/// means the layout is not the one read here.
+/// THREAD_PAGE_FLAG (8) is tested but never set by 2.2.9's runtime; a page with it, or
+/// with bits above the flags, is not the layout read here.
 const KNOWN_TYPE_BITS: u8 = PAGE_TYPE_MASK | SINGLE_OBJECT_FLAG | OPEN_REGION_PAGE_FLAG;
 
 // struct thread (genesis/thread.h, 2.2.9): the thread's allocation regions, and the
@@ -67,9 +67,11 @@ const MAX_THREADS: u64 = 1 << 16;
 /// 4 TiB of dynamic space: more is a misread, not a heap.
 const MAX_PAGES: u64 = 1 << 27;
 
-/// Header words of a filler (free space inside a page) and of a dead bignum's tail.
+/// A filler's widetag: space inside a used page that holds no object (its size in the
+/// header's high 32 bits).
 const FILLER_WIDETAG: u8 = 109;
-/// (gc-private.h: a word of all ones starts a two-word pseudo-cons, skipped).
+/// A word of all ones starts a two-word pseudo-cons, left where a bignum was shortened;
+/// room.lisp skips it without counting it.
 const PSEUDO_CONS: u64 = u64::MAX;
 
 const SYMBOLS: [&str; 13] = [
@@ -288,7 +290,7 @@ pub struct SbclPage {
 impl SbclPage {
     /// Where the page starts in the process, for joining with its residency.
     pub fn address(&self, census: &SbclCensus) -> u64 {
-        census.dynamic_space_start + u64::from(self.index) * census.page_bytes
+        census.page_address(self.index)
     }
 }
 
@@ -484,6 +486,17 @@ impl SbclCensus {
         self.page_types[t.index()]
     }
 
+    /// Where page `index` of the dynamic space starts in the process (to join with its
+    /// residency from pagemap).
+    pub fn page_address(&self, index: u32) -> u64 {
+        self.dynamic_space_start + u64::from(index) * self.page_bytes
+    }
+
+    /// Where page `index`'s entry of the page table is in the process.
+    pub fn page_entry_address(&self, index: u32) -> u64 {
+        self.page_table + u64::from(index) * 8
+    }
+
     /// Pages in use that hold part of a large object, by generation.
     pub fn large_pages_by_generation(&self) -> Vec<(u8, u64)> {
         self.generations
@@ -510,6 +523,9 @@ pub fn census(
     options: CensusOptions,
 ) -> Result<SbclCensus, CensusError> {
     let mut mem = ProcessMemory::open(pid)?;
+    // The tables are set when the runtime starts and never change: read them once, the
+    // process running, and refuse at once (not after retries) when they are not 2.2.9's.
+    check_tag_tables(&mut mem, rt)?;
     let mut last = None;
     for wait_ms in [0u64, 4, 8, 16] {
         std::thread::sleep(Duration::from_millis(wait_ms));
@@ -567,7 +583,6 @@ fn read_census(
             "next_free_page {next_free} is beyond the page table's {npages} pages"
         )));
     }
-    check_tag_tables(mem, rt)?;
     let collections = u64::from(mem.read_u32(rt.n_gcs_done)?);
     let bytes_allocated = mem.read_u64(rt.bytes_allocated)?;
     let mut gens = vec![0u8; GENERATIONS * GENERATION_SIZE as usize];

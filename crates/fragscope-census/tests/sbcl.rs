@@ -336,6 +336,31 @@ fn the_census_agrees_with_the_lisps_own_figures() {
 }
 
 #[test]
+fn another_sbcl_release_is_not_supported() {
+    let Some(sbcl) = sbcl("the SBCL release test") else {
+        return;
+    };
+    let elf = std::fs::read(&sbcl).unwrap();
+    let rt = SbclRuntime::new(&elf, None).unwrap();
+    assert!(rt.version.starts_with("2.2.9"), "{}", rt.version);
+    // The same runtime, calling itself 2.3.0: its layout is not taken on trust.
+    let at = elf
+        .windows(rt.version.len() + 2)
+        .position(|w| {
+            w[0] == 0 && &w[1..w.len() - 1] == rt.version.as_bytes() && w[w.len() - 1] == 0
+        })
+        .expect("the version string is in the executable")
+        + 1;
+    let mut other = elf.clone();
+    other[at..at + 5].copy_from_slice(b"2.3.0");
+    let err = SbclRuntime::new(&other, None).unwrap_err();
+    assert!(
+        err.contains("SBCL 2.3.0") && err.contains("not supported"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_process_that_is_not_sbcl_gets_an_error() {
     let mut sleep = Command::new("sleep").arg("30").spawn().unwrap();
     let err = SbclRuntime::of_process(sleep.id()).unwrap_err();
