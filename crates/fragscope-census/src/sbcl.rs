@@ -942,7 +942,7 @@ impl Window<'_> {
         if addr < self.base || addr + 8 > self.base + len {
             let n = WINDOW.min(limit.saturating_sub(addr)).max(8);
             self.buf.resize(n as usize, 0);
-            self.mem.read(addr, &mut self.buf)?;
+            self.mem.read_ranges(&[(addr, n as usize)], &mut self.buf)?;
             self.base = addr;
         }
         Ok(le_u64(&self.buf, (addr - self.base) as usize))
