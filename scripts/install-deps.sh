@@ -6,12 +6,13 @@
 # a Python virtualenv with DuckDB in target/pyenv (the tests read the Parquet exports),
 # glibc's debug symbols (`fragscope snapshot` finds malloc's arenas by name) and setpriv
 # (util-linux: the snapshot tests read a process as another user), redis-server (a real
-# server on jemalloc, snapshot while it runs).
+# server on jemalloc, snapshot while it runs), SBCL (the tests read a running Lisp's
+# dynamic space).
 # With --bench, also heaptrack and hyperfine (the benchmark's reference points).
 set -euo pipefail
 pkgs=(build-essential pkg-config libunwind8 libunwind-dev libjemalloc2 libjemalloc-dev
       libgoogle-perftools-dev libmimalloc-dev ghc chromium python3-venv libc6-dbg util-linux
-      redis-server)
+      redis-server sbcl)
 command -v go >/dev/null || [[ -x /usr/local/go/bin/go ]] || pkgs+=(golang-go)
 [[ "${1:-}" == "--bench" ]] && pkgs+=(heaptrack hyperfine time)
 missing=()

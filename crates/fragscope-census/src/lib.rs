@@ -5,13 +5,15 @@
 //! [`ProcessMemory`] reads another process's memory, [`Pause`] holds it stopped for a
 //! consistent view, [`Symbols`] finds a runtime's variables in its executable (load bias
 //! included). A runtime's census is built on those three: `ghc` (the GHC RTS's block
-//! descriptors) and `pymalloc` (CPython's pool headers).
+//! descriptors), `pymalloc` (CPython's pool headers), `glibc` (malloc's arenas) and
+//! `sbcl` (SBCL's gencgc page table and heap objects).
 
 pub mod ghc;
 pub mod glibc;
 mod memory;
 mod pause;
 pub mod pymalloc;
+pub mod sbcl;
 mod symbols;
 
 pub use memory::ProcessMemory;

@@ -40,7 +40,9 @@ impl Symbols {
         let file = object::File::parse(elf).map_err(|e| format!("not an ELF file ({e})"))?;
         let mut addresses = HashMap::new();
         let mut ambiguous = Vec::new();
-        for sym in file.symbols() {
+        // A stripped executable keeps the names it exports (SBCL's runtime links with
+        // --export-dynamic) in its dynamic symbol table only.
+        for sym in file.symbols().chain(file.dynamic_symbols()) {
             let Ok(name) = sym.name() else { continue };
             if sym.is_definition() && names.contains(&name) {
                 if let Some(old) = addresses.insert(name.to_string(), sym.address()) {

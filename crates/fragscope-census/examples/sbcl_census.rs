@@ -1,0 +1,106 @@
+//! Prints one census of a running SBCL process's dynamic space:
+//! `sbcl_census PID [--objects]` (with `--objects`, every object is walked too).
+use std::process::ExitCode;
+
+use fragscope_census::sbcl::{census, CensusOptions, ObjectClass, PageType, SbclRuntime};
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sbcl_census: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1u64 << 20) as f64
+}
+
+fn run() -> Result<(), String> {
+    let mut args = std::env::args().skip(1);
+    let pid: u32 = args
+        .next()
+        .and_then(|a| a.parse().ok())
+        .ok_or("usage: sbcl_census PID [--objects]")?;
+    let objects = args.any(|a| a == "--objects");
+    let rt = SbclRuntime::of_process(pid)?;
+    let c = census(pid, &rt, CensusOptions { objects }).map_err(|e| e.to_string())?;
+    println!(
+        "SBCL {}: dynamic space {:#x}, {:.1} MiB in {} pages of {} KiB",
+        c.version,
+        c.dynamic_space_start,
+        mib(c.dynamic_space_size),
+        c.page_table_pages,
+        c.page_bytes >> 10
+    );
+    println!(
+        "pages: {} in use, {} free below next_free_page {}, {} never used",
+        c.pages_in_use, c.pages_free, c.next_free_page, c.pages_never_used
+    );
+    println!(
+        "bytes allocated {} ({:.1} MiB) on {:.1} MiB of pages; {} open regions hold {} more bytes; {} collections",
+        c.bytes_allocated,
+        mib(c.bytes_allocated),
+        mib(c.pages_in_use * c.page_bytes),
+        c.open_regions.len(),
+        c.open_region_bytes,
+        c.collections
+    );
+    println!("gen  pages    used bytes   held MiB  large pages  gcs  promote-after  trigger MiB");
+    for g in &c.generations {
+        println!(
+            "{:>3} {:>6} {:>13} {:>10.1} {:>12} {:>4} {:>14} {:>12.1}",
+            g.gen,
+            g.pages.pages,
+            g.pages.bytes_used,
+            mib(g.pages.bytes_held()),
+            g.pages.large_pages,
+            g.num_gc,
+            g.number_of_gcs_before_promotion,
+            mib(g.gc_trigger)
+        );
+    }
+    for t in PageType::ALL {
+        let f = c.page_type(t);
+        println!(
+            "{:<12} {:>6} pages {:>10.1} MiB used of {:>10.1}",
+            t.name(),
+            f.pages,
+            mib(f.bytes_used),
+            mib(f.bytes_held())
+        );
+    }
+    println!(
+        "occupancy (no byte, 0-10% .. 90-100%): {:?}",
+        c.occupancy_pages
+    );
+    if let Some(o) = &c.objects {
+        for k in ObjectClass::ALL {
+            let f = o.class(k);
+            println!(
+                "{:<14} {:>10} objects {:>14} bytes",
+                k.name(),
+                f.count,
+                f.bytes
+            );
+        }
+        for (w, f) in o.by_widetag.iter().enumerate().filter(|(_, f)| f.count > 0) {
+            println!(
+                "  widetag {w:>3} {:>10} objects {:>14} bytes",
+                f.count, f.bytes
+            );
+        }
+        println!("fillers {} bytes; walk {} us", o.filler_bytes, o.walk_us);
+    }
+    let per_100 = c.pause_us as f64 / 1000.0 / (mib(c.bytes_allocated.max(1)) / 100.0);
+    println!(
+        "pause {} us for {:.1} MiB in use: {:.2} ms per 100 MiB; {} bytes read",
+        c.pause_us,
+        mib(c.bytes_allocated),
+        per_100,
+        c.bytes_read
+    );
+    Ok(())
+}

@@ -1,0 +1,1126 @@
+//! SBCL's generational collector (gencgc), read from outside the Lisp process.
+//!
+//! SBCL reserves one *dynamic space* (`DYNAMIC_SPACE_START`, `dynamic_space_size`) and
+//! cuts it into 32 KiB pages, each described by an 8-byte entry of `page_table`
+//! (src/runtime/gencgc-internal.h, `struct page`):
+//!
+//! | offset | field | read as |
+//! |---|---|---|
+//! | 0 | `scan_start_offset_` (u32) | 0: the page starts a contiguous block |
+//! | 4 | bit 0 `need_zerofill`, bits 1-15 `words_used_` | bytes used: words × 8 |
+//! | 6 | `type` | bits 0-3 page type, 16 single object (large), 32 open region |
+//! | 7 | `gen` | the generation: 0-5, 6 pseudo-static (the core), 7 scratch |
+//!
+//! Pages below `next_free_page` are free or in use; those above were never used. The
+//! runtime keeps per generation a `struct generation` (bytes_allocated, gc_trigger,
+//! bytes_consed_between_gc, num_gc, number_of_gcs_before_promotion,
+//! cum_sum_bytes_allocated, minimum_age_before_gc; 48 bytes, 8 of them in
+//! `generations`) and a total, `bytes_allocated`, which is what `(room)` and
+//! `sb-kernel:dynamic-usage` report. Both count closed allocation regions only: bytes a
+//! thread allocated in its open region (its TLABs, in `struct thread`) are added when
+//! the region closes, so the census reads those regions apart.
+//!
+//! Every layout fact here is the one of SBCL 2.2.9 on x86-64 (Debian's build, checked
+//! against its debug information and generated headers, and against the running Lisp's
+//! own figures). Each census checks itself: the page table's bytes per generation must
+//! equal the runtime's counters, and the runtime's own tag and size tables
+//! (`widetag_lowtag`, `sizetab`) must be the ones the object walk assumes; another
+//! release is refused with a sentence saying so.
+
+use std::time::{Duration, Instant};
+
+use fragscope_trace::heap_census::OCCUPANCY_BUCKETS;
+
+use crate::ghc::CensusError;
+use crate::{Pause, ProcessMemory, Symbols};
+
+/// GENCGC_PAGE_BYTES of x86-64 SBCL 2.2.x.
+pub const PAGE_BYTES: u64 = 32 << 10;
+/// 0-5 collected, 6 pseudo-static, 7 scratch (gencgc.c, NUM_GENERATIONS).
+pub const GENERATIONS: usize = 8;
+pub const PSEUDO_STATIC_GENERATION: u8 = 6;
+const GENERATION_SIZE: u64 = 48;
+
+// page type bits (gencgc-internal.h)
+const PAGE_TYPE_MASK: u8 = 15;
+const SINGLE_OBJECT_FLAG: u8 = 16;
+const OPEN_REGION_PAGE_FLAG: u8 = 32;
+/// THREAD_PAGE_FLAG (8) is tested but never set by 2.2.9's runtime; a page with it, or
+/// with bits above the flags, is not the layout read here.
+const KNOWN_TYPE_BITS: u8 = PAGE_TYPE_MASK | SINGLE_OBJECT_FLAG | OPEN_REGION_PAGE_FLAG;
+
+// struct thread (genesis/thread.h, 2.2.9): the thread's allocation regions, and the
+// `this` and `next` links.
+const THREAD_TLABS: [(u64, &str); 6] = [
+    (64, "boxed"),
+    (88, "cons"),
+    (112, "mixed"),
+    (256, "symbol"),
+    (280, "system mixed"),
+    (304, "system cons"),
+];
+const THREAD_THIS: u64 = 192;
+const THREAD_NEXT: u64 = 208;
+/// gc_alloc_region[6]: mixed, small mixed, unboxed, code, boxed, cons.
+const GLOBAL_REGIONS: [&str; 6] = ["mixed", "small mixed", "unboxed", "code", "boxed", "cons"];
+const MAX_THREADS: u64 = 1 << 16;
+/// 4 TiB of dynamic space: more is a misread, not a heap.
+const MAX_PAGES: u64 = 1 << 27;
+
+/// A filler's widetag: space inside a used page that holds no object (its size in the
+/// header's high 32 bits).
+const FILLER_WIDETAG: u8 = 109;
+/// A word of all ones starts a two-word pseudo-cons, left where a bignum was shortened;
+/// room.lisp skips it without counting it.
+const PSEUDO_CONS: u64 = u64::MAX;
+
+const SYMBOLS: [&str; 13] = [
+    "DYNAMIC_SPACE_START",
+    "dynamic_space_size",
+    "page_table",
+    "page_table_pages",
+    "next_free_page",
+    "bytes_allocated",
+    "generations",
+    "gc_alloc_region",
+    "all_threads",
+    "gc_active_p",
+    "n_gcs_done",
+    "widetag_lowtag",
+    "sizetab",
+];
+
+/// The one SBCL release whose layout fragscope has verified.
+pub const VERIFIED_RELEASE: &str = "2.2.9";
+
+/// An SBCL runtime whose heap the census can read: where its variables are.
+#[derive(Debug, Clone)]
+pub struct SbclRuntime {
+    /// As `sbcl --version` prints it, e.g. `2.2.9.debian`.
+    pub version: String,
+    dynamic_space_start: u64,
+    dynamic_space_size: u64,
+    page_table: u64,
+    page_table_pages: u64,
+    next_free_page: u64,
+    bytes_allocated: u64,
+    generations: u64,
+    gc_alloc_region: u64,
+    all_threads: u64,
+    gc_active_p: u64,
+    n_gcs_done: u64,
+    widetag_lowtag: u64,
+    sizetab: u64,
+}
+
+impl SbclRuntime {
+    /// The runtime of process `pid`: Err says why there is no census (not an SBCL
+    /// process, or a release whose layout fragscope has not verified).
+    pub fn of_process(pid: u32) -> Result<Self, String> {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .map_err(|e| format!("no process {pid} to read ({e})"))?;
+        let elf = std::fs::read(&exe).map_err(|e| format!("cannot read {}: {e}", exe.display()))?;
+        Self::new(&elf, Some(pid)).map_err(|e| format!("process {pid} ({}): {e}", exe.display()))
+    }
+
+    /// Finds the runtime's variables in `elf` (the executable's bytes; `pid` places them
+    /// when it is position-independent) and checks its release.
+    pub fn new(elf: &[u8], pid: Option<u32>) -> Result<Self, String> {
+        use object::{Object, ObjectSection};
+        let file = object::File::parse(elf).map_err(|e| format!("not an ELF file ({e})"))?;
+        // An SBCL runtime exports these; another program has none of them. Asked before
+        // the process's maps are read, so that any other program gets this answer.
+        let exported = Symbols::resolve(elf, &SYMBOLS, None)?;
+        if ["page_table", "next_free_page", "DYNAMIC_SPACE_START"]
+            .iter()
+            .any(|n| exported.get(n).is_none())
+        {
+            return Err(
+                "not an SBCL process: its executable exports no gencgc page table \
+                        (page_table, next_free_page, DYNAMIC_SPACE_START)"
+                    .into(),
+            );
+        }
+        if !file.is_64()
+            || !file.is_little_endian()
+            || file.architecture() != object::Architecture::X86_64
+        {
+            return Err("the SBCL census reads x86-64 runtimes only".into());
+        }
+        let rodata = file
+            .section_by_name(".rodata")
+            .and_then(|s| s.data().ok())
+            .unwrap_or(&[]);
+        let version = release_string(rodata).ok_or(
+            "an SBCL runtime whose release cannot be read from its executable; the census \
+             reads only layouts fragscope has verified",
+        )?;
+        let numeric: String = version
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .next()
+            .unwrap_or("")
+            .trim_end_matches('.')
+            .to_string();
+        if numeric != VERIFIED_RELEASE {
+            return Err(format!(
+                "SBCL {version} is not supported: the census reads the gencgc layout of SBCL \
+                 {VERIFIED_RELEASE}, and fragscope has not verified this release's"
+            ));
+        }
+        let symbols = Symbols::resolve(elf, &SYMBOLS, pid)?;
+        let need = |n: &str| {
+            symbols
+                .need(n)
+                .map_err(|e| format!("{e}, which the SBCL {version} census needs"))
+        };
+        Ok(Self {
+            dynamic_space_start: need("DYNAMIC_SPACE_START")?,
+            dynamic_space_size: need("dynamic_space_size")?,
+            page_table: need("page_table")?,
+            page_table_pages: need("page_table_pages")?,
+            next_free_page: need("next_free_page")?,
+            bytes_allocated: need("bytes_allocated")?,
+            generations: need("generations")?,
+            gc_alloc_region: need("gc_alloc_region")?,
+            all_threads: need("all_threads")?,
+            gc_active_p: need("gc_active_p")?,
+            n_gcs_done: need("n_gcs_done")?,
+            widetag_lowtag: need("widetag_lowtag")?,
+            sizetab: need("sizetab")?,
+            version,
+        })
+    }
+}
+
+/// The release string `sbcl --version` prints ("SBCL %s"): the one NUL-terminated string
+/// of the read-only data that reads as a release number (`2.2.9`, `2.2.9.debian`).
+fn release_string(rodata: &[u8]) -> Option<String> {
+    let mut found: Option<String> = None;
+    for s in rodata.split(|&b| b == 0) {
+        let Ok(s) = std::str::from_utf8(s) else {
+            continue;
+        };
+        let mut parts = s.splitn(4, '.');
+        let numbers = (0..3)
+            .filter_map(|_| parts.next())
+            .filter(|p| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()))
+            .count();
+        let rest_ok = parts.next().is_none_or(|r| {
+            !r.is_empty()
+                && r.len() <= 32
+                && r.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._+-~".contains(&b))
+        });
+        if numbers == 3 && rest_ok {
+            match &found {
+                Some(f) if f != s => return None, // two candidates: cannot tell
+                _ => found = Some(s.to_string()),
+            }
+        }
+    }
+    found
+}
+
+/// The page type, the low bits of `struct page`'s `type` (PAGE_TYPE_*).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PageType {
+    Unboxed,
+    Boxed,
+    Mixed,
+    /// Objects that do not span GC cards (symbols, fdefns, weak pointers...).
+    SmallMixed,
+    Cons,
+    Code,
+}
+
+impl PageType {
+    pub const ALL: [PageType; 6] = [
+        PageType::Unboxed,
+        PageType::Boxed,
+        PageType::Mixed,
+        PageType::SmallMixed,
+        PageType::Cons,
+        PageType::Code,
+    ];
+
+    fn of_bits(bits: u8) -> Option<Self> {
+        Some(match bits & PAGE_TYPE_MASK {
+            1 => PageType::Unboxed,
+            2 => PageType::Boxed,
+            3 => PageType::Mixed,
+            4 => PageType::SmallMixed,
+            5 => PageType::Cons,
+            7 => PageType::Code,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PageType::Unboxed => "unboxed",
+            PageType::Boxed => "boxed",
+            PageType::Mixed => "mixed",
+            PageType::SmallMixed => "small mixed",
+            PageType::Cons => "cons",
+            PageType::Code => "code",
+        }
+    }
+
+    fn index(self) -> usize {
+        PageType::ALL.iter().position(|&t| t == self).unwrap_or(0)
+    }
+}
+
+/// One page of the dynamic space that is in use (its page-table entry, decoded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SbclPage {
+    pub index: u32,
+    /// Bytes the page table counts (`words_used_` × 8): closed allocations only.
+    pub bytes_used: u32,
+    /// Bytes of an open allocation region on this page, beyond `bytes_used`.
+    pub open_bytes: u32,
+    pub gen: u8,
+    pub page_type: PageType,
+    /// Part of one large object (SINGLE_OBJECT_FLAG).
+    pub large: bool,
+    /// Part of an allocation region a thread holds open (OPEN_REGION_PAGE_FLAG).
+    pub open: bool,
+}
+
+impl SbclPage {
+    /// Where the page starts in the process, for joining with its residency.
+    pub fn address(&self, census: &SbclCensus) -> u64 {
+        census.page_address(self.index)
+    }
+}
+
+/// Pages and bytes of one kind (a generation, a page type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PageFigures {
+    pub pages: u64,
+    /// Bytes the page table counts as used.
+    pub bytes_used: u64,
+    /// Bytes in open allocation regions on these pages.
+    pub open_bytes: u64,
+    /// Of `pages`, those holding part of one large object, and its bytes.
+    pub large_pages: u64,
+    pub large_bytes: u64,
+}
+
+impl PageFigures {
+    /// What the pages take from the dynamic space.
+    pub fn bytes_held(&self) -> u64 {
+        self.pages * PAGE_BYTES
+    }
+
+    fn add(&mut self, p: &SbclPage) {
+        self.pages += 1;
+        self.bytes_used += u64::from(p.bytes_used);
+        self.open_bytes += u64::from(p.open_bytes);
+        if p.large {
+            self.large_pages += 1;
+            self.large_bytes += u64::from(p.bytes_used);
+        }
+    }
+}
+
+/// One generation: its pages, and the runtime's `struct generation`.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SbclGeneration {
+    pub gen: u8,
+    pub pages: PageFigures,
+    /// `bytes_allocated`: equals `pages.bytes_used` (checked).
+    pub bytes_allocated: u64,
+    /// A collection of this generation is due when it holds this many bytes.
+    pub gc_trigger: u64,
+    pub bytes_consed_between_gc: u64,
+    /// Collections since its survivors were last raised to the next generation.
+    pub num_gc: i32,
+    /// Collections it takes before survivors are raised.
+    pub number_of_gcs_before_promotion: i32,
+    pub cum_sum_bytes_allocated: u64,
+    pub minimum_age_before_gc: f64,
+}
+
+/// An allocation region open at the moment of the census: `[start, free)` holds objects
+/// the page table and `bytes_allocated` do not count yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenRegion {
+    /// `thread 0x7f.. mixed`, or `global code` (gc_alloc_region).
+    pub owner: String,
+    pub start: u64,
+    pub free: u64,
+    pub end: u64,
+}
+
+/// What objects are, as `(room)` groups them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ObjectClass {
+    /// simple-base-string and simple-character-string.
+    Strings,
+    Conses,
+    /// (simple-array (unsigned-byte 8) (*)).
+    OctetVectors,
+    /// Every other one-dimensional simple array (simple-vector, bit vectors, numeric
+    /// vectors).
+    OtherVectors,
+    /// Structure and standard-object instances.
+    Instances,
+    Code,
+    Other,
+}
+
+impl ObjectClass {
+    pub const ALL: [ObjectClass; 7] = [
+        ObjectClass::Strings,
+        ObjectClass::Conses,
+        ObjectClass::OctetVectors,
+        ObjectClass::OtherVectors,
+        ObjectClass::Instances,
+        ObjectClass::Code,
+        ObjectClass::Other,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ObjectClass::Strings => "strings",
+            ObjectClass::Conses => "conses",
+            ObjectClass::OctetVectors => "octet vectors",
+            ObjectClass::OtherVectors => "other vectors",
+            ObjectClass::Instances => "instances",
+            ObjectClass::Code => "code",
+            ObjectClass::Other => "other",
+        }
+    }
+
+    /// The class of an object whose header has `widetag` (conses have none).
+    pub fn of_widetag(widetag: u8) -> Self {
+        match widetag {
+            225 | 229 => ObjectClass::Strings,
+            157 => ObjectClass::OctetVectors,
+            133..=221 => ObjectClass::OtherVectors,
+            57 => ObjectClass::Instances,
+            53 => ObjectClass::Code,
+            _ => ObjectClass::Other,
+        }
+    }
+
+    fn index(self) -> usize {
+        ObjectClass::ALL
+            .iter()
+            .position(|&c| c == self)
+            .unwrap_or(0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ObjectFigures {
+    pub count: u64,
+    pub bytes: u64,
+}
+
+/// Every object of the dynamic space, by type: what `(room)` and
+/// `sb-vm:map-allocated-objects` see (fillers and pseudo-conses left out).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SbclObjects {
+    /// By [`ObjectClass::ALL`].
+    pub classes: Vec<ObjectFigures>,
+    /// By header widetag (256 entries; conses are in `classes` only).
+    pub by_widetag: Vec<ObjectFigures>,
+    /// Fillers and pseudo-conses: space inside used pages that holds no object.
+    pub filler_bytes: u64,
+    /// How long the walk took (the process stopped).
+    pub walk_us: u64,
+}
+
+impl SbclObjects {
+    pub fn class(&self, c: ObjectClass) -> ObjectFigures {
+        self.classes[c.index()]
+    }
+}
+
+/// One census of an SBCL process's dynamic space.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SbclCensus {
+    pub version: String,
+    pub dynamic_space_start: u64,
+    pub dynamic_space_size: u64,
+    pub page_bytes: u64,
+    /// Where the page table is in the process, and its entries (one per page).
+    pub page_table: u64,
+    pub page_table_pages: u64,
+    pub next_free_page: u64,
+    /// Pages below `next_free_page` in use and free; pages from it on never used since
+    /// the last collection moved it.
+    pub pages_in_use: u64,
+    pub pages_free: u64,
+    pub pages_never_used: u64,
+    /// The runtime's `bytes_allocated`: `(sb-kernel:dynamic-usage)`.
+    pub bytes_allocated: u64,
+    /// The page table's bytes in use (equal to `bytes_allocated`, checked).
+    pub bytes_used: u64,
+    pub open_regions: Vec<OpenRegion>,
+    /// Bytes allocated in the open regions, counted nowhere else yet.
+    pub open_region_bytes: u64,
+    /// Generations 0 to 7.
+    pub generations: Vec<SbclGeneration>,
+    /// By [`PageType::ALL`].
+    pub page_types: Vec<PageFigures>,
+    /// Pages in use by bytes used (open regions' bytes included): no byte, then 0-10%
+    /// ... 90-100% (`OCCUPANCY_BUCKETS`); and the bytes on the pages of each bucket.
+    pub occupancy_pages: Vec<u64>,
+    pub occupancy_bytes: Vec<u64>,
+    /// Every page in use, in address order.
+    pub pages: Vec<SbclPage>,
+    /// Collections done (`n_gcs_done`).
+    pub collections: u64,
+    /// The object walk, when asked for.
+    pub objects: Option<SbclObjects>,
+    /// How long the process was held stopped, and the bytes read from it.
+    pub pause_us: u64,
+    pub bytes_read: u64,
+}
+
+impl SbclCensus {
+    pub fn page_type(&self, t: PageType) -> PageFigures {
+        self.page_types[t.index()]
+    }
+
+    /// Where page `index` of the dynamic space starts in the process (to join with its
+    /// residency from pagemap).
+    pub fn page_address(&self, index: u32) -> u64 {
+        self.dynamic_space_start + u64::from(index) * self.page_bytes
+    }
+
+    /// Where page `index`'s entry of the page table is in the process.
+    pub fn page_entry_address(&self, index: u32) -> u64 {
+        self.page_table + u64::from(index) * 8
+    }
+
+    /// Pages in use that hold part of a large object, by generation.
+    pub fn large_pages_by_generation(&self) -> Vec<(u8, u64)> {
+        self.generations
+            .iter()
+            .map(|g| (g.gen, g.pages.large_pages))
+            .collect()
+    }
+}
+
+/// What a census reads beyond the page table.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CensusOptions {
+    /// Walk every object (reads all used bytes' headers: the pause grows with the
+    /// heap, see ARCHITECTURE.md).
+    pub objects: bool,
+}
+
+/// Takes a census of process `pid`, held stopped meanwhile. A moment inside a
+/// collection or an allocation (the counters disagree with the page table) is retried
+/// after 4, 8 and 16 ms with the process running in between; still inconsistent: Err.
+pub fn census(
+    pid: u32,
+    rt: &SbclRuntime,
+    options: CensusOptions,
+) -> Result<SbclCensus, CensusError> {
+    let mut mem = ProcessMemory::open(pid)?;
+    // The tables are set when the runtime starts and never change: read them once, the
+    // process running, and refuse at once (not after retries) when they are not 2.2.9's.
+    check_tag_tables(&mut mem, rt)?;
+    let mut last = None;
+    for wait_ms in [0u64, 4, 8, 16] {
+        std::thread::sleep(Duration::from_millis(wait_ms));
+        let pause = Pause::stop(pid).map_err(CensusError::Unreadable)?;
+        let before = mem.bytes_read();
+        match read_census(&mut mem, rt, options) {
+            Ok(mut c) => {
+                c.pause_us = pause.held().as_micros() as u64;
+                c.bytes_read = mem.bytes_read() - before;
+                return Ok(c);
+            }
+            Err(CensusError::Inconsistent(e)) => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(CensusError::Inconsistent(last.unwrap_or_default()))
+}
+
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+fn inconsistent(s: String) -> CensusError {
+    CensusError::Inconsistent(s)
+}
+
+fn read_census(
+    mem: &mut ProcessMemory,
+    rt: &SbclRuntime,
+    options: CensusOptions,
+) -> Result<SbclCensus, CensusError> {
+    let start = mem.read_u64(rt.dynamic_space_start)?;
+    let size = mem.read_u64(rt.dynamic_space_size)?;
+    let page_table = mem.read_u64(rt.page_table)?;
+    let npages = mem.read_u64(rt.page_table_pages)?;
+    if page_table == 0 || npages == 0 {
+        return Err(CensusError::NoHeap);
+    }
+    if start % PAGE_BYTES != 0
+        || npages > MAX_PAGES
+        || size != npages * PAGE_BYTES
+        || start.checked_add(size).is_none()
+    {
+        return Err(inconsistent(format!(
+            "the dynamic space does not hold together (start {start:#x}, size {size}, \
+             {npages} pages of {PAGE_BYTES} bytes)"
+        )));
+    }
+    if mem.read_u32(rt.gc_active_p)? != 0 {
+        return Err(inconsistent("a collection is running".into()));
+    }
+    let next_free = mem.read_u64(rt.next_free_page)?;
+    if next_free > npages {
+        return Err(inconsistent(format!(
+            "next_free_page {next_free} is beyond the page table's {npages} pages"
+        )));
+    }
+    let collections = u64::from(mem.read_u32(rt.n_gcs_done)?);
+    let bytes_allocated = mem.read_u64(rt.bytes_allocated)?;
+    let mut gens = vec![0u8; GENERATIONS * GENERATION_SIZE as usize];
+    mem.read(rt.generations, &mut gens)?;
+
+    // One entry past next_free_page: the walk looks at the next page's scan start.
+    let entries = (next_free + 1).min(npages);
+    let mut table = vec![0u8; (entries * 8) as usize];
+    mem.read(page_table, &mut table)?;
+    let entry = |i: u64| -> (u32, u16, u8, u8) {
+        let e = &table[(i * 8) as usize..(i * 8 + 8) as usize];
+        (
+            u32::from_le_bytes(e[0..4].try_into().unwrap()),
+            u16::from_le_bytes(e[4..6].try_into().unwrap()),
+            e[6],
+            e[7],
+        )
+    };
+
+    let regions = open_regions(mem, rt, start, size)?;
+    // The runtime moves next_free_page past a region's pages when it opens one.
+    let top = start + next_free * PAGE_BYTES;
+    if let Some(r) = regions.iter().find(|r| r.free > top) {
+        return Err(inconsistent(format!(
+            "the {} allocation region reaches {:#x}, beyond next_free_page at {top:#x}",
+            r.owner, r.free
+        )));
+    }
+    let mut open_on_page = std::collections::HashMap::<u64, u64>::new();
+    for r in &regions {
+        let mut a = r.start;
+        while a < r.free {
+            let page = (a - start) / PAGE_BYTES;
+            let page_end = start + (page + 1) * PAGE_BYTES;
+            let upto = r.free.min(page_end);
+            *open_on_page.entry(page).or_default() += upto - a;
+            a = upto;
+        }
+    }
+
+    let mut pages = Vec::new();
+    let mut generations: Vec<SbclGeneration> = (0..GENERATIONS)
+        .map(|g| {
+            let b = &gens[g * GENERATION_SIZE as usize..];
+            SbclGeneration {
+                gen: g as u8,
+                bytes_allocated: le_u64(b, 0),
+                gc_trigger: le_u64(b, 8),
+                bytes_consed_between_gc: le_u64(b, 16),
+                num_gc: i32::from_le_bytes(b[24..28].try_into().unwrap()),
+                number_of_gcs_before_promotion: i32::from_le_bytes(b[28..32].try_into().unwrap()),
+                cum_sum_bytes_allocated: le_u64(b, 32),
+                minimum_age_before_gc: f64::from_le_bytes(b[40..48].try_into().unwrap()),
+                ..Default::default()
+            }
+        })
+        .collect();
+    let mut page_types = vec![PageFigures::default(); PageType::ALL.len()];
+    let mut occupancy_pages = vec![0u64; OCCUPANCY_BUCKETS];
+    let mut occupancy_bytes = vec![0u64; OCCUPANCY_BUCKETS];
+    let mut pages_free = 0;
+    for i in 0..next_free {
+        let (_, words, bits, gen) = entry(i);
+        let bytes_used = u64::from(words >> 1) * 8;
+        if bits == 0 {
+            if bytes_used != 0 {
+                return Err(inconsistent(format!(
+                    "free page {i} counts {bytes_used} bytes used"
+                )));
+            }
+            pages_free += 1;
+            continue;
+        }
+        let page_type = PageType::of_bits(bits)
+            .filter(|_| bits & !KNOWN_TYPE_BITS == 0)
+            .ok_or_else(|| {
+                inconsistent(format!(
+                    "page {i} has type bits {bits:#x}, unknown to SBCL {VERIFIED_RELEASE}"
+                ))
+            })?;
+        if usize::from(gen) >= GENERATIONS || bytes_used > PAGE_BYTES {
+            return Err(inconsistent(format!(
+                "page {i} is of generation {gen} with {bytes_used} bytes used"
+            )));
+        }
+        let open_bytes = open_on_page.get(&i).copied().unwrap_or(0);
+        let p = SbclPage {
+            index: i as u32,
+            bytes_used: bytes_used as u32,
+            open_bytes: open_bytes.min(PAGE_BYTES) as u32,
+            gen,
+            page_type,
+            large: bits & SINGLE_OBJECT_FLAG != 0,
+            open: bits & OPEN_REGION_PAGE_FLAG != 0,
+        };
+        generations[usize::from(gen)].pages.add(&p);
+        page_types[page_type.index()].add(&p);
+        let filled = (bytes_used + open_bytes).min(PAGE_BYTES);
+        let bucket = if filled == 0 {
+            0
+        } else {
+            1 + ((filled * 10 / PAGE_BYTES) as usize).min(OCCUPANCY_BUCKETS - 2)
+        };
+        occupancy_pages[bucket] += 1;
+        occupancy_bytes[bucket] += filled;
+        pages.push(p);
+    }
+    for g in &generations {
+        if g.pages.bytes_used != g.bytes_allocated {
+            return Err(inconsistent(format!(
+                "generation {}: the page table counts {} bytes, the runtime {}",
+                g.gen, g.pages.bytes_used, g.bytes_allocated
+            )));
+        }
+    }
+    let bytes_used: u64 = generations.iter().map(|g| g.pages.bytes_used).sum();
+    if bytes_used != bytes_allocated {
+        return Err(inconsistent(format!(
+            "the page table counts {bytes_used} bytes, bytes_allocated {bytes_allocated}"
+        )));
+    }
+    if regions.iter().any(|r| {
+        r.free > r.start && {
+            let (_, _, bits, _) = entry((r.start - start) / PAGE_BYTES);
+            bits & OPEN_REGION_PAGE_FLAG == 0
+        }
+    }) {
+        return Err(inconsistent(
+            "an open allocation region starts on a page not marked open".into(),
+        ));
+    }
+
+    let objects = if options.objects {
+        let t = Instant::now();
+        let mut o = walk_objects(mem, start, next_free, &entry, &regions)?;
+        o.walk_us = t.elapsed().as_micros() as u64;
+        Some(o)
+    } else {
+        None
+    };
+    Ok(SbclCensus {
+        version: rt.version.clone(),
+        dynamic_space_start: start,
+        dynamic_space_size: size,
+        page_bytes: PAGE_BYTES,
+        page_table,
+        page_table_pages: npages,
+        next_free_page: next_free,
+        pages_in_use: pages.len() as u64,
+        pages_free,
+        pages_never_used: npages - next_free,
+        bytes_allocated,
+        bytes_used,
+        open_region_bytes: regions.iter().map(|r| r.free - r.start).sum(),
+        open_regions: regions,
+        generations,
+        page_types,
+        occupancy_pages,
+        occupancy_bytes,
+        pages,
+        collections,
+        objects,
+        pause_us: 0,
+        bytes_read: 0,
+    })
+}
+
+/// The open allocation regions: every thread's six TLABs (threads found from
+/// `all_threads`, each checked by its `this` field) and the runtime's gc_alloc_region.
+fn open_regions(
+    mem: &mut ProcessMemory,
+    rt: &SbclRuntime,
+    start: u64,
+    size: u64,
+) -> Result<Vec<OpenRegion>, CensusError> {
+    let mut out = Vec::new();
+    let mut push = |owner: String, r: &[u8]| -> Result<(), CensusError> {
+        let (free, end, begin) = (le_u64(r, 0), le_u64(r, 8), le_u64(r, 16));
+        if begin == 0 {
+            return Ok(()); // closed
+        }
+        if !(start <= begin && begin <= free && free <= end && end <= start + size) {
+            return Err(inconsistent(format!(
+                "the {owner} allocation region does not hold together (start {begin:#x}, \
+                 free {free:#x}, end {end:#x})"
+            )));
+        }
+        out.push(OpenRegion {
+            owner,
+            start: begin,
+            free,
+            end,
+        });
+        Ok(())
+    };
+    let mut global = vec![0u8; 24 * GLOBAL_REGIONS.len()];
+    mem.read(rt.gc_alloc_region, &mut global)?;
+    for (i, name) in GLOBAL_REGIONS.iter().enumerate() {
+        push(format!("global {name}"), &global[i * 24..i * 24 + 24])?;
+    }
+    let mut thread = mem.read_u64(rt.all_threads)?;
+    let mut seen = 0;
+    let mut t = vec![0u8; 328];
+    while thread != 0 {
+        seen += 1;
+        if seen > MAX_THREADS {
+            return Err(inconsistent(
+                "the runtime's thread list does not end".into(),
+            ));
+        }
+        mem.read(thread, &mut t)?;
+        if le_u64(&t, THREAD_THIS as usize) != thread {
+            return Err(inconsistent(format!(
+                "the thread structure at {thread:#x} does not point to itself: not the \
+                 SBCL {VERIFIED_RELEASE} layout"
+            )));
+        }
+        for (off, name) in THREAD_TLABS {
+            let off = off as usize;
+            push(format!("thread {thread:#x} {name}"), &t[off..off + 24])?;
+        }
+        thread = le_u64(&t, THREAD_NEXT as usize);
+    }
+    Ok(out)
+}
+
+/// How the runtime sizes an object from its header (gc-common.c, the `sizetab` entries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sizer {
+    /// The first word of a cons (a fixnum, pointer or immediate): no header.
+    NotHeader,
+    /// No object starts with this widetag in the heap (`size_lose`).
+    Lose,
+    /// 1 + (23-bit payload | 1): size_boxed, also size_unboxed.
+    Boxed,
+    /// 1 + (15-bit payload | 1).
+    ShortBoxed,
+    Bignum,
+    Symbol,
+    Code,
+    Instance,
+    WeakPointer,
+    Fdefn,
+    Filler,
+    Array,
+    VectorT,
+    VectorNil,
+    /// Bits per element.
+    Vector(u8),
+    BaseString,
+}
+
+/// The sizer of each header widetag (`4n + 1`), from SBCL 2.2.9's gc-tables.h.
+fn sizer(widetag: u8) -> Sizer {
+    use Sizer::*;
+    if widetag % 4 != 1 {
+        return NotHeader;
+    }
+    match widetag {
+        17 => Bignum,
+        21 | 29 | 33 | 37 | 41 | 49 | 77 | 101 | 105 => Boxed,
+        9 | 25 | 81 => NotHeader, // unbound marker, single-float, character: immediates
+        45 => Symbol,
+        53 => Code,
+        57 => Instance,
+        61 | 69 => ShortBoxed,
+        89 => WeakPointer,
+        93 => Fdefn,
+        109 => Filler,
+        129 | 233 | 237 | 241 | 245 | 249 => Array,
+        133 => VectorNil,
+        137 => VectorT,
+        141 => Vector(1),
+        145 => Vector(2),
+        149 => Vector(4),
+        153 | 157 | 189 => Vector(8),
+        161 | 165 | 193 => Vector(16),
+        169 | 173 | 197 | 209 | 229 => Vector(32),
+        177 | 181 | 185 | 201 | 205 | 213 | 217 => Vector(64),
+        221 => Vector(128),
+        225 => BaseString,
+        _ => Lose,
+    }
+}
+
+/// `widetag_lowtag[w]` as SBCL 2.2.9 has it: 0x80 | the pointer's lowtag for a header,
+/// 7 (a cons) for a word that can start a cons, 0 for neither.
+fn expected_lowtag(widetag: u8) -> u8 {
+    match (sizer(widetag), widetag) {
+        (Sizer::NotHeader, _) => 7,
+        (_, 65) => 0x8B, // simple-fun: a header, but only inside code objects
+        (Sizer::Lose, _) => 0,
+        (Sizer::Filler, _) => 0x80,
+        (Sizer::Instance, _) => 0x83,
+        (Sizer::ShortBoxed, _) => 0x8B,
+        _ => 0x8F,
+    }
+}
+
+/// Checks that the process's own tag table is SBCL 2.2.9's and that its size table
+/// groups widetags as [`sizer`] does: a core or runtime with other tags or sizes is
+/// refused instead of walked wrongly.
+fn check_tag_tables(mem: &mut ProcessMemory, rt: &SbclRuntime) -> Result<(), CensusError> {
+    let mut lowtags = [0u8; 256];
+    mem.read(rt.widetag_lowtag, &mut lowtags)?;
+    for w in 0..=255u8 {
+        if lowtags[usize::from(w)] != expected_lowtag(w) {
+            return Err(inconsistent(format!(
+                "the runtime's widetag_lowtag[{w}] is {:#x}, not SBCL {VERIFIED_RELEASE}'s {:#x}",
+                lowtags[usize::from(w)],
+                expected_lowtag(w)
+            )));
+        }
+    }
+    let mut raw = vec![0u8; 256 * 8];
+    mem.read(rt.sizetab, &mut raw)?;
+    let fns: Vec<u64> = (0..256).map(|w| le_u64(&raw, w * 8)).collect();
+    let mut by_sizer: Vec<(Sizer, u64)> = Vec::new();
+    for w in 0..=255u8 {
+        let (s, f) = (sizer(w), fns[usize::from(w)]);
+        let ok = match s {
+            Sizer::NotHeader => f == 0,
+            _ if f == 0 => false,
+            _ => match by_sizer.iter().find(|(k, _)| *k == s) {
+                Some(&(_, g)) => g == f,
+                // A new sizer must have a function no other sizer has.
+                None => {
+                    let fresh = by_sizer.iter().all(|&(_, g)| g != f);
+                    by_sizer.push((s, f));
+                    fresh
+                }
+            },
+        };
+        if !ok {
+            return Err(inconsistent(format!(
+                "the runtime sizes widetag {w} unlike SBCL {VERIFIED_RELEASE}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Reads the heap forward through a window, so that the payload of a large object is
+/// skipped rather than read.
+struct Window<'a> {
+    mem: &'a mut ProcessMemory,
+    base: u64,
+    buf: Vec<u8>,
+}
+
+const WINDOW: u64 = 256 << 10;
+
+impl Window<'_> {
+    /// The word at `addr`, inside `[.., limit)`.
+    fn word(&mut self, addr: u64, limit: u64) -> Result<u64, CensusError> {
+        let len = self.buf.len() as u64;
+        if addr < self.base || addr + 8 > self.base + len {
+            let n = WINDOW.min(limit.saturating_sub(addr)).max(8);
+            self.buf.resize(n as usize, 0);
+            self.mem.read_ranges(&[(addr, n as usize)], &mut self.buf)?;
+            self.base = addr;
+        }
+        Ok(le_u64(&self.buf, (addr - self.base) as usize))
+    }
+}
+
+/// Words of the object whose header is `h` at `addr` (its size in the heap).
+fn object_words(w: &mut Window, addr: u64, h: u64, limit: u64) -> Result<u64, CensusError> {
+    // Saturating: a misread length must end the walk with an error, not wrap around.
+    let align2 = |n: u64| n.saturating_add(1) & !1;
+    let value = h >> 8;
+    let vector_len =
+        |w: &mut Window| -> Result<u64, CensusError> { Ok(w.word(addr + 8, limit)? >> 1) };
+    let nwords = |len: u64, bits: u64| {
+        if bits <= 64 {
+            let per = 64 / bits;
+            len.div_ceil(per)
+        } else {
+            len.saturating_mul(bits / 64)
+        }
+    };
+    Ok(match sizer(h as u8) {
+        Sizer::NotHeader => 2,
+        Sizer::Lose => {
+            return Err(inconsistent(format!(
+                "an object at {addr:#x} has header {h:#x}, which no heap object has"
+            )))
+        }
+        Sizer::Boxed => 1 + ((value & 0x7F_FFFF) | 1),
+        Sizer::ShortBoxed => 1 + ((value & 0x7FFF) | 1),
+        Sizer::Bignum => 1 + ((value & 0xFFFF_FFFF) | 1),
+        Sizer::Symbol => 6,
+        Sizer::Code => h >> 32,
+        Sizer::Instance => {
+            let h = h as u32;
+            let extra = (h >> 10) & (h >> 9) & 1;
+            let len = u64::from(((h >> 10) & 0x3FFF) + extra);
+            1 + (len | 1)
+        }
+        Sizer::WeakPointer => align2(1 + ((h >> 8) & 0xF)),
+        Sizer::Fdefn => 4,
+        Sizer::Filler => h >> 32,
+        Sizer::Array => {
+            let rank = ((h >> 8) as u8).wrapping_add(1);
+            // struct array is 8 words with one dimension.
+            align2(8 + u64::from(rank) - 1)
+        }
+        Sizer::VectorT => align2(vector_len(w)?.saturating_add(2)),
+        Sizer::VectorNil => 2,
+        Sizer::Vector(bits) => align2(nwords(vector_len(w)?, u64::from(bits)).saturating_add(2)),
+        Sizer::BaseString => align2(nwords(vector_len(w)? + 1, 8).saturating_add(2)),
+    })
+}
+
+/// Walks every object: each contiguous block of pages as walk-dynamic-space in
+/// room.lisp finds them (a block goes on while its page is full and the next page does
+/// not start a block), then the open regions' objects.
+fn walk_objects(
+    mem: &mut ProcessMemory,
+    start: u64,
+    next_free: u64,
+    entry: &dyn Fn(u64) -> (u32, u16, u8, u8),
+    regions: &[OpenRegion],
+) -> Result<SbclObjects, CensusError> {
+    let mut o = SbclObjects {
+        classes: vec![ObjectFigures::default(); ObjectClass::ALL.len()],
+        by_widetag: vec![ObjectFigures::default(); 256],
+        ..Default::default()
+    };
+    let mut w = Window {
+        mem,
+        base: 0,
+        buf: Vec::new(),
+    };
+    let used = |i: u64| u64::from(entry(i).1 >> 1) * 8;
+    let mut first = 0;
+    while first < next_free {
+        let mut last = first;
+        while used(last) == PAGE_BYTES && last + 1 < next_free && entry(last + 1).0 != 0 {
+            last += 1;
+        }
+        let from = start + first * PAGE_BYTES;
+        let to = start + last * PAGE_BYTES + used(last);
+        if to > from && entry(first).2 != 0 {
+            walk_range(&mut w, from, to, &mut o)?;
+        }
+        first = last + 1;
+    }
+    for r in regions {
+        if r.free > r.start {
+            walk_range(&mut w, r.start, r.free, &mut o)?;
+        }
+    }
+    Ok(o)
+}
+
+fn walk_range(w: &mut Window, from: u64, to: u64, o: &mut SbclObjects) -> Result<(), CensusError> {
+    let mut addr = from;
+    while addr < to {
+        let h = w.word(addr, to)?;
+        let widetag = h as u8;
+        let words = if h == PSEUDO_CONS {
+            2
+        } else {
+            object_words(w, addr, h, to)?
+        };
+        let bytes = words.saturating_mul(8);
+        if words == 0 || bytes > to - addr {
+            return Err(inconsistent(format!(
+                "the object at {addr:#x} (header {h:#x}, {bytes} bytes) overruns its block \
+                 ending at {to:#x}"
+            )));
+        }
+        if h == PSEUDO_CONS || widetag == FILLER_WIDETAG {
+            o.filler_bytes += bytes;
+        } else {
+            let class = if sizer(widetag) == Sizer::NotHeader {
+                ObjectClass::Conses
+            } else {
+                let f = &mut o.by_widetag[usize::from(widetag)];
+                f.count += 1;
+                f.bytes += bytes;
+                ObjectClass::of_widetag(widetag)
+            };
+            let f = &mut o.classes[class.index()];
+            f.count += 1;
+            f.bytes += bytes;
+        }
+        addr += bytes;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_release_is_the_one_version_string() {
+        assert_eq!(
+            release_string(b"x\0--version\x002.2.9.debian\0SBCL %s\n\0GLIBC_2.2.5\0").as_deref(),
+            Some("2.2.9.debian")
+        );
+        assert_eq!(release_string(b"2.2.9\0").as_deref(), Some("2.2.9"));
+        assert_eq!(release_string(b"2.2.9\x002.3.0\0"), None);
+        assert_eq!(release_string(b"no version here\x001.2\0"), None);
+    }
+
+    #[test]
+    fn every_header_widetag_has_a_size_and_a_lowtag() {
+        // The lowtag table of 2.2.9 (genesis/gc-tables.h), rows of 16.
+        let rows: [[u8; 16]; 16] = [
+            [7, 0, 7, 7, 7, 0, 7, 7, 7, 7, 7, 7, 7, 0, 7, 7],
+            [7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 7, 7, 7, 7, 0x8F, 7, 7],
+            [7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 0x8F, 7, 7],
+            [7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 0x83, 7, 7, 7, 0x8B, 7, 7],
+            [7, 0x8B, 7, 7, 7, 0x8B, 7, 7, 7, 0, 7, 7, 7, 0x8F, 7, 7],
+            [7, 7, 7, 7, 7, 0, 7, 7, 7, 0x8F, 7, 7, 7, 0x8F, 7, 7],
+            [7, 0, 7, 7, 7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 0x80, 7, 7],
+            [7, 0, 7, 7, 7, 0, 7, 7, 7, 0, 7, 7, 7, 0, 7, 7],
+            [7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 0x8F, 7, 7],
+            [7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 0x8F, 7, 7],
+            [7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 0x8F, 7, 7],
+            [7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 0x8F, 7, 7],
+            [7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 0x8F, 7, 7],
+            [7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 0x8F, 7, 7],
+            [7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 0x8F, 7, 7],
+            [7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 0x8F, 7, 7, 7, 0, 7, 7],
+        ];
+        for w in 0..=255u8 {
+            assert_eq!(
+                expected_lowtag(w),
+                rows[usize::from(w / 16)][usize::from(w % 16)],
+                "widetag {w}"
+            );
+        }
+        assert_eq!(ObjectClass::of_widetag(157), ObjectClass::OctetVectors);
+        assert_eq!(ObjectClass::of_widetag(229), ObjectClass::Strings);
+        assert_eq!(ObjectClass::of_widetag(137), ObjectClass::OtherVectors);
+    }
+}
