@@ -21,7 +21,9 @@ use crate::phases;
 use crate::pymalloc::{self, PymallocParts};
 use crate::python_sites::{self, PoolIndex, PythonLog};
 use crate::report::*;
+use crate::sbcl::{self, SbclParts};
 use crate::symbols::{Frame, Symbolizer};
+use fragscope_trace::sbcl_heap::SbclHeap;
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -81,6 +83,7 @@ struct Evaluated {
     sites: Vec<SiteAtSnapshot>,
     own_memory: u64,
     pymalloc: Option<PymallocParts>,
+    sbcl: Option<SbclParts>,
 }
 
 #[derive(Default)]
@@ -100,6 +103,10 @@ struct Stream {
     /// pymalloc waste so far were (the one the report explains).
     python: PythonLog,
     python_census: Option<PoolIndex>,
+    /// SBCL censuses waiting for the snapshot of their tick (written just before it).
+    sbcl_pending: VecDeque<(u64, SbclHeap)>,
+    /// Why the process has no SBCL census, when it runs SBCL.
+    sbcl_note: Option<String>,
     evaluated: Vec<Evaluated>,
     history: HeapHistory,
     rss: Vec<RssSample>,
@@ -242,6 +249,18 @@ impl Stream {
         Some(split)
     }
 
+    /// The SBCL census taken with snapshot `pm`, split by its residency.
+    fn sbcl_at(&mut self, pm: &Pagemap) -> Option<SbclParts> {
+        while self.sbcl_pending.front().is_some_and(|(t, _)| *t < pm.tick) {
+            self.sbcl_pending.pop_front();
+        }
+        if self.sbcl_pending.front().map(|(t, _)| *t) != Some(pm.tick) {
+            return None;
+        }
+        let (_, heap) = self.sbcl_pending.pop_front()?;
+        Some(sbcl::split(&heap, pm))
+    }
+
     fn evaluate_next(&mut self, ctx: &Ctx) {
         let Some(pm) = self.pending.pop_front() else {
             return;
@@ -252,6 +271,7 @@ impl Stream {
             .map(|c| crate::census::heap_parts(c, &pm));
         if let Some((mut parts, classes)) = census {
             let pymalloc = self.pymalloc_at(&pm, &mut parts);
+            let sbcl = self.sbcl_at(&pm);
             let live = parts.live;
             self.evaluated.push(Evaluated {
                 tick: pm.tick,
@@ -262,6 +282,7 @@ impl Stream {
                 sites: Vec::new(),
                 own_memory: 0,
                 pymalloc,
+                sbcl,
             });
             self.peak_live = self.peak_live.max((live, pm.tick));
             self.live_timeline.push((pm.tick / 10, live, live));
@@ -275,6 +296,7 @@ impl Stream {
             ctx.sparse_pct,
         );
         let pymalloc = self.pymalloc_at(&pm, &mut snap.parts);
+        let sbcl = self.sbcl_at(&pm);
         // Keep the sites that can make a top list.
         let mut keep: Vec<SiteAtSnapshot> = snap
             .sites
@@ -298,6 +320,7 @@ impl Stream {
             sites: keep,
             own_memory: self.merger.own_memory(),
             pymalloc,
+            sbcl,
         });
     }
 }
@@ -428,6 +451,16 @@ pub fn analyze(
                 let i = index(&mut streams, &mut by_stream, c.stream);
                 streams[i].census = Some(c);
             }
+            Chunk::SbclCensus(c) => {
+                let i = index(&mut streams, &mut by_stream, c.stream);
+                let s = &mut streams[i];
+                match c.result {
+                    Ok(heap) => s.sbcl_pending.push_back((c.tick, heap)),
+                    Err(note) => {
+                        s.sbcl_note.get_or_insert(note);
+                    }
+                }
+            }
             Chunk::PythonSamples(c) => {
                 let i = index(&mut streams, &mut by_stream, c.stream);
                 streams[i].python.add(&c);
@@ -551,6 +584,17 @@ pub fn analyze(
             headline.sentence = sentence;
         }
     }
+    let sbcl_snapshot = (0..snapshots.len())
+        .filter(|&i| snapshots[i].sbcl.is_some())
+        .max_by_key(|&i| snapshots[i].sbcl.as_ref().map_or(0, |p| p.waste()));
+    if let Some(p) = sbcl_snapshot.and_then(|i| snapshots[i].sbcl.as_ref()) {
+        // The dynamic space is outside malloc's heap, like pymalloc's arenas.
+        let heap_waste = focus_snapshot.map_or(0, |i| snapshots[i].parts.heap_waste());
+        if let Some((dominant, sentence)) = sbcl::headline(p).filter(|_| p.waste() > heap_waste) {
+            headline.dominant = Some(dominant.into());
+            headline.sentence = sentence;
+        }
+    }
     if let Some(c) = &s.census {
         crate::census::headline(&mut headline, c, focus_snapshot.map(|i| &snapshots[i]));
     }
@@ -604,6 +648,8 @@ pub fn analyze(
         pymalloc_snapshot,
         pymalloc_note: s.pymalloc_note.clone(),
         python_sites,
+        sbcl_snapshot,
+        sbcl_note: s.sbcl_note.clone(),
         leaks,
         snapshot: s.census.as_ref().map(crate::census::facts),
     })
@@ -744,7 +790,8 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
     let own = e.own_memory.min(anon);
     let heap_total = h.live + h.rounding + h.free_in_used_pages + h.free_resident_pages;
     let pymalloc = e.pymalloc.as_ref().map_or(0, |p| p.resident);
-    let other = anon as i64 - heap_total as i64 - own as i64 - pymalloc as i64;
+    let sbcl = e.sbcl.as_ref().map_or(0, |p| p.resident);
+    let other = anon as i64 - heap_total as i64 - own as i64 - pymalloc as i64 - sbcl as i64;
     let parts = Decomposition {
         rss: vm_rss,
         live: h.live,
@@ -753,6 +800,7 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         free_resident_pages: h.free_resident_pages - lazy_free,
         lazy_free,
         pymalloc_arenas: pymalloc,
+        sbcl_dynamic_space: sbcl,
         other_anon: other.max(0) as u64,
         file,
         fragscope_own: own,
@@ -804,6 +852,7 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         occupancy,
         allocator,
         pymalloc: e.pymalloc.clone(),
+        sbcl: e.sbcl.clone(),
     }
 }
 

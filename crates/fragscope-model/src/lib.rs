@@ -18,6 +18,7 @@ pub mod pymalloc;
 pub mod python_sites;
 pub mod replay;
 pub mod report;
+pub mod sbcl;
 pub mod symbols;
 
 pub use analyze::{analyze, AnalysisError, Options};

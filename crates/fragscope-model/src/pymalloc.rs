@@ -128,7 +128,7 @@ pub fn headline(p: &PymallocParts) -> Option<(&'static str, String)> {
 }
 
 /// "less than 10% full": the fill bucket with the most pools.
-fn fill_words(buckets: &[FillBucket]) -> String {
+pub(crate) fn fill_words(buckets: &[FillBucket]) -> String {
     match buckets.iter().max_by_key(|b| b.count) {
         Some(b) if b.lo_pct == 0 => format!("less than {}% full", b.hi_pct),
         Some(b) => format!("{}-{}% full", b.lo_pct, b.hi_pct),
@@ -136,7 +136,7 @@ fn fill_words(buckets: &[FillBucket]) -> String {
     }
 }
 
-fn fill_buckets() -> Vec<FillBucket> {
+pub(crate) fn fill_buckets() -> Vec<FillBucket> {
     (0..10)
         .map(|b| FillBucket {
             lo_pct: b * 10,
@@ -147,7 +147,7 @@ fn fill_buckets() -> Vec<FillBucket> {
         .collect()
 }
 
-fn add_to(buckets: &mut [FillBucket], in_use: u64, capacity: u64) {
+pub(crate) fn add_to(buckets: &mut [FillBucket], in_use: u64, capacity: u64) {
     let b = ((in_use * 10 / capacity.max(1)) as usize).min(9);
     buckets[b].count += 1;
     buckets[b].bytes_in_use += in_use;

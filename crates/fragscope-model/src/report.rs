@@ -24,6 +24,9 @@ pub struct Decomposition {
     /// CPython's pymalloc arenas (resident), split in [`Snapshot::pymalloc`]; 0 for other
     /// programs or without a census.
     pub pymalloc_arenas: u64,
+    /// SBCL's dynamic space (resident), split in [`Snapshot::sbcl`]; 0 for other
+    /// programs or without a census.
+    pub sbcl_dynamic_space: u64,
     pub other_anon: u64,
     pub file: u64,
     /// fragscope's own buffers in the traced process: shown, kept out of the other parts.
@@ -92,6 +95,9 @@ pub struct Snapshot {
     pub allocator: Option<AllocatorView>,
     /// A CPython process's pymalloc arenas, from a census taken with the snapshot.
     pub pymalloc: Option<crate::pymalloc::PymallocParts>,
+    /// An SBCL process's dynamic space, from a census taken with the snapshot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sbcl: Option<crate::sbcl::SbclParts>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -300,6 +306,12 @@ pub struct Report {
     /// arenas, at the census of `pymalloc_snapshot`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub python_sites: Option<crate::python_sites::PythonSites>,
+    /// An SBCL process: the snapshot whose dynamic space holds the most free space.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sbcl_snapshot: Option<usize>,
+    /// Why an SBCL process has no census.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sbcl_note: Option<String>,
     /// A `fragscope snapshot` of a running process: the census that stands for the calls
     /// (absent from recordings).
     #[serde(skip_serializing_if = "Option::is_none")]

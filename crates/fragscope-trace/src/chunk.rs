@@ -55,6 +55,8 @@ pub enum ChunkKind {
     /// A CPython process's sampled objects with Python stacks (see
     /// [`crate::python_samples`]).
     PythonSamples = 18,
+    /// An SBCL process's dynamic space (see [`crate::sbcl_heap`]).
+    SbclCensus = 19,
 }
 
 impl ChunkKind {
@@ -79,6 +81,7 @@ impl ChunkKind {
             16 => HeapCensus,
             17 => PymallocCensus,
             18 => PythonSamples,
+            19 => SbclCensus,
             _ => return None,
         })
     }

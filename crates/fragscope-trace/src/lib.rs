@@ -16,6 +16,7 @@ pub mod pack;
 pub mod python_samples;
 pub mod reader;
 pub mod records;
+pub mod sbcl_heap;
 mod spill;
 pub mod summary;
 pub mod wire;

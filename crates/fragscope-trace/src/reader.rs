@@ -26,6 +26,7 @@ pub enum Chunk {
     PymallocCensus(PymallocCensus),
     HeapCensus(crate::heap_census::HeapCensus),
     PythonSamples(crate::python_samples::PythonSamples),
+    SbclCensus(crate::sbcl_heap::SbclCensus),
 }
 
 /// Reads a trace chunk by chunk. Damage (a cut or corrupt file) ends the iteration; what
@@ -100,6 +101,9 @@ impl<R: Read> TraceReader<R> {
             ChunkKind::PymallocCensus => PymallocCensus::decode(data).map(Chunk::PymallocCensus),
             ChunkKind::PythonSamples => {
                 crate::python_samples::PythonSamples::decode(data).map(Chunk::PythonSamples)
+            }
+            ChunkKind::SbclCensus => {
+                crate::sbcl_heap::SbclCensus::decode(data).map(Chunk::SbclCensus)
             }
             ChunkKind::HeapCensus => {
                 crate::heap_census::HeapCensus::decode(data).map(Chunk::HeapCensus)

@@ -37,6 +37,9 @@ pub struct ProcessSummary {
     pub pymalloc_census_note: Option<String>,
     /// CPython objects sampled with their Python stacks.
     pub python_samples: u64,
+    /// SBCL censuses taken, and the note of the first that could not be.
+    pub sbcl_censuses: u64,
+    pub sbcl_census_note: Option<String>,
     /// The heap census of `fragscope snapshot`, if this is one.
     pub heap_census: Option<crate::heap_census::HeapCensus>,
     pub end: Option<ProcessEnd>,
@@ -238,6 +241,16 @@ pub fn summarize(
                     Ok(_) => ps.pymalloc_censuses += 1,
                     Err(note) => {
                         ps.pymalloc_census_note.get_or_insert(note);
+                    }
+                }
+            }
+            Chunk::SbclCensus(c) => {
+                let i = idx(&mut sum, &mut by_stream, c.stream);
+                let ps = &mut sum.processes[i];
+                match c.result {
+                    Ok(_) => ps.sbcl_censuses += 1,
+                    Err(note) => {
+                        ps.sbcl_census_note.get_or_insert(note);
                     }
                 }
             }

@@ -1,0 +1,264 @@
+//! An SBCL process's dynamic space, split by a snapshot's residency: bytes of objects on
+//! pages in use, free space inside those pages, and resident pages no object uses (free
+//! pages the collector keeps mapped), with each generation's share and a page
+//! occupancy histogram. The census (chunk 19) is gencgc's own page table.
+
+use serde::Serialize;
+
+use fragscope_trace::records::Pagemap;
+use fragscope_trace::sbcl_heap::{SbclHeap, OBJECT_CLASSES};
+
+use crate::pymalloc::{add_to, fill_buckets, fill_words, FillBucket};
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SbclGeneration {
+    pub gen: u8,
+    pub pages: u64,
+    /// Bytes of objects (the page table's count).
+    pub bytes_used: u64,
+    /// Resident bytes of its pages.
+    pub resident: u64,
+    /// Bytes on pages holding one large object each (vectors of more than a few pages).
+    pub large_bytes: u64,
+    /// Collections of it since it was last raised, and how many it waits before its
+    /// survivors are promoted.
+    pub collections: u32,
+    pub collections_before_promotion: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SbclObjectClass {
+    pub class: String,
+    pub count: u64,
+    pub bytes: u64,
+}
+
+/// The dynamic space at one census (see the module's comment).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SbclParts {
+    pub version: String,
+    pub page_bytes: u64,
+    pub dynamic_space_size: u64,
+    pub pages_in_use: u64,
+    /// Resident bytes of the whole dynamic space; they add up to `in_use` +
+    /// `free_in_used_pages` + `free_pages`.
+    pub resident: u64,
+    pub in_use: u64,
+    pub free_in_used_pages: u64,
+    pub free_pages: u64,
+    /// Collections since the program started.
+    pub collections: u64,
+    /// Generations holding a page, youngest first.
+    pub generations: Vec<SbclGeneration>,
+    /// Pages in use by bytes used / page size: 0-10%, ..., 90-100%.
+    pub page_fill: Vec<FillBucket>,
+    /// By object class, when the census walked the objects.
+    pub objects: Option<Vec<SbclObjectClass>>,
+    pub pause_ms: f64,
+}
+
+impl SbclParts {
+    /// Resident bytes of the dynamic space that hold no object.
+    pub fn waste(&self) -> u64 {
+        self.free_in_used_pages + self.free_pages
+    }
+}
+
+/// Splits `heap` by the residency `pm` read with it.
+pub fn split(heap: &SbclHeap, pm: &Pagemap) -> SbclParts {
+    let os_page = u64::from(pm.page_size.max(1));
+    let start = heap.dynamic_space_start;
+    let end = start.saturating_add(heap.dynamic_space_size);
+    // Every resident page of the space, range by range (the space is one mapping of
+    // gigabytes, mostly never touched).
+    let mut resident = 0;
+    for r in &pm.ranges {
+        let r_end = r.start.saturating_add(r.pages * os_page);
+        if r_end <= start || r.start >= end {
+            continue;
+        }
+        if r.start >= start && r_end <= end {
+            resident += r.resident_pages() * os_page;
+        } else {
+            let (lo, hi) = (r.start.max(start), r_end.min(end));
+            let first = (lo - r.start) / os_page;
+            let last = (hi - r.start).div_ceil(os_page);
+            resident += (first..last).filter(|&p| r.is_resident(p)).count() as u64 * os_page;
+        }
+    }
+    let mut residency = crate::heap::Residency::new(pm);
+    let mut parts = SbclParts {
+        version: heap.version.clone(),
+        page_bytes: heap.page_bytes,
+        dynamic_space_size: heap.dynamic_space_size,
+        pages_in_use: heap.pages.len() as u64,
+        resident,
+        in_use: 0,
+        free_in_used_pages: 0,
+        free_pages: 0,
+        collections: heap.collections,
+        generations: Vec::new(),
+        page_fill: fill_buckets(),
+        objects: heap.objects.as_ref().map(|classes| {
+            classes
+                .iter()
+                .zip(OBJECT_CLASSES)
+                .map(|(&(count, bytes), class)| SbclObjectClass {
+                    class: class.into(),
+                    count,
+                    bytes,
+                })
+                .collect()
+        }),
+        pause_ms: heap.pause_us as f64 / 1000.0,
+    };
+    let mut gens: Vec<SbclGeneration> = heap
+        .generations
+        .iter()
+        .map(|g| SbclGeneration {
+            gen: g.gen,
+            pages: g.pages,
+            bytes_used: g.bytes_used,
+            resident: 0,
+            large_bytes: g.large_bytes,
+            collections: g.collections,
+            collections_before_promotion: g.collections_before_promotion,
+        })
+        .collect();
+    let mut used_resident = 0;
+    for p in &heap.pages {
+        let page_start = start + u64::from(p.index) * heap.page_bytes;
+        let mut bytes = 0;
+        for os in page_start / os_page..(page_start + heap.page_bytes).div_ceil(os_page) {
+            if residency.is_resident(os).is_some() {
+                bytes += os_page;
+            }
+        }
+        let in_use = u64::from(p.bytes_used).min(bytes);
+        used_resident += bytes;
+        parts.in_use += in_use;
+        parts.free_in_used_pages += bytes - in_use;
+        add_to(
+            &mut parts.page_fill,
+            u64::from(p.bytes_used),
+            heap.page_bytes,
+        );
+        if let Some(g) = gens.iter_mut().find(|g| g.gen == p.gen) {
+            g.resident += bytes;
+        }
+    }
+    parts.free_pages = resident.saturating_sub(used_resident);
+    parts.resident = parts.in_use + parts.free_in_used_pages + parts.free_pages;
+    gens.retain(|g| g.pages > 0);
+    parts.generations = gens;
+    parts
+}
+
+/// What the census with the most waste says, when it is worth a headline (at least
+/// 4 MiB and a quarter of the resident space): the dominant part and a sentence.
+pub fn headline(p: &SbclParts) -> Option<(&'static str, String)> {
+    if p.waste() < 4 << 20 || p.waste() * 4 < p.resident {
+        return None;
+    }
+    let held = format!(
+        "{} of SBCL's dynamic space is resident (SBCL {}) for {} of objects",
+        crate::mib(p.resident),
+        p.version,
+        crate::mib(p.in_use)
+    );
+    Some(if p.free_pages >= p.free_in_used_pages {
+        (
+            "sbcl_free_pages",
+            format!(
+                "{held}: {} is pages the collector freed and kept mapped (gencgc does not \
+                 give freed pages back; a smaller --dynamic-space-size or fewer bytes \
+                 consed between collections keeps the high-water mark lower).",
+                crate::mib(p.free_pages)
+            ),
+        )
+    } else {
+        (
+            "sbcl_free_in_used_pages",
+            format!(
+                "{held}: {} is free space inside pages that still hold an object ({} \
+                 pages in use, most {}): survivors scattered over many pages keep them.",
+                crate::mib(p.free_in_used_pages),
+                p.pages_in_use,
+                fill_words(&p.page_fill)
+            ),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fragscope_trace::records::{ResidentRange, SnapshotReason};
+    use fragscope_trace::sbcl_heap::{SbclGenerationFigures, SbclPageUse};
+
+    /// A space of 8 pages of 32 KiB: page 0 full (gen 1), page 1 a tenth used (gen 0),
+    /// pages 2-3 free but resident, the rest never touched.
+    #[test]
+    fn the_space_splits_into_objects_free_space_in_used_pages_and_free_pages() {
+        let start = 0x1000_0000u64;
+        let page = 32 << 10;
+        let heap = SbclHeap {
+            version: "2.2.9".into(),
+            dynamic_space_start: start,
+            dynamic_space_size: 8 * page,
+            page_bytes: page,
+            next_free_page: 4,
+            page_types: vec!["boxed".into()],
+            generations: vec![
+                SbclGenerationFigures {
+                    gen: 0,
+                    pages: 1,
+                    bytes_used: page / 10,
+                    ..Default::default()
+                },
+                SbclGenerationFigures {
+                    gen: 1,
+                    pages: 1,
+                    bytes_used: page,
+                    ..Default::default()
+                },
+            ],
+            pages: vec![
+                SbclPageUse {
+                    index: 0,
+                    bytes_used: page as u32,
+                    gen: 1,
+                    ..Default::default()
+                },
+                SbclPageUse {
+                    index: 1,
+                    bytes_used: (page / 10) as u32,
+                    gen: 0,
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        // 4 KiB OS pages: the first 32 (4 SBCL pages) resident.
+        let pm = Pagemap {
+            stream: 0,
+            tick: 1,
+            reason: SnapshotReason::Periodic,
+            page_size: 4096,
+            ranges: vec![ResidentRange {
+                start,
+                pages: 64,
+                resident: vec![0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0],
+            }],
+        };
+        let p = split(&heap, &pm);
+        assert_eq!(p.resident, 4 * page);
+        assert_eq!(p.in_use, page + page / 10);
+        assert_eq!(p.free_in_used_pages, page - page / 10);
+        assert_eq!(p.free_pages, 2 * page);
+        assert_eq!(p.generations.len(), 2);
+        assert_eq!(p.generations[1].resident, page);
+        assert_eq!(p.page_fill[1].count, 1); // 10%: the second bucket
+        assert_eq!(p.page_fill[9].count, 1);
+    }
+}

@@ -1,0 +1,254 @@
+//! Chunk 19: an SBCL process's dynamic space as its gencgc page table describes it, read
+//! from outside the process (fragscope-census's `sbcl`) at a snapshot. The body of a
+//! [`Census`]; the model splits it by the snapshot's residency.
+
+use crate::records::{Census, CensusBody};
+use crate::wire::{Reader, Writer};
+use crate::TraceError;
+
+pub type SbclCensus = Census<SbclHeap>;
+
+/// Object classes of a heap walk, in this order (`SbclHeap::objects`).
+pub const OBJECT_CLASSES: [&str; 7] = [
+    "strings",
+    "conses",
+    "octet vectors",
+    "other vectors",
+    "instances",
+    "code",
+    "other",
+];
+
+/// One generation's figures: the page table's, and the runtime's `struct generation`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SbclGenerationFigures {
+    pub gen: u8,
+    pub pages: u64,
+    pub bytes_used: u64,
+    pub large_pages: u64,
+    pub large_bytes: u64,
+    /// Collections of this generation since it was last raised (`num_gc`).
+    pub collections: u32,
+    /// Collections it waits before its survivors are promoted.
+    pub collections_before_promotion: u32,
+    /// Bytes allocated into it since its last collection that trigger one.
+    pub bytes_consed_between_gc: u64,
+}
+
+/// A page of the dynamic space in use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SbclPageUse {
+    pub index: u32,
+    /// Bytes of objects, plus the part of an open allocation region on the page.
+    pub bytes_used: u32,
+    pub gen: u8,
+    /// The page type's name index (see `SbclHeap::page_types`).
+    pub page_type: u8,
+    /// Holds (part of) one large object.
+    pub large: bool,
+}
+
+/// An SBCL dynamic space at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SbclHeap {
+    /// The release, as `sbcl --version` prints it.
+    pub version: String,
+    pub dynamic_space_start: u64,
+    pub dynamic_space_size: u64,
+    pub page_bytes: u64,
+    /// Pages below this one have been used; the rest never were.
+    pub next_free_page: u64,
+    /// Collections since the program started.
+    pub collections: u64,
+    pub pause_us: u64,
+    /// Names of the page types, indexed by `SbclPageUse::page_type`.
+    pub page_types: Vec<String>,
+    pub generations: Vec<SbclGenerationFigures>,
+    /// Pages in use, by index.
+    pub pages: Vec<SbclPageUse>,
+    /// (count, bytes) per [`OBJECT_CLASSES`] when the census walked the objects.
+    pub objects: Option<Vec<(u64, u64)>>,
+}
+
+impl CensusBody for SbclHeap {
+    const WHAT: &'static str = "an SBCL census";
+
+    fn encode_body(&self, w: &mut Writer) {
+        w.str(&self.version)
+            .varint(self.dynamic_space_start)
+            .varint(self.dynamic_space_size)
+            .varint(self.page_bytes)
+            .varint(self.next_free_page)
+            .varint(self.collections)
+            .varint(self.pause_us)
+            .varint(self.page_types.len() as u64);
+        for t in &self.page_types {
+            w.str(t);
+        }
+        w.varint(self.generations.len() as u64);
+        for g in &self.generations {
+            w.u8(g.gen)
+                .varint(g.pages)
+                .varint(g.bytes_used)
+                .varint(g.large_pages)
+                .varint(g.large_bytes)
+                .varint(g.collections.into())
+                .varint(g.collections_before_promotion.into())
+                .varint(g.bytes_consed_between_gc);
+        }
+        // Pages as steps from the one before: mostly 1.
+        w.varint(self.pages.len() as u64);
+        let mut prev = 0u32;
+        for p in &self.pages {
+            w.varint(p.index.wrapping_sub(prev).into())
+                .varint(p.bytes_used.into())
+                .u8(p.gen)
+                .u8(p.page_type | if p.large { 0x80 } else { 0 });
+            prev = p.index;
+        }
+        match &self.objects {
+            None => {
+                w.u8(0);
+            }
+            Some(classes) => {
+                w.u8(1).varint(classes.len() as u64);
+                for (count, bytes) in classes {
+                    w.varint(*count).varint(*bytes);
+                }
+            }
+        }
+    }
+
+    fn decode_body(r: &mut Reader) -> Result<Self, TraceError> {
+        let version = r.string()?;
+        let dynamic_space_start = r.varint()?;
+        let dynamic_space_size = r.varint()?;
+        let page_bytes = r.varint()?;
+        let next_free_page = r.varint()?;
+        let collections = r.varint()?;
+        let pause_us = r.varint()?;
+        let n = r.count(1)?;
+        let page_types = (0..n).map(|_| r.string()).collect::<Result<_, _>>()?;
+        let small = |v: u64, what: &str| {
+            u32::try_from(v).map_err(|_| TraceError::Malformed(format!("SBCL census {what} {v}")))
+        };
+        let n = r.count(9)?;
+        let mut generations = Vec::with_capacity(n);
+        for _ in 0..n {
+            generations.push(SbclGenerationFigures {
+                gen: r.u8()?,
+                pages: r.varint()?,
+                bytes_used: r.varint()?,
+                large_pages: r.varint()?,
+                large_bytes: r.varint()?,
+                collections: small(r.varint()?, "collections")?,
+                collections_before_promotion: small(r.varint()?, "promotion age")?,
+                bytes_consed_between_gc: r.varint()?,
+            });
+        }
+        let n = r.count(4)?;
+        let mut pages = Vec::with_capacity(n);
+        let mut prev = 0u32;
+        for _ in 0..n {
+            let index = prev.wrapping_add(small(r.varint()?, "page step")?);
+            let bytes_used = small(r.varint()?, "page bytes")?;
+            let gen = r.u8()?;
+            let t = r.u8()?;
+            pages.push(SbclPageUse {
+                index,
+                bytes_used,
+                gen,
+                page_type: t & 0x7f,
+                large: t & 0x80 != 0,
+            });
+            prev = index;
+        }
+        let objects = match r.u8()? {
+            0 => None,
+            _ => {
+                let n = r.count(2)?;
+                Some(
+                    (0..n)
+                        .map(|_| Ok((r.varint()?, r.varint()?)))
+                        .collect::<Result<_, TraceError>>()?,
+                )
+            }
+        };
+        if page_bytes == 0 {
+            return Err(TraceError::Malformed(
+                "an SBCL census with pages of 0 bytes".into(),
+            ));
+        }
+        Ok(Self {
+            version,
+            dynamic_space_start,
+            dynamic_space_size,
+            page_bytes,
+            next_free_page,
+            collections,
+            pause_us,
+            page_types,
+            generations,
+            pages,
+            objects,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::SnapshotReason;
+
+    #[test]
+    fn sbcl_censuses_round_trip_and_cut_ones_are_errors() {
+        let heap = SbclHeap {
+            version: "2.2.9.debian".into(),
+            dynamic_space_start: 0x1000_0000_0000,
+            dynamic_space_size: 8 << 30,
+            page_bytes: 32 << 10,
+            next_free_page: 40,
+            collections: 12,
+            pause_us: 800,
+            page_types: vec!["unboxed".into(), "boxed".into()],
+            generations: vec![SbclGenerationFigures {
+                gen: 1,
+                pages: 2,
+                bytes_used: 40_000,
+                large_pages: 1,
+                large_bytes: 32_768,
+                collections: 3,
+                collections_before_promotion: 1,
+                bytes_consed_between_gc: 53_687_091,
+            }],
+            pages: vec![
+                SbclPageUse {
+                    index: 3,
+                    bytes_used: 32_768,
+                    gen: 1,
+                    page_type: 0,
+                    large: true,
+                },
+                SbclPageUse {
+                    index: 4,
+                    bytes_used: 7_232,
+                    gen: 1,
+                    page_type: 1,
+                    large: false,
+                },
+            ],
+            objects: Some(vec![(5, 80); 7]),
+        };
+        let c = SbclCensus {
+            stream: 2,
+            tick: 77,
+            reason: SnapshotReason::Periodic,
+            result: Ok(heap),
+        };
+        let bytes = c.encode();
+        assert_eq!(SbclCensus::decode(&bytes).unwrap(), c);
+        for cut in 0..bytes.len() {
+            assert!(SbclCensus::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+}
