@@ -258,7 +258,7 @@ mod tests {
         assert_eq!(p.free_pages, 2 * page);
         assert_eq!(p.generations.len(), 2);
         assert_eq!(p.generations[1].resident, page);
-        assert_eq!(p.page_fill[1].count, 1); // 10%: the second bucket
+        assert_eq!(p.page_fill[0].count, 1); // just under 10%: the first bucket
         assert_eq!(p.page_fill[9].count, 1);
     }
 }
