@@ -123,6 +123,24 @@ impl SbclRuntime {
         Self::new(&elf, Some(pid)).map_err(|e| format!("process {pid} ({}): {e}", exe.display()))
     }
 
+    /// `None` when process `pid` is not an SBCL runtime (its executable exports no gencgc
+    /// page table); else its runtime, or why its census cannot be read.
+    pub fn detect(pid: u32) -> Option<Result<Self, String>> {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+        let elf = std::fs::read(&exe).ok()?;
+        let exported = Symbols::resolve(&elf, &SYMBOLS, None).ok()?;
+        if ["page_table", "next_free_page", "DYNAMIC_SPACE_START"]
+            .iter()
+            .any(|n| exported.get(n).is_none())
+        {
+            return None;
+        }
+        Some(
+            Self::new(&elf, Some(pid))
+                .map_err(|e| format!("process {pid} ({}): {e}", exe.display())),
+        )
+    }
+
     /// Finds the runtime's variables in `elf` (the executable's bytes; `pid` places them
     /// when it is position-independent) and checks its release.
     pub fn new(elf: &[u8], pid: Option<u32>) -> Result<Self, String> {
@@ -436,6 +454,54 @@ pub struct SbclObjects {
 impl SbclObjects {
     pub fn class(&self, c: ObjectClass) -> ObjectFigures {
         self.classes[c.index()]
+    }
+}
+
+impl SbclCensus {
+    /// As the trace keeps it (chunk 19).
+    pub fn to_record(&self) -> fragscope_trace::sbcl_heap::SbclHeap {
+        use fragscope_trace::sbcl_heap::{SbclGenerationFigures, SbclHeap, SbclPageUse};
+        SbclHeap {
+            version: self.version.clone(),
+            dynamic_space_start: self.dynamic_space_start,
+            dynamic_space_size: self.dynamic_space_size,
+            page_bytes: self.page_bytes,
+            next_free_page: self.next_free_page,
+            collections: self.collections,
+            pause_us: self.pause_us,
+            page_types: PageType::ALL.iter().map(|t| t.name().to_string()).collect(),
+            generations: self
+                .generations
+                .iter()
+                .map(|g| SbclGenerationFigures {
+                    gen: g.gen,
+                    pages: g.pages.pages,
+                    bytes_used: g.pages.bytes_used,
+                    large_pages: g.pages.large_pages,
+                    large_bytes: g.pages.large_bytes,
+                    collections: g.num_gc.max(0) as u32,
+                    collections_before_promotion: g.number_of_gcs_before_promotion.max(0) as u32,
+                    bytes_consed_between_gc: g.bytes_consed_between_gc,
+                })
+                .collect(),
+            pages: self
+                .pages
+                .iter()
+                .map(|p| SbclPageUse {
+                    index: p.index,
+                    bytes_used: p.bytes_used + p.open_bytes,
+                    gen: p.gen,
+                    page_type: p.page_type.index() as u8,
+                    large: p.large,
+                })
+                .collect(),
+            objects: self.objects.as_ref().map(|o| {
+                ObjectClass::ALL
+                    .iter()
+                    .map(|&c| (o.class(c).count, o.class(c).bytes))
+                    .collect()
+            }),
+        }
     }
 }
 

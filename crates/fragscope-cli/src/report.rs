@@ -153,6 +153,7 @@ pub fn render(r: &Report, top: usize) -> String {
     }
     decomposition_table(&mut o, r);
     pymalloc(&mut o, r);
+    sbcl(&mut o, r);
     phases(&mut o, r);
     timeline(&mut o, r);
     if let Some(f) = r.focus_snapshot {
@@ -344,13 +345,14 @@ fn headline(o: &mut String, r: &Report) {
 /// Reads one part of a decomposition (signed: `unexplained` can be negative).
 type PartOf = fn(&Decomposition) -> i64;
 
-const PARTS: [(&str, PartOf); 10] = [
+const PARTS: [(&str, PartOf); 11] = [
     ("live", |d| d.live as i64),
     ("rounding", |d| d.rounding as i64),
     ("free in used pages", |d| d.free_in_used_pages as i64),
     ("free resident pages", |d| d.free_resident_pages as i64),
     ("lazily freed", |d| d.lazy_free as i64),
     ("pymalloc arenas", |d| d.pymalloc_arenas as i64),
+    ("SBCL dynamic space", |d| d.sbcl_dynamic_space as i64),
     ("other anonymous", |d| d.other_anon as i64),
     ("file-backed", |d| d.file as i64),
     ("fragscope's own", |d| d.fragscope_own as i64),
@@ -394,6 +396,7 @@ fn decomposition_table(o: &mut String, r: &Report) {
     add(peak_role, r.peak_snapshot);
     add("end", r.end_snapshot);
     add("pymalloc", r.pymalloc_snapshot);
+    add("SBCL", r.sbcl_snapshot);
     if cols.is_empty() {
         return;
     }
@@ -411,7 +414,11 @@ fn decomposition_table(o: &mut String, r: &Report) {
         let values: Vec<i64> = cols.iter().map(|(_, s)| get(&s.parts)).collect();
         if matches!(
             name,
-            "unexplained" | "lazily freed" | "fragscope's own" | "pymalloc arenas"
+            "unexplained"
+                | "lazily freed"
+                | "fragscope's own"
+                | "pymalloc arenas"
+                | "SBCL dynamic space"
         ) && values.iter().all(|&v| v == 0)
         {
             continue;
@@ -615,6 +622,90 @@ fn pymalloc(o: &mut String, r: &Report) {
         );
     }
     python_sites(o, r);
+}
+
+/// SBCL's dynamic space at the snapshot where it holds the most free space.
+fn sbcl(o: &mut String, r: &Report) {
+    if let Some(note) = &r.sbcl_note {
+        let _ = writeln!(o, "\nnote: {note}");
+    }
+    let Some((s, p)) = r
+        .sbcl_snapshot
+        .and_then(|i| r.snapshots[i].sbcl.as_ref().map(|p| (&r.snapshots[i], p)))
+    else {
+        return;
+    };
+    let _ = writeln!(
+        o,
+        "\nSBCL {} dynamic space at {}: {} in use on {} pages of {} (page table), {} \
+         resident; {} collections so far",
+        p.version,
+        secs(s.t_ms),
+        bytes(p.bytes_used),
+        count(p.pages_in_use),
+        bytes(p.page_bytes),
+        bytes(p.resident),
+        count(p.collections)
+    );
+    for (name, v) in [
+        ("objects (resident)", p.in_use),
+        ("free in pages in use", p.free_in_used_pages),
+        ("free pages kept mapped", p.free_pages),
+    ] {
+        let _ = writeln!(o, "  {name:<30} {:>10} {:>7}", bytes(v), pct(v, p.resident));
+    }
+    let _ = writeln!(
+        o,
+        "  generation      pages     in use   resident  large objects  collections (promoted after)"
+    );
+    for g in &p.generations {
+        let _ = writeln!(
+            o,
+            "  {:>10} {:>10} {:>10} {:>10} {:>14} {:>12} ({})",
+            g.gen,
+            count(g.pages),
+            bytes(g.bytes_used),
+            bytes(g.resident),
+            bytes(g.large_bytes),
+            g.collections,
+            g.collections_before_promotion
+        );
+    }
+    if let Some(objects) = &p.objects {
+        let _ = writeln!(o, "  objects by type (the census walked the heap)");
+        for c in objects.iter().filter(|c| c.count > 0) {
+            let _ = writeln!(
+                o,
+                "    {:<16} {:>10} {:>12}",
+                c.class,
+                bytes(c.bytes),
+                count(c.count)
+            );
+        }
+    }
+    let _ = writeln!(
+        o,
+        "  pages in use by bytes used (census paused the program {:.1} ms)",
+        p.pause_ms
+    );
+    let max = p
+        .page_fill
+        .iter()
+        .map(|b| b.count)
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    for b in &p.page_fill {
+        let _ = writeln!(
+            o,
+            "    {:>3}%-{:>3}% {:>9} pages  {:>10} used  {}",
+            b.lo_pct,
+            b.hi_pct,
+            count(b.count),
+            bytes(b.bytes_in_use),
+            "#".repeat((b.count * 30).div_ceil(max) as usize)
+        );
+    }
 }
 
 /// The Python lines whose sampled objects survive in pymalloc's arenas.

@@ -40,6 +40,9 @@ pub struct SbclParts {
     pub page_bytes: u64,
     pub dynamic_space_size: u64,
     pub pages_in_use: u64,
+    /// Bytes of objects on every page in use, resident or not (the page table's count;
+    /// pages loaded from the core file are file-backed).
+    pub bytes_used: u64,
     /// Resident bytes of the whole dynamic space; they add up to `in_use` +
     /// `free_in_used_pages` + `free_pages`.
     pub resident: u64,
@@ -92,6 +95,7 @@ pub fn split(heap: &SbclHeap, pm: &Pagemap) -> SbclParts {
         page_bytes: heap.page_bytes,
         dynamic_space_size: heap.dynamic_space_size,
         pages_in_use: heap.pages.len() as u64,
+        bytes_used: heap.pages.iter().map(|p| u64::from(p.bytes_used)).sum(),
         resident,
         in_use: 0,
         free_in_used_pages: 0,

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use fragscope_census::ghc::{census, CensusError, CensusLimits, GhcRts, RtsInfo};
 use fragscope_census::pymalloc::{self, Pymalloc};
+use fragscope_census::sbcl::{self, SbclRuntime};
 use fragscope_trace::records::{GhcCensus, PymallocCensus, SnapshotReason};
+use fragscope_trace::sbcl_heap::SbclCensus;
 
 /// What a stream's census can be.
 enum Target {
@@ -19,6 +21,13 @@ enum Target {
     None,
     /// A CPython process: its pymalloc pools.
     Python { layout: Pymalloc, refused: u32 },
+    /// An SBCL process: its dynamic space. `last_walk`: when the objects were last
+    /// walked, and how long the walk held the program.
+    Sbcl {
+        runtime: Box<SbclRuntime>,
+        refused: u32,
+        last_walk: Option<(Instant, Duration)>,
+    },
     Ready {
         rts: Arc<GhcRts>,
         last_long_stop: Option<Instant>,
@@ -54,6 +63,8 @@ pub struct Censuses {
     /// `+RTS --info` by executable, asked once.
     rts_info: Mutex<HashMap<PathBuf, Result<RtsInfo, String>>>,
     targets: Mutex<HashMap<u32, Target>>,
+    /// Streams found not to run SBCL (its detection reads the executable).
+    not_sbcl: Mutex<std::collections::HashSet<u32>>,
 }
 
 impl Censuses {
@@ -62,6 +73,7 @@ impl Censuses {
             enabled,
             rts_info: Mutex::default(),
             targets: Mutex::default(),
+            not_sbcl: Mutex::default(),
         }
     }
 
@@ -102,7 +114,7 @@ impl Censuses {
         // A long stop is allowed when none was made lately, up to the heap size of the
         // census before (a heap that grows is being built, and its scan would be stale).
         let (rts, stop_when_spoilt) = match targets.get(&stream) {
-            Some(Target::None | Target::Python { .. }) => return None,
+            Some(Target::None | Target::Python { .. } | Target::Sbcl { .. }) => return None,
             Some(Target::Ready {
                 rts,
                 last_long_stop,
@@ -279,6 +291,93 @@ impl Censuses {
                 (*refused == REFUSALS_TO_NOTE).then(|| {
                     note(Err(format!(
                         "{REFUSALS_TO_NOTE} pymalloc censuses in a row were refused: {why}"
+                    )))
+                })
+            }
+        }
+    }
+
+    /// An SBCL census of stream `stream` (process `pid`) if it runs SBCL, or a note saying
+    /// why it has none (the first time, or after a few refusals in a row). The page table
+    /// is read at every snapshot (about a millisecond); the objects are walked too when
+    /// the walks so far held the program for at most 1/20 of the time since the last one
+    /// (the walk reads every used byte: tens of milliseconds per 100 MiB).
+    pub fn take_sbcl(
+        &self,
+        stream: u32,
+        pid: u32,
+        tick: u64,
+        reason: SnapshotReason,
+    ) -> Option<SbclCensus> {
+        if !self.enabled || reason == SnapshotReason::Exit {
+            return None;
+        }
+        let note = |result| SbclCensus {
+            stream,
+            tick,
+            reason,
+            result,
+        };
+        let known = self.targets.lock().unwrap().get(&stream).map(|t| match t {
+            Target::Sbcl {
+                runtime, last_walk, ..
+            } => Some((runtime.clone(), *last_walk)),
+            _ => None,
+        });
+        let (runtime, last_walk) = match known {
+            Some(Some(known)) => known,
+            Some(None) => return None,
+            None => {
+                if self.not_sbcl.lock().unwrap().contains(&stream) {
+                    return None;
+                }
+                match SbclRuntime::detect(pid) {
+                    None => {
+                        self.not_sbcl.lock().unwrap().insert(stream);
+                        return None;
+                    }
+                    Some(Err(why)) => {
+                        self.targets.lock().unwrap().insert(stream, Target::None);
+                        return Some(note(Err(why)));
+                    }
+                    Some(Ok(runtime)) => {
+                        let runtime = Box::new(runtime);
+                        self.targets.lock().unwrap().insert(
+                            stream,
+                            Target::Sbcl {
+                                runtime: runtime.clone(),
+                                refused: 0,
+                                last_walk: None,
+                            },
+                        );
+                        (runtime, None)
+                    }
+                }
+            }
+        };
+        let objects = last_walk.is_none_or(|(at, took)| at.elapsed() >= took * 20);
+        let result = sbcl::census(pid, &runtime, sbcl::CensusOptions { objects });
+        let mut targets = self.targets.lock().unwrap();
+        let Some(Target::Sbcl {
+            refused, last_walk, ..
+        }) = targets.get_mut(&stream)
+        else {
+            return None;
+        };
+        match result {
+            Ok(census) => {
+                *refused = 0;
+                if let Some(o) = &census.objects {
+                    *last_walk = Some((Instant::now(), Duration::from_micros(o.walk_us)));
+                }
+                Some(note(Ok(census.to_record())))
+            }
+            Err(CensusError::NoHeap | CensusError::Unreadable(_)) => None,
+            Err(CensusError::Inconsistent(why)) => {
+                *refused += 1;
+                (*refused == REFUSALS_TO_NOTE).then(|| {
+                    note(Err(format!(
+                        "{REFUSALS_TO_NOTE} SBCL censuses in a row were refused: {why}"
                     )))
                 })
             }

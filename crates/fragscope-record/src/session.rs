@@ -253,6 +253,9 @@ impl Shared {
         if let Some(census) = self.censuses.take_pymalloc(stream, pid, tick, reason) {
             self.send(ChunkKind::PymallocCensus, census.encode());
         }
+        if let Some(census) = self.censuses.take_sbcl(stream, pid, tick, reason) {
+            self.send(ChunkKind::SbclCensus, census.encode());
+        }
         let Some(mappings) = self.write_maps(stream, pid) else {
             return;
         };
