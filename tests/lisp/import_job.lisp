@@ -3,25 +3,47 @@
 ;;;; parsed entries accumulates. Then it prints its own view of the heap (dynamic usage
 ;;;; and bytes per generation, as sb-ext counts them) on stderr and idles, allocating
 ;;;; nothing, so that censuses taken meanwhile can be checked against those figures.
-;;;; Usage: sbcl --script import_job.lisp ROUNDS IDLE-SECONDS
+;;;; With "alien" as third argument the buffers are malloc'd (sb-alien) and freed after
+;;;; parsing, outside the dynamic space.
+;;;; Usage: sbcl --script import_job.lisp ROUNDS IDLE-SECONDS [alien]
 
 (defvar *rounds* (parse-integer (or (second sb-ext:*posix-argv*) "300")))
 (defvar *idle* (parse-integer (or (third sb-ext:*posix-argv*) "2")))
 (defvar *kept* '())
 (defvar *state* (sb-ext:seed-random-state 4))
+(defvar *alien* (equal (fourth sb-ext:*posix-argv*) "alien"))
+
+(defun byte-at (buf i)
+  (if *alien*
+      (sb-alien:deref (the (sb-alien:alien (* (sb-alien:unsigned 8))) (car buf)) i)
+      (aref buf i)))
+
+(defun buffer-length (buf)
+  (if *alien* (cdr buf) (length buf)))
 
 (defun parse-buffer (buf round)
   (let ((entries '()))
     (dotimes (i 1500 entries)
-      (let ((name (make-string (+ 8 (mod (aref buf (mod (* i 7) (length buf))) 24))
+      (let ((name (make-string (+ 8 (mod (byte-at buf (mod (* i 7) (buffer-length buf))) 24))
                                :initial-element #\n)))
         (setf (char name 0) (code-char (+ 65 (mod round 26))))
         (push (list name (princ-to-string i)) entries)))))
 
+(defun new-buffer (n fill)
+  (if *alien*
+      (let ((p (sb-alien:make-alien (sb-alien:unsigned 8) n)))
+        (sb-alien:alien-funcall
+         (sb-alien:extern-alien "memset" (function sb-sys:system-area-pointer
+                                                  sb-sys:system-area-pointer
+                                                  sb-alien:int sb-alien:unsigned-long))
+         (sb-alien:alien-sap p) fill n)
+        (cons p n))
+      (make-array n :element-type '(unsigned-byte 8) :initial-element fill)))
+
 (dotimes (round *rounds*)
-  (let* ((buf (make-array (+ 100000 (random 500000 *state*))
-                          :element-type '(unsigned-byte 8)))
-         (entries (progn (fill buf (mod round 251)) (parse-buffer buf round))))
+  (let* ((buf (new-buffer (+ 100000 (random 500000 *state*)) (mod round 251)))
+         (entries (parse-buffer buf round)))
+    (when *alien* (sb-alien:free-alien (car buf)))
     (when (zerop (mod round 5))
       (push (first entries) *kept*))))
 

@@ -428,7 +428,7 @@ fn render(cols: &[Column]) -> String {
         let _ = write!(o, "{:>width$}", c.short);
     }
     o.push('\n');
-    let rows: [(&str, FigureText); 18] = [
+    let rows: [(&str, FigureText); 21] = [
         ("peak RSS", |f| {
             f.peak_rss.map_or_else(|| "not sampled".into(), bytes)
         }),
@@ -450,6 +450,9 @@ fn render(cols: &[Column]) -> String {
         ("  resident", |f| bytes(f.pymalloc_resident)),
         ("  in use", |f| bytes(f.pymalloc_in_use)),
         ("  free", |f| bytes(f.pymalloc_free)),
+        ("SBCL dynamic space", |f| bytes(f.sbcl_resident)),
+        ("  objects", |f| bytes(f.sbcl_in_use)),
+        ("  free", |f| bytes(f.sbcl_free)),
         ("wall time (recorded)", |f| {
             f.wall_ms
                 .map_or("-".into(), |t| format!("{:.2} s", t / 1e3))
@@ -458,11 +461,11 @@ fn render(cols: &[Column]) -> String {
             f.cpu_ms.map_or("-".into(), |t| format!("{:.2} s", t / 1e3))
         }),
     ];
-    // pymalloc's rows only when a column is a CPython program.
+    // pymalloc's rows only when a column is a CPython program, SBCL's when one is SBCL.
     let python = cols.iter().any(|c| malloc(c).pymalloc_arenas > 0);
+    let sbcl = cols.iter().any(|c| malloc(c).sbcl_resident > 0);
     for (i, (name, get)) in rows.into_iter().enumerate() {
-        let pymalloc_row = (13..17).contains(&i);
-        if pymalloc_row && !python {
+        if ((12..16).contains(&i) && !python) || ((16..19).contains(&i) && !sbcl) {
             continue;
         }
         let _ = write!(o, "{name:<26}");

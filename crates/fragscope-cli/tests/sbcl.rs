@@ -105,3 +105,50 @@ fn a_program_that_is_not_sbcl_has_no_sbcl_census() {
     assert!(report.get("sbcl_snapshot").is_none(), "{report}");
     assert!(report.get("sbcl_note").is_none(), "{report}");
 }
+
+/// The same job with its buffers malloc'd outside the dynamic space (sb-alien): compare
+/// shows both dynamic spaces side by side, and no CPython rows.
+#[test]
+fn compare_shows_buffers_moved_out_of_the_dynamic_space() {
+    if Command::new("sbcl").arg("--version").output().is_err() {
+        eprintln!("skipped: sbcl is not installed (scripts/install-deps.sh installs it)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let job = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/lisp/import_job.lisp");
+    let record = |name: &str, extra: &[&str]| {
+        let trace = dir.path().join(name);
+        let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+            .args(["record", "--snapshot-ms", "200", "-o"])
+            .arg(&trace)
+            .args(["--", "sbcl", "--script"])
+            .arg(&job)
+            .args(["600", "1"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        trace
+    };
+    let inside = record("inside.fsc", &[]);
+    let outside = record("alien.fsc", &["alien"]);
+    let out = common::fragscope(&["compare".as_ref(), inside.as_os_str(), outside.as_os_str()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let row = |name: &str| -> Vec<String> {
+        text.lines()
+            .find(|l| l.get(..26).is_some_and(|label| label.trim_end() == name))
+            .unwrap_or_else(|| panic!("no row {name:?} in:\n{text}"))[26..]
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    // Both runs' dynamic spaces, split, side by side (which is smaller depends on
+    // where each run's collections fell: the buffers here are transient).
+    for name in ["SBCL dynamic space", "  objects", "  free"] {
+        assert_eq!(row(name).len(), 2, "{name}: {text}");
+    }
+    assert!(!text.contains("pymalloc"), "{text}");
+}

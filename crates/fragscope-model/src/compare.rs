@@ -32,6 +32,12 @@ pub struct RunFigures {
     pub pymalloc_resident: u64,
     pub pymalloc_in_use: u64,
     pub pymalloc_free: u64,
+    /// An SBCL process's dynamic space at the census where it holds the most free space
+    /// (0 for other programs): resident bytes, of objects, and free (inside pages in use
+    /// and free pages kept mapped).
+    pub sbcl_resident: u64,
+    pub sbcl_in_use: u64,
+    pub sbcl_free: u64,
     /// Of the recorded run (recording included), when fragscope ran it.
     pub wall_ms: Option<f64>,
     pub cpu_ms: Option<f64>,
@@ -67,6 +73,14 @@ impl RunFigures {
             f.pymalloc_in_use = p.in_use;
             f.pymalloc_free = p.waste();
         }
+        if let Some(p) = report
+            .sbcl_snapshot
+            .and_then(|i| report.snapshots[i].sbcl.as_ref())
+        {
+            f.sbcl_resident = p.resident;
+            f.sbcl_in_use = p.in_use;
+            f.sbcl_free = p.waste();
+        }
         f
     }
 
@@ -95,6 +109,9 @@ impl RunFigures {
             pymalloc_resident: m(|r| r.pymalloc_resident),
             pymalloc_in_use: m(|r| r.pymalloc_in_use),
             pymalloc_free: m(|r| r.pymalloc_free),
+            sbcl_resident: m(|r| r.sbcl_resident),
+            sbcl_in_use: m(|r| r.sbcl_in_use),
+            sbcl_free: m(|r| r.sbcl_free),
             wall_ms: mo(|r| r.wall_ms),
             cpu_ms: mo(|r| r.cpu_ms),
         }
