@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+use arrow_array::{Array, Float64Array, StringArray, UInt64Array};
 use serde_json::Value;
 
 fn fragscope(args: &[&str]) -> Output {
@@ -396,6 +397,74 @@ fn a_cpython_recordings_exports_name_its_python_lines() {
     assert!(rows[0].1.ends_with("keep_a_tenth.py:11"), "{rows:?}");
     assert!(rows[0].1.starts_with("keep_a_tenth.<"), "{rows:?}");
     near(rows[0].0, "held_bytes");
+
+    // Parquet: a row per stack, whose line-11 rows sum to the report's line; the pymalloc
+    // parts beside each snapshot (read back with the parquet crate's own reader).
+    let pq = dir.path().join("py.parquet");
+    ok(
+        fragscope(&[
+            "export",
+            trace,
+            "-f",
+            "parquet",
+            "--no-events",
+            "-o",
+            pq.to_str().unwrap(),
+        ]),
+        "export parquet",
+    );
+    let stacks = pq.join("python_sites.parquet");
+    let location = parquet_column(&stacks, "location", |a: &StringArray, i| {
+        a.value(i).to_string()
+    });
+    let live = parquet_column(&stacks, "live_bytes", |a: &Float64Array, i| a.value(i));
+    let line11: f64 = location
+        .iter()
+        .zip(&live)
+        .filter(|(l, _)| l.contains("keep_a_tenth.py:11 ("))
+        .map(|(_, v)| v)
+        .sum();
+    near(line11.round() as u64, "live_bytes");
+    let in_use = parquet_column(
+        &pq.join("snapshots.parquet"),
+        "pymalloc_in_use",
+        |a: &UInt64Array, i| (!a.is_null(i)).then(|| a.value(i)),
+    );
+    let census: Vec<Option<u64>> = report["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["pymalloc"]["in_use"].as_u64())
+        .collect();
+    assert!(census.iter().any(Option::is_some));
+    assert_eq!(in_use, census, "pymalloc_in_use by snapshot");
+}
+
+/// One column of a Parquet file, every row through `value` (read with the parquet
+/// crate's own reader).
+fn parquet_column<A: Array + 'static, T>(
+    path: &Path,
+    name: &str,
+    value: impl Fn(&A, usize) -> T,
+) -> Vec<T> {
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.unwrap();
+        let column = batch
+            .column_by_name(name)
+            .unwrap_or_else(|| panic!("{}: no column {name}", path.display()));
+        let a = column
+            .as_any()
+            .downcast_ref::<A>()
+            .unwrap_or_else(|| panic!("{name}: {:?}", column.data_type()));
+        out.extend((0..a.len()).map(|i| value(a, i)));
+    }
+    out
 }
 
 /// A Python that can import duckdb: $FRAGSCOPE_PYTHON, the virtualenv of
@@ -534,6 +603,10 @@ fn parquet_tables_agree_with_the_report() {
         "export parquet --no-events",
     );
     assert!(!lean.join("events.parquet").exists());
+    assert!(
+        !lean.join("python_sites.parquet").exists(),
+        "not a CPython program"
+    );
     assert!(lean.join("sites.parquet").is_file());
 }
 
