@@ -315,15 +315,15 @@ fn python_stacks(r: &Report) -> &[PythonStack] {
 /// stacks follow as stacks of their own (rooted at their outermost Python frame).
 fn collapsed(r: &Report, value: Value) -> String {
     let mut lines: BTreeMap<String, u64> = BTreeMap::new();
-    for s in &r.all_sites {
-        let v = value.of(s);
+    // Frames innermost first, as the model keeps them; folded stacks go root first.
+    let mut add = |frames: &[Frame], none: &str, v: u64| {
         if v == 0 {
-            continue;
+            return;
         }
-        let path = if s.frames.is_empty() {
-            "(no stack)".to_string()
+        let path = if frames.is_empty() {
+            none.to_string()
         } else {
-            s.frames
+            frames
                 .iter()
                 .rev()
                 .map(folded_name)
@@ -331,23 +331,13 @@ fn collapsed(r: &Report, value: Value) -> String {
                 .join(";")
         };
         *lines.entry(path).or_default() += v;
+    };
+    for s in &r.all_sites {
+        add(&s.frames, "(no stack)", value.of(s));
     }
     for s in python_stacks(r) {
-        let v = value.of_python(s);
-        if v == 0 {
-            continue;
-        }
-        let path = if s.frames.is_empty() {
-            "(no Python frame)".to_string()
-        } else {
-            s.frames
-                .iter()
-                .rev()
-                .map(|f| folded_name(&python_frame(f)))
-                .collect::<Vec<_>>()
-                .join(";")
-        };
-        *lines.entry(path).or_default() += v;
+        let frames: Vec<Frame> = s.frames.iter().map(python_frame).collect();
+        add(&frames, "(no Python frame)", value.of_python(s));
     }
     let mut out = String::new();
     for (path, v) in lines {
