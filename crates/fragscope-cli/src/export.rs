@@ -692,16 +692,30 @@ fn pprof(r: &Report) -> Vec<u8> {
             }],
         });
     }
+    python_samples(&mut b, python_stacks(r));
+    b.p.encode_to_vec()
+}
+
+/// The samples of a CPython process's Python stacks, labelled kind=python (see [`pprof`]).
+fn python_samples(b: &mut ProfileBuilder, stacks: &[PythonStack]) {
+    if stacks.is_empty() {
+        return;
+    }
     let kind = proto::Label {
         key: b.s("kind"),
         str: b.s("python"),
         ..Default::default()
     };
     let no_python_frame = Frame {
+        addr: 0,
         function: Some("(no Python frame)".into()),
-        ..no_stack
+        file: None,
+        line: None,
+        module: String::new(),
+        offset: 0,
+        inlined: false,
     };
-    for s in python_stacks(r) {
+    for s in stacks {
         let value: Vec<i64> = Value::ALL.iter().map(|v| v.of_python(s) as i64).collect();
         if value.iter().all(|&v| v == 0) {
             continue;
@@ -720,7 +734,6 @@ fn pprof(r: &Report) -> Vec<u8> {
             label: vec![kind.clone()],
         });
     }
-    b.p.encode_to_vec()
 }
 
 // ---------------------------------------------------------------------------------------
