@@ -20,6 +20,8 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema};
 use clap::{Args, ValueEnum};
 use fragscope_model::calls::{self, Row};
+use fragscope_model::pymalloc::PymallocParts;
+use fragscope_model::python_sites::{PythonFrame, PythonStack};
 use fragscope_model::report::{Report, Site};
 use fragscope_model::symbols::Frame;
 use fragscope_model::{analyze, Options};
@@ -48,6 +50,10 @@ use crate::progress;
 /// and inuse_space (live at the report's focus snapshot, the one with the most heap
 /// waste), and pinned_waste (free bytes that each site's live objects keep resident in
 /// sparse pages, at the same snapshot). `-o -` writes collapsed stacks or JSON to stdout.
+/// For a CPython program, pprof and collapsed also carry the sampled Python stacks
+/// (pprof: labelled kind=python, inuse_* at the pymalloc census, pinned_waste their share
+/// of the arenas' free space; `go tool pprof -lines` names their lines), and Parquet a
+/// python_sites table and the pymalloc parts in snapshots.
 /// The formats and the Parquet schema are described in docs/export.md.
 #[derive(Args)]
 #[command(verbatim_doc_comment)]
@@ -132,6 +138,20 @@ impl Value {
             Value::LeakedSpace => s.leaked_bytes,
             Value::TemporaryObjects => s.temporary_allocations,
         }
+    }
+
+    /// The figure of a sampled Python stack: an estimate; leaks and temporary objects are
+    /// not followed for Python objects (0).
+    fn of_python(self, s: &PythonStack) -> u64 {
+        let v = match self {
+            Value::AllocSpace => s.allocated_bytes,
+            Value::AllocObjects => s.allocations,
+            Value::InuseSpace => s.live_bytes,
+            Value::InuseObjects => s.live_objects,
+            Value::PinnedWaste => s.held_bytes,
+            Value::LeakedSpace | Value::TemporaryObjects => 0.0,
+        };
+        v.round() as u64
     }
 
     /// pprof's name and unit for the figure.
@@ -257,19 +277,53 @@ fn folded_name(f: &Frame) -> String {
         .collect()
 }
 
+/// A Python frame as a frame without an address, so that it is named and placed as
+/// native frames are ("function (file:line)").
+fn python_frame(f: &PythonFrame) -> Frame {
+    Frame {
+        addr: 0,
+        function: Some(f.function.clone()),
+        file: Some(f.file.clone()),
+        line: Some(f.line),
+        module: String::new(),
+        offset: 0,
+        inlined: false,
+    }
+}
+
+/// A Python frame for pprof. pprof takes a name with `<` or `>` for demangled C++ and drops
+/// the bracketed part, which leaves `<module>`, `<listcomp>` or `<lambda>` nameless (all
+/// one "<unknown>" in `-top`); qualified by their file's name ("keep_a_tenth.<module>")
+/// they read as Java's "Class.<init>", which pprof keeps whole.
+fn pprof_python_frame(f: &PythonFrame) -> Frame {
+    let mut frame = python_frame(f);
+    if f.function.starts_with('<') {
+        let base = f.file.rsplit('/').next().unwrap_or(&f.file);
+        let stem = base.strip_suffix(".py").unwrap_or(base);
+        frame.function = Some(format!("{stem}.{}", f.function));
+    }
+    frame
+}
+
+/// A CPython process's sampled Python stacks (none for other programs).
+fn python_stacks(r: &Report) -> &[PythonStack] {
+    r.python_sites.as_ref().map_or(&[], |p| &p.stacks)
+}
+
 /// Folded stacks, root first, one line per distinct stack (sites whose frames read the
-/// same are summed), sites without the figure left out.
+/// same are summed), sites without the figure left out. A CPython process's Python
+/// stacks follow as stacks of their own (rooted at their outermost Python frame).
 fn collapsed(r: &Report, value: Value) -> String {
     let mut lines: BTreeMap<String, u64> = BTreeMap::new();
-    for s in &r.all_sites {
-        let v = value.of(s);
+    // Frames innermost first, as the model keeps them; folded stacks go root first.
+    let mut add = |frames: &[Frame], none: &str, v: u64| {
         if v == 0 {
-            continue;
+            return;
         }
-        let path = if s.frames.is_empty() {
-            "(no stack)".to_string()
+        let path = if frames.is_empty() {
+            none.to_string()
         } else {
-            s.frames
+            frames
                 .iter()
                 .rev()
                 .map(folded_name)
@@ -277,6 +331,13 @@ fn collapsed(r: &Report, value: Value) -> String {
                 .join(";")
         };
         *lines.entry(path).or_default() += v;
+    };
+    for s in &r.all_sites {
+        add(&s.frames, "(no stack)", value.of(s));
+    }
+    for s in python_stacks(r) {
+        let frames: Vec<Frame> = s.frames.iter().map(python_frame).collect();
+        add(&frames, "(no Python frame)", value.of_python(s));
     }
     let mut out = String::new();
     for (path, v) in lines {
@@ -415,6 +476,8 @@ struct ProfileBuilder {
     strings: HashMap<String, i64>,
     functions: HashMap<(i64, i64), u64>,
     locations: HashMap<u64, u64>,
+    /// Locations of frames without an address, by function and line.
+    line_locations: HashMap<(u64, i64), u64>,
     mappings: HashMap<String, usize>,
 }
 
@@ -518,9 +581,36 @@ impl ProfileBuilder {
         self.locations.insert(addr, id);
         id
     }
+
+    /// The location of a frame without an address (an interpreted line): one per function
+    /// and line, in no mapping.
+    fn line_location(&mut self, f: &Frame) -> u64 {
+        let function_id = self.function(f);
+        let line = i64::from(f.line.unwrap_or(0));
+        if let Some(&id) = self.line_locations.get(&(function_id, line)) {
+            return id;
+        }
+        let id = self.p.location.len() as u64 + 1;
+        self.p.location.push(proto::Location {
+            id,
+            mapping_id: 0,
+            address: 0,
+            line: vec![proto::Line { function_id, line }],
+        });
+        self.line_locations.insert((function_id, line), id);
+        id
+    }
 }
 
 /// The heap profile: one sample per allocation site, with every figure of [`Value::ALL`].
+///
+/// A CPython process's sampled Python stacks are samples of the same profile, with the
+/// same sample types, labelled `kind=python`: the objects sampled (512 bytes or less) live
+/// in pymalloc's arenas, which it maps itself, not in malloc's blocks, so nothing is
+/// counted twice, and `go tool pprof
+/// -top` then ranks Python lines beside native sites by the same figure (what holds
+/// memory, whichever allocator), while `-tagfocus=kind=python` keeps the Python lines
+/// alone. Separate sample types would leave every Python figure out of the default view.
 fn pprof(r: &Report) -> Vec<u8> {
     use prost::Message as _;
     let mut b = ProfileBuilder::new();
@@ -542,6 +632,21 @@ fn pprof(r: &Report) -> Vec<u8> {
     }
     if r.stacks == "sampled" {
         comments.push("stacks were sampled: figures are estimates".into());
+    }
+    let census_ms = r
+        .pymalloc_snapshot
+        .and_then(|i| r.snapshots.get(i))
+        .map(|s| s.t_ms);
+    if !python_stacks(r).is_empty() {
+        comments.push(format!(
+            "samples labelled kind=python: CPython objects of 512 bytes or less by Python \
+             stack, estimated from sampled allocations; inuse_* {}, pinned_waste their \
+             share of the free space of the arenas they are in; leaked and temporary not \
+             followed (0)",
+            census_ms.map_or("unknown (no pymalloc census)".to_string(), |t| format!(
+                "at the pymalloc census at {t:.0} ms"
+            ))
+        ));
     }
     b.p.comment = comments.iter().map(|c| b.s(c)).collect();
     // pprof names the profile after its first mapping: make it the program's.
@@ -587,7 +692,48 @@ fn pprof(r: &Report) -> Vec<u8> {
             }],
         });
     }
+    python_samples(&mut b, python_stacks(r));
     b.p.encode_to_vec()
+}
+
+/// The samples of a CPython process's Python stacks, labelled kind=python (see [`pprof`]).
+fn python_samples(b: &mut ProfileBuilder, stacks: &[PythonStack]) {
+    if stacks.is_empty() {
+        return;
+    }
+    let kind = proto::Label {
+        key: b.s("kind"),
+        str: b.s("python"),
+        ..Default::default()
+    };
+    let no_python_frame = Frame {
+        addr: 0,
+        function: Some("(no Python frame)".into()),
+        file: None,
+        line: None,
+        module: String::new(),
+        offset: 0,
+        inlined: false,
+    };
+    for s in stacks {
+        let value: Vec<i64> = Value::ALL.iter().map(|v| v.of_python(s) as i64).collect();
+        if value.iter().all(|&v| v == 0) {
+            continue;
+        }
+        let mut location_id: Vec<u64> = s
+            .frames
+            .iter()
+            .map(|f| b.line_location(&pprof_python_frame(f)))
+            .collect();
+        if location_id.is_empty() {
+            location_id.push(b.line_location(&no_python_frame));
+        }
+        b.p.sample.push(proto::Sample {
+            location_id,
+            value,
+            label: vec![kind.clone()],
+        });
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -696,6 +842,9 @@ fn parquet_tables(
         w.write("snapshots", snapshots_batch(r)?)?,
         w.write("occupancy", occupancy_batch(r)?)?,
     ];
+    if r.python_sites.is_some() {
+        done.push(w.write("python_sites", python_sites_batch(python_stacks(r))?)?);
+    }
     done.extend(raw_tables(&w, trace, r.stream, events, trace_bytes)?);
     Ok(done)
 }
@@ -776,10 +925,78 @@ fn sites_batch(r: &Report) -> Result<RecordBatch> {
     batch(cols)
 }
 
+/// One row per sampled Python stack of a CPython process.
+fn python_sites_batch(stacks: &[PythonStack]) -> Result<RecordBatch> {
+    fn leaf(s: &PythonStack) -> Option<&PythonFrame> {
+        s.frames.first()
+    }
+    let mut frames = ListBuilder::new(StringBuilder::new());
+    for s in stacks {
+        for f in &s.frames {
+            frames.values().append_value(f.name());
+        }
+        frames.append(true);
+    }
+    let frames = frames.finish();
+    let f = |name: &str, v: fn(&PythonStack) -> f64| f64_col(name, stacks.iter().map(v).collect());
+    batch(vec![
+        str_col(
+            "location",
+            stacks
+                .iter()
+                .map(|s| Some(leaf(s).map_or("(no Python frame)".into(), PythonFrame::name)))
+                .collect(),
+        ),
+        str_col(
+            "function",
+            stacks
+                .iter()
+                .map(|s| leaf(s).map(|f| f.function.clone()))
+                .collect(),
+        ),
+        str_col(
+            "file",
+            stacks
+                .iter()
+                .map(|s| leaf(s).map(|f| f.file.clone()))
+                .collect(),
+        ),
+        (
+            Field::new("line", DataType::UInt32, true),
+            Arc::new(UInt32Array::from(
+                stacks
+                    .iter()
+                    .map(|s| leaf(s).map(|f| f.line))
+                    .collect::<Vec<_>>(),
+            )),
+        ),
+        (
+            Field::new("frames", frames.data_type().clone(), false),
+            Arc::new(frames),
+        ),
+        f("allocations", |s| s.allocations),
+        f("allocated_bytes", |s| s.allocated_bytes),
+        f("live_objects", |s| s.live_objects),
+        f("live_bytes", |s| s.live_bytes),
+        f("held_bytes", |s| s.held_bytes),
+    ])
+}
+
 fn snapshots_batch(r: &Report) -> Result<RecordBatch> {
     let s = &r.snapshots;
     let u = |name: &str, f: fn(&fragscope_model::report::Snapshot) -> u64| {
         u64_col(name, s.iter().map(f).collect())
+    };
+    // The split of pymalloc's arenas: null where no census came with the snapshot.
+    let pm = |name: &str, f: fn(&PymallocParts) -> u64| -> (Field, ArrayRef) {
+        (
+            Field::new(name, DataType::UInt64, true),
+            Arc::new(UInt64Array::from(
+                s.iter()
+                    .map(|x| x.pymalloc.as_ref().map(f))
+                    .collect::<Vec<_>>(),
+            )),
+        )
     };
     batch(vec![
         u32_col("snapshot", (0..s.len() as u32).collect()),
@@ -807,6 +1024,10 @@ fn snapshots_batch(r: &Report) -> Result<RecordBatch> {
         u("page_size", |x| x.page_size),
         u("used_pages", |x| x.used_pages),
         u("empty_pages", |x| x.empty_pages),
+        pm("pymalloc_in_use", |p| p.in_use),
+        pm("pymalloc_free_in_used_pools", |p| p.free_in_used_pools),
+        pm("pymalloc_free_pools", |p| p.free_pools),
+        pm("pymalloc_empty_arenas", |p| p.empty_arenas),
     ])
 }
 

@@ -252,7 +252,22 @@ fn malloc_data(r: &Report) -> Value {
         "untraced": r.untraced,
         "snapshot": r.snapshot,
         "flame": flame(&r.all_sites),
+        "pymalloc_note": r.pymalloc_note,
+        "pymalloc": pymalloc_data(r),
+        "python_sites": r.python_sites,
     })
+}
+
+/// The pymalloc census the report explains (the one with the most free space), with its
+/// snapshot's time; null for other programs.
+fn pymalloc_data(r: &Report) -> Value {
+    let Some(s) = r.pymalloc_snapshot.and_then(|i| r.snapshots.get(i)) else {
+        return Value::Null;
+    };
+    match &s.pymalloc {
+        Some(p) => json!({"t_ms": s.t_ms, "census": p}),
+        None => Value::Null,
+    }
 }
 
 /// One node of the flame tree: a frame's name, its totals for the three metrics

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+use arrow_array::{Array, Float64Array, StringArray, UInt64Array};
 use serde_json::Value;
 
 fn fragscope(args: &[&str]) -> Output {
@@ -235,11 +236,18 @@ fn go() -> Option<PathBuf> {
     })
 }
 
-/// `go tool pprof -top` of one sample type, in bytes or counts: (total, [(flat, function)]).
-fn pprof_top(go: &Path, profile: &Path, sample: &str) -> (u64, Vec<(u64, String)>) {
+/// `go tool pprof -top` of one sample type, in bytes or counts, with `options`: (total,
+/// [(flat, function)]).
+fn pprof_top(
+    go: &Path,
+    profile: &Path,
+    sample: &str,
+    options: &[&str],
+) -> (u64, Vec<(u64, String)>) {
     let out = Command::new(go)
         .args(["tool", "pprof", "-top", "-nodecount=1000", "-unit=B"])
         .arg(format!("-sample_index={sample}"))
+        .args(options)
         .arg(profile)
         .output()
         .unwrap();
@@ -288,7 +296,7 @@ fn pprof_reads_in_go_tool_pprof() {
         return;
     };
     for (field, sample) in FIGURES {
-        let (total, rows) = pprof_top(&go, &path, sample);
+        let (total, rows) = pprof_top(&go, &path, sample, &[]);
         assert_eq!(total, site_total(field), "{sample}: pprof's total");
         let flat: u64 = rows.iter().map(|r| r.0).sum();
         assert!(flat <= total);
@@ -315,6 +323,148 @@ fn pprof_reads_in_go_tool_pprof() {
     let raw = String::from_utf8_lossy(&raw.stdout);
     assert!(raw.contains("inuse_space/bytes[dflt]"), "{raw}");
     assert!(raw.contains("pinned_waste/bytes"), "{raw}");
+}
+
+/// A CPython recording's pprof and folded stacks hold its Python lines (the sampled
+/// stacks, beside the interpreter's native sites), with the report's figures for them.
+#[test]
+fn a_cpython_recordings_exports_name_its_python_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = common::record_keep_a_tenth(dir.path(), &["300000", "0.5"]);
+    let report = common::report_json(&trace);
+    let trace = trace.to_str().unwrap();
+    let top = &report["python_sites"]["sites"][0];
+    let what = format!("{}", report["python_sites"]);
+    assert!(
+        top["location"]
+            .as_str()
+            .unwrap()
+            .contains("keep_a_tenth.py:11 ("),
+        "{what}"
+    );
+    // Each stack's figure is rounded to a byte: the line's sum is the report's to a byte a
+    // stack.
+    let near = |got: u64, field: &str| {
+        let want = top[field].as_f64().unwrap();
+        assert!(want > 0.0, "{field}: {what}");
+        assert!(
+            (got as f64 - want).abs() <= 64.0,
+            "{field}: {got} in the export, {want} in the report: {what}"
+        );
+    };
+    let out = ok(
+        fragscope(&[
+            "export",
+            trace,
+            "-f",
+            "collapsed",
+            "--value",
+            "inuse_space",
+            "-o",
+            "-",
+        ]),
+        "export collapsed",
+    );
+    let lines = folded(&String::from_utf8(out.stdout).unwrap());
+    let line11: u64 = lines
+        .iter()
+        .filter(|l| l.0.last().unwrap().contains("(keep_a_tenth.py:11)"))
+        .map(|l| l.1)
+        .sum();
+    near(line11, "live_bytes");
+
+    let path = dir.path().join("py.pb.gz");
+    ok(
+        fragscope(&["export", trace, "-f", "pprof", "-o", path.to_str().unwrap()]),
+        "export pprof",
+    );
+    let Some(go) = go() else {
+        eprintln!("skipped go tool pprof: go is not installed (scripts/install-deps.sh installs golang-go)");
+        return;
+    };
+    let python = ["-lines", "-tagfocus=kind=python"];
+    let row = |sample: &str| {
+        let (_, rows) = pprof_top(&go, &path, sample, &python);
+        rows.into_iter()
+            .find(|r| r.1.ends_with("keep_a_tenth.py:11") && r.0 > 0)
+            .unwrap_or_else(|| panic!("{sample}: no keep_a_tenth.py:11 line with a value"))
+    };
+    near(row("inuse_space").0, "live_bytes");
+    near(row("alloc_space").0, "allocated_bytes");
+    // What holds the arenas' free space, ranked with the native sites: line 11 first,
+    // named by its function (not pprof's "<unknown>" for `<listcomp>`).
+    let (_, rows) = pprof_top(&go, &path, "pinned_waste", &["-lines"]);
+    assert!(rows[0].1.ends_with("keep_a_tenth.py:11"), "{rows:?}");
+    assert!(rows[0].1.starts_with("keep_a_tenth.<"), "{rows:?}");
+    near(rows[0].0, "held_bytes");
+
+    // Parquet: a row per stack, whose line-11 rows sum to the report's line; the pymalloc
+    // parts beside each snapshot (read back with the parquet crate's own reader).
+    let pq = dir.path().join("py.parquet");
+    ok(
+        fragscope(&[
+            "export",
+            trace,
+            "-f",
+            "parquet",
+            "--no-events",
+            "-o",
+            pq.to_str().unwrap(),
+        ]),
+        "export parquet",
+    );
+    let stacks = pq.join("python_sites.parquet");
+    let location = parquet_column(&stacks, "location", |a: &StringArray, i| {
+        a.value(i).to_string()
+    });
+    let live = parquet_column(&stacks, "live_bytes", |a: &Float64Array, i| a.value(i));
+    let line11: f64 = location
+        .iter()
+        .zip(&live)
+        .filter(|(l, _)| l.contains("keep_a_tenth.py:11 ("))
+        .map(|(_, v)| v)
+        .sum();
+    near(line11.round() as u64, "live_bytes");
+    let in_use = parquet_column(
+        &pq.join("snapshots.parquet"),
+        "pymalloc_in_use",
+        |a: &UInt64Array, i| (!a.is_null(i)).then(|| a.value(i)),
+    );
+    let census: Vec<Option<u64>> = report["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["pymalloc"]["in_use"].as_u64())
+        .collect();
+    assert!(census.iter().any(Option::is_some));
+    assert_eq!(in_use, census, "pymalloc_in_use by snapshot");
+}
+
+/// One column of a Parquet file, every row through `value` (read with the parquet
+/// crate's own reader).
+fn parquet_column<A: Array + 'static, T>(
+    path: &Path,
+    name: &str,
+    value: impl Fn(&A, usize) -> T,
+) -> Vec<T> {
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.unwrap();
+        let column = batch
+            .column_by_name(name)
+            .unwrap_or_else(|| panic!("{}: no column {name}", path.display()));
+        let a = column
+            .as_any()
+            .downcast_ref::<A>()
+            .unwrap_or_else(|| panic!("{name}: {:?}", column.data_type()));
+        out.extend((0..a.len()).map(|i| value(a, i)));
+    }
+    out
 }
 
 /// A Python that can import duckdb: $FRAGSCOPE_PYTHON, the virtualenv of
@@ -453,6 +603,10 @@ fn parquet_tables_agree_with_the_report() {
         "export parquet --no-events",
     );
     assert!(!lean.join("events.parquet").exists());
+    assert!(
+        !lean.join("python_sites.parquet").exists(),
+        "not a CPython program"
+    );
     assert!(lean.join("sites.parquet").is_file());
 }
 

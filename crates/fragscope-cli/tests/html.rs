@@ -342,3 +342,100 @@ fn report_html_names_the_images_that_could_not_be_traced() {
     assert_eq!(n(&dom, &shown), 1, "{dom}");
     assert!(dom.contains("statically linked"), "{dom}");
 }
+
+/// Bytes as the page writes them (binary units, one decimal).
+fn binary(n: f64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let (mut v, mut u) = (n.round(), 0);
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{v} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
+}
+
+/// The first `<table class="data NAME">` of `dom`.
+fn data_table<'a>(dom: &'a str, name: &str) -> &'a str {
+    let t = &dom[dom
+        .find(&format!("class=\"data {name}\""))
+        .unwrap_or_else(|| panic!("no {name} table"))..];
+    &t[..t.find("</table>").unwrap()]
+}
+
+#[test]
+fn a_cpython_report_html_shows_pymalloc_and_the_python_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = common::record_keep_a_tenth(dir.path(), &["300000", "0.5"]);
+    let report = report_json(&trace);
+    let page = dir.path().join("python.html");
+    let out = fragscope(&[
+        "report",
+        trace.to_str().unwrap(),
+        "--html",
+        page.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let Some(browser) = chromium() else {
+        eprintln!("skipped the browser checks: chromium is not installed (scripts/install-deps.sh installs it)");
+        return;
+    };
+    let dom = load(&browser, &page, &artefacts().join("python.png"));
+    assert_clean(&dom);
+    let focus = report["pymalloc_snapshot"]
+        .as_u64()
+        .expect("a pymalloc census") as usize;
+    let p = &report["snapshots"][focus]["pymalloc"];
+    let what = format!("{p}");
+    assert_eq!(n(&dom, "id=\"pymalloc\""), 1);
+    // The census figures.
+    let arenas = p["arenas"].as_u64().unwrap();
+    assert!(arenas < 10_000, "{what}");
+    assert!(
+        dom.contains(&format!(" in {arenas} arenas of 1.0 MiB (")),
+        "{what}"
+    );
+    let parts = data_table(&dom, "pymalloc-parts");
+    assert_eq!(n(parts, "<tr>"), 5);
+    let free = p["free_in_used_pools"].as_f64().unwrap();
+    assert!(
+        parts.contains(&format!("<td>{}</td>", binary(free))),
+        "{parts}"
+    );
+    // The pools-by-fill histogram: a bar per bucket, drawn as the page occupancy is.
+    let chart = &dom[dom
+        .find("class=\"chart pool-fill\"")
+        .expect("no pool-fill chart")..];
+    let chart = &chart[..chart.find("</svg>").unwrap()];
+    assert_eq!(
+        n(chart, "class=\"bar\""),
+        p["pool_fill"].as_array().unwrap().len()
+    );
+    let classes = p["classes"].as_array().unwrap().len().min(5);
+    assert_eq!(n(data_table(&dom, "pymalloc-classes"), "<tr>"), classes + 1);
+    // The Python lines: line 11's dicts hold the arenas, its caller one click away.
+    let sites = data_table(&dom, "python-sites");
+    let listed = report["python_sites"]["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["allocated_bytes"].as_f64().unwrap() > 0.0)
+        .count();
+    assert_eq!(n(sites, "<tr>"), listed + 1, "{sites}");
+    let top = &report["python_sites"]["sites"][0];
+    let first = &sites[sites.find("<td").unwrap()..];
+    let first = &first[..first.find("</tr>").unwrap()];
+    assert!(
+        first.contains("<summary>") && first.contains("keep_a_tenth.py:11 ("),
+        "{first}"
+    );
+    assert!(first.contains("class=\"caller\""), "{first}");
+    let held = binary(top["held_bytes"].as_f64().unwrap());
+    assert!(
+        first.contains(&format!("<td>{held}</td>")),
+        "{held}: {first}"
+    );
+}

@@ -175,6 +175,51 @@ pub struct PythonSites {
     /// By bytes held, then by bytes allocated.
     pub sites: Vec<PythonSite>,
     pub problem: Option<String>,
+    /// Every sampled stack, for views that draw whole stacks (flame graphs, pprof); left
+    /// out of the JSON, whose size it would make grow with the program's call paths.
+    #[serde(skip)]
+    pub stacks: Vec<PythonStack>,
+}
+
+/// One Python frame of a sampled stack.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct PythonFrame {
+    pub file: String,
+    pub line: u32,
+    pub function: String,
+}
+
+impl PythonFrame {
+    /// "file:line (function)", as sites name their lines.
+    pub fn name(&self) -> String {
+        format!("{}:{} ({})", self.file, self.line, self.function)
+    }
+}
+
+/// A sampled Python stack (stacks whose frames read alike are one) and the estimated
+/// figures of its objects, as [`PythonSite`]'s: a site's figures are the sums of the
+/// stacks whose innermost frame is its line.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PythonStack {
+    /// Innermost first; empty when no Python frame ran.
+    pub frames: Vec<PythonFrame>,
+    /// Estimated objects and bytes allocated over the run.
+    pub allocations: f64,
+    pub allocated_bytes: f64,
+    /// Estimated objects and bytes live at the census, in its pools.
+    pub live_objects: f64,
+    pub live_bytes: f64,
+    /// Its share of the free space of the arenas its live objects are in.
+    pub held_bytes: f64,
+}
+
+#[derive(Default)]
+struct StackAcc {
+    allocations: f64,
+    allocated: f64,
+    live_objects: f64,
+    live: f64,
+    held: f64,
 }
 
 #[derive(Default)]
@@ -204,6 +249,7 @@ pub fn sites(log: &PythonLog, index: Option<&PoolIndex>) -> PythonSites {
     let until = index.map_or(u64::MAX, |i| i.tick);
     let mut live: HashMap<u64, (u64, u32)> = HashMap::new();
     let mut samples = 0;
+    let mut by_stack: HashMap<u32, StackAcc> = HashMap::new();
     for e in &log.events {
         match *e {
             Event::Alloc {
@@ -216,6 +262,9 @@ pub fn sites(log: &PythonLog, index: Option<&PoolIndex>) -> PythonSites {
                 let acc = by_line.entry(site_of(stack)).or_default();
                 acc.allocated += log.weight(size) * size as f64;
                 *acc.stacks.entry(stack).or_default() += 1;
+                let st = by_stack.entry(stack).or_default();
+                st.allocations += log.weight(size);
+                st.allocated += log.weight(size) * size as f64;
                 if tick <= until {
                     live.insert(address, (size, stack));
                 }
@@ -236,10 +285,12 @@ pub fn sites(log: &PythonLog, index: Option<&PoolIndex>) -> PythonSites {
         held_unattributed: 0,
         sites: Vec::new(),
         problem: log.problem.clone(),
+        stacks: Vec::new(),
     };
     if let Some(index) = index {
         // Each arena's sampled bytes by site.
         let mut in_arena: HashMap<u32, HashMap<String, f64>> = HashMap::new();
+        let mut stacks_in_arena: HashMap<u32, HashMap<u32, f64>> = HashMap::new();
         for (&address, &(size, stack)) in &live {
             let pool = address - address % index.pool_size;
             let Some(&arena) = index.pool_arena.get(&pool) else {
@@ -249,6 +300,14 @@ pub fn sites(log: &PythonLog, index: Option<&PoolIndex>) -> PythonSites {
             let site = site_of(stack);
             by_line.entry(site.clone()).or_default().live += bytes;
             *in_arena.entry(arena).or_default().entry(site).or_default() += bytes;
+            let st = by_stack.entry(stack).or_default();
+            st.live_objects += log.weight(size);
+            st.live += bytes;
+            *stacks_in_arena
+                .entry(arena)
+                .or_default()
+                .entry(stack)
+                .or_default() += bytes;
         }
         for (arena, acc) in &index.arenas {
             if acc.pools_in_use == 0 {
@@ -265,6 +324,10 @@ pub fn sites(log: &PythonLog, index: Option<&PoolIndex>) -> PythonSites {
                 let s = by_line.entry(site.clone()).or_default();
                 s.arenas += 1;
                 s.held += acc.held() as f64 * bytes / total.max(1.0);
+            }
+            for (stack, &bytes) in stacks_in_arena.get(arena).into_iter().flatten() {
+                by_stack.entry(*stack).or_default().held +=
+                    acc.held() as f64 * bytes / total.max(1.0);
             }
         }
     }
@@ -304,7 +367,56 @@ pub fn sites(log: &PythonLog, index: Option<&PoolIndex>) -> PythonSites {
     });
     sites.truncate(SITES_LISTED);
     result.sites = sites;
+    result.stacks = stacks_of(log, by_stack);
     result
+}
+
+/// The stacks of `by_stack` by their frames (one line has a frame id per instruction, so
+/// several ids can read alike), most bytes allocated first.
+fn stacks_of(log: &PythonLog, by_stack: HashMap<u32, StackAcc>) -> Vec<PythonStack> {
+    let frame = |id: &u32| match log.frames.get(id) {
+        Some(f) => PythonFrame {
+            file: f.file.clone(),
+            line: f.line,
+            function: f.function.clone(),
+        },
+        None => PythonFrame {
+            file: "?".into(),
+            line: 0,
+            function: "?".into(),
+        },
+    };
+    let mut merged: HashMap<Vec<PythonFrame>, StackAcc> = HashMap::new();
+    for (id, acc) in by_stack {
+        let frames = log
+            .stacks
+            .get(&id)
+            .map(|f| f.iter().map(frame).collect())
+            .unwrap_or_default();
+        let m = merged.entry(frames).or_default();
+        m.allocations += acc.allocations;
+        m.allocated += acc.allocated;
+        m.live_objects += acc.live_objects;
+        m.live += acc.live;
+        m.held += acc.held;
+    }
+    let mut stacks: Vec<PythonStack> = merged
+        .into_iter()
+        .map(|(frames, a)| PythonStack {
+            frames,
+            allocations: a.allocations,
+            allocated_bytes: a.allocated,
+            live_objects: a.live_objects,
+            live_bytes: a.live,
+            held_bytes: a.held,
+        })
+        .collect();
+    stacks.sort_by(|a, b| {
+        b.allocated_bytes
+            .total_cmp(&a.allocated_bytes)
+            .then_with(|| a.frames.cmp(&b.frames))
+    });
+    stacks
 }
 
 /// "objects from handlers.py:88 (handle) survive in 1 790 of the 1 850 arenas in use":
@@ -411,5 +523,18 @@ mod tests {
         assert!(headline_clause(&s)
             .unwrap()
             .contains("a.py:1 (keep) survive in 2 of the 3"));
+        // Each stack carries its line's figures: here one stack per line.
+        assert_eq!(s.stacks.len(), 2);
+        let a_stack = s
+            .stacks
+            .iter()
+            .find(|t| t.frames[0].file == "a.py")
+            .unwrap();
+        assert_eq!(a_stack.frames[0].line, 1);
+        assert_eq!(a_stack.held_bytes.round(), 3000.0);
+        assert_eq!(a_stack.live_bytes, a.live_bytes);
+        assert_eq!(a_stack.allocated_bytes, a.allocated_bytes);
+        let held: f64 = s.stacks.iter().map(|t| t.held_bytes).sum();
+        assert_eq!(held.round(), 3500.0);
     }
 }

@@ -244,34 +244,47 @@
     return c;
   }
 
-  function occupancyChart(parent, R, i, o) {
-    o = o || {};
+  // A bar chart of buckets, counts up the axis: `bars` are {label, n, color, title, tip}
+  // (the tooltip's title and rows).
+  function histogram(parent, bars, o) {
     const W = o.width || 700, H = o.height || 240, m = { l: 72, r: 10, t: 16, b: 34 };
-    const B = R.snapshots.occupancy[i] || [];
-    const svg = sv("svg", { viewBox: "0 0 " + W + " " + H, width: W, height: H, class: "chart occupancy" });
+    const svg = sv("svg", { viewBox: "0 0 " + W + " " + H, width: W, height: H, class: "chart " + o.cls });
     svg.style.maxWidth = "100%";
     svg.style.height = "auto";
-    const ymax = Math.max(1, ...B.map((b) => b[2])) * 1.08;
+    const ymax = Math.max(1, ...bars.map((b) => b.n)) * 1.08;
     const y = (v) => H - m.b - (H - m.t - m.b) * v / ymax;
-    const bw = (W - m.l - m.r) / Math.max(1, B.length);
+    const bw = (W - m.l - m.r) / Math.max(1, bars.length);
     for (const v of ticks(ymax, 4)) {
       svg.append(sv("line", { class: "grid", x1: m.l, x2: W - m.r, y1: y(v), y2: y(v) }));
       svg.append(sv("text", { x: m.l - 6, y: y(v) + 4, "text-anchor": "end" }, count(Math.round(v))));
     }
-    const ps = R.snapshots.page_size[i] || 4096;
-    B.forEach((b, j) => {
-      const label = b[1] === 0 ? "no live" : b[0] + "-" + b[1] + "%";
+    bars.forEach((b, j) => {
       const x = m.l + j * bw;
-      const r = sv("rect", { class: "bar", x: x + 2, y: y(b[2]), width: bw - 4, height: Math.max(0, y(0) - y(b[2])), fill: b[1] === 0 ? PART_COLORS.free_resident_pages : j <= 3 ? PART_COLORS.free_in_used_pages : PART_COLORS.live });
-      r.addEventListener("mousemove", (ev) => showTip(ev, tipTable(label + " live", [["pages", count(b[2])], ["their bytes", bytes(b[2] * ps)], ["live bytes in them", bytes(b[3])]])));
+      const r = sv("rect", { class: "bar", x: x + 2, y: y(b.n), width: bw - 4, height: Math.max(0, y(0) - y(b.n)), fill: b.color });
+      r.addEventListener("mousemove", (ev) => showTip(ev, tipTable(b.title, b.tip)));
       r.addEventListener("mouseleave", hideTip);
       svg.append(r);
-      svg.append(sv("text", { x: x + bw / 2, y: H - m.b + 14, "text-anchor": "middle" }, label));
-      if (b[2] > 0) svg.append(sv("text", { x: x + bw / 2, y: y(b[2]) - 3, "text-anchor": "middle" }, count(b[2])));
+      svg.append(sv("text", { x: x + bw / 2, y: H - m.b + 14, "text-anchor": "middle" }, b.label));
+      if (b.n > 0) svg.append(sv("text", { x: x + bw / 2, y: y(b.n) - 3, "text-anchor": "middle" }, count(b.n)));
     });
-    svg.append(sv("text", { x: m.l, y: H - 4 }, "resident heap pages by the share of their bytes that is live"));
+    svg.append(sv("text", { x: m.l, y: H - 4 }, o.caption));
     parent.append(svg);
     return svg;
+  }
+  // Fill buckets' colours: nearly empty ones are the waste, as in the page occupancy.
+  const fillColor = (j) => (j <= 3 ? PART_COLORS.free_in_used_pages : PART_COLORS.live);
+
+  function occupancyChart(parent, R, i, o) {
+    o = o || {};
+    const ps = R.snapshots.page_size[i] || 4096;
+    const bars = (R.snapshots.occupancy[i] || []).map((b, j) => {
+      const label = b[1] === 0 ? "no live" : b[0] + "-" + b[1] + "%";
+      return {
+        label, n: b[2], color: b[1] === 0 ? PART_COLORS.free_resident_pages : fillColor(j), title: label + " live",
+        tip: [["pages", count(b[2])], ["their bytes", bytes(b[2] * ps)], ["live bytes in them", bytes(b[3])]],
+      };
+    });
+    return histogram(parent, bars, { width: o.width, height: o.height, cls: "occupancy", caption: "resident heap pages by the share of their bytes that is live" });
   }
 
   function occupancySection(main, R) {
@@ -331,6 +344,38 @@
     s.append(el("div", { class: "controls" }, "show ", select([["retained_free", "retained free bytes"], ["live_bytes", "live bytes"]], "retained_free", draw)));
     s.append(holder);
     draw("retained_free");
+  }
+
+  // CPython's pymalloc at the census with the most free space, and the Python lines whose
+  // sampled objects keep its arenas (the text report's pymalloc part).
+  function pymallocSection(main, R) {
+    if (!R.pymalloc && !R.pymalloc_note) return;
+    const s = section(main, "CPython small objects (pymalloc)", "pymalloc");
+    if (R.pymalloc_note) s.append(el("p", { class: "note" }, R.pymalloc_note));
+    if (!R.pymalloc) return;
+    const P = R.pymalloc.census;
+    s.append(el("p", { class: "note" }, "CPython " + P.python + " at " + secs(R.pymalloc.t_ms) + ": " + bytes(P.resident) + " in " + count(P.arenas) + " arenas of " + bytes(P.arena_size) + " (" +
+      count(P.arenas_in_use) + " hold a pool in use), " + count(P.pools) + " pools of " + bytes(P.pool_size) + " (" + count(P.pools_in_use) + " in use); the census paused the program " + P.pause_ms.toFixed(1) + " ms."));
+    s.append(table(["part", "bytes", "of the arenas"], [
+      ["blocks in use", P.in_use], ["free in pools in use", P.free_in_used_pools], ["free pools in arenas in use", P.free_pools], ["arenas with no pool in use", P.empty_arenas],
+    ].map(([name, v]) => [name, bytes(v), pct(v, P.resident)]), "pymalloc-parts"));
+    s.append(el("h3", {}, "Pools in use by bytes in use"));
+    histogram(s, P.pool_fill.map((b, j) => {
+      const label = b.lo_pct + "-" + b.hi_pct + "%";
+      return { label, n: b.count, color: fillColor(j), title: label + " in use", tip: [["pools", count(b.count)], ["their bytes", bytes(b.count * P.pool_size)], ["bytes in use", bytes(b.bytes_in_use)]] };
+    }), { cls: "pool-fill", caption: "pools in use by the share of their bytes in use" });
+    s.append(el("h3", {}, "Size classes with the most free bytes in pools in use"));
+    s.append(table(["block size", "pools", "in use", "free"], P.classes.slice(0, 5).map((c) => [bytes(c.block_size), count(c.pools), bytes(c.blocks_in_use * c.block_size), bytes(c.blocks_free * c.block_size)]), "pymalloc-classes"));
+    const Y = R.python_sites;
+    if (!Y) return;
+    s.append(el("h3", {}, "Python lines whose objects keep the arenas"));
+    s.append(el("p", { class: "note" }, count(Y.samples) + " objects sampled, one per " + bytes(Y.mean_bytes) + " allocated on average; " + count(Y.live_samples) + " live at this census, in " +
+      count(Y.arenas_sampled) + " of the " + count(Y.arenas_in_use) + " arenas in use. Figures are estimates from the samples; expand a line for its callers."));
+    const line = (y) => (y.callers.length ? el("details", {}, el("summary", {}, y.location), ...y.callers.map((c) => el("div", { class: "caller" }, "\u2190 " + c))) : y.location);
+    const est = (v) => bytes(Math.round(v));
+    s.append(table(["line", "holds", "live", "arenas", "allocated"], Y.sites.filter((y) => y.allocated_bytes > 0).map((y) => [line(y), est(y.held_bytes), est(y.live_bytes), count(y.arenas), est(y.allocated_bytes)]), "python-sites"));
+    if (Y.held_unattributed > 0) s.append(el("p", { class: "note" }, bytes(Y.held_unattributed) + " is held in arenas where no sampled object lives (a smaller --sample-bytes samples more)."));
+    if (Y.problem) s.append(el("p", { class: "warn" }, Y.problem));
   }
 
   function sitesSection(main, R) {
@@ -443,6 +488,7 @@
     d.append(el("p", { class: "note" }, "RSS split at each page-residency snapshot (ticks under the axis), with RSS every 10 ms as a line; shaded bands are the detected phases. Hover for values."));
     decompositionChart(d, R);
     occupancySection(main, R);
+    pymallocSection(main, R);
     sizeClassSection(main, R);
     sitesSection(main, R);
   }

@@ -335,3 +335,20 @@ pub fn report_json(trace: &Path) -> serde_json::Value {
     assert!(out.status.success(), "{}", stderr(&out));
     serde_json::from_slice(&out.stdout).unwrap()
 }
+
+/// Records tests/python/keep_a_tenth.py `args` with Debian's interpreter as a user would
+/// (Python sites sampled, censuses every 300 ms) into `dir`/keep_a_tenth.fsc.
+pub fn record_keep_a_tenth(dir: &Path, args: &[&str]) -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/keep_a_tenth.py");
+    let trace = dir.join("keep_a_tenth.fsc");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "--snapshot-ms", "300", "-o"])
+        .arg(&trace)
+        .args(["--", "/usr/bin/python3"])
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "record: {}", stderr(&out));
+    trace
+}
