@@ -1009,6 +1009,7 @@ fn snapshots_batch(r: &Report) -> Result<RecordBatch> {
         u("free_resident_pages", |x| x.parts.free_resident_pages),
         u("lazy_free", |x| x.parts.lazy_free),
         u("pymalloc_arenas", |x| x.parts.pymalloc_arenas),
+        u("sbcl_dynamic_space", |x| x.parts.sbcl_dynamic_space),
         u("other_anon", |x| x.parts.other_anon),
         u("file", |x| x.parts.file),
         u("fragscope_own", |x| x.parts.fragscope_own),

@@ -34,13 +34,14 @@ const TABLE_CLASSES: usize = 50;
 const FLAME_MIN_SHARE: f64 = 1e-4;
 
 /// The malloc report's parts, in stacking order, with their names in the page.
-pub const PARTS: [(&str, &str); 9] = [
+pub const PARTS: [(&str, &str); 10] = [
     ("live", "live"),
     ("rounding", "rounding"),
     ("free_in_used_pages", "free in used pages"),
     ("free_resident_pages", "free resident pages"),
     ("lazy_free", "lazily freed"),
     ("pymalloc_arenas", "pymalloc arenas"),
+    ("sbcl_dynamic_space", "SBCL dynamic space"),
     ("other_anon", "other anonymous"),
     ("file", "file-backed"),
     ("fragscope_own", "fragscope's buffers"),
@@ -143,6 +144,7 @@ fn malloc_data(r: &Report) -> Value {
                     "free_resident_pages" => d.free_resident_pages,
                     "lazy_free" => d.lazy_free,
                     "pymalloc_arenas" => d.pymalloc_arenas,
+                    "sbcl_dynamic_space" => d.sbcl_dynamic_space,
                     "other_anon" => d.other_anon,
                     "file" => d.file,
                     _ => d.fragscope_own,

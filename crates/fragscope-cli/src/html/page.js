@@ -75,7 +75,7 @@
   const PALETTE = ["#3b82f6", "#10b981", "#f59e0b", "#ef4444", "#8b5cf6", "#06b6d4", "#84cc16", "#ec4899", "#64748b", "#f97316", "#14b8a6", "#a855f7"];
   const PART_COLORS = {
     live: "#3b82f6", rounding: "#a855f7", free_in_used_pages: "#ef4444", free_resident_pages: "#f59e0b",
-    lazy_free: "#fde68a", pymalloc_arenas: "#14b8a6", other_anon: "#94a3b8", file: "#cbd5e1", fragscope_own: "#4b5563",
+    lazy_free: "#fde68a", pymalloc_arenas: "#14b8a6", sbcl_dynamic_space: "#0d9488", other_anon: "#94a3b8", file: "#cbd5e1", fragscope_own: "#4b5563",
   };
 
   const tip = el("div", { class: "tip" });
