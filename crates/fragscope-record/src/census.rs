@@ -21,12 +21,16 @@ enum Target {
     None,
     /// A CPython process: its pymalloc pools.
     Python { layout: Pymalloc, refused: u32 },
-    /// An SBCL process: its dynamic space. `last_walk`: when the objects were last
-    /// walked, and how long the walk held the program.
+    /// An SBCL process: its dynamic space, and the object walks' budget (see
+    /// [`Censuses::take_sbcl`]).
     Sbcl {
         runtime: Box<SbclRuntime>,
         refused: u32,
-        last_walk: Option<(Instant, Duration)>,
+        first_census: Instant,
+        /// How long the walks so far held the program.
+        walked: Duration,
+        /// What the next walk is expected to cost (none before a first census).
+        next_walk: Option<Duration>,
     },
     Ready {
         rts: Arc<GhcRts>,
@@ -300,8 +304,9 @@ impl Censuses {
     /// An SBCL census of stream `stream` (process `pid`) if it runs SBCL, or a note saying
     /// why it has none (the first time, or after a few refusals in a row). The page table
     /// is read at every snapshot (about a millisecond); the objects are walked too when
-    /// the walks so far held the program for at most 1/20 of the time since the last one
-    /// (the walk reads every used byte: tens of milliseconds per 100 MiB).
+    /// the walks so far and the next one together hold the program for at most 1/20 of
+    /// the time since the first census (the walk reads every used byte: 45 to 85 ms per
+    /// 100 MiB here; before a first walk it is expected to take 1 ms per MiB in use).
     pub fn take_sbcl(
         &self,
         stream: u32,
@@ -320,11 +325,18 @@ impl Censuses {
         };
         let known = self.targets.lock().unwrap().get(&stream).map(|t| match t {
             Target::Sbcl {
-                runtime, last_walk, ..
-            } => Some((runtime.clone(), *last_walk)),
+                runtime,
+                first_census,
+                walked,
+                next_walk,
+                ..
+            } => Some((
+                runtime.clone(),
+                next_walk.is_some_and(|w| (*walked + w) * 20 <= first_census.elapsed()),
+            )),
             _ => None,
         });
-        let (runtime, last_walk) = match known {
+        let (runtime, objects) = match known {
             Some(Some(known)) => known,
             Some(None) => return None,
             None => {
@@ -347,19 +359,23 @@ impl Censuses {
                             Target::Sbcl {
                                 runtime: runtime.clone(),
                                 refused: 0,
-                                last_walk: None,
+                                first_census: Instant::now(),
+                                walked: Duration::ZERO,
+                                next_walk: None,
                             },
                         );
-                        (runtime, None)
+                        (runtime, false)
                     }
                 }
             }
         };
-        let objects = last_walk.is_none_or(|(at, took)| at.elapsed() >= took * 20);
         let result = sbcl::census(pid, &runtime, sbcl::CensusOptions { objects });
         let mut targets = self.targets.lock().unwrap();
         let Some(Target::Sbcl {
-            refused, last_walk, ..
+            refused,
+            walked,
+            next_walk,
+            ..
         }) = targets.get_mut(&stream)
         else {
             return None;
@@ -367,8 +383,12 @@ impl Censuses {
         match result {
             Ok(census) => {
                 *refused = 0;
-                if let Some(o) = &census.objects {
-                    *last_walk = Some((Instant::now(), Duration::from_micros(o.walk_us)));
+                if census.objects.is_some() {
+                    let pause = Duration::from_micros(census.pause_us);
+                    *walked += pause;
+                    *next_walk = Some(pause);
+                } else if next_walk.is_none() {
+                    *next_walk = Some(Duration::from_millis(census.bytes_used >> 20));
                 }
                 Some(note(Ok(census.to_record())))
             }
