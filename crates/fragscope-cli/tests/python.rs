@@ -348,3 +348,68 @@ fn every_worker_of_a_multiprocessing_pool_gets_its_own_pymalloc_census() {
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(!censused(&report).is_empty(), "worker {worker}");
 }
+
+/// Survivors among objects over 512 bytes (bytearrays) fragment malloc's heap, not
+/// pymalloc's arenas: the headline says so, and what helps there.
+#[test]
+fn a_python_program_whose_malloc_heap_fragments_is_told_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("buffers.fsc");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg("/usr/bin/python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/big_buffers.py"))
+        .args(["100000", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let report = report_json(&trace);
+    let h = &report["headline"];
+    let dominant = h["dominant"].as_str().unwrap_or_default();
+    assert!(!dominant.starts_with("pymalloc"), "{h}");
+    let sentence = h["sentence"].as_str().unwrap();
+    assert!(
+        sentence.contains("malloc's heap, not pymalloc's arenas"),
+        "{h}"
+    );
+    assert!(sentence.contains("malloc_trim(0)"), "{h}");
+}
+
+/// Through a pyenv shim (a bash script that runs pyenv, which runs several processes
+/// before exec'ing python): the report explains the interpreter, not the wrappers.
+#[test]
+fn through_a_pyenv_shim_the_report_explains_the_interpreter() {
+    let Some(shim) = std::env::var_os("HOME")
+        .map(|h| Path::new(&h).join(".pyenv/shims/python3"))
+        .filter(|s| s.exists())
+    else {
+        eprintln!("skipped: no pyenv shims on this machine");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("shim.fsc");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&shim)
+        .arg(script())
+        .args(["200000", "0.3"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let report = report_json(&trace);
+    assert!(
+        report["processes"].as_array().unwrap().len() > 1,
+        "{report}"
+    );
+    let program = report["argv"][0].as_str().unwrap();
+    assert!(program.contains("python3"), "{}", report["argv"]);
+    assert!(report["python_sites"].is_object(), "{}", report["argv"]);
+    assert_eq!(
+        report["headline"]["dominant"],
+        "pymalloc_free_in_used_pools"
+    );
+}

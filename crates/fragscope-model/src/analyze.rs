@@ -584,6 +584,27 @@ pub fn analyze(
             headline.sentence = sentence;
         }
     }
+    // A CPython process whose malloc heap wastes more than pymalloc's arenas: the waste
+    // is in objects over 512 bytes, which pymalloc hands to malloc.
+    let cpython = pymalloc_snapshot.is_some() || !s.python.is_empty();
+    let malloc_dominant = headline.dominant.as_deref().is_some_and(|d| {
+        matches!(
+            d,
+            "free_resident_pages" | "free_in_used_pages" | "lazy_free" | "rounding"
+        )
+    });
+    if cpython && malloc_dominant {
+        headline.sentence = format!(
+            "{} In CPython this is malloc's heap, not pymalloc's arenas: objects over 512 \
+             bytes (bytes, bytearray, long str, the tables of big lists, dicts and sets) \
+             come from malloc, so its trim and its choice matter here (glibc's \
+             malloc_trim(0) through ctypes returns free pages, MALLOC_ARENA_MAX=2 bounds a \
+             threaded server's arenas, jemalloc or mimalloc by LD_PRELOAD keep fewer free \
+             pages); reusing large buffers (a bytearray pool, memoryview slices) avoids the \
+             churn.",
+            headline.sentence
+        );
+    }
     let sbcl_snapshot = (0..snapshots.len())
         .filter(|&i| snapshots[i].sbcl.is_some())
         .max_by_key(|&i| snapshots[i].sbcl.as_ref().map_or(0, |p| p.waste()));
