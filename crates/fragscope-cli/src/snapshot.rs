@@ -50,14 +50,16 @@ pub fn run(a: SnapshotArgs) -> Result<ExitCode> {
     match out.stopped_for {
         Some(d) => {
             let ms = d.as_secs_f64() * 1e3;
-            let per_gib = if out.heap_bytes > 0 {
+            // Below 64 MiB the fixed cost of stopping the threads dominates: a rate per
+            // GiB would read as thousands of milliseconds.
+            let per_gib = if out.heap_bytes >= 64 << 20 {
                 format!(
                     ", {:.0} ms per GiB of its {} heap",
                     ms / (out.heap_bytes as f64 / (1u64 << 30) as f64),
                     units::bytes(out.heap_bytes)
                 )
             } else {
-                String::new()
+                format!(" (its heap: {})", units::bytes(out.heap_bytes))
             };
             eprintln!(
                 "fragscope: process {} ({}) was stopped for {ms:.1} ms{per_gib}",
