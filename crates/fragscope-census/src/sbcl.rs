@@ -445,6 +445,9 @@ pub struct SbclObjects {
     pub classes: Vec<ObjectFigures>,
     /// By header widetag (256 entries; conses are in `classes` only).
     pub by_widetag: Vec<ObjectFigures>,
+    /// By generation (of the page an object starts on; open regions' objects are the
+    /// nursery's, 0), then by [`ObjectClass::ALL`].
+    pub by_generation: Vec<Vec<ObjectFigures>>,
     /// Fillers and pseudo-conses: space inside used pages that holds no object.
     pub filler_bytes: u64,
     /// How long the walk took (the process stopped).
@@ -501,6 +504,16 @@ impl SbclCensus {
                     .map(|&c| (o.class(c).count, o.class(c).bytes))
                     .collect()
             }),
+            objects_by_generation: self
+                .objects
+                .as_ref()
+                .map(|o| {
+                    o.by_generation
+                        .iter()
+                        .map(|g| g.iter().map(|f| (f.count, f.bytes)).collect())
+                        .collect()
+                })
+                .unwrap_or_default(),
         }
     }
 }
@@ -1076,7 +1089,12 @@ fn walk_objects(
     let mut o = SbclObjects {
         classes: vec![ObjectFigures::default(); ObjectClass::ALL.len()],
         by_widetag: vec![ObjectFigures::default(); 256],
+        by_generation: vec![vec![ObjectFigures::default(); ObjectClass::ALL.len()]; GENERATIONS],
         ..Default::default()
+    };
+    let gen_of = |addr: u64| -> usize {
+        let page = (addr - start) / PAGE_BYTES;
+        usize::from(entry(page).3).min(GENERATIONS - 1)
     };
     let mut w = Window {
         mem,
@@ -1093,19 +1111,25 @@ fn walk_objects(
         let from = start + first * PAGE_BYTES;
         let to = start + last * PAGE_BYTES + used(last);
         if to > from && entry(first).2 != 0 {
-            walk_range(&mut w, from, to, &mut o)?;
+            walk_range(&mut w, from, to, &mut o, &gen_of)?;
         }
         first = last + 1;
     }
     for r in regions {
         if r.free > r.start {
-            walk_range(&mut w, r.start, r.free, &mut o)?;
+            walk_range(&mut w, r.start, r.free, &mut o, &|_| 0)?;
         }
     }
     Ok(o)
 }
 
-fn walk_range(w: &mut Window, from: u64, to: u64, o: &mut SbclObjects) -> Result<(), CensusError> {
+fn walk_range(
+    w: &mut Window,
+    from: u64,
+    to: u64,
+    o: &mut SbclObjects,
+    gen_of: &dyn Fn(u64) -> usize,
+) -> Result<(), CensusError> {
     let mut addr = from;
     while addr < to {
         let h = w.word(addr, to)?;
@@ -1136,6 +1160,9 @@ fn walk_range(w: &mut Window, from: u64, to: u64, o: &mut SbclObjects) -> Result
             let f = &mut o.classes[class.index()];
             f.count += 1;
             f.bytes += bytes;
+            let g = &mut o.by_generation[gen_of(addr)][class.index()];
+            g.count += 1;
+            g.bytes += bytes;
         }
         addr += bytes;
     }

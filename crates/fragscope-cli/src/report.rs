@@ -671,18 +671,6 @@ fn sbcl(o: &mut String, r: &Report) {
             g.collections_before_promotion
         );
     }
-    if let Some(objects) = &p.objects {
-        let _ = writeln!(o, "  objects by type (the census walked the heap)");
-        for c in objects.iter().filter(|c| c.count > 0) {
-            let _ = writeln!(
-                o,
-                "    {:<16} {:>10} {:>12}",
-                c.class,
-                bytes(c.bytes),
-                count(c.count)
-            );
-        }
-    }
     let _ = writeln!(
         o,
         "  pages in use by bytes used (census paused the program {:.1} ms)",
@@ -705,6 +693,50 @@ fn sbcl(o: &mut String, r: &Report) {
             bytes(b.bytes_in_use),
             "#".repeat((b.count * 30).div_ceil(max) as usize)
         );
+    }
+    // Objects by type come from the last census that walked them.
+    let walked = r.snapshots.iter().rev().find_map(|s| {
+        s.sbcl
+            .as_ref()
+            .filter(|p| p.objects.is_some())
+            .map(|p| (s, p))
+    });
+    let Some((ws, p)) = walked else {
+        return;
+    };
+    let _ = writeln!(
+        o,
+        "  objects by type at {} (the last census that walked the heap)",
+        secs(ws.t_ms)
+    );
+    for g in &p.generations {
+        let Some(objects) = &g.objects else { continue };
+        let mut largest: Vec<_> = objects.iter().filter(|c| c.bytes > 0).collect();
+        largest.sort_by_key(|c| std::cmp::Reverse(c.bytes));
+        let listed: Vec<String> = largest
+            .iter()
+            .take(3)
+            .map(|c| format!("{} {}", c.class, bytes(c.bytes)))
+            .collect();
+        if !listed.is_empty() {
+            let _ = writeln!(
+                o,
+                "  generation {} holds most: {}",
+                g.gen,
+                listed.join(", ")
+            );
+        }
+    }
+    if let Some(objects) = &p.objects {
+        for c in objects.iter().filter(|c| c.count > 0) {
+            let _ = writeln!(
+                o,
+                "    {:<16} {:>10} {:>12}",
+                c.class,
+                bytes(c.bytes),
+                count(c.count)
+            );
+        }
     }
 }
 

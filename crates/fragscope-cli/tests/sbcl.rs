@@ -81,6 +81,25 @@ fn the_dynamic_space_is_split_and_agrees_with_the_lisps_own_figures() {
         .find(|c| c["class"] == "octet vectors")
         .unwrap();
     assert!(octets["count"].as_u64().unwrap() > 0, "{walked:?}");
+    // The same walk by generation adds up to it, class by class.
+    let census = snaps
+        .iter()
+        .rev()
+        .find(|s| s["sbcl"]["objects"].is_array())
+        .unwrap();
+    let gens = census["sbcl"]["generations"].as_array().unwrap();
+    for (k, class) in walked.iter().enumerate() {
+        let by_gen: u64 = gens
+            .iter()
+            .filter_map(|g| g["objects"].as_array())
+            .map(|o| o[k]["bytes"].as_u64().unwrap())
+            .sum();
+        assert_eq!(
+            by_gen,
+            class["bytes"].as_u64().unwrap(),
+            "{class}: {census}"
+        );
+    }
     // Freed buffers leave pages the collector keeps: the headline says so.
     let dominant = report["headline"]["dominant"].as_str().unwrap_or_default();
     assert!(dominant.starts_with("sbcl_"), "{}", report["headline"]);
@@ -88,6 +107,7 @@ fn the_dynamic_space_is_split_and_agrees_with_the_lisps_own_figures() {
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("SBCL dynamic space"), "{text}");
     assert!(text.contains("dynamic space at"), "{text}");
+    assert!(text.contains("generation 0 holds most:"), "{text}");
 }
 
 #[test]

@@ -605,13 +605,34 @@ pub fn analyze(
             headline.sentence
         );
     }
-    let sbcl_snapshot = (0..snapshots.len())
+    // The census with the most waste; one that walked the objects (and can name them)
+    // when it has nine tenths of that.
+    let sbcl_waste = |i: usize| snapshots[i].sbcl.as_ref().map_or(0, |p| p.waste());
+    let most = (0..snapshots.len())
         .filter(|&i| snapshots[i].sbcl.is_some())
-        .max_by_key(|&i| snapshots[i].sbcl.as_ref().map_or(0, |p| p.waste()));
+        .max_by_key(|&i| sbcl_waste(i));
+    let walked = (0..snapshots.len())
+        .filter(|&i| {
+            snapshots[i]
+                .sbcl
+                .as_ref()
+                .is_some_and(|p| p.objects.is_some())
+        })
+        .max_by_key(|&i| sbcl_waste(i));
+    let sbcl_snapshot = match (most, walked) {
+        (Some(m), Some(w)) if sbcl_waste(w) * 10 >= sbcl_waste(m) * 9 => Some(w),
+        _ => most,
+    };
     if let Some(p) = sbcl_snapshot.and_then(|i| snapshots[i].sbcl.as_ref()) {
         // The dynamic space is outside malloc's heap, like pymalloc's arenas.
         let heap_waste = focus_snapshot.map_or(0, |i| snapshots[i].parts.heap_waste());
-        if let Some((dominant, sentence)) = sbcl::headline(p).filter(|_| p.waste() > heap_waste) {
+        let walked = snapshots
+            .iter()
+            .rev()
+            .find_map(|s| s.sbcl.as_ref().filter(|p| p.objects.is_some()));
+        if let Some((dominant, sentence)) =
+            sbcl::headline(p, walked).filter(|_| p.waste() > heap_waste)
+        {
             headline.dominant = Some(dominant.into());
             headline.sentence = sentence;
         }

@@ -24,6 +24,9 @@ pub struct SbclGeneration {
     /// survivors are promoted.
     pub collections: u32,
     pub collections_before_promotion: u32,
+    /// Its objects by class, when this census walked them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub objects: Option<Vec<SbclObjectClass>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -67,6 +70,31 @@ impl SbclParts {
     }
 }
 
+fn object_classes(classes: &[(u64, u64)]) -> Vec<SbclObjectClass> {
+    classes
+        .iter()
+        .zip(OBJECT_CLASSES)
+        .map(|(&(count, bytes), class)| SbclObjectClass {
+            class: class.into(),
+            count,
+            bytes,
+        })
+        .collect()
+}
+
+/// The largest class of objects in a generation past the nursery and below the core's
+/// (1-5): promoted objects, reclaimed only when their generation is collected.
+pub fn promoted_largest(p: &SbclParts) -> Option<(u8, &SbclObjectClass)> {
+    p.generations
+        .iter()
+        .filter(|g| (1..=5).contains(&g.gen))
+        .filter_map(|g| {
+            let largest = g.objects.as_ref()?.iter().max_by_key(|c| c.bytes)?;
+            Some((g.gen, largest))
+        })
+        .max_by_key(|(_, c)| c.bytes)
+}
+
 /// Splits `heap` by the residency `pm` read with it.
 pub fn split(heap: &SbclHeap, pm: &Pagemap) -> SbclParts {
     let os_page = u64::from(pm.page_size.max(1));
@@ -103,17 +131,7 @@ pub fn split(heap: &SbclHeap, pm: &Pagemap) -> SbclParts {
         collections: heap.collections,
         generations: Vec::new(),
         page_fill: fill_buckets(),
-        objects: heap.objects.as_ref().map(|classes| {
-            classes
-                .iter()
-                .zip(OBJECT_CLASSES)
-                .map(|(&(count, bytes), class)| SbclObjectClass {
-                    class: class.into(),
-                    count,
-                    bytes,
-                })
-                .collect()
-        }),
+        objects: heap.objects.as_deref().map(object_classes),
         pause_ms: heap.pause_us as f64 / 1000.0,
     };
     let mut gens: Vec<SbclGeneration> = heap
@@ -127,6 +145,10 @@ pub fn split(heap: &SbclHeap, pm: &Pagemap) -> SbclParts {
             large_bytes: g.large_bytes,
             collections: g.collections,
             collections_before_promotion: g.collections_before_promotion,
+            objects: heap
+                .objects_by_generation
+                .get(usize::from(g.gen))
+                .map(|classes| object_classes(classes)),
         })
         .collect();
     let mut used_resident = 0;
@@ -159,11 +181,25 @@ pub fn split(heap: &SbclHeap, pm: &Pagemap) -> SbclParts {
 }
 
 /// What the census with the most waste says, when it is worth a headline (at least
-/// 4 MiB and a quarter of the resident space): the dominant part and a sentence.
-pub fn headline(p: &SbclParts) -> Option<(&'static str, String)> {
+/// 4 MiB and a quarter of the resident space): the dominant part and a sentence, naming
+/// the promoted objects of the last census that walked them (`walked`).
+pub fn headline(p: &SbclParts, walked: Option<&SbclParts>) -> Option<(&'static str, String)> {
     if p.waste() < 4 << 20 || p.waste() * 4 < p.resident {
         return None;
     }
+    // Promoted objects of one class holding a twentieth of the space: name them.
+    let promoted = walked
+        .and_then(|w| promoted_largest(w).filter(|(_, c)| c.bytes * 20 >= w.resident))
+        .map(|(gen, c)| {
+            format!(
+                " {} of {} sit in generation {gen}: promoted, they are reclaimed only when \
+                 generation {gen} is collected (or by (gc :full t)); buffers allocated \
+                 outside the dynamic space (sb-alien) or reused stay out of it.",
+                crate::mib(c.bytes),
+                c.class
+            )
+        })
+        .unwrap_or_default();
     let held = format!(
         "{} of SBCL's dynamic space is resident (SBCL {}) for {} of objects",
         crate::mib(p.resident),
@@ -176,7 +212,7 @@ pub fn headline(p: &SbclParts) -> Option<(&'static str, String)> {
             format!(
                 "{held}: {} is pages the collector freed and kept mapped (gencgc does not \
                  give freed pages back; a smaller --dynamic-space-size or fewer bytes \
-                 consed between collections keeps the high-water mark lower).",
+                 consed between collections keeps the high-water mark lower).{promoted}",
                 crate::mib(p.free_pages)
             ),
         )
@@ -185,7 +221,8 @@ pub fn headline(p: &SbclParts) -> Option<(&'static str, String)> {
             "sbcl_free_in_used_pages",
             format!(
                 "{held}: {} is free space inside pages that still hold an object ({} \
-                 pages in use, most {}): survivors scattered over many pages keep them.",
+                 pages in use, most {}): survivors scattered over many pages keep them.\
+                 {promoted}",
                 crate::mib(p.free_in_used_pages),
                 p.pages_in_use,
                 fill_words(&p.page_fill)

@@ -68,6 +68,8 @@ pub struct SbclHeap {
     pub pages: Vec<SbclPageUse>,
     /// (count, bytes) per [`OBJECT_CLASSES`] when the census walked the objects.
     pub objects: Option<Vec<(u64, u64)>>,
+    /// The same by generation (of the page each object starts on), when walked.
+    pub objects_by_generation: Vec<Vec<(u64, u64)>>,
 }
 
 impl CensusBody for SbclHeap {
@@ -114,6 +116,13 @@ impl CensusBody for SbclHeap {
                 w.u8(1).varint(classes.len() as u64);
                 for (count, bytes) in classes {
                     w.varint(*count).varint(*bytes);
+                }
+                w.varint(self.objects_by_generation.len() as u64);
+                for g in &self.objects_by_generation {
+                    w.varint(g.len() as u64);
+                    for (count, bytes) in g {
+                        w.varint(*count).varint(*bytes);
+                    }
                 }
             }
         }
@@ -163,15 +172,17 @@ impl CensusBody for SbclHeap {
             });
             prev = index;
         }
-        let objects = match r.u8()? {
-            0 => None,
+        let pairs = |r: &mut Reader| -> Result<Vec<(u64, u64)>, TraceError> {
+            let n = r.count(2)?;
+            (0..n).map(|_| Ok((r.varint()?, r.varint()?))).collect()
+        };
+        let (objects, objects_by_generation) = match r.u8()? {
+            0 => (None, Vec::new()),
             _ => {
-                let n = r.count(2)?;
-                Some(
-                    (0..n)
-                        .map(|_| Ok((r.varint()?, r.varint()?)))
-                        .collect::<Result<_, TraceError>>()?,
-                )
+                let classes = pairs(r)?;
+                let n = r.count(1)?;
+                let by_gen = (0..n).map(|_| pairs(r)).collect::<Result<_, _>>()?;
+                (Some(classes), by_gen)
             }
         };
         if page_bytes == 0 {
@@ -191,6 +202,7 @@ impl CensusBody for SbclHeap {
             generations,
             pages,
             objects,
+            objects_by_generation,
         })
     }
 }
@@ -238,6 +250,7 @@ mod tests {
                 },
             ],
             objects: Some(vec![(5, 80); 7]),
+            objects_by_generation: vec![vec![(5, 80); 7], vec![(0, 0); 7]],
         };
         let c = SbclCensus {
             stream: 2,
