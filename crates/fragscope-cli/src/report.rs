@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use fragscope_model::pymalloc::FillBucket;
 use fragscope_model::report::{Decomposition, Report, Site, Snapshot, SnapshotFacts};
 use fragscope_model::{analyze, Options};
 
@@ -592,24 +593,7 @@ fn pymalloc(o: &mut String, r: &Report) {
         "  pools in use by bytes in use (census paused the program {:.1} ms)",
         p.pause_ms
     );
-    let max = p
-        .pool_fill
-        .iter()
-        .map(|b| b.count)
-        .max()
-        .unwrap_or(1)
-        .max(1);
-    for b in &p.pool_fill {
-        let _ = writeln!(
-            o,
-            "    {:>3}%-{:>3}% {:>9} pools  {:>10} in use  {}",
-            b.lo_pct,
-            b.hi_pct,
-            count(b.count),
-            bytes(b.bytes_in_use),
-            "#".repeat((b.count * 30).div_ceil(max) as usize)
-        );
-    }
+    fill_histogram(o, &p.pool_fill, "pools", "in use");
     let _ = writeln!(o, "  size classes with the most free bytes in pools in use");
     for c in p.classes.iter().take(5) {
         let _ = writeln!(
@@ -622,6 +606,22 @@ fn pymalloc(o: &mut String, r: &Report) {
         );
     }
     python_sites(o, r);
+}
+
+/// A runtime heap's pools or pages by fill, one bar per bucket ("pools", "in use").
+fn fill_histogram(o: &mut String, buckets: &[FillBucket], units: &str, used: &str) {
+    let max = buckets.iter().map(|b| b.count).max().unwrap_or(1).max(1);
+    for b in buckets {
+        let _ = writeln!(
+            o,
+            "    {:>3}%-{:>3}% {:>9} {units}  {:>10} {used}  {}",
+            b.lo_pct,
+            b.hi_pct,
+            count(b.count),
+            bytes(b.bytes_in_use),
+            "#".repeat((b.count * 30).div_ceil(max) as usize)
+        );
+    }
 }
 
 /// SBCL's dynamic space at the snapshot where it holds the most free space.
@@ -676,24 +676,7 @@ fn sbcl(o: &mut String, r: &Report) {
         "  pages in use by bytes used (census paused the program {:.1} ms)",
         p.pause_ms
     );
-    let max = p
-        .page_fill
-        .iter()
-        .map(|b| b.count)
-        .max()
-        .unwrap_or(1)
-        .max(1);
-    for b in &p.page_fill {
-        let _ = writeln!(
-            o,
-            "    {:>3}%-{:>3}% {:>9} pages  {:>10} used  {}",
-            b.lo_pct,
-            b.hi_pct,
-            count(b.count),
-            bytes(b.bytes_in_use),
-            "#".repeat((b.count * 30).div_ceil(max) as usize)
-        );
-    }
+    fill_histogram(o, &p.page_fill, "pages", "used");
     // Objects by type come from the last census that walked them.
     let walked = r.snapshots.iter().rev().find_map(|s| {
         s.sbcl

@@ -95,8 +95,7 @@ struct Stream {
     merger: Merger,
     pending: VecDeque<Pagemap>,
     /// pymalloc censuses waiting for the snapshot of their tick (written just before it).
-    pymalloc_pending: VecDeque<PymallocPools>,
-    pymalloc_ticks: VecDeque<u64>,
+    pymalloc_pending: VecDeque<(u64, PymallocPools)>,
     /// Why the process has no pymalloc census, when it is CPython.
     pymalloc_note: Option<String>,
     /// CPython's sampled objects, and where the pools of the census with the most
@@ -217,16 +216,7 @@ impl Stream {
     /// The pymalloc census taken with snapshot `pm`, split by its residency; its pages
     /// that the heap's own evaluation counted as empty heap pages are left out of `parts`.
     fn pymalloc_at(&mut self, pm: &Pagemap, parts: &mut HeapParts) -> Option<PymallocParts> {
-        // Censuses older than this snapshot never met theirs (a pagemap not read).
-        while self.pymalloc_ticks.front().is_some_and(|&t| t < pm.tick) {
-            self.pymalloc_ticks.pop_front();
-            self.pymalloc_pending.pop_front();
-        }
-        if self.pymalloc_ticks.front() != Some(&pm.tick) {
-            return None;
-        }
-        self.pymalloc_ticks.pop_front();
-        let pools = self.pymalloc_pending.pop_front()?;
+        let pools = census_at(&mut self.pymalloc_pending, pm.tick)?;
         let pymalloc::Split {
             parts: split,
             by_range,
@@ -251,13 +241,7 @@ impl Stream {
 
     /// The SBCL census taken with snapshot `pm`, split by its residency.
     fn sbcl_at(&mut self, pm: &Pagemap) -> Option<SbclParts> {
-        while self.sbcl_pending.front().is_some_and(|(t, _)| *t < pm.tick) {
-            self.sbcl_pending.pop_front();
-        }
-        if self.sbcl_pending.front().map(|(t, _)| *t) != Some(pm.tick) {
-            return None;
-        }
-        let (_, heap) = self.sbcl_pending.pop_front()?;
+        let heap = census_at(&mut self.sbcl_pending, pm.tick)?;
         Some(sbcl::split(&heap, pm))
     }
 
@@ -322,6 +306,19 @@ impl Stream {
             pymalloc,
             sbcl,
         });
+    }
+}
+
+/// The runtime census taken with the snapshot of `tick`, from censuses queued by tick;
+/// those older than it never met their snapshot (a pagemap not read) and go.
+fn census_at<T>(pending: &mut VecDeque<(u64, T)>, tick: u64) -> Option<T> {
+    while pending.front().is_some_and(|(t, _)| *t < tick) {
+        pending.pop_front();
+    }
+    if pending.front().is_some_and(|(t, _)| *t == tick) {
+        pending.pop_front().map(|(_, census)| census)
+    } else {
+        None
     }
 }
 
@@ -438,10 +435,7 @@ pub fn analyze(
                 let i = index(&mut streams, &mut by_stream, c.stream);
                 let s = &mut streams[i];
                 match c.result {
-                    Ok(pools) => {
-                        s.pymalloc_ticks.push_back(c.tick);
-                        s.pymalloc_pending.push_back(pools);
-                    }
+                    Ok(pools) => s.pymalloc_pending.push_back((c.tick, pools)),
                     Err(note) => {
                         s.pymalloc_note.get_or_insert(note);
                     }

@@ -14,6 +14,7 @@ use fragscope_trace::python_samples::{PythonRecord, PythonSamples};
 use fragscope_trace::records::PymallocPools;
 use serde::Serialize;
 
+use crate::heap::SiteWeighting;
 use crate::pymalloc::ArenaAcc;
 
 /// Sites listed in the report.
@@ -109,10 +110,13 @@ impl PythonLog {
         }
     }
 
-    /// The estimated number of objects one sample of `size` bytes stands for: a Poisson
-    /// process over bytes samples it with probability 1 - exp(-size / mean).
+    /// The estimated number of objects one sample of `size` bytes stands for (the
+    /// native sites' weighting, with this process's Python mean).
     fn weight(&self, size: u64) -> f64 {
-        1.0 / (1.0 - (-(size.max(1) as f64) / self.mean_bytes as f64).exp())
+        SiteWeighting::Sampled {
+            mean_bytes: self.mean_bytes as f64,
+        }
+        .weight(size)
     }
 }
 

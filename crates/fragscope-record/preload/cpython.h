@@ -274,11 +274,7 @@ static int py_remember(uintptr_t p) {
 
 static int64_t py_next_interval(void) {
     if (!tls_py_rng) tls_py_rng = (uint64_t)syscall(SYS_gettid) * 0x9E3779B97F4A7C15ULL | 1;
-    tls_py_rng ^= tls_py_rng << 13;
-    tls_py_rng ^= tls_py_rng >> 7;
-    tls_py_rng ^= tls_py_rng << 17;
-    double u = ((tls_py_rng >> 11) + 1) * (1.0 / 9007199254740993.0);
-    return (int64_t)(-log(u) * py_mean_bytes) + 1;
+    return (int64_t)poisson_interval(&tls_py_rng, py_mean_bytes);
 }
 
 static void py_sample(void *p, size_t size) {

@@ -487,6 +487,16 @@ static void send_message(const struct msg_header *h, const void *payload, int wa
     pthread_mutex_unlock(&sock_lock);
 }
 
+/* Bytes to the next sample of a Poisson process over allocated bytes with this mean, as
+ * jemalloc's and tcmalloc's heap samplers; `rng` is the caller's xorshift state. */
+static uint64_t poisson_interval(uint64_t *rng, double mean) {
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    double u = ((*rng >> 11) + 1) * (1.0 / 9007199254740993.0); /* (0, 1] */
+    return (uint64_t)(-log(u) * mean) + 1;
+}
+
 #include "cpython.h"
 
 /* ---- thread buffers ---- */
@@ -570,12 +580,7 @@ static void send_thread_copy(struct thread_state *ts) {
 static uint64_t next_sample_interval(struct thread_state *ts) {
     if (stacks_mode == 2) return 0;
     if (stacks_mode == 0) return INT64_MAX;
-    ts->rng ^= ts->rng << 13;
-    ts->rng ^= ts->rng >> 7;
-    ts->rng ^= ts->rng << 17;
-    double u = ((ts->rng >> 11) + 1) * (1.0 / 9007199254740993.0); /* (0, 1] */
-    /* Poisson process over allocated bytes, as jemalloc's and tcmalloc's heap samplers. */
-    return (uint64_t)(-log(u) * sample_mean_bytes) + 1;
+    return poisson_interval(&ts->rng, sample_mean_bytes);
 }
 
 /* Appends a record of a tag and one varint (a tick, an order, lost calls, a join, own

@@ -58,6 +58,14 @@ const RETRIES_IN_A_COLLECTION: u32 = 3;
 /// Refused censuses in a row that make a note in the trace.
 const REFUSALS_TO_NOTE: u32 = 3;
 
+/// Counts one more refused census in a row; the note to write when the refusals reach
+/// [`REFUSALS_TO_NOTE`] (once): `what` names the census ("pymalloc").
+fn refusal(refused: &mut u32, what: &str, why: &str) -> Option<String> {
+    *refused += 1;
+    (*refused == REFUSALS_TO_NOTE)
+        .then(|| format!("{REFUSALS_TO_NOTE} {what} censuses in a row were refused: {why}"))
+}
+
 /// A pause longer than this counts as a long stop.
 const LONG_STOP: Duration = Duration::from_millis(20);
 
@@ -226,12 +234,7 @@ impl Censuses {
                 let Some(Target::Ready { refused, .. }) = targets.get_mut(&stream) else {
                     return None;
                 };
-                *refused += 1;
-                (*refused == REFUSALS_TO_NOTE).then(|| {
-                    note(Err(format!(
-                        "{REFUSALS_TO_NOTE} block censuses in a row were refused: {why}"
-                    )))
-                })
+                refusal(refused, "block", &why).map(|n| note(Err(n)))
             }
         }
     }
@@ -291,12 +294,7 @@ impl Censuses {
             }
             Err(CensusError::NoHeap | CensusError::Unreadable(_)) => None,
             Err(CensusError::Inconsistent(why)) => {
-                *refused += 1;
-                (*refused == REFUSALS_TO_NOTE).then(|| {
-                    note(Err(format!(
-                        "{REFUSALS_TO_NOTE} pymalloc censuses in a row were refused: {why}"
-                    )))
-                })
+                refusal(refused, "pymalloc", &why).map(|n| note(Err(n)))
             }
         }
     }
@@ -394,12 +392,7 @@ impl Censuses {
             }
             Err(CensusError::NoHeap | CensusError::Unreadable(_)) => None,
             Err(CensusError::Inconsistent(why)) => {
-                *refused += 1;
-                (*refused == REFUSALS_TO_NOTE).then(|| {
-                    note(Err(format!(
-                        "{REFUSALS_TO_NOTE} SBCL censuses in a row were refused: {why}"
-                    )))
-                })
+                refusal(refused, "SBCL", &why).map(|n| note(Err(n)))
             }
         }
     }
