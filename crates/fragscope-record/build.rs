@@ -11,6 +11,7 @@ fn main() {
     println!("cargo:rerun-if-changed=preload/fragscope_preload.c");
     println!("cargo:rerun-if-changed=preload/hooks.h");
     println!("cargo:rerun-if-changed=preload/cpython.h");
+    println!("cargo:rerun-if-changed=preload/attach.h");
     let compiler = cc::Build::new().opt_level(2).get_compiler();
     let status = Command::new(compiler.path())
         .args([

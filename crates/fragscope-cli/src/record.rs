@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Args, ValueEnum};
-use fragscope_record::{record, PackMode, RecordOptions};
+use fragscope_record::{record, AttachOptions, PackMode, RecordOptions};
 use fragscope_trace::StackMode;
 
 use crate::units;
@@ -44,7 +44,14 @@ enum Pack {
 /// fragscope also reads the RTS's block descriptors (megablocks, blocks by kind, pinned
 /// blocks and how full they are) from outside the program.
 ///
-/// Example: fragscope record -o run.fsc -- ./server --port 8080
+/// With -p PID, fragscope records a process that is already running instead: it loads
+/// the interposer into it (through ptrace, as a debugger calls a function), rebinds its
+/// allocation calls to it, and at Ctrl-C, after --duration, or when the process exits,
+/// puts them back and leaves the process running as before. The recording starts with
+/// the heap as it is: a free of a block allocated before it is counted apart.
+///
+/// Examples: fragscope record -o run.fsc -- ./server --port 8080
+///           fragscope record -p $(pidof server) --duration 60 -o live.fsc
 #[derive(Args)]
 pub struct RecordArgs {
     /// Where to write the trace.
@@ -87,8 +94,21 @@ pub struct RecordArgs {
     /// pymalloc pools (about 5 ms per 100 MiB of arenas).
     #[arg(long, visible_alias = "no-census")]
     no_ghc_census: bool,
+    /// Record the running process PID from now on instead of starting a program (needs
+    /// ptrace permission over it, as a debugger does).
+    #[arg(
+        short = 'p',
+        long = "pid",
+        value_name = "PID",
+        conflicts_with = "command"
+    )]
+    pid: Option<u32>,
+    /// With -p: stop recording after this many seconds (else at Ctrl-C or when the
+    /// process exits).
+    #[arg(long, value_name = "SECONDS")]
+    duration: Option<f64>,
     /// The program to record, and its arguments.
-    #[arg(required = true, last = true, value_name = "COMMAND")]
+    #[arg(required_unless_present = "pid", last = true, value_name = "COMMAND")]
     command: Vec<OsString>,
 }
 
@@ -96,6 +116,19 @@ pub fn run(a: RecordArgs) -> Result<ExitCode> {
     if a.sample_bytes == 0 {
         anyhow::bail!("--sample-bytes must be at least 1 (use --stacks all for every allocation)");
     }
+    let attach = match (a.pid, a.duration) {
+        (Some(_), Some(d)) if !(d > 0.0 && d.is_finite()) => {
+            anyhow::bail!("--duration must be a positive number of seconds")
+        }
+        (Some(pid), d) => Some(AttachOptions {
+            pid,
+            duration: d.map(std::time::Duration::from_secs_f64),
+        }),
+        (None, Some(_)) => anyhow::bail!(
+            "--duration applies to a recording of a running process: add --pid PID (-p)"
+        ),
+        (None, None) => None,
+    };
     let opts = RecordOptions {
         output: a.output.clone(),
         stacks: match a.stacks {
@@ -116,6 +149,7 @@ pub fn run(a: RecordArgs) -> Result<ExitCode> {
         force: a.force,
         ghc_census: !a.no_ghc_census,
         ghc_heap_profile: a.ghc_heap_profile,
+        attach,
     };
     let out = record(&opts)?;
     eprintln!(

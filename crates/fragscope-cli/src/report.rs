@@ -130,7 +130,21 @@ pub fn render(r: &Report, top: usize) -> String {
             r.damage.as_deref().unwrap_or("no end marker")
         );
     }
-    if r.merge.forced_allocs + r.merge.unknown_frees + r.merge.lost_events > 0 {
+    if r.merge.attached {
+        let _ = writeln!(
+            o,
+            "note: recorded from the moment fragscope attached to the running process: its \
+             {} frees of blocks allocated before then are not counted as live data",
+            r.merge.unknown_frees
+        );
+        if r.merge.forced_allocs + r.merge.lost_events > 0 {
+            let _ = writeln!(
+                o,
+                "note: {} allocations of still-live addresses, {} lost events",
+                r.merge.forced_allocs, r.merge.lost_events
+            );
+        }
+    } else if r.merge.forced_allocs + r.merge.unknown_frees + r.merge.lost_events > 0 {
         let _ = writeln!(
             o,
             "note: {} allocations of still-live addresses, {} frees of unknown blocks, {} lost events",

@@ -3,58 +3,12 @@
 
 mod common;
 
-use common::report_json;
+use common::{report_json, Running};
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
-
-/// A program that waits on stdin, started by the test (not by fragscope).
-struct Running {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Running {
-    fn start(mut cmd: Command) -> Self {
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        Self {
-            child,
-            stdin,
-            stdout,
-        }
-    }
-    fn line(&mut self) -> String {
-        let mut l = String::new();
-        self.stdout.read_line(&mut l).unwrap();
-        assert!(!l.is_empty(), "the program ended");
-        l
-    }
-    fn send(&mut self, line: &str) {
-        writeln!(self.stdin, "{line}").unwrap();
-        self.stdin.flush().unwrap();
-    }
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// The `key=value` fields of a `mallinfo2 ...` line.
 fn mallinfo(line: &str) -> std::collections::HashMap<String, u64> {

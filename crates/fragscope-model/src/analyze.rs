@@ -92,6 +92,8 @@ struct Stream {
     pid: u32,
     ppid: u32,
     argv: Vec<String>,
+    /// Running before `record -p` attached: its earlier blocks were never seen allocated.
+    attached: bool,
     merger: Merger,
     pending: VecDeque<Pagemap>,
     /// pymalloc censuses waiting for the snapshot of their tick (written just before it).
@@ -372,6 +374,10 @@ pub fn analyze(
                 s.pid = p.pid;
                 s.ppid = p.ppid;
                 s.argv = p.argv;
+                s.attached = p.origin == fragscope_trace::Origin::Attached;
+                if s.attached {
+                    s.merger.set_attached();
+                }
             }
             Chunk::Events(h, records) => {
                 let i = index(&mut streams, &mut by_stream, h.stream);
@@ -530,7 +536,11 @@ pub fn analyze(
         l.1 += w * b.size as f64;
     }
     let leaks = LeakFacts {
-        at_exit: s.end.as_ref().is_some_and(|e| e.how != EndHow::Vanished),
+        // Blocks live when a detach ended the recording are the running program's, not leaks.
+        at_exit: s
+            .end
+            .as_ref()
+            .is_some_and(|e| !matches!(e.how, EndHow::Vanished | EndHow::Detached)),
         leaked_bytes: s.live_bytes,
         leaked_blocks: s.merger.live_blocks().len() as u64,
         temporary_allocations: s.temporaries.0,
@@ -653,6 +663,7 @@ pub fn analyze(
             lost_events: merge.lost_events,
             spilled: merge.spilled,
             spill_problem: s.merger.spill_problem().map(str::to_string),
+            attached: s.attached,
         },
         headline,
         timeline,
@@ -742,11 +753,8 @@ fn describe_end(s: &Stream) -> String {
             return format!("exited {code}");
         }
     }
-    match s.end.map(|e| (e.how, e.status)) {
-        Some((EndHow::Exit | EndHow::QuickExit, st)) => format!("exited {st}"),
-        Some((EndHow::ExitUnknownStatus, _)) => "exited".into(),
-        Some((EndHow::Exec, _)) => "exec'd a new image".into(),
-        Some((EndHow::Vanished, _)) => "vanished (killed or crashed)".into(),
+    match &s.end {
+        Some(end) => end.describe(),
         None => "still running when the trace ends".into(),
     }
 }

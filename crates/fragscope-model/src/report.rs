@@ -234,6 +234,9 @@ pub struct MergeFacts {
     pub spilled: u64,
     /// Why calls that waited could not go to disk (or come back), if so.
     pub spill_problem: Option<String>,
+    /// The process was already running when recording began (`record -p`): its frees of
+    /// blocks allocated before then are among `unknown_frees`.
+    pub attached: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

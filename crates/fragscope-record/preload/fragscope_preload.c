@@ -94,8 +94,11 @@ enum {
  * HELLO_MARKS_IDLE: threads idle for IDLE_TICKS get an idle buffer sent for them
  * (membarrier registered), so a thread the merge has heard nothing from is not idle but
  * still inside a call: preempted, waiting for the socket. */
-enum { HELLO_RESUMED = 1, HELLO_FORKED = 2, HELLO_WANTS_CLOCK = 4, HELLO_MARKS_IDLE = 8 };
-enum { EXIT_VIA_EXIT = 0, EXIT_VIA__EXIT = 1, EXIT_UNKNOWN_STATUS = 2 };
+/* HELLO_ATTACHED: loaded into a running process (attach.h). */
+enum { HELLO_RESUMED = 1, HELLO_FORKED = 2, HELLO_WANTS_CLOCK = 4, HELLO_MARKS_IDLE = 8,
+       HELLO_ATTACHED = 16 };
+/* EXIT_VIA_DETACH: not an exit; `record -p` ends and leaves the process running. */
+enum { EXIT_VIA_EXIT = 0, EXIT_VIA__EXIT = 1, EXIT_UNKNOWN_STATUS = 2, EXIT_VIA_DETACH = 3 };
 
 struct msg_header {
     uint32_t type;
@@ -264,6 +267,7 @@ static __thread uint64_t tls_recorded_calls __attribute__((tls_model("initial-ex
 static atomic_int init_state; /* 0 none, 1 resolving, 2 resolved */
 static int tracing;            /* recording to a recorder */
 static int finished;           /* the process is exiting: flush after every event */
+static int attached;           /* loaded into a running process (attach.h), not preloaded */
 /* Without a shared clock (none given) time stands still at tick 0. */
 static struct shared_clock no_clock;
 static struct shared_clock *clock_page = &no_clock;
@@ -443,7 +447,7 @@ static int send_hello_locked(uint32_t flags) {
     uint32_t *w = (uint32_t *)payload;
     w[0] = (uint32_t)my_pid;
     w[1] = (uint32_t)getppid();
-    w[2] = flags | (can_send_idle ? HELLO_MARKS_IDLE : 0);
+    w[2] = flags | (can_send_idle ? HELLO_MARKS_IDLE : 0) | (attached ? HELLO_ATTACHED : 0);
     w[3] = (uint32_t)token_len;
     uint64_t tick = current_tick();
     memcpy(payload + 16, &tick, 8);
@@ -1120,7 +1124,13 @@ static inline __attribute__((always_inline)) int record_common(uint8_t kind, uin
     }
     /* Read after BUSY is set: a handler that ran before wrote through the general path. */
     int64_t countdown = ts->sample_countdown - (int64_t)size;
-    uint64_t now = clock_page->now;
+    /* An ordered free takes its counter value here, in the one access to the shared word:
+     * a read followed by the increment made two transfers of its cache line between
+     * cores. If this path then leaves the call to the general one, that path takes
+     * another value; a value no call kept leaves the order as it was (places are
+     * compared, never counted). */
+    int ordering = __atomic_load_n(&ordering_on, __ATOMIC_RELAXED);
+    uint64_t now = clock_for(kind, ordering);
     int plain = addr && !finished && ts->nested_head == ts->nested_tail && !ts->nested_lost &&
                 now >> TICK_SHIFT == ts->tick &&
                 ts->len + MAX_RECORD + 32 <= BUF_CAP;
@@ -1133,16 +1143,7 @@ static inline __attribute__((always_inline)) int record_common(uint8_t kind, uin
         tls_flags = 0;
         return 0;
     }
-    if (UNLIKELY(__atomic_load_n(&ordering_on, __ATOMIC_RELAXED))) {
-        /* A free takes its value only now that this path is sure to write the call (once);
-         * a tick that moved meanwhile is noted as the general path would. An allocation's
-         * reading is the one above, already after the real call. */
-        if (kind == KIND_FREE) {
-            now = clock_for(kind, 1);
-            if (UNLIKELY(now >> TICK_SHIFT != ts->tick)) tick_changed(ts, now >> TICK_SHIFT);
-        }
-        note_order(ts, now, kind == KIND_FREE);
-    }
+    if (UNLIKELY(ordering)) note_order(ts, now, kind == KIND_FREE);
     uint8_t tag = kind;
     uint8_t *start = ts->buf + ts->len;
     uint8_t *o = put_addr(start + 1, &tag, addr, &ts->prev_addr);
@@ -1168,13 +1169,16 @@ static inline __attribute__((always_inline)) void record_plain(uint8_t kind, uin
     record(kind, addr, 0, size, 0);
 }
 
+static void send_exit(int status, uint32_t how);
+#include "attach.h"
+
 /* ---- initialisation ---- */
 static void resolve_real_functions(void) {
-#define RESOLVE_ALLOC(name, kind, ret, params, args) real_##name = dlsym(RTLD_NEXT, #name);
+#define RESOLVE_ALLOC(name, kind, ret, params, args) real_##name = real_symbol(#name);
     FRAGSCOPE_ALLOC_HOOKS(RESOLVE_ALLOC)
-#define RESOLVE_SYSTEM(name, ret, params) real_##name = dlsym(RTLD_NEXT, #name);
+#define RESOLVE_SYSTEM(name, ret, params) real_##name = real_symbol(#name);
     FRAGSCOPE_SYSTEM_HOOKS(RESOLVE_SYSTEM)
-    real_malloc_usable_size = dlsym(RTLD_NEXT, "malloc_usable_size");
+    real_malloc_usable_size = real_symbol("malloc_usable_size");
     Dl_info usable_from, fn_from;
     int known = real_malloc_usable_size && dladdr((void *)real_malloc_usable_size, &usable_from);
 #define SAME_OBJECT(name, kind, ret, params, args)                                             \
@@ -1184,7 +1188,7 @@ static void resolve_real_functions(void) {
 }
 
 static void copy_env(char *slot, size_t cap, const char *name) {
-    const char *v = getenv(name);
+    const char *v = setting(name);
     if (!v) return;
     size_t n = strlen(name), m = strlen(v);
     if (n + 1 + m + 1 > cap) return;
@@ -1304,19 +1308,19 @@ static int receive_descriptor(int sock) {
 }
 
 static void init_tracing(void) {
-    const char *path = getenv("FRAGSCOPE_SOCK");
+    const char *path = setting("FRAGSCOPE_SOCK");
     if (!path || !*path || strlen(path) >= sizeof sock_path) return;
     memcpy(sock_path, path, strlen(path) + 1);
 #define COPY_ENV(n) copy_env(env_##n, sizeof env_##n, #n);
     ENV_VARS(COPY_ENV)
     my_pid = getpid();
-    const char *clock_path = getenv("FRAGSCOPE_CLOCK");
+    const char *clock_path = setting("FRAGSCOPE_CLOCK");
     if (clock_path) map_clock((int)syscall(SYS_openat, AT_FDCWD, clock_path, O_RDWR | O_CLOEXEC));
-    const char *stacks = getenv("FRAGSCOPE_STACKS");
+    const char *stacks = setting("FRAGSCOPE_STACKS");
     stacks_mode = !stacks ? 1 : !strcmp(stacks, "all") ? 2 : !strcmp(stacks, "none") ? 0 : 1;
-    const char *mean = getenv("FRAGSCOPE_SAMPLE_BYTES");
+    const char *mean = setting("FRAGSCOPE_SAMPLE_BYTES");
     if (mean && atof(mean) >= 1) sample_mean_bytes = atof(mean);
-    const char *flush = getenv("FRAGSCOPE_FLUSH_MS");
+    const char *flush = setting("FRAGSCOPE_FLUSH_MS");
     if (flush && atol(flush) > 0) flush_interval_ticks = (uint64_t)atol(flush);
     if (pthread_key_create(&thread_exit_key, thread_exited) != 0) return;
     sock_fd = connect_recorder();
@@ -1344,6 +1348,7 @@ static __attribute__((noinline)) int ensure_init(void) {
     int expected = 0;
     if (atomic_compare_exchange_strong(&init_state, &expected, 1)) {
         tls_flags |= TF_FORWARD;
+        attach_detect();
         resolve_real_functions();
         atomic_store(&init_state, 2);
         init_tracing();
@@ -1398,6 +1403,7 @@ __attribute__((constructor)) static void on_load(void) {
     glibc_mallinfo2 = dlsym(RTLD_DEFAULT, "mallinfo2");
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     at_quick_exit(on_quick_exit);
+    attach_start();
     tls_flags &= ~TF_FORWARD;
 }
 
@@ -1567,7 +1573,7 @@ static void *next_cxx_operator(void **slot, const char *name) {
     if (LIKELY(f)) return f;
     unsigned saved = tls_flags;
     tls_flags |= TF_FORWARD;
-    f = dlsym(RTLD_NEXT, name);
+    f = real_symbol(name);
     static const char *const runtimes[] = {"libstdc++.so.6", "libc++.so.1"};
     for (unsigned i = 0; !f && i < sizeof runtimes / sizeof *runtimes; i++) {
         void *lib = real_dlopen ? real_dlopen(runtimes[i], RTLD_LAZY | RTLD_NOLOAD) : NULL;
@@ -2035,7 +2041,10 @@ static void notify_maps_changed(void) {
 EXPORT void *dlopen(const char *file, int mode) {
     if (!real_dlopen) ensure_init();
     void *h = real_dlopen(file, mode);
-    if (h && file) notify_maps_changed();
+    if (h && file) {
+        notify_maps_changed();
+        attach_rebind();
+    }
     return h;
 }
 EXPORT int dlclose(void *handle) {

@@ -8,6 +8,7 @@
 //! - the writer: compresses chunks and appends them to the trace file;
 //! - the caller's thread: waits for the program and its descendants.
 
+pub mod attach;
 mod census;
 mod clock;
 pub mod ghc;
@@ -19,5 +20,5 @@ mod session;
 mod snapshot;
 
 pub use launch::{check_traceable, NotTraceable};
-pub use session::{record, PackMode, RecordOptions, RecordOutcome, SilentProcess};
+pub use session::{record, AttachOptions, PackMode, RecordOptions, RecordOutcome, SilentProcess};
 pub use snapshot::{snapshot, SnapshotOptions, SnapshotOutcome};

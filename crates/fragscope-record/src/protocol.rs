@@ -37,6 +37,8 @@ pub const HELLO_WANTS_CLOCK: u32 = 4;
 /// The process's threads get an idle buffer sent for them when they make no call for a
 /// while (the interposer registered membarrier).
 pub const HELLO_MARKS_IDLE: u32 = 8;
+/// The interposer was loaded into the running process by `record -p` (preload/attach.h).
+pub const HELLO_ATTACHED: u32 = 16;
 
 /// The HELLO payload.
 #[derive(Debug, Clone)]

@@ -1,9 +1,10 @@
 //! One recording: launch, serve the interposer's connections, sample /proc, write.
 
 use std::collections::HashMap;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io::{BufWriter, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -25,8 +26,8 @@ use fragscope_trace::{
 use crate::clock::ClockPage;
 use crate::procfs;
 use crate::protocol::{
-    self, ExecTarget, MsgHeader, MsgType, HELLO_FORKED, HELLO_MARKS_IDLE, HELLO_RESUMED,
-    HELLO_WANTS_CLOCK,
+    self, ExecTarget, MsgHeader, MsgType, HELLO_ATTACHED, HELLO_FORKED, HELLO_MARKS_IDLE,
+    HELLO_RESUMED, HELLO_WANTS_CLOCK,
 };
 
 /// What `fragscope record` was asked to do.
@@ -52,6 +53,15 @@ pub struct RecordOptions {
     pub ghc_census: bool,
     /// Ask a GHC program for a -hT heap profile too (it changes the program's collections).
     pub ghc_heap_profile: bool,
+    /// Record a process that is already running instead of starting `command`.
+    pub attach: Option<AttachOptions>,
+}
+
+/// `record -p`: the process, and when to let it go (else at Ctrl-C, SIGTERM or its exit).
+#[derive(Debug, Clone)]
+pub struct AttachOptions {
+    pub pid: u32,
+    pub duration: Option<Duration>,
 }
 
 /// When event buffers are stored in the packed form.
@@ -369,6 +379,8 @@ impl Shared {
         }
         let (origin, parent) = if hello.flags & HELLO_FORKED != 0 {
             (Origin::Forked, open_with(hello.ppid, &procs))
+        } else if hello.flags & HELLO_ATTACHED != 0 {
+            (Origin::Attached, None)
         } else {
             // An image whose pid we saw before was exec'd from it.
             (
@@ -452,13 +464,14 @@ enum Kinship {
     Unknown,
 }
 
-fn kinship(pid: u32) -> Kinship {
+/// `attached`: the process `record -p` attached to, whose descendants are the program's.
+fn kinship(pid: u32, attached: Option<u32>) -> Kinship {
     let me = std::process::id();
     for _attempt in 0..3 {
         let mut p = pid;
         let mut chain_broke = false;
         for _depth in 0..4096 {
-            if p == me {
+            if p == me || Some(p) == attached {
                 return Kinship::InTree;
             }
             if p <= 1 {
@@ -749,6 +762,7 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
                     let how = match how {
                         0 => EndHow::Exit,
                         1 => EndHow::QuickExit,
+                        3 => EndHow::Detached,
                         _ => EndHow::ExitUnknownStatus,
                     };
                     shared.procs.lock().unwrap().streams[s as usize].end = Some((how, status));
@@ -1202,24 +1216,36 @@ pub(crate) fn meta_now(
 
 /// Records `opts.command` into `opts.output`.
 pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
-    let program = opts
-        .command
+    let attach_pid = opts.attach.as_ref().map(|a| a.pid);
+    let command = match attach_pid {
+        Some(pid) => attach_command(pid)?,
+        None => opts.command.clone(),
+    };
+    let program = command
         .first()
         .ok_or_else(|| anyhow!("no program to record"))?;
-    let program_path = crate::launch::check_traceable(program)?;
+    let program_path = match attach_pid {
+        Some(pid) => std::fs::read_link(format!("/proc/{pid}/exe"))
+            .map_err(|e| crate::snapshot::access_error(pid, &e))?,
+        None => crate::launch::check_traceable(program)?,
+    };
     // A file size limit (ulimit -f) then fails the trace's write with EFBIG, which is
     // reported, instead of killing the recorder mid-recording.
     // SAFETY: ignoring a signal.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
     // The GHC program: the one recorded, or the one a wrapper (a shell, a script, stack
     // exec) runs, whose RTS reads the same GHCRTS from the environment it inherits.
+    // A running GHC program keeps the RTS flags it started with: no eventlog can be asked
+    // for, but its block census is taken all the same.
     let ghc_program = match std::fs::read(&program_path)
         .ok()
+        .filter(|_| attach_pid.is_none())
         .and_then(|data| crate::ghc::inspect(&data))
     {
         Some(binary) => Some((program_path.clone(), binary, false)),
-        None => crate::ghc::wrapped_program(&program_path, &opts.command[1..])
+        None if attach_pid.is_none() => crate::ghc::wrapped_program(&program_path, &command[1..])
             .map(|(path, binary)| (path, binary, true)),
+        None => None,
     };
     let ghc = ghc_program.as_ref().map(|(path, binary, wrapped)| {
         let mut setup = crate::ghc::prepare(
@@ -1227,7 +1253,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             *binary,
             &opts.output,
             opts.ghc_heap_profile,
-            &opts.command[1..],
+            &command[1..],
         );
         if *wrapped {
             let said = format!(
@@ -1250,6 +1276,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let censuses = crate::census::Censuses::new(opts.ghc_census);
     if let Some((path, ..)) = &ghc_program {
         censuses.learn(path);
+    }
+    if attach_pid.is_some() {
+        censuses.learn(&program_path);
     }
     let preload = crate::preload::preload_library()?;
     let started = Instant::now();
@@ -1287,7 +1316,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             opts.stacks,
             opts.sample_bytes,
             opts.snapshot_ms,
-            opts.command
+            command
                 .iter()
                 .map(|a| a.to_string_lossy().into_owned())
                 .collect(),
@@ -1353,7 +1382,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
                     }
                     let Ok(conn) = conn else { continue };
                     let (pid, uid) = peer_credentials(&conn);
-                    let refuse = match kinship(pid) {
+                    let refuse = match kinship(pid, attach_pid) {
                         Kinship::InTree => false,
                         Kinship::Outsider => true,
                         // Gone before we could tell: another user's connection is refused
@@ -1391,115 +1420,130 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             .spawn(move || sample(shared, every, stop))?
     };
 
-    // Orphaned descendants are re-parented to us, so their exit status is ours to read.
-    // SAFETY: prctl with integer arguments.
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    let existing_preload = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty());
-    let mut preload_value = preload.as_os_str().to_owned();
-    if let Some(theirs) = existing_preload {
-        preload_value.push(":");
-        preload_value.push(theirs);
-    }
-    let mut cmd = Command::new(program);
-    cmd.args(&opts.command[1..])
-        .env("LD_PRELOAD", preload_value)
-        .env("FRAGSCOPE_SOCK", &sock_path)
-        .env("FRAGSCOPE_CLOCK", &clock_path)
-        .env("FRAGSCOPE_STACKS", opts.stacks.name())
-        .env("FRAGSCOPE_SAMPLE_BYTES", opts.sample_bytes.to_string())
-        .env("FRAGSCOPE_FLUSH_MS", opts.flush_ms.to_string())
-        .env("FRAGSCOPE_TOKEN", &token);
-    if let Some(ghcrts) = ghc.as_ref().and_then(|g| g.ghcrts.as_ref()) {
-        cmd.env("GHCRTS", ghcrts);
-    }
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::signal(libc::SIGINT, libc::SIG_DFL);
-            libc::signal(libc::SIGQUIT, libc::SIG_DFL);
-            libc::signal(libc::SIGXFSZ, libc::SIG_DFL);
-            Ok(())
-        });
-    }
-    let child = cmd
-        .spawn()
-        .with_context(|| format!("starting {}", program.to_string_lossy()))?;
-    let child_pid = child.id();
-    CHILD_PID.store(u64::from(child_pid), Ordering::Relaxed);
-    // The terminal's ^C reaches the program directly (same process group); we stay to
-    // finish the trace. SIGTERM and SIGHUP sent to us are passed on.
-    // SAFETY: installing handlers that only call kill.
-    unsafe {
-        libc::signal(libc::SIGINT, libc::SIG_IGN);
-        libc::signal(libc::SIGQUIT, libc::SIG_IGN);
-        libc::signal(
-            libc::SIGTERM,
-            forward_signal as *const () as libc::sighandler_t,
-        );
-        libc::signal(
-            libc::SIGHUP,
-            forward_signal as *const () as libc::sighandler_t,
-        );
-    }
-    // Reaped below with waitpid, with every orphan.
-    std::mem::forget(child);
-
-    // Polled, the program's pidfd wakes us the moment it exits (Linux 5.3+; without one,
-    // waitpid is polled every few milliseconds).
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let raw_pidfd =
-        unsafe { libc::syscall(libc::SYS_pidfd_open, child_pid as libc::c_int, 0) } as i32;
-    // SAFETY: a descriptor we just opened and nothing else owns.
-    let child_pidfd = (raw_pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(raw_pidfd) });
-
-    let mut exit_code = None;
-    let mut grace_until: Option<Instant> = None;
-    loop {
-        let mut status = 0;
-        // SAFETY: waitpid with a valid out pointer.
-        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-        if pid > 0 {
-            let st = std::process::ExitStatus::from_raw(status);
-            let ws = WaitStatus {
-                pid: pid as u32,
-                tick: shared.tick(),
-                exit_code: st.code(),
-                signal: st.signal(),
-            };
-            shared.send(ChunkKind::WaitStatus, ws.encode());
-            if pid as u32 == child_pid {
-                exit_code = Some(st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0)));
-                grace_until = Some(Instant::now() + DESCENDANT_GRACE);
+    let (exit_code, child_pid) = match &opts.attach {
+        Some(a) => {
+            let attached =
+                run_attached(&shared, a, &preload, &sock_path, &clock_path, opts, &token);
+            if attached.is_err() {
+                // Nothing was recorded: no trace is left behind.
+                let _ = std::fs::remove_file(&opts.output);
             }
-            continue;
+            (Some(attached?), a.pid)
         }
-        if let Some(until) = grace_until {
-            let all_ended = shared
-                .procs
-                .lock()
-                .unwrap()
-                .streams
-                .iter()
-                .all(|s| s.ended || s.connections == 0);
-            if all_ended || Instant::now() >= until {
-                break;
+        None => {
+            // Orphaned descendants are re-parented to us, so their exit status is ours to read.
+            // SAFETY: prctl with integer arguments.
+            unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+            let existing_preload = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty());
+            let mut preload_value = preload.as_os_str().to_owned();
+            if let Some(theirs) = existing_preload {
+                preload_value.push(":");
+                preload_value.push(theirs);
             }
+            let mut cmd = Command::new(program);
+            cmd.args(&command[1..])
+                .env("LD_PRELOAD", preload_value)
+                .env("FRAGSCOPE_SOCK", &sock_path)
+                .env("FRAGSCOPE_CLOCK", &clock_path)
+                .env("FRAGSCOPE_STACKS", opts.stacks.name())
+                .env("FRAGSCOPE_SAMPLE_BYTES", opts.sample_bytes.to_string())
+                .env("FRAGSCOPE_FLUSH_MS", opts.flush_ms.to_string())
+                .env("FRAGSCOPE_TOKEN", &token);
+            if let Some(ghcrts) = ghc.as_ref().and_then(|g| g.ghcrts.as_ref()) {
+                cmd.env("GHCRTS", ghcrts);
+            }
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::signal(libc::SIGINT, libc::SIG_DFL);
+                    libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+                    libc::signal(libc::SIGXFSZ, libc::SIG_DFL);
+                    Ok(())
+                });
+            }
+            let child = cmd
+                .spawn()
+                .with_context(|| format!("starting {}", program.to_string_lossy()))?;
+            let child_pid = child.id();
+            CHILD_PID.store(u64::from(child_pid), Ordering::Relaxed);
+            // The terminal's ^C reaches the program directly (same process group); we stay to
+            // finish the trace. SIGTERM and SIGHUP sent to us are passed on.
+            // SAFETY: installing handlers that only call kill.
+            unsafe {
+                libc::signal(libc::SIGINT, libc::SIG_IGN);
+                libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+                libc::signal(
+                    libc::SIGTERM,
+                    forward_signal as *const () as libc::sighandler_t,
+                );
+                libc::signal(
+                    libc::SIGHUP,
+                    forward_signal as *const () as libc::sighandler_t,
+                );
+            }
+            // Reaped below with waitpid, with every orphan.
+            std::mem::forget(child);
+
+            // Polled, the program's pidfd wakes us the moment it exits (Linux 5.3+; without one,
+            // waitpid is polled every few milliseconds).
+            // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+            let raw_pidfd =
+                unsafe { libc::syscall(libc::SYS_pidfd_open, child_pid as libc::c_int, 0) } as i32;
+            // SAFETY: a descriptor we just opened and nothing else owns.
+            let child_pidfd = (raw_pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(raw_pidfd) });
+
+            let mut exit_code = None;
+            let mut grace_until: Option<Instant> = None;
+            loop {
+                let mut status = 0;
+                // SAFETY: waitpid with a valid out pointer.
+                let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+                if pid > 0 {
+                    let st = std::process::ExitStatus::from_raw(status);
+                    let ws = WaitStatus {
+                        pid: pid as u32,
+                        tick: shared.tick(),
+                        exit_code: st.code(),
+                        signal: st.signal(),
+                    };
+                    shared.send(ChunkKind::WaitStatus, ws.encode());
+                    if pid as u32 == child_pid {
+                        exit_code =
+                            Some(st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0)));
+                        grace_until = Some(Instant::now() + DESCENDANT_GRACE);
+                    }
+                    continue;
+                }
+                if let Some(until) = grace_until {
+                    let all_ended = shared
+                        .procs
+                        .lock()
+                        .unwrap()
+                        .streams
+                        .iter()
+                        .all(|s| s.ended || s.connections == 0);
+                    if all_ended || Instant::now() >= until {
+                        break;
+                    }
+                }
+                if let Some(pidfd) = child_pidfd.as_ref().filter(|_| exit_code.is_none()) {
+                    let mut pfd = libc::pollfd {
+                        fd: pidfd.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    // SAFETY: one valid pollfd.
+                    unsafe { libc::poll(&mut pfd, 1, 5) };
+                } else {
+                    let nap = if exit_code.is_some() { 1 } else { 5 };
+                    thread::sleep(Duration::from_millis(nap));
+                }
+            }
+            CHILD_PID.store(0, Ordering::Relaxed);
+            drop(child_pidfd);
+            (exit_code, child_pid)
         }
-        if let Some(pidfd) = child_pidfd.as_ref().filter(|_| exit_code.is_none()) {
-            let mut pfd = libc::pollfd {
-                fd: pidfd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            unsafe { libc::poll(&mut pfd, 1, 5) };
-        } else {
-            let nap = if exit_code.is_some() { 1 } else { 5 };
-            thread::sleep(Duration::from_millis(nap));
-        }
-    }
-    CHILD_PID.store(0, Ordering::Relaxed);
-    drop(child_pidfd);
+    };
 
     // Wind down: stop sampling, close the listener, let connections drain.
     stop.stop();
@@ -1540,7 +1584,11 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     for s in 0..stream_count {
         shared.end_stream(s);
     }
-    let untraced = untraced_images(&shared, child_pid, &program_path, &opts.command, &preload);
+    let untraced = if attach_pid.is_some() {
+        Vec::new()
+    } else {
+        untraced_images(&shared, child_pid, &program_path, &command, &preload)
+    };
     for u in &untraced {
         shared.send(ChunkKind::Untraced, u.encode());
     }
@@ -1620,4 +1668,177 @@ fn untraced_images(
         }
     }
     untraced
+}
+
+/// The command line of the process `record -p` attaches to (its name in brackets when it
+/// has none, as a kernel thread's).
+fn attach_command(pid: u32) -> Result<Vec<OsString>> {
+    if pid == std::process::id() {
+        bail!("fragscope cannot record itself");
+    }
+    if crate::snapshot::gone(pid) {
+        bail!("no process {pid} (it does not exist or has exited)");
+    }
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map_err(|e| crate::snapshot::access_error(pid, &e))?;
+    let args: Vec<OsString> = raw
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| std::ffi::OsStr::from_bytes(a).to_owned())
+        .collect();
+    if args.is_empty() {
+        bail!("process {pid} has no command line (a kernel thread?): nothing to record");
+    }
+    Ok(args)
+}
+
+/// Set by Ctrl-C, SIGTERM or SIGHUP during `record -p`: detach and finish the trace.
+static STOP_ATTACHED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn stop_attached(_sig: libc::c_int) {
+    STOP_ATTACHED.store(true, Ordering::Relaxed);
+}
+
+/// How long a detached process's connection may take to close (its last snapshot).
+const DETACH_WAIT: Duration = Duration::from_secs(10);
+
+/// What `record -p` loads into the process: a link to the interposer, beside the settings
+/// a preloaded one would read from its environment (preload/attach.h reads them there),
+/// in a directory of its own; both go when the recording ends.
+struct AttachFiles {
+    _dir: tempfile::TempDir,
+    library: PathBuf,
+}
+
+impl AttachFiles {
+    fn write(preload: &Path, pid: u32, settings: &[(&str, &OsStr)]) -> Result<Self> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        // Beside the interposer's own copy: a place every user can read and map code from.
+        let parent = preload.parent().unwrap_or(Path::new("/tmp"));
+        let dir = tempfile::Builder::new()
+            .prefix("attach-")
+            .tempdir_in(parent)
+            .with_context(|| format!("creating a directory in {}", parent.display()))?;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))?;
+        let library = dir.path().join("libfragscope_preload.so");
+        if std::fs::hard_link(preload, &library).is_err() {
+            std::fs::copy(preload, &library)
+                .with_context(|| format!("copying {}", preload.display()))?;
+            std::fs::set_permissions(&library, std::fs::Permissions::from_mode(0o644))?;
+        }
+        let conf = dir.path().join("attach.conf");
+        let mut text = Vec::new();
+        for (name, value) in settings {
+            text.extend_from_slice(name.as_bytes());
+            text.push(b'=');
+            text.extend_from_slice(value.as_bytes());
+            text.push(b'\n');
+        }
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&conf)
+                .with_context(|| format!("writing {}", conf.display()))?;
+            f.write_all(&text)?;
+        }
+        // It holds the recording's token: readable by the process's user alone.
+        let target = std::fs::metadata(format!("/proc/{pid}"))
+            .map_err(|e| crate::snapshot::access_error(pid, &e))?;
+        // SAFETY: geteuid cannot fail.
+        if target.uid() != unsafe { libc::geteuid() } {
+            std::os::unix::fs::chown(&conf, Some(target.uid()), Some(target.gid())).with_context(
+                || {
+                    format!(
+                        "handing {} to process {pid}'s user (uid {})",
+                        conf.display(),
+                        target.uid()
+                    )
+                },
+            )?;
+        }
+        Ok(Self { _dir: dir, library })
+    }
+}
+
+/// `record -p`: loads the interposer into the running process, lets it record until the
+/// duration is up, Ctrl-C / SIGTERM / SIGHUP, or the process ends, then detaches from it
+/// (its calls go back to its allocator) after a last snapshot. Returns the exit code of
+/// the recording (0), or Err when the process could not be attached to.
+fn run_attached(
+    shared: &Arc<Shared>,
+    a: &AttachOptions,
+    preload: &Path,
+    sock_path: &Path,
+    clock_path: &Path,
+    opts: &RecordOptions,
+    token: &str,
+) -> Result<i32> {
+    let pid = a.pid;
+    let sample_bytes = opts.sample_bytes.to_string();
+    let flush_ms = opts.flush_ms.to_string();
+    let files = AttachFiles::write(
+        preload,
+        pid,
+        &[
+            ("FRAGSCOPE_SOCK", sock_path.as_os_str()),
+            ("FRAGSCOPE_CLOCK", clock_path.as_os_str()),
+            ("FRAGSCOPE_STACKS", OsStr::new(opts.stacks.name())),
+            ("FRAGSCOPE_SAMPLE_BYTES", OsStr::new(&sample_bytes)),
+            ("FRAGSCOPE_FLUSH_MS", OsStr::new(&flush_ms)),
+            ("FRAGSCOPE_TOKEN", OsStr::new(token)),
+        ],
+    )?;
+    // The process is not ours to signal: these end the recording instead.
+    // SAFETY: installing a handler that only stores to an atomic.
+    unsafe {
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+            libc::signal(sig, stop_attached as *const () as libc::sighandler_t);
+        }
+    }
+    crate::attach::load_library(pid, &files.library)?;
+    eprintln!(
+        "fragscope: recording process {pid}{}; Ctrl-C stops the recording and leaves the \
+         process running",
+        a.duration
+            .map(|d| format!(" for {:.0} s", d.as_secs_f64()))
+            .unwrap_or_default()
+    );
+    let registered = || {
+        let procs = shared.procs.lock().unwrap();
+        let mine: Vec<_> = procs.streams.iter().filter(|s| s.pid == pid).collect();
+        (
+            !mine.is_empty(),
+            mine.iter().all(|s| s.ended || s.connections == 0),
+        )
+    };
+    let deadline = a.duration.map(|d| Instant::now() + d);
+    loop {
+        let (connected, all_ended) = registered();
+        if crate::snapshot::gone(pid) || (connected && all_ended) {
+            // It exited or exec'd: its connection said so.
+            return Ok(0);
+        }
+        if STOP_ATTACHED.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    let detached = crate::attach::detach_library(pid, &files.library);
+    let until = Instant::now() + DETACH_WAIT;
+    while Instant::now() < until && !crate::snapshot::gone(pid) {
+        let (connected, all_ended) = registered();
+        if !connected || all_ended {
+            break;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    detached.map(|_| 0).with_context(|| {
+        format!(
+            "process {pid} still runs with fragscope's interposer recording into a closed \
+             connection (its calls pass through it)"
+        )
+    })
 }

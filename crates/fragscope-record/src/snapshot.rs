@@ -44,7 +44,7 @@ pub struct SnapshotOutcome {
 }
 
 /// Why a snapshot could not be taken, worded for the user.
-fn access_error(pid: u32, e: &std::io::Error) -> anyhow::Error {
+pub(crate) fn access_error(pid: u32, e: &std::io::Error) -> anyhow::Error {
     match e.kind() {
         std::io::ErrorKind::NotFound => {
             anyhow::anyhow!("no process {pid} (it does not exist or has exited)")
@@ -61,7 +61,7 @@ fn access_error(pid: u32, e: &std::io::Error) -> anyhow::Error {
     }
 }
 
-fn gone(pid: u32) -> bool {
+pub(crate) fn gone(pid: u32) -> bool {
     !std::path::Path::new(&format!("/proc/{pid}")).exists()
         || std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .map(|s| {

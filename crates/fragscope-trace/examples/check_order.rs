@@ -44,6 +44,11 @@ fn main() {
         }
     };
     while let Some(c) = r.next_chunk() {
+        if let Chunk::Process(p) = &c {
+            if p.origin == fragscope_trace::Origin::Attached {
+                m.set_attached();
+            }
+        }
         if let Chunk::Events(h, recs) = c {
             if let Err(e) = m.push_chunk(&h, &recs) {
                 let n = recs.len().min(48);

@@ -269,6 +269,9 @@ pub struct Merger {
     last_tick: u64,
     /// The process flags its idle threads ([`EventsHeader::process_marks_idle`]).
     marks_idle: bool,
+    /// The process was running before its calls were recorded (`record -p`): its heap
+    /// holds blocks the trace never saw allocated, whose frees no call will unblock.
+    attached: bool,
     /// Items in the threads' in-memory queues.
     in_memory: usize,
     /// Items the threads' in-memory queues have room for.
@@ -319,6 +322,7 @@ impl Merger {
             max_seen: 0,
             last_tick: 0,
             marks_idle: false,
+            attached: false,
             in_memory: 0,
             queue_capacity: 0,
             memory_budget: items,
@@ -332,6 +336,14 @@ impl Merger {
             #[cfg(test)]
             scan_every_call: false,
         }
+    }
+
+    /// The process's heap existed before its first recorded call (`record -p`): a blocked
+    /// call that every thread has passed is taken at once (a free of a block from before
+    /// the attach, most often) instead of after the wait window, in which every other
+    /// thread's calls would pile up behind it.
+    pub fn set_attached(&mut self) {
+        self.attached = true;
     }
 
     /// Starts from another process's live blocks (a fork child inherits its parent's heap).
@@ -590,6 +602,12 @@ impl Merger {
             let t = &self.threads[i];
             let head = &t.queue.front()?.0;
             if !alone && (self.blocked(head) || self.waits_for_join(t)) {
+                // In an attached process the earliest call of all, blocked, waits for
+                // nothing: what would unblock it comes before it or not at all.
+                if self.attached && refused_at.is_none() && oldest_blocked.is_none() {
+                    chosen = Some((when, i));
+                    break;
+                }
                 oldest_blocked.get_or_insert((when, i));
                 self.set_aside.push(self.heads.pop()?.0);
                 continue;
@@ -630,12 +648,18 @@ impl Merger {
         let watermark = (!self.finishing).then(|| self.compute_watermark());
         let mut best: Option<Head> = None;
         let mut oldest_blocked: Option<Head> = None;
+        // The earliest head of all, and whether the watermark allows it.
+        let mut earliest: Option<(Head, bool)> = None;
         for (i, t) in self.threads.iter().enumerate() {
             let Some((head, place)) = t.queue.front() else {
                 continue;
             };
             let when = (merged_tick(head), *place);
-            if watermark.as_ref().is_some_and(|w| !w.allows(i, when)) {
+            let allowed = watermark.as_ref().is_none_or(|w| w.allows(i, when));
+            if earliest.is_none_or(|(e, _)| (when, i) < e) {
+                earliest = Some(((when, i), allowed));
+            }
+            if !allowed {
                 continue;
             }
             if !alone && (self.blocked(head) || self.waits_for_join(t)) {
@@ -646,7 +670,11 @@ impl Merger {
                 best = Some((when, i));
             }
         }
+        let earliest_blocked = earliest
+            .filter(|&(e, allowed)| allowed && oldest_blocked == Some(e))
+            .map(|(e, _)| e);
         let i = match (best, oldest_blocked) {
+            _ if self.attached && earliest_blocked.is_some() => earliest_blocked?.1,
             (Some((when, i)), blocked) => {
                 if blocked.is_some_and(|(bw, _)| bw < when) {
                     self.stats.reordered += 1;

@@ -102,6 +102,9 @@ pub enum Origin {
     Started = 0,
     /// A fork of `parent`: it starts with its parent's heap.
     Forked = 1,
+    /// Already running when `record -p` attached to it: its heap holds blocks the trace
+    /// never saw allocated.
+    Attached = 2,
 }
 
 /// Chunk 2: a process image began (one stream per image: exec starts a new one).
@@ -138,10 +141,10 @@ impl Process {
         let stream = r.varint()? as u32;
         let pid = r.varint()? as u32;
         let ppid = r.varint()? as u32;
-        let origin = if r.u8()? == 1 {
-            Origin::Forked
-        } else {
-            Origin::Started
+        let origin = match r.u8()? {
+            1 => Origin::Forked,
+            2 => Origin::Attached,
+            _ => Origin::Started,
         };
         let parent_stream = match r.varint()? {
             0 => None,
@@ -482,6 +485,8 @@ pub enum EndHow {
     Exec = 3,
     /// The connection closed with no goodbye: killed, or crashed.
     Vanished = 4,
+    /// `record -p` ended and left the process running (its calls no longer recorded).
+    Detached = 5,
 }
 
 /// Chunk 8: a process stream ended.
@@ -494,6 +499,17 @@ pub struct ProcessEnd {
 }
 
 impl ProcessEnd {
+    /// "exited 0", "detached", ... (what a wait status does not say better).
+    pub fn describe(&self) -> String {
+        match self.how {
+            EndHow::Exit | EndHow::QuickExit => format!("exited {}", self.status),
+            EndHow::ExitUnknownStatus => "exited".into(),
+            EndHow::Exec => "exec'd a new image".into(),
+            EndHow::Vanished => "vanished (killed or crashed)".into(),
+            EndHow::Detached => "left running (fragscope detached)".into(),
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::new();
         w.varint(self.stream.into())
@@ -511,6 +527,7 @@ impl ProcessEnd {
             1 => EndHow::QuickExit,
             2 => EndHow::ExitUnknownStatus,
             3 => EndHow::Exec,
+            5 => EndHow::Detached,
             _ => EndHow::Vanished,
         };
         let status = r.svarint()? as i32;

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::event::{ChunkDecoder, Func, Record, StreamTables};
 use crate::reader::{Chunk, TraceReader};
-use crate::records::{EndHow, Meta, Origin, ProcessEnd, Untraced, WaitStatus};
+use crate::records::{Meta, Origin, ProcessEnd, Untraced, WaitStatus};
 use crate::TraceError;
 
 /// One process image (exec starts another).
@@ -62,23 +62,8 @@ impl ProcessSummary {
                 return format!("exited {code}");
             }
         }
-        match self.end {
-            Some(ProcessEnd {
-                how: EndHow::Exit | EndHow::QuickExit,
-                status,
-                ..
-            }) => format!("exited {status}"),
-            Some(ProcessEnd {
-                how: EndHow::ExitUnknownStatus,
-                ..
-            }) => "exited".into(),
-            Some(ProcessEnd {
-                how: EndHow::Exec, ..
-            }) => "exec'd a new image".into(),
-            Some(ProcessEnd {
-                how: EndHow::Vanished,
-                ..
-            }) => "vanished (killed or crashed)".into(),
+        match &self.end {
+            Some(end) => end.describe(),
             None => "still running when the trace ends".into(),
         }
     }

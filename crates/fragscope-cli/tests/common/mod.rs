@@ -7,8 +7,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
 
 use fragscope_trace::merge::{AddrMap, MergeStats, Merged, Merger};
 use fragscope_trace::reader::{Chunk, TraceReader};
@@ -289,12 +290,25 @@ pub fn stream_calls_marked(trace: &Path, mark: Option<u64>) -> Vec<StreamCalls> 
     }
     let mut reader = TraceReader::open(trace).unwrap();
     let mut streams: HashMap<u32, Replay> = HashMap::new();
+    // Processes `record -p` attached to: their merge knows the heap began before them.
+    let mut attached = std::collections::HashSet::new();
     while let Some(chunk) = reader.next_chunk() {
+        if let Chunk::Process(p) = &chunk {
+            if p.origin == fragscope_trace::Origin::Attached {
+                attached.insert(p.stream);
+            }
+        }
         let Chunk::Events(h, records) = chunk else {
             continue;
         };
         let r = streams.entry(h.stream).or_insert_with(|| Replay {
-            merger: Merger::new(),
+            merger: {
+                let mut m = Merger::new();
+                if attached.contains(&h.stream) {
+                    m.set_attached();
+                }
+                m
+            },
             live: AddrMap::default(),
             owner: AddrMap::default(),
             first_tid: None,
@@ -351,4 +365,50 @@ pub fn record_keep_a_tenth(dir: &Path, args: &[&str]) -> PathBuf {
         .unwrap();
     assert!(out.status.success(), "record: {}", stderr(&out));
     trace
+}
+
+/// A program that waits on stdin, started by the test (not by fragscope): for snapshot
+/// PID and record -p.
+pub struct Running {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Running {
+    pub fn start(mut cmd: Command) -> Self {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Self {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+    pub fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.stdout.read_line(&mut l).unwrap();
+        assert!(!l.is_empty(), "the program ended");
+        l
+    }
+    pub fn send(&mut self, line: &str) {
+        writeln!(self.stdin, "{line}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
