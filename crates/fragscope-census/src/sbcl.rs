@@ -546,6 +546,13 @@ impl SbclCensus {
                         .collect()
                 })
                 .unwrap_or_default(),
+            live_by_generation: self.mark.as_ref().map(|m| {
+                m.live_by_generation
+                    .iter()
+                    .map(|g| g.iter().map(|f| (f.count, f.bytes)).collect())
+                    .collect()
+            }),
+            mark_us: self.mark.as_ref().map_or(0, |m| m.mark_us),
         }
     }
 }
@@ -835,13 +842,23 @@ fn read_census(
     }
 
     let mut starts = if options.mark {
-        Some(vec![0u64; ((next_free * PAGE_BYTES / 16) as usize).div_ceil(64)])
+        Some(vec![
+            0u64;
+            ((next_free * PAGE_BYTES / 16) as usize).div_ceil(64)
+        ])
     } else {
         None
     };
     let objects = if options.objects || options.mark {
         let t = Instant::now();
-        let mut o = walk_objects(mem, start, next_free, &entry, &regions, starts.as_deref_mut())?;
+        let mut o = walk_objects(
+            mem,
+            start,
+            next_free,
+            &entry,
+            &regions,
+            starts.as_deref_mut(),
+        )?;
         o.walk_us = t.elapsed().as_micros() as u64;
         Some(o)
     } else {
@@ -1185,13 +1202,29 @@ fn walk_objects(
         let from = start + first * PAGE_BYTES;
         let to = start + last * PAGE_BYTES + used(last);
         if to > from && entry(first).2 != 0 {
-            walk_range(&mut w, from, to, &mut o, &gen_of, start, starts.as_deref_mut())?;
+            walk_range(
+                &mut w,
+                from,
+                to,
+                &mut o,
+                &gen_of,
+                start,
+                starts.as_deref_mut(),
+            )?;
         }
         first = last + 1;
     }
     for r in regions {
         if r.free > r.start {
-            walk_range(&mut w, r.start, r.free, &mut o, &|_| 0, start, starts.as_deref_mut())?;
+            walk_range(
+                &mut w,
+                r.start,
+                r.free,
+                &mut o,
+                &|_| 0,
+                start,
+                starts.as_deref_mut(),
+            )?;
         }
     }
     Ok(o)

@@ -288,10 +288,15 @@ fn the_census_agrees_with_the_lisps_own_figures() {
     let before = lisp.figures();
     lisp.wait_until_reading();
     let rt = SbclRuntime::of_process(lisp.pid()).unwrap();
-    let c = census(lisp.pid(), &rt, CensusOptions {
+    let c = census(
+        lisp.pid(),
+        &rt,
+        CensusOptions {
             objects: true,
             ..Default::default()
-        }).unwrap();
+        },
+    )
+    .unwrap();
     check(&c, &before, 0);
     // The page table alone: the same pages, no object walk.
     let quick = census(lisp.pid(), &rt, CensusOptions::default()).unwrap();
@@ -309,10 +314,15 @@ fn the_census_agrees_with_the_lisps_own_figures() {
     lisp.full_gc();
     let after = lisp.figures();
     lisp.wait_until_reading();
-    let c2 = census(lisp.pid(), &rt, CensusOptions {
+    let c2 = census(
+        lisp.pid(),
+        &rt,
+        CensusOptions {
             objects: true,
             ..Default::default()
-        }).unwrap();
+        },
+    )
+    .unwrap();
     check(&c2, &after, 1 << 20);
     assert!(c2.bytes_allocated < c.bytes_allocated);
     assert!(c2.collections > c.collections);
@@ -388,7 +398,10 @@ fn the_mark_finds_what_a_full_collection_keeps() {
             assert!(m.live(g, k).bytes <= o.by_generation[g][k.index_in_all()].bytes);
         }
     }
-    assert_eq!(m.live_bytes(6), o.by_generation[6].iter().map(|f| f.bytes).sum::<u64>());
+    assert_eq!(
+        m.live_bytes(6),
+        o.by_generation[6].iter().map(|f| f.bytes).sum::<u64>()
+    );
 
     lisp.full_gc();
     let after = lisp.figures();

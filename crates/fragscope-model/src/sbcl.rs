@@ -34,6 +34,10 @@ pub struct SbclObjectClass {
     pub class: String,
     pub count: u64,
     pub bytes: u64,
+    /// Of `bytes`, those a full collection would free (unreachable from the roots),
+    /// when the census marked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub garbage: Option<u64>,
 }
 
 /// The dynamic space at one census (see the module's comment).
@@ -60,6 +64,12 @@ pub struct SbclParts {
     pub page_fill: Vec<FillBucket>,
     /// By object class, when the census walked the objects.
     pub objects: Option<Vec<SbclObjectClass>>,
+    /// Bytes of objects in generations 0-5 that a full collection would free, when the
+    /// census marked from the roots; and how long the mark held the program.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub garbage: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mark_ms: Option<f64>,
     pub pause_ms: f64,
 }
 
@@ -70,16 +80,64 @@ impl SbclParts {
     }
 }
 
-fn object_classes(classes: &[(u64, u64)]) -> Vec<SbclObjectClass> {
+/// Object classes from (count, bytes) pairs, with each one's garbage when `live` (the
+/// mark's pairs) is known.
+fn object_classes(classes: &[(u64, u64)], live: Option<&[(u64, u64)]>) -> Vec<SbclObjectClass> {
     classes
         .iter()
         .zip(OBJECT_CLASSES)
-        .map(|(&(count, bytes), class)| SbclObjectClass {
+        .enumerate()
+        .map(|(i, (&(count, bytes), class))| SbclObjectClass {
             class: class.into(),
             count,
             bytes,
+            garbage: live.map(|l| bytes.saturating_sub(l.get(i).map_or(0, |x| x.1))),
         })
         .collect()
+}
+
+/// The generation (1-5) and class holding the most garbage, when the census marked:
+/// objects promoted past the nursery that died there, which only a collection of their
+/// generation (or a full one) frees.
+pub fn promoted_garbage(p: &SbclParts) -> Option<(u8, &SbclObjectClass, u64)> {
+    p.generations
+        .iter()
+        .filter(|g| (1..=5).contains(&g.gen))
+        .filter_map(|g| {
+            let c = g
+                .objects
+                .as_ref()?
+                .iter()
+                .max_by_key(|c| c.garbage.unwrap_or(0))?;
+            Some((g.gen, c, c.garbage?))
+        })
+        .max_by_key(|(_, _, garbage)| *garbage)
+}
+
+/// The headline of a census that marked, when garbage promoted before it died holds at
+/// least 4 MiB and a twentieth of the dynamic space in use (seed 004).
+pub fn garbage_headline(p: &SbclParts) -> Option<(&'static str, String)> {
+    let (gen, class, bytes) = promoted_garbage(p)?;
+    let all = p.garbage?;
+    if bytes < 4 << 20 || bytes * 20 < p.bytes_used {
+        return None;
+    }
+    Some((
+        "sbcl_promoted_garbage",
+        format!(
+            "{} of {} in generation {gen} are garbage that only a full GC reclaims: they \
+             were promoted before dying (SBCL {}: {} of the dynamic space's {} in use is \
+             garbage that (gc :full t) would free). Allocate large buffers outside the \
+             dynamic space (e.g. static-vectors) or reuse them; or keep young objects in \
+             the nursery longer: (setf (sb-ext:generation-number-of-gcs-before-promotion \
+             0) 1), a larger (setf (sb-ext:bytes-consed-between-gcs) ...).",
+            crate::mib(bytes),
+            class.class,
+            p.version,
+            crate::mib(all),
+            crate::mib(p.bytes_used)
+        ),
+    ))
 }
 
 /// The largest class of objects in a generation past the nursery and below the core's
@@ -131,7 +189,30 @@ pub fn split(heap: &SbclHeap, pm: &Pagemap) -> SbclParts {
         collections: heap.collections,
         generations: Vec::new(),
         page_fill: fill_buckets(),
-        objects: heap.objects.as_deref().map(object_classes),
+        objects: heap.objects.as_deref().map(|classes| {
+            // Live of all generations, class by class.
+            let live = heap.live_by_generation.as_ref().map(|gens| {
+                (0..classes.len())
+                    .map(|i| {
+                        gens.iter().fold((0, 0), |(n, b), g| {
+                            let x = g.get(i).copied().unwrap_or_default();
+                            (n + x.0, b + x.1)
+                        })
+                    })
+                    .collect::<Vec<(u64, u64)>>()
+            });
+            object_classes(classes, live.as_deref())
+        }),
+        garbage: heap.live_by_generation.as_ref().map(|_| {
+            (0..6)
+                .flat_map(|g| (0..OBJECT_CLASSES.len()).map(move |c| (g, c)))
+                .filter_map(|(g, c)| heap.garbage(g, c))
+                .sum()
+        }),
+        mark_ms: heap
+            .live_by_generation
+            .as_ref()
+            .map(|_| heap.mark_us as f64 / 1000.0),
         pause_ms: heap.pause_us as f64 / 1000.0,
     };
     let mut gens: Vec<SbclGeneration> = heap
@@ -148,7 +229,13 @@ pub fn split(heap: &SbclHeap, pm: &Pagemap) -> SbclParts {
             objects: heap
                 .objects_by_generation
                 .get(usize::from(g.gen))
-                .map(|classes| object_classes(classes)),
+                .map(|classes| {
+                    let live = heap
+                        .live_by_generation
+                        .as_ref()
+                        .and_then(|l| l.get(usize::from(g.gen)));
+                    object_classes(classes, live.map(Vec::as_slice))
+                }),
         })
         .collect();
     let mut used_resident = 0;

@@ -222,9 +222,13 @@ impl Marker<'_, '_> {
         if to <= from {
             return Ok(());
         }
-        let same_page = (from - self.space.start) / PAGE_BYTES
-            == (to - 1 - self.space.start) / PAGE_BYTES;
-        if same_page && self.page(from).is_some_and(|p| p.1 & SINGLE_OBJECT_FLAG == 0) {
+        let same_page =
+            (from - self.space.start) / PAGE_BYTES == (to - 1 - self.space.start) / PAGE_BYTES;
+        if same_page
+            && self
+                .page(from)
+                .is_some_and(|p| p.1 & SINGLE_OBJECT_FLAG == 0)
+        {
             let mut a = from;
             while a < to {
                 out.push(self.word(a)?);
@@ -246,7 +250,7 @@ impl Marker<'_, '_> {
     }
 
     fn is_start(&self, addr: u64) -> bool {
-        addr % 16 == 0 && bit(self.space.starts, self.granule(addr))
+        addr.is_multiple_of(16) && bit(self.space.starts, self.granule(addr))
     }
 
     fn marked(&self, addr: u64) -> bool {
@@ -453,8 +457,7 @@ impl Marker<'_, '_> {
                         let p = first | 3;
                         if self.is_start(first) && !self.marked(first) {
                             if let Some((gen, _)) = self.page(first) {
-                                if gen != PSEUDO_STATIC_GENERATION
-                                    && self.word(first)? as u8 == 57
+                                if gen != PSEUDO_STATIC_GENERATION && self.word(first)? as u8 == 57
                                 {
                                     self.consider(p)?;
                                 }
@@ -535,9 +538,10 @@ pub(super) fn mark(
     space: &Space,
 ) -> Result<SbclMark, CensusError> {
     let t = Instant::now();
-    let syms = rt.mark_symbols.clone().map_err(|e| {
-        inconsistent(format!("the mark cannot find the runtime's roots: {e}"))
-    })?;
+    let syms = rt
+        .mark_symbols
+        .clone()
+        .map_err(|e| inconsistent(format!("the mark cannot find the runtime's roots: {e}")))?;
     let [fixedobj_start, fixedobj_free, text_start, text_high, static_free, sig_handlers, package_vector, init_function, object_watcher, profile_data] =
         syms[..]
     else {
@@ -579,7 +583,12 @@ pub(super) fn mark(
     }
     roots.static_bytes = m.scan_range(STATIC_SPACE_START, static_free, Some(codeblob_tree))?;
     for (what, start_at, free_at, size) in [
-        ("fixed-object", fixedobj_start, fixedobj_free, FIXEDOBJ_SPACE_SIZE),
+        (
+            "fixed-object",
+            fixedobj_start,
+            fixedobj_free,
+            FIXEDOBJ_SPACE_SIZE,
+        ),
         ("text", text_start, text_high, TEXT_SPACE_SIZE),
     ] {
         let from = m.mem.read_u64(start_at)?;
@@ -606,7 +615,9 @@ pub(super) fn mark(
     while thread != 0 {
         roots.threads += 1;
         if u64::from(roots.threads) > MAX_THREADS {
-            return Err(inconsistent("the runtime's thread list does not end".into()));
+            return Err(inconsistent(
+                "the runtime's thread list does not end".into(),
+            ));
         }
         m.mem.read(thread, &mut t_buf)?;
         let next = le_u64(&t_buf, THREAD_NEXT as usize);
@@ -627,9 +638,11 @@ pub(super) fn mark(
             le_u64(&t_buf, THREAD_BINDING_STACK_START),
             le_u64(&t_buf, THREAD_BINDING_STACK_POINTER),
         );
-        if !(cs_start < cs_end && cs_end - cs_start <= MAX_STACK)
-            || !(bs_start <= bs_ptr && bs_ptr - bs_start <= MAX_STACK)
-        {
+        let stacks_hold = cs_start < cs_end
+            && cs_end - cs_start <= MAX_STACK
+            && bs_start <= bs_ptr
+            && bs_ptr - bs_start <= MAX_STACK;
+        if !stacks_hold {
             return Err(inconsistent(format!(
                 "the thread at {thread:#x} has stacks that do not hold together (control \
                  {cs_start:#x}-{cs_end:#x}, binding {bs_start:#x}-{bs_ptr:#x})"
