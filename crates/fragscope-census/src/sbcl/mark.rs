@@ -172,7 +172,8 @@ struct Marker<'a, 'm> {
     space: &'a Space<'a>,
     top: u64,
     marks: Vec<u64>,
-    stack: Vec<u64>,
+    /// Marked objects not traced yet, with their first word.
+    stack: Vec<(u64, u64)>,
     cache_tags: Vec<u64>,
     cache: Vec<Vec<u8>>,
     scratch: Vec<u8>,
@@ -203,7 +204,13 @@ impl Marker<'_, '_> {
             // A large object's page: read the word alone, not the page.
             return Ok(self.mem.read_u64(addr)?);
         }
-        let page = (addr - self.space.start) / PAGE_BYTES;
+        let slot = self.cached_page((addr - self.space.start) / PAGE_BYTES)?;
+        let off = ((addr - self.space.start) % PAGE_BYTES) as usize;
+        Ok(le_u64(&self.cache[slot], off))
+    }
+
+    /// The cache slot holding page `page`, read into it if it was not there.
+    fn cached_page(&mut self, page: u64) -> Result<usize, CensusError> {
         let slot = (page as usize) % CACHE_SLOTS;
         if self.cache_tags[slot] != page {
             let buf = &mut self.cache[slot];
@@ -212,8 +219,7 @@ impl Marker<'_, '_> {
                 .read(self.space.start + page * PAGE_BYTES, buf.as_mut_slice())?;
             self.cache_tags[slot] = page;
         }
-        let off = ((addr - self.space.start) % PAGE_BYTES) as usize;
-        Ok(le_u64(&self.cache[slot], off))
+        Ok(slot)
     }
 
     /// Words `[from, to)` of an object, read in chunks (not cached when they span pages).
@@ -229,11 +235,14 @@ impl Marker<'_, '_> {
                 .page(from)
                 .is_some_and(|p| p.1 & SINGLE_OBJECT_FLAG == 0)
         {
-            let mut a = from;
-            while a < to {
-                out.push(self.word(a)?);
-                a += 8;
-            }
+            let slot = self.cached_page((from - self.space.start) / PAGE_BYTES)?;
+            let off = ((from - self.space.start) % PAGE_BYTES) as usize;
+            let len = (to - from) as usize;
+            out.extend(
+                self.cache[slot][off..off + len]
+                    .chunks_exact(8)
+                    .map(|c| le_u64(c, 0)),
+            );
             return Ok(());
         }
         let mut a = from;
@@ -257,10 +266,11 @@ impl Marker<'_, '_> {
         bit(&self.marks, self.granule(addr))
     }
 
-    fn set_mark(&mut self, base: u64) {
+    /// Marks the object at `base`, whose first word is `h`.
+    fn set_mark(&mut self, base: u64, h: u64) {
         let g = self.granule(base);
         set_bit(&mut self.marks, g);
-        self.stack.push(base);
+        self.stack.push((base, h));
     }
 
     /// A word that may refer to an object of the dynamic space: marks the object it
@@ -285,7 +295,7 @@ impl Marker<'_, '_> {
                     expected_lowtag(h as u8) & 15
                 };
                 if lowtag != 0 && u64::from(lowtag) == w & 15 {
-                    self.set_mark(base);
+                    self.set_mark(base, h);
                 }
                 return Ok(());
             }
@@ -294,12 +304,11 @@ impl Marker<'_, '_> {
                 let h = self.word(base)?;
                 if h as u8 == SIMPLE_FUN_WIDETAG {
                     let code = base.wrapping_sub(((h >> 8) & 0xFF_FFFF) * 8);
-                    if self.page(code).is_some()
-                        && self.is_start(code)
-                        && !self.marked(code)
-                        && self.word(code)? as u8 == CODE_WIDETAG
-                    {
-                        self.set_mark(code);
+                    if self.page(code).is_some() && self.is_start(code) && !self.marked(code) {
+                        let ch = self.word(code)?;
+                        if ch as u8 == CODE_WIDETAG {
+                            self.set_mark(code, ch);
+                        }
                     }
                 }
                 return Ok(());
@@ -341,7 +350,7 @@ impl Marker<'_, '_> {
             (obj + 16..obj + 32).contains(&w) || w == obj + 8 || w == obj + 11
         };
         if keeps {
-            self.set_mark(obj);
+            self.set_mark(obj, h);
         }
         Ok(())
     }
@@ -388,8 +397,8 @@ impl Marker<'_, '_> {
     /// Traces every marked object not traced yet.
     fn drain(&mut self) -> Result<(), CensusError> {
         let mut words = Vec::new();
-        while let Some(base) = self.stack.pop() {
-            self.trace(base, &mut words)?;
+        while let Some((base, h)) = self.stack.pop() {
+            self.trace(base, h, &mut words)?;
         }
         Ok(())
     }
@@ -409,8 +418,7 @@ impl Marker<'_, '_> {
     }
 
     /// Counts the object at `base` live and considers the words it refers through.
-    fn trace(&mut self, base: u64, words: &mut Vec<u64>) -> Result<(), CensusError> {
-        let h = self.word(base)?;
+    fn trace(&mut self, base: u64, h: u64, words: &mut Vec<u64>) -> Result<(), CensusError> {
         let widetag = h as u8;
         let size = if sizer(widetag) == Sizer::NotHeader {
             2
@@ -693,7 +701,9 @@ pub(super) fn mark(
             }
             if !bit(&m.marks, g) {
                 roots.pseudo_static_objects += 1;
-                m.set_mark(space.start + g * 16);
+                let base = space.start + g * 16;
+                let h = m.word(base)?;
+                m.set_mark(base, h);
             }
             g += 1;
         }
