@@ -553,6 +553,10 @@ impl SbclCensus {
                     .collect()
             }),
             mark_us: self.mark.as_ref().map_or(0, |m| m.mark_us),
+            threads_in_lisp: self
+                .mark
+                .as_ref()
+                .map_or(0, |m| m.roots.threads_outside_syscall),
         }
     }
 }

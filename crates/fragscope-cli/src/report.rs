@@ -711,6 +711,13 @@ fn sbcl(o: &mut String, r: &Report) {
                 bytes(garbage),
                 bytes(p.bytes_used)
             );
+            if let Some(n @ 1..) = p.threads_in_lisp {
+                let _ = writeln!(
+                    o,
+                    "  ({n} thread(s) were stopped running Lisp code: their registers are not \
+                     read, so an object only a register held counts as garbage)"
+                );
+            }
         }
         _ => {
             let _ = writeln!(

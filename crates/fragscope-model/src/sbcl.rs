@@ -70,6 +70,10 @@ pub struct SbclParts {
     pub garbage: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mark_ms: Option<f64>,
+    /// Threads the mark found running Lisp code (not in a system call): their registers
+    /// are not read, so an object only a register held is counted as garbage.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threads_in_lisp: Option<u32>,
     pub pause_ms: f64,
 }
 
@@ -213,6 +217,10 @@ pub fn split(heap: &SbclHeap, pm: &Pagemap) -> SbclParts {
             .live_by_generation
             .as_ref()
             .map(|_| heap.mark_us as f64 / 1000.0),
+        threads_in_lisp: heap
+            .live_by_generation
+            .as_ref()
+            .map(|_| heap.threads_in_lisp),
         pause_ms: heap.pause_us as f64 / 1000.0,
     };
     let mut gens: Vec<SbclGeneration> = heap

@@ -305,7 +305,7 @@ impl Censuses {
     /// from the roots too when the walks so far and the next one together hold the
     /// program for at most 1/20 of the time since the first census (walk and mark read
     /// every used byte and every reachable object; see ARCHITECTURE.md for the cost;
-    /// before a first one it is expected to take 3 ms per MiB in use).
+    /// before a first one it is expected to take 2 ms per MiB in use).
     pub fn take_sbcl(
         &self,
         stream: u32,
@@ -396,9 +396,9 @@ impl Censuses {
                     *walked += pause;
                     *next_walk = Some(pause);
                 } else if next_walk.is_none() {
-                    // Before a first walk and mark: 3 ms per MiB in use (measured: 2.2
-                    // on 65 MiB, see ARCHITECTURE.md).
-                    *next_walk = Some(Duration::from_millis(3 * (census.bytes_used >> 20)));
+                    // Before a first walk and mark: 2 ms per MiB in use (measured: 1.6
+                    // to 2.2, see ARCHITECTURE.md).
+                    *next_walk = Some(Duration::from_millis(2 * (census.bytes_used >> 20)));
                 }
                 Some(note(Ok(census.to_record())))
             }

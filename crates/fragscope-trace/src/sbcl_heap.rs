@@ -77,6 +77,9 @@ pub struct SbclHeap {
     pub live_by_generation: Option<Vec<Vec<(u64, u64)>>>,
     /// How long the mark held the process, beyond the walk.
     pub mark_us: u64,
+    /// Threads the mark found stopped outside a system call (running Lisp code): their
+    /// registers are not read, so an object only a register held counts as garbage.
+    pub threads_in_lisp: u32,
 }
 
 impl SbclHeap {
@@ -146,7 +149,10 @@ impl CensusBody for SbclHeap {
         // Optional tail: only a census that marked writes it, so that one that did
         // not reads the same as before the field existed.
         if let Some(live) = &self.live_by_generation {
-            w.u8(1).varint(self.mark_us).varint(live.len() as u64);
+            w.u8(1)
+                .varint(self.mark_us)
+                .varint(self.threads_in_lisp.into())
+                .varint(live.len() as u64);
             for g in live {
                 w.varint(g.len() as u64);
                 for (count, bytes) in g {
@@ -213,16 +219,17 @@ impl CensusBody for SbclHeap {
                 (Some(classes), by_gen)
             }
         };
-        let (live_by_generation, mark_us) = if r.is_empty() {
-            (None, 0)
+        let (live_by_generation, mark_us, threads_in_lisp) = if r.is_empty() {
+            (None, 0, 0)
         } else {
             match r.u8()? {
-                0 => (None, 0),
+                0 => (None, 0, 0),
                 _ => {
                     let mark_us = r.varint()?;
+                    let threads = small(r.varint()?, "threads")?;
                     let n = r.count(1)?;
                     let live = (0..n).map(|_| pairs(r)).collect::<Result<_, _>>()?;
-                    (Some(live), mark_us)
+                    (Some(live), mark_us, threads)
                 }
             }
         };
@@ -246,6 +253,7 @@ impl CensusBody for SbclHeap {
             objects_by_generation,
             live_by_generation,
             mark_us,
+            threads_in_lisp,
         })
     }
 }
@@ -296,6 +304,7 @@ mod tests {
             objects_by_generation: vec![vec![(5, 80); 7], vec![(0, 0); 7]],
             live_by_generation: Some(vec![vec![(2, 32); 7], vec![(0, 0); 7]]),
             mark_us: 1234,
+            threads_in_lisp: 1,
         };
         assert_eq!(heap.garbage(0, 2), Some(48));
         let c = SbclCensus {
@@ -312,6 +321,7 @@ mod tests {
             result: Ok(SbclHeap {
                 live_by_generation: None,
                 mark_us: 0,
+                threads_in_lisp: 0,
                 ..heap
             }),
             ..c.clone()

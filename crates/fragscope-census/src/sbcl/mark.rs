@@ -340,7 +340,7 @@ impl Marker<'_, '_> {
             return Ok(());
         }
         let words = object_words(&mut |a| self.word(a), obj, h)?;
-        if w >= obj + words * 8 {
+        if w >= obj.saturating_add(words.saturating_mul(8)) {
             return Ok(());
         }
         let keeps = if widetag == CODE_WIDETAG {
@@ -460,24 +460,19 @@ impl Marker<'_, '_> {
             (Sizer::Instance, _) => {
                 self.words(base + 8, end, words)?;
                 // A lock-free list node's `next` may be an untagged instance pointer.
+                // (`consider` keeps it only when an instance starts there.)
                 if let Some(&first) = words.first() {
-                    if first != 0 && first & 1 == 0 {
-                        let p = first | 3;
-                        if self.is_start(first) && !self.marked(first) {
-                            if let Some((gen, _)) = self.page(first) {
-                                if gen != PSEUDO_STATIC_GENERATION && self.word(first)? as u8 == 57
-                                {
-                                    self.consider(p)?;
-                                }
-                            }
-                        }
+                    if first != 0 && first & 15 == 0 {
+                        self.consider(first | 3)?;
                     }
                 }
             }
             (_, FUNCALLABLE_INSTANCE_WIDETAG) => {
                 // trampoline, two raw words, then the function and the slots
                 self.words(base + 8, end, words)?;
-                words.drain(1..3.min(words.len()));
+                if words.len() >= 3 {
+                    words.drain(1..3);
+                }
             }
             (_, CLOSURE_WIDETAG) => {
                 self.words(base + 8, end, words)?;
