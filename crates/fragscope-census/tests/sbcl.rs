@@ -481,6 +481,50 @@ fn the_mark_finds_what_a_full_collection_keeps() {
     );
 }
 
+/// A Lisp stopped while it runs Lisp code (not waiting in a system call): its
+/// registers are not read, so the mark keeps its newest objects (its open allocation
+/// regions) live, and says it did.
+#[test]
+fn a_lisp_running_lisp_code_keeps_its_newest_objects() {
+    let Some(sbcl) = sbcl("the SBCL busy mark test") else {
+        return;
+    };
+    let mut child = Command::new(sbcl)
+        .args(["--noinform", "--non-interactive", "--no-userinit", "--eval"])
+        .arg("(progn (defvar *x*) (loop (setf *x* (make-list 200))))")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let rt = SbclRuntime::of_process(child.id()).unwrap();
+    let mut busy = None;
+    for _ in 0..20 {
+        let c = census(
+            child.id(),
+            &rt,
+            CensusOptions {
+                mark: true,
+                ..Default::default()
+            },
+        );
+        if let Ok(c) = c {
+            let m = c.mark.expect("the census marked");
+            if m.roots.threads_outside_syscall > 0 {
+                busy = Some(m);
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let m = busy.expect("no census caught the Lisp running Lisp code");
+    assert!(m.roots.open_region_objects > 0, "{:?}", m.roots);
+    // The list being built is in the nursery and live.
+    assert!(m.live(0, ObjectClass::Conses).count > 0, "{m:?}");
+}
+
 #[test]
 fn another_sbcl_release_is_not_supported() {
     let Some(sbcl) = sbcl("the SBCL release test") else {

@@ -13,8 +13,10 @@
 //!   not read: a thread stopped in a system call (the usual case, Lisp waiting on I/O)
 //!   holds Lisp references on its stack, not in registers (SBCL spills them around
 //!   foreign calls); a thread stopped while running Lisp code may hold a fresh object
-//!   only in a register, which the mark would then count as garbage. Such threads are
-//!   counted (`MarkRoots::threads_outside_syscall`).
+//!   only in a register. For such threads (counted in
+//!   `MarkRoots::threads_outside_syscall`) every object of the thread's open allocation
+//!   regions, the newest small objects, is kept live; a large object just allocated
+//!   and held only in a register would still count as garbage.
 //! - each thread's binding stack (`binding_stack_start` to `binding_stack_pointer`) and
 //!   thread-local values (`struct thread` from `lisp_thread` to the static symbol
 //!   FREE-TLS-INDEX's value);
@@ -108,6 +110,9 @@ pub struct MarkRoots {
     pub immobile_bytes: u64,
     /// Objects of generation 6 scanned as roots.
     pub pseudo_static_objects: u64,
+    /// Objects in the open allocation regions of threads stopped in Lisp code, kept
+    /// live: what a register alone may hold is most likely the newest small objects.
+    pub open_region_objects: u64,
 }
 
 /// Which objects a full collection would keep (see the module's comment).
@@ -394,6 +399,23 @@ impl Marker<'_, '_> {
         Ok(to.saturating_sub(from))
     }
 
+    /// Marks every object starting in `[from, to)` of the dynamic space (the walk's
+    /// starts) and traces them; returns how many were marked.
+    fn mark_all(&mut self, from: u64, to: u64) -> Result<u64, CensusError> {
+        let mut n = 0;
+        let mut a = from & !15;
+        while a < to {
+            if self.page(a).is_some() && self.is_start(a) && !self.marked(a) {
+                let h = self.word(a)?;
+                self.set_mark(a, h);
+                n += 1;
+            }
+            a += 16;
+        }
+        self.drain()?;
+        Ok(n)
+    }
+
     /// Traces every marked object not traced yet.
     fn drain(&mut self) -> Result<(), CensusError> {
         let mut words = Vec::new();
@@ -652,19 +674,20 @@ pub(super) fn mark(
             )));
         }
         let tid = le_u64(&t_buf, THREAD_OS_KERNEL_TID);
-        let from = match stack_pointer(m.mem.pid(), tid) {
+        let (from, in_syscall) = match stack_pointer(m.mem.pid(), tid) {
             Some((sp, in_syscall)) if (cs_start..cs_end).contains(&sp) => {
                 roots.stacks_from_sp += 1;
-                if !in_syscall {
-                    roots.threads_outside_syscall += 1;
-                }
-                sp.saturating_sub(RED_ZONE).max(cs_start)
+                (sp.saturating_sub(RED_ZONE).max(cs_start), in_syscall)
             }
-            _ => {
-                roots.threads_outside_syscall += 1;
-                cs_start
-            }
+            _ => (cs_start, false),
         };
+        if !in_syscall {
+            roots.threads_outside_syscall += 1;
+            let owner = format!("thread {thread:#x} ");
+            for r in space.regions.iter().filter(|r| r.owner.starts_with(&owner)) {
+                roots.open_region_objects += m.mark_all(r.start, r.free)?;
+            }
+        }
         roots.stack_bytes += m.scan_range(from, cs_end, None)?;
         roots.binding_stack_bytes += m.scan_range(bs_start, bs_ptr, None)?;
         buf.resize((free_tls - THREAD_LISP_THREAD) as usize, 0);
