@@ -114,10 +114,14 @@ fn run() -> Result<(), String> {
             }
             let live: u64 = (0..6).map(|g| m.live_bytes(g)).sum();
             println!(
-                "live in generations 0-5: {live} bytes ({:.1} MiB); roots {:?}; mark {} us",
+                "live in generations 0-5: {live} bytes ({:.1} MiB); roots {:?}",
                 mib(live),
-                m.roots,
-                m.mark_us
+                m.roots
+            );
+            println!(
+                "mark {} us: {:.1} ms per 100 MiB in use (the walk not included)",
+                m.mark_us,
+                m.mark_us as f64 / 1000.0 / (mib(c.bytes_allocated.max(1)) / 100.0)
             );
         }
     }
