@@ -95,7 +95,7 @@ const SYMBOLS: [&str; 13] = [
 
 /// What the mark from the roots reads beyond the census's variables: the other spaces'
 /// bounds and the runtime's own roots (C variables holding Lisp objects).
-const MARK_SYMBOLS: [&str; 10] = [
+const MARK_SYMBOLS: [&str; 11] = [
     "FIXEDOBJ_SPACE_START",
     "fixedobj_free_pointer",
     "TEXT_SPACE_START",
@@ -106,6 +106,7 @@ const MARK_SYMBOLS: [&str; 10] = [
     "lisp_init_function",
     "gc_object_watcher",
     "alloc_profile_data",
+    "sb_sprof_enabled",
 ];
 
 /// The one SBCL release whose layout fragscope has verified.

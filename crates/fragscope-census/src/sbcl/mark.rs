@@ -28,7 +28,8 @@
 //!   so garbage there can keep a dynamic object that the collection would free;
 //! - every object of the pseudo-static generation (6, the core's), scanned precisely;
 //! - the runtime's C roots: `lisp_sig_handlers[65]`, `lisp_package_vector`,
-//!   `lisp_init_function`, `gc_object_watcher`, `alloc_profile_data`.
+//!   `lisp_init_function`, `gc_object_watcher`, `alloc_profile_data`;
+//! - with sb-sprof on (`sb_sprof_enabled`), every code object of the dynamic space.
 //!
 //! Words of whole spaces are taken as ambiguous roots (a superset of the precise ones).
 //! From the roots the mark traces precisely, as gc-common.c's scavenge functions do:
@@ -567,7 +568,7 @@ pub(super) fn mark(
         .mark_symbols
         .clone()
         .map_err(|e| inconsistent(format!("the mark cannot find the runtime's roots: {e}")))?;
-    let [fixedobj_start, fixedobj_free, text_start, text_high, static_free, sig_handlers, package_vector, init_function, object_watcher, profile_data] =
+    let [fixedobj_start, fixedobj_free, text_start, text_high, static_free, sig_handlers, package_vector, init_function, object_watcher, profile_data, sprof_enabled] =
         syms[..]
     else {
         return Err(inconsistent("the mark's symbols are not all there".into()));
@@ -726,6 +727,27 @@ pub(super) fn mark(
             g += 1;
         }
         m.drain()?;
+    }
+
+    // With sb-sprof on, the collector keeps every code object of the dynamic space (its
+    // samples may name them).
+    if m.mem.read_u32(sprof_enabled)? != 0 {
+        for (i, &(_, bits)) in space.pages.iter().enumerate() {
+            if bits != 0 && bits & PAGE_TYPE_MASK == CODE_PAGE_TYPE {
+                let from = space.start + i as u64 * PAGE_BYTES;
+                for a in (from..from + PAGE_BYTES).step_by(16) {
+                    if m.is_start(a) && !m.marked(a) {
+                        let h = m.word(a)?;
+                        if h as u8 == CODE_WIDETAG
+                            && m.page(a).is_some_and(|p| p.0 != PSEUDO_STATIC_GENERATION)
+                        {
+                            m.set_mark(a, h);
+                        }
+                    }
+                }
+                m.drain()?;
+            }
+        }
     }
 
     Ok(SbclMark {
