@@ -26,6 +26,9 @@
 //! equal the runtime's counters, and the runtime's own tag and size tables
 //! (`widetag_lowtag`, `sizetab`) must be the ones the object walk assumes; another
 //! release is refused with a sentence saying so.
+//!
+//! On request the census also marks the objects reachable from the roots, as a full
+//! collection would, and counts what is live and what is garbage ([`mark`]).
 
 use std::time::{Duration, Instant};
 

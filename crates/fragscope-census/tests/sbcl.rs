@@ -1,7 +1,8 @@
 //! SBCL's dynamic space, read from outside a running Lisp and checked against what the
 //! Lisp says of itself at the same moment: `sb-kernel:dynamic-usage`,
 //! `sb-ext:generation-bytes-allocated` and the bytes per type that
-//! `sb-vm:map-allocated-objects` (what `(room)` sums) finds.
+//! `sb-vm:map-allocated-objects` (what `(room)` sums) finds; and the mark from the roots
+//! checked against what `(gc :full t)` then keeps.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
