@@ -28,7 +28,8 @@
 //! release is refused with a sentence saying so.
 //!
 //! On request the census also marks the objects reachable from the roots, as a full
-//! collection would, and counts what is live and what is garbage ([`mark`]).
+//! collection would, and counts what is live and what is garbage ([`SbclMark`]; the
+//! `mark` submodule says which roots and how).
 
 use std::time::{Duration, Instant};
 
