@@ -1,6 +1,7 @@
 ;;;; An import job shaped like seed 004: each round receives a large octet buffer,
 ;;;; parses it into many small strings and conses and drops it, while a share of the
-;;;; parsed entries accumulates. Then it prints its own view of the heap (dynamic usage
+;;;; parsed entries accumulates; the last 8 buffers stay referenced, so those a
+;;;; collection finds are promoted and die in an older generation. Then it prints its own view of the heap (dynamic usage
 ;;;; and bytes per generation, as sb-ext counts them) on stderr and idles, allocating
 ;;;; nothing, so that censuses taken meanwhile can be checked against those figures.
 ;;;; With "alien" as third argument the buffers are malloc'd (sb-alien) and freed after
@@ -12,6 +13,7 @@
 (defvar *kept* '())
 (defvar *state* (sb-ext:seed-random-state 4))
 (defvar *alien* (equal (fourth sb-ext:*posix-argv*) "alien"))
+(defvar *recent* (make-array 8 :initial-element nil))
 
 (defun byte-at (buf i)
   (if *alien*
@@ -43,7 +45,9 @@
 (dotimes (round *rounds*)
   (let* ((buf (new-buffer (+ 100000 (random 500000 *state*)) (mod round 251)))
          (entries (parse-buffer buf round)))
-    (when *alien* (sb-alien:free-alien (car buf)))
+    (if *alien*
+        (sb-alien:free-alien (car buf))
+        (setf (aref *recent* (mod round (length *recent*))) buf))
     (when (zerop (mod round 5))
       (push (first entries) *kept*))))
 
@@ -51,5 +55,11 @@
 (dotimes (g 7)
   (format *error-output* "generation ~D ~D~%" g (sb-ext:generation-bytes-allocated g)))
 (format *error-output* "kept ~D~%" (length *kept*))
+;; The referenced buffers' bytes in the heap: header and length words, data rounded to
+;; two words.
+(format *error-output* "recent-octet-bytes ~D~%"
+        (if *alien*
+            0
+            (loop for b across *recent* sum (* 8 (+ 2 (* 2 (ceiling (length b) 16)))))))
 (finish-output *error-output*)
 (sleep *idle*)

@@ -1,5 +1,7 @@
 //! Prints one census of a running SBCL process's dynamic space:
-//! `sbcl_census PID [--objects]` (with `--objects`, every object is walked too).
+//! `sbcl_census PID [--objects|--mark]` (with `--objects`, every object is walked too;
+//! with `--mark`, the objects reachable from the roots are marked as well, and each
+//! generation's live and garbage bytes are printed).
 use std::process::ExitCode;
 
 use fragscope_census::sbcl::{census, CensusOptions, ObjectClass, PageType, SbclRuntime};
@@ -23,10 +25,12 @@ fn run() -> Result<(), String> {
     let pid: u32 = args
         .next()
         .and_then(|a| a.parse().ok())
-        .ok_or("usage: sbcl_census PID [--objects]")?;
-    let objects = args.any(|a| a == "--objects");
+        .ok_or("usage: sbcl_census PID [--objects|--mark]")?;
+    let args: Vec<String> = args.collect();
+    let objects = args.iter().any(|a| a == "--objects");
+    let mark = args.iter().any(|a| a == "--mark");
     let rt = SbclRuntime::of_process(pid)?;
-    let c = census(pid, &rt, CensusOptions { objects }).map_err(|e| e.to_string())?;
+    let c = census(pid, &rt, CensusOptions { objects, mark }).map_err(|e| e.to_string())?;
     println!(
         "SBCL {}: dynamic space {:#x}, {:.1} MiB in {} pages of {} KiB",
         c.version,
@@ -93,6 +97,36 @@ fn run() -> Result<(), String> {
             );
         }
         println!("fillers {} bytes; walk {} us", o.filler_bytes, o.walk_us);
+        if let Some(m) = &c.mark {
+            println!("gen  class           live bytes    garbage bytes");
+            for g in 0..o.by_generation.len() {
+                for k in ObjectClass::ALL {
+                    let all = o.by_generation[g][k.index_in_all()].bytes;
+                    if all > 0 {
+                        println!(
+                            "{g:>3}  {:<14} {:>12} {:>16}",
+                            k.name(),
+                            m.live(g, k).bytes,
+                            m.garbage(o, g, k)
+                        );
+                    }
+                }
+            }
+            let live: u64 = (0..6).map(|g| m.live_bytes(g)).sum();
+            println!(
+                "live in generations 0-5: {live} bytes ({:.1} MiB); roots {:?}",
+                mib(live),
+                m.roots
+            );
+            println!(
+                "mark {} us: {:.1} ms per 100 MiB in use (the walk not included)",
+                m.mark_us,
+                m.mark_us as f64 / 1000.0 / (mib(c.bytes_allocated.max(1)) / 100.0)
+            );
+        }
+    }
+    if let Some(e) = &c.mark_refused {
+        println!("no mark: {e}");
     }
     let per_100 = c.pause_us as f64 / 1000.0 / (mib(c.bytes_allocated.max(1)) / 100.0);
     println!(

@@ -26,6 +26,10 @@
 //! equal the runtime's counters, and the runtime's own tag and size tables
 //! (`widetag_lowtag`, `sizetab`) must be the ones the object walk assumes; another
 //! release is refused with a sentence saying so.
+//!
+//! On request the census also marks the objects reachable from the roots, as a full
+//! collection would, and counts what is live and what is garbage ([`SbclMark`]; the
+//! `mark` submodule says which roots and how).
 
 use std::time::{Duration, Instant};
 
@@ -33,6 +37,9 @@ use fragscope_trace::heap_census::OCCUPANCY_BUCKETS;
 
 use crate::ghc::CensusError;
 use crate::{Pause, ProcessMemory, Symbols};
+
+mod mark;
+pub use mark::{MarkRoots, SbclMark};
 
 /// GENCGC_PAGE_BYTES of x86-64 SBCL 2.2.x.
 pub const PAGE_BYTES: u64 = 32 << 10;
@@ -90,6 +97,22 @@ const SYMBOLS: [&str; 13] = [
     "sizetab",
 ];
 
+/// What the mark from the roots reads beyond the census's variables: the other spaces'
+/// bounds and the runtime's own roots (C variables holding Lisp objects).
+const MARK_SYMBOLS: [&str; 11] = [
+    "FIXEDOBJ_SPACE_START",
+    "fixedobj_free_pointer",
+    "TEXT_SPACE_START",
+    "text_space_highwatermark",
+    "static_space_free_pointer",
+    "lisp_sig_handlers",
+    "lisp_package_vector",
+    "lisp_init_function",
+    "gc_object_watcher",
+    "alloc_profile_data",
+    "sb_sprof_enabled",
+];
+
 /// The one SBCL release whose layout fragscope has verified.
 pub const VERIFIED_RELEASE: &str = "2.2.9";
 
@@ -111,6 +134,8 @@ pub struct SbclRuntime {
     n_gcs_done: u64,
     widetag_lowtag: u64,
     sizetab: u64,
+    /// Where [`MARK_SYMBOLS`] are, in that order; Err says which one is missing.
+    mark_symbols: Result<Vec<u64>, String>,
 }
 
 impl SbclRuntime {
@@ -186,6 +211,12 @@ impl SbclRuntime {
             ));
         }
         let symbols = Symbols::resolve(elf, &SYMBOLS, pid)?;
+        let mark_symbols = Symbols::resolve(elf, &MARK_SYMBOLS, pid).and_then(|m| {
+            MARK_SYMBOLS
+                .iter()
+                .map(|n| m.need(n))
+                .collect::<Result<Vec<u64>, String>>()
+        });
         let need = |n: &str| {
             symbols
                 .need(n)
@@ -205,6 +236,7 @@ impl SbclRuntime {
             n_gcs_done: need("n_gcs_done")?,
             widetag_lowtag: need("widetag_lowtag")?,
             sizetab: need("sizetab")?,
+            mark_symbols,
             version,
         })
     }
@@ -423,6 +455,11 @@ impl ObjectClass {
         }
     }
 
+    /// The place of this class in [`ObjectClass::ALL`].
+    pub fn index_in_all(self) -> usize {
+        self.index()
+    }
+
     fn index(self) -> usize {
         ObjectClass::ALL
             .iter()
@@ -514,6 +551,17 @@ impl SbclCensus {
                         .collect()
                 })
                 .unwrap_or_default(),
+            live_by_generation: self.mark.as_ref().map(|m| {
+                m.live_by_generation
+                    .iter()
+                    .map(|g| g.iter().map(|f| (f.count, f.bytes)).collect())
+                    .collect()
+            }),
+            mark_us: self.mark.as_ref().map_or(0, |m| m.mark_us),
+            threads_in_lisp: self
+                .mark
+                .as_ref()
+                .map_or(0, |m| m.roots.threads_outside_syscall),
         }
     }
 }
@@ -555,6 +603,10 @@ pub struct SbclCensus {
     pub collections: u64,
     /// The object walk, when asked for.
     pub objects: Option<SbclObjects>,
+    /// The mark from the roots, when asked for and taken; `mark_refused` says why not
+    /// when it was asked for but could not be taken (the rest of the census stands).
+    pub mark: Option<SbclMark>,
+    pub mark_refused: Option<String>,
     /// How long the process was held stopped, and the bytes read from it.
     pub pause_us: u64,
     pub bytes_read: u64,
@@ -591,6 +643,10 @@ pub struct CensusOptions {
     /// Walk every object (reads all used bytes' headers: the pause grows with the
     /// heap, see ARCHITECTURE.md).
     pub objects: bool,
+    /// Mark the objects reachable from the roots, as a full collection would (walks
+    /// the objects too): live and garbage bytes by generation and class
+    /// ([`SbclCensus::mark`]).
+    pub mark: bool,
 }
 
 /// Takes a census of process `pid`, held stopped meanwhile. A moment inside a
@@ -794,13 +850,51 @@ fn read_census(
         ));
     }
 
-    let objects = if options.objects {
+    let mut starts = if options.mark {
+        Some(vec![
+            0u64;
+            ((next_free * PAGE_BYTES / 16) as usize).div_ceil(64)
+        ])
+    } else {
+        None
+    };
+    let objects = if options.objects || options.mark {
         let t = Instant::now();
-        let mut o = walk_objects(mem, start, next_free, &entry, &regions)?;
+        let mut o = walk_objects(
+            mem,
+            start,
+            next_free,
+            &entry,
+            &regions,
+            starts.as_deref_mut(),
+        )?;
         o.walk_us = t.elapsed().as_micros() as u64;
         Some(o)
     } else {
         None
+    };
+    let (mark, mark_refused) = match starts {
+        None => (None, None),
+        Some(starts) => {
+            let info: Vec<(u8, u8)> = (0..next_free)
+                .map(|i| {
+                    let (_, _, bits, gen) = entry(i);
+                    (gen, bits)
+                })
+                .collect();
+            let space = mark::Space {
+                start,
+                next_free,
+                pages: &info,
+                regions: &regions,
+                starts: &starts,
+            };
+            match mark::mark(mem, rt, &space) {
+                Ok(m) => (Some(m), None),
+                Err(CensusError::Inconsistent(e)) => (None, Some(e)),
+                Err(e) => return Err(e),
+            }
+        }
     };
     Ok(SbclCensus {
         version: rt.version.clone(),
@@ -824,6 +918,8 @@ fn read_census(
         pages,
         collections,
         objects,
+        mark,
+        mark_refused,
         pause_us: 0,
         bytes_read: 0,
     })
@@ -1029,12 +1125,15 @@ impl Window<'_> {
 }
 
 /// Words of the object whose header is `h` at `addr` (its size in the heap).
-fn object_words(w: &mut Window, addr: u64, h: u64, limit: u64) -> Result<u64, CensusError> {
+fn object_words(
+    read: &mut dyn FnMut(u64) -> Result<u64, CensusError>,
+    addr: u64,
+    h: u64,
+) -> Result<u64, CensusError> {
     // Saturating: a misread length must end the walk with an error, not wrap around.
     let align2 = |n: u64| n.saturating_add(1) & !1;
     let value = h >> 8;
-    let vector_len =
-        |w: &mut Window| -> Result<u64, CensusError> { Ok(w.word(addr + 8, limit)? >> 1) };
+    let mut vector_len = || -> Result<u64, CensusError> { Ok(read(addr + 8)? >> 1) };
     let nwords = |len: u64, bits: u64| {
         if bits <= 64 {
             let per = 64 / bits;
@@ -1069,10 +1168,10 @@ fn object_words(w: &mut Window, addr: u64, h: u64, limit: u64) -> Result<u64, Ce
             // struct array is 8 words with one dimension.
             align2(8 + u64::from(rank) - 1)
         }
-        Sizer::VectorT => align2(vector_len(w)?.saturating_add(2)),
+        Sizer::VectorT => align2(vector_len()?.saturating_add(2)),
         Sizer::VectorNil => 2,
-        Sizer::Vector(bits) => align2(nwords(vector_len(w)?, u64::from(bits)).saturating_add(2)),
-        Sizer::BaseString => align2(nwords(vector_len(w)? + 1, 8).saturating_add(2)),
+        Sizer::Vector(bits) => align2(nwords(vector_len()?, u64::from(bits)).saturating_add(2)),
+        Sizer::BaseString => align2(nwords(vector_len()? + 1, 8).saturating_add(2)),
     })
 }
 
@@ -1085,6 +1184,7 @@ fn walk_objects(
     next_free: u64,
     entry: &dyn Fn(u64) -> (u32, u16, u8, u8),
     regions: &[OpenRegion],
+    mut starts: Option<&mut [u64]>,
 ) -> Result<SbclObjects, CensusError> {
     let mut o = SbclObjects {
         classes: vec![ObjectFigures::default(); ObjectClass::ALL.len()],
@@ -1111,13 +1211,29 @@ fn walk_objects(
         let from = start + first * PAGE_BYTES;
         let to = start + last * PAGE_BYTES + used(last);
         if to > from && entry(first).2 != 0 {
-            walk_range(&mut w, from, to, &mut o, &gen_of)?;
+            walk_range(
+                &mut w,
+                from,
+                to,
+                &mut o,
+                &gen_of,
+                start,
+                starts.as_deref_mut(),
+            )?;
         }
         first = last + 1;
     }
     for r in regions {
         if r.free > r.start {
-            walk_range(&mut w, r.start, r.free, &mut o, &|_| 0)?;
+            walk_range(
+                &mut w,
+                r.start,
+                r.free,
+                &mut o,
+                &|_| 0,
+                start,
+                starts.as_deref_mut(),
+            )?;
         }
     }
     Ok(o)
@@ -1129,6 +1245,8 @@ fn walk_range(
     to: u64,
     o: &mut SbclObjects,
     gen_of: &dyn Fn(u64) -> usize,
+    space_start: u64,
+    mut starts: Option<&mut [u64]>,
 ) -> Result<(), CensusError> {
     let mut addr = from;
     while addr < to {
@@ -1137,7 +1255,7 @@ fn walk_range(
         let words = if h == PSEUDO_CONS {
             2
         } else {
-            object_words(w, addr, h, to)?
+            object_words(&mut |a| w.word(a, to), addr, h)?
         };
         let bytes = words.saturating_mul(8);
         if words == 0 || bytes > to - addr {
@@ -1149,6 +1267,9 @@ fn walk_range(
         if h == PSEUDO_CONS || widetag == FILLER_WIDETAG {
             o.filler_bytes += bytes;
         } else {
+            if let Some(s) = starts.as_deref_mut() {
+                mark::set_bit(s, (addr - space_start) / 16);
+            }
             let class = if sizer(widetag) == Sizer::NotHeader {
                 ObjectClass::Conses
             } else {

@@ -691,21 +691,56 @@ fn sbcl(o: &mut String, r: &Report) {
         p.pause_ms
     );
     fill_histogram(o, &p.page_fill, "pages", "used");
-    // Objects by type come from the last census that walked them.
-    let walked = r.snapshots.iter().rev().find_map(|s| {
-        s.sbcl
-            .as_ref()
-            .filter(|p| p.objects.is_some())
-            .map(|p| (s, p))
+    // Objects by type come from the census that marked the most garbage, else the last
+    // one that walked them.
+    let marked = r
+        .snapshots
+        .iter()
+        .filter_map(|s| {
+            s.sbcl
+                .as_ref()
+                .filter(|p| p.garbage.is_some())
+                .map(|p| (s, p))
+        })
+        .max_by_key(|(_, p)| p.garbage);
+    let walked = marked.or_else(|| {
+        r.snapshots.iter().rev().find_map(|s| {
+            s.sbcl
+                .as_ref()
+                .filter(|p| p.objects.is_some())
+                .map(|p| (s, p))
+        })
     });
     let Some((ws, p)) = walked else {
         return;
     };
-    let _ = writeln!(
-        o,
-        "  objects by type at {} (the last census that walked the heap)",
-        secs(ws.t_ms)
-    );
+    match (p.garbage, p.mark_ms) {
+        (Some(garbage), Some(ms)) => {
+            let _ = writeln!(
+                o,
+                "  objects by type at {} (the census that found the most garbage: {} of \
+                 {} in use unreachable from the roots, which (gc :full t) would free; the \
+                 mark paused the program {ms:.1} ms more)",
+                secs(ws.t_ms),
+                bytes(garbage),
+                bytes(p.bytes_used)
+            );
+            if let Some(n @ 1..) = p.threads_in_lisp {
+                let _ = writeln!(
+                    o,
+                    "  ({n} thread(s) were stopped running Lisp code: their registers are not \
+                     read, so an object only a register held counts as garbage)"
+                );
+            }
+        }
+        _ => {
+            let _ = writeln!(
+                o,
+                "  objects by type at {} (the last census that walked the heap)",
+                secs(ws.t_ms)
+            );
+        }
+    }
     for g in &p.generations {
         let Some(objects) = &g.objects else { continue };
         let mut largest: Vec<_> = objects.iter().filter(|c| c.bytes > 0).collect();
@@ -713,7 +748,12 @@ fn sbcl(o: &mut String, r: &Report) {
         let listed: Vec<String> = largest
             .iter()
             .take(3)
-            .map(|c| format!("{} {}", c.class, bytes(c.bytes)))
+            .map(|c| match c.garbage {
+                Some(g) if g > 0 => {
+                    format!("{} {} ({} garbage)", c.class, bytes(c.bytes), bytes(g))
+                }
+                _ => format!("{} {}", c.class, bytes(c.bytes)),
+            })
             .collect();
         if !listed.is_empty() {
             let _ = writeln!(
@@ -726,9 +766,13 @@ fn sbcl(o: &mut String, r: &Report) {
     }
     if let Some(objects) = &p.objects {
         for c in objects.iter().filter(|c| c.count > 0) {
+            let garbage = c
+                .garbage
+                .map(|g| format!(" {:>10} garbage", bytes(g)))
+                .unwrap_or_default();
             let _ = writeln!(
                 o,
-                "    {:<16} {:>10} {:>12}",
+                "    {:<16} {:>10} {:>12}{garbage}",
                 c.class,
                 bytes(c.bytes),
                 count(c.count)

@@ -641,6 +641,19 @@ pub fn analyze(
             headline.sentence = sentence;
         }
     }
+    // Garbage waiting for a full collection (the census that marked the most) says more
+    // than free pages when it holds more than the malloc heap wastes.
+    let heap_waste = focus_snapshot.map_or(0, |i| snapshots[i].parts.heap_waste());
+    if let Some((dominant, sentence)) = snapshots
+        .iter()
+        .filter_map(|s| s.sbcl.as_ref())
+        .filter(|p| p.garbage.unwrap_or(0) > heap_waste)
+        .max_by_key(|p| p.garbage)
+        .and_then(sbcl::garbage_headline)
+    {
+        headline.dominant = Some(dominant.into());
+        headline.sentence = sentence;
+    }
     if let Some(c) = &s.census {
         crate::census::headline(&mut headline, c, focus_snapshot.map(|i| &snapshots[i]));
     }

@@ -301,10 +301,11 @@ impl Censuses {
 
     /// An SBCL census of stream `stream` (process `pid`) if it runs SBCL, or a note saying
     /// why it has none (the first time, or after a few refusals in a row). The page table
-    /// is read at every snapshot (about a millisecond); the objects are walked too when
-    /// the walks so far and the next one together hold the program for at most 1/20 of
-    /// the time since the first census (the walk reads every used byte: 45 to 85 ms per
-    /// 100 MiB here; before a first walk it is expected to take 1 ms per MiB in use).
+    /// is read at every snapshot (about a millisecond); the objects are walked and marked
+    /// from the roots too when the walks so far and the next one together hold the
+    /// program for at most 1/20 of the time since the first census (walk and mark read
+    /// every used byte and every reachable object; see ARCHITECTURE.md for the cost;
+    /// before a first one it is expected to take 2 ms per MiB in use).
     pub fn take_sbcl(
         &self,
         stream: u32,
@@ -367,7 +368,16 @@ impl Censuses {
                 }
             }
         };
-        let result = sbcl::census(pid, &runtime, sbcl::CensusOptions { objects });
+        // The walk goes with a mark from the roots (live and garbage by generation),
+        // within the same budget: its cost is the last one's.
+        let result = sbcl::census(
+            pid,
+            &runtime,
+            sbcl::CensusOptions {
+                objects,
+                mark: objects,
+            },
+        );
         let mut targets = self.targets.lock().unwrap();
         let Some(Target::Sbcl {
             refused,
@@ -386,7 +396,9 @@ impl Censuses {
                     *walked += pause;
                     *next_walk = Some(pause);
                 } else if next_walk.is_none() {
-                    *next_walk = Some(Duration::from_millis(census.bytes_used >> 20));
+                    // Before a first walk and mark: 2 ms per MiB in use (measured: 1.6
+                    // to 2.2, see ARCHITECTURE.md).
+                    *next_walk = Some(Duration::from_millis(2 * (census.bytes_used >> 20)));
                 }
                 Some(note(Ok(census.to_record())))
             }

@@ -70,6 +70,26 @@ pub struct SbclHeap {
     pub objects: Option<Vec<(u64, u64)>>,
     /// The same by generation (of the page each object starts on), when walked.
     pub objects_by_generation: Vec<Vec<(u64, u64)>>,
+    /// When the census marked the objects reachable from the roots: the live (count,
+    /// bytes) by generation, then by [`OBJECT_CLASSES`]; what a full collection would
+    /// free is `objects_by_generation` less these. Added after the chunk was first
+    /// written: a body that ends after the walk has none.
+    pub live_by_generation: Option<Vec<Vec<(u64, u64)>>>,
+    /// How long the mark held the process, beyond the walk.
+    pub mark_us: u64,
+    /// Threads the mark found stopped outside a system call (running Lisp code): their
+    /// registers are not read, so an object only a register held counts as garbage.
+    pub threads_in_lisp: u32,
+}
+
+impl SbclHeap {
+    /// Bytes of class `class` (an index into [`OBJECT_CLASSES`]) in generation `gen`
+    /// that are garbage a full collection would free, when the census marked.
+    pub fn garbage(&self, gen: usize, class: usize) -> Option<u64> {
+        let live = self.live_by_generation.as_ref()?.get(gen)?.get(class)?.1;
+        let all = self.objects_by_generation.get(gen)?.get(class)?.1;
+        Some(all.saturating_sub(live))
+    }
 }
 
 impl CensusBody for SbclHeap {
@@ -123,6 +143,20 @@ impl CensusBody for SbclHeap {
                     for (count, bytes) in g {
                         w.varint(*count).varint(*bytes);
                     }
+                }
+            }
+        }
+        // Optional tail: only a census that marked writes it, so that one that did
+        // not reads the same as before the field existed.
+        if let Some(live) = &self.live_by_generation {
+            w.u8(1)
+                .varint(self.mark_us)
+                .varint(self.threads_in_lisp.into())
+                .varint(live.len() as u64);
+            for g in live {
+                w.varint(g.len() as u64);
+                for (count, bytes) in g {
+                    w.varint(*count).varint(*bytes);
                 }
             }
         }
@@ -185,6 +219,20 @@ impl CensusBody for SbclHeap {
                 (Some(classes), by_gen)
             }
         };
+        let (live_by_generation, mark_us, threads_in_lisp) = if r.is_empty() {
+            (None, 0, 0)
+        } else {
+            match r.u8()? {
+                0 => (None, 0, 0),
+                _ => {
+                    let mark_us = r.varint()?;
+                    let threads = small(r.varint()?, "threads")?;
+                    let n = r.count(1)?;
+                    let live = (0..n).map(|_| pairs(r)).collect::<Result<_, _>>()?;
+                    (Some(live), mark_us, threads)
+                }
+            }
+        };
         if page_bytes == 0 {
             return Err(TraceError::Malformed(
                 "an SBCL census with pages of 0 bytes".into(),
@@ -203,6 +251,9 @@ impl CensusBody for SbclHeap {
             pages,
             objects,
             objects_by_generation,
+            live_by_generation,
+            mark_us,
+            threads_in_lisp,
         })
     }
 }
@@ -251,17 +302,39 @@ mod tests {
             ],
             objects: Some(vec![(5, 80); 7]),
             objects_by_generation: vec![vec![(5, 80); 7], vec![(0, 0); 7]],
+            live_by_generation: Some(vec![vec![(2, 32); 7], vec![(0, 0); 7]]),
+            mark_us: 1234,
+            threads_in_lisp: 1,
         };
+        assert_eq!(heap.garbage(0, 2), Some(48));
         let c = SbclCensus {
             stream: 2,
             tick: 77,
             reason: SnapshotReason::Periodic,
-            result: Ok(heap),
+            result: Ok(heap.clone()),
         };
         let bytes = c.encode();
         assert_eq!(SbclCensus::decode(&bytes).unwrap(), c);
+        // A census without a mark is written as before the mark existed, and a trace
+        // of that time reads back with none.
+        let unmarked = SbclCensus {
+            result: Ok(SbclHeap {
+                live_by_generation: None,
+                mark_us: 0,
+                threads_in_lisp: 0,
+                ..heap
+            }),
+            ..c.clone()
+        };
+        let old = unmarked.encode();
+        assert!(bytes.starts_with(&old) && bytes.len() > old.len());
+        assert_eq!(SbclCensus::decode(&old).unwrap(), unmarked);
+        assert_eq!(unmarked.result.as_ref().unwrap().garbage(0, 2), None);
         for cut in 0..bytes.len() {
-            assert!(SbclCensus::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            // Cut exactly where an unmarked census ends, it reads as one.
+            if cut != old.len() {
+                assert!(SbclCensus::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            }
         }
     }
 }

@@ -103,8 +103,14 @@
   (report-heap)
   (loop for line = (read-line *standard-input* nil)
         while line
-        do (when (string= line "full-gc")
-             (gc :full t)
-             (report-heap))))
+        do (cond ((string= line "full-gc")
+                  (gc :full t)
+                  (report-heap))
+                 ((string= line "drop-caches")
+                  ;; What (gc :full t) does before it collects (unsafe-clear-roots in
+                  ;; src/code/gc.lisp), without collecting.
+                  (sb-impl::drop-all-hash-caches)
+                  (sb-impl::scrub-power-cache)
+                  (report-heap)))))
 
 (serve)
