@@ -41,8 +41,9 @@ pub struct RecordOptions {
     pub snapshot_ms: u32,
     /// A thread sends its buffer at least this often while it allocates.
     pub flush_ms: u32,
-    /// zstd level of the trace chunks.
-    pub compression_level: i32,
+    /// zstd level of the trace chunks; None: level 3, and level 1 for raw event buffers
+    /// (`ChunkWriter::with_raw_events_level`).
+    pub compression_level: Option<i32>,
     /// When to rewrite event buffers into the packed form (fragscope_trace::pack).
     pub pack: PackMode,
     /// The program and its arguments.
@@ -117,6 +118,12 @@ pub struct RecordOutcome {
     /// recording's token.
     pub refused_connections: u64,
 }
+
+/// zstd levels of a trace by default: raw event buffers, stored raw because their
+/// process makes calls faster than the recorder packs them, at the fastest (the recorder
+/// competes with the program for CPU then), everything else at 3.
+const DEFAULT_COMPRESSION_LEVEL: i32 = 3;
+const RAW_EVENTS_COMPRESSION_LEVEL: i32 = 1;
 
 const RSS_INTERVAL: Duration = Duration::from_millis(10);
 const ROLLUP_EVERY: u32 = 10; // RSS intervals
@@ -1297,10 +1304,14 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let token = recording_token()?;
 
     let file = create_output(&opts.output, opts.force)?;
-    let mut writer = ChunkWriter::new(
-        BufWriter::with_capacity(1 << 20, file),
-        opts.compression_level,
-    )?;
+    let mut writer = match opts.compression_level {
+        Some(level) => ChunkWriter::new(BufWriter::with_capacity(1 << 20, file), level)?,
+        None => ChunkWriter::new(
+            BufWriter::with_capacity(1 << 20, file),
+            DEFAULT_COMPRESSION_LEVEL,
+        )?
+        .with_raw_events_level(RAW_EVENTS_COMPRESSION_LEVEL),
+    };
     // SAFETY: sysconf has no preconditions.
     let page_size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
     let meta = Meta {

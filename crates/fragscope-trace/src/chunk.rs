@@ -98,6 +98,10 @@ fn chunk_crc(header: &[u8], stored: &[u8]) -> u32 {
 pub struct ChunkWriter<W: Write> {
     out: W,
     level: i32,
+    /// The level of raw event buffers (`ChunkKind::Events`), if not `level`.
+    raw_events_level: Option<i32>,
+    /// The level the compressor is set to.
+    compressor_level: i32,
     compressor: zstd::bulk::Compressor<'static>,
     /// Compressed bytes, and a sectioned chunk's stored bytes, reused from chunk to chunk
     /// (a fresh buffer per chunk costs page faults at the recorder's rate of chunks).
@@ -114,6 +118,8 @@ impl<W: Write> ChunkWriter<W> {
         Ok(Self {
             out,
             level,
+            raw_events_level: None,
+            compressor_level: level,
             compressor: zstd::bulk::Compressor::new(level)?,
             scratch: Vec::new(),
             sections: Vec::new(),
@@ -125,8 +131,24 @@ impl<W: Write> ChunkWriter<W> {
         self.bytes_written
     }
 
+    /// Compresses raw event buffers at `level` instead: they are a recorder's bulk, and
+    /// their bytes (addresses, mostly) gain about 4% from zstd's level 3 over its level 1
+    /// (a larson-style trace: 1.24 vs 1.20 times smaller) for three times the CPU.
+    pub fn with_raw_events_level(mut self, level: i32) -> Self {
+        self.raw_events_level = Some(level);
+        self
+    }
+
     pub fn write_chunk(&mut self, kind: ChunkKind, raw: &[u8]) -> io::Result<()> {
         check_chunk_len(raw.len())?;
+        let level = match (kind, self.raw_events_level) {
+            (ChunkKind::Events, Some(l)) => l,
+            _ => self.level,
+        };
+        if level != self.compressor_level && level > 0 {
+            self.compressor.set_compression_level(level)?;
+            self.compressor_level = level;
+        }
         let mut compressed = std::mem::take(&mut self.scratch);
         let result = if self.compress(raw, &mut compressed)? {
             self.put_chunk(kind, 1, raw.len(), &compressed)
@@ -163,6 +185,10 @@ impl<W: Write> ChunkWriter<W> {
                 io::ErrorKind::InvalidInput,
                 "sections must be in order and cover the chunk",
             ));
+        }
+        if self.level != self.compressor_level && self.level > 0 {
+            self.compressor.set_compression_level(self.level)?;
+            self.compressor_level = self.level;
         }
         let mut compressed = std::mem::take(&mut self.scratch);
         let mut stored = crate::wire::Writer {
@@ -521,6 +547,44 @@ mod tests {
         let mut r = ChunkReader::new(&file[..]).unwrap();
         assert_eq!(r.next_chunk(), None);
         assert!(r.damage().unwrap().reason.contains("sections"));
+    }
+
+    #[test]
+    fn raw_event_buffers_take_their_own_level_and_the_rest_keep_theirs() {
+        // Text-like bytes: zstd's level 19 finds more in them than its level 1.
+        let raw: Vec<u8> = (0..60_000u32)
+            .map(|i| {
+                b"malloc free realloc calloc "[(i.wrapping_mul(7) % 23) as usize] ^ (i % 5) as u8
+            })
+            .collect();
+        let stored = |w: ChunkWriter<Vec<u8>>, kinds: &[ChunkKind]| {
+            let mut w = w;
+            for &k in kinds {
+                w.write_chunk(k, &raw).unwrap();
+            }
+            w.into_inner()
+        };
+        let events = ChunkKind::Events;
+        let meta = ChunkKind::Meta;
+        let all_19 = stored(ChunkWriter::new(Vec::new(), 19).unwrap(), &[events, meta]);
+        let events_1 = stored(
+            ChunkWriter::new(Vec::new(), 19)
+                .unwrap()
+                .with_raw_events_level(1),
+            &[events, meta],
+        );
+        let only_events_1 = stored(ChunkWriter::new(Vec::new(), 1).unwrap(), &[events]);
+        let only_meta_19 = stored(ChunkWriter::new(Vec::new(), 19).unwrap(), &[meta]);
+        // The events chunk at level 1, the meta chunk after it back at 19.
+        assert_eq!(
+            events_1.len(),
+            only_events_1.len() + only_meta_19.len() - FILE_HEADER_BYTES as usize
+        );
+        assert!(events_1.len() > all_19.len());
+        let mut r = ChunkReader::new(&events_1[..]).unwrap();
+        assert_eq!(r.next_chunk(), Some((events, raw.clone())));
+        assert_eq!(r.next_chunk(), Some((meta, raw.clone())));
+        assert!(r.damage().is_none());
     }
 
     #[test]
