@@ -3,9 +3,10 @@
  * freeing what was there (so a block one thread allocated is often freed by another),
  * until a line "quit" arrives on stdin. Then it prints "done <operations>" and
  * "live <blocks> <bytes>" (what the table holds), frees everything and exits 0.
- * A line "count" prints "ops <operations so far>".
+ * A line "count" prints "ops <operations so far> <bytes the table holds>".
  *
- * usage: attach_target [threads=4] */
+ * usage: attach_target [threads=4] [microseconds to sleep after each operation=0: 500
+ * after every 1000] */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@ static atomic_long operations;
 static void *slots[SLOTS];
 static size_t sizes[SLOTS];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int nap_us;
 
 static void *worker(void *arg) {
     unsigned r = (unsigned)(long)arg * 2654435761u;
@@ -34,7 +36,9 @@ static void *worker(void *arg) {
         sizes[i] = size;
         pthread_mutex_unlock(&lock);
         free(old);
-        if (atomic_fetch_add(&operations, 1) % 1000 == 999) usleep(500);
+        long done = atomic_fetch_add(&operations, 1);
+        if (nap_us) usleep(nap_us);
+        else if (done % 1000 == 999) usleep(500);
     }
     return NULL;
 }
@@ -42,6 +46,7 @@ static void *worker(void *arg) {
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 4;
     if (threads < 1 || threads > 256) threads = 4;
+    nap_us = argc > 2 ? atoi(argv[2]) : 0;
     for (int i = 0; i < SLOTS; i++) {
         sizes[i] = 100;
         slots[i] = malloc(100);
@@ -54,7 +59,11 @@ int main(int argc, char **argv) {
     while (fgets(line, sizeof line, stdin)) {
         if (!strncmp(line, "quit", 4)) break;
         if (!strncmp(line, "count", 5)) {
-            printf("ops %ld\n", atomic_load(&operations));
+            pthread_mutex_lock(&lock);
+            size_t held = 0;
+            for (int i = 0; i < SLOTS; i++) held += sizes[i];
+            pthread_mutex_unlock(&lock);
+            printf("ops %ld %zu\n", atomic_load(&operations), held);
             fflush(stdout);
         }
     }

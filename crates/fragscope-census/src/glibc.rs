@@ -451,6 +451,10 @@ struct Walk<'a> {
     window: Vec<u8>,
     window_at: u64,
     tcache_found: u64,
+    /// The blocks in use, when asked for (`live_blocks`): (chunk, chunk size, mmapped).
+    blocks: Option<Vec<(u64, u64, bool)>>,
+    /// Chunks found in use that a thread cache holds, or that are a cache's table.
+    cached: HashSet<u64>,
 }
 
 /// Reads the heap of process `pid` (which the caller holds stopped, or not: then the
@@ -463,6 +467,30 @@ pub fn census(
     residency: &[ResidentRange],
     page: u64,
 ) -> Result<GlibcHeap, CensusError> {
+    census_walk(mem, layout, maps, residency, page, false).map(|(h, _)| h)
+}
+
+/// The blocks the program holds, as malloc_usable_size gives them: (address, usable
+/// bytes), in address order. The same walk and checks as [`census`]; the caller holds the
+/// process stopped.
+pub fn live_blocks(
+    mem: &mut ProcessMemory,
+    layout: &GlibcLayout,
+    maps: &[Mapping],
+    page: u64,
+) -> Result<Vec<(u64, u64)>, CensusError> {
+    let (_, blocks) = census_walk(mem, layout, maps, &[], page, true)?;
+    Ok(blocks)
+}
+
+fn census_walk(
+    mem: &mut ProcessMemory,
+    layout: &GlibcLayout,
+    maps: &[Mapping],
+    residency: &[ResidentRange],
+    page: u64,
+    want_blocks: bool,
+) -> Result<(GlibcHeap, Vec<(u64, u64)>), CensusError> {
     let mp = match layout.mp {
         Some(a) => {
             let mut b = vec![0u8; MP_SIZE];
@@ -484,6 +512,8 @@ pub fn census(
         window: Vec::new(),
         window_at: 0,
         tcache_found: 0,
+        blocks: want_blocks.then(Vec::new),
+        cached: HashSet::new(),
     };
     // The arenas, from the main one round its `next` list.
     let mut states = Vec::new();
@@ -636,7 +666,26 @@ pub fn census(
             )));
         }
     }
-    Ok(w.finish(layout, mmapped_chunks, mmapped_bytes, started_read))
+    let mut blocks: Vec<(u64, u64)> = w
+        .blocks
+        .take()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(c, ..)| !w.cached.contains(c))
+        // User memory starts after the chunk header; an mmapped chunk lends none of its
+        // size to the next chunk's header.
+        .map(|(c, csize, mmapped)| {
+            (
+                c + 2 * SIZE_SZ,
+                csize - if mmapped { 2 * SIZE_SZ } else { SIZE_SZ },
+            )
+        })
+        .collect();
+    blocks.sort_unstable();
+    Ok((
+        w.finish(layout, mmapped_chunks, mmapped_bytes, started_read),
+        blocks,
+    ))
 }
 
 /// glibc's safe-linking (2.32 and later): a list pointer stored at `pos` is the pointer
@@ -724,6 +773,9 @@ impl Walk<'_> {
                 arena.in_use_bytes += csize;
                 self.regions[r].add(p, next, page, 1);
                 self.classes.in_use(p, csize, page, 1);
+                if let Some(b) = &mut self.blocks {
+                    b.push((p, csize, false));
+                }
                 if csize == TCACHE_CHUNK {
                     self.tcache_candidates.push((p, r, first_chunk));
                 }
@@ -784,6 +836,7 @@ impl Walk<'_> {
                 continue;
             }
             self.tcache_found += 1;
+            self.cached.insert(p);
             let page = self.page;
             let arena = self.regions[r].arena.unwrap_or(0);
             let a = &mut self.arenas[arena];
@@ -799,6 +852,7 @@ impl Walk<'_> {
                 else {
                     continue;
                 };
+                self.cached.insert(c);
                 let owner = self.regions[cr].arena.unwrap_or(0);
                 let a = &mut self.arenas[owner];
                 a.in_use_chunks -= 1;
@@ -946,6 +1000,9 @@ impl Walk<'_> {
                 for &(lo, csize) in &run {
                     r.add(lo, lo + csize, page, 1);
                     self.classes.in_use(lo, csize, page, 1);
+                    if let Some(b) = &mut self.blocks {
+                        b.push((lo, csize, true));
+                    }
                 }
                 self.regions.push(r);
             }

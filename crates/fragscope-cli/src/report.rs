@@ -131,12 +131,36 @@ pub fn render(r: &Report, top: usize) -> String {
         );
     }
     if r.merge.attached {
-        let _ = writeln!(
-            o,
-            "note: recorded from the moment fragscope attached to the running process: its \
-             {} frees of blocks allocated before then are not counted as live data",
-            r.merge.unknown_frees
-        );
+        match (r.merge.starting_blocks, r.merge.starting_bytes) {
+            (Some(blocks), Some(held)) => {
+                let _ = writeln!(
+                    o,
+                    "note: recorded from the moment fragscope attached to the running process; \
+                     its heap then held {blocks} blocks ({}), read from glibc's heap, which \
+                     count as live data from the start{}",
+                    bytes(held),
+                    if r.merge.unknown_frees > 0 {
+                        format!(
+                            " ({} frees of blocks whose allocation was in flight as its \
+                             calls were rebound or put back are counted apart)",
+                            r.merge.unknown_frees
+                        )
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+            _ => {
+                let _ = writeln!(
+                    o,
+                    "note: recorded from the moment fragscope attached to the running \
+                     process, whose heap was not read then: its {} frees of blocks allocated \
+                     before are counted apart, and live data counts only blocks allocated \
+                     since",
+                    r.merge.unknown_frees
+                );
+            }
+        }
         if r.merge.forced_allocs + r.merge.lost_events > 0 {
             let _ = writeln!(
                 o,

@@ -94,6 +94,8 @@ struct Stream {
     argv: Vec<String>,
     /// Running before `record -p` attached: its earlier blocks were never seen allocated.
     attached: bool,
+    /// The blocks it held then, as read from its heap (blocks, usable bytes).
+    starting_heap: Option<(u64, u64)>,
     merger: Merger,
     pending: VecDeque<Pagemap>,
     /// pymalloc censuses waiting for the snapshot of their tick (written just before it).
@@ -451,6 +453,14 @@ pub fn analyze(
                 let i = index(&mut streams, &mut by_stream, c.stream);
                 streams[i].census = Some(c);
             }
+            Chunk::StartingHeap(h) => {
+                let i = index(&mut streams, &mut by_stream, h.stream);
+                let s = &mut streams[i];
+                let bytes = s.merger.seed_starting_heap(h.tick, &h.blocks);
+                s.live_bytes += bytes;
+                s.usable_bytes += bytes;
+                s.starting_heap = Some((h.blocks.len() as u64, h.blocks.iter().map(|b| b.1).sum()));
+            }
             Chunk::SbclCensus(c) => {
                 let i = index(&mut streams, &mut by_stream, c.stream);
                 let s = &mut streams[i];
@@ -677,6 +687,9 @@ pub fn analyze(
             spilled: merge.spilled,
             spill_problem: s.merger.spill_problem().map(str::to_string),
             attached: s.attached,
+            starting_blocks: s.starting_heap.map(|h| h.0),
+            starting_bytes: s.starting_heap.map(|h| h.1),
+            starting_stale: merge.starting_stale,
         },
         headline,
         timeline,

@@ -235,8 +235,16 @@ pub struct MergeFacts {
     /// Why calls that waited could not go to disk (or come back), if so.
     pub spill_problem: Option<String>,
     /// The process was already running when recording began (`record -p`): its frees of
-    /// blocks allocated before then are among `unknown_frees`.
+    /// blocks allocated before then are among `unknown_frees`, unless its heap could be
+    /// read then (`starting_blocks`).
     pub attached: bool,
+    /// The blocks (and their usable bytes) its heap held when recording began, read from
+    /// glibc's heap; null when it was not read (another allocator).
+    pub starting_blocks: Option<u64>,
+    pub starting_bytes: Option<u64>,
+    /// Of those, blocks freed before the first recorded call (their address was
+    /// allocated again with no free in the trace).
+    pub starting_stale: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

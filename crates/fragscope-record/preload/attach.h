@@ -2,7 +2,8 @@
  *
  * The recorder makes one of the process's threads call dlopen on this library
  * (src/attach.rs). Nothing was preloaded, so the program's calls are already bound to the
- * allocator: the constructor rebinds them by rewriting the slots of every loaded object's
+ * allocator: fragscope_rebind (called next, the process stopped around the recorder's
+ * reading of its heap) rebinds them by rewriting the slots of every loaded object's
  * global offset table that name a hooked function (JUMP_SLOT and GLOB_DAT relocations),
  * as a preload would have bound them, and does so again for each object dlopen loads
  * later. The process's environment cannot be changed, so the settings a preloaded
@@ -180,7 +181,9 @@ static void attach_rebind(void) {
     pthread_mutex_unlock(&patch_lock);
 }
 
-/* The constructor's part when injected: our definitions, then every object's calls. */
+/* The constructor's part when injected: our definitions, and ordering on. The calls are
+ * rebound by fragscope_rebind, which the recorder calls once it has read the heap, with
+ * the process stopped in between. */
 static void attach_start(void) {
     if (!attached || !tracing) return;
     Dl_info self;
@@ -191,7 +194,31 @@ static void attach_start(void) {
     for (unsigned i = 0; i < ATTACH_HOOKS; i++) attach_ours[i] = dlsym(handle, attach_names[i]);
     /* Its threads run already: every free takes an order value from the first call on. */
     order_calls();
+}
+
+/* The borrowed thread may have been stopped inside a hook of ours holding `m` (a send
+ * under sock_lock, a rebind under patch_lock): taking it again would never return.
+ * Waits a second for it; 0 when it is free (and left unlocked). */
+static int lock_is_free(pthread_mutex_t *m) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 1;
+    if (pthread_mutex_timedlock(m, &until) != 0) return -1;
+    pthread_mutex_unlock(m);
+    return 0;
+}
+#define BORROWED_THREAD_BUSY (-2) /* the recorder tries another thread */
+
+/* Called by the recorder (as dlopen was) while the rest of the process is stopped, right
+ * after it read the heap: from here on every call is recorded. Returns the slots rebound,
+ * or -1 when this library is not recording. */
+EXPORT int fragscope_rebind(void) {
+    if (!attached || !tracing) return -1;
+    if (lock_is_free(&patch_lock) != 0) return BORROWED_THREAD_BUSY;
+    tls_flags |= TF_FORWARD;
     attach_rebind();
+    tls_flags &= ~TF_FORWARD;
+    return (int)got_patch_count;
 }
 
 /* Called by the recorder (through the same injected call as dlopen) to end the recording
@@ -200,6 +227,9 @@ static void attach_start(void) {
  * Returns the slots restored, or -1 when this library is not recording. */
 EXPORT int fragscope_detach(void) {
     if (!attached || !tracing) return -1;
+    if (lock_is_free(&patch_lock) != 0 || lock_is_free(&sock_lock) != 0 ||
+        lock_is_free(&registry_lock) != 0 || (tls_flags & (TF_BUSY | TF_FORWARD)))
+        return BORROWED_THREAD_BUSY;
     tls_flags |= TF_FORWARD;
     pthread_mutex_lock(&patch_lock);
     for (unsigned i = got_patch_count; i-- > 0;) {

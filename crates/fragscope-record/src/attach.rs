@@ -27,6 +27,10 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 /// How often to look again for a thread that may be borrowed.
 const CHOOSE_ATTEMPTS: u32 = 200;
 
+/// What `fragscope_rebind` and `fragscope_detach` answer when the borrowed thread was
+/// stopped inside the interposer holding a lock they need: another thread is borrowed.
+const BORROWED_THREAD_BUSY: i64 = -2;
+
 /// System calls malloc makes while it holds an arena's lock.
 const ALLOCATOR_SYSCALLS: [i64; 6] = [9, 10, 11, 12, 25, 28];
 
@@ -57,22 +61,60 @@ pub fn load_library(pid: u32, library: &Path) -> Result<()> {
     bail!("process {pid} could not load fragscope's interposer: {why}")
 }
 
-/// Calls `fragscope_detach` of `library`, loaded in `pid`: the calls go back to the
-/// allocator and the recording of the process ends. Returns how many call slots were put
-/// back.
-pub fn detach_library(pid: u32, library: &Path) -> Result<u64> {
+/// Where the function `name` of `library`, loaded in `pid`, is.
+fn library_function(pid: u32, library: &Path, name: &str) -> Result<u64> {
     let (base, path) = mapped_image(pid, |p| {
         p.file_name() == library.file_name() && p.parent() == library.parent()
     })?
     .ok_or_else(|| anyhow!("fragscope's interposer is not loaded in process {pid}"))?;
     let elf = fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-    let symbols = Symbols::resolve_at(&elf, &["fragscope_detach"], base).map_err(|e| anyhow!(e))?;
-    let detach = symbols.need("fragscope_detach").map_err(|e| anyhow!(e))?;
-    let restored = remote_call(pid, detach, &[])?;
+    let symbols = Symbols::resolve_at(&elf, &[name], base).map_err(|e| anyhow!(e))?;
+    symbols.need(name).map_err(|e| anyhow!(e))
+}
+
+/// With `pid` held stopped: runs `census` (which reads its heap), then has the loaded
+/// `library` rebind the process's calls to its hooks (`fragscope_rebind`), and only then
+/// lets the process go, so that no call falls between the heap read and the first
+/// recorded one. Returns what `census` returned and the call slots rebound.
+pub fn rebind_library<T>(pid: u32, library: &Path, census: impl FnOnce() -> T) -> Result<(T, u64)> {
+    let rebind = library_function(pid, library, "fragscope_rebind")?;
+    let pause = fragscope_census::Pause::stop(pid).map_err(|e| anyhow!(e))?;
+    let read = census();
+    // The borrowed thread runs alone: ptrace resumes it out of the group stop, and the
+    // detach puts it back in it until the pause ends.
+    let slots = call_interposer(pid, rebind)?;
+    drop(pause);
+    if slots as i64 == -1 {
+        bail!("the interposer in process {pid} is not recording (its connection failed)");
+    }
+    Ok((read, slots))
+}
+
+/// Calls `fragscope_detach` of `library`, loaded in `pid`: the calls go back to the
+/// allocator and the recording of the process ends. Returns how many call slots were put
+/// back.
+pub fn detach_library(pid: u32, library: &Path) -> Result<u64> {
+    let detach = library_function(pid, library, "fragscope_detach")?;
+    let restored = call_interposer(pid, detach)?;
     if restored as i64 == -1 {
         bail!("the interposer in process {pid} was not recording");
     }
     Ok(restored)
+}
+
+/// Calls a function of the interposer on a borrowed thread, another one each time it
+/// answers that the thread was stopped inside the interposer.
+fn call_interposer(pid: u32, func: u64) -> Result<u64> {
+    let mut refused = Vec::new();
+    loop {
+        let (value, tid) = remote_call_avoiding(pid, func, &[], &refused)?;
+        // The interposer's functions return an int: the low half of rax.
+        let value = i64::from(value as u32 as i32);
+        if value != BORROWED_THREAD_BUSY {
+            return Ok(value as u64);
+        }
+        refused.push(tid);
+    }
 }
 
 /// The process's C library, with dlopen and dlerror placed where it maps them.
@@ -286,8 +328,8 @@ fn lock_holding_code(pid: u32) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// A thread of `pid` stopped where a call of ours is safe to make.
-fn borrow_thread(pid: u32) -> Result<Borrowed> {
+/// A thread of `pid` (not one of `refused`) stopped where a call of ours is safe to make.
+fn borrow_thread(pid: u32, refused: &[i32]) -> Result<Borrowed> {
     for attempt in 0..CHOOSE_ATTEMPTS {
         let risky = lock_holding_code(pid);
         let mut tids: Vec<i32> = fs::read_dir(format!("/proc/{pid}/task"))
@@ -296,6 +338,10 @@ fn borrow_thread(pid: u32) -> Result<Borrowed> {
             .collect();
         // The main thread first: a server's is usually asleep in its event loop.
         tids.sort_by_key(|&t| t != pid as i32);
+        tids.retain(|t| !refused.contains(t));
+        if tids.is_empty() {
+            bail!("every thread of process {pid} was busy inside fragscope's interposer");
+        }
         for tid in tids {
             let Some(b) = seize(pid, tid)? else { continue };
             let r = &b.saved;
@@ -321,7 +367,12 @@ fn borrow_thread(pid: u32) -> Result<Borrowed> {
 
 /// Makes a thread of `pid` call `func` with `args`; its return value (rax).
 fn remote_call(pid: u32, func: u64, args: &[Arg]) -> Result<u64> {
-    let mut b = borrow_thread(pid)?;
+    remote_call_avoiding(pid, func, args, &[]).map(|(v, _)| v)
+}
+
+/// As [`remote_call`], on a thread not in `refused`; also says which thread made it.
+fn remote_call_avoiding(pid: u32, func: u64, args: &[Arg], refused: &[i32]) -> Result<(u64, i32)> {
+    let mut b = borrow_thread(pid, refused)?;
     let mem = fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -383,5 +434,5 @@ fn remote_call(pid: u32, func: u64, args: &[Arg]) -> Result<u64> {
     if let Some(rip) = fault_elsewhere {
         bail!("the call fragscope made in process {pid} faulted at {rip:#x}");
     }
-    Ok(out.rax)
+    Ok((out.rax, tid))
 }

@@ -1810,6 +1810,43 @@ fn run_attached(
         }
     }
     crate::attach::load_library(pid, &files.library)?;
+    // Its HELLO came during the dlopen: its stream, before any of its calls.
+    let until = Instant::now() + DETACH_WAIT;
+    let stream = loop {
+        let found = shared
+            .procs
+            .lock()
+            .unwrap()
+            .streams
+            .iter()
+            .rposition(|s| s.pid == pid && !s.ended);
+        match found {
+            Some(s) => break s as u32,
+            None if Instant::now() < until => thread::sleep(Duration::from_millis(2)),
+            None => bail!("process {pid} loaded the interposer but never connected to fragscope"),
+        }
+    };
+    // The heap as it is, read with the process stopped, and its calls rebound before it
+    // runs again: the merge starts from these blocks, so their frees are known and the
+    // report's live data holds them.
+    // (Written while it is stopped: no chunk of its calls can come before this one.)
+    let (heap, _slots) = crate::attach::rebind_library(pid, &files.library, || {
+        crate::snapshot::glibc_live_blocks(pid).map(|blocks| {
+            let heap = fragscope_trace::heap_census::StartingHeap {
+                stream,
+                tick: shared.tick(),
+                blocks,
+            };
+            shared.send(ChunkKind::StartingHeap, heap.encode());
+        })
+    })?;
+    if let Err(why) = heap {
+        eprintln!(
+            "fragscope: note: the heap process {pid} holds was not read ({why}); frees of \
+             its blocks will be counted apart, and its live data will count only blocks \
+             allocated from now on"
+        );
+    }
     eprintln!(
         "fragscope: recording process {pid}{}; Ctrl-C stops the recording and leaves the \
          process running",

@@ -351,3 +351,28 @@ fn read_residency(
         maps.iter().filter(|m| procfs::may_hold_heap(m)).collect();
     procfs::read_residency(pid, &heap, page).unwrap_or_default()
 }
+
+/// The blocks glibc's heap of `pid` holds, (address, usable bytes): the heap `record -p`
+/// starts from. The caller holds the process stopped. Err says why they could not be
+/// read (another allocator, a layout not verified, ...).
+pub(crate) fn glibc_live_blocks(pid: u32) -> Result<Vec<(u64, u64)>, String> {
+    let mut mem = ProcessMemory::open(pid).map_err(|e| format!("{:#}", access_error(pid, &e)))?;
+    let mut build_ids = HashMap::new();
+    let maps = procfs::read_maps(pid, &mut build_ids).ok_or("the process exited")?;
+    match glibc::allocator_of(&maps) {
+        "glibc" => {}
+        other => {
+            return Err(format!(
+                "it runs on {other}, whose blocks fragscope does not read"
+            ))
+        }
+    }
+    let layout = glibc::locate(pid, &maps, &mut mem)?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    match glibc::live_blocks(&mut mem, &layout, &maps, page) {
+        Ok(b) => Ok(b),
+        Err(CensusError::NoHeap) => Ok(Vec::new()),
+        Err(e) => Err(format!("glibc's heap did not hold together: {e}")),
+    }
+}

@@ -49,6 +49,12 @@ fn main() {
                 m.set_attached();
             }
         }
+        if let Chunk::StartingHeap(h) = &c {
+            m.seed_starting_heap(h.tick, &h.blocks);
+            for &(a, usable) in &h.blocks {
+                live.entry(a).or_insert((usable, 0));
+            }
+        }
         if let Chunk::Events(h, recs) = c {
             if let Err(e) = m.push_chunk(&h, &recs) {
                 let n = recs.len().min(48);

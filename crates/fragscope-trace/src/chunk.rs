@@ -57,6 +57,9 @@ pub enum ChunkKind {
     PythonSamples = 18,
     /// An SBCL process's dynamic space (see [`crate::sbcl_heap`]).
     SbclCensus = 19,
+    /// The blocks a running process held when `record -p` attached to it
+    /// (`heap_census::StartingHeap`).
+    StartingHeap = 21,
 }
 
 impl ChunkKind {
@@ -82,6 +85,7 @@ impl ChunkKind {
             17 => PymallocCensus,
             18 => PythonSamples,
             19 => SbclCensus,
+            21 => StartingHeap,
             _ => return None,
         })
     }

@@ -5,6 +5,53 @@
 use crate::wire::{Reader, Writer};
 use crate::TraceError;
 
+/// Chunk 21, StartingHeap: the blocks a running process held when `record -p` attached to
+/// it, read from glibc's heap with the process stopped just before its calls were
+/// rebound. The merge starts from them (their frees are then known, and the report's
+/// live data holds them), as a fork child starts from its parent's blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartingHeap {
+    pub stream: u32,
+    pub tick: u64,
+    /// (address, usable bytes), in address order.
+    pub blocks: Vec<(u64, u64)>,
+}
+
+impl StartingHeap {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.varint(self.stream.into())
+            .varint(self.tick)
+            .varint(self.blocks.len() as u64);
+        let mut prev = 0u64;
+        for &(addr, usable) in &self.blocks {
+            // In address order: each address as its distance from the last.
+            w.varint(addr.wrapping_sub(prev)).varint(usable);
+            prev = addr;
+        }
+        w.bytes
+    }
+
+    pub fn decode(data: &[u8]) -> Result<Self, TraceError> {
+        let mut r = Reader::new(data);
+        let stream = r.varint()? as u32;
+        let tick = r.varint()?;
+        let n = r.count(2)?;
+        let mut blocks = Vec::with_capacity(n);
+        let mut prev = 0u64;
+        for _ in 0..n {
+            let addr = prev.wrapping_add(r.varint()?);
+            blocks.push((addr, r.varint()?));
+            prev = addr;
+        }
+        Ok(Self {
+            stream,
+            tick,
+            blocks,
+        })
+    }
+}
+
 /// Upper bounds (exclusive, percent) of the page-occupancy buckets after the first: the
 /// first bucket is resident pages with no in-use byte, then [0, 10), [10, 20) ... [90, 100].
 pub const OCCUPANCY_BUCKETS: usize = 11;
@@ -306,6 +353,28 @@ fn arena_from(main: bool, v: [u64; ARENA_FIELDS]) -> GlibcArena {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_starting_heap_round_trips_and_a_cut_one_is_an_error() {
+        let h = StartingHeap {
+            stream: 3,
+            tick: 17,
+            blocks: vec![
+                (0x5555_0000_0010, 24),
+                (0x5555_0000_0030, 1000),
+                (0x7f00_0000_0010, 1 << 20),
+            ],
+        };
+        let bytes = h.encode();
+        assert_eq!(StartingHeap::decode(&bytes).unwrap(), h);
+        for cut in 0..bytes.len() {
+            assert!(StartingHeap::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        // A count no payload could hold is refused before anything is reserved.
+        let mut w = Writer::new();
+        w.varint(0).varint(0).varint(u64::MAX >> 1);
+        assert!(StartingHeap::decode(&w.bytes).is_err());
+    }
 
     #[test]
     fn heap_censuses_round_trip_and_cut_ones_are_errors() {

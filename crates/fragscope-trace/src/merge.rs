@@ -221,6 +221,10 @@ pub struct MergeStats {
     /// Calls lost because the disk gave back what it was given wrong (counted in
     /// `lost_events` too; [`Merger::spill_problem`] says why).
     pub spill_lost: u64,
+    /// Blocks of the starting heap ([`Merger::seed_starting_heap`]) whose address was
+    /// allocated again with no free recorded: freed between the heap's reading and the
+    /// first recorded call.
+    pub starting_stale: u64,
 }
 
 struct ThreadQueue {
@@ -272,6 +276,8 @@ pub struct Merger {
     /// The process was running before its calls were recorded (`record -p`): its heap
     /// holds blocks the trace never saw allocated, whose frees no call will unblock.
     attached: bool,
+    /// Blocks of the starting heap still live (see [`Merger::seed_starting_heap`]).
+    starting: AddrSet,
     /// Items in the threads' in-memory queues.
     in_memory: usize,
     /// Items the threads' in-memory queues have room for.
@@ -323,6 +329,7 @@ impl Merger {
             last_tick: 0,
             marks_idle: false,
             attached: false,
+            starting: AddrSet::default(),
             in_memory: 0,
             queue_capacity: 0,
             memory_budget: items,
@@ -344,6 +351,32 @@ impl Merger {
     /// thread's calls would pile up behind it.
     pub fn set_attached(&mut self) {
         self.attached = true;
+    }
+
+    /// Starts from the blocks a running process held when recording began (`record -p`):
+    /// (address, usable bytes). Their frees are then known; one whose address is
+    /// allocated again before any free of it was freed before the first recorded call,
+    /// and is replaced without counting as forced. Returns the bytes of the blocks taken
+    /// (those whose address no merged call holds already).
+    pub fn seed_starting_heap(&mut self, tick: u64, blocks: &[(u64, u64)]) -> u64 {
+        let mut bytes = 0;
+        for &(addr, usable) in blocks {
+            if self.live.contains_key(&addr) {
+                continue; // allocated again, and recorded, since the heap was read
+            }
+            bytes += usable;
+            self.live.insert(
+                addr,
+                LiveBlock {
+                    size: usable,
+                    rounding: 0,
+                    stack: 0,
+                    born_tick: tick.min(u64::from(u32::MAX)) as u32,
+                },
+            );
+            self.starting.insert(addr);
+        }
+        bytes
     }
 
     /// Starts from another process's live blocks (a fork child inherits its parent's heap).
@@ -756,6 +789,9 @@ impl Merger {
         self.ended = [None; 2];
         if let Merged::Call(c) = &m {
             if let Some(old) = c.releases() {
+                if !self.starting.is_empty() {
+                    self.starting.remove(&old);
+                }
                 match self.live.remove(&old) {
                     Some(b) => self.ended[0] = Some((old, b)),
                     // Only a forced call (or a lone thread's) can miss: the block was
@@ -766,7 +802,11 @@ impl Merger {
             if let Some(a) = c.allocates() {
                 if let Some(displaced) = self.live.insert(a, LiveBlock::of(c)) {
                     self.ended[1] = Some((a, displaced));
-                    self.stats.forced_allocs += 1;
+                    if !self.starting.is_empty() && self.starting.remove(&a) {
+                        self.stats.starting_stale += 1;
+                    } else {
+                        self.stats.forced_allocs += 1;
+                    }
                 }
             }
         }

@@ -27,6 +27,7 @@ pub enum Chunk {
     HeapCensus(crate::heap_census::HeapCensus),
     PythonSamples(crate::python_samples::PythonSamples),
     SbclCensus(crate::sbcl_heap::SbclCensus),
+    StartingHeap(crate::heap_census::StartingHeap),
 }
 
 /// Reads a trace chunk by chunk. Damage (a cut or corrupt file) ends the iteration; what
@@ -107,6 +108,9 @@ impl<R: Read> TraceReader<R> {
             }
             ChunkKind::HeapCensus => {
                 crate::heap_census::HeapCensus::decode(data).map(Chunk::HeapCensus)
+            }
+            ChunkKind::StartingHeap => {
+                crate::heap_census::StartingHeap::decode(data).map(Chunk::StartingHeap)
             }
             ChunkKind::PackedEventsV1 | ChunkKind::PackedEventsV2 => Err(TraceError::Malformed(
                 "events packed in the form of an earlier fragscope, which this one no longer \

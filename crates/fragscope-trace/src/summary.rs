@@ -42,6 +42,9 @@ pub struct ProcessSummary {
     pub sbcl_census_note: Option<String>,
     /// The heap census of `fragscope snapshot`, if this is one.
     pub heap_census: Option<crate::heap_census::HeapCensus>,
+    /// Attached to by `record -p`: the blocks it held then (blocks, bytes), when read.
+    pub attached: bool,
+    pub starting_heap: Option<(u64, u64)>,
     pub end: Option<ProcessEnd>,
     pub wait: Option<WaitStatus>,
     /// Buffers missing from a thread's sequence, and events a signal handler dropped.
@@ -131,6 +134,7 @@ pub fn summarize(
                 ps.pid = p.pid;
                 ps.ppid = p.ppid;
                 ps.forked = p.origin == Origin::Forked;
+                ps.attached = p.origin == Origin::Attached;
                 ps.parent_stream = p.parent_stream;
                 ps.argv = p.argv;
                 ps.exe = p.exe;
@@ -250,6 +254,11 @@ pub fn summarize(
             Chunk::HeapCensus(c) => {
                 let i = idx(&mut sum, &mut by_stream, c.stream);
                 sum.processes[i].heap_census = Some(c);
+            }
+            Chunk::StartingHeap(h) => {
+                let i = idx(&mut sum, &mut by_stream, h.stream);
+                let bytes = h.blocks.iter().map(|b| b.1).sum();
+                sum.processes[i].starting_heap = Some((h.blocks.len() as u64, bytes));
             }
             Chunk::Untraced(u) => sum.untraced.push(u),
             Chunk::Maps(_) | Chunk::Rollup(_) => {}

@@ -292,11 +292,16 @@ pub fn stream_calls_marked(trace: &Path, mark: Option<u64>) -> Vec<StreamCalls> 
     let mut streams: HashMap<u32, Replay> = HashMap::new();
     // Processes `record -p` attached to: their merge knows the heap began before them.
     let mut attached = std::collections::HashSet::new();
+    // And the blocks they held then, when read: the merge and the live set start there.
+    let mut starting: HashMap<u32, fragscope_trace::heap_census::StartingHeap> = HashMap::new();
     while let Some(chunk) = reader.next_chunk() {
         if let Chunk::Process(p) = &chunk {
             if p.origin == fragscope_trace::Origin::Attached {
                 attached.insert(p.stream);
             }
+        }
+        if let Chunk::StartingHeap(h) = &chunk {
+            starting.insert(h.stream, h.clone());
         }
         let Chunk::Events(h, records) = chunk else {
             continue;
@@ -317,6 +322,12 @@ pub fn stream_calls_marked(trace: &Path, mark: Option<u64>) -> Vec<StreamCalls> 
                 ..Default::default()
             },
         });
+        if let Some(heap) = starting.remove(&h.stream) {
+            r.merger.seed_starting_heap(heap.tick, &heap.blocks);
+            // Tid 0: no thread's (the heap was there before any recorded call).
+            r.live
+                .extend(heap.blocks.iter().map(|&(a, usable)| (a, (usable, 0))));
+        }
         r.merger.push_chunk(&h, &records).unwrap();
         replay(r, mark);
     }
