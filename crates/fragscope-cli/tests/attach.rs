@@ -191,3 +191,76 @@ fn attaching_to_no_process_is_a_clear_error_and_leaves_no_trace() {
         common::stderr(&out)
     );
 }
+
+#[test]
+fn a_python_http_server_is_recorded_and_serves_on() {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let Ok(python) = which_python() else {
+        eprintln!("skipped: no python3");
+        return;
+    };
+    // A free port, then the server on it.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = std::process::Command::new(python)
+        .args([
+            "-m",
+            "http.server",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+        ])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let get = || -> Option<String> {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+        s.write_all(b"GET / HTTP/1.0\r\n\r\n").ok()?;
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).ok()?;
+        Some(answer)
+    };
+    let started = std::time::Instant::now();
+    while get().is_none() {
+        assert!(started.elapsed().as_secs() < 20, "the server did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let trace = dir.path().join("http.fsc");
+    let pid = server.id();
+    let t = trace.clone();
+    let recorder = std::thread::spawn(move || attach(pid, &t, &["--duration", "2"]));
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    for _ in 0..30 {
+        assert!(get().unwrap().starts_with("HTTP/1.0 200"));
+    }
+    let out = recorder.join().unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    // Served on after the detach.
+    assert!(get().unwrap().starts_with("HTTP/1.0 200"));
+    let _ = server.kill();
+    let _ = server.wait();
+    let c = common::stream_calls(&trace).remove(0);
+    assert!(c.calls > 100, "the requests' calls: {c:#?}");
+    assert_eq!(c.merge.forced_allocs + c.merge.late, 0, "{c:#?}");
+    let r = report_json(&trace);
+    assert!(
+        r["merge"]["starting_blocks"].as_u64().unwrap() > 1000,
+        "{}",
+        r["merge"]
+    );
+}
+
+fn which_python() -> Result<std::path::PathBuf, ()> {
+    ["/usr/bin/python3", "/usr/local/bin/python3"]
+        .iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.exists())
+        .ok_or(())
+}

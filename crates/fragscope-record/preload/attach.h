@@ -13,6 +13,7 @@
  * thread still inside a hook). Included by fragscope_preload.c. */
 
 static char attach_conf[4096];
+static uintptr_t self_base; /* where this library is loaded, when injected */
 static size_t attach_conf_len;
 
 /* Reads attach.conf beside this library when the environment names no recorder: a
@@ -21,6 +22,7 @@ static void attach_detect(void) {
     if (getenv("FRAGSCOPE_SOCK")) return;
     Dl_info self;
     if (!dladdr((void *)&attach_detect, &self) || !self.dli_fname) return;
+    self_base = (uintptr_t)self.dli_fbase;
     char path[4096];
     const char *slash = strrchr(self.dli_fname, '/');
     size_t dir = slash ? (size_t)(slash - self.dli_fname) : 0;
@@ -47,11 +49,46 @@ static const char *setting(const char *name) {
     return NULL;
 }
 
+struct definition_query {
+    const char *name;
+    void *found;
+};
+
+/* The first loaded library (in load order, which is the global scope's) that defines
+ * `name` itself. */
+static int find_definition(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    struct definition_query *q = data;
+    const char *obj = info->dlpi_name;
+    if (!obj || !*obj || strstr(obj, "linux-vdso") || (uintptr_t)info->dlpi_addr == self_base)
+        return 0;
+    void *h = dlopen(obj, RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) return 0;
+    void *f = dlsym(h, q->name);
+    Dl_info d;
+    if (f && dladdr(f, &d) && (uintptr_t)d.dli_fbase == (uintptr_t)info->dlpi_addr) q->found = f;
+    dlclose(h);
+    return q->found != NULL;
+}
+
 /* Where the real functions are: after this library when preloaded (RTLD_NEXT); when
- * injected, where the program's own calls went (the first definition in the global
- * scope: jemalloc's malloc for a program linked with it, not libc's). */
+ * injected, where the program's own calls went: the first definition in the global
+ * scope (jemalloc's malloc for a program linked with it, not libc's). An executable
+ * that takes a function's address (a non-PIE python3 takes malloc's) exports a
+ * "canonical" PLT entry for it, which dlsym returns and which jumps through the slot we
+ * rebind: the definition is then looked for in the libraries. */
 static void *real_symbol(const char *name) {
-    return dlsym(attached ? RTLD_DEFAULT : RTLD_NEXT, name);
+    if (!attached) return dlsym(RTLD_NEXT, name);
+    void *f = dlsym(RTLD_DEFAULT, name);
+    if (!f) return NULL;
+    Dl_info d;
+    const ElfW(Sym) *sym = NULL;
+    if (dladdr1(f, &d, (void **)&sym, RTLD_DL_SYMENT) && sym && d.dli_saddr == f &&
+        sym->st_shndx != SHN_UNDEF)
+        return f;
+    struct definition_query q = {name, NULL};
+    dl_iterate_phdr(find_definition, &q);
+    return q.found;
 }
 
 /* ---- rebinding the program's calls ---- */
@@ -81,7 +118,6 @@ static struct got_patch got_patches[MAX_GOT_PATCHES];
 static unsigned got_patch_count;
 static unsigned got_patches_dropped;
 static pthread_mutex_t patch_lock = PTHREAD_MUTEX_INITIALIZER;
-static uintptr_t self_base;
 
 /* Writes a slot, opening its page for the write if relocation made it read-only. */
 static void write_slot(void **slot, void *value, uintptr_t relro_lo, uintptr_t relro_hi) {
