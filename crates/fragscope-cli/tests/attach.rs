@@ -264,3 +264,30 @@ fn which_python() -> Result<std::path::PathBuf, ()> {
         .find(|p| p.exists())
         .ok_or(())
 }
+
+#[test]
+fn a_running_ghc_program_gets_its_block_census_diagnosis() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = common::build_ghc(dir.path(), &common::ghc_case("Conns"), "Conns", &[]) else {
+        return;
+    };
+    // Seed 001's shape: 20 000 connections' pinned buffers, a few cells kept after they
+    // close, then an idle plateau; attached to once they have closed.
+    let mut program = std::process::Command::new(&exe)
+        .args(["20000", "keep"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let trace = dir.path().join("conns.fsc");
+    let out = attach(program.id(), &trace, &["--duration", "1.5"]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    // Left to run to its end as it would.
+    let status = program.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let text = common::fragscope(&[OsStr::new("report"), trace.as_os_str()]);
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(text.contains("attached to the running program"), "{text}");
+    assert!(text.contains("pinned blocks"), "{text}");
+}

@@ -287,6 +287,19 @@ pub fn has_ghc_census(trace: &Path) -> Result<bool, GhcError> {
     Ok(false)
 }
 
+/// Whether the trace's first process was already running when `record -p` attached.
+fn first_process_attached(trace: &Path) -> bool {
+    let Ok(mut reader) = TraceReader::open(trace) else {
+        return false;
+    };
+    while let Some(chunk) = reader.next_chunk() {
+        if let Chunk::Process(p) = chunk {
+            return p.origin == fragscope_trace::Origin::Attached;
+        }
+    }
+    false
+}
+
 /// The GHC report of a GHC program recorded without an eventlog: RSS and the RTS's
 /// block censuses only.
 pub fn analyze_trace_without_eventlog(trace: &Path) -> Result<GhcReport, GhcError> {
@@ -318,6 +331,12 @@ pub fn analyze_trace_without_eventlog(trace: &Path) -> Result<GhcReport, GhcErro
                 "; the block census always holds the program for its few milliseconds"
             }
         ),
+        None if first_process_attached(trace) => "recorded from the moment fragscope \
+                 attached to the running program (record -p), whose RTS cannot be asked for an \
+                 eventlog once it runs: the figures are RSS and the RTS's block censuses; start \
+                 it under `fragscope record` (built with `ghc -eventlog -rtsopts`) for live \
+                 data, the heap's size over time and the GC table"
+            .into(),
         None => "recorded without an eventlog (the program's RTS was not linked with -eventlog, \
                  or refused GHCRTS): the figures are RSS and the RTS's block censuses; rebuild \
                  with `ghc -eventlog -rtsopts` for live data, the heap's size over time and the \
