@@ -291,3 +291,36 @@ fn a_running_ghc_program_gets_its_block_census_diagnosis() {
     assert!(text.contains("attached to the running program"), "{text}");
     assert!(text.contains("pinned blocks"), "{text}");
 }
+
+#[test]
+fn another_users_process_is_refused_with_what_permission_is_missing() {
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 || Command::new("setpriv").arg("--help").output().is_err() {
+        eprintln!("skipped: it needs root and setpriv");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = common::build(dir.path(), "attach_target", &["-pthread"]);
+    let mut p = Running::start(Command::new(&exe));
+    assert_eq!(p.line().trim(), "ready");
+    let trace = dir.path().join("never.fsc");
+    let out = Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "-p", &p.pid().to_string(), "-o"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let err = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("/proc/sys/kernel/yama/ptrace_scope") && err.contains("CAP_SYS_PTRACE"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!trace.exists());
+    // Untouched: it runs on.
+    let (before, _) = operations(&mut p);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(operations(&mut p).0 > before);
+}
