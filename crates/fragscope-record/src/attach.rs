@@ -75,19 +75,25 @@ fn library_function(pid: u32, library: &Path, name: &str) -> Result<u64> {
 /// With `pid` held stopped: runs `census` (which reads its heap), then has the loaded
 /// `library` rebind the process's calls to its hooks (`fragscope_rebind`), and only then
 /// lets the process go, so that no call falls between the heap read and the first
-/// recorded one. Returns what `census` returned and the call slots rebound.
-pub fn rebind_library<T>(pid: u32, library: &Path, census: impl FnOnce() -> T) -> Result<(T, u64)> {
+/// recorded one. Returns what `census` returned, the call slots rebound and how long the
+/// process was held.
+pub fn rebind_library<T>(
+    pid: u32,
+    library: &Path,
+    census: impl FnOnce() -> T,
+) -> Result<(T, u64, Duration)> {
     let rebind = library_function(pid, library, "fragscope_rebind")?;
     let pause = fragscope_census::Pause::stop(pid).map_err(|e| anyhow!(e))?;
     let read = census();
     // The borrowed thread runs alone: ptrace resumes it out of the group stop, and the
     // detach puts it back in it until the pause ends.
     let slots = call_interposer(pid, rebind)?;
+    let held = pause.held();
     drop(pause);
     if slots as i64 == -1 {
         bail!("the interposer in process {pid} is not recording (its connection failed)");
     }
-    Ok((read, slots))
+    Ok((read, slots, held))
 }
 
 /// Calls `fragscope_detach` of `library`, loaded in `pid`: the calls go back to the

@@ -1830,7 +1830,7 @@ fn run_attached(
     // runs again: the merge starts from these blocks, so their frees are known and the
     // report's live data holds them.
     // (Written while it is stopped: no chunk of its calls can come before this one.)
-    let (heap, _slots) = crate::attach::rebind_library(pid, &files.library, || {
+    let (heap, slots, held) = crate::attach::rebind_library(pid, &files.library, || {
         crate::snapshot::glibc_live_blocks(pid).map(|blocks| {
             let heap = fragscope_trace::heap_census::StartingHeap {
                 stream,
@@ -1848,11 +1848,13 @@ fn run_attached(
         );
     }
     eprintln!(
-        "fragscope: recording process {pid}{}; Ctrl-C stops the recording and leaves the \
-         process running",
+        "fragscope: recording process {pid}{} (held {:.1} ms while its heap was read and \
+         {slots} call slots rebound); Ctrl-C stops the recording and leaves the process \
+         running",
         a.duration
             .map(|d| format!(" for {:.0} s", d.as_secs_f64()))
-            .unwrap_or_default()
+            .unwrap_or_default(),
+        held.as_secs_f64() * 1000.0
     );
     let registered = || {
         let procs = shared.procs.lock().unwrap();
