@@ -956,6 +956,23 @@ static inline uint64_t clock_for(uint8_t kind, int ordering) {
     return clock_page->now;
 }
 
+/* A thread the merge was told is idle is back: an empty buffer says so at the current
+ * tick before its call reads the clock, so that the merge waits for it from here. Sent
+ * after the call instead, it could reach the merge behind calls of other threads made
+ * ticks later (the thread preempted between its call and the send: with 128 threads on
+ * 2 cores, 1 to 6 late calls in a third of bursty runs). */
+static void announce_awake(struct thread_state *ts) {
+    if (ts->len == 0) {
+        uint64_t tick = current_tick();
+        if (tick != ts->tick) {
+            ts->tick = tick;
+            ts->order_next = 0; /* the recorder started the counter again with the tick */
+        }
+        ts->chunk_first_tick = ts->tick;
+    }
+    send_thread_buffer(ts, 0);
+}
+
 /* Writes one call's record into the thread's buffer; the caller holds TF_BUSY. */
 static void write_event(struct thread_state *ts, uint8_t kind, uintptr_t addr, uintptr_t old_addr,
                         size_t size, size_t align) {
@@ -1096,6 +1113,7 @@ static void record(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size
     wait_until_not_taken(ts);
     int woke = ts->idle;
     ts->idle = 0;
+    if (UNLIKELY(woke)) announce_awake(ts);
     if (UNLIKELY(ts->nested_head != ts->nested_tail || ts->nested_lost)) drain_nested(ts);
     write_event(ts, kind, addr, old_addr, size, align);
     if (UNLIKELY(ts->nested_head != ts->nested_tail || ts->nested_lost)) drain_nested(ts);
