@@ -324,3 +324,70 @@ fn another_users_process_is_refused_with_what_permission_is_missing() {
     std::thread::sleep(std::time::Duration::from_millis(100));
     assert!(operations(&mut p).0 > before);
 }
+
+/// A real server on jemalloc (Debian's redis-server), recorded while clients write to
+/// it: every call in order, and it serves on as before after the detach.
+#[test]
+fn redis_server_is_recorded_while_it_serves_and_answers_after() {
+    if Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: redis-server is missing");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A port of our own (the snapshot test's is 20000 + pid % 20000).
+    let port = (40000 + std::process::id() % 20000).to_string();
+    let mut server = Command::new("redis-server")
+        .args(["--port", &port, "--save", "", "--appendonly", "no", "--dir"])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let cli = |args: &[&str]| -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &port])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while cli(&["PING"]) != "PONG" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "redis-server did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let trace = dir.path().join("redis.fsc");
+    let pid = server.id();
+    let t = trace.clone();
+    let recorder = std::thread::spawn(move || attach(pid, &t, &["--duration", "2"]));
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    for i in 0..200 {
+        assert_eq!(cli(&["SET", &format!("key{i}"), &"v".repeat(300)]), "OK");
+    }
+    let out = recorder.join().unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(cli(&["PING"]), "PONG");
+    assert_eq!(cli(&["DBSIZE"]), "200");
+    let _ = cli(&["SHUTDOWN", "NOSAVE"]);
+    let _ = server.wait();
+    let c = common::stream_calls(&trace).remove(0);
+    // Each SET allocates (its key, value, dict entry, the client's buffers).
+    assert!(c.calls > 1000, "{c:#?}");
+    assert_eq!(
+        c.merge.forced_allocs + c.merge.late + c.live_twice,
+        0,
+        "{c:#?}"
+    );
+    let info = common::info(&trace);
+    assert_eq!(
+        info["processes"][0]["end"],
+        "left running (fragscope detached)"
+    );
+}
