@@ -125,6 +125,28 @@ fn the_live_data_of_an_attached_program_holds_the_blocks_it_had_before() {
         live.abs_diff(table) < table / 8,
         "live {live} B at the detach, the table {table} B: {end}"
     );
+    // Text and HTML say where the recording began and what the heap held then.
+    let text = common::fragscope(&[OsStr::new("report"), trace.as_os_str()]);
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(
+        text.contains("attached to the running process; its heap then held"),
+        "{text}"
+    );
+    if let Some(browser) = common::chromium() {
+        let page = dir.path().join("slow.html");
+        let out = common::fragscope(&[
+            OsStr::new("report"),
+            trace.as_os_str(),
+            OsStr::new("--html"),
+            page.as_os_str(),
+        ]);
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        let dom = common::load_page(&browser, &page, &common::artefacts().join("attached.png"));
+        assert!(
+            dom.contains("Recorded from the moment fragscope attached to the running process; its heap then held"),
+            "the attach note is missing from the page"
+        );
+    }
 }
 
 #[test]

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::report_json;
+use common::{artefacts, chromium, load_page as load, report_json};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -38,64 +38,6 @@ fn record(dir: &Path) -> PathBuf {
         .unwrap();
     assert!(out.status.success(), "record: {}", common::stderr(&out));
     trace
-}
-
-fn chromium() -> Option<PathBuf> {
-    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-}
-
-/// Where screenshots are kept.
-fn artefacts() -> PathBuf {
-    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/html-report");
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// Loads `page` in headless Chromium; returns the DOM after the script ran. Fails on any
-/// console message (errors, policy violations) and writes a screenshot to `shot`.
-fn load(browser: &Path, page: &Path, shot: &Path) -> String {
-    let profile = tempfile::tempdir().unwrap();
-    let url = format!("file://{}", page.display());
-    let base = |cmd: &mut Command| {
-        cmd.args([
-            "--headless=new",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--hide-scrollbars",
-            "--virtual-time-budget=3000",
-        ])
-        .arg(format!("--user-data-dir={}", profile.path().display()));
-    };
-    let mut cmd = Command::new(browser);
-    base(&mut cmd);
-    let out = cmd
-        .args(["--enable-logging=stderr", "--v=0", "--dump-dom"])
-        .arg(&url)
-        .output()
-        .unwrap();
-    let log = String::from_utf8_lossy(&out.stderr);
-    let console: Vec<&str> = log.lines().filter(|l| l.contains(":CONSOLE")).collect();
-    assert!(console.is_empty(), "console messages: {console:#?}");
-    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(!dom.is_empty(), "chromium printed no DOM: {log}");
-    let mut cmd = Command::new(browser);
-    base(&mut cmd);
-    let out = cmd
-        .args(["--window-size=1280,2600"])
-        .arg(format!("--screenshot={}", shot.display()))
-        .arg(&url)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "screenshot failed");
-    assert!(
-        std::fs::metadata(shot).unwrap().len() > 10_000,
-        "empty screenshot"
-    );
-    dom
 }
 
 fn n(dom: &str, needle: &str) -> usize {

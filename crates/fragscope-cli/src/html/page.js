@@ -474,6 +474,10 @@
     document.getElementById("subtitle").textContent = "pid " + R.pid + (R.allocator ? ", " + R.allocator : "") + ", " + count(R.calls) + " calls, " + secs(R.duration_ms) + " - " + R.trace;
     const h = section(main, "Summary", "summary");
     if (R.truncated) h.append(el("p", { class: "warn" }, "The trace is truncated (" + (R.damage || "no end marker") + "): this is the analysis of what is intact."));
+    const M = R.merge;
+    if (M && M.attached) h.append(el("p", { class: "note" }, M.starting_blocks !== null
+      ? "Recorded from the moment fragscope attached to the running process; its heap then held " + count(M.starting_blocks) + " blocks (" + bytes(M.starting_bytes) + "), read from glibc's heap, which count as live data from the start" + (M.unknown_frees ? " (" + count(M.unknown_frees) + " frees of blocks whose allocation was in flight as its calls were rebound or put back are counted apart)." : ".")
+      : "Recorded from the moment fragscope attached to the running process, whose heap was not read then: its " + count(M.unknown_frees) + " frees of blocks allocated before are counted apart, and live data counts only blocks allocated since."));
     for (const u of R.untraced || []) h.append(el("p", { class: "warn" }, "Not traced, its calls are missing: pid " + u.pid + " (" + (u.argv.join(" ") || u.path) + ")" + (u.exec_by_pid === null ? "" : ", exec'd by pid " + u.exec_by_pid) + ": " + u.reason));
     h.append(el("p", { class: "headline" }, R.headline.sentence));
     h.append(el("p", { class: "note" }, (R.headline.peak_rss === null ? "no RSS sample was taken" : "peak RSS " + bytes(R.headline.peak_rss) + " at " + secs(R.headline.peak_rss_t_ms)) + "; peak live " + bytes(R.headline.peak_live) + " at " + secs(R.headline.peak_live_t_ms) +

@@ -423,3 +423,61 @@ impl Drop for Running {
         let _ = self.child.wait();
     }
 }
+
+pub fn chromium() -> Option<PathBuf> {
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+}
+
+/// Where screenshots are kept.
+pub fn artefacts() -> PathBuf {
+    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/html-report");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Loads `page` in headless Chromium; returns the DOM after the script ran. Fails on any
+/// console message (errors, policy violations) and writes a screenshot to `shot`.
+pub fn load_page(browser: &Path, page: &Path, shot: &Path) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", page.display());
+    let base = |cmd: &mut Command| {
+        cmd.args([
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--hide-scrollbars",
+            "--virtual-time-budget=3000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()));
+    };
+    let mut cmd = Command::new(browser);
+    base(&mut cmd);
+    let out = cmd
+        .args(["--enable-logging=stderr", "--v=0", "--dump-dom"])
+        .arg(&url)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    let console: Vec<&str> = log.lines().filter(|l| l.contains(":CONSOLE")).collect();
+    assert!(console.is_empty(), "console messages: {console:#?}");
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!dom.is_empty(), "chromium printed no DOM: {log}");
+    let mut cmd = Command::new(browser);
+    base(&mut cmd);
+    let out = cmd
+        .args(["--window-size=1280,2600"])
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(&url)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "screenshot failed");
+    assert!(
+        std::fs::metadata(shot).unwrap().len() > 10_000,
+        "empty screenshot"
+    );
+    dom
+}
