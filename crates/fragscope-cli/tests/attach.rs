@@ -413,3 +413,32 @@ fn redis_server_is_recorded_while_it_serves_and_answers_after() {
         "left running (fragscope detached)"
     );
 }
+
+#[test]
+fn ctrl_c_ends_the_recording_and_leaves_the_process_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = common::build(dir.path(), "attach_target", &["-pthread"]);
+    let mut p = Running::start(Command::new(&exe));
+    assert_eq!(p.line().trim(), "ready");
+    let trace = dir.path().join("interrupted.fsc");
+    let recorder = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "-p", &p.pid().to_string(), "-o"])
+        .arg(&trace)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    // SAFETY: kill with a pid we started.
+    unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };
+    let out = recorder.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let (before, _) = operations(&mut p);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(operations(&mut p).0 > before, "the program stopped");
+    let info = common::info(&trace);
+    assert_eq!(
+        info["processes"][0]["end"],
+        "left running (fragscope detached)"
+    );
+    assert!(info["events"].as_u64().unwrap() > 1000, "{info}");
+}
