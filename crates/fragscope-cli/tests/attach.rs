@@ -351,40 +351,12 @@ fn another_users_process_is_refused_with_what_permission_is_missing() {
 /// it: every call in order, and it serves on as before after the detach.
 #[test]
 fn redis_server_is_recorded_while_it_serves_and_answers_after() {
-    if Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("skipped: redis-server is missing");
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     // A port of our own (the snapshot test's is 20000 + pid % 20000).
     let port = (40000 + std::process::id() % 20000).to_string();
-    let mut server = Command::new("redis-server")
-        .args(["--port", &port, "--save", "", "--appendonly", "no", "--dir"])
-        .arg(dir.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let cli = |args: &[&str]| -> String {
-        let out = Command::new("redis-cli")
-            .args(["-p", &port])
-            .args(args)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    let Some((mut server, cli)) = common::start_redis(dir.path(), &port, &[]) else {
+        return;
     };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while cli(&["PING"]) != "PONG" {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "redis-server did not start"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
     let trace = dir.path().join("redis.fsc");
     let pid = server.id();
     let t = trace.clone();

@@ -331,41 +331,14 @@ fn ghc_program_gets_its_block_census() {
 /// data, and it answers after the snapshot as before.
 #[test]
 fn redis_server_on_jemalloc_answers_after_its_snapshot() {
-    if Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("skipped: redis-server is missing");
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     // A port of our own: from the test's pid, above the usual ones.
     let port = (20000 + std::process::id() % 20000).to_string();
-    let mut server = Command::new("redis-server")
-        .args(["--port", &port, "--save", "", "--appendonly", "no"])
-        .args(["--enable-debug-command", "yes", "--dir"])
-        .arg(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let cli = |args: &[&str]| -> String {
-        let out = Command::new("redis-cli")
-            .args(["-p", &port])
-            .args(args)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    let Some((mut server, cli)) =
+        common::start_redis(dir.path(), &port, &["--enable-debug-command", "yes"])
+    else {
+        return;
     };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while cli(&["PING"]) != "PONG" {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "redis-server did not start"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
     assert_eq!(cli(&["DEBUG", "POPULATE", "200000", "key", "500"]), "OK");
     let info = cli(&["INFO", "memory"]);
     let used: u64 = info

@@ -481,3 +481,47 @@ pub fn load_page(browser: &Path, page: &Path, shot: &Path) -> String {
     );
     dom
 }
+
+/// Debian's redis-server started on `port` with its files in `dir`, answering PING, and a
+/// redis-cli for it; None (the test skips) when redis is not installed.
+pub fn start_redis(
+    dir: &Path,
+    port: &str,
+    extra: &[&str],
+) -> Option<(Child, impl Fn(&[&str]) -> String)> {
+    if Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: redis-server is missing");
+        return None;
+    }
+    let server = Command::new("redis-server")
+        .args(["--port", port, "--save", "", "--appendonly", "no"])
+        .args(extra)
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let port = port.to_string();
+    let cli = move |args: &[&str]| -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &port])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while cli(&["PING"]) != "PONG" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "redis-server did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Some((server, cli))
+}
