@@ -6,7 +6,7 @@ mod common;
 use common::{report_json, Running};
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use serde_json::Value;
 
