@@ -6,10 +6,12 @@
 //   mallinfo2 arena=A ordblks=B smblks=C hblks=D hblkhd=E uordblks=F fordblks=G keepcost=H
 // and malloc_info's XML on stderr, and waits: for each line read on stdin it prints
 // the mallinfo2 line again ("trim" first calls malloc_trim(0) and prints
-// "trimmed RSS_BEFORE_KIB RSS_AFTER_KIB"); it exits at the end of stdin.
+// "trimmed RSS_BEFORE_KIB RSS_AFTER_KIB"; "sigchld" prints "sigchld N", the SIGCHLDs it
+// has received, instead); it exits at the end of stdin.
 #define _GNU_SOURCE
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +60,12 @@ static long rss_kib(void) {
     return kib;
 }
 
+static volatile sig_atomic_t sigchld_count;
+static void count_sigchld(int sig) {
+    (void)sig;
+    sigchld_count++;
+}
+
 static void print_mallinfo(void) {
     struct mallinfo2 m = mallinfo2();
     printf("mallinfo2 arena=%zu ordblks=%zu smblks=%zu hblks=%zu hblkhd=%zu uordblks=%zu "
@@ -73,6 +81,8 @@ int main(void) {
     static char inbuf[4096], outbuf[4096];
     setvbuf(stdin, inbuf, _IOLBF, sizeof inbuf);
     setvbuf(stdout, outbuf, _IOLBF, sizeof outbuf);
+    struct sigaction sa = {.sa_handler = count_sigchld, .sa_flags = SA_RESTART};
+    sigaction(SIGCHLD, &sa, NULL);
     pthread_t t[THREADS];
     for (long i = 0; i < THREADS; i++) pthread_create(&t[i], NULL, worker, (void *)i);
     void **keep = fragment(40000, 1);
@@ -90,6 +100,10 @@ int main(void) {
     fflush(stderr);
     char line[64];
     while (fgets(line, sizeof line, stdin)) {
+        if (strncmp(line, "sigchld", 7) == 0) {
+            printf("sigchld %d\n", (int)sigchld_count);
+            continue;
+        }
         if (strncmp(line, "trim", 4) == 0) {
             long before = rss_kib();
             malloc_trim(0);

@@ -47,14 +47,36 @@ fn glibc_census_agrees_with_mallinfo_and_the_process_runs_on() {
     let exe = helper(dir.path());
     let mut p = Running::start(Command::new(&exe));
     let before = mallinfo(&p.line());
+    // Read from a copy made by fork, then from the process held stopped: the same heap.
+    // (In this order: reading the process itself maps the zero page at heap pages it never
+    // touched, which pagemap then shows present; reading the copy leaves the process's
+    // page tables as they were.)
     let trace = dir.path().join("snap.fsc");
-    let out = snapshot(p.pid(), &trace, &[]);
+    let out = snapshot(p.pid(), &trace, &["--fork-copy", "always"]);
     let err = common::stderr(&out);
     assert!(out.status.success(), "{err}");
     assert!(
         err.contains("was stopped for")
-            && (err.contains("ms per GiB") || err.contains("(its heap: ")),
+            && (err.contains("ms per GiB") || err.contains("(its heap: "))
+            && err.contains("its heap was read from a copy made by fork"),
         "{err}"
+    );
+    let stopped = dir.path().join("stopped.fsc");
+    let out = snapshot(p.pid(), &stopped, &["--fork-copy", "never"]);
+    let err = common::stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("copy made by fork"), "{err}");
+    // The copy is gone and reaped, and the process was told nothing of it.
+    let children: String = std::fs::read_dir(format!("/proc/{}/task", p.pid()))
+        .unwrap()
+        .map(|t| std::fs::read_to_string(t.unwrap().path().join("children")).unwrap())
+        .collect();
+    assert_eq!(children.trim(), "", "the process has children left");
+    p.send("sigchld");
+    assert_eq!(p.line().trim(), "sigchld 0");
+    assert_eq!(
+        report_json(&stopped)["snapshot"]["glibc"],
+        report_json(&trace)["snapshot"]["glibc"]
     );
 
     let r = report_json(&trace);
