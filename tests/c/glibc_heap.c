@@ -1,4 +1,5 @@
-// A long-running process with a fragmented glibc heap, for `fragscope snapshot`: the main
+// A long-running process with a fragmented glibc heap, for `fragscope snapshot` (with the
+// argument "seccomp", under a seccomp filter that allows everything): the main
 // thread and THREADS threads (each in its own arena) allocate blocks of mixed sizes and
 // free most of them in a pattern that leaves holes (some in the threads' caches and the
 // fastbins), plus a few blocks above the mmap threshold. Then it prints glibc's own view,
@@ -9,12 +10,15 @@
 // "trimmed RSS_BEFORE_KIB RSS_AFTER_KIB"; "sigchld" prints "sigchld N", the SIGCHLDs it
 // has received, instead); it exits at the end of stdin.
 #define _GNU_SOURCE
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 
 #define THREADS 3
 
@@ -74,7 +78,19 @@ static void print_mallinfo(void) {
     fflush(stdout);
 }
 
-int main(void) {
+// Runs the process under a seccomp filter that allows every call: what a sandboxed server
+// looks like from outside (Seccomp: 2 in its status).
+static void allow_all_under_seccomp(void) {
+    struct sock_filter allow = BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+    struct sock_fprog prog = {.len = 1, .filter = &allow};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog)) {
+        perror("seccomp");
+        exit(1);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "seccomp") == 0) allow_all_under_seccomp();
     // stdio's buffers are static: glibc would otherwise malloc them at the first read and
     // write, after mallinfo2 is taken, and the heap the census reads would not be the one
     // printed.

@@ -174,6 +174,32 @@ fn glibc_census_agrees_with_mallinfo_and_the_process_runs_on() {
 }
 
 #[test]
+fn a_process_under_seccomp_is_read_stopped_rather_than_forked() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = helper(dir.path());
+    let mut cmd = Command::new(&exe);
+    cmd.arg("seccomp");
+    let mut p = Running::start(cmd);
+    let before = mallinfo(&p.line());
+    let trace = dir.path().join("snap.fsc");
+    let out = snapshot(p.pid(), &trace, &["--fork-copy", "always"]);
+    let err = common::stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        !err.contains("copy made by fork") && err.contains("seccomp filter"),
+        "{err}"
+    );
+    let g = &report_json(&trace)["snapshot"]["glibc"];
+    assert_eq!(
+        g["mallinfo_in_use"].as_u64().unwrap(),
+        before["uordblks"] + before["hblkhd"],
+        "{g}"
+    );
+    p.send("again");
+    assert_eq!(mallinfo(&p.line()), before);
+}
+
+#[test]
 fn without_debug_symbols_the_arena_is_found_by_its_shape() {
     let dir = tempfile::tempdir().unwrap();
     let exe = helper(dir.path());
