@@ -389,13 +389,17 @@ fn redis_server_on_jemalloc_answers_after_its_snapshot() {
     };
     assert_eq!(cli(&["DEBUG", "POPULATE", "200000", "key", "500"]), "OK");
     let info = cli(&["INFO", "memory"]);
-    let used: u64 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let field = |name: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let used = field("used_memory:");
+    // jemalloc's stats.resident: the pages of its own mappings that are resident.
+    let allocator_resident = field("allocator_resident:");
     let trace = dir.path().join("snap.fsc");
     let out = snapshot(server.id(), &trace, &[]);
     assert!(out.status.success(), "{}", common::stderr(&out));
@@ -409,6 +413,16 @@ fn redis_server_on_jemalloc_answers_after_its_snapshot() {
         "heap resident {resident}, used_memory {used}"
     );
     assert!(snap["rss"].as_u64().unwrap() >= used);
+    assert!(
+        within(resident, allocator_resident, 0.05),
+        "heap resident {resident}, jemalloc's allocator_resident {allocator_resident}"
+    );
+    let err = common::stderr(&out);
+    // The heap it speaks of is the resident heap it read, not nothing.
+    assert!(
+        !err.contains("(its heap: 0 B)") && err.contains("was stopped for"),
+        "{err}"
+    );
     assert_eq!(cli(&["PING"]), "PONG");
     assert_eq!(cli(&["DBSIZE"]), "200000");
     let _ = cli(&["SHUTDOWN", "NOSAVE"]);

@@ -260,6 +260,7 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
             (held, maps, residency, rss, Some(census))
         }
     };
+    let resident_heap_bytes = residency.iter().map(|r| r.resident_pages()).sum::<u64>() * page;
     if gone(pid) && rss.is_none() {
         bail!("process {pid} exited while it was read");
     }
@@ -367,6 +368,8 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         heap_bytes = h.arenas.iter().map(|a| a.system_mem).sum::<u64>() + h.mmapped_bytes;
     } else if allocator != "ghc" {
         note = census.as_ref().err().cloned();
+        // The page-level picture: the heap is what its mappings hold resident.
+        heap_bytes = resident_heap_bytes;
     }
     w.write_chunk(
         ChunkKind::HeapCensus,
