@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
-use fragscope_record::{snapshot, SnapshotOptions};
+use fragscope_record::{snapshot, ForkCopy, SnapshotOptions};
 
 use crate::units;
 
@@ -14,6 +14,10 @@ use crate::units;
 /// fragscope holds the process stopped (SIGSTOP) while it reads its heap from outside
 /// (/proc/PID/mem, maps, pagemap), continues it, and writes a trace of that one moment,
 /// which `report` (also --json, --html), `compare` and `export` read like a recording.
+/// A glibc heap of 32 MiB or more is read from a copy of the process instead: fragscope
+/// makes it fork (with ptrace, as a debugger would) while it is stopped, lets it run on at
+/// once, reads the copy, then kills the copy and has the process reap it (see
+/// --fork-copy). The stop then lasts as long as the fork, a few ms per GiB.
 /// glibc malloc: every arena, chunk, thread cache and fastbin, the mmapped chunks, and
 /// what malloc_trim would return (predicted; nothing is done to the process). A GHC 9.0
 /// program: the RTS's block census. Other allocators (jemalloc, tcmalloc, mimalloc): the
@@ -37,6 +41,20 @@ pub struct SnapshotArgs {
     /// Replace the output even if it is not a fragscope trace.
     #[arg(long)]
     force: bool,
+    /// Read a glibc heap from a forked copy of the process (the stop lasts only for the
+    /// fork): auto from 32 MiB of resident heap, always, or never (read the process
+    /// itself while it is stopped, about 0.3 ms per MiB). A process under a seccomp filter
+    /// is never forked. The copy shares the process's pages copy-on-write: while it is
+    /// read, pages the process writes are copied, at most its heap's size.
+    #[arg(long, value_enum, default_value_t = ForkCopyArg::Auto, value_name = "WHEN")]
+    fork_copy: ForkCopyArg,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ForkCopyArg {
+    Auto,
+    Always,
+    Never,
 }
 
 pub fn run(a: SnapshotArgs) -> Result<ExitCode> {
@@ -45,6 +63,11 @@ pub fn run(a: SnapshotArgs) -> Result<ExitCode> {
         output: a.output.clone(),
         force: a.force,
         stop: !a.no_stop,
+        fork_copy: match a.fork_copy {
+            ForkCopyArg::Auto => ForkCopy::Auto,
+            ForkCopyArg::Always => ForkCopy::Always,
+            ForkCopyArg::Never => ForkCopy::Never,
+        },
         compression_level: 3,
     })?;
     match out.stopped_for {
@@ -61,8 +84,13 @@ pub fn run(a: SnapshotArgs) -> Result<ExitCode> {
             } else {
                 format!(" (its heap: {})", units::bytes(out.heap_bytes))
             };
+            let how = if out.read_from_copy {
+                "; its heap was read from a copy made by fork"
+            } else {
+                ""
+            };
             eprintln!(
-                "fragscope: process {} ({}) was stopped for {ms:.1} ms{per_gib}",
+                "fragscope: process {} ({}) was stopped for {ms:.1} ms{per_gib}{how}",
                 a.pid, out.allocator
             );
         }

@@ -149,6 +149,80 @@ fn the_live_data_of_an_attached_program_holds_the_blocks_it_had_before() {
     }
 }
 
+/// Each mapping of `pid` by its start: (path or "[anon]", anonymous KiB, resident KiB).
+fn mappings(pid: u32) -> std::collections::BTreeMap<u64, (String, u64, u64)> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let mut out = std::collections::BTreeMap::new();
+    let mut current = None;
+    for line in smaps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if let Some((lo, _)) = fields.first().and_then(|f| f.split_once('-')) {
+            if let Ok(start) = u64::from_str_radix(lo, 16) {
+                let name = fields
+                    .get(5)
+                    .map_or("[anon]".to_string(), |n| n.to_string());
+                out.insert(start, (name, 0, 0));
+                current = Some(start);
+                continue;
+            }
+        }
+        let kib = || fields[1].parse::<u64>().unwrap();
+        match (fields.first(), current) {
+            (Some(&"Anonymous:"), Some(at)) => out.get_mut(&at).unwrap().1 = kib(),
+            (Some(&"Rss:"), Some(at)) => out.get_mut(&at).unwrap().2 = kib(),
+            _ => {}
+        }
+    }
+    out
+}
+
+#[test]
+fn after_the_detach_the_process_holds_only_what_fragscope_brought() {
+    // Slow workers: the program's own heap barely moves meanwhile.
+    let dir = tempfile::tempdir().unwrap();
+    let exe = common::build(dir.path(), "attach_target", &["-pthread"]);
+    let mut cmd = Command::new(&exe);
+    cmd.args(["4", "5000"]);
+    let mut p = Running::start(cmd);
+    assert_eq!(p.line().trim(), "ready");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let before = mappings(p.pid());
+    let trace = dir.path().join("detached.fsc");
+    let out = attach(p.pid(), &trace, &["--duration", "1"]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let after = mappings(p.pid());
+    // The program's own mappings: their anonymous memory as before (its heap, its
+    // threads' stacks, which the hooks used a little).
+    let grown: u64 = after
+        .iter()
+        .filter_map(|(at, (_, anon, _))| Some(anon.saturating_sub(before.get(at)?.1)))
+        .sum();
+    assert!(
+        grown <= 512,
+        "the program's own mappings grew by {grown} KiB of anonymous memory"
+    );
+    // The rest is what the attach brought: the interposer, the libraries it loads
+    // (libunwind, libm, ...) and their memory, the clock page.
+    let brought: Vec<&(String, u64, u64)> = after
+        .iter()
+        .filter(|(at, _)| !before.contains_key(at))
+        .map(|(_, m)| m)
+        .collect();
+    let brought_rss: u64 = brought.iter().map(|m| m.2).sum();
+    eprintln!("after the detach: own mappings +{grown} KiB anonymous, {brought_rss} KiB resident in mappings the attach made");
+    assert!(
+        brought.iter().any(|m| m.0.contains("libfragscope_preload")),
+        "{brought:?}"
+    );
+    assert!(
+        brought_rss <= 8 << 10,
+        "the attach left {brought_rss} KiB resident: {brought:?}"
+    );
+    p.send("quit");
+    assert!(p.line().starts_with("done "));
+}
+
 #[test]
 fn a_running_program_on_jemalloc_is_recorded_in_order_without_its_earlier_heap() {
     if !Path::new(JEMALLOC).exists() {

@@ -47,14 +47,36 @@ fn glibc_census_agrees_with_mallinfo_and_the_process_runs_on() {
     let exe = helper(dir.path());
     let mut p = Running::start(Command::new(&exe));
     let before = mallinfo(&p.line());
+    // Read from a copy made by fork, then from the process held stopped: the same heap.
+    // (In this order: reading the process itself maps the zero page at heap pages it never
+    // touched, which pagemap then shows present; reading the copy leaves the process's
+    // page tables as they were.)
     let trace = dir.path().join("snap.fsc");
-    let out = snapshot(p.pid(), &trace, &[]);
+    let out = snapshot(p.pid(), &trace, &["--fork-copy", "always"]);
     let err = common::stderr(&out);
     assert!(out.status.success(), "{err}");
     assert!(
         err.contains("was stopped for")
-            && (err.contains("ms per GiB") || err.contains("(its heap: ")),
+            && (err.contains("ms per GiB") || err.contains("(its heap: "))
+            && err.contains("its heap was read from a copy made by fork"),
         "{err}"
+    );
+    let stopped = dir.path().join("stopped.fsc");
+    let out = snapshot(p.pid(), &stopped, &["--fork-copy", "never"]);
+    let err = common::stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("copy made by fork"), "{err}");
+    // The copy is gone and reaped, and the process was told nothing of it.
+    let children: String = std::fs::read_dir(format!("/proc/{}/task", p.pid()))
+        .unwrap()
+        .map(|t| std::fs::read_to_string(t.unwrap().path().join("children")).unwrap())
+        .collect();
+    assert_eq!(children.trim(), "", "the process has children left");
+    p.send("sigchld");
+    assert_eq!(p.line().trim(), "sigchld 0");
+    assert_eq!(
+        report_json(&stopped)["snapshot"]["glibc"],
+        report_json(&trace)["snapshot"]["glibc"]
     );
 
     let r = report_json(&trace);
@@ -149,6 +171,32 @@ fn glibc_census_agrees_with_mallinfo_and_the_process_runs_on() {
         within(predicted, dropped, 0.25),
         "malloc_trim dropped RSS by {dropped} bytes, the census predicted {predicted}"
     );
+}
+
+#[test]
+fn a_process_under_seccomp_is_read_stopped_rather_than_forked() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = helper(dir.path());
+    let mut cmd = Command::new(&exe);
+    cmd.arg("seccomp");
+    let mut p = Running::start(cmd);
+    let before = mallinfo(&p.line());
+    let trace = dir.path().join("snap.fsc");
+    let out = snapshot(p.pid(), &trace, &["--fork-copy", "always"]);
+    let err = common::stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        !err.contains("copy made by fork") && err.contains("seccomp filter"),
+        "{err}"
+    );
+    let g = &report_json(&trace)["snapshot"]["glibc"];
+    assert_eq!(
+        g["mallinfo_in_use"].as_u64().unwrap(),
+        before["uordblks"] + before["hblkhd"],
+        "{g}"
+    );
+    p.send("again");
+    assert_eq!(mallinfo(&p.line()), before);
 }
 
 #[test]
@@ -341,13 +389,17 @@ fn redis_server_on_jemalloc_answers_after_its_snapshot() {
     };
     assert_eq!(cli(&["DEBUG", "POPULATE", "200000", "key", "500"]), "OK");
     let info = cli(&["INFO", "memory"]);
-    let used: u64 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let field = |name: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let used = field("used_memory:");
+    // jemalloc's stats.resident: the pages of its own mappings that are resident.
+    let allocator_resident = field("allocator_resident:");
     let trace = dir.path().join("snap.fsc");
     let out = snapshot(server.id(), &trace, &[]);
     assert!(out.status.success(), "{}", common::stderr(&out));
@@ -361,6 +413,16 @@ fn redis_server_on_jemalloc_answers_after_its_snapshot() {
         "heap resident {resident}, used_memory {used}"
     );
     assert!(snap["rss"].as_u64().unwrap() >= used);
+    assert!(
+        within(resident, allocator_resident, 0.05),
+        "heap resident {resident}, jemalloc's allocator_resident {allocator_resident}"
+    );
+    let err = common::stderr(&out);
+    // The heap it speaks of is the resident heap it read, not nothing.
+    assert!(
+        !err.contains("(its heap: 0 B)") && err.contains("was stopped for"),
+        "{err}"
+    );
     assert_eq!(cli(&["PING"]), "PONG");
     assert_eq!(cli(&["DBSIZE"]), "200000");
     let _ = cli(&["SHUTDOWN", "NOSAVE"]);

@@ -123,7 +123,7 @@ fn call_interposer(pid: u32, func: u64) -> Result<u64> {
     }
 }
 
-/// The process's C library, with dlopen and dlerror placed where it maps them.
+/// The process's C library, with dlopen, dlerror and syscall placed where it maps them.
 fn libc_image(pid: u32) -> Result<Symbols> {
     let (base, path) = mapped_image(pid, |p| {
         p.file_name()
@@ -137,8 +137,12 @@ fn libc_image(pid: u32) -> Result<Symbols> {
     let elf = fs::read(format!("/proc/{pid}/root{}", path.display()))
         .or_else(|_| fs::read(&path))
         .with_context(|| format!("reading {}", path.display()))?;
-    Symbols::resolve_at(&elf, &["dlopen", "__libc_dlopen_mode", "dlerror"], base)
-        .map_err(|e| anyhow!(e))
+    Symbols::resolve_at(
+        &elf,
+        &["dlopen", "__libc_dlopen_mode", "dlerror", "syscall"],
+        base,
+    )
+    .map_err(|e| anyhow!(e))
 }
 
 /// The first mapping at file offset 0 of a file `wanted` accepts: its start and path.
@@ -334,8 +338,9 @@ fn lock_holding_code(pid: u32) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// A thread of `pid` (not one of `refused`) stopped where a call of ours is safe to make.
-fn borrow_thread(pid: u32, refused: &[i32]) -> Result<Borrowed> {
+/// A thread of `pid` (not one of `refused`) stopped where a call of ours is safe to make:
+/// for a call that takes no lock (`lock_free`, a bare system call), any thread is.
+fn borrow_thread(pid: u32, refused: &[i32], lock_free: bool) -> Result<Borrowed> {
     for attempt in 0..CHOOSE_ATTEMPTS {
         let risky = lock_holding_code(pid);
         let mut tids: Vec<i32> = fs::read_dir(format!("/proc/{pid}/task"))
@@ -352,7 +357,9 @@ fn borrow_thread(pid: u32, refused: &[i32]) -> Result<Borrowed> {
             let Some(b) = seize(pid, tid)? else { continue };
             let r = &b.saved;
             let in_syscall = r.orig_rax as i64 >= 0;
-            let safe = if in_syscall {
+            let safe = if lock_free {
+                true
+            } else if in_syscall {
                 !ALLOCATOR_SYSCALLS.contains(&(r.orig_rax as i64))
             } else {
                 !risky.iter().any(|&(lo, hi)| r.rip >= lo && r.rip < hi)
@@ -376,9 +383,34 @@ fn remote_call(pid: u32, func: u64, args: &[Arg]) -> Result<u64> {
     remote_call_avoiding(pid, func, args, &[]).map(|(v, _)| v)
 }
 
+/// Makes a thread of `pid`, any one, call libc's `syscall` with `args` (at most six: the
+/// number and five arguments); its return value. `on_event` sees each ptrace event stop
+/// of the thread meanwhile with its event message (a fork's child).
+fn remote_syscall(pid: u32, args: &[u64], on_event: &mut dyn FnMut(i32, u64)) -> Result<i64> {
+    let syscall = libc_image(pid)?
+        .need("syscall")
+        .map_err(|e| anyhow!("process {pid}'s C library: {e}"))?;
+    let args: Vec<Arg> = args.iter().map(|&v| Arg::Value(v)).collect();
+    let b = borrow_thread(pid, &[], true)?;
+    call_on(pid, b, syscall, &args, Some(on_event)).map(|(v, _)| v as i64)
+}
+
 /// As [`remote_call`], on a thread not in `refused`; also says which thread made it.
 fn remote_call_avoiding(pid: u32, func: u64, args: &[Arg], refused: &[i32]) -> Result<(u64, i32)> {
-    let mut b = borrow_thread(pid, refused)?;
+    let b = borrow_thread(pid, refused, false)?;
+    call_on(pid, b, func, args, None)
+}
+
+/// Has the borrowed thread `b` call `func` with `args` (up to six, in the System V
+/// registers); its rax and tid. With `trace_forks`, the children it forks or clones stop
+/// at their start, traced by us, and each event stop is shown to it.
+fn call_on(
+    pid: u32,
+    mut b: Borrowed,
+    func: u64,
+    args: &[Arg],
+    mut trace_forks: Option<&mut dyn FnMut(i32, u64)>,
+) -> Result<(u64, i32)> {
     let mem = fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -408,12 +440,24 @@ fn remote_call_avoiding(pid: u32, func: u64, args: &[Arg], refused: &[i32]) -> R
     regs.rdi = params.next().unwrap_or(0);
     regs.rsi = params.next().unwrap_or(0);
     regs.rdx = params.next().unwrap_or(0);
+    regs.rcx = params.next().unwrap_or(0);
+    regs.r8 = params.next().unwrap_or(0);
+    regs.r9 = params.next().unwrap_or(0);
     regs.rip = func;
     regs.rsp = sp;
     regs.rax = 0;
     // Not in a system call any more: the kernel must not restart one at our function.
     regs.orig_rax = u64::MAX;
     b.restore = true;
+    if trace_forks.is_some() {
+        let options =
+            libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK | libc::PTRACE_O_TRACECLONE;
+        // SAFETY: setting options of a thread we seized.
+        if unsafe { libc::ptrace(libc::PTRACE_SETOPTIONS, b.tid, 0, options as libc::c_long) } != 0
+        {
+            return Err(ptrace_error(pid, "PTRACE_SETOPTIONS"));
+        }
+    }
     // SAFETY: writing a register block we own to a thread in a ptrace stop, then
     // continuing it.
     unsafe {
@@ -427,7 +471,17 @@ fn remote_call_avoiding(pid: u32, func: u64, args: &[Arg], refused: &[i32]) -> R
     let mut out = regs;
     let mut fault_elsewhere = None;
     wait_stop(tid, deadline, &mut b.held_signals, |status| {
-        if status >> 16 != 0 || libc::WSTOPSIG(status) != libc::SIGSEGV {
+        let event = status >> 16;
+        if event != 0 {
+            if let Some(seen) = trace_forks.as_mut() {
+                let mut message: libc::c_ulong = 0;
+                // SAFETY: reading the event message of a thread in an event stop.
+                unsafe { libc::ptrace(libc::PTRACE_GETEVENTMSG, tid, 0, &mut message) };
+                seen(event, message as u64);
+            }
+            return false;
+        }
+        if libc::WSTOPSIG(status) != libc::SIGSEGV {
             return false;
         }
         // SAFETY: reading the registers of the stopped thread into our block.
@@ -441,4 +495,104 @@ fn remote_call_avoiding(pid: u32, func: u64, args: &[Arg], refused: &[i32]) -> R
         bail!("the call fragscope made in process {pid} faulted at {rip:#x}");
     }
     Ok((out.rax, tid))
+}
+
+/// A copy of a process made by fork while the process was held stopped: the memory the
+/// process had at that moment (its private pages shared copy-on-write), readable at
+/// leisure while the process itself runs on. The copy never runs: it starts stopped and
+/// traced by us, and is killed when dropped. Its parent, the process, is not told of it:
+/// it is forked with no exit signal, and the process is made to reap it (a `wait4` with
+/// `__WALL` on a borrowed thread) after it is killed, so no SIGCHLD and no zombie is left.
+pub struct ForkedCopy {
+    parent: u32,
+    child: i32,
+}
+
+impl ForkedCopy {
+    pub fn pid(&self) -> u32 {
+        self.child as u32
+    }
+}
+
+impl Drop for ForkedCopy {
+    fn drop(&mut self) {
+        // SAFETY: signalling and waiting for a process we created and trace.
+        unsafe {
+            libc::kill(self.child, libc::SIGKILL);
+            let mut status = 0;
+            libc::waitpid(self.child, &mut status, libc::__WALL);
+        }
+        let reaped = remote_syscall(
+            self.parent,
+            &[
+                libc::SYS_wait4 as u64,
+                self.child as u64,
+                0,
+                libc::__WALL as u64,
+                0,
+            ],
+            &mut |_, _| {},
+        );
+        if let Err(e) = reaped {
+            if !crate::snapshot::gone(self.parent) {
+                eprintln!(
+                    "fragscope: warning: process {}'s copy {} could not be reaped by it ({e:#}); \
+                     it stays a zombie until process {} waits for it or exits",
+                    self.parent, self.child, self.parent
+                );
+            }
+        }
+    }
+}
+
+/// Forks `pid` (held stopped by the caller) on a borrowed thread, with no exit signal
+/// and nothing shared: the child has the process's memory as it is now. Err says why the
+/// copy could not be made (a seccomp filter, no memory to commit, a process limit); the
+/// process is left as it was.
+pub fn fork_copy(pid: u32) -> Result<ForkedCopy> {
+    if seccomp_filtered(pid) {
+        bail!(
+            "process {pid} runs under a seccomp filter, which could forbid (or kill it for) \
+             the fork that makes the copy"
+        );
+    }
+    let mut child = None;
+    // clone(flags = 0): a fork whose exit sends no signal; newsp, parent_tid, child_tid,
+    // tls all 0.
+    let r = remote_syscall(
+        pid,
+        &[libc::SYS_clone as u64, 0, 0, 0, 0, 0],
+        &mut |event, message| {
+            if matches!(
+                event,
+                libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK | libc::PTRACE_EVENT_CLONE
+            ) {
+                child = Some(message as i32);
+            }
+        },
+    )?;
+    if r < 0 {
+        bail!(
+            "the fork that makes the copy failed in process {pid}: {}",
+            std::io::Error::from_raw_os_error(-r as i32)
+        );
+    }
+    let child = child.unwrap_or(r as i32);
+    let copy = ForkedCopy { parent: pid, child };
+    // It starts stopped, traced by this thread: wait for that stop before reading it.
+    let deadline = Instant::now() + CALL_TIMEOUT;
+    wait_stop(child, deadline, &mut Vec::new(), |_| true)?;
+    Ok(copy)
+}
+
+/// True when `pid` runs under a seccomp filter (Seccomp: 2 in its status).
+fn seccomp_filtered(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Seccomp:"))
+                .map(|v| v.trim() == "2")
+        })
+        .unwrap_or(false)
 }

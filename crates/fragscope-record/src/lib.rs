@@ -21,4 +21,4 @@ mod snapshot;
 
 pub use launch::{check_traceable, NotTraceable};
 pub use session::{record, AttachOptions, PackMode, RecordOptions, RecordOutcome, SilentProcess};
-pub use snapshot::{snapshot, SnapshotOptions, SnapshotOutcome};
+pub use snapshot::{snapshot, ForkCopy, SnapshotOptions, SnapshotOutcome, FORK_COPY_FROM};

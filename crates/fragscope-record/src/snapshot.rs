@@ -26,8 +26,24 @@ pub struct SnapshotOptions {
     pub force: bool,
     /// Hold the process stopped while it is read (the figures then describe one moment).
     pub stop: bool,
+    /// When the heap is read from a forked copy of the process instead of the process
+    /// held stopped (glibc heaps): the stop then lasts only as long as the fork.
+    pub fork_copy: ForkCopy,
     pub compression_level: i32,
 }
+
+/// When `snapshot` reads a glibc heap from a copy of the process made by fork.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForkCopy {
+    /// When the heap's resident pages come to `FORK_COPY_FROM` or more.
+    Auto,
+    Always,
+    Never,
+}
+
+/// Resident heap from which `ForkCopy::Auto` reads a copy: below it, reading the process
+/// stopped takes a few milliseconds, less than stopping it twice would.
+pub const FORK_COPY_FROM: u64 = 32 << 20;
 
 #[derive(Debug, Clone)]
 pub struct SnapshotOutcome {
@@ -36,6 +52,8 @@ pub struct SnapshotOutcome {
     pub allocator: String,
     /// How long the process was held stopped (None: it was not).
     pub stopped_for: Option<Duration>,
+    /// The heap was read from a forked copy of the process (the stop covered the fork).
+    pub read_from_copy: bool,
     /// Bytes of heap the census covered (arenas' heaps and mmapped chunks, or the GHC
     /// RTS's megablocks), for the stop time per GiB.
     pub heap_bytes: u64,
@@ -134,6 +152,8 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         })
     });
     let mut ghc_census = None;
+    let mut copy_note = None;
+    let mut read_from_copy = false;
     let (stopped_for, maps, residency, rss, census) = match &ghc {
         Some(rts) => {
             // The GHC census holds the program itself (about 1 ms per 50 MiB of heap).
@@ -158,7 +178,7 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
             (pause, maps, residency, rss, None)
         }
         None => {
-            let pause = if opts.stop {
+            let mut pause = if opts.stop {
                 Some(Pause::stop(pid).map_err(|e| {
                     if gone(pid) {
                         anyhow::anyhow!("process {pid} exited before it could be read")
@@ -173,9 +193,42 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
                 .ok_or_else(|| anyhow::anyhow!("process {pid} exited while it was read"))?;
             let residency = read_residency(pid, &maps, page);
             let rss = procfs::read_rss(pid, 0);
+            let resident_heap: u64 =
+                residency.iter().map(|r| r.resident_pages()).sum::<u64>() * page;
+            let wants_copy = pause.is_some()
+                && matches!(layout, Some(Ok(_)))
+                && match opts.fork_copy {
+                    ForkCopy::Always => true,
+                    ForkCopy::Never => false,
+                    ForkCopy::Auto => resident_heap >= FORK_COPY_FROM,
+                };
+            // The heap as it is now, read from a copy while the process runs on.
+            let copy = if wants_copy {
+                match crate::attach::fork_copy(pid) {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        copy_note = Some(format!(
+                            "the heap was read from the process held stopped, not from a copy                              ({e:#})"
+                        ));
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            let mut copy_mem = match &copy {
+                Some(c) => Some(ProcessMemory::open(c.pid()).map_err(|e| access_error(pid, &e))?),
+                None => None,
+            };
+            let mut held = None;
+            if copy_mem.is_some() {
+                held = pause.as_ref().map(Pause::held);
+                drop(pause.take());
+            }
             let census: Result<GlibcHeap, String> = match layout {
                 Some(Ok(layout)) => {
-                    match glibc::census(&mut mem, &layout, &maps, &residency, page) {
+                    let reading = copy_mem.as_mut().unwrap_or(&mut mem);
+                    match glibc::census(reading, &layout, &maps, &residency, page) {
                         Ok(h) => Ok(h),
                         Err(_) if gone(pid) => bail!("process {pid} exited while it was read"),
                         Err(CensusError::NoHeap) => {
@@ -199,11 +252,15 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
                     }
                 )),
             };
-            let held = pause.as_ref().map(Pause::held);
+            read_from_copy = copy.is_some();
+            drop(copy_mem);
+            drop(copy);
+            let held = held.or_else(|| pause.as_ref().map(Pause::held));
             drop(pause);
             (held, maps, residency, rss, Some(census))
         }
     };
+    let resident_heap_bytes = residency.iter().map(|r| r.resident_pages()).sum::<u64>() * page;
     if gone(pid) && rss.is_none() {
         bail!("process {pid} exited while it was read");
     }
@@ -311,6 +368,8 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         heap_bytes = h.arenas.iter().map(|a| a.system_mem).sum::<u64>() + h.mmapped_bytes;
     } else if allocator != "ghc" {
         note = census.as_ref().err().cloned();
+        // The page-level picture: the heap is what its mappings hold resident.
+        heap_bytes = resident_heap_bytes;
     }
     w.write_chunk(
         ChunkKind::HeapCensus,
@@ -333,10 +392,15 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         .encode(),
     )?;
     w.flush()?;
+    let note = match (note, copy_note) {
+        (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+        (a, b) => a.or(b),
+    };
     Ok(SnapshotOutcome {
         file_bytes: w.bytes_written(),
         allocator: allocator.into(),
         stopped_for,
+        read_from_copy,
         heap_bytes,
         note,
     })
