@@ -444,6 +444,45 @@ fn of_many_processes_the_largest_heap_is_explained_and_the_others_listed() {
 /// Leaks (live at exit) and temporary allocations (freed by their thread before it
 /// allocates anything else), exactly and by site, as heaptrack users expect them.
 #[test]
+fn a_stack_seen_again_is_not_defined_again() {
+    // 8192 distinct stacks, each reached 6 times in turn: more than the interposer's first
+    // stack table holds.
+    let dir = tempfile::tempdir().unwrap();
+    let exe = common::build(dir.path(), "many_stacks", &["-fno-omit-frame-pointer"]);
+    let trace = dir.path().join("t.fsc");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "--stacks", "all", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&exe)
+        .arg("49152")
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let info = common::info(&trace);
+    let p = &info["processes"][0];
+    let defined = p["stacks"].as_u64().unwrap();
+    // 8192 stacks of the recursion, and a few of the start and the end.
+    assert!(
+        (8192..8192 + 16).contains(&defined),
+        "{defined} stack definitions for 8192 distinct stacks"
+    );
+    let r: Value = serde_json::from_slice(
+        &Command::new(env!("CARGO_BIN_EXE_fragscope"))
+            .args(["report", "--json"])
+            .arg(&trace)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    // Every allocation still has its stack: the sites add up to all of them.
+    let top = &r["sites"]["by_allocations"][0];
+    assert_eq!(u(top, "allocations"), 49152, "{top}");
+}
+
+#[test]
 fn leaks_and_temporary_allocations_are_counted_by_site() {
     let dir = tempfile::tempdir().unwrap();
     let exe = common::build(dir.path(), "leaks", &["-O2", "-g"]);

@@ -122,13 +122,13 @@ struct Stream {
     calls: u64,
     /// Blocks allocated (every call that returned one).
     allocations: u64,
-    site_allocs: HashMap<u32, (f64, f64)>,
+    site_allocs: StackSums,
     /// Each thread's last allocated address, while the thread allocates nothing else: a
     /// free of it by the same thread makes the block a temporary allocation.
     last_alloc: FastMap<u32, u64>,
     /// Temporary allocations (count, bytes), exact, and by stack (weighted).
     temporaries: (u64, u64),
-    site_temporaries: HashMap<u32, (f64, f64)>,
+    site_temporaries: StackSums,
     /// The allocator's own statistics, as answered (about once per snapshot).
     stats: Vec<AllocatorStats>,
     code_maps: Vec<Mapping>,
@@ -137,6 +137,31 @@ struct Stream {
     allocator: Option<&'static str>,
     /// The heap census of a snapshot, which stands for the calls it has not.
     census: Option<fragscope_trace::heap_census::HeapCensus>,
+}
+
+/// Weighted allocations and bytes per stack, indexed by the merge's stack ids (dense, from
+/// 1): one add per allocation, with no hashing on the way.
+#[derive(Default)]
+struct StackSums(Vec<(f64, f64)>);
+
+impl StackSums {
+    fn add(&mut self, stack: u32, weight: f64, size: u64) {
+        let i = stack as usize;
+        if i >= self.0.len() {
+            self.0.resize(i + 1, (0.0, 0.0));
+        }
+        self.0[i].0 += weight;
+        self.0[i].1 += weight * size as f64;
+    }
+
+    fn get(&self, stack: &u32) -> Option<(f64, f64)> {
+        self.0.get(*stack as usize).copied().filter(|e| e.0 > 0.0)
+    }
+
+    /// The stacks with a sum.
+    fn keys(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.0.len() as u32).filter(|&i| self.0[i as usize].0 > 0.0)
+    }
 }
 
 struct Ctx {
@@ -165,9 +190,7 @@ impl Stream {
                             self.temporaries.1 += b.size;
                             if b.stack != 0 {
                                 let w = ctx.weighting.weight(b.size);
-                                let t = self.site_temporaries.entry(b.stack).or_default();
-                                t.0 += w;
-                                t.1 += w * b.size as f64;
+                                self.site_temporaries.add(b.stack, w, b.size);
                             }
                         }
                     }
@@ -184,9 +207,7 @@ impl Stream {
                         self.usable_bytes += usable;
                         if c.stack != 0 {
                             let w = ctx.weighting.weight(c.size);
-                            let s = self.site_allocs.entry(c.stack).or_default();
-                            s.0 += w;
-                            s.1 += w * c.size as f64;
+                            self.site_allocs.add(c.stack, w, c.size);
                         }
                         if self.live_bytes > self.peak_live.0 {
                             self.peak_live = (self.live_bytes, c.tick);
@@ -1190,9 +1211,9 @@ fn sites(
         .map(|f| s.evaluated[f].sites.iter().map(|x| (x.stack, x)).collect())
         .unwrap_or_default();
     let mut ids: Vec<u32> = at.keys().copied().collect();
-    for id in s.site_allocs.keys().chain(leaks.keys()) {
-        if !at.contains_key(id) && (leaks.contains_key(id) || s.site_allocs.contains_key(id)) {
-            ids.push(*id);
+    for id in s.site_allocs.keys().chain(leaks.keys().copied()) {
+        if !at.contains_key(&id) {
+            ids.push(id);
         }
     }
     ids.sort_unstable();
@@ -1250,7 +1271,7 @@ fn sites(
                 site.pinned_pages += x.pinned_pages;
                 waste += x.pinned_waste;
             }
-            let a = s.site_allocs.get(id).copied().unwrap_or_default();
+            let a = s.site_allocs.get(id).unwrap_or_default();
             allocations += a.0;
             allocated += a.1;
         }

@@ -123,7 +123,12 @@ struct shared_clock {
 #define BUF_CAP (128 * 1024)
 #define MAX_RECORD 64          /* an event record is never longer */
 #define MAX_FRAMES 64
-#define STACK_TABLE_SLOTS 4096 /* per-thread stack dedup table, power of two */
+/* Per-thread stack dedup table: powers of two, kept at most half full by doubling, so a
+ * program with tens of thousands of distinct stacks defines each once (a fixed table
+ * that forgot everything when crowded redefined nearly every stack: 15 M definitions for
+ * 16 Ki distinct stacks, a trace three times as large and its analysis 20x as slow). */
+#define STACK_TABLE_FIRST_SLOTS 4096
+#define STACK_TABLE_MAX_SLOTS (1u << 20)
 #define USABLE_TABLE 32768     /* requested sizes whose usable size is cached */
 #define NESTED_CAP 256         /* events recorded from a signal handler mid-record */
 #define TICK_SHIFT 32
@@ -192,6 +197,17 @@ struct nested_event {
     size_t size, align;
 };
 
+/* Stacks this thread has defined, by the 64-bit hash of their frames (0: empty slot). */
+struct stack_slot {
+    uint64_t hash;
+    uint32_t id;
+    uint32_t unused;
+};
+struct stack_table {
+    uint32_t slots, used;
+    struct stack_slot slot[];
+};
+
 struct thread_state {
     uint32_t len; /* committed bytes in buf */
     uint32_t tid;
@@ -239,8 +255,7 @@ struct thread_state {
     };
     struct nested_event nested[NESTED_CAP];
     struct thread_state *next_in_registry;
-    uint64_t stack_hash[STACK_TABLE_SLOTS];
-    uint32_t stack_id[STACK_TABLE_SLOTS];
+    struct stack_table *stacks;
     uint64_t usable_known[USABLE_TABLE / 64];
     uint8_t buf[BUF_CAP];
 };
@@ -378,6 +393,64 @@ static void *own_mmap(size_t bytes) {
     prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, (unsigned long)p, bytes, (unsigned long)"fragscope");
     atomic_fetch_add(&own_bytes, bytes);
     return p;
+}
+
+static void own_munmap(void *p, size_t bytes) {
+    munmap(p, bytes);
+    atomic_fetch_sub(&own_bytes, bytes);
+}
+
+static size_t stack_table_bytes(uint32_t slots) {
+    return sizeof(struct stack_table) + (size_t)slots * sizeof(struct stack_slot);
+}
+
+static struct stack_table *stack_table_new(uint32_t slots) {
+    struct stack_table *t = own_mmap(stack_table_bytes(slots));
+    if (t) t->slots = slots; /* mapped zeroed: every slot empty */
+    return t;
+}
+
+static void stack_table_free(struct stack_table *t) {
+    if (t) own_munmap(t, stack_table_bytes(t->slots));
+}
+
+/* A thread's state is reused by another thread, or kept by a forked child: its stack ids
+ * start again. A grown table goes back to the system. */
+static void stack_table_forget(struct thread_state *ts) {
+    struct stack_table *t = ts->stacks;
+    if (t && t->slots > STACK_TABLE_FIRST_SLOTS) {
+        stack_table_free(t);
+        ts->stacks = NULL;
+    } else if (t) {
+        memset(t->slot, 0, (size_t)t->slots * sizeof t->slot[0]);
+        t->used = 0;
+    }
+}
+
+/* The slot of `hash` in `t`: where it is, or the empty slot where it would go. */
+static struct stack_slot *stack_slot_of(struct stack_table *t, uint64_t hash) {
+    uint32_t mask = t->slots - 1;
+    for (uint32_t s = (uint32_t)hash & mask;; s = (s + 1) & mask)
+        if (t->slot[s].hash == hash || t->slot[s].hash == 0) return &t->slot[s];
+}
+
+/* Makes room for one more stack in a table that would be over half full: doubles it, or,
+ * at the largest size (or with no memory for a larger one), forgets every stack; ids keep
+ * counting up, so the reader's old ids stay valid. */
+static struct stack_table *stack_table_grow(struct thread_state *ts) {
+    struct stack_table *t = ts->stacks;
+    struct stack_table *g =
+        t->slots < STACK_TABLE_MAX_SLOTS ? stack_table_new(t->slots * 2) : NULL;
+    if (!g) {
+        memset(t->slot, 0, (size_t)t->slots * sizeof t->slot[0]);
+        t->used = 0;
+        return t;
+    }
+    for (uint32_t s = 0; s < t->slots; s++)
+        if (t->slot[s].hash) *stack_slot_of(g, t->slot[s].hash) = t->slot[s];
+    g->used = t->used;
+    stack_table_free(t);
+    return ts->stacks = g;
 }
 
 /* ---- the connection to the recorder ---- */
@@ -649,7 +722,7 @@ static struct thread_state *thread_state_new(void) {
     /* Another thread holds a state too: calls must now be ordered across threads (if
      * pthread_create, which does this first, was not how this thread began). */
     if (registry != ts || ts->next_in_registry) order_calls();
-    memset(ts->stack_hash, 0, sizeof ts->stack_hash);
+    stack_table_forget(ts);
     memset(ts->usable_known, 0, sizeof ts->usable_known);
     ts->tid = (uint32_t)tid;
     ts->thread = pthread_self();
@@ -887,22 +960,15 @@ static __attribute__((noinline)) uint32_t capture_stack(struct thread_state *ts)
     if (h == 0) h = 1;
     /* Stacks are told apart by a 64-bit hash of their frames; a collision would merge two
      * stacks, with odds of about n^2 / 2^65 for n distinct stacks. */
-    uint32_t slot = (uint32_t)h & (STACK_TABLE_SLOTS - 1);
-    for (uint32_t probe = 0; probe < 16; probe++) {
-        uint32_t s = (slot + probe) & (STACK_TABLE_SLOTS - 1);
-        if (ts->stack_hash[s] == h) return ts->stack_id[s];
-        if (ts->stack_hash[s] == 0) {
-            slot = s;
-            goto define;
-        }
-    }
-    /* A crowded neighbourhood: forget the table; ids keep counting up, so old ids stay
-     * valid for the reader. */
-    memset(ts->stack_hash, 0, sizeof ts->stack_hash);
-define:;
+    if (!ts->stacks && !(ts->stacks = stack_table_new(STACK_TABLE_FIRST_SLOTS))) return 0;
+    struct stack_slot *slot = stack_slot_of(ts->stacks, h);
+    if (slot->hash == h) return slot->id;
+    if ((ts->stacks->used + 1) * 2 > ts->stacks->slots)
+        slot = stack_slot_of(stack_table_grow(ts), h);
     uint32_t id = ts->next_stack_id++;
-    ts->stack_hash[slot] = h;
-    ts->stack_id[slot] = id;
+    slot->hash = h;
+    slot->id = id;
+    ts->stacks->used++;
     if (ts->len + 16 + (size_t)depth * 10 > BUF_CAP) flush_thread(ts);
     uint8_t *o = ts->buf + ts->len;
     *o++ = KIND_STACK;
@@ -1265,11 +1331,14 @@ static void atfork_child(void) {
     struct thread_state *mine = tls_state;
     for (struct thread_state *r = registry, *next; r; r = next) {
         next = r->next_in_registry;
-        if (r != mine) munmap(r, sizeof *r);
+        if (r != mine) {
+            stack_table_free(r->stacks);
+            munmap(r, sizeof *r);
+        }
     }
     registry = mine;
     departed_next = 0; /* the parent's threads are not the child's to join */
-    atomic_store(&own_bytes, mine ? sizeof *mine : 0);
+    atomic_store(&own_bytes, mine ? sizeof *mine + (mine->stacks ? stack_table_bytes(mine->stacks->slots) : 0) : 0);
     if (mine) {
         mine->next_in_registry = NULL;
         mine->idle = 0;
@@ -1278,7 +1347,7 @@ static void atfork_child(void) {
         mine->tid = (uint32_t)syscall(SYS_gettid);
         mine->next_stack_id = 1;
         mine->nested_head = mine->nested_tail = 0;
-        memset(mine->stack_hash, 0, sizeof mine->stack_hash);
+        stack_table_forget(mine);
         memset(mine->usable_known, 0, sizeof mine->usable_known);
         mine->chunk_first_tick = mine->tick = current_tick();
     }

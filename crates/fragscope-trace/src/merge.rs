@@ -246,12 +246,46 @@ struct ThreadQueue {
     /// again right after its next call, so the merge does not wait for it till then.
     idle: bool,
     /// Thread-local stack id -> process stack index.
-    stacks: HashMap<u32, u32>,
+    stacks: LocalStacks,
     /// Items popped so far (with the queue's length, the items queued so far).
     popped: u64,
     /// Threads this one joined, each with the number of its items queued before the
     /// join: items from there on wait until the joined thread's are all merged.
     joins: VecDeque<(u64, u32)>,
+}
+
+/// A thread's stack ids, which the interposer hands out from 1 upwards: looked up by
+/// index, with no hashing, on every allocation. Ids past `DENSE` (a damaged trace's, or
+/// a thread with millions of stacks) go to a map, so one id cannot make the table huge.
+#[derive(Default)]
+struct LocalStacks {
+    dense: Vec<u32>,
+    sparse: HashMap<u32, u32>,
+}
+
+impl LocalStacks {
+    const DENSE: u32 = 1 << 22;
+
+    /// The process stack index of thread-local `id`; 0 when it was never defined.
+    fn get(&self, id: u32) -> u32 {
+        if id < Self::DENSE {
+            self.dense.get(id as usize).copied().unwrap_or(0)
+        } else {
+            self.sparse.get(&id).copied().unwrap_or(0)
+        }
+    }
+
+    fn insert(&mut self, id: u32, global: u32) {
+        if id < Self::DENSE {
+            let i = id as usize;
+            if i >= self.dense.len() {
+                self.dense.resize(i + 1, 0);
+            }
+            self.dense[i] = global;
+        } else {
+            self.sparse.insert(id, global);
+        }
+    }
 }
 
 impl ThreadQueue {
@@ -432,7 +466,7 @@ impl Merger {
                 known_through: (0, 0),
                 exited: false,
                 idle: false,
-                stacks: HashMap::new(),
+                stacks: LocalStacks::default(),
                 popped: 0,
                 joins: VecDeque::new(),
             });
@@ -462,11 +496,7 @@ impl Merger {
                     usable,
                     stack,
                 } => {
-                    let stack = if stack == 0 {
-                        0
-                    } else {
-                        t.stacks.get(&stack).copied().unwrap_or(0)
-                    };
+                    let stack = if stack == 0 { 0 } else { t.stacks.get(stack) };
                     Merged::Call(Call {
                         tick,
                         tid: h.tid,
