@@ -252,3 +252,87 @@ fn compare_shows_buffers_moved_out_of_the_dynamic_space() {
     }
     assert!(!text.contains("pymalloc"), "{text}");
 }
+
+#[test]
+fn a_saved_executable_and_a_load_are_recorded_like_a_script() {
+    if Command::new("sbcl").arg("--version").output().is_err() {
+        eprintln!("skipped: sbcl is not installed (scripts/install-deps.sh installs it)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Octet buffers and strings made and mostly dropped, then the Lisp's own figure, and a
+    // pause so that the recorder's last census sees the same heap.
+    let job = dir.path().join("job.lisp");
+    std::fs::write(
+        &job,
+        r#"(defvar *keep* nil)
+(defun work ()
+  (dotimes (i 600)
+    (push (make-array 100000 :element-type '(unsigned-byte 8)) *keep*)
+    (when (> (length *keep*) 20) (setf *keep* (subseq *keep* 0 10)))
+    (dotimes (j 500) (push (format nil "str-~a" j) (cdr (last *keep*)))))
+  (format *error-output* "dynamic-usage ~a~%" (sb-kernel:dynamic-usage))
+  (finish-output *error-output*)
+  (sleep 1.5))
+"#,
+    )
+    .unwrap();
+    let exe = dir.path().join("job-exe");
+    let build = dir.path().join("build.lisp");
+    std::fs::write(
+        &build,
+        format!(
+            "(load {:?})\n(sb-ext:save-lisp-and-die {:?} :executable t :toplevel (lambda () (work) (sb-ext:exit)))\n",
+            job.display().to_string(),
+            exe.display().to_string()
+        ),
+    )
+    .unwrap();
+    let out = Command::new("sbcl")
+        .args(["--non-interactive", "--load"])
+        .arg(&build)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && exe.exists(),
+        "{}",
+        common::stderr(&out)
+    );
+    let load_args: Vec<std::ffi::OsString> = vec![
+        "sbcl".into(),
+        "--non-interactive".into(),
+        "--load".into(),
+        job.clone().into(),
+        "--eval".into(),
+        "(work)".into(),
+    ];
+    for (name, command) in [
+        ("saved", vec![exe.clone().into_os_string()]),
+        ("load", load_args),
+    ] {
+        let trace = dir.path().join(format!("{name}.fsc"));
+        let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+            .args(["record", "--snapshot-ms", "300", "-o"])
+            .arg(&trace)
+            .arg("--")
+            .args(&command)
+            .output()
+            .unwrap();
+        let err = common::stderr(&out);
+        assert!(out.status.success(), "{name}: {err}");
+        let report = report_json(&trace);
+        let last = report["snapshots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .rev()
+            .find_map(|s| s.get("sbcl").filter(|c| !c.is_null()))
+            .unwrap_or_else(|| panic!("{name}: no SBCL census: {report}"));
+        let used = last["bytes_used"].as_u64().unwrap();
+        let theirs = figure(&err, "dynamic-usage ");
+        assert!(
+            (used as f64 - theirs as f64).abs() <= 0.05 * theirs as f64,
+            "{name}: census {used} B in use, the Lisp's dynamic-usage {theirs} B"
+        );
+    }
+}
