@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Recording overhead and trace size on churn.c (10 M malloc/free calls), side by side in
-# one run: the bare program, fragscope record (default: sampled stacks), fragscope record
+# Recording overhead (wall time and CPU time, both as ratios to the bare run) and trace
+# size on churn.c (10 M malloc/free calls), side by side in one run: the bare program, fragscope record (default: sampled stacks), fragscope record
 # --stacks all, fragscope record --stacks none, fragscope record --pack, and heaptrack.
 #
 # usage: bench/record_overhead.sh [path/to/churn.c] [n=5000000] [runs=10]
@@ -30,8 +30,11 @@ import json, subprocess, sys, glob, os
 n = int(sys.argv[1])
 res = {r["command"]: r for r in json.load(open("overhead.json"))["results"]}
 bare = res["bare"]["mean"]
-print(f"\n| run | mean wall time | vs bare | trace bytes/event |")
-print("|---|---|---|---|")
+# hyperfine's user and system times are the whole process tree's (the recorder's too).
+cpu = lambda r: r["user"] + r["system"]
+bare_cpu = cpu(res["bare"])
+print(f"\n| run | mean wall time | wall vs bare | CPU time (user + system) | CPU vs bare | trace bytes/event |")
+print("|---|---|---|---|---|---|")
 sizes = {}
 for name, f in [("fragscope (sampled stacks)", "sampled.fsc"), ("fragscope --stacks none", "none.fsc"), ("fragscope --stacks all", "all.fsc"), ("fragscope --pack", "packed.fsc")]:
     info = json.loads(subprocess.check_output(["../../target/release/fragscope", "info", f, "--json"]))
@@ -41,7 +44,7 @@ if ht:
     sizes["heaptrack"] = os.path.getsize(ht[0]) / (2 * n)
 for name, r in res.items():
     b = f"{sizes[name]:.2f}" if name in sizes else "-"
-    print(f"| {name} | {r['mean']*1000:.0f} ms ± {r['stddev']*1000:.0f} | {r['mean']/bare:.2f}x | {b} |")
+    print(f"| {name} | {r['mean']*1000:.0f} ms ± {r['stddev']*1000:.0f} | {r['mean']/bare:.2f}x | {cpu(r)*1000:.0f} ms | {cpu(r)/bare_cpu:.2f}x | {b} |")
 PY
 
 # The default modes again in interleaved rounds (bare, default, --stacks none, bare, ...),
