@@ -88,6 +88,7 @@ enum {
     MSG_EXEC = 5,
     MSG_EXEC_FAILED = 6, /* the exec announced by MSG_EXEC returned */
     MSG_PYTHON = 7,      /* CPython's sampled objects (cpython.h) */
+    MSG_LISP = 8,        /* SBCL's sampled allocation regions (sbcl.h) */
 };
 /* HELLO_WANTS_CLOCK: the process could not open the clock page for writing (it runs as
  * another user than the recorder); the recorder answers with its descriptor.
@@ -501,6 +502,7 @@ static uint64_t poisson_interval(uint64_t *rng, double mean) {
     return (uint64_t)(-log(u) * mean) + 1;
 }
 
+#include "samples.h"
 #include "cpython.h"
 
 /* ---- thread buffers ---- */
@@ -1189,6 +1191,7 @@ static inline __attribute__((always_inline)) void record_plain(uint8_t kind, uin
 
 static void send_exit(int status, uint32_t how);
 #include "attach.h"
+#include "sbcl.h"
 
 /* ---- initialisation ---- */
 static void resolve_real_functions(void) {
@@ -1262,6 +1265,7 @@ static void atfork_child(void) {
     my_pid = getpid();
     if (!tracing) return;
     py_after_fork();
+    lisp_after_fork();
     struct thread_state *mine = tls_state;
     for (struct thread_state *r = registry, *next; r; r = next) {
         next = r->next_in_registry;
@@ -1422,6 +1426,7 @@ __attribute__((constructor)) static void on_load(void) {
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     at_quick_exit(on_quick_exit);
     attach_start();
+    lisp_detect();
     tls_flags &= ~TF_FORWARD;
 }
 
@@ -1445,7 +1450,8 @@ static void send_exit(int status, uint32_t how) {
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
         tls_flags &= ~TF_BUSY;
     }
-    py_flush();
+    log_flush(&py_log);
+    lisp_flush();
     flush_all();
     int32_t payload[2] = {status, (int32_t)how};
     uint64_t tick = current_tick();
