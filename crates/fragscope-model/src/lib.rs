@@ -15,6 +15,7 @@ pub mod ghc_blocks;
 pub mod heap;
 pub mod phases;
 pub mod pymalloc;
+pub mod lisp_sites;
 pub mod python_sites;
 pub mod replay;
 pub mod report;

@@ -75,7 +75,7 @@ static uintptr_t *py_live;
 static size_t py_live_cap, py_live_len;
 /* Frames are named by (code object, instruction offset). Every call on the log is made
  * with the GIL held. */
-static struct sample_log py_log = {.msg_type = MSG_PYTHON};
+static struct sample_log py_log; /* zero-initialised, so in .bss: not in the file */
 enum { PY_REC_ALLOC = 1, PY_REC_FREE = 2 };
 
 static uint32_t py_frame_id(void *code, int addrq) {
@@ -280,6 +280,7 @@ static void py_detect(void) {
     if (stacks_mode == 2) py_mean_bytes = 1;
     /* The header's seq carries the sampling mean in bytes (the reader scales by it). */
     py_log.mean_bytes = (uint32_t)py_mean_bytes;
+    py_log.msg_type = MSG_PYTHON;
     py_state = 1;
 }
 

@@ -11,10 +11,13 @@
  * `alloc`; afterwards only locks of it from the runtime's allocating functions are
  * samples, and none during a collection (`gc_active_p`).
  *
- * A sample stands for max(requested, 32 KiB) bytes (the reader weighs it: a region of
- * R bytes is refilled about once per R bytes allocated, by an allocation of s bytes with
- * probability about s / R; a larger object always), which is SBCL's
- * get-bytes-consed share by share within sampling error. Its stack is read in place:
+ * A refill stands for the bytes of the region it retires: the allocation that overflows
+ * a region of R bytes is one of s bytes with probability about s / R, so each stack's
+ * expected share is its own bytes (regions are often smaller than a page: what is left
+ * of one after a collection). The region is the thread's mixed one for `alloc` and its
+ * cons one for the list functions (`struct thread`'s mixed_tlab and cons_tlab); a large
+ * object stands for itself; the rarer refills for closures and code, for a page. Summed
+ * by stack, that is get-bytes-consed's count within sampling error. Its stack is read in place:
  * the runtime and Lisp code keep frame pointers ([fp] the caller's frame, [fp + 8] the
  * return address), and the trampoline's frame holds the requested size at [fp + 16]. The
  * walk stays inside the thread's control stack (`struct thread`, from the exported
@@ -36,6 +39,8 @@ enum { LISP_REC_SAMPLE = 5 };
 #define LISP_THREAD_CONTROL_STACK_START 176
 #define LISP_THREAD_CONTROL_STACK_END 184
 #define LISP_THREAD_THIS 192
+#define LISP_THREAD_CONS_TLAB 88 /* struct alloc_region: free_pointer, end_addr, start_addr */
+#define LISP_THREAD_MIXED_TLAB 112
 /* Tags (genesis/constants.h). */
 #define LISP_LOWTAG_MASK 15
 #define LISP_LIST_LOWTAG 7
@@ -47,15 +52,20 @@ enum { LISP_REC_SAMPLE = 5 };
 #define LISP_BASE_STRING_WIDETAG 0xe1
 #define LISP_CHARACTER_STRING_WIDETAG 0xe5
 
-/* The runtime's functions that take free_pages_lock to allocate; the first is `alloc`. */
-static struct { const char *name; uintptr_t lo, hi; } lisp_sites[] = {
-    {"alloc", 0, 0},          {"alloc_list", 0, 0},        {"gc_alloc_large", 0, 0},
-    {"make_list", 0, 0},      {"listify_rest_arg", 0, 0},  {"alloc_funinstance", 0, 0},
-    {"alloc_code_object", 0, 0},
+/* The runtime's functions that take free_pages_lock to allocate (the first is `alloc`),
+ * and the thread's region each refills (0: a large object; -1: none of the thread's). */
+static struct { const char *name; int region; uintptr_t lo, hi; } lisp_sites[] = {
+    {"alloc", LISP_THREAD_MIXED_TLAB, 0, 0},
+    {"alloc_list", LISP_THREAD_CONS_TLAB, 0, 0},
+    {"gc_alloc_large", 0, 0, 0},
+    {"make_list", LISP_THREAD_CONS_TLAB, 0, 0},
+    {"listify_rest_arg", LISP_THREAD_CONS_TLAB, 0, 0},
+    {"alloc_funinstance", -1, 0, 0},
+    {"alloc_code_object", -1, 0, 0},
 };
 #define LISP_SITES (sizeof lisp_sites / sizeof *lisp_sites)
 
-static struct sample_log lisp_log = {.msg_type = MSG_LISP, .mean_bytes = LISP_REGION_BYTES};
+static struct sample_log lisp_log; /* zero-initialised, so in .bss: not in the file */
 static pthread_mutex_t lisp_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t *_Atomic lisp_free_pages_lock;
 static int lisp_on;
@@ -146,7 +156,10 @@ static void name_put_object(struct lisp_name *o, uintptr_t obj, int depth) {
     } else if ((obj & LISP_LOWTAG_MASK) == LISP_LIST_LOWTAG) {
         if (depth > 3) return name_put(o, "(...)", 5);
         name_put(o, "(", 1);
-        for (int k = 0; (obj & LISP_LOWTAG_MASK) == LISP_LIST_LOWTAG && o->n < o->cap; k++) {
+        /* NIL is list-tagged too: it ends the list. */
+        for (int k = 0; obj != LISP_NIL && (obj & LISP_LOWTAG_MASK) == LISP_LIST_LOWTAG &&
+                        o->n < o->cap;
+             k++) {
             const uintptr_t *cell = (const uintptr_t *)(obj - LISP_LIST_LOWTAG);
             if (k) name_put(o, " ", 1);
             if (k == 8) {
@@ -230,9 +243,9 @@ static uint32_t lisp_frame_id(uintptr_t ret) {
 
 /* ---- sampling ---- */
 
-/* One refill (or large object): `fp` is the hook's frame, whose caller is the runtime's
- * allocating function. */
-static __attribute__((noinline)) void lisp_sample(uintptr_t *fp) {
+/* One refill (or large object) by lisp_sites[site]: `fp` is the hook's frame, whose
+ * caller is that function. */
+static __attribute__((noinline)) void lisp_sample(uintptr_t *fp, int site) {
     char *thread = lisp_thread();
     if (!thread || *lisp_gc_active_p) return;
     if (*(char **)(thread + LISP_THREAD_THIS) != thread) return;
@@ -257,6 +270,16 @@ static __attribute__((noinline)) void lisp_sample(uintptr_t *fp) {
         if (next <= f) break;
         f = next;
     }
+    uint64_t bytes = requested > LISP_REGION_BYTES ? requested : LISP_REGION_BYTES;
+    int region = lisp_sites[site].region;
+    if (region > 0) {
+        /* The region this refill retires: free_pointer - start_addr (none open: 0). */
+        uintptr_t free_pointer = *(uintptr_t *)(thread + region);
+        uintptr_t start = *(uintptr_t *)(thread + region + 16);
+        bytes = start && free_pointer >= start ? free_pointer - start : 0;
+    } else if (region == 0 && requested) {
+        bytes = requested;
+    }
     uint32_t ids[LISP_MAX_FRAMES];
     int saved_errno = errno;
     pthread_mutex_lock(&lisp_lock);
@@ -266,10 +289,11 @@ static __attribute__((noinline)) void lisp_sample(uintptr_t *fp) {
         if (id) ids[k++] = id;
     }
     uint32_t stack = k ? log_stack_id(&lisp_log, ids, k) : 0;
-    uint8_t *o = log_reserve(&lisp_log, 32);
+    uint8_t *o = log_reserve(&lisp_log, 40);
     if (o) {
         *o++ = LISP_REC_SAMPLE;
         o = put_varint(o, requested);
+        o = put_varint(o, bytes);
         o = put_varint(o, stack);
         log_commit(&lisp_log, o);
     }
@@ -297,7 +321,7 @@ static __attribute__((noinline)) int lisp_mutex_lock(pthread_mutex_t *m) {
         if (atomic_load(&lisp_free_pages_lock) != m) return pthread_mutex_lock(m);
     }
     tls_flags |= TF_FORWARD;
-    lisp_sample(__builtin_frame_address(0));
+    lisp_sample(__builtin_frame_address(0), site);
     tls_flags &= ~TF_FORWARD;
     return pthread_mutex_lock(m);
 }
@@ -336,6 +360,8 @@ static void lisp_detect(void) {
      * instance, at the same offset from every thread's pointer. Not referenced as an
      * extern __thread, which would keep the library out of every other program. */
     lisp_current_thread_offset = (char *)current_thread - (char *)__builtin_thread_pointer();
+    lisp_log.msg_type = MSG_LISP;
+    lisp_log.mean_bytes = LISP_REGION_BYTES;
     lisp_on = 1;
     struct rebinding how = {lisp_replacement, lisp_sites[0].lo};
     pthread_mutex_lock(&patch_lock);

@@ -13,7 +13,7 @@ pub mod event;
 pub mod heap_census;
 pub mod merge;
 pub mod pack;
-pub mod python_samples;
+pub mod runtime_samples;
 pub mod reader;
 pub mod records;
 pub mod sbcl_heap;

@@ -37,6 +37,8 @@ pub struct ProcessSummary {
     pub pymalloc_census_note: Option<String>,
     /// CPython objects sampled with their Python stacks.
     pub python_samples: u64,
+    /// SBCL allocation regions sampled (chunk 22).
+    pub lisp_samples: u64,
     /// SBCL censuses taken, and the note of the first that could not be.
     pub sbcl_censuses: u64,
     pub sbcl_census_note: Option<String>,
@@ -248,7 +250,17 @@ pub fn summarize(
                 let (records, _) = c.records();
                 sum.processes[i].python_samples += records
                     .iter()
-                    .filter(|r| matches!(r, crate::python_samples::PythonRecord::Alloc { .. }))
+                    .filter(|r| matches!(r, crate::runtime_samples::SampleRecord::Alloc { .. }))
+                    .count() as u64;
+            }
+            Chunk::LispSamples(c) => {
+                let i = idx(&mut sum, &mut by_stream, c.stream);
+                let (records, _) = c.records();
+                sum.processes[i].lisp_samples += records
+                    .iter()
+                    .filter(|r| {
+                        matches!(r, crate::runtime_samples::SampleRecord::LispAlloc { .. })
+                    })
                     .count() as u64;
             }
             Chunk::HeapCensus(c) => {
