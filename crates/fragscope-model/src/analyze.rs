@@ -17,9 +17,9 @@ use fragscope_trace::Func;
 use fragscope_trace::TraceError;
 
 use crate::heap::{self, ClassAtSnapshot, HeapHistory, HeapParts, SiteAtSnapshot, SiteWeighting};
+use crate::lisp_sites::{self, LispLog};
 use crate::phases;
 use crate::pymalloc::{self, PymallocParts};
-use crate::lisp_sites::{self, LispLog};
 use crate::python_sites::{self, PoolIndex, PythonLog};
 use crate::report::*;
 use crate::sbcl::{self, SbclParts};

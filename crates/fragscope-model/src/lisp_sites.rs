@@ -39,7 +39,8 @@ impl LispLog {
         self.region_bytes = chunk.mean_bytes.max(1);
         let (records, problem) = chunk.records();
         if let Some(p) = problem {
-            self.problem.get_or_insert(format!("Lisp samples cut short: {p}"));
+            self.problem
+                .get_or_insert(format!("Lisp samples cut short: {p}"));
         }
         for r in records.into_iter().filter_map(|r| self.defined.take(r)) {
             if let SampleRecord::LispAlloc {
@@ -166,7 +167,13 @@ pub fn sites(log: &LispLog) -> LispSites {
         let leaf = s.frames.first().map_or(NO_LISP_FRAME, String::as_str);
         let site = by_leaf.entry(leaf).or_insert_with(|| LispSite {
             function: leaf.to_string(),
-            callers: s.frames.iter().skip(1).take(CALLERS_SHOWN).cloned().collect(),
+            callers: s
+                .frames
+                .iter()
+                .skip(1)
+                .take(CALLERS_SHOWN)
+                .cloned()
+                .collect(),
             allocated_bytes: 0.0,
             share: 0.0,
             samples: 0,
@@ -263,7 +270,12 @@ mod tests {
     #[test]
     fn samples_weigh_their_bytes_and_sum_by_function() {
         let mut w = Writer::new();
-        for (id, name) in [(1, "CONCATENATE"), (2, "REDUCE"), (3, "SEXP->XML"), (4, "MAIN")] {
+        for (id, name) in [
+            (1, "CONCATENATE"),
+            (2, "REDUCE"),
+            (3, "SEXP->XML"),
+            (4, "MAIN"),
+        ] {
             w.varint(0).u8(3).varint(id).varint(0).str("").str(name);
         }
         w.varint(0).u8(4).varint(1).varint(4);

@@ -10,8 +10,8 @@
 
 use std::collections::HashMap;
 
-use fragscope_trace::runtime_samples::{Definitions, RuntimeSamples, SampleRecord};
 use fragscope_trace::records::PymallocPools;
+use fragscope_trace::runtime_samples::{Definitions, RuntimeSamples, SampleRecord};
 use serde::Serialize;
 
 use crate::heap::SiteWeighting;
@@ -217,7 +217,11 @@ pub fn sites(log: &PythonLog, index: Option<&PoolIndex>) -> PythonSites {
     let mut by_line: HashMap<String, SiteAcc> = HashMap::new();
     let mut names: HashMap<u32, String> = HashMap::new();
     let mut site_of = |stack: u32| -> String {
-        let frame = log.defined.stacks.get(&stack).and_then(|f| f.first().copied());
+        let frame = log
+            .defined
+            .stacks
+            .get(&stack)
+            .and_then(|f| f.first().copied());
         names
             .entry(frame.unwrap_or(0))
             .or_insert_with(|| match frame {

@@ -258,9 +258,7 @@ pub fn summarize(
                 let (records, _) = c.records();
                 sum.processes[i].lisp_samples += records
                     .iter()
-                    .filter(|r| {
-                        matches!(r, crate::runtime_samples::SampleRecord::LispAlloc { .. })
-                    })
+                    .filter(|r| matches!(r, crate::runtime_samples::SampleRecord::LispAlloc { .. }))
                     .count() as u64;
             }
             Chunk::HeapCensus(c) => {
