@@ -324,6 +324,14 @@ static int in_bootstrap(const void *p) {
 /* ---- small helpers ---- */
 static inline uint64_t current_tick(void) { return clock_page->now >> TICK_SHIFT; }
 
+/* One frame into a stack's 64-bit hash (seeded with the depth): stacks are told apart by
+ * it alone. */
+static inline uint64_t stack_hash_step(uint64_t h, uint64_t frame) {
+    h ^= frame;
+    h *= 0x100000001B3ULL;
+    return h ^ (h >> 29);
+}
+
 static inline uint8_t *put_varint(uint8_t *o, uint64_t v) {
     while (v >= 0x80) {
         *o++ = (uint8_t)(v | 0x80);
@@ -881,11 +889,7 @@ static __attribute__((noinline)) uint32_t capture_stack(struct thread_state *ts)
     int depth = n - first;
     if (depth > MAX_FRAMES) depth = MAX_FRAMES;
     uint64_t h = 0x84222325CBF29CE4ULL ^ (uint64_t)depth;
-    for (int i = 0; i < depth; i++) {
-        h ^= (uintptr_t)frames[first + i];
-        h *= 0x100000001B3ULL;
-        h ^= h >> 29;
-    }
+    for (int i = 0; i < depth; i++) h = stack_hash_step(h, (uintptr_t)frames[first + i]);
     if (h == 0) h = 1;
     /* Stacks are told apart by a 64-bit hash of their frames; a collision would merge two
      * stacks, with odds of about n^2 / 2^65 for n distinct stacks. */

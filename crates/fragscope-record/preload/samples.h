@@ -94,11 +94,7 @@ static uint32_t log_define_frame(struct sample_log *l, uint32_t slot, uint64_t a
 /* The id of a stack of frame ids (innermost first), defined at its first use. */
 static uint32_t log_stack_id(struct sample_log *l, const uint32_t *ids, int n) {
     uint64_t h = 0x84222325CBF29CE4ULL ^ (uint64_t)n;
-    for (int i = 0; i < n; i++) {
-        h ^= ids[i];
-        h *= 0x100000001B3ULL;
-        h ^= h >> 29;
-    }
+    for (int i = 0; i < n; i++) h = stack_hash_step(h, ids[i]);
     if (h == 0) h = 1;
     uint32_t slot = (uint32_t)h & (SAMPLE_STACK_SLOTS - 1);
     for (uint32_t probe = 0; probe < 8; probe++) {

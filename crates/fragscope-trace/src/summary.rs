@@ -247,19 +247,11 @@ pub fn summarize(
             }
             Chunk::PythonSamples(c) => {
                 let i = idx(&mut sum, &mut by_stream, c.stream);
-                let (records, _) = c.records();
-                sum.processes[i].python_samples += records
-                    .iter()
-                    .filter(|r| matches!(r, crate::runtime_samples::SampleRecord::Alloc { .. }))
-                    .count() as u64;
+                sum.processes[i].python_samples += samples_of(&c);
             }
             Chunk::LispSamples(c) => {
                 let i = idx(&mut sum, &mut by_stream, c.stream);
-                let (records, _) = c.records();
-                sum.processes[i].lisp_samples += records
-                    .iter()
-                    .filter(|r| matches!(r, crate::runtime_samples::SampleRecord::LispAlloc { .. }))
-                    .count() as u64;
+                sum.processes[i].lisp_samples += samples_of(&c);
             }
             Chunk::HeapCensus(c) => {
                 let i = idx(&mut sum, &mut by_stream, c.stream);
@@ -281,4 +273,19 @@ pub fn summarize(
     sum.truncated = !seen_end || reader.damage().is_some();
     sum.events = sum.processes.iter().map(|p| p.events).sum();
     Ok(sum)
+}
+
+/// The samples (not frame or stack definitions) of a runtime's chunk.
+fn samples_of(c: &crate::runtime_samples::RuntimeSamples) -> u64 {
+    use crate::runtime_samples::SampleRecord;
+    c.records()
+        .0
+        .iter()
+        .filter(|r| {
+            matches!(
+                r,
+                SampleRecord::Alloc { .. } | SampleRecord::LispAlloc { .. }
+            )
+        })
+        .count() as u64
 }
