@@ -34,7 +34,8 @@ print(f"censuses {len(pauses)}, of which walked {len(walks)}; stopped {sum(pause
       f"of a {run:.0f} ms run ({100 * sum(pauses) / run:.2f}%), longest {max(pauses, default=0):.1f} ms")
 l = r.get("lisp_sites")
 if l:
-    print(f"Lisp samples {l[\"samples\"]} for {l[\"allocated_bytes\"] / 2**20:.0f} MiB allocated")
+    n, mib = l["samples"], l["allocated_bytes"] / 2**20
+    print(f"Lisp samples {n} for {mib:.0f} MiB allocated")
 '
   echo
 }
