@@ -3,7 +3,7 @@
  *
  * Lisp allocates inline from a thread-local region; when it overflows, the ALLOC-TRAMP
  * assembly routine calls the runtime's `alloc`, which takes `free_pages_lock` once per
- * refill to open a new region (32 KiB, GENCGC_PAGE_BYTES), as does `gc_alloc_large` for
+ * refill to open a new region (up to a 32 KiB page), as does `gc_alloc_large` for
  * an object of 128 KiB or more. The runtime calls pthread_mutex_lock through its PLT, so
  * rewriting that one slot of the SBCL executable's GOT (attach.h's rebinding) puts
  * lisp_mutex_lock in front of every such lock and of no other program's: the interposer
@@ -17,16 +17,17 @@
  * of one after a collection). The region is the thread's mixed one for `alloc` and its
  * cons one for the list functions (`struct thread`'s mixed_tlab and cons_tlab); a large
  * object stands for itself; the rarer refills for closures and code, for a page. Summed
- * by stack, that is get-bytes-consed's count within sampling error. Its stack is read in place:
- * the runtime and Lisp code keep frame pointers ([fp] the caller's frame, [fp + 8] the
- * return address), and the trampoline's frame holds the requested size at [fp + 16]. The
- * walk stays inside the thread's control stack (`struct thread`, from the exported
- * initial-exec TLS variable `current_thread`). Names are resolved at once, inside
- * `alloc`, where the thread is pseudo-atomic (no collection can move or free code):
- * `component_ptr_from_pc` then `debug_function_from_pc` give the names SBCL's backtrace
- * prints, FLET and LABELS included. Layouts are SBCL 2.2.9's on x86-64 (Debian's
- * 2:2.2.9-1, as the census in fragscope-census/src/sbcl.rs); a runtime whose threads do
- * not point to themselves where 2.2.9's do is left alone.
+ * by stack, that is get-bytes-consed's count within sampling error.
+ *
+ * The stack is read in place: the runtime and Lisp code keep frame pointers ([fp] the
+ * caller's frame, [fp + 8] the return address), and the trampoline's frame holds the
+ * requested size at [fp + 16]. The walk stays inside the thread's control stack (`struct
+ * thread`, from the exported initial-exec TLS variable `current_thread`). Names are
+ * resolved at once, inside `alloc`, where the thread is pseudo-atomic (no collection can
+ * move or free code): `component_ptr_from_pc` then `debug_function_from_pc` give the
+ * names SBCL's backtrace prints, FLET and LABELS included. Layouts are SBCL 2.2.9's on
+ * x86-64 (Debian's 2:2.2.9-1, as the census in fragscope-census/src/sbcl.rs); a runtime
+ * whose threads do not point to themselves where 2.2.9's do is left alone.
  *
  * Records (docs/trace-format.md, chunk 22) go to one process-wide log under lisp_lock:
  * every thread's samples in the order they were taken. */
@@ -233,7 +234,9 @@ static uint32_t lisp_frame_id(uintptr_t ret) {
         for (int i = 0; i < name.n; i++) h = (h ^ (uint8_t)buf[i]) * 0x100000001B3ULL;
         uint32_t slot;
         id = log_frame_id(&lisp_log, h, (uint64_t)name.n, &slot);
-        if (!id) id = log_define_frame(&lisp_log, slot, h, (uint64_t)name.n, 0, "", 0, buf, (size_t)name.n);
+        if (!id)
+            id = log_define_frame(&lisp_log, slot, h, (uint64_t)name.n, 0, "", 0, buf,
+                                  (size_t)name.n);
     }
     lisp_pcs[cached].pc = ret;
     lisp_pcs[cached].gcs = gcs;
