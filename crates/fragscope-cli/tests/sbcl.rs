@@ -349,6 +349,18 @@ fn lisp_allocation_sites_match_what_the_functions_consed() {
         assert!((ours - theirs).abs() <= 0.05 * theirs, "{leaf}: {lisp:#}");
     }
     assert_eq!(site("LOAD-BLOBS")["callers"][0], "RUN-PHASE");
+    // Local functions are named as SBCL's backtrace names them, lists read whole.
+    let functions = lisp["functions"].as_array().unwrap();
+    assert!(
+        functions
+            .iter()
+            .any(|f| f["function"] == "(FLET ROW :IN RENDER-REPORT)"),
+        "{lisp:#}"
+    );
+    for f in functions {
+        let name = f["function"].as_str().unwrap();
+        assert!(!name.contains("NIL NIL") && !name.contains("#<"), "{name}");
+    }
     assert!(lisp["large_samples"].as_u64().unwrap() >= 500, "{lisp:#}");
     // The headline names the dominant site and its callers.
     let sentence = report["headline"]["sentence"].as_str().unwrap();
