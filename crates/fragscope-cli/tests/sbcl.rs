@@ -18,10 +18,18 @@ fn figure(text: &str, prefix: &str) -> u64 {
         .unwrap_or_else(|| panic!("no '{prefix}' in:\n{text}"))
 }
 
+/// Whether sbcl cannot be run (the test is skipped, saying so).
+fn sbcl_missing() -> bool {
+    let missing = Command::new("sbcl").arg("--version").output().is_err();
+    if missing {
+        eprintln!("skipped: sbcl is not installed (scripts/install-deps.sh installs it)");
+    }
+    missing
+}
+
 #[test]
 fn the_dynamic_space_is_split_and_agrees_with_the_lisps_own_figures() {
-    if Command::new("sbcl").arg("--version").output().is_err() {
-        eprintln!("skipped: sbcl is not installed (scripts/install-deps.sh installs it)");
+    if sbcl_missing() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -212,8 +220,7 @@ fn a_program_that_is_not_sbcl_has_no_sbcl_census() {
 /// shows both dynamic spaces side by side, and no CPython rows.
 #[test]
 fn compare_shows_buffers_moved_out_of_the_dynamic_space() {
-    if Command::new("sbcl").arg("--version").output().is_err() {
-        eprintln!("skipped: sbcl is not installed (scripts/install-deps.sh installs it)");
+    if sbcl_missing() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -313,8 +320,7 @@ fn check_against_oracle(lisp: &Value, oracle: &[(String, f64)]) {
 
 #[test]
 fn lisp_allocation_sites_match_what_the_functions_consed() {
-    if Command::new("sbcl").arg("--version").output().is_err() {
-        eprintln!("skipped: sbcl is not installed (scripts/install-deps.sh installs it)");
+    if sbcl_missing() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -377,33 +383,29 @@ fn lisp_allocation_sites_match_what_the_functions_consed() {
     assert!(text.contains("<- REDUCE"), "{text}");
 
     // Exports: folded stacks and pprof samples labelled kind=lisp.
-    let folded = dir.path().join("lisp.folded");
-    let out = common::fragscope(&[
-        "export".as_ref(),
-        trace.as_os_str(),
-        "-f".as_ref(),
-        "collapsed".as_ref(),
-        "-o".as_ref(),
-        folded.as_os_str(),
-    ]);
-    assert!(out.status.success(), "{}", common::stderr(&out));
-    let folded = std::fs::read_to_string(&folded).unwrap();
+    let export = |format: &str, file: &str| {
+        let path = dir.path().join(file);
+        let out = common::fragscope(&[
+            "export".as_ref(),
+            trace.as_os_str(),
+            "-f".as_ref(),
+            format.as_ref(),
+            "-o".as_ref(),
+            path.as_os_str(),
+        ]);
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        path
+    };
+    let folded = std::fs::read_to_string(export("collapsed", "lisp.folded")).unwrap();
     let line = folded
         .lines()
         .find(|l| l.contains("EXPORT-XML;REDUCE;SB-KERNEL::%CONCATENATE-TO-STRING "))
         .unwrap_or_else(|| panic!("no XML stack in:\n{folded}"));
     let bytes: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
     assert!((bytes - xml).abs() <= 0.01 * xml, "{line}");
-    let pprof = dir.path().join("lisp.pb.gz");
-    let out = common::fragscope(&[
-        "export".as_ref(),
-        trace.as_os_str(),
-        "-f".as_ref(),
-        "pprof".as_ref(),
-        "-o".as_ref(),
-        pprof.as_os_str(),
-    ]);
-    assert!(out.status.success(), "{}", common::stderr(&out));
+    let tables = export("parquet", "lisp.parquet");
+    assert!(tables.join("lisp_sites.parquet").exists());
+    let pprof = export("pprof", "lisp.pb.gz");
     if let Some(go) = common::go() {
         let (total, rows) = common::pprof_top(&go, &pprof, "alloc_space", &["-tagfocus=kind=lisp"]);
         let all = lisp["allocated_bytes"].as_f64().unwrap();
@@ -437,8 +439,7 @@ fn lisp_allocation_sites_match_what_the_functions_consed() {
 
 #[test]
 fn lisp_threads_allocation_is_sampled_in_every_thread() {
-    if Command::new("sbcl").arg("--version").output().is_err() {
-        eprintln!("skipped: sbcl is not installed (scripts/install-deps.sh installs it)");
+    if sbcl_missing() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -448,8 +449,7 @@ fn lisp_threads_allocation_is_sampled_in_every_thread() {
 
 #[test]
 fn stacks_none_samples_no_lisp_allocation() {
-    if Command::new("sbcl").arg("--version").output().is_err() {
-        eprintln!("skipped: sbcl is not installed (scripts/install-deps.sh installs it)");
+    if sbcl_missing() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
