@@ -12,6 +12,8 @@ fn main() {
     println!("cargo:rerun-if-changed=preload/hooks.h");
     println!("cargo:rerun-if-changed=preload/cpython.h");
     println!("cargo:rerun-if-changed=preload/attach.h");
+    println!("cargo:rerun-if-changed=preload/samples.h");
+    println!("cargo:rerun-if-changed=preload/sbcl.h");
     let compiler = cc::Build::new().opt_level(2).get_compiler();
     let status = Command::new(compiler.path())
         .args([

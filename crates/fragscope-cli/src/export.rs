@@ -20,6 +20,7 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema};
 use clap::{Args, ValueEnum};
 use fragscope_model::calls::{self, Row};
+use fragscope_model::lisp_sites::{LispStack, NO_LISP_FRAME};
 use fragscope_model::pymalloc::PymallocParts;
 use fragscope_model::python_sites::{PythonFrame, PythonStack};
 use fragscope_model::report::{Report, Site};
@@ -53,7 +54,9 @@ use crate::progress;
 /// For a CPython program, pprof and collapsed also carry the sampled Python stacks
 /// (pprof: labelled kind=python, inuse_* at the pymalloc census, pinned_waste their share
 /// of the arenas' free space; `go tool pprof -lines` names their lines), and Parquet a
-/// python_sites table and the pymalloc parts in snapshots.
+/// python_sites table and the pymalloc parts in snapshots. For an SBCL program, the
+/// sampled Lisp stacks with their estimated bytes allocated (pprof: labelled kind=lisp,
+/// alloc_space only), and Parquet a lisp_sites table.
 /// The formats and the Parquet schema are described in docs/export.md.
 #[derive(Args)]
 #[command(verbatim_doc_comment)]
@@ -137,6 +140,14 @@ impl Value {
             Value::PinnedWaste => s.pinned_waste,
             Value::LeakedSpace => s.leaked_bytes,
             Value::TemporaryObjects => s.temporary_allocations,
+        }
+    }
+
+    /// The figure of a sampled Lisp stack: only its bytes allocated (an estimate).
+    fn of_lisp(self, s: &LispStack) -> u64 {
+        match self {
+            Value::AllocSpace => s.allocated_bytes.round() as u64,
+            _ => 0,
         }
     }
 
@@ -310,9 +321,66 @@ fn python_stacks(r: &Report) -> &[PythonStack] {
     r.python_sites.as_ref().map_or(&[], |p| &p.stacks)
 }
 
+/// An SBCL process's sampled Lisp stacks (none for other programs).
+fn lisp_stacks(r: &Report) -> &[LispStack] {
+    r.lisp_sites.as_ref().map_or(&[], |l| &l.stacks)
+}
+
+/// A runtime's sampled stack (CPython's, SBCL's) as frames without addresses, innermost
+/// first, with its figures in [`Value::ALL`]'s order.
+struct SampledStack {
+    /// pprof's `kind` label.
+    kind: &'static str,
+    /// The name of a stack without frames.
+    none: &'static str,
+    frames: Vec<Frame>,
+    values: Vec<u64>,
+}
+
+/// A frame of only a name (a Lisp function, a placeholder), without an address.
+fn named_frame(name: &str) -> Frame {
+    Frame {
+        addr: 0,
+        function: Some(name.to_string()),
+        file: None,
+        line: None,
+        module: String::new(),
+        offset: 0,
+        inlined: false,
+    }
+}
+
+/// The runtimes' sampled stacks of `r`; Python frames named for pprof when `for_pprof`.
+fn sampled_stacks(r: &Report, for_pprof: bool) -> Vec<SampledStack> {
+    let python = python_stacks(r).iter().map(|s| SampledStack {
+        kind: "python",
+        none: "(no Python frame)",
+        frames: s
+            .frames
+            .iter()
+            .map(|f| {
+                if for_pprof {
+                    pprof_python_frame(f)
+                } else {
+                    python_frame(f)
+                }
+            })
+            .collect(),
+        values: Value::ALL.iter().map(|v| v.of_python(s)).collect(),
+    });
+    let lisp = lisp_stacks(r).iter().map(|s| SampledStack {
+        kind: "lisp",
+        none: NO_LISP_FRAME,
+        frames: s.frames.iter().map(|f| named_frame(f)).collect(),
+        values: Value::ALL.iter().map(|v| v.of_lisp(s)).collect(),
+    });
+    python.chain(lisp).collect()
+}
+
 /// Folded stacks, root first, one line per distinct stack (sites whose frames read the
 /// same are summed), sites without the figure left out. A CPython process's Python
-/// stacks follow as stacks of their own (rooted at their outermost Python frame).
+/// stacks and an SBCL process's Lisp stacks follow as stacks of their own (rooted at
+/// their outermost frame).
 fn collapsed(r: &Report, value: Value) -> String {
     let mut lines: BTreeMap<String, u64> = BTreeMap::new();
     // Frames innermost first, as the model keeps them; folded stacks go root first.
@@ -335,9 +403,9 @@ fn collapsed(r: &Report, value: Value) -> String {
     for s in &r.all_sites {
         add(&s.frames, "(no stack)", value.of(s));
     }
-    for s in python_stacks(r) {
-        let frames: Vec<Frame> = s.frames.iter().map(python_frame).collect();
-        add(&frames, "(no Python frame)", value.of_python(s));
+    let column = Value::ALL.iter().position(|&v| v == value).unwrap_or(0);
+    for s in sampled_stacks(r, false) {
+        add(&s.frames, s.none, s.values[column]);
     }
     let mut out = String::new();
     for (path, v) in lines {
@@ -692,46 +760,31 @@ fn pprof(r: &Report) -> Vec<u8> {
             }],
         });
     }
-    python_samples(&mut b, python_stacks(r));
+    runtime_samples(&mut b, &sampled_stacks(r, true));
     b.p.encode_to_vec()
 }
 
-/// The samples of a CPython process's Python stacks, labelled kind=python (see [`pprof`]).
-fn python_samples(b: &mut ProfileBuilder, stacks: &[PythonStack]) {
-    if stacks.is_empty() {
-        return;
-    }
-    let kind = proto::Label {
-        key: b.s("kind"),
-        str: b.s("python"),
-        ..Default::default()
-    };
-    let no_python_frame = Frame {
-        addr: 0,
-        function: Some("(no Python frame)".into()),
-        file: None,
-        line: None,
-        module: String::new(),
-        offset: 0,
-        inlined: false,
-    };
+/// The samples of a runtime's stacks (CPython's, SBCL's), labelled kind=python or
+/// kind=lisp (see [`pprof`]).
+fn runtime_samples(b: &mut ProfileBuilder, stacks: &[SampledStack]) {
     for s in stacks {
-        let value: Vec<i64> = Value::ALL.iter().map(|v| v.of_python(s) as i64).collect();
+        let value: Vec<i64> = s.values.iter().map(|&v| v as i64).collect();
         if value.iter().all(|&v| v == 0) {
             continue;
         }
-        let mut location_id: Vec<u64> = s
-            .frames
-            .iter()
-            .map(|f| b.line_location(&pprof_python_frame(f)))
-            .collect();
+        let mut location_id: Vec<u64> = s.frames.iter().map(|f| b.line_location(f)).collect();
         if location_id.is_empty() {
-            location_id.push(b.line_location(&no_python_frame));
+            location_id.push(b.line_location(&named_frame(s.none)));
         }
+        let kind = proto::Label {
+            key: b.s("kind"),
+            str: b.s(s.kind),
+            ..Default::default()
+        };
         b.p.sample.push(proto::Sample {
             location_id,
             value,
-            label: vec![kind.clone()],
+            label: vec![kind],
         });
     }
 }
@@ -844,6 +897,9 @@ fn parquet_tables(
     ];
     if r.python_sites.is_some() {
         done.push(w.write("python_sites", python_sites_batch(python_stacks(r))?)?);
+    }
+    if r.lisp_sites.is_some() {
+        done.push(w.write("lisp_sites", lisp_sites_batch(lisp_stacks(r))?)?);
     }
     done.extend(raw_tables(&w, trace, r.stream, events, trace_bytes)?);
     Ok(done)
@@ -979,6 +1035,43 @@ fn python_sites_batch(stacks: &[PythonStack]) -> Result<RecordBatch> {
         f("live_objects", |s| s.live_objects),
         f("live_bytes", |s| s.live_bytes),
         f("held_bytes", |s| s.held_bytes),
+    ])
+}
+
+/// One row per sampled Lisp stack of an SBCL process.
+fn lisp_sites_batch(stacks: &[LispStack]) -> Result<RecordBatch> {
+    let mut frames = ListBuilder::new(StringBuilder::new());
+    for s in stacks {
+        for f in &s.frames {
+            frames.values().append_value(f);
+        }
+        frames.append(true);
+    }
+    let frames = frames.finish();
+    batch(vec![
+        str_col(
+            "function",
+            stacks
+                .iter()
+                .map(|s| {
+                    Some(
+                        s.frames
+                            .first()
+                            .map_or(NO_LISP_FRAME, String::as_str)
+                            .into(),
+                    )
+                })
+                .collect(),
+        ),
+        (
+            Field::new("frames", frames.data_type().clone(), false),
+            Arc::new(frames),
+        ),
+        f64_col(
+            "allocated_bytes",
+            stacks.iter().map(|s| s.allocated_bytes).collect(),
+        ),
+        u64_col("samples", stacks.iter().map(|s| s.samples).collect()),
     ])
 }
 

@@ -254,10 +254,24 @@ fn malloc_data(r: &Report) -> Value {
         "leaks": r.leaks,
         "untraced": r.untraced,
         "snapshot": r.snapshot,
-        "flame": flame(&r.all_sites),
+        "flame": flame(r.all_sites.iter().map(|s| {
+            (
+                s.frames.iter().rev().map(|f| f.label()).collect(),
+                [s.allocated_bytes, s.live_bytes, s.pinned_waste],
+            )
+        })),
+        "lisp_flame": r.lisp_sites.as_ref().map(|l| {
+            flame(l.stacks.iter().map(|s| {
+                (
+                    s.frames.iter().rev().cloned().collect(),
+                    [s.allocated_bytes.round() as u64, 0, 0],
+                )
+            }))
+        }),
         "pymalloc_note": r.pymalloc_note,
         "pymalloc": pymalloc_data(r),
         "python_sites": r.python_sites,
+        "lisp_sites": r.lisp_sites,
     })
 }
 
@@ -273,27 +287,27 @@ fn pymalloc_data(r: &Report) -> Value {
     }
 }
 
-/// One node of the flame tree: a frame's name, its totals for the three metrics
-/// (allocated bytes, live bytes at the focus snapshot, pinned waste) and its callees.
+/// One node of the flame tree: a frame's name, its totals for three metrics (malloc
+/// sites: allocated bytes, live bytes at the focus snapshot, pinned waste; Lisp stacks:
+/// allocated bytes only) and its callees.
 #[derive(Default)]
 struct Node {
     values: [u64; 3],
     children: HashMap<u32, Node>,
 }
 
-/// Folds every site's stack (root first) into a tree; names are indexes into `names`.
-fn flame(sites: &[Site]) -> Value {
+/// Folds stacks (frame names root first, with their three figures) into a tree; names
+/// are indexes into `names`.
+fn flame(stacks: impl Iterator<Item = (Vec<String>, [u64; 3])>) -> Value {
     let mut names: Vec<String> = vec!["all".into()];
     let mut index: HashMap<String, u32> = HashMap::new();
     let mut root = Node::default();
-    for s in sites {
-        let v = [s.allocated_bytes, s.live_bytes, s.pinned_waste];
+    for (frames, v) in stacks {
         let mut node = &mut root;
         for (i, x) in v.iter().enumerate() {
             node.values[i] += x;
         }
-        for f in s.frames.iter().rev() {
-            let name = f.label();
+        for name in frames {
             let id = *index.entry(name.clone()).or_insert_with(|| {
                 names.push(name);
                 names.len() as u32 - 1

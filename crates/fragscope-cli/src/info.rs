@@ -70,6 +70,7 @@ fn to_json(s: &TraceSummary) -> serde_json::Value {
             "pymalloc_censuses": p.pymalloc_censuses,
             "pymalloc_census_note": p.pymalloc_census_note,
             "python_samples": p.python_samples,
+            "lisp_samples": p.lisp_samples,
             "snapshot_allocator": p.heap_census.as_ref().map(|c| c.allocator.clone()),
             "exit_code": p.wait.and_then(|w| w.exit_code).or(p.end.map(|e| e.status)),
             "signal": p.wait.and_then(|w| w.signal),
@@ -190,6 +191,12 @@ fn print_text(path: &std::path::Path, s: &TraceSummary) {
             println!(
                 "  python   {} objects sampled with their Python stacks",
                 p.python_samples
+            );
+        }
+        if p.lisp_samples > 0 {
+            println!(
+                "  sbcl     {} allocation regions sampled with their Lisp stacks",
+                p.lisp_samples
             );
         }
         if let Some(c) = &p.heap_census {

@@ -193,6 +193,7 @@ pub fn render(r: &Report, top: usize) -> String {
     decomposition_table(&mut o, r);
     pymalloc(&mut o, r);
     sbcl(&mut o, r);
+    lisp_sites(&mut o, r);
     phases(&mut o, r);
     timeline(&mut o, r);
     if let Some(f) = r.focus_snapshot {
@@ -802,6 +803,55 @@ fn sbcl(o: &mut String, r: &Report) {
                 count(c.count)
             );
         }
+    }
+}
+
+/// The Lisp functions that allocate: sites by their own bytes, with callers, then
+/// functions by the bytes allocated while they ran.
+fn lisp_sites(o: &mut String, r: &Report) {
+    let Some(ls) = &r.lisp_sites else {
+        return;
+    };
+    let _ = writeln!(
+        o,
+        "\nLisp allocation sites ({} allocated, estimated from {} allocation regions of {} \
+         sampled, {} of them large objects)",
+        bytes(ls.allocated_bytes as u64),
+        count(ls.samples),
+        bytes(ls.region_bytes),
+        count(ls.large_samples)
+    );
+    let _ = writeln!(o, "  {:>10} {:>6}  function", "allocated", "share");
+    for s in &ls.sites {
+        let _ = writeln!(
+            o,
+            "  {:>10} {:>5.1}%  {}",
+            bytes(s.allocated_bytes as u64),
+            s.share * 100.0,
+            s.function
+        );
+        for c in s.callers.iter().take(3) {
+            let _ = writeln!(o, "  {:>18}  <- {c}", "");
+        }
+    }
+    let _ = writeln!(
+        o,
+        "  Functions by bytes allocated while they ran\n  {:>10} {:>6} {:>10} {:>6}  function",
+        "inclusive", "share", "itself", "share"
+    );
+    for f in fragscope_model::lisp_sites::listed(ls) {
+        let _ = writeln!(
+            o,
+            "  {:>10} {:>5.1}% {:>10} {:>5.1}%  {}",
+            bytes(f.inclusive_bytes as u64),
+            f.inclusive_share * 100.0,
+            bytes(f.leaf_bytes as u64),
+            f.leaf_share * 100.0,
+            f.function
+        );
+    }
+    if let Some(p) = &ls.problem {
+        let _ = writeln!(o, "  note: {p}");
     }
 }
 

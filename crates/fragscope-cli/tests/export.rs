@@ -16,6 +16,8 @@ use std::sync::OnceLock;
 use arrow_array::{Array, Float64Array, StringArray, UInt64Array};
 use serde_json::Value;
 
+use common::{go, pprof_top};
+
 fn fragscope(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fragscope"))
         .args(args)
@@ -220,59 +222,6 @@ fn collapsed_stacks_sum_to_the_reports_totals() {
             .starts_with(&top_function("by_pinned_waste")),
         "{top:?}"
     );
-}
-
-fn go() -> Option<PathBuf> {
-    let on_path = std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join("go"))
-            .find(|g| g.is_file())
-    });
-    on_path.or_else(|| {
-        ["/usr/local/go/bin/go", "/usr/lib/go/bin/go"]
-            .iter()
-            .map(PathBuf::from)
-            .find(|p| p.exists())
-    })
-}
-
-/// `go tool pprof -top` of one sample type, in bytes or counts, with `options`: (total,
-/// [(flat, function)]).
-fn pprof_top(
-    go: &Path,
-    profile: &Path,
-    sample: &str,
-    options: &[&str],
-) -> (u64, Vec<(u64, String)>) {
-    let out = Command::new(go)
-        .args(["tool", "pprof", "-top", "-nodecount=1000", "-unit=B"])
-        .arg(format!("-sample_index={sample}"))
-        .args(options)
-        .arg(profile)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "go tool pprof: {}{text}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let number = |s: &str| -> u64 { s.trim_end_matches('B').parse().unwrap_or(0) };
-    let total = text
-        .lines()
-        .find_map(|l| l.split("Total samples = ").nth(1))
-        .map(|t| number(t.split_whitespace().next().unwrap()))
-        .unwrap_or_else(|| panic!("no total in {text}"));
-    let rows = text
-        .lines()
-        .skip_while(|l| !l.trim_start().starts_with("flat"))
-        .skip(1)
-        .filter_map(|l| {
-            let cols: Vec<&str> = l.split_whitespace().collect();
-            (cols.len() >= 6).then(|| (number(cols[0]), cols[5..].join(" ")))
-        })
-        .collect();
-    (total, rows)
 }
 
 #[test]

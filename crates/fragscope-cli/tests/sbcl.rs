@@ -18,10 +18,18 @@ fn figure(text: &str, prefix: &str) -> u64 {
         .unwrap_or_else(|| panic!("no '{prefix}' in:\n{text}"))
 }
 
+/// Whether sbcl cannot be run (the test is skipped, saying so).
+fn sbcl_missing() -> bool {
+    let missing = Command::new("sbcl").arg("--version").output().is_err();
+    if missing {
+        eprintln!("skipped: sbcl is not installed (scripts/install-deps.sh installs it)");
+    }
+    missing
+}
+
 #[test]
 fn the_dynamic_space_is_split_and_agrees_with_the_lisps_own_figures() {
-    if Command::new("sbcl").arg("--version").output().is_err() {
-        eprintln!("skipped: sbcl is not installed (scripts/install-deps.sh installs it)");
+    if sbcl_missing() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -204,14 +212,15 @@ fn a_program_that_is_not_sbcl_has_no_sbcl_census() {
     let report = report_json(&trace);
     assert!(report.get("sbcl_snapshot").is_none(), "{report}");
     assert!(report.get("sbcl_note").is_none(), "{report}");
+    assert!(report.get("lisp_sites").is_none(), "{report}");
+    assert_eq!(common::info(&trace)["processes"][0]["lisp_samples"], 0);
 }
 
 /// The same job with its buffers malloc'd outside the dynamic space (sb-alien): compare
 /// shows both dynamic spaces side by side, and no CPython rows.
 #[test]
 fn compare_shows_buffers_moved_out_of_the_dynamic_space() {
-    if Command::new("sbcl").arg("--version").output().is_err() {
-        eprintln!("skipped: sbcl is not installed (scripts/install-deps.sh installs it)");
+    if sbcl_missing() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -335,4 +344,200 @@ fn a_saved_executable_and_a_load_are_recorded_like_a_script() {
             "{name}: census {used} B in use, the Lisp's dynamic-usage {theirs} B"
         );
     }
+}
+/// What tests/lisp/export_job.lisp printed: each phase's bytes consed, by function.
+fn consed(stdout: &[u8]) -> Vec<(String, f64)> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|l| {
+            let (name, bytes) = l.split_once(' ')?;
+            Some((name.to_string(), bytes.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Records tests/lisp/export_job.lisp with `options` and `threads`; its oracle and the
+/// report's JSON.
+fn record_export_job(
+    dir: &Path,
+    options: &[&str],
+    threads: &str,
+) -> (std::path::PathBuf, Vec<(String, f64)>, Value) {
+    let trace = dir.join(format!("export{threads}.fsc"));
+    let job = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/lisp/export_job.lisp");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .arg("record")
+        .args(options)
+        .arg("-o")
+        .arg(&trace)
+        .args(["--", "sbcl", "--script"])
+        .arg(&job)
+        .args(["1", threads])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let oracle = consed(&out.stdout);
+    assert_eq!(oracle.len(), 4, "{}", String::from_utf8_lossy(&out.stdout));
+    let report = report_json(&trace);
+    (trace, oracle, report)
+}
+
+/// Each phase's function allocated, while it ran, what it measured itself with
+/// get-bytes-consed (within 5%).
+fn check_against_oracle(lisp: &Value, oracle: &[(String, f64)]) {
+    let functions = lisp["functions"].as_array().unwrap();
+    for (name, theirs) in oracle {
+        let ours = functions
+            .iter()
+            .find(|f| f["function"] == name.as_str())
+            .unwrap_or_else(|| panic!("no {name} among the functions: {lisp:#}"))
+            ["inclusive_bytes"]
+            .as_f64()
+            .unwrap();
+        assert!(
+            (ours - theirs).abs() <= 0.05 * theirs,
+            "{name}: {ours:.0} sampled, {theirs:.0} consed\n{lisp:#}"
+        );
+    }
+}
+
+#[test]
+fn lisp_allocation_sites_match_what_the_functions_consed() {
+    if sbcl_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (trace, oracle, report) = record_export_job(dir.path(), &[], "1");
+    let lisp = &report["lisp_sites"];
+    check_against_oracle(lisp, &oracle);
+    let consed = |name: &str| oracle.iter().find(|(n, _)| n == name).unwrap().1;
+    // The sites: CONCATENATE under REDUCE (SEXP->XML's tail call) makes most of the
+    // XML phase; the rows and blobs allocate in their own functions.
+    let sites = lisp["sites"].as_array().unwrap();
+    let site = |name: &str| {
+        sites
+            .iter()
+            .find(|s| s["function"] == name)
+            .unwrap_or_else(|| panic!("no site {name}: {lisp:#}"))
+    };
+    let top = &sites[0];
+    assert_eq!(
+        top["function"], "SB-KERNEL::%CONCATENATE-TO-STRING",
+        "{lisp:#}"
+    );
+    assert_eq!(top["callers"][0], "REDUCE", "{lisp:#}");
+    assert_eq!(top["callers"][1], "EXPORT-XML", "{lisp:#}");
+    let xml = top["allocated_bytes"].as_f64().unwrap();
+    assert!(
+        xml > 0.9 * consed("EXPORT-XML") && xml < 1.01 * consed("EXPORT-XML"),
+        "{lisp:#}"
+    );
+    for (leaf, phase) in [("PARSE-ROW", "PARSE-ROWS"), ("LOAD-BLOBS", "LOAD-BLOBS")] {
+        let ours = site(leaf)["allocated_bytes"].as_f64().unwrap();
+        let theirs = consed(phase);
+        assert!((ours - theirs).abs() <= 0.05 * theirs, "{leaf}: {lisp:#}");
+    }
+    assert_eq!(site("LOAD-BLOBS")["callers"][0], "RUN-PHASE");
+    // Local functions are named as SBCL's backtrace names them, lists read whole.
+    let functions = lisp["functions"].as_array().unwrap();
+    assert!(
+        functions
+            .iter()
+            .any(|f| f["function"] == "(FLET ROW :IN RENDER-REPORT)"),
+        "{lisp:#}"
+    );
+    for f in functions {
+        let name = f["function"].as_str().unwrap();
+        assert!(!name.contains("NIL NIL") && !name.contains("#<"), "{name}");
+    }
+    assert!(lisp["large_samples"].as_u64().unwrap() >= 500, "{lisp:#}");
+    // The headline names the dominant site and its callers.
+    let sentence = report["headline"]["sentence"].as_str().unwrap();
+    assert!(
+        sentence.contains(
+            "of Lisp allocation comes from SB-KERNEL::%CONCATENATE-TO-STRING called by REDUCE \
+             in EXPORT-XML"
+        ),
+        "{sentence}"
+    );
+    let text = common::fragscope(&["report".as_ref(), trace.as_os_str()]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("Lisp allocation sites ("), "{text}");
+    assert!(text.contains("<- REDUCE"), "{text}");
+
+    // Exports: folded stacks and pprof samples labelled kind=lisp.
+    let export = |format: &str, file: &str| {
+        let path = dir.path().join(file);
+        let out = common::fragscope(&[
+            "export".as_ref(),
+            trace.as_os_str(),
+            "-f".as_ref(),
+            format.as_ref(),
+            "-o".as_ref(),
+            path.as_os_str(),
+        ]);
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        path
+    };
+    let folded = std::fs::read_to_string(export("collapsed", "lisp.folded")).unwrap();
+    let line = folded
+        .lines()
+        .find(|l| l.contains("EXPORT-XML;REDUCE;SB-KERNEL::%CONCATENATE-TO-STRING "))
+        .unwrap_or_else(|| panic!("no XML stack in:\n{folded}"));
+    let bytes: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!((bytes - xml).abs() <= 0.01 * xml, "{line}");
+    let tables = export("parquet", "lisp.parquet");
+    assert!(tables.join("lisp_sites.parquet").exists());
+    let pprof = export("pprof", "lisp.pb.gz");
+    if let Some(go) = common::go() {
+        let (total, rows) = common::pprof_top(&go, &pprof, "alloc_space", &["-tagfocus=kind=lisp"]);
+        let all = lisp["allocated_bytes"].as_f64().unwrap();
+        assert!((total as f64 - all).abs() <= 0.01 * all, "{total} {rows:?}");
+        assert_eq!(rows[0].1, "SB-KERNEL::%CONCATENATE-TO-STRING", "{rows:?}");
+    } else {
+        eprintln!("skipped go tool pprof: go is not installed");
+    }
+
+    // The page: the sites table and the Lisp flame graph render.
+    let page = dir.path().join("lisp.html");
+    let out = common::fragscope(&[
+        "report".as_ref(),
+        trace.as_os_str(),
+        "--html".as_ref(),
+        page.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    if let Some(browser) = common::chromium() {
+        let dom = common::load_page(&browser, &page, &common::artefacts().join("lisp.png"));
+        assert!(dom.contains("id=\"lisp-sites\""), "no Lisp section");
+        assert!(dom.contains("Lisp flame graph"), "no Lisp flame graph");
+        assert!(
+            dom.contains("aria-label=\"EXPORT-XML\""),
+            "no EXPORT-XML frame"
+        );
+    } else {
+        eprintln!("skipped the page: chromium is not installed");
+    }
+}
+
+#[test]
+fn lisp_threads_allocation_is_sampled_in_every_thread() {
+    if sbcl_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_, oracle, report) = record_export_job(dir.path(), &[], "3");
+    check_against_oracle(&report["lisp_sites"], &oracle);
+}
+
+#[test]
+fn stacks_none_samples_no_lisp_allocation() {
+    if sbcl_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (trace, _, report) = record_export_job(dir.path(), &["--stacks", "none"], "1");
+    assert!(report.get("lisp_sites").is_none(), "{report}");
+    let info = common::info(&trace);
+    assert_eq!(info["processes"][0]["lisp_samples"], 0, "{info}");
 }

@@ -17,6 +17,7 @@ use fragscope_trace::Func;
 use fragscope_trace::TraceError;
 
 use crate::heap::{self, ClassAtSnapshot, HeapHistory, HeapParts, SiteAtSnapshot, SiteWeighting};
+use crate::lisp_sites::{self, LispLog};
 use crate::phases;
 use crate::pymalloc::{self, PymallocParts};
 use crate::python_sites::{self, PoolIndex, PythonLog};
@@ -106,6 +107,8 @@ struct Stream {
     /// pymalloc waste so far were (the one the report explains).
     python: PythonLog,
     python_census: Option<PoolIndex>,
+    /// SBCL's sampled allocation regions.
+    lisp: LispLog,
     /// SBCL censuses waiting for the snapshot of their tick (written just before it).
     sbcl_pending: VecDeque<(u64, SbclHeap)>,
     /// Why the process has no SBCL census, when it runs SBCL.
@@ -496,6 +499,10 @@ pub fn analyze(
                 let i = index(&mut streams, &mut by_stream, c.stream);
                 streams[i].python.add(&c);
             }
+            Chunk::LispSamples(c) => {
+                let i = index(&mut streams, &mut by_stream, c.stream);
+                streams[i].lisp.add(&c);
+            }
         }
     }
     progress(reader.offset(), reader.file_bytes());
@@ -685,6 +692,12 @@ pub fn analyze(
         headline.dominant = Some(dominant.into());
         headline.sentence = sentence;
     }
+    // What allocates is the lever on an SBCL program's collections, whatever holds its
+    // memory.
+    let lisp_sites = (!s.lisp.is_empty()).then(|| lisp_sites::sites(&s.lisp));
+    if let Some(clause) = lisp_sites.as_ref().and_then(lisp_sites::headline_clause) {
+        headline.sentence = format!("{} Here {clause}.", headline.sentence);
+    }
     if let Some(c) = &s.census {
         crate::census::headline(&mut headline, c, focus_snapshot.map(|i| &snapshots[i]));
     }
@@ -742,6 +755,7 @@ pub fn analyze(
         pymalloc_snapshot,
         pymalloc_note: s.pymalloc_note.clone(),
         python_sites,
+        lisp_sites,
         sbcl_snapshot,
         sbcl_note: s.sbcl_note.clone(),
         leaks,

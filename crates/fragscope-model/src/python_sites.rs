@@ -10,8 +10,8 @@
 
 use std::collections::HashMap;
 
-use fragscope_trace::python_samples::{PythonRecord, PythonSamples};
 use fragscope_trace::records::PymallocPools;
+use fragscope_trace::runtime_samples::{Definitions, RuntimeSamples, SampleRecord};
 use serde::Serialize;
 
 use crate::heap::SiteWeighting;
@@ -26,17 +26,10 @@ const CALLERS_SHOWN: usize = 4;
 #[derive(Default)]
 pub struct PythonLog {
     mean_bytes: u64,
-    frames: HashMap<u32, Frame>,
-    stacks: HashMap<u32, Vec<u32>>,
+    defined: Definitions,
     events: Vec<Event>,
     /// Why some records could not be read.
     pub problem: Option<String>,
-}
-
-struct Frame {
-    line: u32,
-    file: String,
-    function: String,
 }
 
 enum Event {
@@ -53,16 +46,16 @@ enum Event {
 }
 
 impl PythonLog {
-    pub fn add(&mut self, chunk: &PythonSamples) {
+    pub fn add(&mut self, chunk: &RuntimeSamples) {
         self.mean_bytes = chunk.mean_bytes.max(1);
         let (records, problem) = chunk.records();
         if let Some(p) = problem {
             self.problem
                 .get_or_insert(format!("CPython samples cut short: {p}"));
         }
-        for r in records {
+        for r in records.into_iter().filter_map(|r| self.defined.take(r)) {
             match r {
-                PythonRecord::Alloc {
+                SampleRecord::Alloc {
                     tick,
                     address,
                     size,
@@ -73,27 +66,10 @@ impl PythonLog {
                     size,
                     stack,
                 }),
-                PythonRecord::Free { tick, address } => {
+                SampleRecord::Free { tick, address } => {
                     self.events.push(Event::Free { tick, address })
                 }
-                PythonRecord::Frame {
-                    id,
-                    line,
-                    file,
-                    function,
-                } => {
-                    self.frames.insert(
-                        id,
-                        Frame {
-                            line,
-                            file,
-                            function,
-                        },
-                    );
-                }
-                PythonRecord::Stack { id, frames } => {
-                    self.stacks.insert(id, frames);
-                }
+                _ => {}
             }
         }
     }
@@ -104,7 +80,7 @@ impl PythonLog {
 
     /// "file:line (function)" of a frame id.
     fn frame_name(&self, id: u32) -> String {
-        match self.frames.get(&id) {
+        match self.defined.frames.get(&id) {
             Some(f) => format!("{}:{} ({})", f.file, f.line, f.function),
             None => "?".into(),
         }
@@ -241,7 +217,11 @@ pub fn sites(log: &PythonLog, index: Option<&PoolIndex>) -> PythonSites {
     let mut by_line: HashMap<String, SiteAcc> = HashMap::new();
     let mut names: HashMap<u32, String> = HashMap::new();
     let mut site_of = |stack: u32| -> String {
-        let frame = log.stacks.get(&stack).and_then(|f| f.first().copied());
+        let frame = log
+            .defined
+            .stacks
+            .get(&stack)
+            .and_then(|f| f.first().copied());
         names
             .entry(frame.unwrap_or(0))
             .or_insert_with(|| match frame {
@@ -344,7 +324,7 @@ pub fn sites(log: &PythonLog, index: Option<&PoolIndex>) -> PythonSites {
                 .max_by_key(|&(id, n)| (*n, std::cmp::Reverse(*id)))
                 .map(|(id, _)| *id);
             let callers = stack
-                .and_then(|s| log.stacks.get(&s))
+                .and_then(|s| log.defined.stacks.get(&s))
                 .map(|f| {
                     f.iter()
                         .skip(1)
@@ -378,7 +358,7 @@ pub fn sites(log: &PythonLog, index: Option<&PoolIndex>) -> PythonSites {
 /// The stacks of `by_stack` by their frames (one line has a frame id per instruction, so
 /// several ids can read alike), most bytes allocated first.
 fn stacks_of(log: &PythonLog, by_stack: HashMap<u32, StackAcc>) -> Vec<PythonStack> {
-    let frame = |id: &u32| match log.frames.get(id) {
+    let frame = |id: &u32| match log.defined.frames.get(id) {
         Some(f) => PythonFrame {
             file: f.file.clone(),
             line: f.line,
@@ -393,6 +373,7 @@ fn stacks_of(log: &PythonLog, by_stack: HashMap<u32, StackAcc>) -> Vec<PythonSta
     let mut merged: HashMap<Vec<PythonFrame>, StackAcc> = HashMap::new();
     for (id, acc) in by_stack {
         let frames = log
+            .defined
             .stacks
             .get(&id)
             .map(|f| f.iter().map(frame).collect())
@@ -451,7 +432,7 @@ mod tests {
         let mut w = Writer::new();
         records(&mut w);
         let mut log = PythonLog::default();
-        log.add(&PythonSamples {
+        log.add(&RuntimeSamples {
             stream: 0,
             mean_bytes: 64,
             first_tick: 0,

@@ -317,6 +317,9 @@ pub struct Report {
     /// arenas, at the census of `pymalloc_snapshot`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub python_sites: Option<crate::python_sites::PythonSites>,
+    /// An SBCL process: the Lisp functions that allocated, from sampled region refills.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lisp_sites: Option<crate::lisp_sites::LispSites>,
     /// An SBCL process: the snapshot whose dynamic space holds the most free space.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sbcl_snapshot: Option<usize>,

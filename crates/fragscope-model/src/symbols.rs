@@ -34,6 +34,8 @@ impl Frame {
         let location = match (&self.file, self.line, &self.function) {
             (Some(f), Some(l), _) => format!(" ({}:{l})", basename(f)),
             (Some(f), None, _) => format!(" ({})", basename(f)),
+            // A runtime's function known by name only (a Lisp function).
+            (None, _, Some(_)) if self.module.is_empty() => String::new(),
             (None, _, Some(_)) => format!(" ({})", self.module),
             _ => String::new(),
         };

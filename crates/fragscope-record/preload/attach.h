@@ -143,41 +143,58 @@ static int frees_block(const char *name) {
 }
 static int rebinding_frees; /* the pass under way */
 
+/* Ours for `name` in the pass under way, else NULL. */
+static void *attach_replacement(const char *name) {
+    if (frees_block(name) != rebinding_frees) return NULL;
+    int h = hook_index(name);
+    return h < 0 ? NULL : attach_ours[h];
+}
+
 /* A dynamic section's address: glibc relocates most entries in place, the vDSO's are not. */
 static uintptr_t dyn_addr(uintptr_t base, uintptr_t v) { return v < base ? v + base : v; }
 
+/* What a rebinding pass rewrites: the slots naming a function `replacement` has a
+ * definition of ours for (NULL: left alone), in every object, or only in the one that
+ * holds `only_holding` (not 0). */
+struct rebinding {
+    void *(*replacement)(const char *name);
+    uintptr_t only_holding;
+};
+
 static void patch_relocations(uintptr_t base, const ElfW(Rela) *rel, size_t bytes,
                               const ElfW(Sym) *symtab, const char *strtab, uintptr_t relro_lo,
-                              uintptr_t relro_hi) {
+                              uintptr_t relro_hi, const struct rebinding *how) {
     for (size_t i = 0; i < bytes / sizeof *rel; i++) {
         unsigned type = ELF64_R_TYPE(rel[i].r_info);
         if (type != R_X86_64_JUMP_SLOT && type != R_X86_64_GLOB_DAT) continue;
         size_t sym = ELF64_R_SYM(rel[i].r_info);
         if (!sym) continue;
-        const char *name = strtab + symtab[sym].st_name;
-        if (frees_block(name) != rebinding_frees) continue;
-        int h = hook_index(name);
-        if (h < 0 || !attach_ours[h]) continue;
+        void *ours = how->replacement(strtab + symtab[sym].st_name);
+        if (!ours) continue;
         void **slot = (void **)(base + rel[i].r_offset);
         void *now = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
-        if (now == attach_ours[h]) continue;
+        if (now == ours) continue;
         if (got_patch_count == MAX_GOT_PATCHES) {
             got_patches_dropped++;
             continue;
         }
         got_patches[got_patch_count++] = (struct got_patch){slot, now, relro_lo, relro_hi};
-        write_slot(slot, attach_ours[h], relro_lo, relro_hi);
+        write_slot(slot, ours, relro_lo, relro_hi);
     }
 }
 
+/* dl_iterate_phdr's callback: rewrites one object's slots as `data` (a struct rebinding)
+ * says. The caller holds patch_lock. */
 static int patch_object(struct dl_phdr_info *info, size_t size, void *data) {
-    (void)size, (void)data;
+    (void)size;
+    const struct rebinding *how = data;
     uintptr_t base = info->dlpi_addr;
     const char *name = info->dlpi_name ? info->dlpi_name : "";
     /* Not ours, not the vDSO, not the dynamic loader (its own minimal malloc). */
     if (base == self_base || strstr(name, "linux-vdso") || strstr(name, "/ld-linux")) return 0;
     const ElfW(Dyn) *dyn = NULL;
     uintptr_t relro_lo = 0, relro_hi = 0;
+    int holds = !how->only_holding;
     for (int i = 0; i < info->dlpi_phnum; i++) {
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
         if (ph->p_type == PT_DYNAMIC) dyn = (const ElfW(Dyn) *)(base + ph->p_vaddr);
@@ -185,8 +202,10 @@ static int patch_object(struct dl_phdr_info *info, size_t size, void *data) {
             relro_lo = (base + ph->p_vaddr) & ~(uintptr_t)4095;
             relro_hi = (base + ph->p_vaddr + ph->p_memsz + 4095) & ~(uintptr_t)4095;
         }
+        if (ph->p_type == PT_LOAD && how->only_holding - (base + ph->p_vaddr) < ph->p_memsz)
+            holds = 1;
     }
-    if (!dyn) return 0;
+    if (!dyn || !holds) return 0;
     const ElfW(Sym) *symtab = NULL;
     const char *strtab = NULL;
     const ElfW(Rela) *jmprel = NULL, *rela = NULL;
@@ -202,8 +221,9 @@ static int patch_object(struct dl_phdr_info *info, size_t size, void *data) {
         }
     }
     if (!symtab || !strtab) return 0;
-    if (jmprel) patch_relocations(base, jmprel, jmprel_bytes, symtab, strtab, relro_lo, relro_hi);
-    if (rela) patch_relocations(base, rela, rela_bytes, symtab, strtab, relro_lo, relro_hi);
+    if (jmprel)
+        patch_relocations(base, jmprel, jmprel_bytes, symtab, strtab, relro_lo, relro_hi, how);
+    if (rela) patch_relocations(base, rela, rela_bytes, symtab, strtab, relro_lo, relro_hi, how);
     return 0;
 }
 
@@ -211,9 +231,10 @@ static int patch_object(struct dl_phdr_info *info, size_t size, void *data) {
  * ours are left alone). */
 static void attach_rebind(void) {
     if (!attached || !tracing) return;
+    struct rebinding how = {attach_replacement, 0};
     pthread_mutex_lock(&patch_lock);
     for (rebinding_frees = 1; rebinding_frees >= 0; rebinding_frees--)
-        dl_iterate_phdr(patch_object, NULL);
+        dl_iterate_phdr(patch_object, &how);
     pthread_mutex_unlock(&patch_lock);
 }
 

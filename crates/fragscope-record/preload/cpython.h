@@ -15,8 +15,8 @@
  *
  * Every wrapped call runs with the GIL held (CPython requires it for these domains), so
  * the tables and the buffer need no lock of their own. Records go to one process-wide
- * buffer, sent as MSG_PYTHON (docs/trace-format.md, chunk 18): their order is the order
- * of the calls. */
+ * buffer (samples.h), sent as MSG_PYTHON (docs/trace-format.md, chunk 18): their order is
+ * the order of the calls. */
 
 typedef struct {
     void *ctx;
@@ -73,86 +73,26 @@ static uint64_t py_frames_walked_bad; /* walks stopped by a frame that was not c
 /* Sampled objects still live, by address (open addressing, linear probing, 0 empty). */
 static uintptr_t *py_live;
 static size_t py_live_cap, py_live_len;
-/* (code object, instruction offset) -> frame id; (stack hash) -> stack id. Forgotten
- * when crowded: ids keep counting up, so the reader keeps older definitions. */
-#define PY_FRAME_SLOTS 8192
-#define PY_STACK_SLOTS 4096
-static struct { uintptr_t code; int addrq; uint32_t id; } py_frame_slots[PY_FRAME_SLOTS];
-static struct { uint64_t hash; uint32_t id; } py_stack_slots[PY_STACK_SLOTS];
-static uint32_t py_next_frame = 1, py_next_stack = 1;
-
-/* The records, sent as one MSG_PYTHON when full, every flush interval, and at exit. */
-#define PY_BUF_CAP (64 << 10)
-static uint8_t py_buf[PY_BUF_CAP];
-static uint32_t py_len, py_seq;
-static uint64_t py_first_tick, py_last_tick;
-enum { PY_REC_ALLOC = 1, PY_REC_FREE = 2, PY_REC_FRAME = 3, PY_REC_STACK = 4 };
-
-static void py_flush(void) {
-    if (!py_len) return;
-    /* The header's seq carries the sampling mean in bytes (the reader scales by it). */
-    struct msg_header h = {MSG_PYTHON, py_len, (uint32_t)syscall(SYS_gettid),
-                           (uint32_t)py_mean_bytes, py_first_tick, py_last_tick};
-    send_message(&h, py_buf, 0);
-    py_len = 0;
-    py_seq++;
-}
-
-/* Room for `bytes` more, and the record's tick: each record starts with the ticks since
- * the last one. */
-static uint8_t *py_reserve(size_t bytes) {
-    uint64_t tick = current_tick();
-    if (py_len && (py_len + bytes > PY_BUF_CAP || tick - py_first_tick >= flush_interval_ticks))
-        py_flush();
-    if (bytes > PY_BUF_CAP) return NULL;
-    if (!py_len) py_first_tick = py_last_tick = tick;
-    uint8_t *o = py_buf + py_len;
-    o = put_varint(o, tick - py_last_tick);
-    py_last_tick = tick;
-    return o;
-}
-
-static uint8_t *put_bytes(uint8_t *o, const char *s, size_t n) {
-    o = put_varint(o, n);
-    memcpy(o, s, n);
-    return o + n;
-}
+/* Frames are named by (code object, instruction offset). Every call on the log is made
+ * with the GIL held. */
+static struct sample_log py_log; /* zero-initialised, so in .bss: not in the file */
+enum { PY_REC_ALLOC = 1, PY_REC_FREE = 2 };
 
 static uint32_t py_frame_id(void *code, int addrq) {
-    uint64_t h = ((uintptr_t)code * 0x9E3779B97F4A7C15ULL) ^ ((uint64_t)(uint32_t)addrq * 0xC2B2AE3D27D4EB4FULL);
-    uint32_t slot = (uint32_t)(h >> 40) & (PY_FRAME_SLOTS - 1);
-    for (uint32_t probe = 0; probe < 8; probe++) {
-        uint32_t s = (slot + probe) & (PY_FRAME_SLOTS - 1);
-        if (py_frame_slots[s].code == (uintptr_t)code && py_frame_slots[s].addrq == addrq)
-            return py_frame_slots[s].id;
-        if (!py_frame_slots[s].code) {
-            slot = s;
-            goto define;
-        }
-    }
-    memset(py_frame_slots, 0, sizeof py_frame_slots);
-define:;
+    uint32_t slot;
+    uint32_t id = log_frame_id(&py_log, (uintptr_t)code, (uint32_t)addrq, &slot);
+    if (id) return id;
     const struct py_layout *L = py_layout;
     int line = py_addr2line(code, addrq);
     const char *file = py_utf8(*(void **)((char *)code + L->co_filename));
     const char *name = py_utf8(*(void **)((char *)code + L->co_name));
     if (!file) file = "?";
     if (!name) name = "?";
-    size_t fl = strnlen(file, 1024), nl = strnlen(name, 512);
-    uint8_t *o = py_reserve(32 + fl + nl);
-    if (!o) return 0;
+    id = log_define_frame(&py_log, slot, (uintptr_t)code, (uint32_t)addrq,
+                          line < 0 ? 0 : (uint32_t)line, file, strnlen(file, 1024), name,
+                          strnlen(name, 512));
     /* The code object stays alive, so its address names it for good. */
-    py_incref(code);
-    uint32_t id = py_next_frame++;
-    py_frame_slots[slot].code = (uintptr_t)code;
-    py_frame_slots[slot].addrq = addrq;
-    py_frame_slots[slot].id = id;
-    *o++ = PY_REC_FRAME;
-    o = put_varint(o, id);
-    o = put_varint(o, line < 0 ? 0 : (uint64_t)line);
-    o = put_bytes(o, file, fl);
-    o = put_bytes(o, name, nl);
-    py_len = (uint32_t)(o - py_buf);
+    if (id) py_incref(code);
     return id;
 }
 
@@ -189,38 +129,6 @@ static int py_walk(uint32_t *ids) {
         f = next;
     }
     return n;
-}
-
-static uint32_t py_stack_id(const uint32_t *ids, int n) {
-    uint64_t h = 0x84222325CBF29CE4ULL ^ (uint64_t)n;
-    for (int i = 0; i < n; i++) {
-        h ^= ids[i];
-        h *= 0x100000001B3ULL;
-        h ^= h >> 29;
-    }
-    if (h == 0) h = 1;
-    uint32_t slot = (uint32_t)h & (PY_STACK_SLOTS - 1);
-    for (uint32_t probe = 0; probe < 8; probe++) {
-        uint32_t s = (slot + probe) & (PY_STACK_SLOTS - 1);
-        if (py_stack_slots[s].hash == h) return py_stack_slots[s].id;
-        if (!py_stack_slots[s].hash) {
-            slot = s;
-            goto define;
-        }
-    }
-    memset(py_stack_slots, 0, sizeof py_stack_slots);
-define:;
-    uint8_t *o = py_reserve(16 + (size_t)n * 5);
-    if (!o) return 0;
-    uint32_t id = py_next_stack++;
-    py_stack_slots[slot].hash = h;
-    py_stack_slots[slot].id = id;
-    *o++ = PY_REC_STACK;
-    o = put_varint(o, id);
-    o = put_varint(o, (uint64_t)n);
-    for (int i = 0; i < n; i++) o = put_varint(o, ids[i]);
-    py_len = (uint32_t)(o - py_buf);
-    return id;
 }
 
 static size_t py_slot_of(uintptr_t p) {
@@ -283,14 +191,14 @@ static void py_sample(void *p, size_t size) {
     tls_py_countdown = py_next_interval();
     uint32_t ids[PY_MAX_FRAMES];
     int n = py_walk(ids);
-    uint32_t stack = n ? py_stack_id(ids, n) : 0;
-    uint8_t *o = py_reserve(40);
+    uint32_t stack = n ? log_stack_id(&py_log, ids, n) : 0;
+    uint8_t *o = log_reserve(&py_log, 40);
     if (o && py_remember((uintptr_t)p)) {
         *o++ = PY_REC_ALLOC;
         o = put_varint(o, (uintptr_t)p);
         o = put_varint(o, size);
         o = put_varint(o, stack);
-        py_len = (uint32_t)(o - py_buf);
+        log_commit(&py_log, o);
     }
     errno = saved_errno;
     tls_py_inside = 0;
@@ -306,11 +214,11 @@ static inline void py_note_alloc(void *p, size_t size) {
 static inline void py_note_free(void *p) {
     if (!p || !py_live_len || tls_py_inside || !py_forget((uintptr_t)p)) return;
     tls_py_inside = 1;
-    uint8_t *o = py_reserve(24);
+    uint8_t *o = log_reserve(&py_log, 24);
     if (o) {
         *o++ = PY_REC_FREE;
         o = put_varint(o, (uintptr_t)p);
-        py_len = (uint32_t)(o - py_buf);
+        log_commit(&py_log, o);
     }
     tls_py_inside = 0;
 }
@@ -370,6 +278,9 @@ static void py_detect(void) {
     if (!py_layout || stacks_mode == 0) return;
     py_mean_bytes = sample_mean_bytes / 8 < 1 ? 1 : sample_mean_bytes / 8;
     if (stacks_mode == 2) py_mean_bytes = 1;
+    /* The header's seq carries the sampling mean in bytes (the reader scales by it). */
+    py_log.mean_bytes = (uint32_t)py_mean_bytes;
+    py_log.msg_type = MSG_PYTHON;
     py_state = 1;
 }
 
@@ -391,5 +302,5 @@ static __attribute__((noinline)) void py_try_wrap(void) {
 /* A forked child starts with the parent's samples, which are the child's objects too;
  * the records not sent yet are the parent's to send. */
 static void py_after_fork(void) {
-    py_len = 0;
+    py_log.len = 0;
 }

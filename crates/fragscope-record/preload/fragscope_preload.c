@@ -88,6 +88,7 @@ enum {
     MSG_EXEC = 5,
     MSG_EXEC_FAILED = 6, /* the exec announced by MSG_EXEC returned */
     MSG_PYTHON = 7,      /* CPython's sampled objects (cpython.h) */
+    MSG_LISP = 8,        /* SBCL's sampled allocation regions (sbcl.h) */
 };
 /* HELLO_WANTS_CLOCK: the process could not open the clock page for writing (it runs as
  * another user than the recorder); the recorder answers with its descriptor.
@@ -338,6 +339,14 @@ static int in_bootstrap(const void *p) {
 /* ---- small helpers ---- */
 static inline uint64_t current_tick(void) { return clock_page->now >> TICK_SHIFT; }
 
+/* One frame into a stack's 64-bit hash (seeded with the depth): stacks are told apart by
+ * it alone. */
+static inline uint64_t stack_hash_step(uint64_t h, uint64_t frame) {
+    h ^= frame;
+    h *= 0x100000001B3ULL;
+    return h ^ (h >> 29);
+}
+
 static inline uint8_t *put_varint(uint8_t *o, uint64_t v) {
     while (v >= 0x80) {
         *o++ = (uint8_t)(v | 0x80);
@@ -574,6 +583,7 @@ static uint64_t poisson_interval(uint64_t *rng, double mean) {
     return (uint64_t)(-log(u) * mean) + 1;
 }
 
+#include "samples.h"
 #include "cpython.h"
 
 /* ---- thread buffers ---- */
@@ -952,11 +962,7 @@ static __attribute__((noinline)) uint32_t capture_stack(struct thread_state *ts)
     int depth = n - first;
     if (depth > MAX_FRAMES) depth = MAX_FRAMES;
     uint64_t h = 0x84222325CBF29CE4ULL ^ (uint64_t)depth;
-    for (int i = 0; i < depth; i++) {
-        h ^= (uintptr_t)frames[first + i];
-        h *= 0x100000001B3ULL;
-        h ^= h >> 29;
-    }
+    for (int i = 0; i < depth; i++) h = stack_hash_step(h, (uintptr_t)frames[first + i]);
     if (h == 0) h = 1;
     /* Stacks are told apart by a 64-bit hash of their frames; a collision would merge two
      * stacks, with odds of about n^2 / 2^65 for n distinct stacks. */
@@ -1255,6 +1261,7 @@ static inline __attribute__((always_inline)) void record_plain(uint8_t kind, uin
 
 static void send_exit(int status, uint32_t how);
 #include "attach.h"
+#include "sbcl.h"
 
 /* ---- initialisation ---- */
 static void resolve_real_functions(void) {
@@ -1328,6 +1335,7 @@ static void atfork_child(void) {
     my_pid = getpid();
     if (!tracing) return;
     py_after_fork();
+    lisp_after_fork();
     struct thread_state *mine = tls_state;
     for (struct thread_state *r = registry, *next; r; r = next) {
         next = r->next_in_registry;
@@ -1491,6 +1499,7 @@ __attribute__((constructor)) static void on_load(void) {
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     at_quick_exit(on_quick_exit);
     attach_start();
+    lisp_detect();
     tls_flags &= ~TF_FORWARD;
 }
 
@@ -1514,7 +1523,8 @@ static void send_exit(int status, uint32_t how) {
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
         tls_flags &= ~TF_BUSY;
     }
-    py_flush();
+    log_flush(&py_log);
+    lisp_flush();
     flush_all();
     int32_t payload[2] = {status, (int32_t)how};
     uint64_t tick = current_tick();

@@ -16,6 +16,8 @@ pub enum MsgType {
     ExecFailed,
     /// CPython's sampled objects (chunk 18, as they come).
     Python,
+    /// SBCL's sampled allocation regions (chunk 22, as they come).
+    Lisp,
     Unknown(u32),
 }
 
@@ -92,6 +94,7 @@ pub fn read_header(r: &mut impl Read) -> io::Result<Option<MsgHeader>> {
         5 => MsgType::Exec,
         6 => MsgType::ExecFailed,
         7 => MsgType::Python,
+        8 => MsgType::Lisp,
         other => MsgType::Unknown(other),
     };
     Ok(Some(MsgHeader {

@@ -16,7 +16,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
-use fragscope_trace::python_samples::PythonSamples;
+use fragscope_trace::runtime_samples::RuntimeSamples;
 use fragscope_trace::{
     ChunkKind, ChunkWriter, EndHow, EventsHeader, Mapping, Maps, Meta, Origin, PackedBuffer,
     Packer, Pagemap, Process, ProcessEnd, Rollup, RssBatch, RssSample, SnapshotReason, StackMode,
@@ -820,16 +820,22 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
                     }
                 }
             }
-            MsgType::Python => {
+            MsgType::Python | MsgType::Lisp => {
                 if let Some(s) = stream {
-                    // The interposer's header carries the sampling mean in seq.
-                    let samples = PythonSamples {
+                    // The interposer's header carries the sampling mean (CPython) or the
+                    // region size (SBCL) in seq.
+                    let samples = RuntimeSamples {
                         stream: s,
                         mean_bytes: header.seq.into(),
                         first_tick: header.first_tick,
                         records: payload.clone(),
                     };
-                    shared.send(ChunkKind::PythonSamples, samples.encode());
+                    let kind = if header.kind == MsgType::Lisp {
+                        ChunkKind::LispSamples
+                    } else {
+                        ChunkKind::PythonSamples
+                    };
+                    shared.send(kind, samples.encode());
                 }
             }
             MsgType::Unknown(_) => {}

@@ -53,13 +53,16 @@ pub enum ChunkKind {
     /// A CPython process's pymalloc census (see [`crate::records::PymallocCensus`]).
     PymallocCensus = 17,
     /// A CPython process's sampled objects with Python stacks (see
-    /// [`crate::python_samples`]).
+    /// [`crate::runtime_samples`]).
     PythonSamples = 18,
     /// An SBCL process's dynamic space (see [`crate::sbcl_heap`]).
     SbclCensus = 19,
     /// The blocks a running process held when `record -p` attached to it
     /// (`heap_census::StartingHeap`).
     StartingHeap = 21,
+    /// An SBCL process's sampled allocation regions with Lisp stacks (chunk 18's
+    /// encoding, see [`crate::runtime_samples`]).
+    LispSamples = 22,
 }
 
 impl ChunkKind {
@@ -86,6 +89,7 @@ impl ChunkKind {
             18 => PythonSamples,
             19 => SbclCensus,
             21 => StartingHeap,
+            22 => LispSamples,
             _ => return None,
         })
     }

@@ -25,7 +25,8 @@ pub enum Chunk {
     GhcCensus(GhcCensus),
     PymallocCensus(PymallocCensus),
     HeapCensus(crate::heap_census::HeapCensus),
-    PythonSamples(crate::python_samples::PythonSamples),
+    PythonSamples(crate::runtime_samples::RuntimeSamples),
+    LispSamples(crate::runtime_samples::RuntimeSamples),
     SbclCensus(crate::sbcl_heap::SbclCensus),
     StartingHeap(crate::heap_census::StartingHeap),
 }
@@ -101,7 +102,10 @@ impl<R: Read> TraceReader<R> {
             ChunkKind::GhcCensus => GhcCensus::decode(data).map(Chunk::GhcCensus),
             ChunkKind::PymallocCensus => PymallocCensus::decode(data).map(Chunk::PymallocCensus),
             ChunkKind::PythonSamples => {
-                crate::python_samples::PythonSamples::decode(data).map(Chunk::PythonSamples)
+                crate::runtime_samples::RuntimeSamples::decode(data).map(Chunk::PythonSamples)
+            }
+            ChunkKind::LispSamples => {
+                crate::runtime_samples::RuntimeSamples::decode(data).map(Chunk::LispSamples)
             }
             ChunkKind::SbclCensus => {
                 crate::sbcl_heap::SbclCensus::decode(data).map(Chunk::SbclCensus)

@@ -37,6 +37,8 @@ pub struct ProcessSummary {
     pub pymalloc_census_note: Option<String>,
     /// CPython objects sampled with their Python stacks.
     pub python_samples: u64,
+    /// SBCL allocation regions sampled (chunk 22).
+    pub lisp_samples: u64,
     /// SBCL censuses taken, and the note of the first that could not be.
     pub sbcl_censuses: u64,
     pub sbcl_census_note: Option<String>,
@@ -245,11 +247,11 @@ pub fn summarize(
             }
             Chunk::PythonSamples(c) => {
                 let i = idx(&mut sum, &mut by_stream, c.stream);
-                let (records, _) = c.records();
-                sum.processes[i].python_samples += records
-                    .iter()
-                    .filter(|r| matches!(r, crate::python_samples::PythonRecord::Alloc { .. }))
-                    .count() as u64;
+                sum.processes[i].python_samples += samples_of(&c);
+            }
+            Chunk::LispSamples(c) => {
+                let i = idx(&mut sum, &mut by_stream, c.stream);
+                sum.processes[i].lisp_samples += samples_of(&c);
             }
             Chunk::HeapCensus(c) => {
                 let i = idx(&mut sum, &mut by_stream, c.stream);
@@ -271,4 +273,19 @@ pub fn summarize(
     sum.truncated = !seen_end || reader.damage().is_some();
     sum.events = sum.processes.iter().map(|p| p.events).sum();
     Ok(sum)
+}
+
+/// The samples (not frame or stack definitions) of a runtime's chunk.
+fn samples_of(c: &crate::runtime_samples::RuntimeSamples) -> u64 {
+    use crate::runtime_samples::SampleRecord;
+    c.records()
+        .0
+        .iter()
+        .filter(|r| {
+            matches!(
+                r,
+                SampleRecord::Alloc { .. } | SampleRecord::LispAlloc { .. }
+            )
+        })
+        .count() as u64
 }

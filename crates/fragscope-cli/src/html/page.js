@@ -399,12 +399,28 @@
     s.append(el("h3", {}, "Temporary allocations: " + count(L.temporary_allocations) + " of " + count(L.allocations) + " (freed by their thread before it allocated anything else)"));
     if (S.by_temporary_allocations.length) s.append(table(["site", "temporary", "allocations"], S.by_temporary_allocations.map((r) => [r[0], count(r[7]), count(r[4])]), "sites"));
     if (L.temporary_allocations > 0) s.append(el("p", { class: "note" }, "A temporary block placed between long-lived ones is what leaves them scattered over pages once it is freed: allocating such blocks from a separate arena, or on the stack, keeps the survivors packed."));
-    flameGraph(s, R);
+    flameGraph(s, R.flame, "Flame graph", [[0, "bytes allocated"], [1, "live at the most-waste snapshot"], [2, "pinned waste"]]);
   }
 
-  function flameGraph(parent, R) {
-    const F = R.flame;
-    parent.append(el("h2", {}, "Flame graph"));
+  // An SBCL process's Lisp allocation sites: functions that allocate, with their callers.
+  function lispSection(main, R) {
+    const L = R.lisp_sites;
+    if (!L) return;
+    const s = section(main, "Lisp allocation sites", "lisp-sites");
+    s.append(el("p", { class: "note" }, bytes(Math.round(L.allocated_bytes)) + " allocated by Lisp code, estimated from " + count(L.samples) + " allocation regions of at most " + bytes(L.region_bytes) +
+      " sampled as they were refilled (" + count(L.large_samples) + " of them large objects). Expand a function for its callers."));
+    const fn = (y) => (y.callers.length ? el("details", {}, el("summary", {}, y.function), ...y.callers.map((c) => el("div", { class: "caller" }, "\u2190 " + c))) : y.function);
+    const est = (v) => bytes(Math.round(v));
+    const share = (v) => (100 * v).toFixed(1) + "%";
+    s.append(table(["function", "allocated", "share"], L.sites.map((y) => [fn(y), est(y.allocated_bytes), share(y.share)]), "lisp-sites"));
+    s.append(el("h3", {}, "Functions by bytes allocated while they ran"));
+    s.append(table(["function", "inclusive", "share", "itself", "share"], L.functions.slice(0, 10).map((f) => [f.function, est(f.inclusive_bytes), share(f.inclusive_share), est(f.leaf_bytes), share(f.leaf_share)]), "lisp-functions"));
+    if (L.problem) s.append(el("p", { class: "warn" }, L.problem));
+    if (R.lisp_flame) flameGraph(s, R.lisp_flame, "Lisp flame graph", [[0, "bytes allocated"]]);
+  }
+
+  function flameGraph(parent, F, title, METRICS) {
+    parent.append(el("h2", {}, title));
     if (!F.root[4].length) { parent.append(el("p", { class: "note" }, "No site stacks in this report.")); return; }
     const names = F.names;
     function build(a, parent) {
@@ -413,7 +429,6 @@
       return n;
     }
     const root = build(F.root, null);
-    const METRICS = [[0, "bytes allocated"], [1, "live at the most-waste snapshot"], [2, "pinned waste"]];
     let metric = 0, zoom = root, query = "";
     const W = 1160, ROW = 18;
     const holder = el("div", { class: "flame-holder" });
@@ -493,6 +508,7 @@
     decompositionChart(d, R);
     occupancySection(main, R);
     pymallocSection(main, R);
+    lispSection(main, R);
     sizeClassSection(main, R);
     sitesSection(main, R);
   }

@@ -1,25 +1,28 @@
-//! Chunk 18: a CPython process's sampled object allocations with their Python stacks,
-//! and the frees of those objects, in the order of the calls (every call made with the
-//! GIL held, into one buffer). Written by the interposer's CPython part (preload/cpython.h)
-//! as it is; decoded here.
+//! A runtime's sampled stacks, one encoding for two chunks. Chunk 18: a CPython process's
+//! sampled object allocations with their Python stacks, and the frees of those objects,
+//! in the order of the calls (every call made with the GIL held, into one buffer).
+//! Chunk 22: an SBCL process's allocation-region refills with their Lisp stacks, every
+//! thread's in the order they were taken. Written by the interposer (preload/samples.h,
+//! with preload/cpython.h and preload/sbcl.h) as they are; decoded here.
 
 use crate::wire::{Reader, Writer};
 use crate::TraceError;
 
 /// One buffer of records.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PythonSamples {
+pub struct RuntimeSamples {
     pub stream: u32,
-    /// The mean bytes between samples (a Poisson process over allocated bytes).
+    /// CPython: the mean bytes between samples (a Poisson process over allocated bytes).
+    /// SBCL: the bytes of an allocation region (a page).
     pub mean_bytes: u64,
     pub first_tick: u64,
-    /// The records, as the interposer wrote them (see [`PythonSamples::records`]).
+    /// The records, as the interposer wrote them (see [`RuntimeSamples::records`]).
     pub records: Vec<u8>,
 }
 
-/// A record of [`PythonSamples`].
+/// A record of [`RuntimeSamples`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PythonRecord {
+pub enum SampleRecord {
     /// A sampled object of `size` bytes at `address`, allocated with stack `stack` (0:
     /// none could be read).
     Alloc {
@@ -39,9 +42,19 @@ pub enum PythonRecord {
     },
     /// A stack of frame ids, innermost first.
     Stack { id: u32, frames: Vec<u32> },
+    /// SBCL: a thread's allocation region was refilled, or a large object allocated, for
+    /// a request of `requested` bytes (0: not read) from stack `stack` (0: no Lisp
+    /// frame). It stands for `bytes` bytes allocated: those of the region it retired, or
+    /// the large object's.
+    LispAlloc {
+        tick: u64,
+        requested: u64,
+        bytes: u64,
+        stack: u32,
+    },
 }
 
-impl PythonSamples {
+impl RuntimeSamples {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::new();
         w.varint(self.stream.into())
@@ -66,7 +79,7 @@ impl PythonSamples {
 
     /// The records in order. A record cut short or of an unknown kind is an error; the
     /// records before it are returned with it.
-    pub fn records(&self) -> (Vec<PythonRecord>, Option<TraceError>) {
+    pub fn records(&self) -> (Vec<SampleRecord>, Option<TraceError>) {
         let mut out = Vec::new();
         let mut r = Reader::new(&self.records);
         let mut tick = self.first_tick;
@@ -80,23 +93,68 @@ impl PythonSamples {
     }
 }
 
-fn next_record(r: &mut Reader<'_>, tick: &mut u64) -> Result<PythonRecord, TraceError> {
+/// A frame as defined by a FRAME record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameDef {
+    pub line: u32,
+    pub file: String,
+    pub function: String,
+}
+
+/// The frames and stacks a process's records defined, by id (ids count up per process,
+/// so later chunks never redefine an id differently).
+#[derive(Debug, Default)]
+pub struct Definitions {
+    pub frames: std::collections::HashMap<u32, FrameDef>,
+    pub stacks: std::collections::HashMap<u32, Vec<u32>>,
+}
+
+impl Definitions {
+    /// Keeps a FRAME or STACK record's definition; any other record is handed back.
+    pub fn take(&mut self, r: SampleRecord) -> Option<SampleRecord> {
+        match r {
+            SampleRecord::Frame {
+                id,
+                line,
+                file,
+                function,
+            } => {
+                self.frames.insert(
+                    id,
+                    FrameDef {
+                        line,
+                        file,
+                        function,
+                    },
+                );
+                None
+            }
+            SampleRecord::Stack { id, frames } => {
+                self.stacks.insert(id, frames);
+                None
+            }
+            other => Some(other),
+        }
+    }
+}
+
+fn next_record(r: &mut Reader<'_>, tick: &mut u64) -> Result<SampleRecord, TraceError> {
     *tick = tick.saturating_add(r.varint()?);
     let small = |v: u64, what: &str| {
-        u32::try_from(v).map_err(|_| TraceError::Malformed(format!("python {what} {v}")))
+        u32::try_from(v).map_err(|_| TraceError::Malformed(format!("sample {what} {v}")))
     };
     Ok(match r.u8()? {
-        1 => PythonRecord::Alloc {
+        1 => SampleRecord::Alloc {
             tick: *tick,
             address: r.varint()?,
             size: r.varint()?,
             stack: small(r.varint()?, "stack id")?,
         },
-        2 => PythonRecord::Free {
+        2 => SampleRecord::Free {
             tick: *tick,
             address: r.varint()?,
         },
-        3 => PythonRecord::Frame {
+        3 => SampleRecord::Frame {
             id: small(r.varint()?, "frame id")?,
             line: small(r.varint()?, "line")?,
             file: String::from_utf8_lossy(r.bytes()?).into_owned(),
@@ -108,11 +166,17 @@ fn next_record(r: &mut Reader<'_>, tick: &mut u64) -> Result<PythonRecord, Trace
             let frames = (0..n)
                 .map(|_| small(r.varint()?, "frame id"))
                 .collect::<Result<_, _>>()?;
-            PythonRecord::Stack { id, frames }
+            SampleRecord::Stack { id, frames }
         }
+        5 => SampleRecord::LispAlloc {
+            tick: *tick,
+            requested: r.varint()?,
+            bytes: r.varint()?,
+            stack: small(r.varint()?, "stack id")?,
+        },
         other => {
             return Err(TraceError::Malformed(format!(
-                "python sample record of unknown kind {other}"
+                "sample record of unknown kind {other}"
             )))
         }
     })
@@ -122,19 +186,21 @@ fn next_record(r: &mut Reader<'_>, tick: &mut u64) -> Result<PythonRecord, Trace
 mod tests {
     use super::*;
 
-    fn written(records: &[PythonRecord]) -> Vec<u8> {
+    fn written(records: &[SampleRecord]) -> Vec<u8> {
         // As preload/cpython.h writes them.
         let mut w = Writer::new();
         let mut last = 100;
         for rec in records {
             let tick = match rec {
-                PythonRecord::Alloc { tick, .. } | PythonRecord::Free { tick, .. } => *tick,
+                SampleRecord::Alloc { tick, .. }
+                | SampleRecord::Free { tick, .. }
+                | SampleRecord::LispAlloc { tick, .. } => *tick,
                 _ => last,
             };
             w.varint(tick - last);
             last = tick;
             match rec {
-                PythonRecord::Alloc {
+                SampleRecord::Alloc {
                     address,
                     size,
                     stack,
@@ -145,10 +211,10 @@ mod tests {
                         .varint(*size)
                         .varint((*stack).into());
                 }
-                PythonRecord::Free { address, .. } => {
+                SampleRecord::Free { address, .. } => {
                     w.u8(2).varint(*address);
                 }
-                PythonRecord::Frame {
+                SampleRecord::Frame {
                     id,
                     line,
                     file,
@@ -157,11 +223,22 @@ mod tests {
                     w.u8(3).varint((*id).into()).varint((*line).into());
                     w.str(file).str(function);
                 }
-                PythonRecord::Stack { id, frames } => {
+                SampleRecord::Stack { id, frames } => {
                     w.u8(4).varint((*id).into()).varint(frames.len() as u64);
                     for f in frames {
                         w.varint((*f).into());
                     }
+                }
+                SampleRecord::LispAlloc {
+                    requested,
+                    bytes,
+                    stack,
+                    ..
+                } => {
+                    w.u8(5)
+                        .varint(*requested)
+                        .varint(*bytes)
+                        .varint((*stack).into());
                 }
             }
         }
@@ -171,44 +248,50 @@ mod tests {
     #[test]
     fn records_round_trip_and_a_cut_keeps_what_came_before() {
         let records = vec![
-            PythonRecord::Frame {
+            SampleRecord::Frame {
                 id: 1,
                 line: 88,
                 file: "handlers.py".into(),
                 function: "handle".into(),
             },
-            PythonRecord::Stack {
+            SampleRecord::Stack {
                 id: 1,
                 frames: vec![1],
             },
-            PythonRecord::Alloc {
+            SampleRecord::Alloc {
                 tick: 105,
                 address: 0x7f00_0000_1000,
                 size: 64,
                 stack: 1,
             },
-            PythonRecord::Free {
+            SampleRecord::Free {
                 tick: 107,
                 address: 0x7f00_0000_1000,
             },
+            SampleRecord::LispAlloc {
+                tick: 109,
+                requested: 48,
+                bytes: 30000,
+                stack: 1,
+            },
         ];
-        let chunk = PythonSamples {
+        let chunk = RuntimeSamples {
             stream: 3,
             mean_bytes: 65536,
             first_tick: 100,
             records: written(&records),
         };
-        let back = PythonSamples::decode(&chunk.encode()).unwrap();
+        let back = RuntimeSamples::decode(&chunk.encode()).unwrap();
         assert_eq!(back, chunk);
         let (got, err) = back.records();
         assert_eq!(got, records);
         assert!(err.is_none(), "{err:?}");
-        let cut = PythonSamples {
+        let cut = RuntimeSamples {
             records: chunk.records[..chunk.records.len() - 2].to_vec(),
             ..chunk
         };
         let (got, err) = cut.records();
-        assert_eq!(got, records[..3]);
+        assert_eq!(got, records[..4]);
         assert!(err.is_some());
     }
 }

@@ -1,0 +1,386 @@
+/* SBCL's allocation sites: which Lisp functions allocate, sampled at every refill of a
+ * thread's allocation region. Included once, by fragscope_preload.c, after attach.h.
+ *
+ * Lisp allocates inline from a thread-local region; when it overflows, the ALLOC-TRAMP
+ * assembly routine calls the runtime's `alloc`, which takes `free_pages_lock` once per
+ * refill to open a new region (up to a 32 KiB page), as does `gc_alloc_large` for
+ * an object of 128 KiB or more. The runtime calls pthread_mutex_lock through its PLT, so
+ * rewriting that one slot of the SBCL executable's GOT (attach.h's rebinding) puts
+ * lisp_mutex_lock in front of every such lock and of no other program's: the interposer
+ * exports no pthread_mutex_lock. The lock is learnt as the first mutex locked from inside
+ * `alloc`; afterwards only locks of it from the runtime's allocating functions are
+ * samples, and none during a collection (`gc_active_p`).
+ *
+ * A refill stands for the bytes of the region it retires: the allocation that overflows
+ * a region of R bytes is one of s bytes with probability about s / R, so each stack's
+ * expected share is its own bytes (regions are often smaller than a page: what is left
+ * of one after a collection). The region is the thread's mixed one for `alloc` and its
+ * cons one for the list functions (`struct thread`'s mixed_tlab and cons_tlab); a large
+ * object stands for itself; the rarer refills for closures and code, for a page. Summed
+ * by stack, that is get-bytes-consed's count within sampling error.
+ *
+ * The stack is read in place: the runtime and Lisp code keep frame pointers ([fp] the
+ * caller's frame, [fp + 8] the return address), and the trampoline's frame holds the
+ * requested size at [fp + 16]. The walk stays inside the thread's control stack (`struct
+ * thread`, from the exported initial-exec TLS variable `current_thread`). Names are
+ * resolved at once, inside `alloc`, where the thread is pseudo-atomic (no collection can
+ * move or free code): `component_ptr_from_pc` then `debug_function_from_pc` give the
+ * names SBCL's backtrace prints, FLET and LABELS included. Layouts are SBCL 2.2.9's on
+ * x86-64 (Debian's 2:2.2.9-1, as the census in fragscope-census/src/sbcl.rs); a runtime
+ * whose threads do not point to themselves where 2.2.9's do is left alone.
+ *
+ * Records (docs/trace-format.md, chunk 22) go to one process-wide log under lisp_lock:
+ * every thread's samples in the order they were taken. */
+
+enum { LISP_REC_SAMPLE = 5 };
+#define LISP_REGION_BYTES 32768
+#define LISP_MAX_FRAMES 64
+#define LISP_NAME_CAP 240
+/* struct thread, SBCL 2.2.9 x86-64 (the census's offsets). */
+#define LISP_THREAD_CONTROL_STACK_START 176
+#define LISP_THREAD_CONTROL_STACK_END 184
+#define LISP_THREAD_THIS 192
+#define LISP_THREAD_CONS_TLAB 88 /* struct alloc_region: free_pointer, end_addr, start_addr */
+#define LISP_THREAD_MIXED_TLAB 112
+/* Tags (genesis/constants.h). */
+#define LISP_LOWTAG_MASK 15
+#define LISP_LIST_LOWTAG 7
+#define LISP_INSTANCE_LOWTAG 3
+#define LISP_OTHER_LOWTAG 15
+#define LISP_NIL ((uintptr_t)0x50000117)
+#define LISP_SYMBOL_WIDETAG 0x2d
+#define LISP_CODE_WIDETAG 0x35
+#define LISP_BASE_STRING_WIDETAG 0xe1
+#define LISP_CHARACTER_STRING_WIDETAG 0xe5
+
+/* The runtime's functions that take free_pages_lock to allocate (the first is `alloc`),
+ * and the thread's region each refills (0: a large object; -1: none of the thread's). */
+static struct { const char *name; int region; uintptr_t lo, hi; } lisp_sites[] = {
+    {"alloc", LISP_THREAD_MIXED_TLAB, 0, 0},
+    {"alloc_list", LISP_THREAD_CONS_TLAB, 0, 0},
+    {"gc_alloc_large", 0, 0, 0},
+    {"make_list", LISP_THREAD_CONS_TLAB, 0, 0},
+    {"listify_rest_arg", LISP_THREAD_CONS_TLAB, 0, 0},
+    {"alloc_funinstance", -1, 0, 0},
+    {"alloc_code_object", -1, 0, 0},
+};
+#define LISP_SITES (sizeof lisp_sites / sizeof *lisp_sites)
+
+static struct sample_log lisp_log; /* zero-initialised, so in .bss: not in the file */
+static pthread_mutex_t lisp_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t *_Atomic lisp_free_pages_lock;
+static int lisp_on;
+static intptr_t lisp_current_thread_offset; /* of `current_thread` from the thread pointer */
+static volatile int *lisp_gc_active_p, *lisp_n_gcs;
+static uintptr_t *lisp_dynamic_space_start, *lisp_dynamic_space_size;
+static uintptr_t *lisp_text_space_start, *lisp_text_space_highwatermark;
+static uintptr_t *lisp_package_vector;
+static uintptr_t *(*lisp_component_ptr_from_pc)(char *pc);
+static uintptr_t *(*lisp_debug_function_from_pc)(uintptr_t *code, void *pc);
+/* Return address -> frame id, valid while no collection ran since (`n_gcs`): a
+ * collection may move code. Under lisp_lock. */
+#define LISP_PC_SLOTS 4096
+static struct { uintptr_t pc; int gcs; uint32_t frame; } lisp_pcs[LISP_PC_SLOTS];
+
+static char *lisp_thread(void) {
+    return *(char **)((char *)__builtin_thread_pointer() + lisp_current_thread_offset);
+}
+
+static int lisp_code_pc(uintptr_t pc) {
+    uintptr_t start = *lisp_dynamic_space_start;
+    if (pc - start < *lisp_dynamic_space_size) return 1;
+    return lisp_text_space_start && pc >= *lisp_text_space_start &&
+           pc < *lisp_text_space_highwatermark;
+}
+
+/* ---- names ---- */
+
+struct lisp_name {
+    char *s;
+    int n, cap;
+};
+
+static void name_put(struct lisp_name *o, const char *s, size_t n) {
+    for (size_t i = 0; i < n && o->n < o->cap; i++) o->s[o->n++] = s[i];
+}
+
+/* A simple string's characters (ASCII; others as '?'). */
+static void name_put_string(struct lisp_name *o, uintptr_t str) {
+    if ((str & LISP_LOWTAG_MASK) != LISP_OTHER_LOWTAG) return;
+    const uintptr_t *w = (const uintptr_t *)(str - LISP_OTHER_LOWTAG);
+    unsigned widetag = w[0] & 0xff;
+    size_t len = w[1] >> 1;
+    for (size_t i = 0; i < len && o->n < o->cap; i++) {
+        uint32_t c = widetag == LISP_BASE_STRING_WIDETAG        ? ((const uint8_t *)(w + 2))[i]
+                     : widetag == LISP_CHARACTER_STRING_WIDETAG ? ((const uint32_t *)(w + 2))[i]
+                                                                : '?';
+        o->s[o->n++] = c >= 32 && c < 127 ? (char)c : '?';
+    }
+}
+
+/* A symbol as SBCL prints it from CL-USER, always with "::" outside COMMON-LISP,
+ * COMMON-LISP-USER and KEYWORD (telling an external symbol would need the package's
+ * tables). The name slot's top 16 bits are the package's id in lisp_package_vector. */
+static void name_put_symbol(struct lisp_name *o, const uintptr_t *symbol) {
+    uintptr_t name_slot = symbol[5];
+    unsigned id = (unsigned)(name_slot >> 48);
+    uintptr_t vector = lisp_package_vector ? *lisp_package_vector : 0;
+    if (!id) {
+        name_put(o, "#:", 2);
+    } else if ((vector & LISP_LOWTAG_MASK) == LISP_OTHER_LOWTAG) {
+        const uintptr_t *v = (const uintptr_t *)(vector - LISP_OTHER_LOWTAG);
+        uintptr_t package = id < (v[1] >> 1) ? v[2 + id] : 0;
+        if ((package & LISP_LOWTAG_MASK) == LISP_INSTANCE_LOWTAG) {
+            char buf[64];
+            struct lisp_name p = {buf, 0, sizeof buf};
+            name_put_string(&p, ((const uintptr_t *)(package - LISP_INSTANCE_LOWTAG))[1]);
+            if (p.n == 7 && !memcmp(buf, "KEYWORD", 7)) {
+                name_put(o, ":", 1);
+            } else if (!(p.n == 11 && !memcmp(buf, "COMMON-LISP", 11)) &&
+                       !(p.n == 16 && !memcmp(buf, "COMMON-LISP-USER", 16)) && p.n > 0) {
+                name_put(o, buf, (size_t)p.n);
+                name_put(o, "::", 2);
+            }
+        }
+    }
+    name_put_string(o, name_slot & (((uintptr_t)1 << 48) - 1));
+}
+
+/* A function's name: a symbol, or a list such as (FLET HELPER :IN SEXP->XML). */
+static void name_put_object(struct lisp_name *o, uintptr_t obj, int depth) {
+    char num[24];
+    if (!(obj & 1)) {
+        int n = snprintf(num, sizeof num, "%ld", (long)obj >> 1);
+        name_put(o, num, n > 0 ? (size_t)n : 0);
+    } else if (obj == LISP_NIL) {
+        name_put(o, "NIL", 3);
+    } else if ((obj & LISP_LOWTAG_MASK) == LISP_LIST_LOWTAG) {
+        if (depth > 3) return name_put(o, "(...)", 5);
+        name_put(o, "(", 1);
+        /* NIL is list-tagged too: it ends the list. */
+        for (int k = 0; obj != LISP_NIL && (obj & LISP_LOWTAG_MASK) == LISP_LIST_LOWTAG &&
+                        o->n < o->cap;
+             k++) {
+            const uintptr_t *cell = (const uintptr_t *)(obj - LISP_LIST_LOWTAG);
+            if (k) name_put(o, " ", 1);
+            if (k == 8) {
+                name_put(o, "...", 3);
+                break;
+            }
+            name_put_object(o, cell[0], depth + 1);
+            obj = cell[1];
+        }
+        name_put(o, ")", 1);
+    } else if ((obj & LISP_LOWTAG_MASK) == LISP_OTHER_LOWTAG) {
+        const uintptr_t *w = (const uintptr_t *)(obj - LISP_OTHER_LOWTAG);
+        unsigned widetag = w[0] & 0xff;
+        if (widetag == LISP_SYMBOL_WIDETAG) {
+            name_put_symbol(o, w);
+        } else if (widetag == LISP_BASE_STRING_WIDETAG ||
+                   widetag == LISP_CHARACTER_STRING_WIDETAG) {
+            name_put(o, "\"", 1);
+            name_put_string(o, obj);
+            name_put(o, "\"", 1);
+        } else {
+            name_put(o, "#<...>", 6);
+        }
+    } else {
+        name_put(o, "#<...>", 6);
+    }
+}
+
+/* The name of the function whose code holds `pc`, as SBCL's backtrace prints it; 0 for
+ * code without functions (assembly routines: the trampolines). */
+static int lisp_function_name(uintptr_t pc, struct lisp_name *o) {
+    uintptr_t *code = lisp_component_ptr_from_pc((char *)pc);
+    if (!code || (code[0] & 0xff) != LISP_CODE_WIDETAG) return 0;
+    /* The code's trailer (its last bytes) counts its functions. */
+    const char *end = (const char *)code + (code[0] >> 32) * 8;
+    uint16_t trailer = *(const uint16_t *)(end - 2);
+    unsigned functions = trailer ? *(const uint16_t *)(end - 4) >> 5 : 0;
+    if (!functions) return 0;
+    uintptr_t name = 0;
+    uintptr_t *debug_fun = lisp_debug_function_from_pc(code, (void *)pc);
+    if (debug_fun) {
+        name = debug_fun[1];
+    } else {
+        /* The simple-fun the pc is in: the last one that starts before it. */
+        const uint32_t *offsets = (const uint32_t *)(end - 4) - 1;
+        const char *text = (const char *)code + (uint32_t)code[1];
+        unsigned index = 0;
+        for (unsigned i = functions; i-- > 0;)
+            if ((uintptr_t)(text + offsets[-(int)i]) < pc) {
+                index = i;
+                break;
+            }
+        name = code[4 + 4 * index];
+    }
+    name_put_object(o, name, 0);
+    return o->n;
+}
+
+/* The frame id of a return address (0: not a function's). Under lisp_lock. */
+static uint32_t lisp_frame_id(uintptr_t ret) {
+    int gcs = lisp_n_gcs ? *lisp_n_gcs : 0;
+    uint32_t cached = (uint32_t)((ret * 0x9E3779B97F4A7C15ULL) >> 52) & (LISP_PC_SLOTS - 1);
+    if (lisp_pcs[cached].pc == ret && lisp_pcs[cached].gcs == gcs) return lisp_pcs[cached].frame;
+    char buf[LISP_NAME_CAP];
+    struct lisp_name name = {buf, 0, sizeof buf};
+    /* The return address may be just past the function's last instruction. */
+    uint32_t id = 0;
+    if (lisp_function_name(ret - 1, &name)) {
+        /* A frame is its name (code moves; names stay). */
+        uint64_t h = 0xCBF29CE484222325ULL;
+        for (int i = 0; i < name.n; i++) h = (h ^ (uint8_t)buf[i]) * 0x100000001B3ULL;
+        uint32_t slot;
+        id = log_frame_id(&lisp_log, h, (uint64_t)name.n, &slot);
+        if (!id)
+            id = log_define_frame(&lisp_log, slot, h, (uint64_t)name.n, 0, "", 0, buf,
+                                  (size_t)name.n);
+    }
+    lisp_pcs[cached].pc = ret;
+    lisp_pcs[cached].gcs = gcs;
+    lisp_pcs[cached].frame = id;
+    return id;
+}
+
+/* ---- sampling ---- */
+
+/* One refill (or large object) by lisp_sites[site]: `fp` is the hook's frame, whose
+ * caller is that function. */
+static __attribute__((noinline)) void lisp_sample(uintptr_t *fp, int site) {
+    char *thread = lisp_thread();
+    if (!thread || *lisp_gc_active_p) return;
+    if (*(char **)(thread + LISP_THREAD_THIS) != thread) return;
+    uintptr_t lo = *(uintptr_t *)(thread + LISP_THREAD_CONTROL_STACK_START);
+    uintptr_t hi = *(uintptr_t *)(thread + LISP_THREAD_CONTROL_STACK_END);
+    uintptr_t pcs[LISP_MAX_FRAMES];
+    int n = 0;
+    uint64_t requested = 0;
+    uintptr_t *f = fp;
+    for (int step = 0; step < 4 * LISP_MAX_FRAMES && n < LISP_MAX_FRAMES; step++) {
+        if (((uintptr_t)f & 7) || (uintptr_t)f < lo || (uintptr_t)f + 24 > hi) break;
+        uintptr_t ret = f[1];
+        uintptr_t *next = (uintptr_t *)f[0];
+        /* f is the allocating function's frame and its caller a trampoline: the size
+         * the trampoline was asked for is in its frame. */
+        if (step == 1 && lisp_code_pc(ret) && (uintptr_t)next > (uintptr_t)f &&
+            (uintptr_t)next + 24 <= hi) {
+            uintptr_t size = next[2];
+            if (size && size < ((uintptr_t)1 << 40) && !(size & 15)) requested = size;
+        }
+        if (lisp_code_pc(ret)) pcs[n++] = ret;
+        if (next <= f) break;
+        f = next;
+    }
+    uint64_t bytes = requested > LISP_REGION_BYTES ? requested : LISP_REGION_BYTES;
+    int region = lisp_sites[site].region;
+    if (region > 0) {
+        /* The region this refill retires: free_pointer - start_addr (none open: 0). */
+        uintptr_t free_pointer = *(uintptr_t *)(thread + region);
+        uintptr_t start = *(uintptr_t *)(thread + region + 16);
+        bytes = start && free_pointer >= start ? free_pointer - start : 0;
+    } else if (region == 0 && requested) {
+        bytes = requested;
+    }
+    uint32_t ids[LISP_MAX_FRAMES];
+    int saved_errno = errno;
+    pthread_mutex_lock(&lisp_lock);
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        uint32_t id = lisp_frame_id(pcs[i]);
+        if (id) ids[k++] = id;
+    }
+    uint32_t stack = k ? log_stack_id(&lisp_log, ids, k) : 0;
+    uint8_t *o = log_reserve(&lisp_log, 40);
+    if (o) {
+        *o++ = LISP_REC_SAMPLE;
+        o = put_varint(o, requested);
+        o = put_varint(o, bytes);
+        o = put_varint(o, stack);
+        log_commit(&lisp_log, o);
+    }
+    pthread_mutex_unlock(&lisp_lock);
+    errno = saved_errno;
+}
+
+static int lisp_site_of(uintptr_t ret) {
+    for (unsigned i = 0; i < LISP_SITES; i++)
+        if (ret - lisp_sites[i].lo < lisp_sites[i].hi - lisp_sites[i].lo) return (int)i;
+    return -1;
+}
+
+/* The SBCL executable's pthread_mutex_lock. Our own calls of pthread_mutex_lock go
+ * through our PLT, to libc's. */
+static __attribute__((noinline)) int lisp_mutex_lock(pthread_mutex_t *m) {
+    pthread_mutex_t *free_pages = atomic_load_explicit(&lisp_free_pages_lock, memory_order_relaxed);
+    if ((free_pages && m != free_pages) || (tls_flags & TF_FORWARD)) return pthread_mutex_lock(m);
+    int site = lisp_site_of((uintptr_t)__builtin_return_address(0));
+    if (site < 0) return pthread_mutex_lock(m);
+    if (!free_pages) {
+        if (site != 0) return pthread_mutex_lock(m);
+        pthread_mutex_t *none = NULL;
+        atomic_compare_exchange_strong(&lisp_free_pages_lock, &none, m);
+        if (atomic_load(&lisp_free_pages_lock) != m) return pthread_mutex_lock(m);
+    }
+    tls_flags |= TF_FORWARD;
+    lisp_sample(__builtin_frame_address(0), site);
+    tls_flags &= ~TF_FORWARD;
+    return pthread_mutex_lock(m);
+}
+
+static void *lisp_replacement(const char *name) {
+    return strcmp(name, "pthread_mutex_lock") ? NULL : (void *)lisp_mutex_lock;
+}
+
+/* At start: is this an SBCL runtime? If so, its locks are rebound. */
+static void lisp_detect(void) {
+    if (!stacks_mode || !dlsym(RTLD_DEFAULT, "gencgc_alloc_profiler")) return;
+    for (unsigned i = 0; i < LISP_SITES; i++) {
+        void *f = dlsym(RTLD_DEFAULT, lisp_sites[i].name);
+        Dl_info d;
+        const ElfW(Sym) *sym = NULL;
+        if (f && dladdr1(f, &d, (void **)&sym, RTLD_DL_SYMENT) && sym && sym->st_size) {
+            lisp_sites[i].lo = (uintptr_t)f;
+            lisp_sites[i].hi = (uintptr_t)f + sym->st_size;
+        }
+    }
+    void *current_thread = dlsym(RTLD_DEFAULT, "current_thread");
+    lisp_gc_active_p = dlsym(RTLD_DEFAULT, "gc_active_p");
+    lisp_n_gcs = dlsym(RTLD_DEFAULT, "n_gcs");
+    lisp_dynamic_space_start = dlsym(RTLD_DEFAULT, "DYNAMIC_SPACE_START");
+    lisp_dynamic_space_size = dlsym(RTLD_DEFAULT, "dynamic_space_size");
+    lisp_text_space_start = dlsym(RTLD_DEFAULT, "TEXT_SPACE_START");
+    lisp_text_space_highwatermark = dlsym(RTLD_DEFAULT, "text_space_highwatermark");
+    lisp_package_vector = dlsym(RTLD_DEFAULT, "lisp_package_vector");
+    lisp_component_ptr_from_pc = dlsym(RTLD_DEFAULT, "component_ptr_from_pc");
+    lisp_debug_function_from_pc = dlsym(RTLD_DEFAULT, "debug_function_from_pc");
+    if (!lisp_sites[0].lo || !current_thread || !lisp_gc_active_p ||
+        !lisp_dynamic_space_start || !lisp_dynamic_space_size || !lisp_component_ptr_from_pc ||
+        !lisp_debug_function_from_pc || (!lisp_text_space_start != !lisp_text_space_highwatermark))
+        return;
+    /* An initial-exec TLS variable of the executable: dlsym gives this thread's
+     * instance, at the same offset from every thread's pointer. Not referenced as an
+     * extern __thread, which would keep the library out of every other program. */
+    lisp_current_thread_offset = (char *)current_thread - (char *)__builtin_thread_pointer();
+    lisp_log.msg_type = MSG_LISP;
+    lisp_log.mean_bytes = LISP_REGION_BYTES;
+    lisp_on = 1;
+    struct rebinding how = {lisp_replacement, lisp_sites[0].lo};
+    pthread_mutex_lock(&patch_lock);
+    dl_iterate_phdr(patch_object, &how);
+    pthread_mutex_unlock(&patch_lock);
+}
+
+static void lisp_flush(void) {
+    if (!lisp_on) return;
+    pthread_mutex_lock(&lisp_lock);
+    log_flush(&lisp_log);
+    pthread_mutex_unlock(&lisp_lock);
+}
+
+/* A forked child's records not sent yet are the parent's to send. */
+static void lisp_after_fork(void) {
+    pthread_mutex_init(&lisp_lock, NULL);
+    lisp_log.len = 0;
+}
