@@ -97,16 +97,22 @@ fn a_running_program_is_recorded_in_order_from_its_heap_as_it_was() {
     assert_eq!(r["merge"]["unknown_frees"], c.unknown_frees);
 }
 
+/// attach_target with 4 workers that wait 5 ms between operations, ready.
+fn start_slow_target(dir: &Path) -> Running {
+    let exe = common::build(dir, "attach_target", &["-pthread"]);
+    let mut cmd = Command::new(&exe);
+    cmd.args(["4", "5000"]);
+    let mut p = Running::start(cmd);
+    assert_eq!(p.line().trim(), "ready");
+    p
+}
+
 #[test]
 fn the_live_data_of_an_attached_program_holds_the_blocks_it_had_before() {
     // Workers so slow (5 ms between operations) that most of the table is still what it
     // was at the attach: without its starting heap the trace would hold a fifth of it.
     let dir = tempfile::tempdir().unwrap();
-    let exe = common::build(dir.path(), "attach_target", &["-pthread"]);
-    let mut cmd = Command::new(&exe);
-    cmd.args(["4", "5000"]);
-    let mut p = Running::start(cmd);
-    assert_eq!(p.line().trim(), "ready");
+    let mut p = start_slow_target(dir.path());
     let trace = dir.path().join("slow.fsc");
     let out = attach(p.pid(), &trace, &["--duration", "1"]);
     assert!(out.status.success(), "{}", common::stderr(&out));
@@ -180,11 +186,7 @@ fn mappings(pid: u32) -> std::collections::BTreeMap<u64, (String, u64, u64)> {
 fn after_the_detach_the_process_holds_only_what_fragscope_brought() {
     // Slow workers: the program's own heap barely moves meanwhile.
     let dir = tempfile::tempdir().unwrap();
-    let exe = common::build(dir.path(), "attach_target", &["-pthread"]);
-    let mut cmd = Command::new(&exe);
-    cmd.args(["4", "5000"]);
-    let mut p = Running::start(cmd);
-    assert_eq!(p.line().trim(), "ready");
+    let mut p = start_slow_target(dir.path());
     std::thread::sleep(std::time::Duration::from_millis(300));
     let before = mappings(p.pid());
     let trace = dir.path().join("detached.fsc");

@@ -468,15 +468,7 @@ fn a_stack_seen_again_is_not_defined_again() {
         (8192..8192 + 16).contains(&defined),
         "{defined} stack definitions for 8192 distinct stacks"
     );
-    let r: Value = serde_json::from_slice(
-        &Command::new(env!("CARGO_BIN_EXE_fragscope"))
-            .args(["report", "--json"])
-            .arg(&trace)
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
+    let r = common::report_json(&trace);
     // Every allocation still has its stack: the sites add up to all of them.
     let top = &r["sites"]["by_allocations"][0];
     assert_eq!(u(top, "allocations"), 49152, "{top}");

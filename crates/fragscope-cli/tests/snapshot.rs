@@ -41,12 +41,19 @@ fn helper(dir: &Path) -> PathBuf {
     common::build(dir, "glibc_heap", &["-pthread"])
 }
 
+/// The helper running with `args`, and the mallinfo2 it printed once its heap was built.
+fn start_helper(dir: &Path, args: &[&str]) -> (Running, std::collections::HashMap<String, u64>) {
+    let mut cmd = Command::new(helper(dir));
+    cmd.args(args);
+    let mut p = Running::start(cmd);
+    let before = mallinfo(&p.line());
+    (p, before)
+}
+
 #[test]
 fn glibc_census_agrees_with_mallinfo_and_the_process_runs_on() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = helper(dir.path());
-    let mut p = Running::start(Command::new(&exe));
-    let before = mallinfo(&p.line());
+    let (mut p, before) = start_helper(dir.path(), &[]);
     // Read from a copy made by fork, then from the process held stopped: the same heap.
     // (In this order: reading the process itself maps the zero page at heap pages it never
     // touched, which pagemap then shows present; reading the copy leaves the process's
@@ -176,11 +183,7 @@ fn glibc_census_agrees_with_mallinfo_and_the_process_runs_on() {
 #[test]
 fn a_process_under_seccomp_is_read_stopped_rather_than_forked() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = helper(dir.path());
-    let mut cmd = Command::new(&exe);
-    cmd.arg("seccomp");
-    let mut p = Running::start(cmd);
-    let before = mallinfo(&p.line());
+    let (mut p, before) = start_helper(dir.path(), &["seccomp"]);
     let trace = dir.path().join("snap.fsc");
     let out = snapshot(p.pid(), &trace, &["--fork-copy", "always"]);
     let err = common::stderr(&out);

@@ -774,9 +774,11 @@ pub fn analyze(
 fn focus_of(snapshots: &[Snapshot], peak_live: u64) -> Option<usize> {
     let max_live = snapshots.iter().map(|s| s.parts.live).max()?.max(peak_live);
     let waste = |i: usize| snapshots[i].parts.heap_waste();
+    // Waste that is gone by the next snapshot was passing; but not when the next one is
+    // the exit's, taken after the program's own teardown freed what it kept.
     let lasting = |i: usize| match snapshots.get(i + 1) {
-        Some(_) => waste(i).min(waste(i + 1)),
-        None => waste(i),
+        Some(next) if next.reason != "exit" => waste(i).min(waste(i + 1)),
+        _ => waste(i),
     };
     (0..snapshots.len())
         .filter(|&i| snapshots[i].parts.live * 100 >= max_live)
