@@ -305,7 +305,7 @@ impl Censuses {
     /// from the roots too when the walks so far and the next one together hold the
     /// program for at most 1/20 of the time since the first census (walk and mark read
     /// every used byte and every reachable object; see ARCHITECTURE.md for the cost;
-    /// before a first one it is expected to take 3.5 ms per MiB in use).
+    /// before a first one it is expected to take 2 ms per MiB in use).
     pub fn take_sbcl(
         &self,
         stream: u32,
@@ -396,11 +396,9 @@ impl Censuses {
                     *walked += pause;
                     *next_walk = Some(pause);
                 } else if next_walk.is_none() {
-                    // Before a first walk and mark: 3.5 ms per MiB in use. Measured 1.6 to
-                    // 2.2 on large heaps (ARCHITECTURE.md), but a small one is mostly the
-                    // core, whose mark alone takes some 35 ms: 119 ms for 33 MiB, which at
-                    // 2 ms per MiB came too early and held a short run 6.7% of its time.
-                    *next_walk = Some(Duration::from_micros(3500 * (census.bytes_used >> 20)));
+                    // Before a first walk and mark: 2 ms per MiB in use (measured: 1.6
+                    // to 2.2, see ARCHITECTURE.md).
+                    *next_walk = Some(Duration::from_millis(2 * (census.bytes_used >> 20)));
                 }
                 Some(note(Ok(census.to_record())))
             }
