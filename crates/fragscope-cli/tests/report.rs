@@ -441,8 +441,8 @@ fn of_many_processes_the_largest_heap_is_explained_and_the_others_listed() {
     );
 }
 
-/// Leaks (live at exit) and temporary allocations (freed by their thread before it
-/// allocates anything else), exactly and by site, as heaptrack users expect them.
+/// A program whose stacks outnumber the interposer's first stack table defines each
+/// stack once, and every allocation keeps its stack.
 #[test]
 fn a_stack_seen_again_is_not_defined_again() {
     // 8192 distinct stacks, each reached 6 times in turn: more than the interposer's first
@@ -474,6 +474,8 @@ fn a_stack_seen_again_is_not_defined_again() {
     assert_eq!(u(top, "allocations"), 49152, "{top}");
 }
 
+/// Leaks (live at exit) and temporary allocations (freed by their thread before it
+/// allocates anything else), exactly and by site, as heaptrack users expect them.
 #[test]
 fn leaks_and_temporary_allocations_are_counted_by_site() {
     let dir = tempfile::tempdir().unwrap();
