@@ -383,13 +383,15 @@ fn remote_call(pid: u32, func: u64, args: &[Arg]) -> Result<u64> {
     remote_call_avoiding(pid, func, args, &[]).map(|(v, _)| v)
 }
 
-/// Makes a thread of `pid`, any one, call libc's `syscall` with `args` (at most six: the
-/// number and five arguments); its return value. `on_event` sees each ptrace event stop
-/// of the thread meanwhile with its event message (a fork's child).
-fn remote_syscall(pid: u32, args: &[u64], on_event: &mut dyn FnMut(i32, u64)) -> Result<i64> {
-    let syscall = libc_image(pid)?
-        .need("syscall")
-        .map_err(|e| anyhow!("process {pid}'s C library: {e}"))?;
+/// Makes a thread of `pid`, any one, call libc's `syscall` (at `syscall`) with `args` (at
+/// most six: the number and five arguments); its return value. `on_event` sees each
+/// ptrace event stop of the thread meanwhile with its event message (a fork's child).
+fn remote_syscall(
+    pid: u32,
+    syscall: u64,
+    args: &[u64],
+    on_event: &mut dyn FnMut(i32, u64),
+) -> Result<i64> {
     let args: Vec<Arg> = args.iter().map(|&v| Arg::Value(v)).collect();
     let b = borrow_thread(pid, &[], true)?;
     call_on(pid, b, syscall, &args, Some(on_event)).map(|(v, _)| v as i64)
@@ -505,6 +507,8 @@ fn call_on(
 /// `__WALL` on a borrowed thread) after it is killed, so no SIGCHLD and no zombie is left.
 pub struct ForkedCopy {
     parent: u32,
+    /// libc's `syscall` in the parent, for the reaping.
+    syscall: u64,
     child: i32,
 }
 
@@ -524,6 +528,7 @@ impl Drop for ForkedCopy {
         }
         let reaped = remote_syscall(
             self.parent,
+            self.syscall,
             &[
                 libc::SYS_wait4 as u64,
                 self.child as u64,
@@ -545,44 +550,67 @@ impl Drop for ForkedCopy {
     }
 }
 
-/// Forks `pid` (held stopped by the caller) on a borrowed thread, with no exit signal
-/// and nothing shared: the child has the process's memory as it is now. Err says why the
-/// copy could not be made (a seccomp filter, no memory to commit, a process limit); the
-/// process is left as it was.
-pub fn fork_copy(pid: u32) -> Result<ForkedCopy> {
-    if seccomp_filtered(pid) {
-        bail!(
-            "process {pid} runs under a seccomp filter, which could forbid (or kill it for) \
-             the fork that makes the copy"
-        );
+/// What forking a copy of a process needs, found before the process is stopped (reading
+/// libc's symbols would lengthen the stop): libc's `syscall` in it.
+pub struct Forker {
+    pid: u32,
+    syscall: u64,
+}
+
+impl Forker {
+    /// Err says why `pid` is not to be forked (a seccomp filter) or cannot be.
+    pub fn new(pid: u32) -> Result<Self> {
+        if seccomp_filtered(pid) {
+            bail!(
+                "process {pid} runs under a seccomp filter, which could forbid (or kill it \
+                 for) the fork that makes the copy"
+            );
+        }
+        let syscall = libc_image(pid)?
+            .need("syscall")
+            .map_err(|e| anyhow!("process {pid}'s C library: {e}"))?;
+        Ok(Self { pid, syscall })
     }
-    let mut child = None;
-    // clone(flags = 0): a fork whose exit sends no signal; newsp, parent_tid, child_tid,
-    // tls all 0.
-    let r = remote_syscall(
-        pid,
-        &[libc::SYS_clone as u64, 0, 0, 0, 0, 0],
-        &mut |event, message| {
-            if matches!(
-                event,
-                libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK | libc::PTRACE_EVENT_CLONE
-            ) {
-                child = Some(message as i32);
-            }
-        },
-    )?;
-    if r < 0 {
-        bail!(
-            "the fork that makes the copy failed in process {pid}: {}",
-            std::io::Error::from_raw_os_error(-r as i32)
-        );
+
+    /// Forks the process (held stopped by the caller) on a borrowed thread, with no exit
+    /// signal and nothing shared: the child has the process's memory as it is now. Err
+    /// says why the copy could not be made (no memory to commit, a process limit); the
+    /// process is left as it was.
+    pub fn fork(&self) -> Result<ForkedCopy> {
+        let pid = self.pid;
+        let mut child = None;
+        // clone(flags = 0): a fork whose exit sends no signal; newsp, parent_tid,
+        // child_tid, tls all 0.
+        let r = remote_syscall(
+            pid,
+            self.syscall,
+            &[libc::SYS_clone as u64, 0, 0, 0, 0, 0],
+            &mut |event, message| {
+                if matches!(
+                    event,
+                    libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK | libc::PTRACE_EVENT_CLONE
+                ) {
+                    child = Some(message as i32);
+                }
+            },
+        )?;
+        if r < 0 {
+            bail!(
+                "the fork that makes the copy failed in process {pid}: {}",
+                std::io::Error::from_raw_os_error(-r as i32)
+            );
+        }
+        let child = child.unwrap_or(r as i32);
+        let copy = ForkedCopy {
+            parent: pid,
+            syscall: self.syscall,
+            child,
+        };
+        // It starts stopped, traced by this thread: wait for that stop before reading it.
+        let deadline = Instant::now() + CALL_TIMEOUT;
+        wait_stop(child, deadline, &mut Vec::new(), |_| true)?;
+        Ok(copy)
     }
-    let child = child.unwrap_or(r as i32);
-    let copy = ForkedCopy { parent: pid, child };
-    // It starts stopped, traced by this thread: wait for that stop before reading it.
-    let deadline = Instant::now() + CALL_TIMEOUT;
-    wait_stop(child, deadline, &mut Vec::new(), |_| true)?;
-    Ok(copy)
 }
 
 /// True when `pid` runs under a seccomp filter (Seccomp: 2 in its status).

@@ -178,6 +178,10 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
             (pause, maps, residency, rss, None)
         }
         None => {
+            // Ready before the stop, so that the stop lasts only for the fork.
+            let forker =
+                (opts.stop && matches!(layout, Some(Ok(_))) && opts.fork_copy != ForkCopy::Never)
+                    .then(|| crate::attach::Forker::new(pid));
             let mut pause = if opts.stop {
                 Some(Pause::stop(pid).map_err(|e| {
                     if gone(pid) {
@@ -193,28 +197,28 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
                 .ok_or_else(|| anyhow::anyhow!("process {pid} exited while it was read"))?;
             let residency = read_residency(pid, &maps, page);
             let rss = procfs::read_rss(pid, 0);
-            let resident_heap: u64 =
-                residency.iter().map(|r| r.resident_pages()).sum::<u64>() * page;
-            let wants_copy = pause.is_some()
-                && matches!(layout, Some(Ok(_)))
-                && match opts.fork_copy {
-                    ForkCopy::Always => true,
-                    ForkCopy::Never => false,
-                    ForkCopy::Auto => resident_heap >= FORK_COPY_FROM,
-                };
+            let wants_copy = match opts.fork_copy {
+                ForkCopy::Always => true,
+                ForkCopy::Never => false,
+                ForkCopy::Auto => resident_bytes(&residency, page) >= FORK_COPY_FROM,
+            };
             // The heap as it is now, read from a copy while the process runs on.
-            let copy = if wants_copy {
-                match crate::attach::fork_copy(pid) {
+            let copy = match forker.as_ref().filter(|_| wants_copy && pause.is_some()) {
+                Some(forker) => match forker
+                    .as_ref()
+                    .map_err(|e| anyhow::anyhow!("{e:#}"))
+                    .and_then(|f| f.fork())
+                {
                     Ok(c) => Some(c),
                     Err(e) => {
                         copy_note = Some(format!(
-                            "the heap was read from the process held stopped, not from a copy                              ({e:#})"
+                            "the heap was read from the process held stopped, not from a copy \
+                             ({e:#})"
                         ));
                         None
                     }
-                }
-            } else {
-                None
+                },
+                None => None,
             };
             let mut copy_mem = match &copy {
                 Some(c) => Some(ProcessMemory::open(c.pid()).map_err(|e| access_error(pid, &e))?),
@@ -260,7 +264,7 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
             (held, maps, residency, rss, Some(census))
         }
     };
-    let resident_heap_bytes = residency.iter().map(|r| r.resident_pages()).sum::<u64>() * page;
+    let resident_heap_bytes = resident_bytes(&residency, page);
     if gone(pid) && rss.is_none() {
         bail!("process {pid} exited while it was read");
     }
@@ -404,6 +408,11 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         heap_bytes,
         note,
     })
+}
+
+/// Bytes of the heap's mappings resident, by pagemap.
+fn resident_bytes(residency: &[fragscope_trace::ResidentRange], page: u64) -> u64 {
+    residency.iter().map(|r| r.resident_pages()).sum::<u64>() * page
 }
 
 fn read_residency(
