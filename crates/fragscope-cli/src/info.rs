@@ -61,6 +61,7 @@ fn to_json(s: &TraceSummary) -> serde_json::Value {
             "event_bytes": p.event_bytes,
             "buffers": p.buffers,
             "packed_buffers": p.packed_buffers,
+            "packing_resumed": p.packing_resumed,
             "stacks": p.stacks,
             "rss_samples": p.rss_samples,
             "peak_rss": (p.rss_samples > 0).then_some(p.peak_rss_kib * 1024),
@@ -159,7 +160,14 @@ fn print_text(path: &std::path::Path, s: &TraceSummary) {
                 calls.join(", ")
             }
         );
-        println!("  buffers  {} ({} packed)", p.buffers, p.packed_buffers);
+        if p.packing_resumed > 0 {
+            println!(
+                "  buffers  {} ({} packed; packing resumed {} times)",
+                p.buffers, p.packed_buffers, p.packing_resumed
+            );
+        } else {
+            println!("  buffers  {} ({} packed)", p.buffers, p.packed_buffers);
+        }
         let peak = if p.rss_samples > 0 {
             format!(" (peak {})", units::bytes(p.peak_rss_kib * 1024))
         } else {

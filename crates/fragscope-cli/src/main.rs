@@ -1,4 +1,6 @@
 //! The `fragscope` command line.
+// info's JSON of a process has more fields than serde_json's json! macro expands by default.
+#![recursion_limit = "256"]
 
 mod compare;
 mod export;

@@ -172,8 +172,8 @@ fn threads_freeing_each_others_blocks_are_counted_exactly_under_jemalloc() {
 }
 
 /// By default a process is packed while fragscope keeps up: eight threads allocating
-/// flat out outrun the packing, so their first buffers are packed and the rest stored as
-/// they came, in one stream that must read back exactly.
+/// flat out outrun the packing, so some buffers are packed and others stored as they
+/// came, in one stream that must read back exactly.
 #[test]
 fn a_stream_packed_until_the_program_outran_it_reads_back_exactly() {
     let (buffers, packed) = threads_freeing_each_others_blocks(Allocator::Glibc, &[]);
@@ -202,6 +202,39 @@ fn a_program_allocating_at_a_modest_pace_is_packed_by_default() {
     assert_eq!(p["packed_buffers"], buffers, "{p:#}");
     assert_eq!(calls[0].disorder(), 0, "{:#?}", calls[0]);
     assert_eq!(p["calls"]["malloc"], 80_000, "{p:#}");
+}
+
+/// A program that allocates in bursts outruns the packing in each burst and waits
+/// between them: packing stops, resumes from empty tables of blocks, and the stream,
+/// packed and raw by turns, reads back exactly.
+#[test]
+fn packing_resumes_after_a_burst_and_the_stream_reads_back_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build(dir.path(), "paced", &[]);
+    let (rounds, pairs) = (6u64, 200_000u64);
+    let (j, calls) = record_and_read_with(
+        Allocator::Glibc,
+        &[],
+        dir.path(),
+        &exe,
+        &[&rounds.to_string(), &pairs.to_string(), "200000"],
+        0,
+    );
+    let p = &processes(&j)[0];
+    let (buffers, packed) = (
+        p["buffers"].as_u64().unwrap(),
+        p["packed_buffers"].as_u64().unwrap(),
+    );
+    assert!(packed > 0 && packed < buffers, "{p:#}");
+    assert!(p["packing_resumed"].as_u64().unwrap() > 0, "{p:#}");
+    let s = &calls[0];
+    assert_eq!(s.disorder(), 0, "{s:#?}");
+    assert_eq!(p["calls"]["malloc"], rounds * pairs, "{p:#}");
+    assert_eq!(s.merge.lost_events, 0);
+    // Every block the bursts allocated was freed (the last 256 at the end): a block the
+    // packed form named wrongly would stay live, or be freed twice.
+    assert_eq!(s.freed.values().sum::<u64>(), rounds * pairs, "{s:#?}");
+    assert_eq!(s.first_thread_live_at_end, (0, 0), "{s:#?}");
 }
 
 /// The packed form names blocks by what the stream said before, across threads that

@@ -213,6 +213,7 @@ struct thread_state {
     uint32_t len; /* committed bytes in buf */
     uint32_t tid;
     uint32_t seq;
+    uint32_t has_usable; /* buf holds a usable record: SEQ_HAS_USABLE */
     uint32_t next_stack_id;
     uint64_t tick;             /* the tick of the last TICK record */
     uint64_t chunk_first_tick; /* tick at the start of buf */
@@ -593,11 +594,15 @@ static uint64_t poisson_interval(uint64_t *rng, double mean) {
 #define SEQ_COPY 0x40000000u
 /* An empty buffer sent for an idle thread (see send_idle_buffers). */
 #define SEQ_IDLE 0x20000000u
+/* The buffer holds a usable-size record: a recorder that stores it raw must still learn
+ * it, since the thread does not say it again and later buffers may be packed. */
+#define SEQ_HAS_USABLE 0x10000000u
 
 /* An empty buffer: what its records count from starts again (the reader decodes each
  * buffer on its own). */
 static void start_buffer(struct thread_state *ts) {
     ts->len = 0;
+    ts->has_usable = 0;
     ts->prev_addr = 0;
     ts->order_next = 0;
     ts->order_written = 0;
@@ -607,6 +612,7 @@ static void start_buffer(struct thread_state *ts) {
  * buffer either before it was sent or after, never sent but not yet emptied. */
 static void send_thread_buffer(struct thread_state *ts, uint32_t seq_flags) {
     pthread_mutex_lock(&sock_lock);
+    if (ts->has_usable) seq_flags |= SEQ_HAS_USABLE;
     struct msg_header h = {MSG_EVENTS, ts->len, ts->tid, ts->seq++ | seq_flags, ts->chunk_first_tick, ts->tick};
     send_message_locked(&h, ts->buf, 0);
     start_buffer(ts);
@@ -658,7 +664,9 @@ static void send_thread_copy(struct thread_state *ts) {
     pthread_mutex_lock(&sock_lock);
     uint32_t len = __atomic_load_n(&ts->len, __ATOMIC_ACQUIRE);
     if (len > 0) {
-        struct msg_header h = {MSG_EVENTS, len, ts->tid, ts->seq | SEQ_COPY, ts->chunk_first_tick, ts->tick};
+        /* The holder may be writing: whether the copy holds a usable record is not known. */
+        struct msg_header h = {MSG_EVENTS, len, ts->tid, ts->seq | SEQ_COPY | SEQ_HAS_USABLE,
+                               ts->chunk_first_tick, ts->tick};
         send_message_locked(&h, ts->buf, 0);
     }
     pthread_mutex_unlock(&sock_lock);
@@ -1089,6 +1097,7 @@ static void write_event(struct thread_state *ts, uint8_t kind, uintptr_t addr, u
                 o = put_varint(o, size);
                 o = put_varint(o, u);
                 ts->len = (uint32_t)(o - ts->buf);
+                ts->has_usable = 1;
                 ts->usable_known[size >> 6] |= bit;
             }
         } else {

@@ -76,11 +76,16 @@ pub enum PackMode {
     Never,
 }
 
-/// Auto packing gives a process up once this many bytes wait on its connection after
+/// Auto packing stops for a process once this many bytes wait on its connection after
 /// each of `BEHIND_STREAK` packed buffers in a row: its buffers arrive faster than they
 /// are packed. (An interposer buffer holds at most 128 KiB.)
 const BEHIND_BYTES: usize = 128 << 10;
 const BEHIND_STREAK: u32 = 2;
+/// Packing resumes after this many buffers in a row were stored raw with nothing waiting
+/// behind them, doubled each time the process falls behind again (up to the most), so a
+/// program that allocates flat out is tried again less and less often.
+const FIRST_RESUME_AFTER: u32 = 1;
+const MOST_RESUME_AFTER: u32 = 256;
 
 /// Messages a connection's reader may hold for its handler (each at most an interposer
 /// buffer): enough that the program goes on while a few buffers are packed, few enough
@@ -155,9 +160,13 @@ struct ProcState {
     /// one another, and held while a packed buffer is sent, so that buffers are stored in
     /// the order they were packed.
     packer: Arc<Mutex<Packer>>,
-    /// Its buffers are packed. Once off, never on again: the packed form's tables need
-    /// every call of the stream.
+    /// Its buffers are packed. Off while the recorder is behind; back on (from empty
+    /// tables of blocks, `Packer::resume`) after `resume_after` raw buffers in a row with
+    /// nothing waiting behind them.
     packing: bool,
+    resume_after: u32,
+    /// Raw buffers in a row stored with nothing waiting behind them.
+    quiet_raw: u32,
 }
 
 struct Shared {
@@ -411,6 +420,8 @@ impl Shared {
             exe: hello.exe.clone(),
             packer: Arc::default(),
             packing: self.pack != PackMode::Never,
+            resume_after: FIRST_RESUME_AFTER,
+            quiet_raw: 0,
         });
         drop(procs);
         let process = Process {
@@ -562,24 +573,25 @@ struct EventStore<'a> {
 }
 
 impl EventStore<'_> {
-    /// Stores one buffer; says whether it was packed.
-    fn events(&mut self, h: EventsHeader, payload: &[u8]) -> bool {
+    /// Stores one buffer (`has_usable`: it defines usable sizes); says whether it was
+    /// packed.
+    fn events(&mut self, h: EventsHeader, payload: &[u8], has_usable: bool) -> bool {
         let shared = self.shared;
         shared
             .event_bytes
             .fetch_add(payload.len() as u64, Ordering::Relaxed);
-        let (packer, pid) = {
+        let (packer, packing, pid) = {
             let mut procs = shared.procs.lock().unwrap();
             match procs.streams.get_mut(h.stream as usize) {
                 Some(st) => {
                     st.event_bytes += payload.len() as u64;
-                    (st.packing.then(|| st.packer.clone()), st.pid)
+                    (Some(st.packer.clone()), st.packing, st.pid)
                 }
-                None => (None, 0),
+                None => (None, false, 0),
             }
         };
         match packer {
-            Some(packer) => {
+            Some(packer) if packing => {
                 let mut p = packer.lock().unwrap();
                 if let Err(e) = p.pack(h.tid, h.first_tick, payload, &mut self.packed) {
                     // Our own interposer wrote it: say so once, keep what decoded.
@@ -588,7 +600,11 @@ impl EventStore<'_> {
                         self.pack_failed = true;
                     }
                 }
-                let h = EventsHeader { packed: true, ..h };
+                let h = EventsHeader {
+                    packed: true,
+                    tables_reset: self.packed.tables_reset,
+                    ..h
+                };
                 let payload = h.encode_with(&self.packed.bytes);
                 // The header joins the first section (the planes' directory).
                 let header_len = payload.len() - self.packed.bytes.len();
@@ -596,7 +612,14 @@ impl EventStore<'_> {
                 shared.send_sections(ChunkKind::PackedEvents, payload, ends.collect());
                 true
             }
-            None => {
+            packer => {
+                if let Some(packer) = packer.filter(|_| has_usable && shared.pack == PackMode::Auto)
+                {
+                    packer
+                        .lock()
+                        .unwrap()
+                        .learn_usable(h.tid, h.first_tick, payload);
+                }
                 shared.send(ChunkKind::Events, h.encode_with(payload));
                 false
             }
@@ -604,24 +627,45 @@ impl EventStore<'_> {
     }
 
     /// Auto packing: `backlog` bytes waited on the connection once a buffer of `stream`
-    /// was packed. A stream that stays behind is stored raw from then on.
-    fn packed_with_backlog(&mut self, stream: u32, backlog: usize) {
-        self.behind = if backlog >= BEHIND_BYTES {
-            self.behind + 1
-        } else {
-            0
-        };
-        if self.behind >= BEHIND_STREAK {
-            if let Some(st) = self
-                .shared
-                .procs
-                .lock()
-                .unwrap()
-                .streams
-                .get_mut(stream as usize)
-            {
-                st.packing = false;
+    /// was stored (`packed` or not). A stream that stays behind is stored raw until it
+    /// has kept up for a while.
+    fn stored_with_backlog(&mut self, stream: u32, packed: bool, backlog: usize) {
+        let resume = {
+            let mut procs = self.shared.procs.lock().unwrap();
+            let Some(st) = procs.streams.get_mut(stream as usize) else {
+                return;
+            };
+            if packed {
+                self.behind = if backlog >= BEHIND_BYTES {
+                    self.behind + 1
+                } else {
+                    0
+                };
+                if self.behind >= BEHIND_STREAK && st.packing {
+                    st.packing = false;
+                    st.quiet_raw = 0;
+                    self.behind = 0;
+                }
+                return;
             }
+            st.quiet_raw = if backlog == 0 { st.quiet_raw + 1 } else { 0 };
+            if st.packing || st.quiet_raw < st.resume_after {
+                return;
+            }
+            st.resume_after = (st.resume_after * 2).min(MOST_RESUME_AFTER);
+            st.packer.clone()
+        };
+        // Tables emptied before any buffer is packed again.
+        resume.lock().unwrap().resume();
+        if let Some(st) = self
+            .shared
+            .procs
+            .lock()
+            .unwrap()
+            .streams
+            .get_mut(stream as usize)
+        {
+            st.packing = true;
         }
     }
 }
@@ -727,18 +771,20 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
                 let Some(s) = stream else { continue };
                 // The interposer marks a thread's last buffer in the high bit of seq, a
                 // copy of another thread's buffer taken at exit (which that thread may
-                // still extend and send itself, under the same seq) in the next one, and
-                // an empty buffer sent for an idle thread in the one after.
+                // still extend and send itself, under the same seq) in the next one, an
+                // empty buffer sent for an idle thread in the one after, and a buffer
+                // that defines usable sizes in the fourth.
                 let h = EventsHeader {
                     stream: s,
                     tid: header.tid,
-                    seq: header.seq & 0x1fff_ffff,
+                    seq: header.seq & 0x0fff_ffff,
                     first_tick: header.first_tick,
                     last_tick: header.last_tick,
                     thread_exited: header.seq & 0x8000_0000 != 0,
                     thread_idle: header.seq & 0x2000_0000 != 0,
                     process_marks_idle: marks_idle,
                     packed: false,
+                    tables_reset: false,
                 };
                 if header.seq & 0x4000_0000 != 0 {
                     copies.insert(h.tid, (h, payload));
@@ -753,9 +799,10 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
                     // and a later one without it, frees of blocks it holds as missing).
                     continue;
                 }
-                if store.events(h, &payload) && shared.pack == PackMode::Auto {
+                let packed = store.events(h, &payload, header.seq & 0x1000_0000 != 0);
+                if shared.pack == PackMode::Auto {
                     let backlog = queued.load(Ordering::Relaxed) + unread_bytes(&conn);
-                    store.packed_with_backlog(s, backlog);
+                    store.stored_with_backlog(s, packed, backlog);
                 }
             }
             MsgType::MapsChanged => {
@@ -775,7 +822,7 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
                     shared.procs.lock().unwrap().streams[s as usize].end = Some((how, status));
                     for (tid, (h, copy)) in copies.drain() {
                         stored_copies.insert(tid, h.seq);
-                        store.events(h, &copy);
+                        store.events(h, &copy, true);
                     }
                     shared.snapshot(s, pid, SnapshotReason::Exit, None);
                 }
@@ -844,7 +891,7 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
     }
     let _ = reader.join();
     for (_, (h, copy)) in copies.drain() {
-        store.events(h, &copy);
+        store.events(h, &copy, true);
     }
     let Some(s) = stream else { return };
     let mut procs = shared.procs.lock().unwrap();

@@ -290,7 +290,19 @@ impl StreamTables {
         }
     }
 
-    fn set_usable(&mut self, size: u64, usable: u64) {
+    /// Forgets the live blocks and the recently freed ones (a chunk flagged
+    /// [`EventsHeader::tables_reset`]); usable sizes stay.
+    pub(crate) fn forget_blocks(&mut self) {
+        self.live.clear();
+        self.slots_made = 0;
+        self.free_slots.clear();
+        if let Some(index) = &mut self.slot_of {
+            *index = AddrSlots::default();
+        }
+        self.freed.clear();
+    }
+
+    pub(crate) fn set_usable(&mut self, size: u64, usable: u64) {
         if size < USABLE_TABLE {
             if self.usable.len() < USABLE_TABLE as usize {
                 self.usable.resize(USABLE_TABLE as usize, 0);
@@ -513,6 +525,9 @@ pub struct ChunkDecoder<'a, 't> {
 
 impl<'a, 't> ChunkDecoder<'a, 't> {
     pub fn new(records: &'a [u8], h: &EventsHeader, tables: &'t mut StreamTables) -> Self {
+        if h.packed && h.tables_reset {
+            tables.forget_blocks();
+        }
         Self::with_form(records, h.first_tick, h.tid, h.packed, tables)
     }
 

@@ -953,6 +953,7 @@ mod tests {
                 thread_idle: false,
                 process_marks_idle: false,
                 packed: false,
+                tables_reset: false,
             },
             w.bytes,
         )

@@ -12,7 +12,7 @@
 //! in the order they are stored.
 
 use crate::columns::ColumnWriter;
-use crate::event::{ChunkDecoder, PackedWriter, StreamTables};
+use crate::event::{ChunkDecoder, PackedWriter, Record, StreamTables};
 use crate::TraceError;
 
 /// A buffer in the packed form: its bytes (the records' planes and their directory) and
@@ -23,6 +23,9 @@ pub struct PackedBuffer {
     pub bytes: Vec<u8>,
     /// Offsets in `bytes` where the directory and each plane end.
     pub section_ends: Vec<usize>,
+    /// The stream's tables of blocks started empty for this buffer: its chunk must be
+    /// flagged so ([`crate::EventsHeader::tables_reset`]).
+    pub tables_reset: bool,
 }
 
 /// Packs one stream's buffers (a process image: the recorder keeps one per stream).
@@ -33,6 +36,8 @@ pub struct Packer {
     packed: StreamTables,
     /// The planes being written (kept to reuse their allocations).
     columns: ColumnWriter,
+    /// The next packed buffer starts from empty tables of blocks.
+    reset_pending: bool,
 }
 
 impl Default for Packer {
@@ -41,11 +46,38 @@ impl Default for Packer {
             raw: StreamTables::default(),
             packed: StreamTables::for_writer(),
             columns: ColumnWriter::default(),
+            reset_pending: false,
         }
     }
 }
 
 impl Packer {
+    /// Packing resumes after buffers of the stream were stored raw: the blocks those
+    /// allocated and freed were not followed, so the next packed buffer starts from empty
+    /// tables of blocks (the reader empties its own at the flag), and names blocks
+    /// allocated before it by address.
+    pub fn resume(&mut self) {
+        self.packed.forget_blocks();
+        self.reset_pending = true;
+    }
+
+    /// Takes the usable sizes a buffer stored raw defines (usable records), as the reader
+    /// will when it decodes that buffer: a later packed buffer's records rely on them.
+    /// Only buffers that hold such records need this (the interposer flags them).
+    pub fn learn_usable(&mut self, tid: u32, first_tick: u64, records: &[u8]) {
+        let mut d =
+            ChunkDecoder::with_form(records, first_tick, tid, false, &mut self.raw).report_all();
+        let mut learnt = Vec::new();
+        while let Ok(Some(rec)) = d.next_record() {
+            if let Record::Usable { size, usable } = rec {
+                learnt.push((size, usable));
+            }
+        }
+        for (size, usable) in learnt {
+            self.packed.set_usable(size, usable);
+        }
+    }
+
     /// Rewrites thread `tid`'s raw `records` (starting at `first_tick`) into `out`
     /// (emptied first). Records after one that does not decode are dropped, as a reader
     /// of the raw buffer would stop there; the error says why.
@@ -58,6 +90,7 @@ impl Packer {
     ) -> Result<(), TraceError> {
         out.bytes.clear();
         out.section_ends.clear();
+        out.tables_reset = std::mem::take(&mut self.reset_pending);
         let mut d =
             ChunkDecoder::with_form(records, first_tick, tid, false, &mut self.raw).report_all();
         let mut w = PackedWriter::new(tid, &mut self.packed, &mut self.columns);
@@ -78,6 +111,7 @@ mod tests {
     use super::*;
     use crate::event::*;
     use crate::wire::Writer;
+    use crate::EventsHeader;
 
     /// Raw buffers of three threads that free each other's blocks, reuse addresses at
     /// once (last freed, first returned, as thread caches do), realloc, fail, and carry
@@ -107,10 +141,15 @@ mod tests {
                     w.u8(tag | unaligned).svarint(d);
                 }
             };
-            if chunk == 0 {
-                for size in [24u64, 40, 100] {
-                    w.u8(KIND_USABLE).varint(size).varint((size + 8 + 15) & !15);
-                }
+            // Sizes 200 and 201 share a usable size, defined in different buffers.
+            let sizes: &[u64] = match chunk {
+                0 => &[24, 40, 100],
+                15 => &[200],
+                30 => &[201],
+                _ => &[],
+            };
+            for &size in sizes {
+                w.u8(KIND_USABLE).varint(size).varint((size + 8 + 15) & !15);
             }
             for i in 0..500 {
                 let r = rand();
@@ -170,7 +209,12 @@ mod tests {
                             next
                         };
                         live.push(a);
-                        let size = [24u64, 40, 100][(r >> 20) as usize % 3];
+                        let known = match chunk {
+                            0..=14 => 3,
+                            15..=29 => 4,
+                            _ => 5,
+                        };
+                        let size = [24u64, 40, 100, 200, 201][(r >> 20) as usize % known];
                         let stack = r & 0x200 != 0;
                         let tag = Func::Malloc as u8 | if stack { FLAG_STACK } else { 0 };
                         addr_delta(&mut w, &mut prev, a, tag, FLAG_UNALIGNED);
@@ -220,6 +264,130 @@ mod tests {
             }
         )));
         assert_eq!(decode_all(&packed, true), want);
+    }
+
+    #[test]
+    fn packing_resumes_after_buffers_stored_raw() {
+        // Packed, then raw while the recorder is behind (one of them defines a usable
+        // size), then packed again from empty tables: decoded in file order, the same
+        // records as the raw buffers.
+        let raw = raw_buffers();
+        let mut packer = Packer::default();
+        let mut stored = Vec::new();
+        for (i, (tid, tick, records)) in raw.iter().enumerate() {
+            let mut h = EventsHeader {
+                stream: 0,
+                tid: *tid,
+                seq: i as u32,
+                first_tick: *tick,
+                last_tick: *tick,
+                thread_exited: false,
+                thread_idle: false,
+                process_marks_idle: false,
+                packed: false,
+                tables_reset: false,
+            };
+            if (10..25).contains(&i) {
+                packer.learn_usable(*tid, *tick, records);
+                stored.push((h, records.clone()));
+                continue;
+            }
+            if i == 25 {
+                packer.resume();
+            }
+            let mut out = PackedBuffer::default();
+            packer.pack(*tid, *tick, records, &mut out).unwrap();
+            h.packed = true;
+            h.tables_reset = out.tables_reset;
+            assert_eq!(h.tables_reset, i == 25);
+            stored.push((h, out.bytes));
+        }
+        let mut tables = StreamTables::default();
+        let mut got = Vec::new();
+        for (h, records) in &stored {
+            let mut d = ChunkDecoder::new(records, h, &mut tables);
+            while let Some(r) = d.next_record().unwrap() {
+                got.push((d.tick(), r));
+            }
+        }
+        let want = decode_all(&raw, false);
+        assert!(want
+            .iter()
+            .any(|(_, r)| matches!(r, Record::Alloc { size: 201, .. })));
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_usable_size_defined_while_raw_serves_the_packing_after() {
+        // 200 and 201 bytes share a usable size; 200's is defined in a buffer stored raw.
+        // Packed after it: X (200 bytes) and Y (201) are freed, Y then X, and 201 bytes
+        // get Y back. A packer that missed 200's usable size would not list X among the
+        // thread's frees of that size, and predict Y as the last one freed, which the
+        // reader, who lists X last, would take for X.
+        let mut raw_part = Writer::new();
+        raw_part.u8(KIND_USABLE).varint(200).varint(208);
+        let (x, y) = (0x5555_0000_1000u64, 0x5555_0000_2000u64);
+        let mut w = Writer::new();
+        let mut prev = 0u64;
+        let mut delta = |w: &mut Writer, a: u64| {
+            w.svarint(a.wrapping_sub(prev) as i64 / 16);
+            prev = a;
+        };
+        w.u8(KIND_USABLE).varint(201).varint(208);
+        w.u8(Func::Malloc as u8);
+        delta(&mut w, x);
+        w.varint(200);
+        w.u8(Func::Malloc as u8);
+        delta(&mut w, y);
+        w.varint(201);
+        w.u8(Func::Free as u8);
+        delta(&mut w, y);
+        w.u8(Func::Free as u8);
+        delta(&mut w, x);
+        w.u8(Func::Malloc as u8);
+        delta(&mut w, y);
+        w.varint(201);
+        let mut packer = Packer::default();
+        packer.learn_usable(1, 0, &raw_part.bytes);
+        packer.resume();
+        let mut out = PackedBuffer::default();
+        packer.pack(1, 0, &w.bytes, &mut out).unwrap();
+        let h = EventsHeader {
+            stream: 0,
+            tid: 1,
+            seq: 0,
+            first_tick: 0,
+            last_tick: 0,
+            thread_exited: false,
+            thread_idle: false,
+            process_marks_idle: false,
+            packed: false,
+            tables_reset: false,
+        };
+        let mut tables = StreamTables::default();
+        let mut got = Vec::new();
+        for (h, records) in [
+            (h, &raw_part.bytes),
+            (
+                EventsHeader {
+                    packed: true,
+                    tables_reset: out.tables_reset,
+                    seq: 1,
+                    ..h
+                },
+                &out.bytes,
+            ),
+        ] {
+            let mut d = ChunkDecoder::new(records, &h, &mut tables);
+            while let Some(r) = d.next_record().unwrap() {
+                got.push(r);
+            }
+        }
+        let last = got.last().unwrap();
+        assert!(
+            matches!(last, Record::Alloc { addr, size: 201, .. } if *addr == y),
+            "{last:?}"
+        );
     }
 
     #[test]

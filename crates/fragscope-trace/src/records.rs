@@ -188,6 +188,10 @@ pub struct EventsHeader {
     pub process_marks_idle: bool,
     /// The records are in the packed form (the chunk's kind says so; not encoded here).
     pub packed: bool,
+    /// Packed form: the stream's tables of live blocks and recently freed ones start
+    /// empty at this chunk (packing resumed after buffers stored raw, whose blocks the
+    /// writer did not follow). Usable sizes are kept.
+    pub tables_reset: bool,
 }
 
 impl EventsHeader {
@@ -200,7 +204,8 @@ impl EventsHeader {
         w.varint(
             u64::from(self.thread_exited)
                 | u64::from(self.thread_idle) << 1
-                | u64::from(self.process_marks_idle) << 2,
+                | u64::from(self.process_marks_idle) << 2
+                | u64::from(self.tables_reset) << 3,
         );
         w.bytes.extend_from_slice(records);
         w.bytes
@@ -220,6 +225,7 @@ impl EventsHeader {
             thread_idle: flags & 2 == 2,
             process_marks_idle: flags & 4 == 4,
             packed: false,
+            tables_reset: flags & 8 == 8,
         };
         Ok((h, r.remaining()))
     }

@@ -25,6 +25,9 @@ pub struct ProcessSummary {
     /// Thread buffers stored, and how many of them in the packed form.
     pub buffers: u64,
     pub packed_buffers: u64,
+    /// Times packing resumed after buffers stored raw (packed buffers that start from
+    /// empty tables of blocks).
+    pub packing_resumed: u64,
     pub stacks: u64,
     pub rss_samples: u64,
     pub peak_rss_kib: u64,
@@ -149,6 +152,7 @@ pub fn summarize(
                 ps.event_bytes += records.len() as u64;
                 ps.buffers += 1;
                 ps.packed_buffers += u64::from(h.packed);
+                ps.packing_resumed += u64::from(h.packed && h.tables_reset);
                 let expected = next_seq.entry((h.stream, h.tid)).or_insert(0);
                 ps.lost_buffers += u64::from(h.seq.saturating_sub(*expected));
                 *expected = h.seq + 1;
