@@ -55,6 +55,7 @@ fn main() {
         .map(|(_, r)| PackedBuffer {
             bytes: vec![0; r.len() + 64],
             section_ends: Vec::with_capacity(16),
+            tables_reset: false,
         })
         .collect();
     let started = Instant::now();
