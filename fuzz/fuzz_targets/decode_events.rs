@@ -26,6 +26,8 @@ fuzz_target!(|data: &[u8]| {
             // The first buffer may be an idle thread's (not waited for by the merge).
             thread_idle: n == 0 && selector & 0x40 != 0,
             packed,
+            // The second packed buffer may start from empty tables (packing resumed).
+            tables_reset: n == 1 && selector & 0x20 != 0,
         };
         let _ = merger.push_chunk(&h, records);
         while merger.pop().is_some() {}
