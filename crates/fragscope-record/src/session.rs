@@ -41,8 +41,8 @@ pub struct RecordOptions {
     pub snapshot_ms: u32,
     /// A thread sends its buffer at least this often while it allocates.
     pub flush_ms: u32,
-    /// zstd level of the trace chunks; None: level 3, and level 1 for raw event buffers
-    /// (`ChunkWriter::with_raw_events_level`).
+    /// zstd level of the trace chunks; None: level 3, and level 1 for event buffers
+    /// (`ChunkWriter::with_events_level`).
     pub compression_level: Option<i32>,
     /// When to rewrite event buffers into the packed form (fragscope_trace::pack).
     pub pack: PackMode,
@@ -124,11 +124,12 @@ pub struct RecordOutcome {
     pub refused_connections: u64,
 }
 
-/// zstd levels of a trace by default: raw event buffers, stored raw because their
-/// process makes calls faster than the recorder packs them, at the fastest (the recorder
-/// competes with the program for CPU then), everything else at 3.
+/// zstd levels of a trace by default: event buffers at the fastest (the recorder competes
+/// with the program for CPU; raw ones are stored so when their process makes calls faster
+/// than the recorder packs them, and packed ones lose 0-2% to level 3), everything else
+/// at 3.
 const DEFAULT_COMPRESSION_LEVEL: i32 = 3;
-const RAW_EVENTS_COMPRESSION_LEVEL: i32 = 1;
+const EVENTS_COMPRESSION_LEVEL: i32 = 1;
 
 const RSS_INTERVAL: Duration = Duration::from_millis(10);
 const ROLLUP_EVERY: u32 = 10; // RSS intervals
@@ -1363,7 +1364,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             BufWriter::with_capacity(1 << 20, file),
             DEFAULT_COMPRESSION_LEVEL,
         )?
-        .with_raw_events_level(RAW_EVENTS_COMPRESSION_LEVEL),
+        .with_events_level(EVENTS_COMPRESSION_LEVEL),
     };
     // SAFETY: sysconf has no preconditions.
     let page_size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
