@@ -614,13 +614,14 @@ impl EventStore<'_> {
                 true
             }
             packer => {
-                if let Some(packer) = packer.filter(|_| has_usable && shared.pack == PackMode::Auto)
-                {
-                    packer
-                        .lock()
-                        .unwrap()
-                        .learn_usable(h.tid, h.first_tick, payload);
-                }
+                // Held while the buffer is sent, as a packed one is: a packed buffer that
+                // relies on the sizes this one defines must not reach the file first.
+                let learner = packer.filter(|_| has_usable && shared.pack == PackMode::Auto);
+                let _learnt = learner.as_ref().map(|packer| {
+                    let mut p = packer.lock().unwrap();
+                    p.learn_usable(h.tid, h.first_tick, payload);
+                    p
+                });
                 shared.send(ChunkKind::Events, h.encode_with(payload));
                 false
             }
