@@ -23,8 +23,9 @@ enum Stacks {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Pack {
-    /// Packed while fragscope keeps up with the program; a process whose calls come
-    /// faster than they are packed is stored as they come from then on.
+    /// Packed while fragscope keeps up with the program; while a process's calls come
+    /// faster than they are packed, they are stored as they come, and packing resumes
+    /// once it keeps up again.
     Auto,
     /// Always packed, even if the program has to wait.
     Always,
@@ -71,8 +72,8 @@ pub struct RecordArgs {
     #[arg(long, default_value_t = 200, value_name = "MS")]
     flush_ms: u32,
     /// zstd compression level of the whole trace (1 = fastest, 19 = smallest). By default
-    /// 3, and 1 for event buffers fragscope could not pack as fast as they came (level 3
-    /// makes them about 4% smaller for three times the CPU the program competes with).
+    /// 3, and 1 for event buffers (level 3 makes those stored as they came about 4%
+    /// smaller and packed ones 0-2%, for three times the CPU the program competes with).
     #[arg(long, value_name = "LEVEL", value_parser = clap::value_parser!(i32).range(1..=19))]
     compression: Option<i32>,
     /// When to store events in the packed form (a freed block named by its place among the
