@@ -8,6 +8,7 @@
 #
 # usage: bench/trace_size.sh [rounds=5] [workload...]
 #   workloads: churn larson paced reuse stacks compile (default: all)
+#   BEFORE=path/to/an/older/fragscope adds its default mode, side by side.
 # needs: a release build (cargo build --release -p fragscope), heaptrack
 #        (scripts/install-deps.sh --bench), ../shared/cases/churn.c.
 set -euo pipefail
@@ -46,6 +47,8 @@ modes = {
     "--pack=always": lambda w: [fs, "record", "--pack=always", "-o", "t.fsc", "--"] + w,
     "heaptrack": lambda w: ["heaptrack", "-o", "ht"] + w,
 }
+if os.environ.get("BEFORE"):
+    modes["default, before"] = lambda w: [os.environ["BEFORE"], "record", "-o", "t.fsc", "--"] + w
 
 def run(cmd):
     for f in glob.glob("ht.*") + ["t.fsc"]:
