@@ -82,10 +82,12 @@ pub enum PackMode {
 const BEHIND_BYTES: usize = 128 << 10;
 const BEHIND_STREAK: u32 = 2;
 /// Packing resumes after this many buffers in a row were stored raw with nothing waiting
-/// behind them, doubled each time the process falls behind again (up to the most), so a
-/// program that allocates flat out is tried again less and less often.
+/// behind them, doubled each time it resumes (up to the most), so a program that
+/// allocates flat out is tried again less and less often; back to the first once packing
+/// kept up for `KEPT_UP_BUFFERS` buffers in a row (a program busy only in bursts).
 const FIRST_RESUME_AFTER: u32 = 1;
 const MOST_RESUME_AFTER: u32 = 256;
+const KEPT_UP_BUFFERS: u32 = 16;
 
 /// Messages a connection's reader may hold for its handler (each at most an interposer
 /// buffer): enough that the program goes on while a few buffers are packed, few enough
@@ -168,6 +170,8 @@ struct ProcState {
     resume_after: u32,
     /// Raw buffers in a row stored with nothing waiting behind them.
     quiet_raw: u32,
+    /// Buffers packed since packing last started.
+    packed_run: u32,
 }
 
 struct Shared {
@@ -423,6 +427,7 @@ impl Shared {
             packing: self.pack != PackMode::Never,
             resume_after: FIRST_RESUME_AFTER,
             quiet_raw: 0,
+            packed_run: 0,
         });
         drop(procs);
         let process = Process {
@@ -638,6 +643,7 @@ impl EventStore<'_> {
                 return;
             };
             if packed {
+                st.packed_run = st.packed_run.saturating_add(1);
                 self.behind = if backlog >= BEHIND_BYTES {
                     self.behind + 1
                 } else {
@@ -647,6 +653,9 @@ impl EventStore<'_> {
                     st.packing = false;
                     st.quiet_raw = 0;
                     self.behind = 0;
+                    if st.packed_run >= KEPT_UP_BUFFERS {
+                        st.resume_after = FIRST_RESUME_AFTER;
+                    }
                 }
                 return;
             }
@@ -655,6 +664,7 @@ impl EventStore<'_> {
                 return;
             }
             st.resume_after = (st.resume_after * 2).min(MOST_RESUME_AFTER);
+            st.packed_run = 0;
             st.packer.clone()
         };
         // Tables emptied before any buffer is packed again.
