@@ -314,6 +314,8 @@ struct LoneRun {
     others: VecDeque<(usize, Merged, u64)>,
     /// The next call to pop.
     next: usize,
+    /// Items popped since the thread's `popped` was last brought up to date.
+    popped: u64,
 }
 
 impl LoneRun {
@@ -326,39 +328,45 @@ impl LoneRun {
         self.calls.len() - self.next + self.others.len()
     }
 
-    /// Starts the run of a new chunk of thread `thread`.
+    /// Starts the run of a new chunk of thread `thread` (`popped` counted already).
     fn restart(&mut self, thread: usize) {
         self.thread = thread;
+        self.popped = 0;
         self.calls.clear();
         self.places.clear();
         self.others.clear();
         self.next = 0;
     }
 
-    fn push(&mut self, item: Merged, place: u64) {
-        match item {
-            Merged::Call(c) => {
-                if place != 0 || !self.places.is_empty() {
-                    self.places.resize(self.calls.len(), 0);
-                    self.places.push(place);
-                }
-                self.calls.push(c);
-            }
-            other => self.others.push_back((self.calls.len(), other, place)),
+    #[inline(always)]
+    fn push_call(&mut self, c: Call, place: u64) {
+        if place != 0 || !self.places.is_empty() {
+            self.places.resize(self.calls.len(), 0);
+            self.places.push(place);
         }
+        self.calls.push(c);
     }
 
-    /// Takes the next item.
+    /// Takes the next item if it is a call.
     #[inline]
-    fn pop(&mut self) -> Option<Merged> {
-        match self.others.front() {
-            Some(&(at, ..)) if at == self.next => self.others.pop_front().map(|(_, m, _)| m),
-            _ => {
-                let c = *self.calls.get(self.next)?;
-                self.next += 1;
-                Some(Merged::Call(c))
-            }
+    fn pop_call(&mut self) -> Option<Call> {
+        let c = *self.calls.get(self.next)?;
+        if self.others.front().is_some_and(|&(at, ..)| at == self.next) {
+            return None;
         }
+        self.next += 1;
+        self.popped += 1;
+        Some(c)
+    }
+
+    /// Takes the next item if it is not a call.
+    fn pop_other(&mut self) -> Option<Merged> {
+        let (at, ..) = self.others.front()?;
+        if *at != self.next {
+            return None;
+        }
+        self.popped += 1;
+        self.others.pop_front().map(|(_, m, _)| m)
     }
 
     /// Takes the items left, in order, with their places.
@@ -571,6 +579,7 @@ impl Merger {
             });
             self.threads.len() - 1
         });
+        self.count_lone_pops();
         if !self.lone.is_empty() {
             self.queue_lone_run();
         }
@@ -609,7 +618,7 @@ impl Merger {
                     } else {
                         self.threads[ti].stacks.get(stack)
                     };
-                    Merged::Call(Call {
+                    let call = Call {
                         tick,
                         tid: h.tid,
                         func,
@@ -619,9 +628,21 @@ impl Merger {
                         usable: usable.unwrap_or(0),
                         align,
                         stack,
-                    })
+                    };
+                    if lone {
+                        self.lone.push_call(call, d.place().unwrap_or(0));
+                        continue;
+                    }
+                    Merged::Call(call)
                 }
-                Record::Free { addr } => Merged::Call(Call::on(tick, h.tid, Func::Free, addr)),
+                Record::Free { addr } => {
+                    let call = Call::on(tick, h.tid, Func::Free, addr);
+                    if lone {
+                        self.lone.push_call(call, d.place().unwrap_or(0));
+                        continue;
+                    }
+                    Merged::Call(call)
+                }
                 Record::Stats { source, values } => Merged::Stats {
                     tick,
                     source,
@@ -653,7 +674,10 @@ impl Merger {
                 Record::Tick { .. } | Record::Usable { .. } | Record::Order { .. } => continue,
             };
             if lone {
-                self.lone.push(item, d.place().unwrap_or(0));
+                let place = d.place().unwrap_or(0);
+                self.lone
+                    .others
+                    .push_back((self.lone.calls.len(), item, place));
                 continue;
             }
             self.enqueue(ti, (item, d.place().unwrap_or(0)));
@@ -913,16 +937,30 @@ impl Merger {
     /// (or, after `finish`, when all is merged).
     #[inline]
     pub fn pop(&mut self) -> Option<Merged> {
-        if let Some(mut m) = self.lone.pop() {
-            let t = &mut self.threads[self.lone.thread];
-            t.popped += 1;
-            while t.joins.front().is_some_and(|&(pos, _)| pos < t.popped) {
-                t.joins.pop_front();
-            }
+        // The lone run's calls go straight through: built into a `Merged` once, here
+        // (moved between enums field by field, a call stalled on the copies).
+        if let Some(mut c) = self.lone.pop_call() {
+            self.settle_call(&mut c);
+            return Some(Merged::Call(c));
+        }
+        if let Some(mut m) = self.lone.pop_other() {
             self.settle(&mut m);
             return Some(m);
         }
+        self.count_lone_pops();
         self.pop_queued()
+    }
+
+    /// Adds the lone run's pops to its thread's (whose joins count by them).
+    fn count_lone_pops(&mut self) {
+        if self.lone.popped == 0 {
+            return;
+        }
+        let t = &mut self.threads[self.lone.thread];
+        t.popped += std::mem::take(&mut self.lone.popped);
+        while t.joins.front().is_some_and(|&(pos, _)| pos < t.popped) {
+            t.joins.pop_front();
+        }
     }
 
     /// [`Merger::pop`] from the threads' queues.
@@ -985,7 +1023,17 @@ impl Merger {
     /// keeps ticks from going back.
     #[inline]
     fn settle(&mut self, m: &mut Merged) {
-        let tick = merged_tick_mut(m);
+        match m {
+            Merged::Call(c) => self.settle_call(c),
+            Merged::Stats { tick, .. } => {
+                self.settle_tick(tick);
+                self.ended = [None; 2];
+            }
+        }
+    }
+
+    #[inline]
+    fn settle_tick(&mut self, tick: &mut u64) {
         if *tick < self.last_tick {
             if self.last_tick - *tick > 1 {
                 self.stats.late += 1;
@@ -993,8 +1041,13 @@ impl Merger {
             *tick = self.last_tick;
         }
         self.last_tick = *tick;
+    }
+
+    #[inline]
+    fn settle_call(&mut self, c: &mut Call) {
+        self.settle_tick(&mut c.tick);
         self.ended = [None; 2];
-        if let Merged::Call(c) = m {
+        {
             if let Some(old) = c.releases() {
                 if !self.starting.is_empty() {
                     self.starting.remove(&old);
@@ -1060,13 +1113,6 @@ fn merged_tick(m: &Merged) -> u64 {
     match m {
         Merged::Call(c) => c.tick,
         Merged::Stats { tick, .. } => *tick,
-    }
-}
-
-fn merged_tick_mut(m: &mut Merged) -> &mut u64 {
-    match m {
-        Merged::Call(c) => &mut c.tick,
-        Merged::Stats { tick, .. } => tick,
     }
 }
 
@@ -1727,6 +1773,13 @@ mod tests {
         ];
         let calls = assert_lone_run_merges_as_the_queues(&handed, false);
         assert_eq!(calls.len(), 4);
+        // The lone thread joined the second: its run's calls after the join wait for it.
+        let [(h3, b3), two] = handed_over_in_one_tick();
+        let joined = [(h3, after_joining(2, b3)), two];
+        for pop_between in [true, false] {
+            let calls = assert_lone_run_merges_as_the_queues(&joined, pop_between);
+            assert_eq!(calls.len(), 5);
+        }
         let (calls, stats) = merge_all(handed);
         assert_never_live_twice(&calls);
         assert_eq!(stats, MergeStats::default());
