@@ -1696,8 +1696,10 @@ mod tests {
                 (&mut lone, &mut got, &mut ended.1),
             ] {
                 m.push_chunk(h, b).unwrap();
-                while pop_between {
-                    let Some(x) = m.pop() else { break };
+                if !pop_between {
+                    continue;
+                }
+                while let Some(x) = m.pop() {
                     ended.push(m.ended_by_last_pop().copied().collect::<Vec<_>>());
                     out.push(x);
                 }
