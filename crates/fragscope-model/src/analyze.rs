@@ -128,7 +128,7 @@ struct Stream {
     site_allocs: StackSums,
     /// Each thread's last allocated address, while the thread allocates nothing else: a
     /// free of it by the same thread makes the block a temporary allocation.
-    last_alloc: FastMap<u32, u64>,
+    last_alloc: LastAllocs,
     /// Temporary allocations (count, bytes), exact, and by stack (weighted).
     temporaries: (u64, u64),
     site_temporaries: StackSums,
@@ -167,6 +167,30 @@ impl StackSums {
     }
 }
 
+/// Each thread's last allocated address (see `Stream::last_alloc`). The entry of the
+/// thread of the last call is held out of the map: runs of calls are mostly one thread's,
+/// and a lookup and an insert per call cost more than the model's other work per call.
+#[derive(Default)]
+struct LastAllocs {
+    current: Option<(u32, Option<u64>)>,
+    others: FastMap<u32, u64>,
+}
+
+impl LastAllocs {
+    /// Thread `tid`'s entry.
+    #[inline]
+    fn of(&mut self, tid: u32) -> &mut Option<u64> {
+        if self.current.is_none_or(|(t, _)| t != tid) {
+            if let Some((t, Some(addr))) = self.current {
+                self.others.insert(t, addr);
+            }
+            self.current = Some((tid, self.others.remove(&tid)));
+        }
+        let (_, entry) = self.current.get_or_insert((tid, None));
+        entry
+    }
+}
+
 struct Ctx {
     weighting: SiteWeighting,
     sparse_pct: u32,
@@ -182,9 +206,15 @@ impl Stream {
                         self.evaluate_next(ctx);
                     }
                     self.calls += 1;
-                    let temporary = c.func == Func::Free
-                        && c.addr != 0
-                        && self.last_alloc.get(&c.tid) == Some(&c.addr);
+                    let last_alloc = self.last_alloc.of(c.tid);
+                    let temporary =
+                        c.func == Func::Free && c.addr != 0 && *last_alloc == Some(c.addr);
+                    // As heaptrack counts them: frees of other blocks in between do not matter.
+                    if let Some(a) = c.allocates() {
+                        *last_alloc = Some(a);
+                    } else if temporary {
+                        *last_alloc = None;
+                    }
                     for (_, b) in self.merger.ended_by_last_pop() {
                         self.live_bytes -= b.size;
                         self.usable_bytes -= b.usable();
@@ -196,12 +226,6 @@ impl Stream {
                                 self.site_temporaries.add(b.stack, w, b.size);
                             }
                         }
-                    }
-                    // As heaptrack counts them: frees of other blocks in between do not matter.
-                    if let Some(a) = c.allocates() {
-                        self.last_alloc.insert(c.tid, a);
-                    } else if temporary {
-                        self.last_alloc.remove(&c.tid);
                     }
                     if c.allocates().is_some() {
                         self.allocations += 1;

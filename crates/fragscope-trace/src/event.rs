@@ -687,6 +687,10 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
         }
     }
 
+    // Inlined, like `packed_call`, so that the record stays in registers: returned
+    // through memory, it was written field by field and read back in wider loads, which
+    // stall (store forwarding fails) on every call.
+    #[inline(always)]
     fn call(&mut self, tag: u8) -> Result<Record, TraceError> {
         let func = Func::from_kind(tag & 0x0f).expect("kinds 0..=9 are functions");
         if func == Func::Free {
@@ -755,6 +759,7 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
     }
 
     /// A call in the packed form (see the module documentation).
+    #[inline(always)]
     fn packed_call(&mut self, tag: u8) -> Result<Record, TraceError> {
         let func = Func::from_kind(tag & 0x0f).expect("kinds 0..=9 are functions");
         if func == Func::Free {

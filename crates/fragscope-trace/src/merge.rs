@@ -295,6 +295,103 @@ impl ThreadQueue {
     }
 }
 
+/// The calls of a chunk of the only thread the merge knows, in a plain array popped in
+/// turn. A lone thread's program order is the order, so it needs neither its queue of
+/// items, nor the heap of heads, nor the watermark: with `--stacks all` and one thread
+/// they cost more than the model's own work. When another chunk comes before the run is
+/// popped (a second thread's, or the same thread's) the rest of the run goes to the
+/// thread's queue, places and all, and the general merge takes over.
+#[derive(Default)]
+struct LoneRun {
+    /// The thread's index in `Merger::threads`.
+    thread: usize,
+    calls: Vec<Call>,
+    /// The places of `calls` (see `ThreadQueue::queue`); shorter than `calls` when the
+    /// rest are 0, and empty for a chunk with none.
+    places: Vec<u64>,
+    /// The other items (the allocator's statistics), each with the index in `calls` of
+    /// the call it comes before, and its place.
+    others: VecDeque<(usize, Merged, u64)>,
+    /// The next call to pop.
+    next: usize,
+    /// Items popped since the thread's `popped` was last brought up to date.
+    popped: u64,
+}
+
+impl LoneRun {
+    fn is_empty(&self) -> bool {
+        self.next == self.calls.len() && self.others.is_empty()
+    }
+
+    /// Items left to pop.
+    fn len(&self) -> usize {
+        self.calls.len() - self.next + self.others.len()
+    }
+
+    /// Starts the run of a new chunk of thread `thread` (`popped` counted already).
+    fn restart(&mut self, thread: usize) {
+        self.thread = thread;
+        self.popped = 0;
+        self.calls.clear();
+        self.places.clear();
+        self.others.clear();
+        self.next = 0;
+    }
+
+    #[inline(always)]
+    fn push_call(&mut self, c: Call, place: u64) {
+        if place != 0 || !self.places.is_empty() {
+            self.places.resize(self.calls.len(), 0);
+            self.places.push(place);
+        }
+        self.calls.push(c);
+    }
+
+    /// Takes the next item if it is a call.
+    #[inline]
+    fn pop_call(&mut self) -> Option<Call> {
+        let c = *self.calls.get(self.next)?;
+        if self.others.front().is_some_and(|&(at, ..)| at == self.next) {
+            return None;
+        }
+        self.next += 1;
+        self.popped += 1;
+        Some(c)
+    }
+
+    /// Takes the next item if it is not a call.
+    fn pop_other(&mut self) -> Option<Merged> {
+        let (at, ..) = self.others.front()?;
+        if *at != self.next {
+            return None;
+        }
+        self.popped += 1;
+        self.others.pop_front().map(|(_, m, _)| m)
+    }
+
+    /// Takes the items left, in order, with their places.
+    fn drain(&mut self) -> Vec<(Merged, u64)> {
+        let mut items = Vec::with_capacity(self.len());
+        while let Some(&(at, ..)) = self.others.front() {
+            while self.next < at {
+                items.push(self.take_call());
+            }
+            items.extend(self.others.pop_front().map(|(_, m, place)| (m, place)));
+        }
+        while self.next < self.calls.len() {
+            items.push(self.take_call());
+        }
+        items
+    }
+
+    fn take_call(&mut self) -> (Merged, u64) {
+        let i = self.next;
+        self.next += 1;
+        let place = self.places.get(i).copied().unwrap_or(0);
+        (Merged::Call(self.calls[i]), place)
+    }
+}
+
 /// Merges the threads of one process.
 pub struct Merger {
     threads: Vec<ThreadQueue>,
@@ -332,9 +429,16 @@ pub struct Merger {
     set_aside: Vec<Head>,
     /// The watermark as of the last chunk (`None`: not computed since).
     watermark: Option<Watermark>,
+    /// The calls of the only thread so far, from its last chunk, when they are not in
+    /// its queue (see [`LoneRun`]).
+    lone: LoneRun,
     /// Tests: choose by a pass over every thread, the reference the heap must agree with.
     #[cfg(test)]
     scan_every_call: bool,
+    /// Tests: queue a lone thread's calls like any thread's, the reference the lone run
+    /// must agree with.
+    #[cfg(test)]
+    no_lone_run: bool,
 }
 
 /// A thread's next call: its (tick, place), then the thread's index.
@@ -377,8 +481,11 @@ impl Merger {
             heads: BinaryHeap::new(),
             set_aside: Vec::new(),
             watermark: None,
+            lone: LoneRun::default(),
             #[cfg(test)]
             scan_every_call: false,
+            #[cfg(test)]
+            no_lone_run: false,
         }
     }
 
@@ -472,9 +579,19 @@ impl Merger {
             });
             self.threads.len() - 1
         });
-        let mut d = ChunkDecoder::new(records, h, &mut self.tables);
-        let t = &mut self.threads[ti];
-        let had_head = !t.queue.is_empty();
+        self.count_lone_pops();
+        if !self.lone.is_empty() {
+            self.queue_lone_run();
+        }
+        let lone =
+            self.threads.len() == 1 && self.threads[ti].queued() == 0 && !self.lone_run_disabled();
+        if lone {
+            self.lone.restart(ti);
+        }
+        // The decoder holds the tables while the items go where `self` says.
+        let mut tables = std::mem::take(&mut self.tables);
+        let mut d = ChunkDecoder::new(records, h, &mut tables);
+        let had_head = !self.threads[ti].queue.is_empty();
         let mut result = Ok(());
         loop {
             let rec = match d.next_record() {
@@ -496,8 +613,12 @@ impl Merger {
                     usable,
                     stack,
                 } => {
-                    let stack = if stack == 0 { 0 } else { t.stacks.get(stack) };
-                    Merged::Call(Call {
+                    let stack = if stack == 0 {
+                        0
+                    } else {
+                        self.threads[ti].stacks.get(stack)
+                    };
+                    let call = Call {
                         tick,
                         tid: h.tid,
                         func,
@@ -507,9 +628,21 @@ impl Merger {
                         usable: usable.unwrap_or(0),
                         align,
                         stack,
-                    })
+                    };
+                    if lone {
+                        self.lone.push_call(call, d.place().unwrap_or(0));
+                        continue;
+                    }
+                    Merged::Call(call)
                 }
-                Record::Free { addr } => Merged::Call(Call::on(tick, h.tid, Func::Free, addr)),
+                Record::Free { addr } => {
+                    let call = Call::on(tick, h.tid, Func::Free, addr);
+                    if lone {
+                        self.lone.push_call(call, d.place().unwrap_or(0));
+                        continue;
+                    }
+                    Merged::Call(call)
+                }
                 Record::Stats { source, values } => Merged::Stats {
                     tick,
                     source,
@@ -521,7 +654,7 @@ impl Merger {
                     if global == next {
                         self.stacks.push(frames);
                     }
-                    t.stacks.insert(id, global);
+                    self.threads[ti].stacks.insert(id, global);
                     continue;
                 }
                 Record::Lost { count } => {
@@ -529,7 +662,9 @@ impl Merger {
                     continue;
                 }
                 Record::Joined { tid } => {
-                    t.joins.push_back((t.popped + t.queued(), tid));
+                    let t = &mut self.threads[ti];
+                    let in_run = if lone { self.lone.len() as u64 } else { 0 };
+                    t.joins.push_back((t.popped + t.queued() + in_run, tid));
                     continue;
                 }
                 Record::OwnMemory { bytes } => {
@@ -538,23 +673,20 @@ impl Merger {
                 }
                 Record::Tick { .. } | Record::Usable { .. } | Record::Order { .. } => continue,
             };
-            let item = (item, d.place().unwrap_or(0));
-            // Behind items on disk, or past the budget: to disk, keeping the order.
-            if t.spill.items() > 0
-                || (self.in_memory >= self.memory_budget
-                    && t.queue.len() >= HEAD_ITEMS.min(self.memory_budget).max(1))
-            {
-                t.spill.push(&mut self.spill_file, &item);
-                self.stats.spilled += 1;
-            } else {
-                let room = t.queue.capacity();
-                t.queue.push_back(item);
-                self.in_memory += 1;
-                self.queue_capacity += t.queue.capacity() - room;
+            if lone {
+                let place = d.place().unwrap_or(0);
+                self.lone
+                    .others
+                    .push_back((self.lone.calls.len(), item, place));
+                continue;
             }
+            self.enqueue(ti, (item, d.place().unwrap_or(0)));
         }
         // A thread without places may have more calls at place 0 of its last tick.
         let sent = (d.tick(), d.next_place().unwrap_or(0));
+        drop(d);
+        self.tables = tables;
+        let t = &mut self.threads[ti];
         t.known_through = t.known_through.max(sent).max((h.last_tick, 0));
         // Records after a thread's last buffer (what glibc frees once the thread has gone,
         // sent when its state is reused or the process exits) do not bring it back; a
@@ -569,6 +701,49 @@ impl Merger {
             }
         }
         result
+    }
+
+    #[cfg(test)]
+    fn lone_run_disabled(&self) -> bool {
+        self.no_lone_run
+    }
+
+    #[cfg(not(test))]
+    fn lone_run_disabled(&self) -> bool {
+        false
+    }
+
+    /// Hands the rest of the lone run to its thread's queue (in memory or, past the
+    /// budget, on disk), where the general merge takes it.
+    fn queue_lone_run(&mut self) {
+        let ti = self.lone.thread;
+        let items = self.lone.drain();
+        let had_head = !self.threads[ti].queue.is_empty();
+        for item in items {
+            self.enqueue(ti, item);
+        }
+        if !had_head {
+            if let Some(head) = head_of(&self.threads[ti], ti) {
+                self.heads.push(Reverse(head));
+            }
+        }
+    }
+
+    /// Queues thread `ti`'s next item: to disk behind items on disk, or past the budget.
+    fn enqueue(&mut self, ti: usize, item: (Merged, u64)) {
+        let t = &mut self.threads[ti];
+        if t.spill.items() > 0
+            || (self.in_memory >= self.memory_budget
+                && t.queue.len() >= HEAD_ITEMS.min(self.memory_budget).max(1))
+        {
+            t.spill.push(&mut self.spill_file, &item);
+            self.stats.spilled += 1;
+        } else {
+            let room = t.queue.capacity();
+            t.queue.push_back(item);
+            self.in_memory += 1;
+            self.queue_capacity += t.queue.capacity() - room;
+        }
     }
 
     /// No more chunks will come: `pop` now drains everything.
@@ -760,7 +935,36 @@ impl Merger {
 
     /// The next call in merged order, or `None` when the merge must wait for more chunks
     /// (or, after `finish`, when all is merged).
+    #[inline]
     pub fn pop(&mut self) -> Option<Merged> {
+        // The lone run's calls go straight through: built into a `Merged` once, here
+        // (moved between enums field by field, a call stalled on the copies).
+        if let Some(mut c) = self.lone.pop_call() {
+            self.settle_call(&mut c);
+            return Some(Merged::Call(c));
+        }
+        if let Some(mut m) = self.lone.pop_other() {
+            self.settle(&mut m);
+            return Some(m);
+        }
+        self.count_lone_pops();
+        self.pop_queued()
+    }
+
+    /// Adds the lone run's pops to its thread's (whose joins count by them).
+    fn count_lone_pops(&mut self) {
+        if self.lone.popped == 0 {
+            return;
+        }
+        let t = &mut self.threads[self.lone.thread];
+        t.popped += std::mem::take(&mut self.lone.popped);
+        while t.joins.front().is_some_and(|&(pos, _)| pos < t.popped) {
+            t.joins.pop_front();
+        }
+    }
+
+    /// [`Merger::pop`] from the threads' queues.
+    fn pop_queued(&mut self) -> Option<Merged> {
         // One thread alone has nobody to wait for: its program order is the order, and
         // the causal check (a table lookup per call) is skipped.
         let alone = self.threads.len() == 1;
@@ -811,7 +1015,25 @@ impl Merger {
         } else if let Some(head) = next {
             self.heads.push(Reverse(head));
         }
-        let tick = merged_tick_mut(&mut m);
+        self.settle(&mut m);
+        Some(m)
+    }
+
+    /// Brings the live blocks up to date with `m`, the next item in merged order, and
+    /// keeps ticks from going back.
+    #[inline]
+    fn settle(&mut self, m: &mut Merged) {
+        match m {
+            Merged::Call(c) => self.settle_call(c),
+            Merged::Stats { tick, .. } => {
+                self.settle_tick(tick);
+                self.ended = [None; 2];
+            }
+        }
+    }
+
+    #[inline]
+    fn settle_tick(&mut self, tick: &mut u64) {
         if *tick < self.last_tick {
             if self.last_tick - *tick > 1 {
                 self.stats.late += 1;
@@ -819,8 +1041,13 @@ impl Merger {
             *tick = self.last_tick;
         }
         self.last_tick = *tick;
+    }
+
+    #[inline]
+    fn settle_call(&mut self, c: &mut Call) {
+        self.settle_tick(&mut c.tick);
         self.ended = [None; 2];
-        if let Merged::Call(c) = &m {
+        {
             if let Some(old) = c.releases() {
                 if !self.starting.is_empty() {
                     self.starting.remove(&old);
@@ -843,7 +1070,6 @@ impl Merger {
                 }
             }
         }
-        Some(m)
     }
 
     /// Thread ids seen, in order of first appearance.
@@ -887,13 +1113,6 @@ fn merged_tick(m: &Merged) -> u64 {
     match m {
         Merged::Call(c) => c.tick,
         Merged::Stats { tick, .. } => *tick,
-    }
-}
-
-fn merged_tick_mut(m: &mut Merged) -> &mut u64 {
-    match m {
-        Merged::Call(c) => &mut c.tick,
-        Merged::Stats { tick, .. } => tick,
     }
 }
 
@@ -1403,6 +1622,7 @@ mod tests {
             ],
         );
         let mut m = Merger::new();
+        m.no_lone_run = true;
         m.push_chunk(&h, &b).unwrap();
         let places: Vec<u64> = m.threads[0].queue.iter().map(|q| q.1).collect();
         assert_eq!(places.len(), 4);
@@ -1457,6 +1677,115 @@ mod tests {
         let (calls, stats) = merge_all([chunk(1, 0, &[(true, 0x5000), (false, 0x6000)])]);
         assert_eq!(calls.len(), 2);
         assert_eq!(stats.unknown_frees, 1);
+    }
+
+    /// Merges `arrivals` with and without the lone run (popping after each chunk when
+    /// `pop_between`): every item, the stats, the live blocks and the last call's ended
+    /// blocks must agree.
+    fn assert_lone_run_merges_as_the_queues(
+        arrivals: &[(EventsHeader, Vec<u8>)],
+        pop_between: bool,
+    ) -> Vec<Merged> {
+        let mut queued = Merger::new();
+        queued.no_lone_run = true;
+        let mut lone = Merger::new();
+        let (mut want, mut got) = (Vec::new(), Vec::new());
+        let mut ended = (Vec::new(), Vec::new());
+        for (h, b) in arrivals {
+            for (m, out, ended) in [
+                (&mut queued, &mut want, &mut ended.0),
+                (&mut lone, &mut got, &mut ended.1),
+            ] {
+                m.push_chunk(h, b).unwrap();
+                if !pop_between {
+                    continue;
+                }
+                while let Some(x) = m.pop() {
+                    ended.push(m.ended_by_last_pop().copied().collect::<Vec<_>>());
+                    out.push(x);
+                }
+            }
+            assert_eq!(got, want);
+        }
+        for (m, out, ended) in [
+            (&mut queued, &mut want, &mut ended.0),
+            (&mut lone, &mut got, &mut ended.1),
+        ] {
+            m.finish();
+            while let Some(x) = m.pop() {
+                ended.push(m.ended_by_last_pop().copied().collect::<Vec<_>>());
+                out.push(x);
+            }
+        }
+        assert_eq!(got, want);
+        assert_eq!(ended.1, ended.0);
+        assert_eq!(lone.stats(), queued.stats());
+        assert_eq!(lone.live_blocks(), queued.live_blocks());
+        assert_eq!(lone.own_memory(), queued.own_memory());
+        got
+    }
+
+    /// A lone thread's chunk with an answer of the allocator's statistics in it, after
+    /// `calls` (is_free, address) at tick `tick`.
+    fn with_stats(tid: u32, seq: u32, tick: u64, calls: &[(bool, u64)]) -> (EventsHeader, Vec<u8>) {
+        let (h, mut b) = chunk(tid, tick, calls);
+        let mut w = Writer::new();
+        w.u8(13).u8(0).u8(1).u8(4);
+        w.bytes.extend_from_slice(b"heap");
+        w.varint(4096);
+        b.extend_from_slice(&w.bytes);
+        b.extend_from_slice(&chunk(tid, tick, &[(false, 0x9000)]).1);
+        (EventsHeader { seq, ..h }, b)
+    }
+
+    /// A thread alone merged from its run gives what its queue gave: a free of a block
+    /// from before tracing, a realloc's address used twice, ticks and statistics.
+    #[test]
+    fn a_lone_threads_run_merges_as_its_queue() {
+        let arrivals = [
+            with_stats(1, 0, 1, &[(false, 0x1000), (true, 0x5000), (false, 0x2000)]),
+            with_stats(1, 1, 2, &[(true, 0x1000), (true, 0x9000), (false, 0x1000)]),
+            with_stats(1, 2, 2, &[]),
+            // Twice the same address with no free between: forced.
+            with_stats(1, 3, 4, &[(false, 0x1000), (true, 0x2000)]),
+        ];
+        for pop_between in [true, false] {
+            let merged = assert_lone_run_merges_as_the_queues(&arrivals, pop_between);
+            assert_eq!(merged.len(), 16);
+            assert!(merged.iter().any(|m| matches!(m, Merged::Stats { .. })));
+        }
+    }
+
+    /// A second thread whose chunk comes before the first thread's run is popped: the
+    /// run's rest goes to the queue with its places, and the merge orders the threads as
+    /// it would have with queues alone.
+    #[test]
+    fn a_second_thread_takes_the_lone_run_into_the_general_merge() {
+        let arrivals = blocks_handed_between_threads();
+        let calls = assert_lone_run_merges_as_the_queues(&arrivals, false);
+        assert_eq!(calls.len(), 12_000);
+        assert_lone_run_merges_as_the_queues(&arrivals, true);
+        // Thread 3 got 0x5000 after thread 2 freed it, by places alone.
+        let handed = [
+            ordered(
+                2,
+                2,
+                &[(false, 0x7000, 0), (false, 0x5000, 0), (true, 0x5000, 0)],
+            ),
+            ordered(3, 2, &[(false, 0x5000, 1)]),
+        ];
+        let calls = assert_lone_run_merges_as_the_queues(&handed, false);
+        assert_eq!(calls.len(), 4);
+        // The lone thread joined the second: its run's calls after the join wait for it.
+        let [(h3, b3), two] = handed_over_in_one_tick();
+        let joined = [(h3, after_joining(2, b3)), two];
+        for pop_between in [true, false] {
+            let calls = assert_lone_run_merges_as_the_queues(&joined, pop_between);
+            assert_eq!(calls.len(), 5);
+        }
+        let (calls, stats) = merge_all(handed);
+        assert_never_live_twice(&calls);
+        assert_eq!(stats, MergeStats::default());
     }
 
     #[test]
