@@ -1047,26 +1047,24 @@ impl Merger {
     fn settle_call(&mut self, c: &mut Call) {
         self.settle_tick(&mut c.tick);
         self.ended = [None; 2];
-        {
-            if let Some(old) = c.releases() {
-                if !self.starting.is_empty() {
-                    self.starting.remove(&old);
-                }
-                match self.live.remove(&old) {
-                    Some(b) => self.ended[0] = Some((old, b)),
-                    // Only a forced call (or a lone thread's) can miss: the block was
-                    // allocated before tracing began, or its allocation was lost.
-                    None => self.stats.unknown_frees += 1,
-                }
+        if let Some(old) = c.releases() {
+            if !self.starting.is_empty() {
+                self.starting.remove(&old);
             }
-            if let Some(a) = c.allocates() {
-                if let Some(displaced) = self.live.insert(a, LiveBlock::of(c)) {
-                    self.ended[1] = Some((a, displaced));
-                    if !self.starting.is_empty() && self.starting.remove(&a) {
-                        self.stats.starting_stale += 1;
-                    } else {
-                        self.stats.forced_allocs += 1;
-                    }
+            match self.live.remove(&old) {
+                Some(b) => self.ended[0] = Some((old, b)),
+                // Only a forced call (or a lone thread's) can miss: the block was
+                // allocated before tracing began, or its allocation was lost.
+                None => self.stats.unknown_frees += 1,
+            }
+        }
+        if let Some(a) = c.allocates() {
+            if let Some(displaced) = self.live.insert(a, LiveBlock::of(c)) {
+                self.ended[1] = Some((a, displaced));
+                if !self.starting.is_empty() && self.starting.remove(&a) {
+                    self.stats.starting_stale += 1;
+                } else {
+                    self.stats.forced_allocs += 1;
                 }
             }
         }

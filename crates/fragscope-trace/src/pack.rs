@@ -67,14 +67,10 @@ impl Packer {
     pub fn learn_usable(&mut self, tid: u32, first_tick: u64, records: &[u8]) {
         let mut d =
             ChunkDecoder::with_form(records, first_tick, tid, false, &mut self.raw).report_all();
-        let mut learnt = Vec::new();
         while let Ok(Some(rec)) = d.next_record() {
             if let Record::Usable { size, usable } = rec {
-                learnt.push((size, usable));
+                self.packed.set_usable(size, usable);
             }
-        }
-        for (size, usable) in learnt {
-            self.packed.set_usable(size, usable);
         }
     }
 
