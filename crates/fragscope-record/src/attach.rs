@@ -213,13 +213,8 @@ impl Drop for Borrowed {
 }
 
 fn tgid_of(tid: i32) -> i32 {
-    fs::read_to_string(format!("/proc/{tid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Tgid:"))
-                .and_then(|v| v.trim().parse().ok())
-        })
+    crate::procfs::status_field(tid, "Tgid")
+        .and_then(|v| v.parse().ok())
         .unwrap_or(tid)
 }
 
@@ -615,12 +610,5 @@ impl Forker {
 
 /// True when `pid` runs under a seccomp filter (Seccomp: 2 in its status).
 fn seccomp_filtered(pid: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Seccomp:"))
-                .map(|v| v.trim() == "2")
-        })
-        .unwrap_or(false)
+    crate::procfs::status_field(pid, "Seccomp").is_some_and(|v| v == "2")
 }

@@ -239,12 +239,8 @@ fn file_capabilities(path: &Path) -> Option<u64> {
 
 /// This process's permitted capabilities (CapPrm in /proc/self/status).
 fn own_permitted_capabilities() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            let line = s.lines().find(|l| l.starts_with("CapPrm:"))?;
-            u64::from_str_radix(line["CapPrm:".len()..].trim(), 16).ok()
-        })
+    crate::procfs::status_field("self", "CapPrm")
+        .and_then(|v| u64::from_str_radix(&v, 16).ok())
         .unwrap_or(0)
 }
 

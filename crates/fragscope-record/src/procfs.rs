@@ -42,6 +42,15 @@ pub fn parse_status(text: &str, tick: u64) -> Option<RssSample> {
     seen_rss.then_some(s)
 }
 
+/// The value of `field` in /proc/`who`/status (`who`: a pid, a tid or "self"), trimmed.
+pub fn status_field(who: impl std::fmt::Display, field: &str) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{who}/status")).ok()?;
+    text.lines().find_map(|l| {
+        let (key, value) = l.split_once(':')?;
+        (key == field).then(|| value.trim().to_string())
+    })
+}
+
 /// The (field, KiB) pairs of /proc/PID/smaps_rollup.
 /// The parent of `pid` (field 4 of /proc/PID/stat, after the command name, which may
 /// itself hold spaces and parentheses).
@@ -181,6 +190,10 @@ mod tests {
     fn reads_this_processes_own_proc_files() {
         let pid = std::process::id();
         let rss = read_rss(pid, 7).expect("own status");
+        // A field by name, not by a prefix of another ("Tgid" is not "TracerPid").
+        assert_eq!(status_field(pid, "Tgid"), Some(pid.to_string()));
+        assert_eq!(status_field("self", "Pid"), Some(pid.to_string()));
+        assert_eq!(status_field(pid, "Tgi"), None);
         assert!(rss.vm_rss_kib > 0 && rss.tick == 7);
         assert!(rss.rss_anon_kib + rss.rss_file_kib + rss.rss_shmem_kib <= rss.vm_rss_kib + 4);
         let rollup = read_rollup(pid).expect("own smaps_rollup");
