@@ -424,6 +424,11 @@ static void stack_table_free(struct stack_table *t) {
     if (t) own_munmap(t, stack_table_bytes(t->slots));
 }
 
+static void stack_table_clear(struct stack_table *t) {
+    memset(t->slot, 0, (size_t)t->slots * sizeof t->slot[0]);
+    t->used = 0;
+}
+
 /* A thread's state is reused by another thread, or kept by a forked child: its stack ids
  * start again. A grown table goes back to the system. */
 static void stack_table_forget(struct thread_state *ts) {
@@ -432,8 +437,7 @@ static void stack_table_forget(struct thread_state *ts) {
         stack_table_free(t);
         ts->stacks = NULL;
     } else if (t) {
-        memset(t->slot, 0, (size_t)t->slots * sizeof t->slot[0]);
-        t->used = 0;
+        stack_table_clear(t);
     }
 }
 
@@ -452,8 +456,7 @@ static struct stack_table *stack_table_grow(struct thread_state *ts) {
     struct stack_table *g =
         t->slots < STACK_TABLE_MAX_SLOTS ? stack_table_new(t->slots * 2) : NULL;
     if (!g) {
-        memset(t->slot, 0, (size_t)t->slots * sizeof t->slot[0]);
-        t->used = 0;
+        stack_table_clear(t);
         return t;
     }
     for (uint32_t s = 0; s < t->slots; s++)
