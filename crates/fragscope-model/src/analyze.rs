@@ -6,9 +6,10 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
 
+use fragscope_trace::ahead::{AheadChunk, ReadAhead};
 use fragscope_trace::event::StatsSource;
 use fragscope_trace::merge::{FastMap, Merged, Merger};
-use fragscope_trace::reader::{Chunk, TraceReader};
+use fragscope_trace::reader::Chunk;
 use fragscope_trace::records::{
     EndHow, Mapping, Meta, Pagemap, ProcessEnd, PymallocPools, Rollup, RssSample, SnapshotReason,
     StackMode, WaitStatus,
@@ -380,7 +381,7 @@ pub fn analyze(
     opts: &Options,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<Report, AnalysisError> {
-    let mut reader = TraceReader::open(path)?;
+    let mut reader = ReadAhead::open(path)?;
     let mut meta: Option<Meta> = None;
     let mut streams: Vec<Stream> = Vec::new();
     let mut by_stream: HashMap<u32, usize> = HashMap::new();
@@ -407,6 +408,20 @@ pub fn analyze(
         if chunks.is_multiple_of(64) {
             progress(reader.offset(), reader.file_bytes());
         }
+        let chunk = match chunk {
+            AheadChunk::Events(h, mut events) => {
+                let i = index(&mut streams, &mut by_stream, h.stream);
+                last_tick = last_tick.max(h.last_tick);
+                let s = &mut streams[i];
+                if let Err(e) = s.merger.push_decoded(&h, &mut events) {
+                    damage.get_or_insert(format!("thread {} of pid {}: {e}", h.tid, s.pid));
+                }
+                reader.recycle(events);
+                s.drain(&ctx);
+                continue;
+            }
+            AheadChunk::Other(chunk) => chunk,
+        };
         match chunk {
             Chunk::Meta(m) => {
                 ctx.weighting = match m.stacks {

@@ -244,41 +244,113 @@ pub struct StreamTables {
     free_slots: Vec<u32>,
     /// The writer's live blocks by address, with their slots and usable sizes.
     slot_of: Option<AddrSlots>,
-    /// Blocks each thread freed last, by (thread, usable size).
-    freed: FastMap<u64, Freed>,
+    /// Blocks each thread freed last, by thread and usable size.
+    freed: FreedTables,
 }
 
-/// A thread's recently freed blocks of one usable size, newest last.
+/// A thread's recently freed blocks of one usable size: a ring, newest at `newest`.
 #[derive(Default, Clone, Copy)]
 struct Freed {
     addrs: [u64; FREED_DEPTH],
+    newest: u8,
     len: u8,
 }
 
 impl Freed {
-    /// Remembers `addr` as the newest; the oldest drops out of a full list.
-    fn push(&mut self, addr: u64) {
-        if self.len as usize == FREED_DEPTH {
-            self.addrs.copy_within(1.., 0);
-            self.len -= 1;
-        }
-        self.addrs[self.len as usize] = addr;
-        self.len += 1;
+    /// Where the block `depth` places below the newest is.
+    #[inline]
+    fn at(&self, depth: usize) -> usize {
+        (self.newest as usize).wrapping_sub(depth) % FREED_DEPTH
     }
 
-    /// Takes out the block `depth` places below the newest.
+    /// Remembers `addr` as the newest; the oldest drops out of a full list.
+    #[inline]
+    fn push(&mut self, addr: u64) {
+        self.newest = ((self.newest as usize + 1) % FREED_DEPTH) as u8;
+        self.addrs[self.newest as usize] = addr;
+        self.len = (self.len + 1).min(FREED_DEPTH as u8);
+    }
+
+    /// How far below the newest `addr` is, if it is in the list.
+    fn depth_of(&self, addr: u64) -> Option<usize> {
+        (0..self.len as usize).find(|&d| self.addrs[self.at(d)] == addr)
+    }
+
+    /// Takes out the block `depth` places below the newest; the newer ones move down.
+    #[inline]
     fn take(&mut self, depth: usize) -> Option<u64> {
-        let i = (self.len as usize).checked_sub(1)?.checked_sub(depth)?;
-        let addr = self.addrs[i];
-        self.addrs.copy_within(i + 1..self.len as usize, i);
+        if depth >= self.len as usize {
+            return None;
+        }
+        let addr = self.addrs[self.at(depth)];
+        for d in (1..=depth).rev() {
+            self.addrs[self.at(d)] = self.addrs[self.at(d - 1)];
+        }
+        self.newest = self.at(1) as u8;
         self.len -= 1;
         Some(addr)
     }
 }
 
-/// The `freed` key of a thread and a usable size (the tables keep usable sizes in u32).
-fn freed_key(tid: u32, usable: u32) -> u64 {
-    u64::from(tid) << 32 | u64::from(usable)
+/// Usable sizes below this that are multiples of 8 have their lists in an array.
+const SMALL_USABLE: u32 = 4096;
+
+/// One thread's lists of recently freed blocks, by usable size.
+#[derive(Default)]
+struct ThreadFreed {
+    /// By usable size / 8, grown to the largest size seen.
+    small: Vec<Freed>,
+    large: FastMap<u32, Freed>,
+}
+
+impl ThreadFreed {
+    #[inline]
+    fn get_mut(&mut self, usable: u32) -> Option<&mut Freed> {
+        if usable < SMALL_USABLE && usable % 8 == 0 {
+            self.small.get_mut((usable / 8) as usize)
+        } else {
+            self.large.get_mut(&usable)
+        }
+    }
+
+    #[inline]
+    fn list(&mut self, usable: u32) -> &mut Freed {
+        if usable < SMALL_USABLE && usable % 8 == 0 {
+            let i = (usable / 8) as usize;
+            if i >= self.small.len() {
+                self.small.resize(i + 1, Freed::default());
+            }
+            &mut self.small[i]
+        } else {
+            self.large.entry(usable).or_default()
+        }
+    }
+}
+
+/// Every thread's recently freed blocks. A buffer is one thread's, so the lists of the
+/// thread last asked for are kept at hand, out of the map.
+#[derive(Default)]
+struct FreedTables {
+    tid: u32,
+    current: ThreadFreed,
+    others: FastMap<u32, ThreadFreed>,
+}
+
+impl FreedTables {
+    #[inline]
+    fn of(&mut self, tid: u32) -> &mut ThreadFreed {
+        if tid != self.tid {
+            let mine = self.others.remove(&tid).unwrap_or_default();
+            let last = std::mem::replace(&mut self.current, mine);
+            self.others.insert(self.tid, last);
+            self.tid = tid;
+        }
+        &mut self.current
+    }
+
+    fn clear(&mut self) {
+        *self = Self::default();
+    }
 }
 
 impl StreamTables {
@@ -342,10 +414,7 @@ impl StreamTables {
     fn slot_freed(&mut self, slot: u32, addr: u64, usable: u32, tid: u32, by_free: bool) {
         self.free_slots.push(slot);
         if by_free && usable != 0 {
-            self.freed
-                .entry(freed_key(tid, usable))
-                .or_default()
-                .push(addr);
+            self.freed.of(tid).list(usable).push(addr);
         }
     }
 
@@ -361,11 +430,8 @@ impl StreamTables {
     /// it and says where it was (0: the last).
     #[inline]
     fn take_if_freed(&mut self, tid: u32, usable: u64, addr: u64) -> Option<u64> {
-        let f = self
-            .freed
-            .get_mut(&freed_key(tid, u32::try_from(usable).ok()?))?;
-        let mut newest_first = f.addrs[..f.len as usize].iter().rev();
-        let depth = newest_first.position(|&a| a == addr)?;
+        let f = self.freed.of(tid).get_mut(u32::try_from(usable).ok()?)?;
+        let depth = f.depth_of(addr)?;
         f.take(depth);
         Some(depth as u64)
     }
@@ -374,9 +440,7 @@ impl StreamTables {
     /// `usable` bytes.
     #[inline]
     fn take_freed(&mut self, tid: u32, usable: u64, depth: u64) -> Option<u64> {
-        let f = self
-            .freed
-            .get_mut(&freed_key(tid, u32::try_from(usable).ok()?))?;
+        let f = self.freed.of(tid).get_mut(u32::try_from(usable).ok()?)?;
         f.take(usize::try_from(depth).ok()?)
     }
 

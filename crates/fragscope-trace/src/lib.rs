@@ -7,6 +7,7 @@
 //! chunks; [`merge`] orders one process's threads into a single event sequence.
 //! The byte-level description is docs/trace-format.md.
 
+pub mod ahead;
 pub mod chunk;
 mod columns;
 pub mod event;

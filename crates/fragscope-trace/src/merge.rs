@@ -28,7 +28,8 @@ use std::collections::binary_heap::PeekMut;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use crate::event::{ChunkDecoder, Func, Record, StatsSource, StreamTables};
+use crate::ahead::{DecodedEvents, DecodedOther, StreamDecoder};
+use crate::event::{Func, StatsSource};
 use crate::records::EventsHeader;
 use crate::spill::{SpillFile, ThreadSpill};
 use crate::TraceError;
@@ -246,46 +247,11 @@ struct ThreadQueue {
     /// again right after its next call, so the merge does not wait for it till then.
     idle: bool,
     /// Thread-local stack id -> process stack index.
-    stacks: LocalStacks,
     /// Items popped so far (with the queue's length, the items queued so far).
     popped: u64,
     /// Threads this one joined, each with the number of its items queued before the
     /// join: items from there on wait until the joined thread's are all merged.
     joins: VecDeque<(u64, u32)>,
-}
-
-/// A thread's stack ids, which the interposer hands out from 1 upwards: looked up by
-/// index, with no hashing, on every allocation. Ids past `DENSE` (a damaged trace's, or
-/// a thread with millions of stacks) go to a map, so one id cannot make the table huge.
-#[derive(Default)]
-struct LocalStacks {
-    dense: Vec<u32>,
-    sparse: HashMap<u32, u32>,
-}
-
-impl LocalStacks {
-    const DENSE: u32 = 1 << 22;
-
-    /// The process stack index of thread-local `id`; 0 when it was never defined.
-    fn get(&self, id: u32) -> u32 {
-        if id < Self::DENSE {
-            self.dense.get(id as usize).copied().unwrap_or(0)
-        } else {
-            self.sparse.get(&id).copied().unwrap_or(0)
-        }
-    }
-
-    fn insert(&mut self, id: u32, global: u32) {
-        if id < Self::DENSE {
-            let i = id as usize;
-            if i >= self.dense.len() {
-                self.dense.resize(i + 1, 0);
-            }
-            self.dense[i] = global;
-        } else {
-            self.sparse.insert(id, global);
-        }
-    }
 }
 
 impl ThreadQueue {
@@ -336,15 +302,6 @@ impl LoneRun {
         self.places.clear();
         self.others.clear();
         self.next = 0;
-    }
-
-    #[inline(always)]
-    fn push_call(&mut self, c: Call, place: u64) {
-        if place != 0 || !self.places.is_empty() {
-            self.places.resize(self.calls.len(), 0);
-            self.places.push(place);
-        }
-        self.calls.push(c);
     }
 
     /// Takes the next item if it is a call.
@@ -400,9 +357,12 @@ pub struct Merger {
     /// Blocks the last popped call ended: the one it freed, and the one a forced
     /// allocation replaced.
     ended: [Option<(u64, LiveBlock)>; 2],
-    tables: StreamTables,
+    /// Decodes the buffers given as bytes ([`Merger::push_chunk`]).
+    decoder: StreamDecoder,
+    /// The decoded buffer's arrays, kept for the next one.
+    scratch: DecodedEvents,
+    /// Stacks by process-wide id (0: none).
     stacks: Vec<Vec<u64>>,
-    stack_ids: HashMap<Vec<u64>, u32>,
     max_seen: u64,
     last_tick: u64,
     /// The process flags its idle threads ([`EventsHeader::process_marks_idle`]).
@@ -463,9 +423,9 @@ impl Merger {
             thread_index: HashMap::new(),
             live: AddrMap::default(),
             ended: [None; 2],
-            tables: StreamTables::default(),
+            decoder: StreamDecoder::default(),
+            scratch: DecodedEvents::default(),
             stacks: vec![Vec::new()],
-            stack_ids: HashMap::new(),
             max_seen: 0,
             last_tick: 0,
             marks_idle: false,
@@ -564,6 +524,21 @@ impl Merger {
 
     /// Adds one thread buffer (an events chunk of this process).
     pub fn push_chunk(&mut self, h: &EventsHeader, records: &[u8]) -> Result<(), TraceError> {
+        let mut events = std::mem::take(&mut self.scratch);
+        self.decoder.decode(h, records, &mut events);
+        let result = self.push_decoded(h, &mut events);
+        self.scratch = events;
+        result
+    }
+
+    /// Adds one thread buffer that a [`StreamDecoder`] of this process decoded (a
+    /// [`crate::ahead::ReadAhead`]'s: a merger fed this way never decodes). `events` is
+    /// left empty, its arrays kept for the next buffer.
+    pub fn push_decoded(
+        &mut self,
+        h: &EventsHeader,
+        events: &mut DecodedEvents,
+    ) -> Result<(), TraceError> {
         self.watermark = None;
         let ti = *self.thread_index.entry(h.tid).or_insert_with(|| {
             self.threads.push(ThreadQueue {
@@ -573,7 +548,6 @@ impl Merger {
                 known_through: (0, 0),
                 exited: false,
                 idle: false,
-                stacks: LocalStacks::default(),
                 popped: 0,
                 joins: VecDeque::new(),
             });
@@ -583,109 +557,72 @@ impl Merger {
         if !self.lone.is_empty() {
             self.queue_lone_run();
         }
+        self.stacks.append(&mut events.new_stacks);
+        let had_head = !self.threads[ti].queue.is_empty();
+        // A join's position among the thread's items: every item before it was merged.
+        let items_before = self.threads[ti].popped + self.threads[ti].queued();
+        let mut stats_seen = 0;
         let lone =
             self.threads.len() == 1 && self.threads[ti].queued() == 0 && !self.lone_run_disabled();
+        let mut next_call = 0;
         if lone {
+            // The buffer's arrays become the run, and the run's old ones the buffer's.
             self.lone.restart(ti);
+            std::mem::swap(&mut self.lone.calls, &mut events.calls);
+            std::mem::swap(&mut self.lone.places, &mut events.places);
+            next_call = self.lone.calls.len();
         }
-        // The decoder holds the tables while the items go where `self` says.
-        let mut tables = std::mem::take(&mut self.tables);
-        let mut d = ChunkDecoder::new(records, h, &mut tables);
-        let had_head = !self.threads[ti].queue.is_empty();
-        let mut result = Ok(());
-        loop {
-            let rec = match d.next_record() {
-                Ok(Some(r)) => r,
-                Ok(None) => break,
-                Err(e) => {
-                    result = Err(e);
-                    break;
+        let mut others = std::mem::take(&mut events.others);
+        for (at, other) in others.drain(..) {
+            if !lone {
+                while next_call < at {
+                    self.enqueue_decoded_call(ti, events, next_call);
+                    next_call += 1;
                 }
-            };
-            let tick = d.tick();
-            let item = match rec {
-                Record::Alloc {
-                    func,
-                    addr,
-                    old_addr,
-                    size,
-                    align,
-                    usable,
-                    stack,
-                } => {
-                    let stack = if stack == 0 {
-                        0
-                    } else {
-                        self.threads[ti].stacks.get(stack)
-                    };
-                    let call = Call {
-                        tick,
-                        tid: h.tid,
-                        func,
-                        addr,
-                        old_addr,
-                        size,
-                        usable: usable.unwrap_or(0),
-                        align,
-                        stack,
-                    };
-                    if lone {
-                        self.lone.push_call(call, d.place().unwrap_or(0));
-                        continue;
-                    }
-                    Merged::Call(call)
-                }
-                Record::Free { addr } => {
-                    let call = Call::on(tick, h.tid, Func::Free, addr);
-                    if lone {
-                        self.lone.push_call(call, d.place().unwrap_or(0));
-                        continue;
-                    }
-                    Merged::Call(call)
-                }
-                Record::Stats { source, values } => Merged::Stats {
+            }
+            let stats = match other {
+                DecodedOther::Stats {
                     tick,
+                    place,
                     source,
                     values,
-                },
-                Record::StackDef { id, frames } => {
-                    let next = self.stacks.len() as u32;
-                    let global = *self.stack_ids.entry(frames.clone()).or_insert(next);
-                    if global == next {
-                        self.stacks.push(frames);
-                    }
-                    self.threads[ti].stacks.insert(id, global);
-                    continue;
-                }
-                Record::Lost { count } => {
+                } => (
+                    Merged::Stats {
+                        tick,
+                        source,
+                        values,
+                    },
+                    place,
+                ),
+                DecodedOther::Lost(count) => {
                     self.stats.lost_events = self.stats.lost_events.saturating_add(count);
                     continue;
                 }
-                Record::Joined { tid } => {
-                    let t = &mut self.threads[ti];
-                    let in_run = if lone { self.lone.len() as u64 } else { 0 };
-                    t.joins.push_back((t.popped + t.queued() + in_run, tid));
+                DecodedOther::Joined(tid) => {
+                    let at_item = items_before + (at + stats_seen) as u64;
+                    self.threads[ti].joins.push_back((at_item, tid));
                     continue;
                 }
-                Record::OwnMemory { bytes } => {
+                DecodedOther::OwnMemory(bytes) => {
                     self.own_memory = self.own_memory.max(bytes);
                     continue;
                 }
-                Record::Tick { .. } | Record::Usable { .. } | Record::Order { .. } => continue,
             };
+            stats_seen += 1;
             if lone {
-                let place = d.place().unwrap_or(0);
-                self.lone
-                    .others
-                    .push_back((self.lone.calls.len(), item, place));
-                continue;
+                self.lone.others.push_back((at, stats.0, stats.1));
+            } else {
+                self.enqueue(ti, stats);
             }
-            self.enqueue(ti, (item, d.place().unwrap_or(0)));
         }
-        // A thread without places may have more calls at place 0 of its last tick.
-        let sent = (d.tick(), d.next_place().unwrap_or(0));
-        drop(d);
-        self.tables = tables;
+        events.others = others;
+        while next_call < events.calls.len() {
+            self.enqueue_decoded_call(ti, events, next_call);
+            next_call += 1;
+        }
+        events.calls.clear();
+        events.places.clear();
+        let sent = (events.end_tick, events.end_next_place.unwrap_or(0));
         let t = &mut self.threads[ti];
         t.known_through = t.known_through.max(sent).max((h.last_tick, 0));
         // Records after a thread's last buffer (what glibc frees once the thread has gone,
@@ -700,7 +637,12 @@ impl Merger {
                 self.heads.push(Reverse(head));
             }
         }
-        result
+        events.error.take().map_or(Ok(()), Err)
+    }
+
+    fn enqueue_decoded_call(&mut self, ti: usize, events: &DecodedEvents, i: usize) {
+        let place = events.places.get(i).copied().unwrap_or(0);
+        self.enqueue(ti, (Merged::Call(events.calls[i]), place));
     }
 
     #[cfg(test)]

@@ -1,0 +1,355 @@
+//! Reading and decoding a trace one step ahead of its analysis, on a thread of its own.
+//!
+//! Decompressing and decoding a thread buffer's records (the packed form's tables of
+//! blocks by slot and of recently freed blocks, varints, zstd) takes about as long as
+//! merging the calls and feeding them to the model. Both are sequential, but they only
+//! meet at the decoded records, so [`ReadAhead`] runs the first on another core: it
+//! reads chunks in file order, decodes each events chunk with its stream's tables (the
+//! tables depend on file order alone, never on the merge), and hands the chunks on
+//! through a short queue. [`crate::merge::Merger::push_decoded`] takes the decoded
+//! records as [`crate::merge::Merger::push_chunk`] takes the bytes.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::thread::JoinHandle;
+
+use crate::chunk::Damage;
+use crate::event::{ChunkDecoder, Func, Record, StatsSource, StreamTables};
+use crate::merge::Call;
+use crate::reader::{Chunk, TraceReader};
+use crate::records::EventsHeader;
+use crate::TraceError;
+
+/// A thread buffer's records, decoded into what the merge takes: its calls (with
+/// process-wide stack ids) in the array a lone thread's run is popped from, and the
+/// rare other items beside them.
+#[derive(Debug, Default)]
+pub struct DecodedEvents {
+    pub(crate) calls: Vec<Call>,
+    /// The places of `calls`; shorter than `calls` when the rest are 0, empty for a
+    /// buffer with none (see `merge::LoneRun`).
+    pub(crate) places: Vec<u64>,
+    /// The other items, each with the number of calls that come before it.
+    pub(crate) others: Vec<(usize, DecodedOther)>,
+    /// Stacks this buffer defined first in its process, in the order of their ids.
+    pub(crate) new_stacks: Vec<Vec<u64>>,
+    /// The decoder's tick and `next_place` after its last record (or at its error).
+    pub(crate) end_tick: u64,
+    pub(crate) end_next_place: Option<u64>,
+    /// Why decoding stopped before the end of the buffer, if it did.
+    pub(crate) error: Option<TraceError>,
+}
+
+/// A buffer's item other than a call.
+#[derive(Debug)]
+pub(crate) enum DecodedOther {
+    Stats {
+        tick: u64,
+        place: u64,
+        source: StatsSource,
+        values: Vec<(String, u64)>,
+    },
+    Lost(u64),
+    Joined(u32),
+    OwnMemory(u64),
+}
+
+impl DecodedEvents {
+    /// Calls decoded.
+    pub fn calls(&self) -> usize {
+        self.calls.len()
+    }
+
+    #[inline(always)]
+    fn push_call(&mut self, c: Call, place: u64) {
+        if place != 0 || !self.places.is_empty() {
+            self.places.resize(self.calls.len(), 0);
+            self.places.push(place);
+        }
+        self.calls.push(c);
+    }
+
+    fn clear(&mut self) {
+        self.calls.clear();
+        self.places.clear();
+        self.others.clear();
+        self.new_stacks.clear();
+        self.end_tick = 0;
+        self.end_next_place = None;
+        self.error = None;
+    }
+}
+
+/// What decoding a process's buffers carries from one to the next, in file order: the
+/// packed form's tables of blocks, and its threads' stack ids.
+#[derive(Default)]
+pub struct StreamDecoder {
+    tables: StreamTables,
+    /// Process-wide stack ids (from 1) by frames.
+    stack_ids: HashMap<Vec<u64>, u32>,
+    /// Each thread's own stack ids.
+    threads: HashMap<u32, LocalStacks>,
+}
+
+impl StreamDecoder {
+    /// Decodes buffer `h` (its records `bytes`) into `out`, whose allocations are reused.
+    pub fn decode(&mut self, h: &EventsHeader, bytes: &[u8], out: &mut DecodedEvents) {
+        out.clear();
+        let locals = self.threads.entry(h.tid).or_default();
+        let mut d = ChunkDecoder::new(bytes, h, &mut self.tables);
+        loop {
+            let rec = match d.next_record() {
+                Ok(Some(r)) => r,
+                Ok(None) => break,
+                Err(e) => {
+                    out.error = Some(e);
+                    break;
+                }
+            };
+            let tick = d.tick();
+            let place = d.place().unwrap_or(0);
+            let other = match rec {
+                Record::Alloc {
+                    func,
+                    addr,
+                    old_addr,
+                    size,
+                    align,
+                    usable,
+                    stack,
+                } => {
+                    let call = Call {
+                        tick,
+                        tid: h.tid,
+                        func,
+                        addr,
+                        old_addr,
+                        size,
+                        usable: usable.unwrap_or(0),
+                        align,
+                        stack: if stack == 0 { 0 } else { locals.get(stack) },
+                    };
+                    out.push_call(call, place);
+                    continue;
+                }
+                Record::Free { addr } => {
+                    out.push_call(Call::on(tick, h.tid, Func::Free, addr), place);
+                    continue;
+                }
+                Record::StackDef { id, frames } => {
+                    let next = self.stack_ids.len() as u32 + 1;
+                    let global = *self.stack_ids.entry(frames.clone()).or_insert(next);
+                    if global == next {
+                        out.new_stacks.push(frames);
+                    }
+                    locals.insert(id, global);
+                    continue;
+                }
+                Record::Stats { source, values } => DecodedOther::Stats {
+                    tick,
+                    place,
+                    source,
+                    values,
+                },
+                Record::Lost { count } => DecodedOther::Lost(count),
+                Record::Joined { tid } => DecodedOther::Joined(tid),
+                Record::OwnMemory { bytes } => DecodedOther::OwnMemory(bytes),
+                Record::Tick { .. } | Record::Usable { .. } | Record::Order { .. } => continue,
+            };
+            out.others.push((out.calls.len(), other));
+        }
+        // A thread without places may have more calls at place 0 of its last tick.
+        out.end_tick = d.tick();
+        out.end_next_place = d.next_place();
+    }
+}
+
+/// A thread's stack ids, which the interposer hands out from 1 upwards: looked up by
+/// index, with no hashing, on every allocation. Ids past `DENSE` (a damaged trace's, or
+/// a thread with millions of stacks) go to a map, so one id cannot make the table huge.
+#[derive(Default)]
+struct LocalStacks {
+    dense: Vec<u32>,
+    sparse: HashMap<u32, u32>,
+}
+
+impl LocalStacks {
+    const DENSE: u32 = 1 << 22;
+
+    /// The process stack index of thread-local `id`; 0 when it was never defined.
+    #[inline]
+    fn get(&self, id: u32) -> u32 {
+        if id < Self::DENSE {
+            self.dense.get(id as usize).copied().unwrap_or(0)
+        } else {
+            self.sparse.get(&id).copied().unwrap_or(0)
+        }
+    }
+
+    fn insert(&mut self, id: u32, global: u32) {
+        if id < Self::DENSE {
+            let i = id as usize;
+            if i >= self.dense.len() {
+                self.dense.resize(i + 1, 0);
+            }
+            self.dense[i] = global;
+        } else {
+            self.sparse.insert(id, global);
+        }
+    }
+}
+
+/// A chunk as [`ReadAhead`] hands it on: events chunks decoded, the others as read.
+#[derive(Debug)]
+pub enum AheadChunk {
+    Events(EventsHeader, DecodedEvents),
+    Other(Chunk),
+}
+
+/// Chunks in flight between the reading thread and the analysis. Each decoded buffer
+/// holds up to a few MiB, so a short queue keeps the reader busy without holding much.
+const QUEUE: usize = 4;
+
+/// Reads and decodes a trace on a thread of its own, a few chunks ahead of the caller.
+/// The interface follows [`TraceReader`]'s: chunks in file order until the end or
+/// damage, then [`ReadAhead::damage`]. On a machine with one core it reads in the
+/// caller's thread and leaves events chunks to the merge to decode.
+pub struct ReadAhead {
+    source: Source,
+    file_bytes: u64,
+    offset: u64,
+    damage: Option<Damage>,
+}
+
+enum Source {
+    Inline(TraceReader),
+    Thread {
+        chunks: Option<Receiver<(AheadChunk, u64)>>,
+        spent: SyncSender<DecodedEvents>,
+        reader: Option<JoinHandle<Option<Damage>>>,
+    },
+}
+
+impl ReadAhead {
+    /// Reads `path` ahead on another thread when the machine has a core to spare.
+    pub fn open(path: &Path) -> Result<Self, TraceError> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::open_with(path, cores > 1)
+    }
+
+    /// Reads `path` on another thread (`ahead`) or in the caller's.
+    pub fn open_with(path: &Path, ahead: bool) -> Result<Self, TraceError> {
+        let reader = TraceReader::open(path)?;
+        let file_bytes = reader.file_bytes();
+        let source = if ahead {
+            Self::spawn(reader)?
+        } else {
+            Source::Inline(reader)
+        };
+        Ok(Self {
+            source,
+            file_bytes,
+            offset: 0,
+            damage: None,
+        })
+    }
+
+    fn spawn(mut reader: TraceReader) -> Result<Source, TraceError> {
+        let (send, chunks) = mpsc::sync_channel(QUEUE);
+        let (spent, spent_rx) = mpsc::sync_channel::<DecodedEvents>(QUEUE + 2);
+        let thread = std::thread::Builder::new()
+            .name("fragscope-read".into())
+            .spawn(move || {
+                let mut streams: HashMap<u32, StreamDecoder> = HashMap::new();
+                while let Some(chunk) = reader.next_chunk() {
+                    let item = match chunk {
+                        Chunk::Events(h, bytes) => {
+                            let mut events = spent_rx.try_recv().unwrap_or_default();
+                            let s = streams.entry(h.stream).or_default();
+                            s.decode(&h, &bytes, &mut events);
+                            AheadChunk::Events(h, events)
+                        }
+                        other => AheadChunk::Other(other),
+                    };
+                    if send.send((item, reader.offset())).is_err() {
+                        break; // the analysis stopped early
+                    }
+                }
+                reader.damage().cloned()
+            })
+            .map_err(TraceError::Io)?;
+        Ok(Source::Thread {
+            chunks: Some(chunks),
+            spent,
+            reader: Some(thread),
+        })
+    }
+
+    pub fn file_bytes(&self) -> u64 {
+        self.file_bytes
+    }
+
+    /// Bytes read up to the chunk last returned.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// The next chunk, or `None` at the end or at damage.
+    pub fn next_chunk(&mut self) -> Option<AheadChunk> {
+        match &mut self.source {
+            Source::Inline(reader) => {
+                let chunk = reader.next_chunk();
+                self.offset = reader.offset();
+                if chunk.is_none() {
+                    self.damage = reader.damage().cloned();
+                }
+                chunk.map(AheadChunk::Other)
+            }
+            Source::Thread { chunks, .. } => match chunks.as_ref()?.recv() {
+                Ok((chunk, offset)) => {
+                    self.offset = offset;
+                    Some(chunk)
+                }
+                Err(_) => {
+                    self.join();
+                    None
+                }
+            },
+        }
+    }
+
+    /// Gives a decoded buffer's allocation back for the next one.
+    pub fn recycle(&self, events: DecodedEvents) {
+        if let Source::Thread { spent, .. } = &self.source {
+            let _ = spent.try_send(events);
+        }
+    }
+
+    /// Where reading stopped early, if it did (known once `next_chunk` returned `None`).
+    pub fn damage(&self) -> Option<&Damage> {
+        self.damage.as_ref()
+    }
+
+    /// Closes the queue (which stops the reader at its next chunk) and waits for it.
+    fn join(&mut self) {
+        if let Source::Thread { chunks, reader, .. } = &mut self.source {
+            *chunks = None;
+            if let Some(thread) = reader.take() {
+                self.damage = match thread.join() {
+                    Ok(damage) => damage,
+                    Err(_) => Some(Damage {
+                        offset: self.offset,
+                        reason: "the reading thread failed".into(),
+                    }),
+                };
+            }
+        }
+    }
+}
+
+impl Drop for ReadAhead {
+    fn drop(&mut self) {
+        self.join();
+    }
+}
