@@ -304,10 +304,16 @@ struct ThreadFreed {
 }
 
 impl ThreadFreed {
+    /// The index in `small` of a usable size kept there.
+    #[inline]
+    fn small_index(usable: u32) -> Option<usize> {
+        (usable < SMALL_USABLE && usable.is_multiple_of(8)).then_some((usable / 8) as usize)
+    }
+
     #[inline]
     fn get_mut(&mut self, usable: u32) -> Option<&mut Freed> {
-        if usable < SMALL_USABLE && usable % 8 == 0 {
-            self.small.get_mut((usable / 8) as usize)
+        if let Some(i) = Self::small_index(usable) {
+            self.small.get_mut(i)
         } else {
             self.large.get_mut(&usable)
         }
@@ -315,8 +321,7 @@ impl ThreadFreed {
 
     #[inline]
     fn list(&mut self, usable: u32) -> &mut Freed {
-        if usable < SMALL_USABLE && usable % 8 == 0 {
-            let i = (usable / 8) as usize;
+        if let Some(i) = Self::small_index(usable) {
             if i >= self.small.len() {
                 self.small.resize(i + 1, Freed::default());
             }
