@@ -10,6 +10,8 @@
 //! records as [`crate::merge::Merger::push_chunk`] takes the bytes.
 
 use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufReader, Read};
 use std::path::Path;
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::thread::JoinHandle;
@@ -215,15 +217,15 @@ const QUEUE: usize = 4;
 /// The interface follows [`TraceReader`]'s: chunks in file order until the end or
 /// damage, then [`ReadAhead::damage`]. On a machine with one core it reads in the
 /// caller's thread and leaves events chunks to the merge to decode.
-pub struct ReadAhead {
-    source: Source,
+pub struct ReadAhead<R: Read + Send + 'static = BufReader<File>> {
+    source: Source<R>,
     file_bytes: u64,
     offset: u64,
     damage: Option<Damage>,
 }
 
-enum Source {
-    Inline(TraceReader),
+enum Source<R: Read> {
+    Inline(TraceReader<R>),
     Thread {
         chunks: Option<Receiver<(AheadChunk, u64)>>,
         spent: SyncSender<DecodedEvents>,
@@ -235,12 +237,13 @@ impl ReadAhead {
     /// Reads `path` ahead on another thread when the machine has a core to spare.
     pub fn open(path: &Path) -> Result<Self, TraceError> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Self::open_with(path, cores > 1)
+        Self::new(TraceReader::open(path)?, cores > 1)
     }
+}
 
-    /// Reads `path` on another thread (`ahead`) or in the caller's.
-    pub fn open_with(path: &Path, ahead: bool) -> Result<Self, TraceError> {
-        let reader = TraceReader::open(path)?;
+impl<R: Read + Send + 'static> ReadAhead<R> {
+    /// Reads on another thread (`ahead`) or in the caller's.
+    pub fn new(reader: TraceReader<R>, ahead: bool) -> Result<Self, TraceError> {
         let file_bytes = reader.file_bytes();
         let source = if ahead {
             Self::spawn(reader)?
@@ -255,7 +258,7 @@ impl ReadAhead {
         })
     }
 
-    fn spawn(mut reader: TraceReader) -> Result<Source, TraceError> {
+    fn spawn(mut reader: TraceReader<R>) -> Result<Source<R>, TraceError> {
         let (send, chunks) = mpsc::sync_channel(QUEUE);
         let (spent, spent_rx) = mpsc::sync_channel::<DecodedEvents>(QUEUE + 2);
         let thread = std::thread::Builder::new()
@@ -348,7 +351,7 @@ impl ReadAhead {
     }
 }
 
-impl Drop for ReadAhead {
+impl<R: Read + Send + 'static> Drop for ReadAhead<R> {
     fn drop(&mut self) {
         self.join();
     }

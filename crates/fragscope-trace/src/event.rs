@@ -1122,6 +1122,34 @@ mod tests {
     use crate::wire::Writer;
 
     #[test]
+    fn a_ring_of_freed_blocks_keeps_the_newest_in_order() {
+        // Against a plain list, newest last: pushes past the depth drop the oldest, and a
+        // take from the middle closes the gap.
+        let mut ring = Freed::default();
+        let mut list: Vec<u64> = Vec::new();
+        let mut x = 7u64;
+        for step in 0..2000u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            if x >> 62 == 0 && !list.is_empty() {
+                let depth = (x >> 8) as usize % (list.len() + 1);
+                let want = list.len().checked_sub(1 + depth).map(|i| list.remove(i));
+                assert_eq!(ring.take(depth), want, "step {step}");
+            } else {
+                ring.push(step);
+                list.push(step);
+                if list.len() > FREED_DEPTH {
+                    list.remove(0);
+                }
+            }
+            for (depth, &a) in list.iter().rev().enumerate() {
+                assert_eq!(ring.depth_of(a), Some(depth));
+            }
+        }
+    }
+
+    #[test]
     fn decodes_the_interposer_layout() {
         // malloc(24) at 0x1000 with usable 32 known, tick +3, free(0x1000), free(NULL),
         // realloc(0x1000 -> 0x2008, 100) unaligned, posix_memalign(64, 10) failed.
