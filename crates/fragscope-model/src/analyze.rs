@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
 
-use fragscope_trace::ahead::{AheadChunk, ReadAhead};
+use fragscope_trace::ahead::{AheadChunk, EventsOf, ReadAhead};
 use fragscope_trace::event::StatsSource;
 use fragscope_trace::merge::{FastMap, Merged, Merger};
 use fragscope_trace::reader::Chunk;
@@ -381,7 +381,7 @@ pub fn analyze(
     opts: &Options,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<Report, AnalysisError> {
-    let mut reader = ReadAhead::open(path)?;
+    let mut reader = ReadAhead::open(path, EventsOf::All)?;
     let mut meta: Option<Meta> = None;
     let mut streams: Vec<Stream> = Vec::new();
     let mut by_stream: HashMap<u32, usize> = HashMap::new();
@@ -409,14 +409,13 @@ pub fn analyze(
             progress(reader.offset(), reader.file_bytes());
         }
         let chunk = match chunk {
-            AheadChunk::Events(h, mut events) => {
+            AheadChunk::Events(h, events) => {
                 let i = index(&mut streams, &mut by_stream, h.stream);
                 last_tick = last_tick.max(h.last_tick);
                 let s = &mut streams[i];
-                if let Err(e) = s.merger.push_decoded(&h, &mut events) {
+                if let Err(e) = reader.push_events(&mut s.merger, &h, events) {
                     damage.get_or_insert(format!("thread {} of pid {}: {e}", h.tid, s.pid));
                 }
-                reader.recycle(events);
                 s.drain(&ctx);
                 continue;
             }
@@ -444,15 +443,8 @@ pub fn analyze(
                     s.merger.set_attached();
                 }
             }
-            Chunk::Events(h, records) => {
-                let i = index(&mut streams, &mut by_stream, h.stream);
-                last_tick = last_tick.max(h.last_tick);
-                let s = &mut streams[i];
-                if let Err(e) = s.merger.push_chunk(&h, &records) {
-                    damage.get_or_insert(format!("thread {} of pid {}: {e}", h.tid, s.pid));
-                }
-                s.drain(&ctx);
-            }
+            // Handed on as `AheadChunk::Events`.
+            Chunk::Events(..) => {}
             Chunk::Maps(m) => {
                 let i = index(&mut streams, &mut by_stream, m.stream);
                 let s = &mut streams[i];

@@ -4,8 +4,9 @@
 
 use std::path::Path;
 
+use fragscope_trace::ahead::{AheadChunk, EventsOf, ReadAhead};
 use fragscope_trace::merge::{Merged, Merger};
-use fragscope_trace::reader::{Chunk, TraceReader};
+use fragscope_trace::reader::Chunk;
 use fragscope_trace::records::RssSample;
 
 use crate::analyze::AnalysisError;
@@ -60,7 +61,12 @@ pub fn for_each(
     mut visit: impl FnMut(Row),
     mut progress: impl FnMut(u64, u64),
 ) -> Result<(), AnalysisError> {
-    let mut reader = TraceReader::open(path)?;
+    let events_of = if with_calls {
+        EventsOf::Stream(stream)
+    } else {
+        EventsOf::None
+    };
+    let mut reader = ReadAhead::open(path, events_of)?;
     let mut merger = Merger::new();
     let mut tick_ms = 1.0;
     let mut chunks = 0u64;
@@ -87,13 +93,17 @@ pub fn for_each(
         if chunks.is_multiple_of(64) {
             progress(reader.offset(), reader.file_bytes());
         }
+        let chunk = match chunk {
+            AheadChunk::Events(h, events) => {
+                // A damaged chunk is skipped, as the report does.
+                let _ = reader.push_events(&mut merger, &h, events);
+                drain(&mut merger, tick_ms, &mut visit);
+                continue;
+            }
+            AheadChunk::Other(chunk) => chunk,
+        };
         match chunk {
             Chunk::Meta(m) => tick_ms = m.tick_ns as f64 / 1e6,
-            Chunk::Events(h, records) if with_calls && h.stream == stream => {
-                // A damaged chunk is skipped, as the report does.
-                let _ = merger.push_chunk(&h, &records);
-                drain(&mut merger, tick_ms, &mut visit);
-            }
             Chunk::Rss(b) if b.stream == stream => {
                 for s in &b.samples {
                     visit(Row::Rss(rss_row(s, tick_ms)));

@@ -3,11 +3,12 @@
 //! Decompressing and decoding a thread buffer's records (the packed form's tables of
 //! blocks by slot and of recently freed blocks, varints, zstd) takes about as long as
 //! merging the calls and feeding them to the model. Both are sequential, but they only
-//! meet at the decoded records, so [`ReadAhead`] runs the first on another core: it
-//! reads chunks in file order, decodes each events chunk with its stream's tables (the
-//! tables depend on file order alone, never on the merge), and hands the chunks on
-//! through a short queue. [`crate::merge::Merger::push_decoded`] takes the decoded
-//! records as [`crate::merge::Merger::push_chunk`] takes the bytes.
+//! meet at the decoded calls, so [`ReadAhead`] runs the first on another core: it reads
+//! chunks in file order, decodes each events chunk with its process's
+//! [`StreamDecoder`] (whose tables depend on file order alone, never on the merge), and
+//! hands the chunks on through a short queue; [`ReadAhead::push_events`] gives a decoded
+//! buffer to its process's [`Merger`], whose [`Merger::push_chunk`] decodes the same
+//! way when the bytes come straight from a [`TraceReader`].
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -18,7 +19,7 @@ use std::thread::JoinHandle;
 
 use crate::chunk::Damage;
 use crate::event::{ChunkDecoder, Func, Record, StatsSource, StreamTables};
-use crate::merge::Call;
+use crate::merge::{Call, Merger};
 use crate::reader::{Chunk, TraceReader};
 use crate::records::EventsHeader;
 use crate::TraceError;
@@ -202,11 +203,37 @@ impl LocalStacks {
     }
 }
 
-/// A chunk as [`ReadAhead`] hands it on: events chunks decoded, the others as read.
+/// A chunk as [`ReadAhead`] hands it on: events chunks apart, for
+/// [`ReadAhead::push_events`]; the others as read (never [`Chunk::Events`]).
 #[derive(Debug)]
 pub enum AheadChunk {
-    Events(EventsHeader, DecodedEvents),
+    Events(EventsHeader, Events),
     Other(Chunk),
+}
+
+/// Whose events chunks a [`ReadAhead`] hands on (the others it leaves out, undecoded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventsOf {
+    All,
+    Stream(u32),
+    None,
+}
+
+impl EventsOf {
+    fn wants(self, stream: u32) -> bool {
+        match self {
+            Self::All => true,
+            Self::Stream(s) => s == stream,
+            Self::None => false,
+        }
+    }
+}
+
+/// A thread buffer's records: decoded on the reading thread, or still bytes (read inline).
+#[derive(Debug)]
+pub enum Events {
+    Decoded(DecodedEvents),
+    Bytes(Vec<u8>),
 }
 
 /// Chunks in flight between the reading thread and the analysis. Each decoded buffer
@@ -219,6 +246,7 @@ const QUEUE: usize = 4;
 /// caller's thread and leaves events chunks to the merge to decode.
 pub struct ReadAhead<R: Read + Send + 'static = BufReader<File>> {
     source: Source<R>,
+    events_of: EventsOf,
     file_bytes: u64,
     offset: u64,
     damage: Option<Damage>,
@@ -235,30 +263,35 @@ enum Source<R: Read> {
 
 impl ReadAhead {
     /// Reads `path` ahead on another thread when the machine has a core to spare.
-    pub fn open(path: &Path) -> Result<Self, TraceError> {
+    pub fn open(path: &Path, events_of: EventsOf) -> Result<Self, TraceError> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Self::new(TraceReader::open(path)?, cores > 1)
+        Self::new(TraceReader::open(path)?, cores > 1, events_of)
     }
 }
 
 impl<R: Read + Send + 'static> ReadAhead<R> {
     /// Reads on another thread (`ahead`) or in the caller's.
-    pub fn new(reader: TraceReader<R>, ahead: bool) -> Result<Self, TraceError> {
+    pub fn new(
+        reader: TraceReader<R>,
+        ahead: bool,
+        events_of: EventsOf,
+    ) -> Result<Self, TraceError> {
         let file_bytes = reader.file_bytes();
         let source = if ahead {
-            Self::spawn(reader)?
+            Self::spawn(reader, events_of)?
         } else {
             Source::Inline(reader)
         };
         Ok(Self {
             source,
+            events_of,
             file_bytes,
             offset: 0,
             damage: None,
         })
     }
 
-    fn spawn(mut reader: TraceReader<R>) -> Result<Source<R>, TraceError> {
+    fn spawn(mut reader: TraceReader<R>, events_of: EventsOf) -> Result<Source<R>, TraceError> {
         let (send, chunks) = mpsc::sync_channel(QUEUE);
         let (spent, spent_rx) = mpsc::sync_channel::<DecodedEvents>(QUEUE + 2);
         let thread = std::thread::Builder::new()
@@ -267,11 +300,12 @@ impl<R: Read + Send + 'static> ReadAhead<R> {
                 let mut streams: HashMap<u32, StreamDecoder> = HashMap::new();
                 while let Some(chunk) = reader.next_chunk() {
                     let item = match chunk {
+                        Chunk::Events(h, _) if !events_of.wants(h.stream) => continue,
                         Chunk::Events(h, bytes) => {
                             let mut events = spent_rx.try_recv().unwrap_or_default();
                             let s = streams.entry(h.stream).or_default();
                             s.decode(&h, &bytes, &mut events);
-                            AheadChunk::Events(h, events)
+                            AheadChunk::Events(h, Events::Decoded(events))
                         }
                         other => AheadChunk::Other(other),
                     };
@@ -301,14 +335,21 @@ impl<R: Read + Send + 'static> ReadAhead<R> {
     /// The next chunk, or `None` at the end or at damage.
     pub fn next_chunk(&mut self) -> Option<AheadChunk> {
         match &mut self.source {
-            Source::Inline(reader) => {
+            Source::Inline(reader) => loop {
                 let chunk = reader.next_chunk();
                 self.offset = reader.offset();
-                if chunk.is_none() {
-                    self.damage = reader.damage().cloned();
-                }
-                chunk.map(AheadChunk::Other)
-            }
+                return match chunk {
+                    None => {
+                        self.damage = reader.damage().cloned();
+                        None
+                    }
+                    Some(Chunk::Events(h, _)) if !self.events_of.wants(h.stream) => continue,
+                    Some(Chunk::Events(h, bytes)) => {
+                        Some(AheadChunk::Events(h, Events::Bytes(bytes)))
+                    }
+                    Some(other) => Some(AheadChunk::Other(other)),
+                };
+            },
             Source::Thread { chunks, .. } => match chunks.as_ref()?.recv() {
                 Ok((chunk, offset)) => {
                     self.offset = offset;
@@ -322,10 +363,23 @@ impl<R: Read + Send + 'static> ReadAhead<R> {
         }
     }
 
-    /// Gives a decoded buffer's allocation back for the next one.
-    pub fn recycle(&self, events: DecodedEvents) {
-        if let Source::Thread { spent, .. } = &self.source {
-            let _ = spent.try_send(events);
+    /// Adds a thread buffer to its process's merge (which decodes it when it was read
+    /// inline), and gives its arrays back for the next one.
+    pub fn push_events(
+        &self,
+        merger: &mut Merger,
+        h: &EventsHeader,
+        events: Events,
+    ) -> Result<(), TraceError> {
+        match events {
+            Events::Bytes(bytes) => merger.push_chunk(h, &bytes),
+            Events::Decoded(mut decoded) => {
+                let result = merger.push_decoded(h, &mut decoded);
+                if let Source::Thread { spent, .. } = &self.source {
+                    let _ = spent.try_send(decoded);
+                }
+                result
+            }
         }
     }
 

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use fragscope_trace::ahead::{AheadChunk, ReadAhead};
+use fragscope_trace::ahead::{AheadChunk, EventsOf, ReadAhead};
 use fragscope_trace::merge::{Merged, Merger};
 use fragscope_trace::reader::{Chunk, TraceReader};
 use fragscope_trace::Damage;
@@ -72,27 +72,19 @@ fn merged_in_place(data: &'static [u8]) -> Outcome {
     finish(mergers, out)
 }
 
-/// The same through a `ReadAhead` (on its thread, or inline).
+/// The same through a `ReadAhead` (on its thread, or inline: the merge decodes).
 fn merged_ahead(data: &'static [u8], ahead: bool) -> Outcome {
     let r = TraceReader::from_reader(data, data.len() as u64).expect("header intact");
-    let mut r = ReadAhead::new(r, ahead).expect("reader starts");
+    let mut r = ReadAhead::new(r, ahead, EventsOf::All).expect("reader starts");
     let mut mergers: HashMap<u32, Merger> = HashMap::new();
     let mut out = empty();
     while let Some(c) = r.next_chunk() {
         out.chunks += 1;
-        let (h, result) = match c {
-            AheadChunk::Events(h, mut events) => {
-                let m = mergers.entry(h.stream).or_default();
-                let result = m.push_decoded(&h, &mut events);
-                r.recycle(events);
-                (h, result)
-            }
-            AheadChunk::Other(Chunk::Events(h, records)) => {
-                let m = mergers.entry(h.stream).or_default();
-                (h, m.push_chunk(&h, &records))
-            }
-            AheadChunk::Other(_) => continue,
+        let AheadChunk::Events(h, events) = c else {
+            continue;
         };
+        let m = mergers.entry(h.stream).or_default();
+        let result = r.push_events(m, &h, events);
         if let Err(e) = result {
             out.errors.push(e.to_string());
         }
@@ -141,8 +133,32 @@ fn reading_ahead_stops_at_damage_as_the_reader_does() {
 #[test]
 fn an_analysis_that_stops_early_lets_the_reader_go() {
     let r = TraceReader::from_reader(TRACE, TRACE.len() as u64).expect("header intact");
-    let mut r = ReadAhead::new(r, true).expect("reader starts");
+    let mut r = ReadAhead::new(r, true, EventsOf::All).expect("reader starts");
     assert!(r.next_chunk().is_some());
     // Dropping it with chunks still queued must not hang on the reading thread.
     drop(r);
+}
+
+#[test]
+fn reading_ahead_for_one_stream_leaves_the_others_out() {
+    // The fixture's one process image, then one that is not there.
+    let reference = merged_in_place(PACKED);
+    let stream = reference.items[0].0;
+    for ahead in [true, false] {
+        let events = |of: EventsOf| {
+            let r = TraceReader::from_reader(PACKED, PACKED.len() as u64).unwrap();
+            let mut r = ReadAhead::new(r, ahead, of).unwrap();
+            let mut n = 0;
+            while let Some(c) = r.next_chunk() {
+                n += usize::from(matches!(c, AheadChunk::Events(..)));
+                assert!(!matches!(c, AheadChunk::Other(Chunk::Events(..))));
+            }
+            n
+        };
+        let all = events(EventsOf::All);
+        assert!(all > 3);
+        assert_eq!(events(EventsOf::Stream(stream)), all);
+        assert_eq!(events(EventsOf::Stream(stream + 1)), 0);
+        assert_eq!(events(EventsOf::None), 0);
+    }
 }

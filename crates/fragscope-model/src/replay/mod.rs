@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::Instant;
 
+use fragscope_trace::ahead::{AheadChunk, EventsOf, ReadAhead};
 use fragscope_trace::merge::{AddrMap, Merged, Merger};
 use fragscope_trace::reader::{Chunk, TraceReader};
 use fragscope_trace::TraceError;
@@ -425,6 +426,21 @@ impl Ids {
     }
 }
 
+/// The models to replay against, built at the first events with the trace's page size.
+fn build_tracks(opts: &Options, page: u64, sample_ms: u64) -> Result<Vec<Track>, ReplayError> {
+    opts.models
+        .iter()
+        .map(|spec| {
+            Ok(Track {
+                spec: spec.clone(),
+                model: build(spec, page)?,
+                sampler: Sampler::new(sample_ms),
+                seconds: 0.0,
+            })
+        })
+        .collect()
+}
+
 /// Picks the stream to replay: the given pid's last image, or the most event data.
 fn choose_stream(path: &Path, pid: Option<u32>) -> Result<u32, ReplayError> {
     let mut reader = TraceReader::open(path)?;
@@ -538,7 +554,7 @@ pub fn replay_with_progress(
 ) -> Result<Replay, ReplayError> {
     let started = Instant::now();
     let stream = choose_stream(path, opts.pid)?;
-    let mut reader = TraceReader::open(path)?;
+    let mut reader = ReadAhead::open(path, EventsOf::Stream(stream))?;
     let sample_ms = opts.sample_ms.max(1);
     let mut tracks: Vec<Track> = Vec::new();
     let mut page = 4096u64;
@@ -572,6 +588,21 @@ pub fn replay_with_progress(
         if chunks.is_multiple_of(16) {
             progress(reader.offset(), reader.file_bytes());
         }
+        let chunk = match chunk {
+            AheadChunk::Events(h, events) => {
+                if !built {
+                    tracks = build_tracks(opts, page, sample_ms)?;
+                    built = true;
+                }
+                end_ms = end_ms.max((h.last_tick as f64 * feed.tick_ms) as u64);
+                if let Err(e) = reader.push_events(&mut feed.merger, &h, events) {
+                    damage.get_or_insert(format!("thread {}: {e}", h.tid));
+                }
+                feed.drain(&mut tracks);
+                continue;
+            }
+            AheadChunk::Other(chunk) => chunk,
+        };
         match chunk {
             Chunk::Meta(m) => {
                 page = u64::from(m.page_size).max(512);
@@ -580,28 +611,6 @@ pub fn replay_with_progress(
             Chunk::Process(p) if p.stream == stream => {
                 pid = p.pid;
                 argv = p.argv;
-            }
-            Chunk::Events(h, records) if h.stream == stream => {
-                if !built {
-                    tracks = opts
-                        .models
-                        .iter()
-                        .map(|spec| {
-                            Ok(Track {
-                                spec: spec.clone(),
-                                model: build(spec, page)?,
-                                sampler: Sampler::new(sample_ms),
-                                seconds: 0.0,
-                            })
-                        })
-                        .collect::<Result<_, ReplayError>>()?;
-                    built = true;
-                }
-                end_ms = end_ms.max((h.last_tick as f64 * feed.tick_ms) as u64);
-                if let Err(e) = feed.merger.push_chunk(&h, &records) {
-                    damage.get_or_insert(format!("thread {}: {e}", h.tid));
-                }
-                feed.drain(&mut tracks);
             }
             Chunk::Rss(b) if b.stream == stream => {
                 rss_samples.extend(b.samples.iter().map(|s| (s.tick, s.vm_rss_kib << 10)));
