@@ -1,33 +1,46 @@
 #!/usr/bin/env bash
 # `fragscope report` on a --stacks all trace with many distinct stacks (tests/c/many_stacks.c:
 # 8192 stacks reached in turn, two calls per iteration), beside heaptrack_print on
-# heaptrack's trace of the same run: wall time, calls per second and peak RSS.
+# heaptrack's trace of the same run: wall time, calls per second, CPU time (user +
+# system: `report` decodes on a second thread) and peak RSS, in interleaved rounds.
 #
-# usage: bench/report_stacks.sh [iterations=30000000] [--no-heaptrack]
+# usage: bench/report_stacks.sh [iterations=30000000] [--no-heaptrack] [rounds=1]
+#   BEFORE=path/to/an/older/fragscope adds its report of the same trace, side by side.
 # needs: a release build; heaptrack (scripts/install-deps.sh --bench) unless --no-heaptrack.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-30000000}
+heaptrack=yes
+[[ "${2:-}" == "--no-heaptrack" ]] && heaptrack=no
+rounds=${3:-1}
 out=bench/out/report_stacks
 mkdir -p "$out"
 cc -O1 -fno-omit-frame-pointer -o "$out/many_stacks" tests/c/many_stacks.c
 fs=$PWD/target/release/fragscope
+before=${BEFORE:+$(realpath "$BEFORE")}
 cd "$out"
 "$fs" record --stacks all -o all.fsc -- ./many_stacks "$n"
-"$fs" info all.fsc | grep -E 'size|events|stacks'
+"$fs" info all.fsc | grep -E 'size|events|stacks|buffers'
+if [[ $heaptrack == yes ]]; then
+  rm -f ht.*
+  heaptrack -o ht ./many_stacks "$n" >/dev/null || true
+fi
 calls=$((2 * n))
 measure() {
   local name=$1
   shift
-  /usr/bin/time -f '%e %M' -o time.txt "$@" >/dev/null
-  read -r secs kib <time.txt
-  python3 -c "s = $secs; print(f'| $name | {s:.2f} s | {$calls / s / 1e6:.1f} M/s | {$kib / 1024:.0f} MiB |')"
+  /usr/bin/time -f '%e %U %S %M' -o time.txt "$@" >/dev/null
+  read -r secs user sys kib <time.txt
+  python3 -c "s = $secs; print(f'| $name | {s:.2f} s | {$calls / s / 1e6:.1f} M/s | {$user + $sys:.2f} s | {$kib / 1024:.0f} MiB |')"
 }
-echo "| analysis | wall time | calls/s | peak RSS |"
-echo "|---|---|---|---|"
-measure "fragscope report" "$fs" report all.fsc
-if [[ "${2:-}" != "--no-heaptrack" ]]; then
-  rm -f ht.*
-  heaptrack -o ht ./many_stacks "$n" >/dev/null
-  measure "heaptrack_print" heaptrack_print ht.zst
-fi
+echo "| analysis | wall time | calls/s | CPU time | peak RSS |"
+echo "|---|---|---|---|---|"
+for ((r = 0; r < rounds; r++)); do
+  measure "fragscope report" "$fs" report all.fsc
+  if [[ -n "$before" ]]; then
+    measure "fragscope report, before" "$before" report all.fsc
+  fi
+  if [[ $heaptrack == yes ]]; then
+    measure "heaptrack_print" heaptrack_print ht.zst
+  fi
+done

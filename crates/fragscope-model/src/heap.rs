@@ -7,7 +7,7 @@
 
 use std::collections::HashSet;
 
-use fragscope_trace::merge::{AddrMap, FastMap, FastSet, LiveBlock, PageMap};
+use fragscope_trace::merge::{FastMap, FastSet, LiveTable, PageMap};
 use fragscope_trace::records::{Pagemap, ResidentRange};
 
 /// Occupancy buckets: one for resident heap pages without a live byte, then ten of 10%.
@@ -225,7 +225,7 @@ fn bucket_of(live: u64, page_size: u64) -> usize {
 /// Evaluates the heap at a snapshot. `sparse_pct`: pages under this live occupancy count
 /// as pinned by the objects in them.
 pub fn evaluate(
-    live: &AddrMap<LiveBlock>,
+    live: &LiveTable,
     pm: &Pagemap,
     history: &mut HeapHistory,
     weighting: SiteWeighting,
@@ -511,6 +511,7 @@ fn scale_to_exact_totals(sites: &mut [SiteAtSnapshot], exact: &SiteAtSnapshot) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fragscope_trace::merge::LiveBlock;
 
     fn block(size: u64, rounding: u32, stack: u32) -> LiveBlock {
         LiveBlock {
@@ -537,7 +538,7 @@ mod tests {
     }
 
     /// Every page of [`all_resident`] resident, no earlier snapshot, every site exact.
-    fn evaluate_every(live: &AddrMap<LiveBlock>) -> HeapSnapshot {
+    fn evaluate_every(live: &LiveTable) -> HeapSnapshot {
         evaluate(
             live,
             &all_resident(),
@@ -549,7 +550,7 @@ mod tests {
 
     #[test]
     fn every_resident_heap_page_is_in_one_occupancy_bucket() {
-        let mut live = AddrMap::default();
+        let mut live = LiveTable::default();
         // A zero-byte block (malloc(0): 24 usable bytes) is the only block of page 5: the
         // page is used, without a live byte.
         live.insert(0x15000, block(0, 24, 1));
@@ -566,7 +567,7 @@ mod tests {
 
     #[test]
     fn parts_add_up_to_the_heap_and_straddling_objects_split_by_page() {
-        let mut live = AddrMap::default();
+        let mut live = LiveTable::default();
         // 100 bytes straddling pages 0 and 1 (60 in page 0, 40 in page 1), usable 112.
         live.insert(0x10000 + 4096 - 60, block(100, 12, 1));
         // One full page's worth in page 3.
@@ -596,7 +597,7 @@ mod tests {
 
     #[test]
     fn mappings_that_never_held_an_object_are_not_heap() {
-        let live = AddrMap::default();
+        let live = LiveTable::default();
         let snap = evaluate_every(&live);
         assert_eq!(snap.parts.heap_resident, 0);
         assert_eq!(snap.parts.never_held_resident, 16 * 4096);
@@ -605,7 +606,7 @@ mod tests {
     #[test]
     fn freed_pages_are_charged_to_the_class_that_used_them() {
         let mut history = HeapHistory::default();
-        let mut live = AddrMap::default();
+        let mut live = LiveTable::default();
         for i in 0..64 {
             live.insert(0x10000 + i * 64, block(64, 0, 0));
         }
@@ -637,7 +638,7 @@ mod tests {
 
     #[test]
     fn large_blocks_count_their_interior_pages_without_storing_them() {
-        let mut live = AddrMap::default();
+        let mut live = LiveTable::default();
         live.insert(0x10000 + 100, block(12 * 4096, 0, 7));
         let snap = evaluate_every(&live);
         let p = &snap.parts;
@@ -651,7 +652,7 @@ mod tests {
 
     #[test]
     fn sampled_sites_are_scaled_to_exact_totals_and_certain_blocks_are_not() {
-        let mut live = AddrMap::default();
+        let mut live = LiveTable::default();
         // 64 small blocks, only two sampled (stacks 1 and 2), one 12-page block (stack 3).
         for i in 0..64 {
             let stack = match i {
