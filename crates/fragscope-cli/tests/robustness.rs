@@ -810,3 +810,42 @@ fn record_never_clobbers_what_is_not_a_trace() {
     assert!(out.status.success(), "{}", common::stderr(&out));
     assert_eq!(info(&link)["truncated"], false);
 }
+
+/// `report` decodes on a thread of its own; where no thread can be started (a user at
+/// the limit of their processes) it reads inline and says the same.
+#[test]
+fn a_report_that_cannot_start_a_thread_reads_in_its_own() {
+    let tools = ["setpriv", "prlimit"];
+    if unsafe { libc::getuid() } != 0
+        || tools
+            .iter()
+            .any(|t| Command::new(t).arg("--help").output().is_err())
+    {
+        eprintln!("skipped: it needs root, setpriv and prlimit");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = build(dir.path(), "reuse_threads", &["-pthread"]);
+    let trace = dir.path().join("t.fsc");
+    let out = record(Allocator::Glibc, &trace, &exe, &["3", "2000"]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    std::fs::set_permissions(&trace, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let report = |limited: bool| {
+        let mut cmd = if limited {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+                .args(["prlimit", "--nproc=1", env!("CARGO_BIN_EXE_fragscope")]);
+            c
+        } else {
+            Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        };
+        let out = cmd.arg("report").arg(&trace).output().unwrap();
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let inline = report(true);
+    assert!(inline.contains("fragscope report"), "{inline}");
+    assert_eq!(inline, report(false));
+}

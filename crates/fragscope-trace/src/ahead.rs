@@ -278,7 +278,7 @@ impl<R: Read + Send + 'static> ReadAhead<R> {
     ) -> Result<Self, TraceError> {
         let file_bytes = reader.file_bytes();
         let source = if ahead {
-            Self::spawn(reader, events_of)?
+            Self::spawn(reader, events_of)
         } else {
             Source::Inline(reader)
         };
@@ -291,12 +291,17 @@ impl<R: Read + Send + 'static> ReadAhead<R> {
         })
     }
 
-    fn spawn(mut reader: TraceReader<R>, events_of: EventsOf) -> Result<Source<R>, TraceError> {
+    /// Starts the reading thread; where no thread can be started (a limit on processes),
+    /// reads inline.
+    fn spawn(reader: TraceReader<R>, events_of: EventsOf) -> Source<R> {
+        // The reader goes to the thread once it runs, so a failed start still has it.
+        let (give, take) = mpsc::sync_channel::<TraceReader<R>>(1);
         let (send, chunks) = mpsc::sync_channel(QUEUE);
         let (spent, spent_rx) = mpsc::sync_channel::<DecodedEvents>(QUEUE + 2);
-        let thread = std::thread::Builder::new()
+        let started = std::thread::Builder::new()
             .name("fragscope-read".into())
             .spawn(move || {
+                let mut reader = take.recv().ok()?;
                 let mut streams: HashMap<u32, StreamDecoder> = HashMap::new();
                 while let Some(chunk) = reader.next_chunk() {
                     let item = match chunk {
@@ -314,13 +319,19 @@ impl<R: Read + Send + 'static> ReadAhead<R> {
                     }
                 }
                 reader.damage().cloned()
-            })
-            .map_err(TraceError::Io)?;
-        Ok(Source::Thread {
-            chunks: Some(chunks),
-            spent,
-            reader: Some(thread),
-        })
+            });
+        match started {
+            Ok(thread) => {
+                // The thread holds the other end until it has taken the reader.
+                let _ = give.send(reader);
+                Source::Thread {
+                    chunks: Some(chunks),
+                    spent,
+                    reader: Some(thread),
+                }
+            }
+            Err(_) => Source::Inline(reader),
+        }
     }
 
     pub fn file_bytes(&self) -> u64 {
