@@ -59,11 +59,6 @@ pub(crate) enum DecodedOther {
 }
 
 impl DecodedEvents {
-    /// Calls decoded.
-    pub fn calls(&self) -> usize {
-        self.calls.len()
-    }
-
     #[inline(always)]
     fn push_call(&mut self, c: Call, place: u64) {
         if place != 0 || !self.places.is_empty() {

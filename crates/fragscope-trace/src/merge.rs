@@ -298,14 +298,6 @@ impl Extend<(u64, LiveBlock)> for LiveTable {
     }
 }
 
-impl FromIterator<(u64, LiveBlock)> for LiveTable {
-    fn from_iter<I: IntoIterator<Item = (u64, LiveBlock)>>(blocks: I) -> Self {
-        let mut table = Self::default();
-        table.extend(blocks);
-        table
-    }
-}
-
 /// Something the merge hands on, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Merged {
@@ -402,11 +394,6 @@ impl LoneRun {
         self.next == self.calls.len() && self.others.is_empty()
     }
 
-    /// Items left to pop.
-    fn len(&self) -> usize {
-        self.calls.len() - self.next + self.others.len()
-    }
-
     /// Starts the run of a new chunk of thread `thread` (`popped` counted already).
     fn restart(&mut self, thread: usize) {
         self.thread = thread;
@@ -439,19 +426,19 @@ impl LoneRun {
         self.others.pop_front().map(|(_, m, _)| m)
     }
 
-    /// Takes the items left, in order, with their places.
-    fn drain(&mut self) -> Vec<(Merged, u64)> {
-        let mut items = Vec::with_capacity(self.len());
+    /// Hands the items left to `put`, in order, with their places.
+    fn drain_into(&mut self, mut put: impl FnMut((Merged, u64))) {
         while let Some(&(at, ..)) = self.others.front() {
             while self.next < at {
-                items.push(self.take_call());
+                put(self.take_call());
             }
-            items.extend(self.others.pop_front().map(|(_, m, place)| (m, place)));
+            if let Some((_, m, place)) = self.others.pop_front() {
+                put((m, place));
+            }
         }
         while self.next < self.calls.len() {
-            items.push(self.take_call());
+            put(self.take_call());
         }
-        items
     }
 
     fn take_call(&mut self) -> (Merged, u64) {
@@ -671,70 +658,45 @@ impl Merger {
             self.queue_lone_run();
         }
         self.stacks.append(&mut events.new_stacks);
-        let had_head = !self.threads[ti].queue.is_empty();
         // A join's position among the thread's items: every item before it was merged.
         let items_before = self.threads[ti].popped + self.threads[ti].queued();
-        let mut stats_seen = 0;
         let lone =
             self.threads.len() == 1 && self.threads[ti].queued() == 0 && !self.lone_run_disabled();
-        let mut next_call = 0;
-        if lone {
-            // The buffer's arrays become the run, and the run's old ones the buffer's.
-            self.lone.restart(ti);
-            std::mem::swap(&mut self.lone.calls, &mut events.calls);
-            std::mem::swap(&mut self.lone.places, &mut events.places);
-            next_call = self.lone.calls.len();
-        }
-        let mut others = std::mem::take(&mut events.others);
-        for (at, other) in others.drain(..) {
-            if !lone {
-                while next_call < at {
-                    self.enqueue_decoded_call(ti, events, next_call);
-                    next_call += 1;
-                }
-            }
-            let stats = match other {
+        // The buffer's arrays become a run, and the run's old ones the buffer's: popped
+        // as they are when the thread is alone, else queued.
+        self.lone.restart(ti);
+        std::mem::swap(&mut self.lone.calls, &mut events.calls);
+        std::mem::swap(&mut self.lone.places, &mut events.places);
+        let mut stats_seen = 0;
+        for (at, other) in events.others.drain(..) {
+            match other {
                 DecodedOther::Stats {
                     tick,
                     place,
                     source,
                     values,
-                } => (
-                    Merged::Stats {
+                } => {
+                    let stats = Merged::Stats {
                         tick,
                         source,
                         values,
-                    },
-                    place,
-                ),
+                    };
+                    self.lone.others.push_back((at, stats, place));
+                    stats_seen += 1;
+                }
                 DecodedOther::Lost(count) => {
                     self.stats.lost_events = self.stats.lost_events.saturating_add(count);
-                    continue;
                 }
                 DecodedOther::Joined(tid) => {
                     let at_item = items_before + (at + stats_seen) as u64;
                     self.threads[ti].joins.push_back((at_item, tid));
-                    continue;
                 }
-                DecodedOther::OwnMemory(bytes) => {
-                    self.own_memory = self.own_memory.max(bytes);
-                    continue;
-                }
-            };
-            stats_seen += 1;
-            if lone {
-                self.lone.others.push_back((at, stats.0, stats.1));
-            } else {
-                self.enqueue(ti, stats);
+                DecodedOther::OwnMemory(bytes) => self.own_memory = self.own_memory.max(bytes),
             }
         }
-        events.others = others;
-        while next_call < events.calls.len() {
-            self.enqueue_decoded_call(ti, events, next_call);
-            next_call += 1;
+        if !lone {
+            self.queue_lone_run();
         }
-        events.calls.clear();
-        events.places.clear();
         let sent = (events.end_tick, events.end_next_place.unwrap_or(0));
         let t = &mut self.threads[ti];
         t.known_through = t.known_through.max(sent).max((h.last_tick, 0));
@@ -745,17 +707,7 @@ impl Merger {
         t.idle = h.thread_idle;
         self.marks_idle |= h.process_marks_idle;
         self.max_seen = self.max_seen.max(t.known_through.0);
-        if !had_head {
-            if let Some(head) = head_of(t, ti) {
-                self.heads.push(Reverse(head));
-            }
-        }
         events.error.take().map_or(Ok(()), Err)
-    }
-
-    fn enqueue_decoded_call(&mut self, ti: usize, events: &DecodedEvents, i: usize) {
-        let place = events.places.get(i).copied().unwrap_or(0);
-        self.enqueue(ti, (Merged::Call(events.calls[i]), place));
     }
 
     #[cfg(test)]
@@ -772,11 +724,10 @@ impl Merger {
     /// budget, on disk), where the general merge takes it.
     fn queue_lone_run(&mut self) {
         let ti = self.lone.thread;
-        let items = self.lone.drain();
         let had_head = !self.threads[ti].queue.is_empty();
-        for item in items {
-            self.enqueue(ti, item);
-        }
+        let mut run = std::mem::take(&mut self.lone);
+        run.drain_into(|item| self.enqueue(ti, item));
+        self.lone = run;
         if !had_head {
             if let Some(head) = head_of(&self.threads[ti], ti) {
                 self.heads.push(Reverse(head));
