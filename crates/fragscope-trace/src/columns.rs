@@ -105,8 +105,62 @@ impl<'a> FieldReader<'a> {
         self.first(f).take(n)
     }
 
-    #[inline]
+    /// Every call's slot, size and address is a varint: the value comes back in a
+    /// register from [`FieldReader::try_varint`], and only a varint that cannot be read
+    /// takes the checked path (which reads it again, from its start, for the error).
+    #[inline(always)]
     pub fn varint(&mut self, f: Field) -> Result<u64, TraceError> {
+        match self.try_varint(f) {
+            Some(v) => Ok(v),
+            None => self.checked_varint(f),
+        }
+    }
+
+    /// A varint of field `f`, or `None` (and nothing read) where it runs out or overflows.
+    #[inline(always)]
+    fn try_varint(&mut self, f: Field) -> Option<u64> {
+        let (first, rest) = if self.row { (0, 0) } else { planes_of(f) };
+        let head = &self.planes[first];
+        let b = *head.data.get(head.pos)?;
+        if b < 0x80 {
+            self.planes[first].pos += 1;
+            return Some(u64::from(b));
+        }
+        // In a row the continuation bytes follow the first; in planes they have their own.
+        let tail = &self.planes[rest];
+        let mut at = if first == rest {
+            head.pos + 1
+        } else {
+            tail.pos
+        };
+        let mut v = u64::from(b & 0x7f);
+        let mut shift = 7;
+        loop {
+            let b = *tail.data.get(at)?;
+            at += 1;
+            if shift == 63 && b > 1 {
+                return None;
+            }
+            v |= u64::from(b & 0x7f) << shift;
+            if b < 0x80 {
+                break;
+            }
+            shift += 7;
+            if shift > 63 {
+                return None;
+            }
+        }
+        if first != rest {
+            self.planes[first].pos += 1;
+        }
+        self.planes[rest].pos = at;
+        Some(v)
+    }
+
+    /// [`FieldReader::varint`] byte by byte, with the error where it fails.
+    #[cold]
+    #[inline(never)]
+    fn checked_varint(&mut self, f: Field) -> Result<u64, TraceError> {
         if self.row {
             return self.planes[0].varint();
         }
@@ -137,7 +191,7 @@ impl<'a> FieldReader<'a> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn svarint(&mut self, f: Field) -> Result<i64, TraceError> {
         Ok(unzigzag(self.varint(f)?))
     }
@@ -254,6 +308,79 @@ mod tests {
             r.varint(Field::Size).is_err(),
             "the size planes are used up"
         );
+    }
+
+    /// Reads every varint of `r` in field `f` until one fails, returning each value or
+    /// error message with the positions of the field's planes after it.
+    fn varints(
+        mut r: FieldReader,
+        f: Field,
+        checked: bool,
+    ) -> Vec<(Result<u64, String>, usize, usize)> {
+        let (first, rest) = planes_of(f);
+        let mut out = Vec::new();
+        loop {
+            let v = if checked {
+                r.checked_varint(f)
+            } else {
+                r.varint(f)
+            };
+            let failed = v.is_err();
+            out.push((
+                v.map_err(|e| e.to_string()),
+                r.planes[first].pos,
+                r.planes[rest].pos,
+            ));
+            if failed {
+                return out;
+            }
+        }
+    }
+
+    /// The register path of `varint` reads what the byte-by-byte one reads, in a row and
+    /// in planes, and fails where it fails with the same error: over random bytes (cut
+    /// varints, 10-byte overflows, runs of continuation bytes).
+    #[test]
+    fn a_varint_reads_the_same_on_either_path() {
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for round in 0..2000 {
+            let len = (next() % 40) as usize;
+            // Mostly continuation bytes, so that long and overflowing varints come up.
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    let b = next() as u8;
+                    if next() % 4 == 0 {
+                        b & 0x7f
+                    } else {
+                        b | 0x80
+                    }
+                })
+                .chain((round % 3 == 0).then_some(1))
+                .collect();
+            let row = || FieldReader::row(&bytes);
+            assert_eq!(
+                varints(row(), Field::Size, false),
+                varints(row(), Field::Size, true)
+            );
+            let cut = (next() as usize) % (bytes.len() + 1);
+            let (firsts, rests) = bytes.split_at(cut);
+            let mut w = ColumnWriter::default();
+            w.raw(Field::Size, firsts);
+            w.planes[6].extend_from_slice(rests);
+            let mut packed = Vec::new();
+            w.finish(&mut packed, &mut Vec::new());
+            let planes = || FieldReader::columns(&packed).unwrap();
+            assert_eq!(
+                varints(planes(), Field::Size, false),
+                varints(planes(), Field::Size, true)
+            );
+        }
     }
 
     #[test]

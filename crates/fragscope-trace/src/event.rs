@@ -342,15 +342,20 @@ struct FreedTables {
 }
 
 impl FreedTables {
-    #[inline]
+    #[inline(always)]
     fn of(&mut self, tid: u32) -> &mut ThreadFreed {
         if tid != self.tid {
-            let mine = self.others.remove(&tid).unwrap_or_default();
-            let last = std::mem::replace(&mut self.current, mine);
-            self.others.insert(self.tid, last);
-            self.tid = tid;
+            self.switch_to(tid);
         }
         &mut self.current
+    }
+
+    #[cold]
+    fn switch_to(&mut self, tid: u32) {
+        let mine = self.others.remove(&tid).unwrap_or_default();
+        let last = std::mem::replace(&mut self.current, mine);
+        self.others.insert(self.tid, last);
+        self.tid = tid;
     }
 
     fn clear(&mut self) {
@@ -403,7 +408,7 @@ impl StreamTables {
 
     /// Ends the block in `slot`, whose slot becomes the next one taken; a block freed by
     /// `tid` (`by_free`) is remembered as the next one that thread may get back.
-    #[inline]
+    #[inline(always)]
     fn end_slot(&mut self, slot: u32, tid: u32, by_free: bool) -> Option<u64> {
         let entry = self.live.get_mut(slot as usize)?;
         let (addr, usable) = std::mem::take(entry);
@@ -415,7 +420,7 @@ impl StreamTables {
     }
 
     /// The block `addr` of `usable` bytes left `slot`.
-    #[inline]
+    #[inline(always)]
     fn slot_freed(&mut self, slot: u32, addr: u64, usable: u32, tid: u32, by_free: bool) {
         self.free_slots.push(slot);
         if by_free && usable != 0 {
@@ -663,7 +668,7 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
     }
 
     /// The next record, skipping tick records (whose time `tick()` then reflects).
-    #[inline]
+    #[inline(always)]
     pub fn next_record(&mut self) -> Result<Option<Record>, TraceError> {
         loop {
             if self.r.is_empty() {
@@ -705,55 +710,71 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
                         return Ok(Some(Record::Tick { delta }));
                     }
                 }
-                KIND_STACK => {
-                    let id = self.r.varint(Field::Other)? as u32;
-                    let depth = self.r.count(Field::Other)?;
-                    let mut frames = Vec::with_capacity(depth);
-                    let mut ip = 0u64;
-                    for _ in 0..depth {
-                        ip = ip.wrapping_add(self.r.svarint(Field::Other)? as u64);
-                        frames.push(ip);
-                    }
-                    return Ok(Some(Record::StackDef { id, frames }));
-                }
-                KIND_USABLE => {
-                    let size = self.r.varint(Field::Other)?;
-                    let usable = self.r.varint(Field::Other)?;
-                    self.tables.set_usable(size, usable);
-                    if self.report_all {
-                        return Ok(Some(Record::Usable { size, usable }));
+                _ => {
+                    if let Some(record) = self.rare_record(tag)? {
+                        return Ok(Some(record));
                     }
                 }
-                KIND_STATS => {
-                    let source = StatsSource::from_u8(self.r.u8(Field::Other)?);
-                    let n = self.r.u8(Field::Other)?;
-                    let mut values = Vec::with_capacity(n as usize);
-                    for _ in 0..n {
-                        let len = self.r.u8(Field::Other)? as usize;
-                        let name =
-                            String::from_utf8_lossy(self.r.take(Field::Other, len)?).into_owned();
-                        values.push((name, self.r.varint(Field::Other)?));
-                    }
-                    return Ok(Some(Record::Stats { source, values }));
-                }
-                KIND_LOST if tag & FLAG_JOINED != 0 => {
-                    return Ok(Some(Record::Joined {
-                        tid: self.r.varint(Field::Other)? as u32,
-                    }))
-                }
-                KIND_LOST => {
-                    return Ok(Some(Record::Lost {
-                        count: self.r.varint(Field::Other)?,
-                    }))
-                }
-                KIND_OWN_MEMORY => {
-                    return Ok(Some(Record::OwnMemory {
-                        bytes: self.r.varint(Field::Other)?,
-                    }))
-                }
-                _ => unreachable!("kind is 4 bits"),
             }
         }
+    }
+
+    /// A record of the kinds a buffer holds few of (stacks, usable sizes, statistics,
+    /// losses, joins, own memory), out of line: `next_record` stays small enough to be
+    /// inlined where calls are decoded. `None`: a record that is not returned.
+    #[inline(never)]
+    fn rare_record(&mut self, tag: u8) -> Result<Option<Record>, TraceError> {
+        let kind = tag & 0x0f;
+        match kind {
+            KIND_STACK => {
+                let id = self.r.varint(Field::Other)? as u32;
+                let depth = self.r.count(Field::Other)?;
+                let mut frames = Vec::with_capacity(depth);
+                let mut ip = 0u64;
+                for _ in 0..depth {
+                    ip = ip.wrapping_add(self.r.svarint(Field::Other)? as u64);
+                    frames.push(ip);
+                }
+                return Ok(Some(Record::StackDef { id, frames }));
+            }
+            KIND_USABLE => {
+                let size = self.r.varint(Field::Other)?;
+                let usable = self.r.varint(Field::Other)?;
+                self.tables.set_usable(size, usable);
+                if self.report_all {
+                    return Ok(Some(Record::Usable { size, usable }));
+                }
+            }
+            KIND_STATS => {
+                let source = StatsSource::from_u8(self.r.u8(Field::Other)?);
+                let n = self.r.u8(Field::Other)?;
+                let mut values = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    let len = self.r.u8(Field::Other)? as usize;
+                    let name =
+                        String::from_utf8_lossy(self.r.take(Field::Other, len)?).into_owned();
+                    values.push((name, self.r.varint(Field::Other)?));
+                }
+                return Ok(Some(Record::Stats { source, values }));
+            }
+            KIND_LOST if tag & FLAG_JOINED != 0 => {
+                return Ok(Some(Record::Joined {
+                    tid: self.r.varint(Field::Other)? as u32,
+                }))
+            }
+            KIND_LOST => {
+                return Ok(Some(Record::Lost {
+                    count: self.r.varint(Field::Other)?,
+                }))
+            }
+            KIND_OWN_MEMORY => {
+                return Ok(Some(Record::OwnMemory {
+                    bytes: self.r.varint(Field::Other)?,
+                }))
+            }
+            _ => unreachable!("kind is 4 bits"),
+        }
+        Ok(None)
     }
 
     // Inlined, like `packed_call`, so that the record stays in registers: returned
@@ -816,6 +837,7 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
     }
 
     /// The block a slot names, which ends (`by_free`: a free, else a realloc's old block).
+    #[inline(always)]
     fn slot_block(&mut self, by_free: bool) -> Result<u64, TraceError> {
         let slot = u32::try_from(self.r.varint(Field::Slot)?)
             .map_err(|_| Self::bad("slot out of range"))?;

@@ -1049,7 +1049,7 @@ impl Merger {
         self.last_tick = *tick;
     }
 
-    #[inline]
+    #[inline(always)]
     fn settle_call(&mut self, c: &mut Call) {
         self.settle_tick(&mut c.tick);
         self.ended = [None; 2];
