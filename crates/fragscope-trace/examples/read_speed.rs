@@ -39,7 +39,7 @@ fn main() {
                 .or_default()
                 .decode(h, bytes, &mut events);
             let decoded = Instant::now();
-            let m = mergers.entry(h.stream).or_insert_with(Merger::new);
+            let m = mergers.entry(h.stream).or_default();
             m.push_decoded(h, &mut events).expect("merges");
             while let Some(item) = m.pop() {
                 calls += matches!(item, Merged::Call(_)) as u64;
