@@ -8,7 +8,7 @@ use std::path::Path;
 
 use fragscope_trace::ahead::{AheadChunk, EventsOf, ReadAhead};
 use fragscope_trace::event::StatsSource;
-use fragscope_trace::merge::{FastMap, Merged, Merger};
+use fragscope_trace::merge::{Call, FastMap, Merged, Merger};
 use fragscope_trace::reader::Chunk;
 use fragscope_trace::records::{
     EndHow, Mapping, Meta, Pagemap, ProcessEnd, PymallocPools, Rollup, RssSample, SnapshotReason,
@@ -200,69 +200,77 @@ struct Ctx {
 impl Stream {
     /// Takes every call the merge can order now; evaluates snapshots as their moment passes.
     fn drain(&mut self, ctx: &Ctx) {
-        while let Some(m) = self.merger.pop() {
-            match m {
-                Merged::Call(c) => {
-                    while self.pending.front().is_some_and(|p| c.tick > p.tick) {
-                        self.evaluate_next(ctx);
-                    }
-                    self.calls += 1;
-                    let last_alloc = self.last_alloc.of(c.tid);
-                    let temporary =
-                        c.func == Func::Free && c.addr != 0 && *last_alloc == Some(c.addr);
-                    // As heaptrack counts them: frees of other blocks in between do not matter.
-                    if let Some(a) = c.allocates() {
-                        *last_alloc = Some(a);
-                    } else if temporary {
-                        *last_alloc = None;
-                    }
-                    for (_, b) in self.merger.ended_by_last_pop() {
-                        self.live_bytes -= b.size;
-                        self.usable_bytes -= b.usable();
-                        if temporary {
-                            self.temporaries.0 += 1;
-                            self.temporaries.1 += b.size;
-                            if b.stack != 0 {
-                                let w = ctx.weighting.weight(b.size);
-                                self.site_temporaries.add(b.stack, w, b.size);
-                            }
-                        }
-                    }
-                    if c.allocates().is_some() {
-                        self.allocations += 1;
-                        let usable = c.usable.max(c.size);
-                        self.live_bytes += c.size;
-                        self.usable_bytes += usable;
-                        if c.stack != 0 {
-                            let w = ctx.weighting.weight(c.size);
-                            self.site_allocs.add(c.stack, w, c.size);
-                        }
-                        if self.live_bytes > self.peak_live.0 {
-                            self.peak_live = (self.live_bytes, c.tick);
-                        }
-                    }
-                    let bucket = c.tick / 10;
-                    match self.live_timeline.last_mut() {
-                        Some(last) if last.0 == bucket => {
-                            last.1 = self.live_bytes;
-                            last.2 = self.usable_bytes;
-                        }
-                        _ => self
-                            .live_timeline
-                            .push((bucket, self.live_bytes, self.usable_bytes)),
-                    }
-                }
-                Merged::Stats {
+        loop {
+            if let Some(c) = self.merger.pop_lone_call() {
+                self.take_call(ctx, c);
+                continue;
+            }
+            match self.merger.pop() {
+                None => return,
+                Some(Merged::Call(c)) => self.take_call(ctx, c),
+                Some(Merged::Stats {
                     tick,
                     source,
                     values,
-                } => {
+                }) => {
                     if !values.is_empty() {
                         self.allocator = Some(source.name());
                         self.stats.push((tick, source, values, self.usable_bytes));
                     }
                 }
             }
+        }
+    }
+
+    /// Adds call `c`, the last the merge popped, to the figures.
+    #[inline(always)]
+    fn take_call(&mut self, ctx: &Ctx, c: Call) {
+        while self.pending.front().is_some_and(|p| c.tick > p.tick) {
+            self.evaluate_next(ctx);
+        }
+        self.calls += 1;
+        let last_alloc = self.last_alloc.of(c.tid);
+        let temporary = c.func == Func::Free && c.addr != 0 && *last_alloc == Some(c.addr);
+        // As heaptrack counts them: frees of other blocks in between do not matter.
+        if let Some(a) = c.allocates() {
+            *last_alloc = Some(a);
+        } else if temporary {
+            *last_alloc = None;
+        }
+        for (_, b) in self.merger.ended_by_last_pop() {
+            self.live_bytes -= b.size;
+            self.usable_bytes -= b.usable();
+            if temporary {
+                self.temporaries.0 += 1;
+                self.temporaries.1 += b.size;
+                if b.stack != 0 {
+                    let w = ctx.weighting.weight(b.size);
+                    self.site_temporaries.add(b.stack, w, b.size);
+                }
+            }
+        }
+        if c.allocates().is_some() {
+            self.allocations += 1;
+            let usable = c.usable.max(c.size);
+            self.live_bytes += c.size;
+            self.usable_bytes += usable;
+            if c.stack != 0 {
+                let w = ctx.weighting.weight(c.size);
+                self.site_allocs.add(c.stack, w, c.size);
+            }
+            if self.live_bytes > self.peak_live.0 {
+                self.peak_live = (self.live_bytes, c.tick);
+            }
+        }
+        let bucket = c.tick / 10;
+        match self.live_timeline.last_mut() {
+            Some(last) if last.0 == bucket => {
+                last.1 = self.live_bytes;
+                last.2 = self.usable_bytes;
+            }
+            _ => self
+                .live_timeline
+                .push((bucket, self.live_bytes, self.usable_bytes)),
         }
     }
 

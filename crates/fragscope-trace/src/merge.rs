@@ -232,7 +232,7 @@ impl LiveTable {
     }
 
     /// Makes `addr` live; returns the block it replaced.
-    #[inline]
+    #[inline(always)]
     pub fn insert(&mut self, addr: u64, block: LiveBlock) -> Option<LiveBlock> {
         match self
             .table
@@ -249,7 +249,7 @@ impl LiveTable {
     }
 
     /// Ends the block at `addr`, if it is live.
-    #[inline]
+    #[inline(always)]
     pub fn remove(&mut self, addr: &u64) -> Option<LiveBlock> {
         let addr = *addr;
         let entry = self
@@ -943,12 +943,24 @@ impl Merger {
     /// (or, after `finish`, when all is merged).
     #[inline]
     pub fn pop(&mut self) -> Option<Merged> {
-        // The lone run's calls go straight through: built into a `Merged` once, here
-        // (moved between enums field by field, a call stalled on the copies).
-        if let Some(mut c) = self.lone.pop_call() {
-            self.settle_call(&mut c);
+        if let Some(c) = self.pop_lone_call() {
             return Some(Merged::Call(c));
         }
+        self.pop_rest()
+    }
+
+    /// The next item when it is a call of a lone thread's run, which is most calls: what
+    /// [`Merger::pop`] returns then, without building a [`Merged`] (returned through
+    /// memory, 72 bytes a call were written and read back). `None`: ask `pop`.
+    #[inline(always)]
+    pub fn pop_lone_call(&mut self) -> Option<Call> {
+        let mut c = self.lone.pop_call()?;
+        self.settle_call(&mut c);
+        Some(c)
+    }
+
+    /// [`Merger::pop`] past the lone run's calls.
+    fn pop_rest(&mut self) -> Option<Merged> {
         if let Some(mut m) = self.lone.pop_other() {
             self.settle(&mut m);
             return Some(m);
