@@ -23,7 +23,13 @@ cd "$out"
 "$fs" info all.fsc | grep -E 'size|events|stacks|buffers'
 if [[ $heaptrack == yes ]]; then
   rm -f ht.*
-  heaptrack -o ht ./many_stacks "$n" >/dev/null || true
+  # heaptrack 1.4 aborts (std::bad_alloc) on this program: its trace then holds only the
+  # calls before the abort, and heaptrack_print's time says nothing about the whole run.
+  if ! heaptrack -o ht ./many_stacks "$n" >/dev/null 2>ht.err; then
+    echo "heaptrack's run failed ($(grep -m1 -o "bad_alloc\|[A-Za-z].*" ht.err || echo "exit $?")):" \
+      "heaptrack_print is left out" >&2
+    heaptrack=no
+  fi
 fi
 calls=$((2 * n))
 measure() {
