@@ -8,6 +8,8 @@
 #   BEFORE=path/to/an/older/fragscope adds its report of the same trace, side by side.
 # needs: heaptrack (scripts/install-deps.sh --bench), GNU time, a release build.
 set -euo pipefail
+# Resolved before the cd below, so that a path relative to the caller works.
+before=${BEFORE:+$(realpath "$BEFORE")}
 cd "$(dirname "$0")/.."
 src=${1:-../shared/cases/churn.c}
 n=${2:-50000000}
@@ -30,8 +32,8 @@ measure() { # name, command...: wall seconds, CPU seconds and peak RSS (KiB) of 
 {
   measure "fragscope-report" "$fs" report report.fsc
   measure "fragscope-report-json" "$fs" report --json report.fsc
-  if [[ -n "${BEFORE:-}" ]]; then
-    measure "fragscope-report-before" "$BEFORE" report report.fsc
+  if [[ -n "$before" ]]; then
+    measure "fragscope-report-before" "$before" report report.fsc
   fi
   measure "heaptrack_print" heaptrack_print "$ht"
 } > speed.txt

@@ -772,7 +772,7 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
                     bytes: self.r.varint(Field::Other)?,
                 }))
             }
-            _ => unreachable!("kind is 4 bits"),
+            _ => unreachable!("kinds 0 to 10 are next_record's, and a kind is 4 bits"),
         }
         Ok(None)
     }

@@ -351,7 +351,6 @@ struct ThreadQueue {
     /// The thread was idle with nothing buffered when its last chunk was sent: it sends
     /// again right after its next call, so the merge does not wait for it till then.
     idle: bool,
-    /// Thread-local stack id -> process stack index.
     /// Items popped so far (with the queue's length, the items queued so far).
     popped: u64,
     /// Threads this one joined, each with the number of its items queued before the

@@ -16,7 +16,7 @@ const PACKED: &[u8] = include_bytes!("fixtures/threads-packed.fsc");
 
 /// What a merge of every stream gave: its items in order, stats, the chunks seen, and
 /// where reading stopped.
-#[derive(Debug, PartialEq)]
+#[derive(Debug, PartialEq, Default)]
 struct Outcome {
     items: Vec<(u32, Merged)>,
     stats: Vec<(u32, String)>,
@@ -43,21 +43,11 @@ fn finish(mut mergers: HashMap<u32, Merger>, mut out: Outcome) -> Outcome {
     out
 }
 
-fn empty() -> Outcome {
-    Outcome {
-        items: Vec::new(),
-        stats: Vec::new(),
-        chunks: 0,
-        damage: None,
-        errors: Vec::new(),
-    }
-}
-
 /// The merge decoding each buffer itself, from the plain reader.
 fn merged_in_place(data: &'static [u8]) -> Outcome {
     let mut r = TraceReader::from_reader(data, data.len() as u64).expect("header intact");
     let mut mergers: HashMap<u32, Merger> = HashMap::new();
-    let mut out = empty();
+    let mut out = Outcome::default();
     while let Some(c) = r.next_chunk() {
         out.chunks += 1;
         if let Chunk::Events(h, records) = c {
@@ -77,7 +67,7 @@ fn merged_ahead(data: &'static [u8], ahead: bool) -> Outcome {
     let r = TraceReader::from_reader(data, data.len() as u64).expect("header intact");
     let mut r = ReadAhead::new(r, ahead, EventsOf::All).expect("reader starts");
     let mut mergers: HashMap<u32, Merger> = HashMap::new();
-    let mut out = empty();
+    let mut out = Outcome::default();
     while let Some(c) = r.next_chunk() {
         out.chunks += 1;
         let AheadChunk::Events(h, events) = c else {
