@@ -129,9 +129,18 @@ fn a_file_that_is_not_a_trace_is_refused_with_the_reason() {
 
 /// Returns the process's buffers and how many were packed.
 fn threads_freeing_each_others_blocks(alloc: Allocator, options: &[&str]) -> (u64, u64) {
+    threads_freeing_each_others_blocks_for(alloc, options, 20_000)
+}
+
+/// The same, each thread making `rounds` rounds.
+fn threads_freeing_each_others_blocks_for(
+    alloc: Allocator,
+    options: &[&str],
+    rounds: u64,
+) -> (u64, u64) {
     let dir = tempfile::tempdir().unwrap();
     let exe = build(dir.path(), "cross_free_threads", &[]);
-    let (threads, rounds) = (8u64, 20_000u64);
+    let threads = 8u64;
     let (j, calls) = record_and_read_with(
         alloc,
         options,
@@ -173,10 +182,12 @@ fn threads_freeing_each_others_blocks_are_counted_exactly_under_jemalloc() {
 
 /// By default a process is packed while fragscope keeps up: eight threads allocating
 /// flat out outrun the packing, so some buffers are packed and others stored as they
-/// came, in one stream that must read back exactly.
+/// came, in one stream that must read back exactly. (Long enough to fill half the
+/// recorder's queue of buffers, about 100 of them.)
 #[test]
 fn a_stream_packed_until_the_program_outran_it_reads_back_exactly() {
-    let (buffers, packed) = threads_freeing_each_others_blocks(Allocator::Glibc, &[]);
+    let (buffers, packed) =
+        threads_freeing_each_others_blocks_for(Allocator::Glibc, &[], 200_000);
     assert!(
         packed > 0 && packed < buffers,
         "{packed} of {buffers} buffers packed"
@@ -211,7 +222,9 @@ fn a_program_allocating_at_a_modest_pace_is_packed_by_default() {
 fn packing_resumes_after_a_burst_and_the_stream_reads_back_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let exe = build(dir.path(), "paced", &[]);
-    let (rounds, pairs) = (6u64, 200_000u64);
+    // Each burst is about 70 buffers: packing stops once half of the recorder's queue
+    // waits, however fast the packer is against the program.
+    let (rounds, pairs) = (4u64, 1_000_000u64);
     let (j, calls) = record_and_read_with(
         Allocator::Glibc,
         &[],

@@ -78,8 +78,11 @@ pub enum PackMode {
 
 /// Auto packing stops for a process once this many bytes wait on its connection after
 /// each of `BEHIND_STREAK` packed buffers in a row: its buffers arrive faster than they
-/// are packed. (An interposer buffer holds at most 128 KiB.)
-const BEHIND_BYTES: usize = 128 << 10;
+/// are packed, and the queue is half full (an interposer buffer holds at most 128 KiB).
+/// A burst of a few buffers is packed: stopping at the first buffer that waited made
+/// how much of a bursty program got packed depend on the scheduler (a program at the
+/// packer's speed stored 3.8 or 15 MiB from one run to the next).
+const BEHIND_BYTES: usize = (QUEUED_MESSAGES / 2) * (128 << 10);
 const BEHIND_STREAK: u32 = 2;
 /// Packing resumes after this many buffers in a row were stored raw with nothing waiting
 /// behind them, doubled each time it resumes (up to the most), so a program that

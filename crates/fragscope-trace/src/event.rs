@@ -38,7 +38,7 @@
 //! only the writer needs to find a slot by address.
 
 use crate::columns::{ColumnWriter, Field, FieldReader};
-use crate::merge::FastMap;
+use crate::merge::{addr_hash, FastMap};
 use crate::records::EventsHeader;
 use crate::TraceError;
 
@@ -476,99 +476,55 @@ impl StreamTables {
     }
 }
 
-/// Address to slot, for the writer of the packed form: open addressing with linear
-/// probing and deletion by backward shift (no tombstones, so a table that sees billions
-/// of inserts and removes keeps its probes short); one 16-byte entry per probe. Every
-/// call makes one lookup and one insert or remove here, so this is the packer's cost.
+/// Address to slot, for the writer of the packed form. Every call makes one lookup and
+/// one insert or remove here. A hashbrown table keyed by the address's locality hash
+/// (as the merge's live table): a hand-written open-addressing table with backward-shift
+/// deletion cost 108 instructions a remove and 71 an insert.
 #[derive(Default)]
 struct AddrSlots {
-    /// (address, slot, usable size); address 0 is an empty entry (no block lives at 0).
-    entries: Vec<(u64, u32, u32)>,
-    len: usize,
+    /// (address, slot, usable size).
+    entries: hashbrown::HashTable<(u64, u32, u32)>,
 }
 
 impl AddrSlots {
-    #[inline]
-    fn home(&self, addr: u64) -> usize {
-        // Fibonacci hashing of the 16-byte granule spreads neighbouring blocks apart.
-        let bits = self.entries.len().trailing_zeros();
-        ((addr >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as usize
-    }
-
-    /// The entry holding `addr`, or the empty one where it would go.
-    #[inline]
-    fn find(&self, addr: u64) -> (usize, bool) {
-        let mask = self.entries.len() - 1;
-        let mut i = self.home(addr);
-        loop {
-            match self.entries[i].0 {
-                a if a == addr => return (i, true),
-                0 => return (i, false),
-                _ => i = (i + 1) & mask,
-            }
-        }
+    #[cfg(test)]
+    fn get(&self, addr: u64) -> Option<u32> {
+        self.entries
+            .find(addr_hash(addr), |e| e.0 == addr)
+            .map(|e| e.1)
     }
 
     #[cfg(test)]
-    fn get(&self, addr: u64) -> Option<u32> {
-        if self.len == 0 || addr == 0 {
-            return None;
-        }
-        let (i, found) = self.find(addr);
-        found.then(|| self.entries[i].1)
+    fn len(&self) -> usize {
+        self.entries.len()
     }
 
+    #[inline(always)]
     fn insert(&mut self, addr: u64, slot: u32, usable: u32) {
         if addr == 0 {
             return;
         }
-        if (self.len + 1) * 2 > self.entries.len() {
-            self.grow();
+        match self
+            .entries
+            .entry(addr_hash(addr), |e| e.0 == addr, |e| addr_hash(e.0))
+        {
+            hashbrown::hash_table::Entry::Occupied(mut o) => *o.get_mut() = (addr, slot, usable),
+            hashbrown::hash_table::Entry::Vacant(v) => {
+                v.insert((addr, slot, usable));
+            }
         }
-        let (i, found) = self.find(addr);
-        self.len += usize::from(!found);
-        self.entries[i] = (addr, slot, usable);
     }
 
     /// Removes `addr`, returning its slot and usable size.
+    #[inline(always)]
     fn remove(&mut self, addr: u64) -> Option<(u32, u32)> {
-        if self.len == 0 || addr == 0 {
-            return None;
-        }
-        let (mut hole, found) = self.find(addr);
-        if !found {
-            return None;
-        }
-        let (_, slot, usable) = self.entries[hole];
-        self.len -= 1;
-        let mask = self.entries.len() - 1;
-        let mut j = (hole + 1) & mask;
-        loop {
-            let a = self.entries[j].0;
-            if a == 0 {
-                break;
-            }
-            // The entry at j may fill the hole if the hole lies between its home and j.
-            let home = self.home(a);
-            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
-                self.entries[hole] = self.entries[j];
-                hole = j;
-            }
-            j = (j + 1) & mask;
-        }
-        self.entries[hole] = (0, 0, 0);
+        let entry = self
+            .entries
+            .find_entry(addr_hash(addr), |e| e.0 == addr)
+            .ok()?;
+        let (_, slot, usable) = *entry.get();
+        entry.remove();
         Some((slot, usable))
-    }
-
-    fn grow(&mut self) {
-        let capacity = (self.entries.len() * 2).max(1024);
-        let old = std::mem::replace(&mut self.entries, vec![(0, 0, 0); capacity]);
-        self.len = 0;
-        for (addr, slot, usable) in old {
-            if addr != 0 {
-                self.insert(addr, slot, usable);
-            }
-        }
     }
 }
 
@@ -663,6 +619,7 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
         self.ordered.then(|| self.order.saturating_mul(2))
     }
 
+    #[inline(always)]
     fn addr(&mut self, unaligned: bool) -> Result<u64, TraceError> {
         read_delta(&mut self.r, &mut self.prev_addr, unaligned)
     }
@@ -928,7 +885,7 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
 
 /// An address given as a delta from `base` (in 16-byte units unless `unaligned`); it
 /// becomes the base.
-#[inline]
+#[inline(always)]
 fn read_delta(r: &mut FieldReader, base: &mut u64, unaligned: bool) -> Result<u64, TraceError> {
     let d = r.svarint(Field::Addr)?;
     let d = if unaligned { d } else { d.wrapping_mul(16) };
@@ -972,6 +929,9 @@ impl<'t> PackedWriter<'t> {
         write_delta(&mut self.prev_addr, addr)
     }
 
+    /// Rewrites one record. Calls are written inline (the packer's loop keeps the record
+    /// in registers); the other kinds out of line.
+    #[inline(always)]
     pub fn record(&mut self, rec: &Record) {
         match *rec {
             Record::Free { addr } => {
@@ -998,6 +958,14 @@ impl<'t> PackedWriter<'t> {
                 usable,
                 stack,
             } => self.alloc(func, addr, old_addr, size, align, usable, stack),
+            _ => self.rare_record(rec),
+        }
+    }
+
+    #[inline(never)]
+    fn rare_record(&mut self, rec: &Record) {
+        match *rec {
+            Record::Free { .. } | Record::Alloc { .. } => unreachable!("calls are record's"),
             Record::StackDef { id, ref frames } => {
                 self.w
                     .u8(Field::Tag, KIND_STACK)
@@ -1054,6 +1022,7 @@ impl<'t> PackedWriter<'t> {
     }
 
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     fn alloc(
         &mut self,
         func: Func,
@@ -1238,7 +1207,7 @@ mod tests {
                 2 => assert_eq!(index.remove(addr), want.remove(&addr), "step {step}"),
                 _ => assert_eq!(index.get(addr), want.get(&addr).map(|e| e.0), "step {step}"),
             }
-            assert_eq!(index.len, want.len());
+            assert_eq!(index.len(), want.len());
         }
         for (addr, (slot, _)) in want {
             assert_eq!(index.get(addr), Some(slot));

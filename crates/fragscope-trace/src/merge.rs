@@ -202,12 +202,19 @@ pub struct LiveTable {
     table: hashbrown::HashTable<(u64, LiveBlock)>,
 }
 
+/// The hash of a heap address in hashbrown's tables kept by address (see
+/// [`LocalityHasher`]).
+#[inline(always)]
+pub(crate) fn addr_hash(addr: u64) -> u64 {
+    let mut h = LocalityHasher::<4>::default();
+    h.write_u64(addr);
+    h.finish()
+}
+
 impl LiveTable {
-    #[inline]
+    #[inline(always)]
     fn hash(addr: u64) -> u64 {
-        let mut h = LocalityHasher::<4>::default();
-        h.write_u64(addr);
-        h.finish()
+        addr_hash(addr)
     }
 
     pub fn len(&self) -> usize {
