@@ -186,8 +186,7 @@ fn threads_freeing_each_others_blocks_are_counted_exactly_under_jemalloc() {
 /// recorder's queue of buffers, about 100 of them.)
 #[test]
 fn a_stream_packed_until_the_program_outran_it_reads_back_exactly() {
-    let (buffers, packed) =
-        threads_freeing_each_others_blocks_for(Allocator::Glibc, &[], 200_000);
+    let (buffers, packed) = threads_freeing_each_others_blocks_for(Allocator::Glibc, &[], 200_000);
     assert!(
         packed > 0 && packed < buffers,
         "{packed} of {buffers} buffers packed"

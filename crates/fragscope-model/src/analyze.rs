@@ -8,7 +8,7 @@ use std::path::Path;
 
 use fragscope_trace::ahead::{AheadChunk, EventsOf, ReadAhead};
 use fragscope_trace::event::StatsSource;
-use fragscope_trace::merge::{Call, FastMap, Merged, Merger};
+use fragscope_trace::merge::{Call, FastMap, LiveTable, Merged, Merger};
 use fragscope_trace::reader::Chunk;
 use fragscope_trace::records::{
     EndHow, Mapping, Meta, Pagemap, ProcessEnd, PymallocPools, Rollup, RssSample, SnapshotReason,
@@ -226,7 +226,7 @@ impl Stream {
     #[inline(always)]
     fn take_call(&mut self, ctx: &Ctx, c: Call) {
         while self.pending.front().is_some_and(|p| c.tick > p.tick) {
-            self.evaluate_next(ctx);
+            self.evaluate_next(ctx, Some(&c));
         }
         self.calls += 1;
         let last_alloc = self.last_alloc.of(c.tid);
@@ -306,7 +306,9 @@ impl Stream {
         Some(sbcl::split(&heap, pm))
     }
 
-    fn evaluate_next(&mut self, ctx: &Ctx) {
+    /// Evaluates the next pending snapshot; `past` is the call popped just after its
+    /// moment (whose effect the snapshot must not see), `None` once every call is in.
+    fn evaluate_next(&mut self, ctx: &Ctx, past: Option<&Call>) {
         let Some(pm) = self.pending.pop_front() else {
             return;
         };
@@ -333,13 +335,13 @@ impl Stream {
             self.live_timeline.push((pm.tick / 10, live, live));
             return;
         }
-        let mut snap = heap::evaluate(
-            self.merger.live_blocks(),
-            &pm,
-            &mut self.history,
-            ctx.weighting,
-            ctx.sparse_pct,
-        );
+        let history = &mut self.history;
+        let mut evaluate =
+            |live: &LiveTable| heap::evaluate(live, &pm, history, ctx.weighting, ctx.sparse_pct);
+        let mut snap = match past {
+            Some(c) => self.merger.with_live_before_last_pop(c, evaluate),
+            None => evaluate(self.merger.live_blocks()),
+        };
         let pymalloc = self.pymalloc_at(&pm, &mut snap.parts);
         let sbcl = self.sbcl_at(&pm);
         // Keep the sites that can make a top list.
@@ -552,7 +554,7 @@ pub fn analyze(
         s.merger.finish();
         s.drain(&ctx);
         while !s.pending.is_empty() {
-            s.evaluate_next(&ctx);
+            s.evaluate_next(&ctx, None);
         }
         s.rss.sort_by_key(|r| r.tick);
         s.rollups.sort_by_key(|r| r.0);

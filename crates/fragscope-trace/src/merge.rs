@@ -605,6 +605,30 @@ impl Merger {
         self.ended.iter().flatten()
     }
 
+    /// Runs `f` on the live blocks as they were before `last`, the call popped last, then
+    /// puts that call's effect back. A moment that falls between two calls (a snapshot)
+    /// is known only once the later call is popped, which has applied it already.
+    pub fn with_live_before_last_pop<R>(
+        &mut self,
+        last: &Call,
+        f: impl FnOnce(&LiveTable) -> R,
+    ) -> R {
+        let added = last
+            .allocates()
+            .and_then(|a| self.live.remove(&a).map(|b| (a, b)));
+        for &(a, b) in self.ended.iter().flatten() {
+            self.live.insert(a, b);
+        }
+        let result = f(&self.live);
+        for (a, _) in self.ended.iter().flatten() {
+            self.live.remove(a);
+        }
+        if let Some((a, b)) = added {
+            self.live.insert(a, b);
+        }
+        result
+    }
+
     pub fn stats(&self) -> MergeStats {
         self.stats
     }
@@ -1808,6 +1832,48 @@ mod tests {
         let (calls, stats) = merge_all(handed);
         assert_never_live_twice(&calls);
         assert_eq!(stats, MergeStats::default());
+    }
+
+    /// The live blocks seen "before the last pop" are those live before it, whatever the
+    /// call did: a malloc, a free, a free of an unknown block, an address allocated
+    /// twice (forced), across threads; and the call's effect is back afterwards.
+    #[test]
+    fn the_live_blocks_before_the_last_call_are_those_before_it() {
+        let blocks = |m: &Merger| -> Vec<(u64, LiveBlock)> {
+            let mut v: Vec<_> = m.live_blocks().iter().map(|(a, b)| (*a, *b)).collect();
+            v.sort_by_key(|e| e.0);
+            v
+        };
+        for arrivals in [
+            vec![
+                chunk(1, 1, &[(false, 0x1000), (true, 0x5000), (false, 0x2000)]),
+                chunk(1, 2, &[(true, 0x1000), (false, 0x1000), (false, 0x1000)]),
+                chunk(1, 3, &[(true, 0x2000), (true, 0x1000)]),
+            ],
+            blocks_handed_between_threads(),
+        ] {
+            let mut m = Merger::new();
+            for (h, b) in &arrivals {
+                m.push_chunk(h, b).unwrap();
+            }
+            m.finish();
+            let mut seen = 0;
+            loop {
+                let before = blocks(&m);
+                let Some(item) = m.pop() else { break };
+                let Merged::Call(c) = item else { continue };
+                let after = blocks(&m);
+                let view = m.with_live_before_last_pop(&c, |live| {
+                    let mut v: Vec<_> = live.iter().map(|(a, b)| (*a, *b)).collect();
+                    v.sort_by_key(|e| e.0);
+                    v
+                });
+                assert_eq!(view, before, "call {seen}: {c:?}");
+                assert_eq!(blocks(&m), after, "call {seen} put back: {c:?}");
+                seen += 1;
+            }
+            assert!(seen >= 8, "{seen} calls");
+        }
     }
 
     #[test]
