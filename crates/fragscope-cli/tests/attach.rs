@@ -236,9 +236,12 @@ fn a_running_program_on_jemalloc_is_recorded_in_order_without_its_earlier_heap()
     assert_eq!(c.live_twice, 0, "{c:#?}");
     assert_eq!(c.merge.forced_allocs + c.merge.late, 0, "{c:#?}");
     // jemalloc's blocks are not read: the frees of the table's blocks from before the
-    // attach are the unknown ones, counted apart.
+    // attach are the unknown ones, counted apart; so are, as under glibc above, the frees
+    // of a block per thread whose malloc finished unrecorded at the attach, and of blocks
+    // whose allocations were in flight when the calls were put back at the detach (4101
+    // seen once).
     assert!(
-        c.unknown_frees >= 1000 && c.unknown_frees <= 4096 + 4,
+        c.unknown_frees >= 1000 && c.unknown_frees <= 4096 + 4 + 64,
         "{c:#?}"
     );
     assert!(r["merge"]["starting_blocks"].is_null());

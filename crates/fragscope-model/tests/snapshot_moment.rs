@@ -20,16 +20,11 @@ fn mallocs(seq: u32, tick: u64, addrs: &[u64]) -> Vec<u8> {
         w.varint(PAGE);
     }
     EventsHeader {
-        stream: 0,
         tid: 1,
         seq,
         first_tick: tick,
         last_tick: tick,
-        thread_exited: false,
-        thread_idle: false,
-        process_marks_idle: false,
-        packed: false,
-        tables_reset: false,
+        ..Default::default()
     }
     .encode_with(&w.bytes)
 }

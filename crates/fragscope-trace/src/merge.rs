@@ -1209,16 +1209,10 @@ mod tests {
         }
         (
             EventsHeader {
-                stream: 0,
                 tid,
-                seq: 0,
                 first_tick: tick,
                 last_tick: tick,
-                thread_exited: false,
-                thread_idle: false,
-                process_marks_idle: false,
-                packed: false,
-                tables_reset: false,
+                ..Default::default()
             },
             w.bytes,
         )

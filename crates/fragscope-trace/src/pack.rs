@@ -272,16 +272,11 @@ mod tests {
         let mut stored = Vec::new();
         for (i, (tid, tick, records)) in raw.iter().enumerate() {
             let mut h = EventsHeader {
-                stream: 0,
                 tid: *tid,
                 seq: i as u32,
                 first_tick: *tick,
                 last_tick: *tick,
-                thread_exited: false,
-                thread_idle: false,
-                process_marks_idle: false,
-                packed: false,
-                tables_reset: false,
+                ..Default::default()
             };
             if (10..25).contains(&i) {
                 packer.learn_usable(*tid, *tick, records);
@@ -349,16 +344,8 @@ mod tests {
         let mut out = PackedBuffer::default();
         packer.pack(1, 0, &w.bytes, &mut out).unwrap();
         let h = EventsHeader {
-            stream: 0,
             tid: 1,
-            seq: 0,
-            first_tick: 0,
-            last_tick: 0,
-            thread_exited: false,
-            thread_idle: false,
-            process_marks_idle: false,
-            packed: false,
-            tables_reset: false,
+            ..Default::default()
         };
         let mut tables = StreamTables::default();
         let mut got = Vec::new();

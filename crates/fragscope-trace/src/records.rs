@@ -168,7 +168,7 @@ impl Process {
 }
 
 /// Chunk 3's header: one thread's buffer of event records, in program order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct EventsHeader {
     pub stream: u32,
     pub tid: u32,
