@@ -175,7 +175,8 @@ impl CensusBody for SbclHeap {
         let small = |v: u64, what: &str| {
             u32::try_from(v).map_err(|_| TraceError::Malformed(format!("SBCL census {what} {v}")))
         };
-        let n = r.count(9)?;
+        // A generation's figures take 8 bytes at the least (a byte and 7 varints).
+        let n = r.count(8)?;
         let mut generations = Vec::with_capacity(n);
         for _ in 0..n {
             generations.push(SbclGenerationFigures {
@@ -336,5 +337,49 @@ mod tests {
                 assert!(SbclCensus::decode(&bytes[..cut]).is_err(), "cut at {cut}");
             }
         }
+    }
+
+    /// The census of a Lisp that has just started (SBCL 2.2.9 reports 8 generations, all
+    /// empty, and no page in use) reads back: a generation's figures are then 8 bytes,
+    /// which the reader once took for too few (the census, and the rest of the trace
+    /// after it, were lost when the recorder's first snapshot came that early).
+    #[test]
+    fn the_census_of_an_empty_dynamic_space_round_trips() {
+        let empty = SbclGenerationFigures {
+            gen: 0,
+            pages: 0,
+            bytes_used: 0,
+            large_pages: 0,
+            large_bytes: 0,
+            collections: 0,
+            collections_before_promotion: 1,
+            bytes_consed_between_gc: 0,
+        };
+        let heap = SbclHeap {
+            version: "2.2.9.debian".into(),
+            dynamic_space_start: 0x1000_0000_0000,
+            dynamic_space_size: 8 << 30,
+            page_bytes: 32 << 10,
+            next_free_page: 0,
+            collections: 0,
+            pause_us: 0,
+            page_types: Vec::new(),
+            generations: (0..8)
+                .map(|gen| SbclGenerationFigures { gen, ..empty })
+                .collect(),
+            pages: Vec::new(),
+            objects: None,
+            objects_by_generation: Vec::new(),
+            live_by_generation: None,
+            mark_us: 0,
+            threads_in_lisp: 0,
+        };
+        let c = SbclCensus {
+            stream: 0,
+            tick: 3,
+            reason: SnapshotReason::Periodic,
+            result: Ok(heap),
+        };
+        assert_eq!(SbclCensus::decode(&c.encode()).unwrap(), c);
     }
 }
