@@ -225,8 +225,8 @@ impl Stream {
     /// Adds call `c`, the last the merge popped, to the figures.
     #[inline(always)]
     fn take_call(&mut self, ctx: &Ctx, c: Call) {
-        while self.pending.front().is_some_and(|p| c.tick > p.tick) {
-            self.evaluate_next(ctx, Some(&c));
+        if self.pending.front().is_some_and(|p| c.tick > p.tick) {
+            self.evaluate_passed(ctx, c);
         }
         self.calls += 1;
         let last_alloc = self.last_alloc.of(c.tid);
@@ -304,6 +304,16 @@ impl Stream {
     fn sbcl_at(&mut self, pm: &Pagemap) -> Option<SbclParts> {
         let heap = census_at(&mut self.sbcl_pending, pm.tick)?;
         Some(sbcl::split(&heap, pm))
+    }
+
+    /// Evaluates the snapshots whose moment call `c` passed. Out of line, and `c` by
+    /// value: a reference to it kept every call in memory (23 instructions a call).
+    #[cold]
+    #[inline(never)]
+    fn evaluate_passed(&mut self, ctx: &Ctx, c: Call) {
+        while self.pending.front().is_some_and(|p| c.tick > p.tick) {
+            self.evaluate_next(ctx, Some(&c));
+        }
     }
 
     /// Evaluates the next pending snapshot; `past` is the call popped just after its
