@@ -183,7 +183,7 @@ fn threads_freeing_each_others_blocks_are_counted_exactly_under_jemalloc() {
 /// By default a process is packed while fragscope keeps up: eight threads allocating
 /// flat out outrun the packing, so some buffers are packed and others stored as they
 /// came, in one stream that must read back exactly. (Long enough to fill half the
-/// recorder's queue of buffers, about 100 of them.)
+/// recorder's queue many times over: about 140 buffers.)
 #[test]
 fn a_stream_packed_until_the_program_outran_it_reads_back_exactly() {
     let (buffers, packed) = threads_freeing_each_others_blocks_for(Allocator::Glibc, &[], 200_000);
@@ -221,7 +221,7 @@ fn a_program_allocating_at_a_modest_pace_is_packed_by_default() {
 fn packing_resumes_after_a_burst_and_the_stream_reads_back_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let exe = build(dir.path(), "paced", &[]);
-    // Each burst is about 70 buffers: packing stops once half of the recorder's queue
+    // Each burst is about 60 buffers: packing stops once half of the recorder's queue
     // waits, however fast the packer is against the program.
     let (rounds, pairs) = (4u64, 1_000_000u64);
     let (j, calls) = record_and_read_with(

@@ -343,12 +343,7 @@ mod tests {
     #[test]
     fn a_varint_reads_the_same_on_either_path() {
         let mut seed = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = move || crate::xorshift(&mut seed);
         for round in 0..2000 {
             let len = (next() % 40) as usize;
             // Mostly continuation bytes, so that long and overflowing varints come up.

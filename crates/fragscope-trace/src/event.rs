@@ -929,8 +929,8 @@ impl<'t> PackedWriter<'t> {
         write_delta(&mut self.prev_addr, addr)
     }
 
-    /// Rewrites one record. Calls are written inline (the packer's loop keeps the record
-    /// in registers); the other kinds out of line.
+    /// Rewrites one record. Calls are written inline, into the packer's loop; the other
+    /// kinds out of line.
     #[inline(always)]
     pub fn record(&mut self, rec: &Record) {
         match *rec {
@@ -1190,14 +1190,12 @@ mod tests {
 
     #[test]
     fn the_address_index_agrees_with_a_hash_map() {
-        // Few distinct addresses, so probes run long, collide and wrap around the table.
+        // Few distinct addresses, so the same ones are inserted and removed many times.
         let mut index = AddrSlots::default();
         let mut want = std::collections::HashMap::new();
         let mut x = 0x2545_F491_4F6C_DD1Du64;
         for step in 0..200_000u32 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            crate::xorshift(&mut x);
             let addr = 0x7f00_0000_0000 + (x % 5000) * 16;
             match x >> 62 {
                 0 | 1 => {
@@ -1230,14 +1228,7 @@ mod tests {
         let mut packed_records = 0;
         for seed in 0u64..2000 {
             let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
-            let bytes: Vec<u8> = (0..64)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect();
+            let bytes: Vec<u8> = (0..64).map(|_| crate::xorshift(&mut x) as u8).collect();
             let mut d = ChunkDecoder::with_form(&bytes, 0, 1, false, &mut tables);
             while let Ok(Some(_)) = d.next_record() {}
             // Packed: the same bytes cut into planes by a valid directory (a random one

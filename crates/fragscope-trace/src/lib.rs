@@ -22,6 +22,16 @@ mod spill;
 pub mod summary;
 pub mod wire;
 
+/// The tests' pseudo-random numbers (xorshift64): the next value of `x`, which must not
+/// be 0.
+#[cfg(test)]
+pub(crate) fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
 pub use chunk::{ChunkKind, ChunkReader, ChunkWriter, Damage};
 pub use event::{ChunkDecoder, Func, Record, StatsSource, StreamTables};
 pub use pack::{PackedBuffer, Packer};

@@ -212,11 +212,6 @@ pub(crate) fn addr_hash(addr: u64) -> u64 {
 }
 
 impl LiveTable {
-    #[inline(always)]
-    fn hash(addr: u64) -> u64 {
-        addr_hash(addr)
-    }
-
     pub fn len(&self) -> usize {
         self.table.len()
     }
@@ -234,7 +229,7 @@ impl LiveTable {
     pub fn get(&self, addr: &u64) -> Option<&LiveBlock> {
         let addr = *addr;
         self.table
-            .find(Self::hash(addr), |e| e.0 == addr)
+            .find(addr_hash(addr), |e| e.0 == addr)
             .map(|e| &e.1)
     }
 
@@ -243,7 +238,7 @@ impl LiveTable {
     pub fn insert(&mut self, addr: u64, block: LiveBlock) -> Option<LiveBlock> {
         match self
             .table
-            .entry(Self::hash(addr), |e| e.0 == addr, |e| Self::hash(e.0))
+            .entry(addr_hash(addr), |e| e.0 == addr, |e| addr_hash(e.0))
         {
             hashbrown::hash_table::Entry::Occupied(mut o) => {
                 Some(std::mem::replace(&mut o.get_mut().1, block))
@@ -261,7 +256,7 @@ impl LiveTable {
         let addr = *addr;
         let entry = self
             .table
-            .find_entry(Self::hash(addr), |e| e.0 == addr)
+            .find_entry(addr_hash(addr), |e| e.0 == addr)
             .ok()?;
         let block = entry.get().1;
         entry.remove();
@@ -1289,12 +1284,7 @@ mod tests {
     /// tick).
     fn blocks_handed_between_threads() -> Vec<(EventsHeader, Vec<u8>)> {
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let mut rand = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rand = move |n: u64| crate::xorshift(&mut x) % n;
         const THREADS: u32 = 40;
         let mut counter = 0u64;
         let mut pool: Vec<u64> = (1..=64).map(|i| i * 0x40).collect();
@@ -1833,11 +1823,12 @@ mod tests {
     /// twice (forced), across threads; and the call's effect is back afterwards.
     #[test]
     fn the_live_blocks_before_the_last_call_are_those_before_it() {
-        let blocks = |m: &Merger| -> Vec<(u64, LiveBlock)> {
-            let mut v: Vec<_> = m.live_blocks().iter().map(|(a, b)| (*a, *b)).collect();
+        let sorted = |live: &LiveTable| -> Vec<(u64, LiveBlock)> {
+            let mut v: Vec<_> = live.iter().map(|(a, b)| (*a, *b)).collect();
             v.sort_by_key(|e| e.0);
             v
         };
+        let blocks = |m: &Merger| sorted(m.live_blocks());
         for arrivals in [
             vec![
                 chunk(1, 1, &[(false, 0x1000), (true, 0x5000), (false, 0x2000)]),
@@ -1857,11 +1848,7 @@ mod tests {
                 let Some(item) = m.pop() else { break };
                 let Merged::Call(c) = item else { continue };
                 let after = blocks(&m);
-                let view = m.with_live_before_last_pop(&c, |live| {
-                    let mut v: Vec<_> = live.iter().map(|(a, b)| (*a, *b)).collect();
-                    v.sort_by_key(|e| e.0);
-                    v
-                });
+                let view = m.with_live_before_last_pop(&c, sorted);
                 assert_eq!(view, before, "call {seen}: {c:?}");
                 assert_eq!(blocks(&m), after, "call {seen} put back: {c:?}");
                 seen += 1;

@@ -114,12 +114,7 @@ mod tests {
     /// stacks, ticks, usable sizes and stats: every path of the packed form.
     fn raw_buffers() -> Vec<(u32, u64, Vec<u8>)> {
         let mut x = 0x2545_F491_4F6C_DD1Du64;
-        let mut rand = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rand = move || crate::xorshift(&mut x);
         let mut live: Vec<u64> = Vec::new();
         let mut freed: Vec<u64> = Vec::new();
         let mut next = 0x5555_0000_0000u64;
@@ -389,9 +384,7 @@ mod tests {
             prev = a;
         };
         for _ in 0..100_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            crate::xorshift(&mut x);
             let k = (x % 4096) as usize;
             let (old, old_usable) = ring[k];
             if old != 0 {
