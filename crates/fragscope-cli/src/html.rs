@@ -238,6 +238,7 @@ fn malloc_data(r: &Report) -> Value {
         "duration_ms": r.duration_ms,
         "truncated": r.truncated,
         "damage": r.damage,
+        "skipped": r.skipped,
         "merge": r.merge,
         "stacks": r.stacks,
         "headline": r.headline,

@@ -41,6 +41,7 @@ fn to_json(s: &TraceSummary) -> serde_json::Value {
     json!({
         "truncated": s.truncated,
         "damage": s.damage,
+        "skipped": s.skipped,
         "events": s.events,
         "file_bytes": s.file_bytes,
         "bytes_per_event": s.bytes_per_event(),
@@ -127,6 +128,9 @@ fn print_text(path: &std::path::Path, s: &TraceSummary) {
                 .as_deref()
                 .unwrap_or("the recording ended without its end marker (fragscope was killed?)")
         );
+    }
+    if let Some(skipped) = &s.skipped {
+        println!("skipped    {skipped}");
     }
     for p in &s.processes {
         println!();

@@ -299,6 +299,9 @@ fn render(
             r.damage.as_deref().unwrap_or("no end marker")
         );
     }
+    if let Some(skipped) = &r.skipped {
+        let _ = writeln!(o, "note: {skipped}");
+    }
     let _ = writeln!(
         o,
         "live data: peak {}; {} held at {} (the plateau before the program let go)",

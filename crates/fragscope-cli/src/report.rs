@@ -130,6 +130,9 @@ pub fn render(r: &Report, top: usize) -> String {
             r.damage.as_deref().unwrap_or("no end marker")
         );
     }
+    if let Some(skipped) = &r.skipped {
+        let _ = writeln!(o, "note: {skipped}");
+    }
     if r.merge.attached {
         match (r.merge.starting_blocks, r.merge.starting_bytes) {
             (Some(blocks), Some(held)) => {

@@ -280,3 +280,51 @@ fn a_program_that_removes_the_recorders_socket_still_gets_its_trace_written() {
     let info = info(&trace);
     assert!(!info["processes"].as_array().unwrap().is_empty(), "{info}");
 }
+
+/// An intact chunk of RSS samples whose payload does not decode (put into a real trace
+/// after its second chunk) is passed over: report, info and replay read every call after
+/// it, do not call the trace truncated, and say what they skipped.
+#[test]
+fn a_chunk_that_does_not_decode_is_skipped_and_said_so() {
+    use fragscope_trace::chunk::FILE_HEADER_BYTES;
+    use fragscope_trace::{ChunkKind, ChunkWriter, TraceReader};
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build(dir.path(), "paced", &[]);
+    let trace = dir.path().join("t.fsc");
+    let out = common::record(Allocator::Glibc, &trace, &exe, &["4", "2000", "5"]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let whole = common::report_json(&trace);
+
+    let bytes = std::fs::read(&trace).unwrap();
+    let mut r = TraceReader::open(&trace).unwrap();
+    r.next_chunk();
+    r.next_chunk();
+    let at = r.offset() as usize;
+    let mut w = ChunkWriter::new(Vec::new(), 3).unwrap();
+    w.write_chunk(ChunkKind::Rss, &[0xff; 40]).unwrap();
+    let bad = w.into_inner();
+    let spliced = dir.path().join("spliced.fsc");
+    let mut data = bytes[..at].to_vec();
+    data.extend_from_slice(&bad[FILE_HEADER_BYTES as usize..]);
+    data.extend_from_slice(&bytes[at..]);
+    std::fs::write(&spliced, data).unwrap();
+
+    let j = common::report_json(&spliced);
+    assert_eq!(j["truncated"], false, "{j:#}");
+    assert_eq!(j["calls"], whole["calls"]);
+    assert_eq!(whole["skipped"], serde_json::Value::Null);
+    let note = j["skipped"].as_str().expect("a note of the skipped chunk");
+    assert!(
+        note.contains(&format!("byte {at}")) && note.contains("Rss"),
+        "{note}"
+    );
+    let text = common::fragscope(&["report".as_ref(), spliced.as_os_str()]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("note: skipped the chunk"));
+    let i = info(&spliced);
+    assert_eq!(i["truncated"], false, "{i:#}");
+    assert_eq!(i["events"], info(&trace)["events"]);
+    assert!(i["skipped"].is_string(), "{i:#}");
+    let replay = common::fragscope(&["replay".as_ref(), spliced.as_os_str()]);
+    assert!(replay.status.success(), "{}", common::stderr(&replay));
+    assert!(String::from_utf8_lossy(&replay.stdout).contains("note: skipped the chunk"));
+}

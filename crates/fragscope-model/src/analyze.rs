@@ -757,6 +757,7 @@ pub fn analyze(
         trace: path.display().to_string(),
         truncated: !seen_end || damage.is_some(),
         damage,
+        skipped: reader.skipped().note(),
         stacks: stacks.into(),
         duration_ms: last_tick as f64 * tick_ms,
         stream: s.stream,

@@ -278,6 +278,8 @@ pub struct Report {
     pub trace: String,
     pub truncated: bool,
     pub damage: Option<String>,
+    /// Chunks passed over because they did not decode (the rest was read).
+    pub skipped: Option<String>,
     pub stacks: String,
     pub duration_ms: f64,
     /// The process analysed below (the one with the highest RSS unless one was chosen).

@@ -20,7 +20,7 @@ use std::thread::JoinHandle;
 use crate::chunk::Damage;
 use crate::event::{ChunkDecoder, Func, Record, StatsSource, StreamTables};
 use crate::merge::{Call, Merger};
-use crate::reader::{Chunk, TraceReader};
+use crate::reader::{Chunk, Skipped, TraceReader};
 use crate::records::EventsHeader;
 use crate::TraceError;
 
@@ -245,14 +245,18 @@ pub struct ReadAhead<R: Read + Send + 'static = BufReader<File>> {
     file_bytes: u64,
     offset: u64,
     damage: Option<Damage>,
+    skipped: Skipped,
 }
+
+/// How the reading thread's reading ended.
+type Ending = (Option<Damage>, Skipped);
 
 enum Source<R: Read> {
     Inline(TraceReader<R>),
     Thread {
         chunks: Option<Receiver<(AheadChunk, u64)>>,
         spent: SyncSender<DecodedEvents>,
-        reader: Option<JoinHandle<Option<Damage>>>,
+        reader: Option<JoinHandle<Ending>>,
     },
 }
 
@@ -283,6 +287,7 @@ impl<R: Read + Send + 'static> ReadAhead<R> {
             file_bytes,
             offset: 0,
             damage: None,
+            skipped: Skipped::default(),
         })
     }
 
@@ -296,7 +301,9 @@ impl<R: Read + Send + 'static> ReadAhead<R> {
         let started = std::thread::Builder::new()
             .name("fragscope-read".into())
             .spawn(move || {
-                let mut reader = take.recv().ok()?;
+                let Ok(mut reader) = take.recv() else {
+                    return (None, Skipped::default());
+                };
                 let mut streams: HashMap<u32, StreamDecoder> = HashMap::new();
                 while let Some(chunk) = reader.next_chunk() {
                     let item = match chunk {
@@ -313,7 +320,7 @@ impl<R: Read + Send + 'static> ReadAhead<R> {
                         break; // the analysis stopped early
                     }
                 }
-                reader.damage().cloned()
+                (reader.damage().cloned(), reader.skipped().clone())
             });
         match started {
             Ok(thread) => {
@@ -347,6 +354,7 @@ impl<R: Read + Send + 'static> ReadAhead<R> {
                 return match chunk {
                     None => {
                         self.damage = reader.damage().cloned();
+                        self.skipped = reader.skipped().clone();
                         None
                     }
                     Some(Chunk::Events(h, _)) if !self.events_of.wants(h.stream) => continue,
@@ -394,17 +402,26 @@ impl<R: Read + Send + 'static> ReadAhead<R> {
         self.damage.as_ref()
     }
 
+    /// The chunks passed over because they did not decode (known once `next_chunk`
+    /// returned `None`).
+    pub fn skipped(&self) -> &Skipped {
+        &self.skipped
+    }
+
     /// Closes the queue (which stops the reader at its next chunk) and waits for it.
     fn join(&mut self) {
         if let Source::Thread { chunks, reader, .. } = &mut self.source {
             *chunks = None;
             if let Some(thread) = reader.take() {
-                self.damage = match thread.join() {
-                    Ok(damage) => damage,
-                    Err(_) => Some(Damage {
-                        offset: self.offset,
-                        reason: "the reading thread failed".into(),
-                    }),
+                (self.damage, self.skipped) = match thread.join() {
+                    Ok(ending) => ending,
+                    Err(_) => (
+                        Some(Damage {
+                            offset: self.offset,
+                            reason: "the reading thread failed".into(),
+                        }),
+                        Skipped::default(),
+                    ),
                 };
             }
         }

@@ -93,6 +93,20 @@ impl ChunkKind {
             _ => return None,
         })
     }
+
+    /// An observation the rest of the trace does not build on (a census, RSS samples, a
+    /// memory map ...): one that does not decode can be passed over and the chunks after
+    /// it still read. Metadata, processes, event buffers (whose packed form carries tables
+    /// from chunk to chunk) and the end marker cannot.
+    pub fn stands_alone(self) -> bool {
+        use ChunkKind::*;
+        match self {
+            Maps | Rss | Rollup | Pagemap | ProcessEnd | WaitStatus | Untraced | GhcCensus
+            | HeapCensus | PymallocCensus | PythonSamples | SbclCensus | StartingHeap
+            | LispSamples => true,
+            Meta | Process | Events | PackedEventsV1 | PackedEventsV2 | PackedEvents | End => false,
+        }
+    }
 }
 
 fn chunk_crc(header: &[u8], stored: &[u8]) -> u32 {

@@ -35,7 +35,7 @@ pub(crate) fn xorshift(x: &mut u64) -> u64 {
 pub use chunk::{ChunkKind, ChunkReader, ChunkWriter, Damage};
 pub use event::{ChunkDecoder, Func, Record, StatsSource, StreamTables};
 pub use pack::{PackedBuffer, Packer};
-pub use reader::{Chunk, TraceReader};
+pub use reader::{Chunk, Skipped, TraceReader};
 pub use records::*;
 
 /// Why a trace could not be read (or read further).

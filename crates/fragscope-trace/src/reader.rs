@@ -32,12 +32,43 @@ pub enum Chunk {
 }
 
 /// Reads a trace chunk by chunk. Damage (a cut or corrupt file) ends the iteration; what
-/// came before is intact and `damage()` says where reading stopped.
+/// came before is intact and `damage()` says where reading stopped. An intact chunk that
+/// stands alone ([`ChunkKind::stands_alone`]) but does not decode is passed over instead,
+/// and counted in `skipped()`.
 pub struct TraceReader<R: Read = BufReader<File>> {
     chunks: ChunkReader<R>,
     raw: Vec<u8>,
     file_bytes: u64,
     damage: Option<Damage>,
+    skipped: Skipped,
+}
+
+/// Chunks passed over because they did not decode: how many, and the first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Skipped {
+    pub count: u64,
+    pub first: Option<Damage>,
+}
+
+impl Skipped {
+    fn add(&mut self, d: Damage) {
+        self.count += 1;
+        self.first.get_or_insert(d);
+    }
+
+    /// What a report says of them, if any were skipped.
+    pub fn note(&self) -> Option<String> {
+        let first = self.first.as_ref()?;
+        let others = match self.count {
+            1 => String::new(),
+            n => format!(" and {} more", n - 1),
+        };
+        Some(format!(
+            "skipped the chunk at byte {}{others}: {} (what it held is missing; the rest \
+             of the trace was read)",
+            first.offset, first.reason
+        ))
+    }
 }
 
 impl TraceReader {
@@ -57,6 +88,7 @@ impl<R: Read> TraceReader<R> {
             raw: Vec::new(),
             file_bytes,
             damage: None,
+            skipped: Skipped::default(),
         })
     }
 
@@ -74,15 +106,40 @@ impl<R: Read> TraceReader<R> {
         self.damage.as_ref().or(self.chunks.damage())
     }
 
+    /// The chunks passed over so far because they did not decode.
+    pub fn skipped(&self) -> &Skipped {
+        &self.skipped
+    }
+
     /// The next chunk, or `None` at the end or at damage.
     pub fn next_chunk(&mut self) -> Option<Chunk> {
-        if self.damage.is_some() {
-            return None;
+        loop {
+            if self.damage.is_some() {
+                return None;
+            }
+            let offset = self.chunks.offset();
+            let kind = self.chunks.next_chunk_into(&mut self.raw)?;
+            match self.decode(kind) {
+                Ok(c) => return Some(c),
+                Err(e) => {
+                    let d = Damage {
+                        offset,
+                        reason: format!("a {kind:?} chunk does not decode: {e}"),
+                    };
+                    if kind.stands_alone() {
+                        self.skipped.add(d);
+                    } else {
+                        self.damage = Some(d);
+                    }
+                }
+            }
         }
-        let offset = self.chunks.offset();
-        let kind = self.chunks.next_chunk_into(&mut self.raw)?;
+    }
+
+    /// The chunk just read into `raw`, decoded as `kind`.
+    fn decode(&self, kind: ChunkKind) -> Result<Chunk, TraceError> {
         let data = &self.raw[..];
-        let decoded = match kind {
+        match kind {
             ChunkKind::Meta => Meta::decode(data).map(Chunk::Meta),
             ChunkKind::Process => Process::decode(data).map(Chunk::Process),
             ChunkKind::Events | ChunkKind::PackedEvents => {
@@ -121,16 +178,6 @@ impl<R: Read> TraceReader<R> {
                  reads: record the program again"
                     .into(),
             )),
-        };
-        match decoded {
-            Ok(c) => Some(c),
-            Err(e) => {
-                self.damage = Some(Damage {
-                    offset,
-                    reason: format!("a {kind:?} chunk does not decode: {e}"),
-                });
-                None
-            }
         }
     }
 }

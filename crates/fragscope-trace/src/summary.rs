@@ -87,6 +87,8 @@ pub struct TraceSummary {
     /// The trace lacks its end marker or has damage: the recording was cut short.
     pub truncated: bool,
     pub damage: Option<String>,
+    /// Chunks passed over because they did not decode (the rest was read).
+    pub skipped: Option<String>,
     /// Process images the program ran that could not be traced.
     pub untraced: Vec<Untraced>,
 }
@@ -275,6 +277,7 @@ pub fn summarize(
         sum.damage = Some(format!("at byte {}: {}", d.offset, d.reason));
     }
     sum.truncated = !seen_end || reader.damage().is_some();
+    sum.skipped = reader.skipped().note();
     sum.events = sum.processes.iter().map(|p| p.events).sum();
     Ok(sum)
 }

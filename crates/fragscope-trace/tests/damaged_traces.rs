@@ -2,8 +2,10 @@
 //! and spliced in many ways: the reader returns what is intact and reports where it
 //! stopped; it never panics.
 
+use fragscope_trace::ahead::{EventsOf, ReadAhead};
+use fragscope_trace::chunk::FILE_HEADER_BYTES;
 use fragscope_trace::reader::{read_all_from_bytes, Chunk, TraceReader};
-use fragscope_trace::{ChunkDecoder, Record, StreamTables};
+use fragscope_trace::{ChunkDecoder, ChunkKind, ChunkWriter, Record, StreamTables};
 
 /// `fragscope record --stacks none -- reuse_threads`: raw event chunks.
 const TRACE: &[u8] = include_bytes!("fixtures/threads.fsc");
@@ -101,5 +103,71 @@ fn flipped_bits_and_spliced_bytes_never_panic() {
             }
         }
         read_all_from_bytes(&data);
+    }
+}
+
+/// One intact chunk of `kind` whose payload is `payload`, without the file's header.
+fn chunk_bytes(kind: ChunkKind, payload: &[u8]) -> Vec<u8> {
+    let mut w = ChunkWriter::new(Vec::new(), 3).expect("in memory");
+    w.write_chunk(kind, payload).expect("in memory");
+    w.into_inner()[FILE_HEADER_BYTES as usize..].to_vec()
+}
+
+/// `trace` with `extra` put between its second and third chunks; and where it went.
+fn spliced_after_two_chunks(trace: &[u8], extra: &[u8]) -> (Vec<u8>, u64) {
+    let mut r =
+        TraceReader::<&[u8]>::from_reader(trace, trace.len() as u64).expect("header intact");
+    r.next_chunk();
+    r.next_chunk();
+    let at = r.offset() as usize;
+    let mut out = trace[..at].to_vec();
+    out.extend_from_slice(extra);
+    out.extend_from_slice(&trace[at..]);
+    (out, at as u64)
+}
+
+/// A census (or any other observation nothing later builds on) whose checksum holds but
+/// whose payload does not decode is passed over, said so, and every chunk and call after
+/// it still read; the same bytes as a process record still stop the reading there.
+#[test]
+fn an_observation_that_does_not_decode_is_skipped_and_the_rest_read() {
+    let garbage = [0xffu8; 40];
+    for trace in [TRACE, PACKED] {
+        let (all, _) = chunks_of(trace);
+        let calls = read_all_from_bytes(trace);
+        let (data, at) =
+            spliced_after_two_chunks(trace, &chunk_bytes(ChunkKind::SbclCensus, &garbage));
+        assert_eq!(chunks_of(&data), (all, true));
+        assert_eq!(read_all_from_bytes(&data), calls);
+
+        for ahead in [false, true] {
+            let reader = TraceReader::<&'static [u8]>::from_reader(
+                Vec::leak(data.clone()),
+                data.len() as u64,
+            )
+            .unwrap();
+            let mut r = ReadAhead::new(reader, ahead, EventsOf::All).unwrap();
+            while r.next_chunk().is_some() {}
+            assert!(r.damage().is_none());
+            let skipped = r.skipped();
+            assert_eq!(skipped.count, 1, "read ahead: {ahead}");
+            assert_eq!(skipped.first.as_ref().map(|d| d.offset), Some(at));
+            let note = skipped.note().unwrap();
+            assert!(
+                note.contains("SbclCensus") && note.contains(&at.to_string()),
+                "{note}"
+            );
+        }
+
+        let (data, at) =
+            spliced_after_two_chunks(trace, &chunk_bytes(ChunkKind::Process, &garbage));
+        let mut r = TraceReader::<&[u8]>::from_reader(&data, data.len() as u64).unwrap();
+        let mut n = 0;
+        while r.next_chunk().is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 2);
+        assert_eq!(r.damage().map(|d| d.offset), Some(at));
+        assert_eq!(r.skipped().count, 0);
     }
 }

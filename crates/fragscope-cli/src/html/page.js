@@ -489,6 +489,7 @@
     document.getElementById("subtitle").textContent = "pid " + R.pid + (R.allocator ? ", " + R.allocator : "") + ", " + count(R.calls) + " calls, " + secs(R.duration_ms) + " - " + R.trace;
     const h = section(main, "Summary", "summary");
     if (R.truncated) h.append(el("p", { class: "warn" }, "The trace is truncated (" + (R.damage || "no end marker") + "): this is the analysis of what is intact."));
+    if (R.skipped) h.append(el("p", { class: "warn" }, "Note: " + R.skipped + "."));
     const M = R.merge;
     if (M && M.attached) h.append(el("p", { class: "note" }, M.starting_blocks !== null
       ? "Recorded from the moment fragscope attached to the running process; its heap then held " + count(M.starting_blocks) + " blocks (" + bytes(M.starting_bytes) + "), read from glibc's heap, which count as live data from the start" + (M.unknown_frees ? " (" + count(M.unknown_frees) + " frees of blocks whose allocation was in flight as its calls were rebound or put back are counted apart)." : ".")

@@ -373,6 +373,8 @@ pub struct Replay {
     pub trace: String,
     pub truncated: bool,
     pub damage: Option<String>,
+    /// Chunks passed over because they did not decode (the rest was read).
+    pub skipped: Option<String>,
     pub stream: u32,
     pub pid: u32,
     pub argv: Vec<String>,
@@ -701,6 +703,7 @@ pub fn replay_with_progress(
         trace: path.display().to_string(),
         truncated: !seen_end || damage.is_some(),
         damage,
+        skipped: reader.skipped().note(),
         stream,
         pid,
         argv,
