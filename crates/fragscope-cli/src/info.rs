@@ -130,7 +130,7 @@ fn print_text(path: &std::path::Path, s: &TraceSummary) {
         );
     }
     if let Some(skipped) = &s.skipped {
-        println!("skipped    {skipped}");
+        println!("note       {skipped}");
     }
     for p in &s.processes {
         println!();

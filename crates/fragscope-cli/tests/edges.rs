@@ -324,6 +324,8 @@ fn a_chunk_that_does_not_decode_is_skipped_and_said_so() {
     assert_eq!(i["truncated"], false, "{i:#}");
     assert_eq!(i["events"], info(&trace)["events"]);
     assert!(i["skipped"].is_string(), "{i:#}");
+    let text = common::fragscope(&["info".as_ref(), spliced.as_os_str()]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("note       skipped the chunk"));
     let replay = common::fragscope(&["replay".as_ref(), spliced.as_os_str()]);
     assert!(replay.status.success(), "{}", common::stderr(&replay));
     assert!(String::from_utf8_lossy(&replay.stdout).contains("note: skipped the chunk"));
