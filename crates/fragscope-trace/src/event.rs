@@ -504,15 +504,9 @@ impl AddrSlots {
         if addr == 0 {
             return;
         }
-        match self
-            .entries
+        self.entries
             .entry(addr_hash(addr), |e| e.0 == addr, |e| addr_hash(e.0))
-        {
-            hashbrown::hash_table::Entry::Occupied(mut o) => *o.get_mut() = (addr, slot, usable),
-            hashbrown::hash_table::Entry::Vacant(v) => {
-                v.insert((addr, slot, usable));
-            }
-        }
+            .insert((addr, slot, usable));
     }
 
     /// Removes `addr`, returning its slot and usable size.

@@ -141,11 +141,9 @@ fn an_observation_that_does_not_decode_is_skipped_and_the_rest_read() {
         assert_eq!(read_all_from_bytes(&data), calls);
 
         for ahead in [false, true] {
-            let reader = TraceReader::<&'static [u8]>::from_reader(
-                Vec::leak(data.clone()),
-                data.len() as u64,
-            )
-            .unwrap();
+            let reader =
+                TraceReader::from_reader(std::io::Cursor::new(data.clone()), data.len() as u64)
+                    .unwrap();
             let mut r = ReadAhead::new(reader, ahead, EventsOf::All).unwrap();
             while r.next_chunk().is_some() {}
             assert!(r.damage().is_none());
