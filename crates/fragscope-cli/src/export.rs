@@ -1080,6 +1080,13 @@ fn snapshots_batch(r: &Report) -> Result<RecordBatch> {
     let u = |name: &str, f: fn(&fragscope_model::report::Snapshot) -> u64| {
         u64_col(name, s.iter().map(f).collect())
     };
+    // A part unknown at some snapshots (a runtime's heap without its census there): null.
+    let unknown_or_u64 = |name: &str, f: fn(&fragscope_model::report::Snapshot) -> Option<u64>| {
+        (
+            Field::new(name, DataType::UInt64, true),
+            Arc::new(UInt64Array::from(s.iter().map(f).collect::<Vec<_>>())) as ArrayRef,
+        )
+    };
     // The split of pymalloc's arenas: null where no census came with the snapshot.
     let pm = |name: &str, f: fn(&PymallocParts) -> u64| -> (Field, ArrayRef) {
         (
@@ -1101,8 +1108,8 @@ fn snapshots_batch(r: &Report) -> Result<RecordBatch> {
         u("free_in_used_pages", |x| x.parts.free_in_used_pages),
         u("free_resident_pages", |x| x.parts.free_resident_pages),
         u("lazy_free", |x| x.parts.lazy_free),
-        u("pymalloc_arenas", |x| x.parts.pymalloc_arenas),
-        u("sbcl_dynamic_space", |x| x.parts.sbcl_dynamic_space),
+        unknown_or_u64("pymalloc_arenas", |x| x.parts.pymalloc_arenas),
+        unknown_or_u64("sbcl_dynamic_space", |x| x.parts.sbcl_dynamic_space),
         u("other_anon", |x| x.parts.other_anon),
         u("file", |x| x.parts.file),
         u("fragscope_own", |x| x.parts.fragscope_own),

@@ -133,21 +133,22 @@ fn malloc_data(r: &Report) -> Value {
     let snaps = &r.snapshots;
     let mut parts = serde_json::Map::new();
     for (key, _) in PARTS {
-        let col: Vec<u64> = snaps
+        // null where the part is unknown (a runtime's heap at a snapshot without its census).
+        let col: Vec<Option<u64>> = snaps
             .iter()
             .map(|s| {
                 let d = &s.parts;
                 match key {
-                    "live" => d.live,
-                    "rounding" => d.rounding,
-                    "free_in_used_pages" => d.free_in_used_pages,
-                    "free_resident_pages" => d.free_resident_pages,
-                    "lazy_free" => d.lazy_free,
+                    "live" => Some(d.live),
+                    "rounding" => Some(d.rounding),
+                    "free_in_used_pages" => Some(d.free_in_used_pages),
+                    "free_resident_pages" => Some(d.free_resident_pages),
+                    "lazy_free" => Some(d.lazy_free),
                     "pymalloc_arenas" => d.pymalloc_arenas,
                     "sbcl_dynamic_space" => d.sbcl_dynamic_space,
-                    "other_anon" => d.other_anon,
-                    "file" => d.file,
-                    _ => d.fragscope_own,
+                    "other_anon" => Some(d.other_anon),
+                    "file" => Some(d.file),
+                    _ => Some(d.fragscope_own),
                 }
             })
             .collect();
@@ -160,12 +161,16 @@ fn malloc_data(r: &Report) -> Value {
         "rss": snaps.iter().map(|s| s.parts.rss).collect::<Vec<_>>(),
         "unexplained": snaps.iter().map(|s| s.parts.unexplained).collect::<Vec<_>>(),
         "heap_resident": snaps.iter().map(|s| s.parts.heap_resident).collect::<Vec<_>>(),
+        "heaps": snaps.iter().map(|s| &s.heaps).collect::<Vec<_>>(),
         "parts": parts,
         "occupancy": snaps
             .iter()
             .map(|s| s.occupancy.iter().map(|b| json!([b.lo_pct, b.hi_pct, b.pages, b.live_bytes])).collect::<Vec<_>>())
             .collect::<Vec<_>>(),
         "page_size": snaps.iter().map(|s| s.page_size).collect::<Vec<_>>(),
+        // The runtime heaps' own fill buckets (pools, pages), null without a census.
+        "pymalloc_fill": snaps.iter().map(|s| s.pymalloc.as_ref().map(|p| json!({"unit": "pools", "unit_bytes": p.pool_size, "buckets": p.pool_fill}))).collect::<Vec<_>>(),
+        "sbcl_fill": snaps.iter().map(|s| s.sbcl.as_ref().map(|p| json!({"unit": "pages", "unit_bytes": p.page_bytes, "buckets": p.page_fill}))).collect::<Vec<_>>(),
     });
     let tl = &r.timeline;
     let timeline = json!({
@@ -243,6 +248,10 @@ fn malloc_data(r: &Report) -> Value {
         "stacks": r.stacks,
         "headline": r.headline,
         "parts_names": part_names,
+        "heap_names": fragscope_model::heaps::Heap::ALL
+            .iter()
+            .map(|h| (json!(h).as_str().unwrap_or_default().to_string(), h.name()))
+            .collect::<HashMap<_, _>>(),
         "snapshots": snapshots,
         "peak_snapshot": r.peak_snapshot,
         "end_snapshot": r.end_snapshot,

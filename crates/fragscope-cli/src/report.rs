@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use fragscope_model::heaps::{self, Heap};
 use fragscope_model::pymalloc::FillBucket;
 use fragscope_model::report::{Decomposition, Report, Site, Snapshot, SnapshotFacts};
 use fragscope_model::{analyze, Options};
@@ -178,6 +179,14 @@ pub fn render(r: &Report, top: usize) -> String {
             r.merge.forced_allocs, r.merge.unknown_frees, r.merge.lost_events
         );
     }
+    if let (Some(parent), n @ 1..) = (r.merge.forked_from, r.merge.inherited_frees) {
+        let _ = writeln!(
+            o,
+            "note: {n} frees of blocks this process inherited from its parent (pid {parent}) \
+             at the fork are counted apart; the blocks it inherited and kept are not in its \
+             live data"
+        );
+    }
     if let Some(why) = &r.merge.spill_problem {
         let _ = writeln!(o, "note: {why}");
     }
@@ -347,13 +356,32 @@ fn headline(o: &mut String, r: &Report) {
         secs(h.peak_live_t_ms)
     );
     if let (Some(t), Some(f)) = (h.focus_t_ms, r.focus_snapshot) {
-        let d = &r.snapshots[f].parts;
+        let s = &r.snapshots[f];
+        // Each heap apart when the process has more than one (a runtime's and malloc's).
+        let each = if s.heaps.len() > 1 {
+            let list: Vec<String> = s
+                .heaps
+                .iter()
+                .filter(|x| x.resident > 0)
+                .map(|x| {
+                    format!(
+                        "{} {} for {}",
+                        x.heap.name(),
+                        bytes(x.resident),
+                        bytes(x.live)
+                    )
+                })
+                .collect();
+            format!(" ({})", list.join("; "))
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             o,
-            "at {} (the most heap waste): {} of heap resident for {} live{}",
+            "at {} (the most heap waste): {} of heap resident for {} live{}{each}",
             secs(t),
-            bytes(d.live + d.heap_waste()),
-            bytes(d.live),
+            bytes(heaps::resident(s)),
+            bytes(heaps::live(s)),
             h.fragmentation_ratio
                 .map(|x| format!(": fragmentation ratio {x:.2}"))
                 .unwrap_or_default()
@@ -385,21 +413,26 @@ fn headline(o: &mut String, r: &Report) {
     }
 }
 
-/// Reads one part of a decomposition (signed: `unexplained` can be negative).
-type PartOf = fn(&Decomposition) -> i64;
+/// Reads one part of a decomposition (signed: `unexplained` can be negative; `None`:
+/// not known at that snapshot).
+type PartOf = fn(&Decomposition) -> Option<i64>;
 
 const PARTS: [(&str, PartOf); 11] = [
-    ("live", |d| d.live as i64),
-    ("rounding", |d| d.rounding as i64),
-    ("free in used pages", |d| d.free_in_used_pages as i64),
-    ("free resident pages", |d| d.free_resident_pages as i64),
-    ("lazily freed", |d| d.lazy_free as i64),
-    ("pymalloc arenas", |d| d.pymalloc_arenas as i64),
-    ("SBCL dynamic space", |d| d.sbcl_dynamic_space as i64),
-    ("other anonymous", |d| d.other_anon as i64),
-    ("file-backed", |d| d.file as i64),
-    ("fragscope's own", |d| d.fragscope_own as i64),
-    ("unexplained", |d| d.unexplained),
+    ("live", |d| Some(d.live as i64)),
+    ("rounding", |d| Some(d.rounding as i64)),
+    ("free in used pages", |d| Some(d.free_in_used_pages as i64)),
+    ("free resident pages", |d| {
+        Some(d.free_resident_pages as i64)
+    }),
+    ("lazily freed", |d| Some(d.lazy_free as i64)),
+    ("pymalloc arenas", |d| d.pymalloc_arenas.map(|v| v as i64)),
+    ("SBCL dynamic space", |d| {
+        d.sbcl_dynamic_space.map(|v| v as i64)
+    }),
+    ("other anonymous", |d| Some(d.other_anon as i64)),
+    ("file-backed", |d| Some(d.file as i64)),
+    ("fragscope's own", |d| Some(d.fragscope_own as i64)),
+    ("unexplained", |d| Some(d.unexplained)),
 ];
 
 fn signed_bytes(v: i64) -> String {
@@ -454,7 +487,7 @@ fn decomposition_table(o: &mut String, r: &Report) {
     }
     o.push('\n');
     for (name, get) in PARTS {
-        let values: Vec<i64> = cols.iter().map(|(_, s)| get(&s.parts)).collect();
+        let values: Vec<Option<i64>> = cols.iter().map(|(_, s)| get(&s.parts)).collect();
         if matches!(
             name,
             "unexplained"
@@ -462,7 +495,7 @@ fn decomposition_table(o: &mut String, r: &Report) {
                 | "fragscope's own"
                 | "pymalloc arenas"
                 | "SBCL dynamic space"
-        ) && values.iter().all(|&v| v == 0)
+        ) && values.iter().all(|&v| v == Some(0))
         {
             continue;
         }
@@ -476,12 +509,16 @@ fn decomposition_table(o: &mut String, r: &Report) {
                 let _ = write!(o, "{:>14} {:>7}", "not sampled", "");
                 continue;
             }
-            let share = if *v >= 0 {
-                pct(*v as u64, s.parts.rss)
+            let Some(v) = *v else {
+                let _ = write!(o, "{:>14} {:>7}", "–", "");
+                continue;
+            };
+            let share = if v >= 0 {
+                pct(v as u64, s.parts.rss)
             } else {
                 String::new()
             };
-            let _ = write!(o, "{:>14} {:>7}", signed_bytes(*v), share);
+            let _ = write!(o, "{:>14} {:>7}", signed_bytes(v), share);
         }
         o.push('\n');
     }
@@ -500,16 +537,53 @@ fn decomposition_table(o: &mut String, r: &Report) {
         let _ = write!(o, "{:>14} {:>7}", bytes(s.parts.heap_resident), "");
     }
     o.push('\n');
+    // A "–" above: say why once, for each runtime heap and the snapshots it is missing at.
+    for heap in Heap::ALL {
+        let at: Vec<String> = cols
+            .iter()
+            .filter(|(_, s)| s.missing_census.contains(&heap))
+            .map(|(_, s)| format!("{:.2} s ({})", s.t_ms / 1000.0, s.reason.replace('_', " ")))
+            .collect();
+        if !at.is_empty() {
+            let _ = writeln!(
+                o,
+                "  – no census of the {} at {}: its pages are counted in other anonymous there",
+                heap.name(),
+                at.join(", ")
+            );
+        }
+    }
 }
 
 fn phases(o: &mut String, r: &Report) {
     if r.phases.is_empty() {
         return;
     }
+    // A runtime's heap (pymalloc's arenas, SBCL's dynamic space) in a column of its own,
+    // "–" where the phase's snapshot had no census of it.
+    let runtime_of = |d: &Decomposition| match (d.pymalloc_arenas, d.sbcl_dynamic_space) {
+        (Some(p), Some(s)) => Some(p + s),
+        _ => None,
+    };
+    let runtime = r
+        .snapshots
+        .iter()
+        .any(|s| !s.heaps.iter().all(|h| h.heap == Heap::Malloc));
     let _ = writeln!(
         o,
-        "\nPhases{:27}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}",
-        "", "RSS max", "live", "rounding", "in used pg", "free pages", "non-heap"
+        "\nPhases{:27}{:>11}{:>11}{:>11}{:>11}{:>11}{}{:>11}",
+        "",
+        "RSS max",
+        "live",
+        "rounding",
+        "in used pg",
+        "free pages",
+        if runtime {
+            format!("{:>11}", "runtime")
+        } else {
+            String::new()
+        },
+        "non-heap"
     );
     for (i, p) in r.phases.iter().enumerate() {
         let _ = write!(
@@ -523,9 +597,14 @@ fn phases(o: &mut String, r: &Report) {
         );
         match &p.decomposition {
             Some(d) => {
+                let runtime_cell = match (runtime, runtime_of(d)) {
+                    (false, _) => String::new(),
+                    (true, Some(v)) => format!("{:>11}", bytes(v)),
+                    (true, None) => format!("{:>11}", "–"),
+                };
                 let _ = writeln!(
                     o,
-                    "{:>11}{:>11}{:>11}{:>11}{:>11}",
+                    "{:>11}{:>11}{:>11}{:>11}{runtime_cell}{:>11}",
                     bytes(d.live),
                     bytes(d.rounding),
                     bytes(d.free_in_used_pages),

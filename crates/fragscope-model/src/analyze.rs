@@ -18,6 +18,7 @@ use fragscope_trace::Func;
 use fragscope_trace::TraceError;
 
 use crate::heap::{self, ClassAtSnapshot, HeapHistory, HeapParts, SiteAtSnapshot, SiteWeighting};
+use crate::heaps::{self, Heap};
 use crate::lisp_sites::{self, LispLog};
 use crate::phases;
 use crate::pymalloc::{self, PymallocParts};
@@ -96,6 +97,8 @@ struct Stream {
     argv: Vec<String>,
     /// Running before `record -p` attached: its earlier blocks were never seen allocated.
     attached: bool,
+    /// Forked from this stream: its parent's blocks were never seen allocated in it.
+    parent_stream: Option<u32>,
     /// The blocks it held then, as read from its heap (blocks, usable bytes).
     starting_heap: Option<(u64, u64)>,
     merger: Merger,
@@ -459,6 +462,9 @@ pub fn analyze(
                 s.ppid = p.ppid;
                 s.argv = p.argv;
                 s.attached = p.origin == fragscope_trace::Origin::Attached;
+                if p.origin == fragscope_trace::Origin::Forked {
+                    s.parent_stream = p.parent_stream;
+                }
                 if s.attached {
                     s.merger.set_attached();
                 }
@@ -606,11 +612,12 @@ pub fn analyze(
     };
     let s = &streams[chosen];
     let (timeline_full, timeline) = timeline(s, tick_ms);
-    let snapshots: Vec<Snapshot> = s
+    let mut snapshots: Vec<Snapshot> = s
         .evaluated
         .iter()
         .map(|e| snapshot(s, e, tick_ms))
         .collect();
+    mark_missing_censuses(&mut snapshots);
     let peak_snapshot = (0..snapshots.len()).max_by_key(|&i| snapshots[i].parts.rss);
     let end_snapshot = snapshots.len().checked_sub(1);
     let focus_snapshot = focus_of(&snapshots, s.peak_live.0);
@@ -660,32 +667,47 @@ pub fn analyze(
     let pymalloc_snapshot = (0..snapshots.len())
         .filter(|&i| snapshots[i].pymalloc.is_some())
         .max_by_key(|&i| snapshots[i].pymalloc.as_ref().map_or(0, |p| p.waste()));
-    if let Some(p) = pymalloc_snapshot.and_then(|i| snapshots[i].pymalloc.as_ref()) {
-        // pymalloc's arenas are outside malloc's heap: they make the headline when they
-        // waste more than the heap does at its focus.
-        let heap_waste = focus_snapshot.map_or(0, |i| snapshots[i].parts.heap_waste());
-        if let Some((dominant, mut sentence)) =
-            pymalloc::headline(p).filter(|_| p.waste() > heap_waste)
-        {
-            if let Some(clause) = python_sites
+    // The heap with the most waste at the focus makes the sentence: a runtime's heap
+    // (pymalloc's arenas, SBCL's dynamic space) has its own, when its waste is worth one.
+    let focus = focus_snapshot.map(|i| &snapshots[i]);
+    let most_wasteful = focus.and_then(heaps::most_wasteful).map(|h| h.heap);
+    let walked = snapshots
+        .iter()
+        .rev()
+        .find_map(|s| s.sbcl.as_ref().filter(|p| p.objects.is_some()));
+    let runtime_sentence = match (most_wasteful, focus) {
+        (Some(Heap::Pymalloc), Some(f)) => {
+            f.pymalloc
                 .as_ref()
-                .and_then(python_sites::headline_clause)
-            {
-                sentence = format!("{sentence} Here {clause}.");
-            }
-            headline.dominant = Some(dominant.into());
-            headline.sentence = sentence;
+                .and_then(pymalloc::headline)
+                .map(|(dominant, sentence)| {
+                    match python_sites
+                        .as_ref()
+                        .and_then(python_sites::headline_clause)
+                    {
+                        Some(clause) => (dominant, format!("{sentence} Here {clause}.")),
+                        None => (dominant, sentence),
+                    }
+                })
         }
+        (Some(Heap::Sbcl), Some(f)) => f.sbcl.as_ref().and_then(|p| sbcl::headline(p, walked)),
+        _ => None,
+    };
+    if let Some((dominant, sentence)) = runtime_sentence {
+        headline.dominant = Some(dominant.into());
+        headline.sentence = sentence;
+        headline.heap = most_wasteful;
     }
     // A CPython process whose malloc heap wastes more than pymalloc's arenas: the waste
     // is in objects over 512 bytes, which pymalloc hands to malloc.
     let cpython = pymalloc_snapshot.is_some() || !s.python.is_empty();
-    let malloc_dominant = headline.dominant.as_deref().is_some_and(|d| {
-        matches!(
-            d,
-            "free_resident_pages" | "free_in_used_pages" | "lazy_free" | "rounding"
-        )
-    });
+    let malloc_dominant = headline.heap == Some(Heap::Malloc)
+        && headline.dominant.as_deref().is_some_and(|d| {
+            matches!(
+                d,
+                "free_resident_pages" | "free_in_used_pages" | "lazy_free" | "rounding"
+            )
+        });
     if cpython && malloc_dominant {
         headline.sentence = format!(
             "{} In CPython this is malloc's heap, not pymalloc's arenas: objects over 512 \
@@ -716,20 +738,6 @@ pub fn analyze(
         (Some(m), Some(w)) if sbcl_waste(w) * 10 >= sbcl_waste(m) * 9 => Some(w),
         _ => most,
     };
-    if let Some(p) = sbcl_snapshot.and_then(|i| snapshots[i].sbcl.as_ref()) {
-        // The dynamic space is outside malloc's heap, like pymalloc's arenas.
-        let heap_waste = focus_snapshot.map_or(0, |i| snapshots[i].parts.heap_waste());
-        let walked = snapshots
-            .iter()
-            .rev()
-            .find_map(|s| s.sbcl.as_ref().filter(|p| p.objects.is_some()));
-        if let Some((dominant, sentence)) =
-            sbcl::headline(p, walked).filter(|_| p.waste() > heap_waste)
-        {
-            headline.dominant = Some(dominant.into());
-            headline.sentence = sentence;
-        }
-    }
     // Garbage waiting for a full collection (the census that marked the most) says more
     // than free pages when it holds more than the malloc heap wastes.
     let heap_waste = focus_snapshot.map_or(0, |i| snapshots[i].parts.heap_waste());
@@ -742,6 +750,7 @@ pub fn analyze(
     {
         headline.dominant = Some(dominant.into());
         headline.sentence = sentence;
+        headline.heap = Some(Heap::Sbcl);
     }
     // What allocates is the lever on an SBCL program's collections, whatever holds its
     // memory.
@@ -753,6 +762,18 @@ pub fn analyze(
         crate::census::headline(&mut headline, c, focus_snapshot.map(|i| &snapshots[i]));
     }
     let merge = s.merger.stats();
+    // A fork child's frees of blocks it never allocated are of its parent's blocks.
+    let forked_from = s.parent_stream.map(|p| {
+        streams
+            .iter()
+            .find(|x| x.stream == p)
+            .map_or(s.ppid, |x| x.pid)
+    });
+    let inherited_frees = if forked_from.is_some() {
+        merge.unknown_frees
+    } else {
+        0
+    };
     Ok(Report {
         trace: path.display().to_string(),
         truncated: !seen_end || damage.is_some(),
@@ -767,7 +788,9 @@ pub fn analyze(
         calls: s.calls,
         merge: MergeFacts {
             forced_allocs: merge.forced_allocs,
-            unknown_frees: merge.unknown_frees,
+            unknown_frees: merge.unknown_frees - inherited_frees,
+            inherited_frees,
+            forked_from,
             late: merge.late,
             lost_events: merge.lost_events,
             spilled: merge.spilled,
@@ -815,25 +838,29 @@ pub fn analyze(
     })
 }
 
-/// The snapshot the report explains: the most heap waste that lasted, among snapshots
-/// that still hold a meaningful amount of live data (at teardown a program frees
-/// everything, and the empty heap left then says nothing about what pinned it while it
-/// ran). A snapshot's waste lasts as far as the next snapshot (any) still shows it: an
-/// instant during a ramp is not what a user asks about, and two runs of one program then
-/// agree on the moment. Of equals, the latest wins (the settled state). "Meaningful" is
-/// against the peak of live data in the calls (`peak_live`), not only at snapshots: a
-/// short peak that no snapshot caught must not let a teardown heap qualify.
+/// The snapshot the report explains: the most heap waste that lasted, over every heap
+/// the process has (malloc's and its runtime's), among snapshots that still hold a
+/// meaningful amount of live data (at teardown a program frees everything, and the empty
+/// heap left then says nothing about what pinned it while it ran) and that know every
+/// heap the process runs (one without the runtime's census, as at exit, would weigh that
+/// heap as nothing). A snapshot's waste lasts as far as the next snapshot (any) still
+/// shows it: an instant during a ramp is not what a user asks about, and two runs of one
+/// program then agree on the moment. Of equals, the latest wins (the settled state).
+/// "Meaningful" is against the peak of live data in the calls (`peak_live`), not only at
+/// snapshots: a short peak that no snapshot caught must not let a teardown heap qualify.
 fn focus_of(snapshots: &[Snapshot], peak_live: u64) -> Option<usize> {
-    let max_live = snapshots.iter().map(|s| s.parts.live).max()?.max(peak_live);
-    let waste = |i: usize| snapshots[i].parts.heap_waste();
+    let max_live = snapshots.iter().map(heaps::live).max()?.max(peak_live);
+    let complete = |i: usize| snapshots[i].missing_census.is_empty();
+    let waste = |i: usize| heaps::waste(&snapshots[i]);
     // Waste that is gone by the next snapshot was passing; but not when the next one is
-    // the exit's, taken after the program's own teardown freed what it kept.
+    // the exit's, taken after the program's own teardown freed what it kept, or one that
+    // does not know every heap.
     let lasting = |i: usize| match snapshots.get(i + 1) {
-        Some(next) if next.reason != "exit" => waste(i).min(waste(i + 1)),
+        Some(next) if next.reason != "exit" && complete(i + 1) => waste(i).min(waste(i + 1)),
         _ => waste(i),
     };
     (0..snapshots.len())
-        .filter(|&i| snapshots[i].parts.live * 100 >= max_live)
+        .filter(|&i| complete(i) && heaps::live(&snapshots[i]) * 100 >= max_live)
         .max_by_key(|&i| lasting(i))
 }
 
@@ -958,8 +985,8 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         free_in_used_pages: h.free_in_used_pages,
         free_resident_pages: h.free_resident_pages - lazy_free,
         lazy_free,
-        pymalloc_arenas: pymalloc,
-        sbcl_dynamic_space: sbcl,
+        pymalloc_arenas: Some(pymalloc),
+        sbcl_dynamic_space: Some(sbcl),
         other_anon: other.max(0) as u64,
         file,
         fragscope_own: own,
@@ -994,7 +1021,7 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
             live_bytes: h.occupancy_live[b],
         });
     }
-    Snapshot {
+    let mut snapshot = Snapshot {
         t_ms: e.tick as f64 * tick_ms,
         reason: match e.reason {
             SnapshotReason::Periodic => "periodic",
@@ -1012,6 +1039,30 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         allocator,
         pymalloc: e.pymalloc.clone(),
         sbcl: e.sbcl.clone(),
+        heaps: Vec::new(),
+        missing_census: Vec::new(),
+    };
+    snapshot.heaps = crate::heaps::at(&snapshot);
+    snapshot
+}
+
+/// Marks, at each snapshot, the runtime heaps the process runs whose census it lacks
+/// (the exit snapshot, most often): their part of the decomposition is unknown there.
+fn mark_missing_censuses(snapshots: &mut [Snapshot]) {
+    let runtimes = crate::heaps::runtimes_seen(snapshots);
+    for s in snapshots {
+        s.missing_census = runtimes
+            .iter()
+            .copied()
+            .filter(|h| h.figures(s).is_none())
+            .collect();
+        for h in &s.missing_census {
+            match h {
+                Heap::Pymalloc => s.parts.pymalloc_arenas = None,
+                Heap::Sbcl => s.parts.sbcl_dynamic_space = None,
+                Heap::Malloc => {}
+            }
+        }
     }
 }
 
@@ -1155,7 +1206,8 @@ fn phases_of(full: &[(f64, u64, u64)], snapshots: &[Snapshot]) -> Vec<Phase> {
                 live_end = x.2;
             }
             // The last snapshot inside, unless it is the exit one and another exists:
-            // a program's teardown is not the state of its phase.
+            // a program's teardown is not the state of its phase; and one that knows
+            // every heap (has the runtime's census) before one that does not.
             let inside: Vec<&Snapshot> = snapshots
                 .iter()
                 .filter(|s| s.t_ms >= p.start_ms && s.t_ms <= p.end_ms)
@@ -1163,7 +1215,8 @@ fn phases_of(full: &[(f64, u64, u64)], snapshots: &[Snapshot]) -> Vec<Phase> {
             let snap = inside
                 .iter()
                 .rev()
-                .find(|s| s.reason != "exit")
+                .find(|s| s.reason != "exit" && s.missing_census.is_empty())
+                .or_else(|| inside.iter().rev().find(|s| s.reason != "exit"))
                 .or(inside.last())
                 .copied();
             Phase {
@@ -1432,6 +1485,7 @@ fn headline(
         peak_live_t_ms: peak_live.1,
         focus_t_ms: None,
         fragmentation_ratio: None,
+        heap: None,
         dominant: None,
         sentence: "No page-residency snapshot was taken: only RSS and live bytes are known \
                    (record for longer, or with a smaller --snapshot-ms)."
@@ -1440,10 +1494,11 @@ fn headline(
     let Some(f) = focus else { return h };
     let d = &f.parts;
     h.focus_t_ms = Some(f.t_ms);
-    let heap = d.live + d.heap_waste();
-    if d.live > 0 {
-        h.fragmentation_ratio = Some(heap as f64 / d.live as f64);
+    let (all_resident, all_live) = (heaps::resident(f), heaps::live(f));
+    if all_live > 0 {
+        h.fragmentation_ratio = Some(all_resident as f64 / all_live as f64);
     }
+    let heap = d.live + d.heap_waste();
     let candidates = [
         ("free_resident_pages", d.free_resident_pages),
         ("free_in_used_pages", d.free_in_used_pages),
@@ -1455,15 +1510,17 @@ fn headline(
         .max_by_key(|c| c.1)
         .unwrap_or(("", 0));
     let waste = d.heap_waste();
-    h.sentence = if d.other_anon > heap.max(1) * 2 {
+    h.sentence = if d.other_anon > all_resident.max(1) * 2 {
         "Most of RSS is outside the traced heap (thread stacks, allocator metadata, runtimes \
          or mappings that never held a malloc'd object): see other_anon."
             .into()
     } else if waste * 10 < heap {
+        h.heap = Some(Heap::Malloc);
         "The heap is dense: under a tenth of its resident bytes is waste, so only holding less \
          live data lowers RSS."
             .into()
     } else {
+        h.heap = Some(Heap::Malloc);
         h.dominant = Some(name.into());
         let pct = 100 * biggest / waste.max(1);
         match name {

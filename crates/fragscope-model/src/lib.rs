@@ -13,6 +13,7 @@ pub mod compare;
 pub mod ghc;
 pub mod ghc_blocks;
 pub mod heap;
+pub mod heaps;
 pub mod lisp_sites;
 pub mod phases;
 pub mod pymalloc;

@@ -22,11 +22,12 @@ pub struct Decomposition {
     pub free_resident_pages: u64,
     pub lazy_free: u64,
     /// CPython's pymalloc arenas (resident), split in [`Snapshot::pymalloc`]; 0 for other
-    /// programs or without a census.
-    pub pymalloc_arenas: u64,
+    /// programs; `None` (unknown) at a snapshot of a CPython process that has no census
+    /// (their pages are then within `other_anon`).
+    pub pymalloc_arenas: Option<u64>,
     /// SBCL's dynamic space (resident), split in [`Snapshot::sbcl`]; 0 for other
-    /// programs or without a census.
-    pub sbcl_dynamic_space: u64,
+    /// programs; `None` (unknown) at a snapshot of an SBCL process that has no census.
+    pub sbcl_dynamic_space: Option<u64>,
     pub other_anon: u64,
     pub file: u64,
     /// fragscope's own buffers in the traced process: shown, kept out of the other parts.
@@ -98,6 +99,11 @@ pub struct Snapshot {
     /// An SBCL process's dynamic space, from a census taken with the snapshot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sbcl: Option<crate::sbcl::SbclParts>,
+    /// Every heap this snapshot has figures for: resident, live and waste of each.
+    pub heaps: Vec<crate::heaps::HeapFigures>,
+    /// Runtime heaps the process runs (other snapshots have their census) that this
+    /// snapshot has no census of: their figures here are unknown, not 0.
+    pub missing_census: Vec<crate::heaps::Heap>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -217,8 +223,11 @@ pub struct Headline {
     pub peak_live_t_ms: f64,
     /// The snapshot with the most heap waste, which the sentence is about.
     pub focus_t_ms: Option<f64>,
-    /// Heap resident / live at the focus snapshot.
+    /// Heap resident / live at the focus snapshot, over every heap it knows.
     pub fragmentation_ratio: Option<f64>,
+    /// The heap whose waste the sentence is about (the one with the most waste at the
+    /// focus snapshot, or malloc's when the sentence is not about waste).
+    pub heap: Option<crate::heaps::Heap>,
     /// The part that dominates the waste there ("free_in_used_pages", ...).
     pub dominant: Option<String>,
     pub sentence: String,
@@ -227,7 +236,14 @@ pub struct Headline {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MergeFacts {
     pub forced_allocs: u64,
+    /// Frees of blocks the trace never saw allocated, other than those counted apart
+    /// below (`inherited_frees`, and an attached process's blocks from before the attach).
     pub unknown_frees: u64,
+    /// A forked process: its frees of blocks it inherited from its parent at the fork
+    /// (allocated before this process's own tracing began). 0 for other processes.
+    pub inherited_frees: u64,
+    /// The pid of the process this one was forked from, when it was.
+    pub forked_from: Option<u32>,
     pub late: u64,
     pub lost_events: u64,
     /// Calls that waited on disk for slow threads (order kept, memory bounded).

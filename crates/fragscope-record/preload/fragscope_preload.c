@@ -1446,6 +1446,16 @@ static void init_tracing(void) {
     py_detect();
 }
 
+/* A dlsym or dlopen that fails leaves the thread an error message, malloc'ed then (under
+ * TF_FORWARD: unrecorded) and freed by the thread's next dl* call, which may be the
+ * program's: a free of a block the trace never saw. So after our own lookups, read the
+ * message twice, which frees it and its state (glibc 2.34+; before, the state is static),
+ * still under TF_FORWARD. */
+static void forget_dl_error(void) {
+    (void)dlerror();
+    (void)dlerror();
+}
+
 /* Called by every hook until the real functions are known. Returns 1 when the caller
  * may forward to the real function, 0 when it must use the bootstrap arena (dlsym itself
  * allocating while we resolve). */
@@ -1459,6 +1469,7 @@ static __attribute__((noinline)) int ensure_init(void) {
         resolve_real_functions();
         atomic_store(&init_state, 2);
         init_tracing();
+        forget_dl_error();
         tls_flags &= ~TF_FORWARD;
         return 1;
     }
@@ -1512,6 +1523,7 @@ __attribute__((constructor)) static void on_load(void) {
     at_quick_exit(on_quick_exit);
     attach_start();
     lisp_detect();
+    forget_dl_error();
     tls_flags &= ~TF_FORWARD;
 }
 
@@ -1956,8 +1968,13 @@ static int main_with_status(int argc, char **argv, char **envp) {
 }
 EXPORT int __libc_start_main(main_fn main, int argc, char **argv, void (*init)(void),
                              void (*fini)(void), void (*rtld_fini)(void), void *stack_end) {
+    /* Ours: its lookup frees the messages of lookups that failed during our start-up. */
+    unsigned saved = tls_flags;
+    tls_flags |= TF_FORWARD;
     int (*real_start)(main_fn, int, char **, void (*)(void), void (*)(void), void (*)(void),
                       void *) = dlsym(RTLD_NEXT, "__libc_start_main");
+    forget_dl_error();
+    tls_flags = saved;
     program_main = main;
     return real_start(main_with_status, argc, argv, init, fini, rtld_fini, stack_end);
 }

@@ -216,11 +216,20 @@
     const base = idx.map(() => 0);
     const g = sv("g", { class: "areas" });
     for (const [k] of layers) {
-      const top = idx.map((s, j) => base[j] + S.parts[k][s]);
-      let d = "";
-      ts.forEach((t, j) => { d += (j ? "L" : "M") + c.x(t).toFixed(1) + "," + c.y(top[j]).toFixed(1); });
-      for (let j = ts.length - 1; j >= 0; j--) d += "L" + c.x(ts[j]).toFixed(1) + "," + c.y(base[j]).toFixed(1);
-      g.append(sv("path", { class: "area", "data-part": k, d: d + "Z", fill: PART_COLORS[k], "fill-opacity": 0.9 }));
+      const top = idx.map((s, j) => base[j] + (S.parts[k][s] || 0));
+      // A part unknown at a snapshot (null: no census of its heap there) leaves a gap:
+      // one area per run of snapshots where it is known.
+      let d = "", run = [];
+      const close = () => {
+        if (!run.length) return;
+        run.forEach((j, n) => { d += (n ? "L" : "M") + c.x(ts[j]).toFixed(1) + "," + c.y(top[j]).toFixed(1); });
+        for (let n = run.length - 1; n >= 0; n--) d += "L" + c.x(ts[run[n]]).toFixed(1) + "," + c.y(base[run[n]]).toFixed(1);
+        d += "Z";
+        run = [];
+      };
+      idx.forEach((s, j) => { if (S.parts[k][s] === null) close(); else run.push(j); });
+      close();
+      g.append(sv("path", { class: "area", "data-part": k, d, fill: PART_COLORS[k], "fill-opacity": 0.9 }));
       top.forEach((v, j) => { base[j] = v; });
     }
     c.svg.append(g);
@@ -229,7 +238,8 @@
     for (const t of S.t_ms) c.svg.append(sv("line", { class: "snap-mark", x1: c.x(t), x2: c.x(t), y1: c.H - c.m.b, y2: c.H - c.m.b + 5, stroke: "#111" }));
     if (n) {
       hover(c, S.t_ms, (i) => {
-        const rows = R.parts_names.filter(([k]) => S.parts[k][i] > 0).map(([k, name]) => [name, bytes(S.parts[k][i]), PART_COLORS[k]]);
+        // null: the runtime's heap was not censused at this snapshot (within other anonymous).
+        const rows = R.parts_names.filter(([k]) => S.parts[k][i] !== 0).map(([k, name]) => [name, S.parts[k][i] === null ? "unknown (no census here)" : bytes(S.parts[k][i]), PART_COLORS[k]]);
         if (S.unexplained[i]) rows.push(["unexplained", bytes(S.unexplained[i])]);
         rows.push(["RSS at the snapshot", bytes(S.rss[i])]);
         if (T.t_ms.length) rows.push(["RSS (timeline)", bytes(T.rss[nearest(T.t_ms, S.t_ms[i])])]);
@@ -287,11 +297,24 @@
     return histogram(parent, bars, { width: o.width, height: o.height, cls: "occupancy", caption: "resident heap pages by the share of their bytes that is live" });
   }
 
+  // A runtime heap's own fill buckets (pymalloc's pools, SBCL's pages) at one snapshot.
+  function runtimeFillChart(parent, name, F) {
+    const bars = F.buckets.map((b, j) => {
+      const label = b.lo_pct + "-" + b.hi_pct + "%";
+      return { label, n: b.count, color: fillColor(j), title: label + " in use", tip: [[F.unit, count(b.count)], ["their bytes", bytes(b.count * F.unit_bytes)], ["bytes in use", bytes(b.bytes_in_use)]] };
+    });
+    return histogram(parent, bars, { cls: "occupancy runtime-fill", caption: name + ": " + F.unit + " in use by the share of their bytes in use" });
+  }
+
   function occupancySection(main, R) {
     const S = R.snapshots;
     const s = section(main, "Page occupancy", "occupancy");
     if (!S.t_ms.length) { s.append(el("p", { class: "note" }, "No page-residency snapshot was taken.")); return; }
-    const chosen = R.focus_snapshot ?? S.t_ms.length - 1;
+    const heapName = (h) => R.heap_names[h] || h;
+    let chosen = R.focus_snapshot ?? S.t_ms.length - 1;
+    // The heap the headline is about first; the others the process has after it.
+    const heaps = ["malloc"].concat(["pymalloc", "sbcl"].filter((h) => S[h + "_fill"].some((f) => f)));
+    let heap = heaps.includes(R.headline.heap) ? R.headline.heap : "malloc";
     const holder = el("div");
     const opts = S.t_ms.map((t, i) => {
       const tags = [];
@@ -300,10 +323,18 @@
       if (i === R.end_snapshot) tags.push("end");
       return [i, secs(t) + " (" + S.reason[i] + ")" + (tags.length ? " - " + tags.join(", ") : "")];
     });
-    const draw = (i) => { holder.replaceChildren(); occupancyChart(holder, R, i); };
-    s.append(el("div", { class: "controls" }, "snapshot ", select(opts, chosen, (v) => draw(+v))));
+    const draw = () => {
+      holder.replaceChildren();
+      if (heap === "malloc") { occupancyChart(holder, R, chosen); return; }
+      const F = S[heap + "_fill"][chosen];
+      if (F) runtimeFillChart(holder, heapName(heap), F);
+      else holder.append(el("p", { class: "note" }, "No census of the " + heapName(heap) + " at this snapshot: its figures are unknown here."));
+    };
+    const controls = el("div", { class: "controls" }, "snapshot ", select(opts, chosen, (v) => { chosen = +v; draw(); }));
+    if (heaps.length > 1) controls.append(" heap ", select(heaps.map((h) => [h, heapName(h)]), heap, (v) => { heap = v; draw(); }));
+    s.append(controls);
     s.append(holder);
-    draw(chosen);
+    draw();
   }
 
   function linesChart(parent, o) {
@@ -494,10 +525,16 @@
     if (M && M.attached) h.append(el("p", { class: "note" }, M.starting_blocks !== null
       ? "Recorded from the moment fragscope attached to the running process; its heap then held " + count(M.starting_blocks) + " blocks (" + bytes(M.starting_bytes) + "), read from glibc's heap, which count as live data from the start" + (M.unknown_frees ? " (" + count(M.unknown_frees) + " frees of blocks whose allocation was in flight as its calls were rebound or put back are counted apart)." : ".")
       : "Recorded from the moment fragscope attached to the running process, whose heap was not read then: its " + count(M.unknown_frees) + " frees of blocks allocated before are counted apart, and live data counts only blocks allocated since."));
+    if (M && M.inherited_frees) h.append(el("p", { class: "note" }, count(M.inherited_frees) + " frees of blocks this process inherited from its parent (pid " + M.forked_from + ") at the fork are counted apart; the blocks it inherited and kept are not in its live data."));
     for (const u of R.untraced || []) h.append(el("p", { class: "warn" }, "Not traced, its calls are missing: pid " + u.pid + " (" + (u.argv.join(" ") || u.path) + ")" + (u.exec_by_pid === null ? "" : ", exec'd by pid " + u.exec_by_pid) + ": " + u.reason));
     h.append(el("p", { class: "headline" }, R.headline.sentence));
     h.append(el("p", { class: "note" }, (R.headline.peak_rss === null ? "no RSS sample was taken" : "peak RSS " + bytes(R.headline.peak_rss) + " at " + secs(R.headline.peak_rss_t_ms)) + "; peak live " + bytes(R.headline.peak_live) + " at " + secs(R.headline.peak_live_t_ms) +
       (R.headline.fragmentation_ratio ? "; fragmentation ratio " + R.headline.fragmentation_ratio.toFixed(2) + " (heap resident / live at the most waste)" : "")));
+    // The heaps apart at the most waste, when the process has more than one.
+    const F = R.focus_snapshot;
+    if (F !== null && F !== undefined && R.snapshots.heaps[F].length > 1) {
+      h.append(el("p", { class: "note" }, "At " + secs(R.snapshots.t_ms[F]) + " (the most heap waste): " + R.snapshots.heaps[F].filter((x) => x.resident > 0).map((x) => R.heap_names[x.heap] + " " + bytes(x.resident) + " resident for " + bytes(x.live) + " live").join("; ") + "."));
+    }
     // A snapshot of the same moment (to 10 ms) that saw far less live data was read after
     // the frees that followed the peak: both times to the millisecond, as in the text.
     const S = R.snapshots, pl = R.headline.peak_live, pt = R.headline.peak_live_t_ms;
