@@ -415,3 +415,58 @@ fn through_a_pyenv_shim_the_report_explains_the_interpreter() {
         "pymalloc_free_in_used_pools"
     );
 }
+
+/// When pymalloc's arenas hold the waste, the first lines a user reads are about them:
+/// the headline, the "most heap waste" line with its ratio over every heap, and a focus
+/// snapshot that carries the census; the exit snapshot (CPython has finalized by then, so
+/// no census is taken) shows the arenas as unknown, not as 0.
+#[test]
+fn the_first_lines_name_pymalloc_when_its_arenas_hold_the_waste() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("first-lines.fsc");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "--stacks", "none", "--snapshot-ms", "300", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg("/usr/bin/python3")
+        .arg(script())
+        .args(["300000", "1", "scattered"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let report = report_json(&trace);
+    let headline = &report["headline"];
+    assert_eq!(headline["heap"], "pymalloc", "{headline}");
+    let focus = &report["snapshots"][report["focus_snapshot"].as_u64().unwrap() as usize];
+    assert!(!focus["pymalloc"].is_null(), "{focus}");
+    assert_eq!(focus["missing_census"], serde_json::json!([]));
+    // The ratio is over every heap at the focus, pymalloc's arenas included.
+    let heaps = focus["heaps"].as_array().unwrap();
+    let sum = |k: &str| heaps.iter().map(|h| h[k].as_u64().unwrap()).sum::<u64>() as f64;
+    let ratio = headline["fragmentation_ratio"].as_f64().unwrap();
+    assert!(
+        (ratio - sum("resident") / sum("live")).abs() < 1e-9,
+        "{focus}"
+    );
+    assert!(ratio > 2.0, "{headline}");
+    let exit = report["snapshots"].as_array().unwrap().last().unwrap();
+    assert_eq!(exit["reason"], "exit");
+    assert!(exit["pymalloc_arenas"].is_null(), "{exit}");
+    assert_eq!(exit["missing_census"], serde_json::json!(["pymalloc"]));
+    let text = common::fragscope(&["report".as_ref(), trace.as_os_str()]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    let most = text
+        .lines()
+        .find(|l| l.contains("(the most heap waste)"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(most.contains("pymalloc arenas"), "{most}");
+    let row = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("pymalloc arenas"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(row.contains('–') && !row.contains(" 0 B"), "{row}");
+    assert!(
+        text.contains("no census of the pymalloc arenas at"),
+        "{text}"
+    );
+}

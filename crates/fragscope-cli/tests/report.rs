@@ -573,3 +573,77 @@ fn a_peak_between_calls_and_a_snapshot_of_the_same_moment_are_told_apart() {
         "{note}"
     );
 }
+
+/// A program that frees nothing it allocated reports no frees of unknown blocks: the
+/// interposer's own start-up leaves no block for the program to free (/bin/true once
+/// showed 2, the dlerror messages of lookups that failed at start-up).
+#[test]
+fn a_program_without_frees_reports_no_unknown_frees() {
+    let dir = tempfile::tempdir().unwrap();
+    for stacks in ["sampled", "all", "none"] {
+        let trace = dir.path().join(format!("true-{stacks}.fsc"));
+        let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+            .args(["record", "--stacks", stacks, "-o"])
+            .arg(&trace)
+            .args(["--", "/bin/true"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        let report = common::report_json(&trace);
+        assert_eq!(
+            report["merge"]["unknown_frees"], 0,
+            "{stacks}: {}",
+            report["merge"]
+        );
+        assert_eq!(report["calls"], 0, "{stacks}");
+    }
+}
+
+/// A forked worker's frees of the blocks it inherited are counted apart (and named so),
+/// not as frees of unknown blocks.
+#[test]
+fn a_fork_childs_frees_of_inherited_blocks_are_counted_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = common::build(dir.path(), "prefork", &[]);
+    let trace = dir.path().join("prefork.fsc");
+    let out = common::record(common::Allocator::Glibc, &trace, &exe, &[]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let worker: String = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .trim_start_matches("worker ")
+        .into();
+    let report = |pid: &str| {
+        let out = common::fragscope(&[
+            "report".as_ref(),
+            trace.as_os_str(),
+            "--json".as_ref(),
+            "--pid".as_ref(),
+            pid.as_ref(),
+        ]);
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let w = report(&worker);
+    let merge = &w["merge"];
+    assert_eq!(merge["inherited_frees"], 50000, "{merge}");
+    assert_eq!(merge["unknown_frees"], 0, "{merge}");
+    let parent = report(&w["processes"][0]["pid"].to_string());
+    assert!(
+        parent["merge"]["forked_from"].is_null(),
+        "{}",
+        parent["merge"]
+    );
+    assert_eq!(merge["forked_from"], parent["pid"], "{merge}");
+    let text = common::fragscope(&[
+        "report".as_ref(),
+        trace.as_os_str(),
+        "--pid".as_ref(),
+        worker.as_ref(),
+    ]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("50000 frees of blocks this process inherited from its parent"),
+        "{text}"
+    );
+    assert!(!text.contains("frees of unknown blocks"), "{text}");
+}

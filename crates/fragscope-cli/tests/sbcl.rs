@@ -541,3 +541,128 @@ fn stacks_none_samples_no_lisp_allocation() {
     let info = common::info(&trace);
     assert_eq!(info["processes"][0]["lisp_samples"], 0, "{info}");
 }
+
+/// A saved executable whose threads build a heap that only SBCL's dynamic space holds:
+/// the headline, the "most heap waste" line and the page's summary name the dynamic
+/// space, the focus snapshot carries its census, and the exit snapshot, taken without a
+/// census, shows the dynamic space as unknown instead of counting it as other memory.
+#[test]
+fn the_first_lines_name_the_dynamic_space_of_a_saved_threaded_executable() {
+    if sbcl_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.lisp");
+    std::fs::write(
+        &job,
+        r#"(defvar *keep* nil)
+(defvar *lock* (sb-thread:make-mutex))
+(defun worker (n)
+  (let ((mine nil))
+    (dotimes (i n)
+      (let ((rec (list (make-string 40 :initial-element #\x) (make-array 16) i)))
+        (when (zerop (mod i 10)) (push rec mine))))
+    (sb-thread:with-mutex (*lock*) (push mine *keep*))))
+(defun work ()
+  (mapc #'sb-thread:join-thread
+        (loop repeat 2 collect (sb-thread:make-thread #'worker :arguments (list 600000))))
+  (sleep 1.2))
+"#,
+    )
+    .unwrap();
+    let exe = dir.path().join("threads-exe");
+    let build = dir.path().join("build.lisp");
+    std::fs::write(
+        &build,
+        format!(
+            "(load {:?})\n(sb-ext:save-lisp-and-die {:?} :executable t :toplevel (lambda () (work) (sb-ext:exit)))\n",
+            job.display().to_string(),
+            exe.display().to_string()
+        ),
+    )
+    .unwrap();
+    let out = Command::new("sbcl")
+        .args(["--non-interactive", "--load"])
+        .arg(&build)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let trace = dir.path().join("threads.fsc");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "--snapshot-ms", "300", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let report = report_json(&trace);
+    let headline = &report["headline"];
+    let sentence = headline["sentence"].as_str().unwrap();
+    assert!(!sentence.contains("outside the traced heap"), "{sentence}");
+    let snapshots = report["snapshots"].as_array().unwrap();
+    let focus = &snapshots[report["focus_snapshot"].as_u64().unwrap() as usize];
+    assert!(!focus["sbcl"].is_null(), "{focus}");
+    // The sentence is about the dynamic space when it holds the most waste (how much the
+    // collector left free at the focus varies from run to run), else the heaps are dense.
+    let waste = |heap: &str| {
+        focus["heaps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["heap"] == heap)
+            .map_or(0, |h| h["waste"].as_u64().unwrap())
+    };
+    if waste("sbcl") >= 4 << 20 && waste("sbcl") > waste("malloc") {
+        assert_eq!(headline["heap"], "sbcl", "{headline}");
+        assert!(sentence.contains("SBCL's dynamic space"), "{sentence}");
+    } else {
+        assert!(
+            sentence.starts_with("The heaps are dense"),
+            "{focus}\n{sentence}"
+        );
+    }
+    let exit = snapshots.last().unwrap();
+    assert_eq!(exit["reason"], "exit");
+    assert!(exit["sbcl_dynamic_space"].is_null(), "{exit}");
+    assert_eq!(exit["missing_census"], serde_json::json!(["sbcl"]));
+    let text = common::fragscope(&["report".as_ref(), trace.as_os_str()]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    let most = text
+        .lines()
+        .find(|l| l.contains("(the most heap waste)"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(most.contains("SBCL dynamic space"), "{most}");
+    assert!(
+        text.contains("no census of the SBCL dynamic space at"),
+        "{text}"
+    );
+    let page = dir.path().join("threads.html");
+    let out = common::fragscope(&[
+        "report".as_ref(),
+        trace.as_os_str(),
+        "--html".as_ref(),
+        page.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    if let Some(browser) = common::chromium() {
+        let dom = common::load_page(
+            &browser,
+            &page,
+            &common::artefacts().join("sbcl-first-lines.png"),
+        );
+        let summary = dom
+            .split("id=\"summary\"")
+            .nth(1)
+            .and_then(|s| s.split("</section>").next())
+            .unwrap_or_else(|| panic!("no summary in the page"));
+        assert!(summary.contains("SBCL dynamic space"), "{summary}");
+        // The page occupancy opens on the dynamic space's pages.
+        assert!(
+            dom.contains("SBCL dynamic space: pages in use"),
+            "no SBCL page fill"
+        );
+    } else {
+        eprintln!("skipped the page: chromium is not installed");
+    }
+}

@@ -1498,7 +1498,6 @@ fn headline(
     if all_live > 0 {
         h.fragmentation_ratio = Some(all_resident as f64 / all_live as f64);
     }
-    let heap = d.live + d.heap_waste();
     let candidates = [
         ("free_resident_pages", d.free_resident_pages),
         ("free_in_used_pages", d.free_in_used_pages),
@@ -1510,15 +1509,24 @@ fn headline(
         .max_by_key(|c| c.1)
         .unwrap_or(("", 0));
     let waste = d.heap_waste();
+    let all_waste = heaps::waste(f);
     h.sentence = if d.other_anon > all_resident.max(1) * 2 {
         "Most of RSS is outside the traced heap (thread stacks, allocator metadata, runtimes \
          or mappings that never held a malloc'd object): see other_anon."
             .into()
-    } else if waste * 10 < heap {
-        h.heap = Some(Heap::Malloc);
-        "The heap is dense: under a tenth of its resident bytes is waste, so only holding less \
-         live data lowers RSS."
-            .into()
+    } else if all_waste * 10 < all_resident {
+        // Dense over every heap the process has: a runtime's dense heap beside a small
+        // malloc heap with a few free pages is not a malloc problem.
+        h.heap = heaps::most_wasteful(f).map(|x| x.heap);
+        if f.heaps.len() > 1 {
+            "The heaps are dense: under a tenth of their resident bytes (malloc's and the \
+             runtime's) is waste, so only holding less live data lowers RSS."
+                .into()
+        } else {
+            "The heap is dense: under a tenth of its resident bytes is waste, so only holding \
+             less live data lowers RSS."
+                .into()
+        }
     } else {
         h.heap = Some(Heap::Malloc);
         h.dominant = Some(name.into());
