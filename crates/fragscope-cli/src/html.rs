@@ -34,9 +34,10 @@ const TABLE_CLASSES: usize = 50;
 const FLAME_MIN_SHARE: f64 = 1e-4;
 
 /// The malloc report's parts, in stacking order, with their names in the page.
-pub const PARTS: [(&str, &str); 10] = [
+pub const PARTS: [(&str, &str); 11] = [
     ("live", "live"),
     ("rounding", "rounding"),
+    ("allocator_overhead", "allocator overhead"),
     ("free_in_used_pages", "free in used pages"),
     ("free_resident_pages", "free resident pages"),
     ("lazy_free", "lazily freed"),
@@ -140,6 +141,7 @@ fn malloc_data(r: &Report) -> Value {
                 match key {
                     "live" => d.live,
                     "rounding" => d.rounding,
+                    "allocator_overhead" => d.allocator_overhead,
                     "free_in_used_pages" => d.free_in_used_pages,
                     "free_resident_pages" => d.free_resident_pages,
                     "lazy_free" => d.lazy_free,

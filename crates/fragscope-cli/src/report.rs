@@ -388,9 +388,10 @@ fn headline(o: &mut String, r: &Report) {
 /// Reads one part of a decomposition (signed: `unexplained` can be negative).
 type PartOf = fn(&Decomposition) -> i64;
 
-const PARTS: [(&str, PartOf); 11] = [
+const PARTS: [(&str, PartOf); 12] = [
     ("live", |d| d.live as i64),
     ("rounding", |d| d.rounding as i64),
+    ("allocator overhead", |d| d.allocator_overhead as i64),
     ("free in used pages", |d| d.free_in_used_pages as i64),
     ("free resident pages", |d| d.free_resident_pages as i64),
     ("lazily freed", |d| d.lazy_free as i64),
