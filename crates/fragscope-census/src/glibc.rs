@@ -336,32 +336,55 @@ impl<'a> Residency<'a> {
 }
 
 /// A run of memory whose pages are counted: a heap of an arena, or mmapped chunks.
+///
+/// A chunk in use at `p` of `csize` bytes lends the program [p+16, p+csize+8): its user
+/// memory runs into the next chunk's `prev_size` field, which glibc uses only while the
+/// chunk before is free. Its own first 8 bytes belong to the chunk before it, so the
+/// chunks' marks never overlap; [p+8, p+16), its size field, is the allocator's.
 struct Region {
     start: u64,
     arena: Option<usize>,
-    /// Bytes in use (chunks the program holds, the allocator's own) on each page.
+    /// Bytes in use on each page: the program's (usable) and the allocator's own.
     in_use: Vec<u32>,
+    /// Of those, the allocator's own: chunk headers, heap and arena headers, thread cache
+    /// tables, fenceposts.
+    own: Vec<u32>,
 }
 
 impl Region {
     fn new(start: u64, end: u64, arena: Option<usize>, page: u64) -> Self {
         let start = start / page * page;
+        let pages = (end.next_multiple_of(page) - start).div_ceil(page) as usize;
         Self {
             start,
             arena,
-            in_use: vec![0; (end.next_multiple_of(page) - start).div_ceil(page) as usize],
+            in_use: vec![0; pages],
+            own: vec![0; pages],
         }
     }
-    fn add(&mut self, lo: u64, hi: u64, page: u64, sign: i64) {
-        let mut at = lo;
+    /// Adds (`sign` 1) or takes away (-1) [lo, hi) in use, as the allocator's own bytes
+    /// (`own`) or the program's.
+    fn add(&mut self, lo: u64, hi: u64, page: u64, sign: i64, own: bool) {
+        let hi = hi.min(self.start + self.in_use.len() as u64 * page);
+        let mut at = lo.max(self.start);
+        let bump =
+            |slot: &mut u32, n: u64| *slot = (i64::from(*slot) + sign * n as i64).max(0) as u32;
         while at < hi {
             let p = (at - self.start) / page;
             let page_end = self.start + (p + 1) * page;
             let n = hi.min(page_end) - at;
-            let slot = &mut self.in_use[p as usize];
-            *slot = (i64::from(*slot) + sign * n as i64).max(0) as u32;
+            bump(&mut self.in_use[p as usize], n);
+            if own {
+                bump(&mut self.own[p as usize], n);
+            }
             at += n;
         }
+    }
+    /// Marks chunk `p` of `csize` bytes in use by the program (`sign` 1) or no longer
+    /// (-1): its size field as the allocator's, its user memory as the program's.
+    fn chunk(&mut self, p: u64, csize: u64, page: u64, sign: i64) {
+        self.add(p + SIZE_SZ, p + 2 * SIZE_SZ, page, sign, true);
+        self.add(p + 2 * SIZE_SZ, p + csize + SIZE_SZ, page, sign, false);
     }
 }
 
@@ -590,6 +613,8 @@ fn census_walk(
             arena.heaps = 1;
             w.regions.push(Region::new(start, top_end, Some(i), page));
             let r = w.regions.len() - 1;
+            // The alignment before the first chunk and its unused prev_size field.
+            w.regions[r].add(start, first + SIZE_SZ, page, 1, true);
             w.walk(r, &mut arena, first, top, top_end, true)?;
         } else {
             // The heap holding the top, then each one before it.
@@ -634,7 +659,8 @@ fn census_walk(
                 arena.overhead_bytes += header;
                 w.regions.push(Region::new(h, h + size, Some(i), page));
                 let r = w.regions.len() - 1;
-                w.regions[r].add(h, h + header, page, 1);
+                // With the first chunk's prev_size field, which no chunk before it uses.
+                w.regions[r].add(h, h + header + SIZE_SZ, page, 1, true);
                 let is_top_heap = k == 0;
                 let end = if is_top_heap { top_end } else { h + size };
                 if is_top_heap && top_end != h + size {
@@ -736,9 +762,10 @@ impl Walk<'_> {
             }
             let csize = size & !SIZE_BITS;
             if csize == 0 && !has_top {
-                // The fencepost that ends an old heap.
+                // The fencepost that ends an old heap (its first 8 bytes are the chunk
+                // before it's).
                 arena.overhead_bytes += end - p;
-                self.regions[r].add(p, end, page, 1);
+                self.regions[r].add(p + SIZE_SZ, end, page, 1, true);
                 return self.end_run(arena, &mut run, p);
             }
             let next = p + csize;
@@ -755,7 +782,7 @@ impl Walk<'_> {
             if csize < MINSIZE {
                 // A fencepost (the end of an old heap).
                 arena.overhead_bytes += csize;
-                self.regions[r].add(p, next, page, 1);
+                self.regions[r].add(p + SIZE_SZ, next + SIZE_SZ, page, 1, true);
                 self.end_run(arena, &mut run, p)?;
             } else if next_size & PREV_INUSE == 0 {
                 arena.free_chunks += 1;
@@ -771,7 +798,7 @@ impl Walk<'_> {
                 self.end_run(arena, &mut run, p)?;
                 arena.in_use_chunks += 1;
                 arena.in_use_bytes += csize;
-                self.regions[r].add(p, next, page, 1);
+                self.regions[r].chunk(p, csize, page, 1);
                 self.classes.in_use(p, csize, page, 1);
                 if let Some(b) = &mut self.blocks {
                     b.push((p, csize, false));
@@ -843,6 +870,10 @@ impl Walk<'_> {
             a.in_use_chunks -= 1;
             a.in_use_bytes -= TCACHE_CHUNK;
             a.overhead_bytes += TCACHE_CHUNK;
+            // Its user memory is the allocator's table, not the program's.
+            let table = (p + 2 * SIZE_SZ, p + TCACHE_CHUNK + SIZE_SZ);
+            self.regions[r].add(table.0, table.1, page, -1, false);
+            self.regions[r].add(table.0, table.1, page, 1, true);
             self.classes.in_use(p, TCACHE_CHUNK, page, -1);
             for (c, size) in chunks {
                 let Some(cr) = self
@@ -859,7 +890,7 @@ impl Walk<'_> {
                 a.in_use_bytes -= size;
                 a.tcache_chunks += 1;
                 a.tcache_bytes += size;
-                self.regions[cr].add(c, c + size, page, -1);
+                self.regions[cr].chunk(c, size, page, -1);
                 self.classes.in_use(c, size, page, -1);
                 self.classes.free(size);
             }
@@ -998,7 +1029,9 @@ impl Walk<'_> {
                 let (a, c) = *run.last().unwrap();
                 let mut r = Region::new(start, a + c, None, page);
                 for &(lo, csize) in &run {
-                    r.add(lo, lo + csize, page, 1);
+                    // Its header is the allocator's; it lends no bytes to the next chunk.
+                    r.add(lo, lo + 2 * SIZE_SZ, page, 1, true);
+                    r.add(lo + 2 * SIZE_SZ, lo + csize, page, 1, false);
                     self.classes.in_use(lo, csize, page, 1);
                     if let Some(b) = &mut self.blocks {
                         b.push((lo, csize, true));
@@ -1021,9 +1054,10 @@ impl Walk<'_> {
         let mut arenas = self.arenas;
         let mut occupancy_pages = vec![0u64; OCCUPANCY_BUCKETS];
         let mut occupancy_in_use = vec![0u64; OCCUPANCY_BUCKETS];
+        let mut occupancy_overhead = vec![0u64; OCCUPANCY_BUCKETS];
         let mut mmapped_resident = 0;
         for r in &self.regions {
-            for (i, &used) in r.in_use.iter().enumerate() {
+            for (i, (&used, &own)) in r.in_use.iter().zip(&r.own).enumerate() {
                 let addr = r.start + i as u64 * page;
                 if !self.residency.resident(addr) {
                     continue;
@@ -1036,6 +1070,7 @@ impl Walk<'_> {
                 };
                 occupancy_pages[bucket] += 1;
                 occupancy_in_use[bucket] += used;
+                occupancy_overhead[bucket] += u64::from(own).min(used);
                 match r.arena {
                     Some(a) => {
                         let a = &mut arenas[a];
@@ -1062,6 +1097,7 @@ impl Walk<'_> {
             mmapped_resident,
             occupancy_pages,
             occupancy_in_use,
+            occupancy_overhead,
             classes,
             bytes_read: self.mem.bytes_read() - started_read,
         }

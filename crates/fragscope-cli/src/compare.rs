@@ -96,7 +96,7 @@ struct Column {
 #[derive(Serialize)]
 #[serde(untagged)]
 enum Figures {
-    Malloc(RunFigures),
+    Malloc(Box<RunFigures>),
     Ghc(Box<GhcRunFigures>),
 }
 
@@ -298,7 +298,7 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
                     n.to_string_lossy().into_owned()
                 });
                 let (kind, figures) = match &report {
-                    Report::Malloc(r) => ("malloc", Figures::Malloc(RunFigures::of(r))),
+                    Report::Malloc(r) => ("malloc", Figures::Malloc(Box::new(RunFigures::of(r)))),
                     Report::Ghc(g) => ("ghc", Figures::Ghc(Box::new(GhcRunFigures::of(g)))),
                 };
                 Ok(Column {
@@ -357,7 +357,7 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
                 runs: figures.len(),
                 traces: if a.keep.is_some() { traces } else { Vec::new() },
                 kind: "malloc",
-                figures: Figures::Malloc(RunFigures::median(&figures)),
+                figures: Figures::Malloc(Box::new(RunFigures::median(&figures))),
                 report: last,
             });
         }
@@ -418,7 +418,7 @@ fn column_width(cols: &[Column]) -> usize {
 fn render(cols: &[Column]) -> String {
     let width = column_width(cols);
     let malloc = |c: &Column| match &c.figures {
-        Figures::Malloc(f) => f.clone(),
+        Figures::Malloc(f) => f.as_ref().clone(),
         Figures::Ghc(_) => RunFigures::default(),
     };
     let mut o = String::new();
@@ -428,7 +428,7 @@ fn render(cols: &[Column]) -> String {
         let _ = write!(o, "{:>width$}", c.short);
     }
     o.push('\n');
-    let rows: [(&str, FigureText); 21] = [
+    let rows: [(&str, FigureText); 22] = [
         ("peak RSS", |f| {
             f.peak_rss.map_or_else(|| "not sampled".into(), bytes)
         }),
@@ -438,6 +438,7 @@ fn render(cols: &[Column]) -> String {
         ("  heap resident", |f| bytes(f.heap_resident)),
         ("  live", |f| bytes(f.live)),
         ("  rounding", |f| bytes(f.rounding)),
+        ("  allocator overhead", |f| bytes(f.allocator_overhead)),
         ("  free in used pages", |f| bytes(f.free_in_used_pages)),
         ("  free resident pages", |f| bytes(f.free_resident_pages)),
         ("  lazily freed", |f| bytes(f.lazy_free)),
@@ -465,7 +466,7 @@ fn render(cols: &[Column]) -> String {
     let python = cols.iter().any(|c| malloc(c).pymalloc_arenas > 0);
     let sbcl = cols.iter().any(|c| malloc(c).sbcl_resident > 0);
     for (i, (name, get)) in rows.into_iter().enumerate() {
-        if ((12..16).contains(&i) && !python) || ((16..19).contains(&i) && !sbcl) {
+        if ((13..17).contains(&i) && !python) || ((17..20).contains(&i) && !sbcl) {
             continue;
         }
         let _ = write!(o, "{name:<26}");

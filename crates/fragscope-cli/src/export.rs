@@ -1105,6 +1105,7 @@ fn snapshots_batch(r: &Report) -> Result<RecordBatch> {
         u("rss", |x| x.parts.rss),
         u("live", |x| x.parts.live),
         u("rounding", |x| x.parts.rounding),
+        u("allocator_overhead", |x| x.parts.allocator_overhead),
         u("free_in_used_pages", |x| x.parts.free_in_used_pages),
         u("free_resident_pages", |x| x.parts.free_resident_pages),
         u("lazy_free", |x| x.parts.lazy_free),

@@ -34,9 +34,10 @@ const TABLE_CLASSES: usize = 50;
 const FLAME_MIN_SHARE: f64 = 1e-4;
 
 /// The malloc report's parts, in stacking order, with their names in the page.
-pub const PARTS: [(&str, &str); 10] = [
+pub const PARTS: [(&str, &str); 11] = [
     ("live", "live"),
     ("rounding", "rounding"),
+    ("allocator_overhead", "allocator overhead"),
     ("free_in_used_pages", "free in used pages"),
     ("free_resident_pages", "free resident pages"),
     ("lazy_free", "lazily freed"),
@@ -141,6 +142,7 @@ fn malloc_data(r: &Report) -> Value {
                 match key {
                     "live" => Some(d.live),
                     "rounding" => Some(d.rounding),
+                    "allocator_overhead" => Some(d.allocator_overhead),
                     "free_in_used_pages" => Some(d.free_in_used_pages),
                     "free_resident_pages" => Some(d.free_resident_pages),
                     "lazy_free" => Some(d.lazy_free),

@@ -417,9 +417,10 @@ fn headline(o: &mut String, r: &Report) {
 /// not known at that snapshot).
 type PartOf = fn(&Decomposition) -> Option<i64>;
 
-const PARTS: [(&str, PartOf); 11] = [
+const PARTS: [(&str, PartOf); 12] = [
     ("live", |d| Some(d.live as i64)),
     ("rounding", |d| Some(d.rounding as i64)),
+    ("allocator overhead", |d| Some(d.allocator_overhead as i64)),
     ("free in used pages", |d| Some(d.free_in_used_pages as i64)),
     ("free resident pages", |d| {
         Some(d.free_resident_pages as i64)

@@ -443,7 +443,7 @@ out = {}
 out["sites"] = one("select count(*), sum(alloc_space), sum(alloc_objects), sum(inuse_space), sum(inuse_objects), sum(pinned_waste) from T(sites.pq)")
 out["top_pinned"] = one("select function from T(sites.pq) order by pinned_waste desc limit 1")
 out["snapshots"] = one("select count(*), sum(rss), sum(live), sum(rounding), sum(free_in_used_pages), sum(free_resident_pages), sum(other_anon), sum(file), sum(unexplained), sum(used_pages + empty_pages) from T(snapshots.pq)")
-out["parts_add_up"] = one("select bool_and(live + rounding + free_in_used_pages + free_resident_pages + lazy_free + pymalloc_arenas + other_anon + file + fragscope_own + unexplained = rss) from T(snapshots.pq)")
+out["parts_add_up"] = one("select bool_and(live + rounding + allocator_overhead + free_in_used_pages + free_resident_pages + lazy_free + pymalloc_arenas + other_anon + file + fragscope_own + unexplained = rss) from T(snapshots.pq)")
 out["occupancy"] = one("select count(*), sum(pages) from T(occupancy.pq)")
 out["events"] = one("select count(*), sum(size), count(distinct tid), bool_and(seq = rn) from (select *, row_number() over () - 1 as rn from T(events.pq))")
 out["allocations"] = one("select count(*) from T(events.pq) where func <> 'free' and address <> 0")

@@ -103,6 +103,7 @@ fn report_html_draws_every_chart_from_the_data() {
     let parts = [
         "live",
         "rounding",
+        "allocator_overhead",
         "free_in_used_pages",
         "free_resident_pages",
         "lazy_free",
@@ -209,10 +210,10 @@ fn compare_and_ghc_pages_draw_in_the_browser() {
     assert_eq!(n(&dom, "class=\"run\""), 2, "one panel per trace");
     assert_eq!(n(&dom, "class=\"chart decomposition\""), 2);
     assert_eq!(n(&dom, "class=\"chart occupancy\""), 2);
-    assert!(n(&dom, "class=\"cmp-bar\"") == 12, "6 parts x 2 traces");
+    assert!(n(&dom, "class=\"cmp-bar\"") == 14, "7 parts x 2 traces");
     let table = &dom[dom.find("class=\"data compare\"").unwrap()..];
     let table = &table[..table.find("</table>").unwrap()];
-    assert_eq!(n(table, "<tr>"), 14);
+    assert_eq!(n(table, "<tr>"), 15);
 
     let dom = load(&browser, &ghc_page, &artefacts().join("ghc.png"));
     assert_clean(&dom);

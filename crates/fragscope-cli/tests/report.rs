@@ -104,6 +104,7 @@ fn assert_adds_up(s: &Value) {
     let parts = [
         "live",
         "rounding",
+        "allocator_overhead",
         "free_in_used_pages",
         "free_resident_pages",
         "lazy_free",

@@ -119,11 +119,17 @@ fn glibc_census_agrees_with_mallinfo_and_the_process_runs_on() {
         n(&g["tcache_chunks"]) > 0 && n(&g["fastbin_chunks"]) > 0,
         "{g}"
     );
-    // Live bytes (as the snapshot counts them: whole chunks, on resident pages or not)
-    // are the census's, not 0.
+    // Live bytes (what the program can use of its chunks, on resident pages or not) are
+    // the census's, not 0; the chunks' headers are the allocator's.
     let snap = &r["snapshots"][0];
     let live = n(&snap["live"]) + n(&snap["live_not_resident"]);
-    assert!(within(live, n(&g["in_use_bytes"]), 0.05), "{snap}");
+    assert_eq!(live, n(&g["usable_bytes"]), "{snap}");
+    assert_eq!(
+        n(&g["usable_bytes"]),
+        n(&g["in_use_bytes"]) - 8 * n(&g["in_use_chunks"]) - 8 * n(&g["mmapped_chunks"]),
+        "{g}"
+    );
+    assert!(n(&snap["allocator_overhead"]) > 0, "{snap}");
     assert!(n(&snap["free_in_used_pages"]) > n(&snap["live"]), "{snap}");
     assert!(r["sites"]["by_live_bytes"].as_array().unwrap().is_empty());
     let text = common::fragscope(&["report".as_ref(), trace.as_os_str()]);
@@ -178,6 +184,131 @@ fn glibc_census_agrees_with_mallinfo_and_the_process_runs_on() {
         within(predicted, dropped, 0.25),
         "malloc_trim dropped RSS by {dropped} bytes, the census predicted {predicted}"
     );
+}
+
+/// The parts of a snapshot's decomposition that add up to RSS.
+const PARTS: [&str; 11] = [
+    "live",
+    "rounding",
+    "allocator_overhead",
+    "free_in_used_pages",
+    "free_resident_pages",
+    "lazy_free",
+    "pymalloc_arenas",
+    "sbcl_dynamic_space",
+    "other_anon",
+    "file",
+    "fragscope_own",
+];
+
+fn assert_adds_up(s: &Value) {
+    let sum: i64 = PARTS.iter().map(|k| s[k].as_i64().unwrap()).sum::<i64>()
+        + s["unexplained"].as_i64().unwrap();
+    assert_eq!(sum, s["rss"].as_i64().unwrap(), "{s}");
+}
+
+/// tests/c/usable_sum.c, recorded, and snapshotted while it idles: the snapshot's live
+/// bytes are the program's own sum of malloc_usable_size, the recording's live +
+/// rounding the same bytes, and glibc's chunk headers are the allocator's overhead in
+/// both.
+#[test]
+fn snapshot_and_recording_of_one_program_agree_on_live_bytes() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let exe = common::build(dir.path(), "usable_sum", &[]);
+    let recording = dir.path().join("recorded.fsc");
+    let mut record = common::record_command(
+        common::Allocator::Glibc,
+        &recording,
+        &["--snapshot-ms", "100"],
+        &exe,
+        &[],
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut line = String::new();
+    BufReader::new(record.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let field = |name: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+    };
+    let (usable, blocks, pid) = (field("usable"), field("blocks"), field("pid"));
+    // A few periodic snapshots of the idle program, then one from outside.
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let snapped = dir.path().join("snapped.fsc");
+    let out = snapshot(pid as u32, &snapped, &[]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    drop(record.stdin.take());
+    let out = record.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+
+    let n = |v: &Value| v.as_u64().unwrap();
+    let s = report_json(&snapped);
+    let g = &s["snapshot"]["glibc"];
+    let snap = &s["snapshots"][0];
+    assert_adds_up(snap);
+    // The census: exactly what the program holds, as malloc_usable_size counts it.
+    assert!(within(n(&g["usable_bytes"]), usable, 0.01), "{g} vs {line}");
+    assert!(within(n(&snap["live"]), usable, 0.01), "{snap} vs {line}");
+    assert_eq!(n(&snap["rounding"]), 0);
+    let r = report_json(&recording);
+    let idle = r["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rfind(|x| x["reason"] == "periodic")
+        .unwrap();
+    assert_adds_up(idle);
+    let recorded = n(&idle["live"]) + n(&idle["rounding"]);
+    assert!(within(recorded, usable, 0.01), "{idle} vs {line}");
+    assert!(within(n(&snap["live"]), recorded, 0.01), "{snap} vs {idle}");
+    // The headers: 8 bytes a chunk (16 for the few mmapped), plus, in the census, the
+    // allocator's tables.
+    for (what, d) in [("snapshot", snap), ("recording", idle)] {
+        let overhead = n(&d["allocator_overhead"]);
+        assert!(
+            overhead >= 8 * blocks && overhead <= 8 * blocks + (64 << 10),
+            "{what}: {overhead} bytes of overhead for {blocks} blocks: {d}"
+        );
+    }
+    assert!(
+        within(
+            n(&snap["allocator_overhead"]),
+            n(&idle["allocator_overhead"]),
+            0.01
+        ),
+        "{snap} vs {idle}"
+    );
+    // Named in the text, the HTML page and compare.
+    let text = common::fragscope(&["report".as_ref(), snapped.as_os_str()]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("allocator overhead"), "{text}");
+    let html = dir.path().join("snapped.html");
+    let out = common::fragscope(&[
+        "report".as_ref(),
+        snapped.as_os_str(),
+        "--html".as_ref(),
+        html.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("\"allocator_overhead\""), "not in the page");
+    let out = common::fragscope(&[
+        "compare".as_ref(),
+        snapped.as_os_str(),
+        recording.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("allocator overhead"), "{text}");
 }
 
 #[test]

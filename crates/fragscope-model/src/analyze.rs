@@ -349,8 +349,10 @@ impl Stream {
             return;
         }
         let history = &mut self.history;
-        let mut evaluate =
-            |live: &LiveTable| heap::evaluate(live, &pm, history, ctx.weighting, ctx.sparse_pct);
+        let headers = heap::BlockHeaders::of_process(self.allocator, &self.code_maps);
+        let mut evaluate = |live: &LiveTable| {
+            heap::evaluate(live, &pm, history, ctx.weighting, ctx.sparse_pct, headers)
+        };
         let mut snap = match past {
             Some(c) => self.merger.with_live_before_last_pop(c, evaluate),
             None => evaluate(self.merger.live_blocks()),
@@ -974,7 +976,8 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
     // Lazily freed pages are resident heap pages with no live object.
     let lazy_free = lazy_reported.min(h.free_resident_pages);
     let own = e.own_memory.min(anon);
-    let heap_total = h.live + h.rounding + h.free_in_used_pages + h.free_resident_pages;
+    let heap_total =
+        h.live + h.rounding + h.allocator_overhead + h.free_in_used_pages + h.free_resident_pages;
     let pymalloc = e.pymalloc.as_ref().map_or(0, |p| p.resident);
     let sbcl = e.sbcl.as_ref().map_or(0, |p| p.resident);
     let other = anon as i64 - heap_total as i64 - own as i64 - pymalloc as i64 - sbcl as i64;
@@ -982,6 +985,7 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         rss: vm_rss,
         live: h.live,
         rounding: h.rounding,
+        allocator_overhead: h.allocator_overhead,
         free_in_used_pages: h.free_in_used_pages,
         free_resident_pages: h.free_resident_pages - lazy_free,
         lazy_free,

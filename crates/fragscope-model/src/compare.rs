@@ -20,6 +20,7 @@ pub struct RunFigures {
     pub heap_resident: u64,
     pub live: u64,
     pub rounding: u64,
+    pub allocator_overhead: u64,
     pub free_in_used_pages: u64,
     pub free_resident_pages: u64,
     pub lazy_free: u64,
@@ -59,6 +60,7 @@ impl RunFigures {
             f.heap_resident = d.live + d.heap_waste();
             f.live = d.live;
             f.rounding = d.rounding;
+            f.allocator_overhead = d.allocator_overhead;
             f.free_in_used_pages = d.free_in_used_pages;
             f.free_resident_pages = d.free_resident_pages;
             f.lazy_free = d.lazy_free;
@@ -100,6 +102,7 @@ impl RunFigures {
             heap_resident: m(|r| r.heap_resident),
             live: m(|r| r.live),
             rounding: m(|r| r.rounding),
+            allocator_overhead: m(|r| r.allocator_overhead),
             free_in_used_pages: m(|r| r.free_in_used_pages),
             free_resident_pages: m(|r| r.free_resident_pages),
             lazy_free: m(|r| r.lazy_free),

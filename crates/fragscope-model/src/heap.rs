@@ -9,6 +9,7 @@ use std::collections::HashSet;
 
 use fragscope_trace::merge::{FastMap, FastSet, LiveTable, PageMap};
 use fragscope_trace::records::{Pagemap, ResidentRange};
+use fragscope_trace::Mapping;
 
 /// Occupancy buckets: one for resident heap pages without a live byte, then ten of 10%.
 pub const OCCUPANCY_BUCKETS: usize = 11;
@@ -21,6 +22,10 @@ pub struct HeapParts {
     pub live: u64,
     /// Usable minus requested bytes of live blocks, on resident pages.
     pub rounding: u64,
+    /// The allocator's own bytes on resident heap pages in use: its header before each
+    /// block (glibc's chunk size field) and, in a census, its structures inside the heap.
+    /// Not free: no block can be put there.
+    pub allocator_overhead: u64,
     /// Free bytes in resident pages that hold at least one live byte.
     pub free_in_used_pages: u64,
     /// Resident pages of heap mappings with no live byte.
@@ -117,6 +122,62 @@ impl SiteWeighting {
     }
 }
 
+/// Bytes an allocator keeps just before each block it hands out, which a recording
+/// does not see allocated but which are not free either.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BlockHeaders {
+    /// No header before a block: jemalloc, tcmalloc and mimalloc keep their metadata
+    /// apart (in "other anonymous" or in pages of their own), or the allocator is not
+    /// known.
+    #[default]
+    None,
+    /// glibc: a chunk's size field, the 8 bytes before the block (the 8 before those are
+    /// the previous chunk's when it is in use); 16 bytes for a chunk mmapped on its own.
+    Glibc,
+}
+
+impl BlockHeaders {
+    /// The headers of the allocator named by its statistics (`stats`, when it answered),
+    /// else by the libraries the process maps: glibc's malloc unless jemalloc, tcmalloc or
+    /// mimalloc is loaded.
+    pub fn of_process(stats: Option<&str>, code_maps: &[Mapping]) -> Self {
+        let name = stats.filter(|n| *n != "unknown").unwrap_or_else(|| {
+            let loaded = |prefix: &str| {
+                code_maps
+                    .iter()
+                    .any(|m| m.path.rsplit('/').next().unwrap_or("").starts_with(prefix))
+            };
+            if ["libjemalloc", "libtcmalloc", "libmimalloc"]
+                .iter()
+                .any(|p| loaded(p))
+            {
+                "other"
+            } else if loaded("libc.so.6") {
+                "glibc"
+            } else {
+                "unknown"
+            }
+        });
+        if name == "glibc" {
+            Self::Glibc
+        } else {
+            Self::None
+        }
+    }
+
+    /// Header bytes just before a block of `usable` bytes (malloc_usable_size). glibc's
+    /// usable size says which kind of chunk holds it: one in an arena lends the program
+    /// all but its 8-byte size field (a multiple of 16, less 8), one mmapped on its own
+    /// all but its 16-byte header (whole pages less 16).
+    pub fn before(self, usable: u64) -> u64 {
+        match self {
+            Self::None => 0,
+            Self::Glibc if usable.is_multiple_of(16) => 16,
+            Self::Glibc => 8,
+        }
+    }
+}
+
 /// What a snapshot remembers for the next one.
 #[derive(Default)]
 pub struct HeapHistory {
@@ -152,6 +213,8 @@ impl HeapParts {
 struct PageAcc {
     live: u32,
     usable: u32,
+    /// Block headers on the page.
+    headers: u32,
     /// The class with the largest single contribution seen (a cheap "dominant class").
     class: u64,
     class_bytes: u32,
@@ -223,13 +286,14 @@ fn bucket_of(live: u64, page_size: u64) -> usize {
 }
 
 /// Evaluates the heap at a snapshot. `sparse_pct`: pages under this live occupancy count
-/// as pinned by the objects in them.
+/// as pinned by the objects in them; `headers`: what the allocator keeps before each block.
 pub fn evaluate(
     live: &LiveTable,
     pm: &Pagemap,
     history: &mut HeapHistory,
     weighting: SiteWeighting,
     sparse_pct: u32,
+    headers: BlockHeaders,
 ) -> HeapSnapshot {
     let ps = u64::from(pm.page_size.max(1));
     let mut res = Residency::new(pm);
@@ -249,6 +313,22 @@ pub fn evaluate(
         let end = addr + usable;
         let first = addr >> shift;
         let last = (end - 1) >> shift;
+        // Aligned to 16 bytes, a header never straddles two pages: it is on the block's
+        // first page, counted with it below, or (a block at a page's start) on the page
+        // before.
+        let header = headers.before(usable).min(addr);
+        let header_page = (addr - header) >> shift;
+        if header > 0 && header_page != first {
+            if let Some(ri) = res.is_resident(header_page) {
+                held_now.insert(ri);
+                let acc = pages.entry(header_page).or_default();
+                acc.headers += header as u32;
+                if acc.class_bytes == 0 {
+                    acc.class = usable;
+                }
+            }
+        }
+        let header_on_first = if header_page == first { header } else { 0 };
         let mut page = first;
         while page <= last {
             if last - first > 2 * INTERIOR_PAGES && page > first && page < last {
@@ -287,6 +367,9 @@ pub fn evaluate(
                     let acc = pages.entry(page).or_default();
                     acc.live += live_part as u32;
                     acc.usable += usable_part as u32;
+                    if page == first {
+                        acc.headers += header_on_first as u32;
+                    }
                     if usable_part as u32 > acc.class_bytes {
                         acc.class_bytes = usable_part as u32;
                         acc.class = usable;
@@ -305,13 +388,15 @@ pub fn evaluate(
     let mut class_free: FastMap<u64, u64> = FastMap::default();
     for (&page, acc) in &pages {
         let (live_b, usable_b) = (u64::from(acc.live), u64::from(acc.usable).min(ps));
+        let used_b = (usable_b + u64::from(acc.headers)).min(ps);
         parts.live += live_b;
         parts.rounding += usable_b.saturating_sub(live_b);
-        parts.free_in_used_pages += ps - usable_b;
+        parts.allocator_overhead += used_b - usable_b;
+        parts.free_in_used_pages += ps - used_b;
         let bk = bucket_of(live_b, ps);
         parts.occupancy_pages[bk] += 1;
         parts.occupancy_live[bk] += live_b;
-        *class_free.entry(acc.class).or_default() += ps - usable_b;
+        *class_free.entry(acc.class).or_default() += ps - used_b;
         history.last_class.insert(page, acc.class);
     }
     parts.used_pages = pages.len() as u64 + interior_full;
@@ -545,6 +630,7 @@ mod tests {
             &mut HeapHistory::default(),
             SiteWeighting::Every,
             10,
+            BlockHeaders::None,
         )
     }
 
@@ -596,6 +682,68 @@ mod tests {
     }
 
     #[test]
+    fn glibcs_chunk_headers_are_the_allocators_not_free_space() {
+        let mut live = LiveTable::default();
+        // 20 bytes asked, 24 usable: its size field is the 8 bytes before it.
+        live.insert(0x10010, block(20, 4, 1));
+        // A block at the start of page 2: its header is the last 8 bytes of page 1,
+        // which holds nothing else and is used all the same.
+        live.insert(0x12000, block(24, 0, 1));
+        // A chunk mmapped alone (whole pages less 16 usable): a 16-byte header.
+        live.insert(0x14010, block(4000, 80, 2));
+        let snap = evaluate(
+            &live,
+            &all_resident(),
+            &mut HeapHistory::default(),
+            SiteWeighting::Every,
+            10,
+            BlockHeaders::Glibc,
+        );
+        let p = &snap.parts;
+        assert_eq!(p.live, 20 + 24 + 4000);
+        assert_eq!(p.rounding, 4 + 80);
+        assert_eq!(p.allocator_overhead, 8 + 8 + 16);
+        assert_eq!(p.used_pages, 4);
+        assert_eq!(
+            p.live + p.rounding + p.allocator_overhead + p.free_in_used_pages,
+            4 * 4096
+        );
+        assert_eq!(p.free_resident_pages, 12 * 4096);
+        // Under another allocator the same bytes are free space.
+        let other = evaluate_every(&live);
+        assert_eq!(other.parts.allocator_overhead, 0);
+        assert_eq!(other.parts.used_pages, 3);
+    }
+
+    #[test]
+    fn the_headers_follow_the_allocator_of_the_process() {
+        let map = |path: &str| Mapping {
+            start: 0x1000,
+            end: 0x2000,
+            perms: "r-xp".into(),
+            offset: 0,
+            inode: 1,
+            path: path.into(),
+            build_id: Vec::new(),
+        };
+        let libc = map("/usr/lib/x86_64-linux-gnu/libc.so.6");
+        let je = map("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+        let of = BlockHeaders::of_process;
+        assert_eq!(of(None, std::slice::from_ref(&libc)), BlockHeaders::Glibc);
+        assert_eq!(of(None, &[libc.clone(), je.clone()]), BlockHeaders::None);
+        assert_eq!(
+            of(Some("jemalloc"), std::slice::from_ref(&libc)),
+            BlockHeaders::None
+        );
+        assert_eq!(of(Some("glibc"), &[]), BlockHeaders::Glibc);
+        assert_eq!(of(Some("unknown"), &[libc]), BlockHeaders::Glibc);
+        assert_eq!(of(None, &[]), BlockHeaders::None);
+        assert_eq!(BlockHeaders::Glibc.before(24), 8);
+        assert_eq!(BlockHeaders::Glibc.before(128 * 1024 - 16), 16);
+        assert_eq!(BlockHeaders::None.before(24), 0);
+    }
+
+    #[test]
     fn mappings_that_never_held_an_object_are_not_heap() {
         let live = LiveTable::default();
         let snap = evaluate_every(&live);
@@ -617,6 +765,7 @@ mod tests {
             &mut history,
             SiteWeighting::None,
             10,
+            BlockHeaders::None,
         );
         for i in 1..64 {
             live.remove(&(0x10000 + i * 64));
@@ -627,6 +776,7 @@ mod tests {
             &mut history,
             SiteWeighting::None,
             10,
+            BlockHeaders::None,
         );
         let c64 = snap.classes.iter().find(|c| c.usable == 64).unwrap();
         assert_eq!(c64.objects, 1);
@@ -669,6 +819,7 @@ mod tests {
             &mut HeapHistory::default(),
             SiteWeighting::Sampled { mean_bytes: 4096.0 },
             10,
+            BlockHeaders::None,
         );
         let site = |id| snap.sites.iter().find(|s| s.stack == id).unwrap();
         assert!((site(1).live_bytes + site(2).live_bytes - 64.0 * 64.0).abs() < 1e-6);

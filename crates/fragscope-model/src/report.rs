@@ -18,6 +18,10 @@ pub struct Decomposition {
     pub rss: u64,
     pub live: u64,
     pub rounding: u64,
+    /// The allocator's own bytes in heap pages that hold live data: a header before each
+    /// block (glibc's chunk size field, 8 bytes; none under jemalloc, tcmalloc and
+    /// mimalloc) and, in a `fragscope snapshot`, its structures inside the heap.
+    pub allocator_overhead: u64,
     pub free_in_used_pages: u64,
     pub free_resident_pages: u64,
     pub lazy_free: u64,
@@ -39,9 +43,14 @@ pub struct Decomposition {
 }
 
 impl Decomposition {
-    /// Bytes resident in the heap but not holding requested data.
+    /// Bytes resident in the heap but not holding requested data (the allocator's headers
+    /// included: they are what small blocks cost beyond their size).
     pub fn heap_waste(&self) -> u64 {
-        self.rounding + self.free_in_used_pages + self.free_resident_pages + self.lazy_free
+        self.rounding
+            + self.allocator_overhead
+            + self.free_in_used_pages
+            + self.free_resident_pages
+            + self.lazy_free
     }
 }
 
@@ -371,6 +380,9 @@ pub struct GlibcFigures {
     /// Chunks the program holds (arenas and mmapped).
     pub in_use_chunks: u64,
     pub in_use_bytes: u64,
+    /// What the program can use of them: the sum of their malloc_usable_size, which is
+    /// `in_use_bytes` less each chunk's header (8 bytes, 16 for a mmapped one).
+    pub usable_bytes: u64,
     /// Free chunks in the bins, the fastbins and the threads' caches, and the top chunks.
     pub free_chunks: u64,
     pub free_bytes: u64,

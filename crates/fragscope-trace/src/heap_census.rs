@@ -141,6 +141,11 @@ pub struct GlibcHeap {
     /// ([`OCCUPANCY_BUCKETS`]); and the in-use bytes on the pages of each bucket.
     pub occupancy_pages: Vec<u64>,
     pub occupancy_in_use: Vec<u64>,
+    /// Of those in-use bytes, the allocator's own: chunk headers (8 bytes an in-use chunk,
+    /// 16 a mmapped one) and its structures (heap and arena headers, cache tables,
+    /// fenceposts); the rest is what the program can use (malloc_usable_size). Empty in
+    /// traces written before it was counted.
+    pub occupancy_overhead: Vec<u64>,
     pub classes: Vec<GlibcClass>,
     /// Bytes of the process read for the census.
     pub bytes_read: u64,
@@ -219,6 +224,11 @@ impl HeapCensus {
                         .varint(c.pages);
                 }
                 w.varint(h.bytes_read);
+                // Added later, at the end: older readers stop before it.
+                w.varint(h.occupancy_overhead.len() as u64);
+                for &v in &h.occupancy_overhead {
+                    w.varint(v);
+                }
             }
         }
         w.bytes
@@ -269,6 +279,14 @@ impl HeapCensus {
                         pages: r.varint()?,
                     });
                 }
+                let bytes_read = r.varint()?;
+                // Absent from traces written before the allocator's bytes were split out.
+                let occupancy_overhead = if r.is_empty() {
+                    Vec::new()
+                } else {
+                    let n = r.count(1)?;
+                    (0..n).map(|_| r.varint()).collect::<Result<_, _>>()?
+                };
                 Ok(GlibcHeap {
                     version,
                     layout_source,
@@ -281,7 +299,8 @@ impl HeapCensus {
                     occupancy_pages,
                     occupancy_in_use,
                     classes,
-                    bytes_read: r.varint()?,
+                    bytes_read,
+                    occupancy_overhead,
                 })
             }
             other => {
@@ -411,6 +430,7 @@ mod tests {
             tcaches: 2,
             occupancy_pages: vec![1; OCCUPANCY_BUCKETS],
             occupancy_in_use: vec![2; OCCUPANCY_BUCKETS],
+            occupancy_overhead: vec![1; OCCUPANCY_BUCKETS],
             classes: vec![GlibcClass {
                 chunk_size: 48,
                 in_use: 3,
@@ -421,15 +441,19 @@ mod tests {
             }],
             bytes_read: 12345,
         };
+        let glibc = HeapCensus {
+            stream: 0,
+            tick: 3,
+            allocator: "glibc".into(),
+            stopped: true,
+            pause_us: 812,
+            result: Ok(heap),
+        };
+        // A census written before the allocator's bytes were counted apart ends before
+        // them (a count and one byte a bucket): it reads as one without them.
+        let old_end = glibc.encode().len() - 1 - OCCUPANCY_BUCKETS;
         for c in [
-            HeapCensus {
-                stream: 0,
-                tick: 3,
-                allocator: "glibc".into(),
-                stopped: true,
-                pause_us: 812,
-                result: Ok(heap),
-            },
+            glibc.clone(),
             HeapCensus {
                 stream: 1,
                 tick: 0,
@@ -442,7 +466,14 @@ mod tests {
             let bytes = c.encode();
             assert_eq!(HeapCensus::decode(&bytes).unwrap(), c);
             for cut in 0..bytes.len() {
-                assert!(HeapCensus::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+                let read = HeapCensus::decode(&bytes[..cut]);
+                if c.result.is_ok() && cut == old_end {
+                    let mut old = c.clone();
+                    old.result.as_mut().unwrap().occupancy_overhead.clear();
+                    assert_eq!(read.unwrap(), old);
+                } else {
+                    assert!(read.is_err(), "cut at {cut}");
+                }
             }
         }
         assert_eq!(arena.allocator_in_use(), 4096);

@@ -74,7 +74,7 @@
   }
   const PALETTE = ["#3b82f6", "#10b981", "#f59e0b", "#ef4444", "#8b5cf6", "#06b6d4", "#84cc16", "#ec4899", "#64748b", "#f97316", "#14b8a6", "#a855f7"];
   const PART_COLORS = {
-    live: "#3b82f6", rounding: "#a855f7", free_in_used_pages: "#ef4444", free_resident_pages: "#f59e0b",
+    live: "#3b82f6", rounding: "#a855f7", allocator_overhead: "#6366f1", free_in_used_pages: "#ef4444", free_resident_pages: "#f59e0b",
     lazy_free: "#fde68a", pymalloc_arenas: "#14b8a6", sbcl_dynamic_space: "#0d9488", other_anon: "#94a3b8", file: "#cbd5e1", fragscope_own: "#4b5563",
   };
 
@@ -682,14 +682,14 @@
     const rows = [
       ["peak RSS", (c) => bytes(c.peak_rss)], ["end RSS", (c) => bytes(c.end_rss)], ["peak live", (c) => bytes(c.peak_live)],
       ["at the most waste: heap resident", (c) => bytes(c.heap_resident)], ["live", (c) => bytes(c.live)], ["rounding", (c) => bytes(c.rounding)],
-      ["free in used pages", (c) => bytes(c.free_in_used_pages)], ["free resident pages", (c) => bytes(c.free_resident_pages)],
+      ["allocator overhead", (c) => bytes(c.allocator_overhead)], ["free in used pages", (c) => bytes(c.free_in_used_pages)], ["free resident pages", (c) => bytes(c.free_resident_pages)],
       ["lazily freed", (c) => bytes(c.lazy_free)], ["other anonymous", (c) => bytes(c.other_anon)],
       ["fragmentation ratio", (c) => fmt(c.fragmentation_ratio, (r) => r.toFixed(2))],
       ["wall time (recorded)", (c) => fmt(c.wall_ms, secs)], ["CPU time (recorded)", (c) => fmt(c.cpu_ms, secs)],
     ];
     t.append(table([runs > 1 ? "(medians)" : ""].concat(cols.map((c) => c.label)), rows.map(([name, f]) => [name].concat(cols.map(f))), "compare"));
     // The waste at the most-waste snapshot, as stacked bars.
-    const keys = ["live", "rounding", "free_in_used_pages", "free_resident_pages", "lazy_free", "other_anon"];
+    const keys = ["live", "rounding", "allocator_overhead", "free_in_used_pages", "free_resident_pages", "lazy_free", "other_anon"];
     const W = 1100, H = 60 + cols.length * 34, m = { l: 200, r: 20 };
     const svg = sv("svg", { viewBox: "0 0 " + W + " " + H, width: W, height: H, class: "chart compare-bars" });
     svg.style.maxWidth = "100%";
