@@ -415,6 +415,12 @@ fn column_width(cols: &[Column]) -> usize {
         + 2
 }
 
+/// A figure at the focus snapshot; a run with none (no snapshot held live data, or its
+/// heap was not read) has no such figure: unknown, not 0.
+fn at_focus(f: &RunFigures, v: u64) -> String {
+    f.focus_t_ms.map_or("–".into(), |_| bytes(v))
+}
+
 fn render(cols: &[Column]) -> String {
     let width = column_width(cols);
     let malloc = |c: &Column| match &c.figures {
@@ -433,16 +439,22 @@ fn render(cols: &[Column]) -> String {
             f.peak_rss.map_or_else(|| "not sampled".into(), bytes)
         }),
         ("end RSS", |f| bytes(f.end_rss)),
-        ("peak live", |f| bytes(f.peak_live)),
+        ("peak live", |f| f.peak_live.map_or("–".into(), bytes)),
         ("at the most waste:", |_| String::new()),
-        ("  heap resident", |f| bytes(f.heap_resident)),
-        ("  live", |f| bytes(f.live)),
-        ("  rounding", |f| bytes(f.rounding)),
-        ("  allocator overhead", |f| bytes(f.allocator_overhead)),
-        ("  free in used pages", |f| bytes(f.free_in_used_pages)),
-        ("  free resident pages", |f| bytes(f.free_resident_pages)),
-        ("  lazily freed", |f| bytes(f.lazy_free)),
-        ("  other anonymous", |f| bytes(f.other_anon)),
+        ("  heap resident", |f| at_focus(f, f.heap_resident)),
+        ("  live", |f| at_focus(f, f.live)),
+        ("  rounding", |f| at_focus(f, f.rounding)),
+        ("  allocator overhead", |f| {
+            at_focus(f, f.allocator_overhead)
+        }),
+        ("  free in used pages", |f| {
+            at_focus(f, f.free_in_used_pages)
+        }),
+        ("  free resident pages", |f| {
+            at_focus(f, f.free_resident_pages)
+        }),
+        ("  lazily freed", |f| at_focus(f, f.lazy_free)),
+        ("  other anonymous", |f| at_focus(f, f.other_anon)),
         ("  fragmentation ratio", |f| {
             f.fragmentation_ratio
                 .map_or("-".into(), |r| format!("{r:.2}"))

@@ -1103,12 +1103,24 @@ fn snapshots_batch(r: &Report) -> Result<RecordBatch> {
         f64_col("t_ms", s.iter().map(|x| x.t_ms).collect()),
         str_col("reason", s.iter().map(|x| Some(x.reason.clone())).collect()),
         u("rss", |x| x.parts.rss),
-        u("live", |x| x.parts.live),
-        u("rounding", |x| x.parts.rounding),
-        u("allocator_overhead", |x| x.parts.allocator_overhead),
-        u("free_in_used_pages", |x| x.parts.free_in_used_pages),
-        u("free_resident_pages", |x| x.parts.free_resident_pages),
-        u("lazy_free", |x| x.parts.lazy_free),
+        unknown_or_u64("live", |x| {
+            (!x.parts.malloc_unknown).then_some(x.parts.live)
+        }),
+        unknown_or_u64("rounding", |x| {
+            (!x.parts.malloc_unknown).then_some(x.parts.rounding)
+        }),
+        unknown_or_u64("allocator_overhead", |x| {
+            (!x.parts.malloc_unknown).then_some(x.parts.allocator_overhead)
+        }),
+        unknown_or_u64("free_in_used_pages", |x| {
+            (!x.parts.malloc_unknown).then_some(x.parts.free_in_used_pages)
+        }),
+        unknown_or_u64("free_resident_pages", |x| {
+            (!x.parts.malloc_unknown).then_some(x.parts.free_resident_pages)
+        }),
+        unknown_or_u64("lazy_free", |x| {
+            (!x.parts.malloc_unknown).then_some(x.parts.lazy_free)
+        }),
         unknown_or_u64("pymalloc_arenas", |x| x.parts.pymalloc_arenas),
         unknown_or_u64("sbcl_dynamic_space", |x| x.parts.sbcl_dynamic_space),
         u("other_anon", |x| x.parts.other_anon),

@@ -139,13 +139,14 @@ fn malloc_data(r: &Report) -> Value {
             .iter()
             .map(|s| {
                 let d = &s.parts;
+                let malloc = |v: u64| (!d.malloc_unknown).then_some(v);
                 match key {
-                    "live" => Some(d.live),
-                    "rounding" => Some(d.rounding),
-                    "allocator_overhead" => Some(d.allocator_overhead),
-                    "free_in_used_pages" => Some(d.free_in_used_pages),
-                    "free_resident_pages" => Some(d.free_resident_pages),
-                    "lazy_free" => Some(d.lazy_free),
+                    "live" => malloc(d.live),
+                    "rounding" => malloc(d.rounding),
+                    "allocator_overhead" => malloc(d.allocator_overhead),
+                    "free_in_used_pages" => malloc(d.free_in_used_pages),
+                    "free_resident_pages" => malloc(d.free_resident_pages),
+                    "lazy_free" => malloc(d.lazy_free),
                     "pymalloc_arenas" => d.pymalloc_arenas,
                     "sbcl_dynamic_space" => d.sbcl_dynamic_space,
                     "other_anon" => Some(d.other_anon),

@@ -349,12 +349,11 @@ fn headline(o: &mut String, r: &Report) {
         // before the first sample).
         _ => "peak RSS not measured (no RSS sample was taken)".into(),
     };
-    let _ = writeln!(
-        o,
-        "\n{rss};  peak live {} at {}",
-        bytes(h.peak_live),
-        secs(h.peak_live_t_ms)
-    );
+    let live = match (h.peak_live, h.peak_live_t_ms) {
+        (Some(peak), Some(t)) => format!("peak live {} at {}", bytes(peak), secs(t)),
+        _ => "peak live – (the heap was not read)".into(),
+    };
+    let _ = writeln!(o, "\n{rss};  {live}");
     if let (Some(t), Some(f)) = (h.focus_t_ms, r.focus_snapshot) {
         let s = &r.snapshots[f];
         // Each heap apart when the process has more than one (a runtime's and malloc's).
@@ -392,21 +391,23 @@ fn headline(o: &mut String, r: &Report) {
     // same moment as shown (to 10 ms) that saw far less live data was read after the
     // frees that followed the peak. Both times are shown to the millisecond.
     let shown = [r.focus_snapshot, r.peak_snapshot, r.end_snapshot];
+    let (Some(peak_live), Some(peak_live_t_ms)) = (h.peak_live, h.peak_live_t_ms) else {
+        return;
+    };
     if let Some(s) = shown
         .into_iter()
         .flatten()
         .map(|i| &r.snapshots[i])
         .find(|s| {
-            (s.t_ms - h.peak_live_t_ms).abs() < 10.0
-                && (s.parts.live as f64) < 0.9 * h.peak_live as f64
+            (s.t_ms - peak_live_t_ms).abs() < 10.0 && (s.parts.live as f64) < 0.9 * peak_live as f64
         })
     {
         let _ = writeln!(
             o,
             "note: live data peaked at {} at {:.3} s, between two calls; the snapshot at {:.3} s \
              was read after the calls of its millisecond, {} live",
-            bytes(h.peak_live),
-            h.peak_live_t_ms / 1000.0,
+            bytes(peak_live),
+            peak_live_t_ms / 1000.0,
             s.t_ms / 1000.0,
             bytes(s.parts.live)
         );
@@ -418,14 +419,18 @@ fn headline(o: &mut String, r: &Report) {
 type PartOf = fn(&Decomposition) -> Option<i64>;
 
 const PARTS: [(&str, PartOf); 12] = [
-    ("live", |d| Some(d.live as i64)),
-    ("rounding", |d| Some(d.rounding as i64)),
-    ("allocator overhead", |d| Some(d.allocator_overhead as i64)),
-    ("free in used pages", |d| Some(d.free_in_used_pages as i64)),
-    ("free resident pages", |d| {
-        Some(d.free_resident_pages as i64)
+    ("live", |d| malloc_part(d, d.live)),
+    ("rounding", |d| malloc_part(d, d.rounding)),
+    ("allocator overhead", |d| {
+        malloc_part(d, d.allocator_overhead)
     }),
-    ("lazily freed", |d| Some(d.lazy_free as i64)),
+    ("free in used pages", |d| {
+        malloc_part(d, d.free_in_used_pages)
+    }),
+    ("free resident pages", |d| {
+        malloc_part(d, d.free_resident_pages)
+    }),
+    ("lazily freed", |d| malloc_part(d, d.lazy_free)),
     ("pymalloc arenas", |d| d.pymalloc_arenas.map(|v| v as i64)),
     ("SBCL dynamic space", |d| {
         d.sbcl_dynamic_space.map(|v| v as i64)
@@ -435,6 +440,11 @@ const PARTS: [(&str, PartOf); 12] = [
     ("fragscope's own", |d| Some(d.fragscope_own as i64)),
     ("unexplained", |d| Some(d.unexplained)),
 ];
+
+/// A part of the malloc heap, unknown when a snapshot's census could not read it.
+fn malloc_part(d: &Decomposition, v: u64) -> Option<i64> {
+    (!d.malloc_unknown).then_some(v as i64)
+}
 
 fn signed_bytes(v: i64) -> String {
     if v < 0 {

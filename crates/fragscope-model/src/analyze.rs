@@ -649,7 +649,9 @@ pub fn analyze(
     let peak_rss = timeline_full.iter().max_by_key(|p| p.1).map(|p| (p.0, p.1));
     let mut headline = headline(
         peak_rss,
-        (s.peak_live.0, s.peak_live.1 as f64 * tick_ms),
+        // Unknown when the only view of the heap, a snapshot's census, could not read it.
+        (!s.census.as_ref().is_some_and(|c| c.result.is_err()))
+            .then_some((s.peak_live.0, s.peak_live.1 as f64 * tick_ms)),
         focus_snapshot.map(|i| &snapshots[i]),
     );
     if focus_snapshot.is_none() && !snapshots.is_empty() {
@@ -997,6 +999,7 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         unexplained: other.min(0) + (vm_rss as i64 - anon as i64 - file as i64),
         rss_anon: anon,
         heap_resident: h.heap_resident,
+        malloc_unknown: s.census.as_ref().is_some_and(|c| c.result.is_err()),
     };
     // Threads answer a stats request at their next call: close to the snapshot, on
     // either side of it.
@@ -1060,6 +1063,9 @@ fn mark_missing_censuses(snapshots: &mut [Snapshot]) {
             .copied()
             .filter(|h| h.figures(s).is_none())
             .collect();
+        if s.parts.malloc_unknown {
+            s.missing_census.insert(0, Heap::Malloc);
+        }
         for h in &s.missing_census {
             match h {
                 Heap::Pymalloc => s.parts.pymalloc_arenas = None,
@@ -1479,14 +1485,14 @@ fn sites(
 
 fn headline(
     peak_rss: Option<(f64, u64)>,
-    peak_live: (u64, f64),
+    peak_live: Option<(u64, f64)>,
     focus: Option<&Snapshot>,
 ) -> Headline {
     let mut h = Headline {
         peak_rss: peak_rss.map(|p| p.1),
         peak_rss_t_ms: peak_rss.map(|p| p.0),
-        peak_live: peak_live.0,
-        peak_live_t_ms: peak_live.1,
+        peak_live: peak_live.map(|p| p.0),
+        peak_live_t_ms: peak_live.map(|p| p.1),
         focus_t_ms: None,
         fragmentation_ratio: None,
         heap: None,

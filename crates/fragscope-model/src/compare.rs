@@ -14,7 +14,8 @@ pub struct RunFigures {
     pub peak_rss: Option<u64>,
     /// The last RSS sample before the program exited.
     pub end_rss: u64,
-    pub peak_live: u64,
+    /// None when unknown (a snapshot whose census could not read the allocator).
+    pub peak_live: Option<u64>,
     /// At the report's focus snapshot (the most heap waste while live data was held).
     pub focus_t_ms: Option<f64>,
     pub heap_resident: u64,
@@ -97,7 +98,7 @@ impl RunFigures {
         RunFigures {
             peak_rss: med(runs.iter().filter_map(|r| r.peak_rss).collect()),
             end_rss: m(|r| r.end_rss),
-            peak_live: m(|r| r.peak_live),
+            peak_live: med(runs.iter().filter_map(|r| r.peak_live).collect()),
             focus_t_ms: mo(|r| r.focus_t_ms),
             heap_resident: m(|r| r.heap_resident),
             live: m(|r| r.live),

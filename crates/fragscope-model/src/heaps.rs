@@ -30,6 +30,8 @@ impl Heap {
 
     /// A heap known only from a census taken with the snapshot: a snapshot without that
     /// census does not know it (its pages are then within other anonymous memory).
+    /// malloc's is known from the calls (a `fragscope snapshot` reads it by census too,
+    /// and marks it unknown when that fails: `Decomposition::malloc_unknown`).
     pub fn needs_census(self) -> bool {
         !matches!(self, Heap::Malloc)
     }
@@ -37,6 +39,7 @@ impl Heap {
     /// Its figures at a snapshot; `None` when the snapshot has no census of it.
     pub fn figures(self, s: &Snapshot) -> Option<HeapFigures> {
         let (resident, live, waste) = match self {
+            Heap::Malloc if s.parts.malloc_unknown => return None,
             Heap::Malloc => {
                 let d = &s.parts;
                 (d.live + d.heap_waste(), d.live, d.heap_waste())
@@ -65,8 +68,8 @@ pub struct HeapFigures {
     pub waste: u64,
 }
 
-/// Every heap a snapshot has figures for (malloc's always: zero for a program that
-/// never called it).
+/// Every heap a snapshot has figures for (malloc's always, zero for a program that never
+/// called it, unless a snapshot's census could not read it).
 pub fn at(s: &Snapshot) -> Vec<HeapFigures> {
     Heap::ALL.iter().filter_map(|h| h.figures(s)).collect()
 }

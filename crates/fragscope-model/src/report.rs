@@ -13,7 +13,7 @@ use crate::symbols::Frame;
 /// `unexplained` is what remains when the sources disagree (e.g. the heap's resident pages
 /// exceed RssAnon because the two were read a moment apart): the sum of every field
 /// except `rss`, `rss_anon` and `heap_resident` equals `rss`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Decomposition {
     pub rss: u64,
     pub live: u64,
@@ -40,6 +40,34 @@ pub struct Decomposition {
     /// RssAnon as /proc reported it, and the heap's resident bytes as pagemap showed them.
     pub rss_anon: u64,
     pub heap_resident: u64,
+    /// The malloc heap's parts (`live` to `lazy_free`) are unknown: a `fragscope snapshot`
+    /// whose census could not read the allocator (its resident pages are then within
+    /// `other_anon`). They hold 0 and serialise as null.
+    pub malloc_unknown: bool,
+}
+
+impl Serialize for Decomposition {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let malloc = |v: u64| (!self.malloc_unknown).then_some(v);
+        let mut m = s.serialize_struct("Decomposition", 15)?;
+        m.serialize_field("rss", &self.rss)?;
+        m.serialize_field("live", &malloc(self.live))?;
+        m.serialize_field("rounding", &malloc(self.rounding))?;
+        m.serialize_field("allocator_overhead", &malloc(self.allocator_overhead))?;
+        m.serialize_field("free_in_used_pages", &malloc(self.free_in_used_pages))?;
+        m.serialize_field("free_resident_pages", &malloc(self.free_resident_pages))?;
+        m.serialize_field("lazy_free", &malloc(self.lazy_free))?;
+        m.serialize_field("pymalloc_arenas", &self.pymalloc_arenas)?;
+        m.serialize_field("sbcl_dynamic_space", &self.sbcl_dynamic_space)?;
+        m.serialize_field("other_anon", &self.other_anon)?;
+        m.serialize_field("file", &self.file)?;
+        m.serialize_field("fragscope_own", &self.fragscope_own)?;
+        m.serialize_field("unexplained", &self.unexplained)?;
+        m.serialize_field("rss_anon", &self.rss_anon)?;
+        m.serialize_field("heap_resident", &self.heap_resident)?;
+        m.end()
+    }
 }
 
 impl Decomposition {
@@ -228,8 +256,10 @@ pub struct Headline {
     /// a trace cut before it).
     pub peak_rss: Option<u64>,
     pub peak_rss_t_ms: Option<f64>,
-    pub peak_live: u64,
-    pub peak_live_t_ms: f64,
+    /// None when the malloc heap is unknown (a `fragscope snapshot` whose census could
+    /// not read the allocator).
+    pub peak_live: Option<u64>,
+    pub peak_live_t_ms: Option<f64>,
     /// The snapshot with the most heap waste, which the sentence is about.
     pub focus_t_ms: Option<f64>,
     /// Heap resident / live at the focus snapshot, over every heap it knows.

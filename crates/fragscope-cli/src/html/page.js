@@ -528,7 +528,7 @@
     if (M && M.inherited_frees) h.append(el("p", { class: "note" }, count(M.inherited_frees) + " frees of blocks this process inherited from its parent (pid " + M.forked_from + ") at the fork are counted apart; the blocks it inherited and kept are not in its live data."));
     for (const u of R.untraced || []) h.append(el("p", { class: "warn" }, "Not traced, its calls are missing: pid " + u.pid + " (" + (u.argv.join(" ") || u.path) + ")" + (u.exec_by_pid === null ? "" : ", exec'd by pid " + u.exec_by_pid) + ": " + u.reason));
     h.append(el("p", { class: "headline" }, R.headline.sentence));
-    h.append(el("p", { class: "note" }, (R.headline.peak_rss === null ? "no RSS sample was taken" : "peak RSS " + bytes(R.headline.peak_rss) + " at " + secs(R.headline.peak_rss_t_ms)) + "; peak live " + bytes(R.headline.peak_live) + " at " + secs(R.headline.peak_live_t_ms) +
+    h.append(el("p", { class: "note" }, (R.headline.peak_rss === null ? "no RSS sample was taken" : "peak RSS " + bytes(R.headline.peak_rss) + " at " + secs(R.headline.peak_rss_t_ms)) + (R.headline.peak_live === null ? "; peak live unknown (the heap was not read)" : "; peak live " + bytes(R.headline.peak_live) + " at " + secs(R.headline.peak_live_t_ms)) +
       (R.headline.fragmentation_ratio ? "; fragmentation ratio " + R.headline.fragmentation_ratio.toFixed(2) + " (heap resident / live at the most waste)" : "")));
     // The heaps apart at the most waste, when the process has more than one.
     const F = R.focus_snapshot;
@@ -538,7 +538,7 @@
     // A snapshot of the same moment (to 10 ms) that saw far less live data was read after
     // the frees that followed the peak: both times to the millisecond, as in the text.
     const S = R.snapshots, pl = R.headline.peak_live, pt = R.headline.peak_live_t_ms;
-    const near = S.t_ms.findIndex((t, i) => Math.abs(t - pt) < 10 && S.parts.live[i] < 0.9 * pl);
+    const near = pl === null ? -1 : S.t_ms.findIndex((t, i) => Math.abs(t - pt) < 10 && S.parts.live[i] !== null && S.parts.live[i] < 0.9 * pl);
     if (near >= 0) h.append(el("p", { class: "note" }, "Live data peaked at " + bytes(pl) + " at " + (pt / 1000).toFixed(3) + " s, between two calls; the snapshot at " + (S.t_ms[near] / 1000).toFixed(3) + " s was read after the calls of its millisecond, " + bytes(S.parts.live[near]) + " live."));
     if (R.snapshot) snapshotSection(main, R.snapshot);
     const d = section(main, "Where the RSS went", "decomposition");
