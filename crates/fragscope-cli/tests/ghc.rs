@@ -63,10 +63,40 @@ fn an_eventlog_alone_is_reported_without_rss() {
         assert!(u(&r["gc"]["max_residency"]) > 20 << 20);
         let gens = r["gc"]["generations"].as_array().unwrap();
         assert_eq!(gens.len(), 2, "{gens:?}");
-        for p in r["timeline"].as_array().unwrap() {
+        // The eventlog gives the whole GC table.
+        for k in ["elapsed_ms", "gc_ms", "mutator_ms"] {
+            assert!(r["gc"][k].as_f64().unwrap() > 0.0, "{k}: {}", r["gc"]);
+        }
+        for k in [
+            "allocated_bytes",
+            "copied_bytes",
+            "max_slop",
+            "fragmentation_at_peak",
+            "max_fragmentation",
+        ] {
+            u(&r["gc"][k]);
+        }
+        // Unknown only before the RTS posted them (HEAP_LIVE comes with the first major
+        // collection, a few milliseconds in), then numbers to the end.
+        let timeline = r["timeline"].as_array().unwrap();
+        let first_known = |k: &str| {
+            let i = timeline.iter().position(|p| !p[k].is_null()).unwrap();
+            assert!(
+                timeline[i..].iter().all(|p| !p[k].is_null()),
+                "{mode}: {k} unknown after it was posted"
+            );
+            assert!(timeline[i]["t_ms"].as_f64().unwrap() < 10.0, "{mode}: {k}");
+            i
+        };
+        let known = first_known("heap_size").max(first_known("live"));
+        for p in &timeline[known..] {
             assert!(p["rss"].is_null());
             let d = fragscope_heap_parts(p);
             assert_eq!(d, u(&p["heap_size"]));
+        }
+        for p in r["phases"].as_array().unwrap() {
+            u(&p["live_max"]);
+            u(&p["heap_size_max"]);
         }
         let ps = plateaus(&r);
         assert!(ps.len() >= 2, "{mode}: {ps:?}");
@@ -296,8 +326,21 @@ fn a_ghc_program_without_eventlog_is_recorded_with_advice() {
     assert!(text.contains("(GHC program)"), "{text}");
     assert!(text.contains("recorded without an eventlog"), "{text}");
     assert!(!text.contains("fragmentation ratio"), "{text}");
+    // The census's own figures, beside no eventlog figure.
+    assert!(!text.contains("HEAP_SIZE 0 B"), "{text}");
     let r = report_json(&trace);
-    assert!(!r["block_censuses"].as_array().unwrap().is_empty(), "{r}");
+    let censuses = r["block_censuses"].as_array().unwrap();
+    assert!(!censuses.is_empty(), "{r}");
+    for c in censuses {
+        u(&c["heap_size"]);
+        for k in [
+            "eventlog_heap_size",
+            "eventlog_free_blocks",
+            "eventlog_live",
+        ] {
+            assert!(c[k].is_null(), "{k}: {c}");
+        }
+    }
     assert_eq!(r["heap_known"], false);
 }
 
