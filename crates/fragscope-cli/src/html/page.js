@@ -752,11 +752,17 @@
     svg.style.maxWidth = "100%";
     svg.style.height = "auto";
     const val = (c, k) => c[k] || 0;
-    const xmax = Math.max(1, ...cols.map((c) => keys.reduce((a, [k]) => a + val(c, k), 0)));
+    // A run without heap figures has no parts to draw: a bar of the few it has would
+    // fill the width it is scaled to.
+    const xmax = Math.max(1, ...cols.filter((c) => c.heap_known).map((c) => keys.reduce((a, [k]) => a + val(c, k), 0)));
     cols.forEach((c, i) => {
       let acc = 0;
       const y = 10 + i * 34;
       svg.append(sv("text", { x: m.l - 8, y: y + 17, "text-anchor": "end" }, c.label.length > 30 ? c.label.slice(0, 29) + "\u2026" : c.label));
+      if (!c.heap_known) {
+        svg.append(sv("text", { x: m.l, y: y + 17, fill: "#64748b" }, "no heap figures: RSS is not split"));
+        return;
+      }
       for (const [k, color] of keys) {
         // An unknown part draws nothing.
         if (c[k] === null || c[k] === undefined) continue;
