@@ -578,6 +578,39 @@ fn a_stripped_program_without_eventlog_shows_unknown_figures_not_zeros() {
     ] {
         assert!(dom.contains(&format!("{line}{why}")), "{line}");
     }
+    // Side by side: unknown collections and pauses are shown as such, and draw nothing.
+    let html = dir.path().join("shipped-compare.html");
+    let out = Command::new(FRAGSCOPE)
+        .arg("compare")
+        .arg(&trace)
+        .arg(&trace)
+        .arg("--html")
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dom = common::load_page(
+        &browser,
+        &html,
+        &common::artefacts().join("ghc-shipped-compare.png"),
+    );
+    assert!(
+        dom.contains("data-rendered=\"ok\""),
+        "the page did not finish"
+    );
+    // RSS's two lines in each run's chart.
+    assert_eq!(dom.matches("class=\"series ghc-line\"").count(), 4);
+    // No heap figures: no parts to draw where memory settled.
+    assert_eq!(dom.matches("class=\"cmp-bar\"").count(), 0);
+    assert_eq!(
+        dom.matches(">no heap figures: RSS is not split</text>")
+            .count(),
+        2
+    );
 }
 
 /// Builds tests/ghc/`name`.hs with `ghc -O -rtsopts -eventlog`; `None` without ghc.
