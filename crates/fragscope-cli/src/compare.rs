@@ -500,8 +500,15 @@ fn secs(ms: f64) -> String {
     format!("{:.2} s", ms / 1000.0)
 }
 
+/// How the GHC table shows a figure a run does not have.
+const UNKNOWN: &str = "\u{2013}";
+
 fn opt_bytes(v: Option<u64>) -> String {
-    v.map_or_else(|| "-".into(), bytes)
+    v.map_or_else(|| UNKNOWN.into(), bytes)
+}
+
+fn opt_count(v: Option<u64>) -> String {
+    v.map_or_else(|| UNKNOWN.into(), count)
 }
 
 /// The GHC programs' table: the RTS's heap where memory settled, its block census and the
@@ -530,45 +537,41 @@ fn render_ghc(cols: &[Column]) -> String {
     };
     let census = |f: &GhcRunFigures,
                   get: fn(&fragscope_model::compare::GhcCensusFigures) -> String| {
-        f.census.as_ref().map_or_else(|| "-".into(), get)
+        f.census.as_ref().map_or_else(|| UNKNOWN.into(), get)
     };
     let rows: [(&str, GhcFigureText); 4] = [
         ("peak RSS", |f| opt_bytes(f.peak_rss)),
         ("end RSS", |f| opt_bytes(f.end_rss)),
-        ("maximum residency (live)", |f| bytes(f.max_residency)),
-        ("memory in use (largest heap)", |f| bytes(f.memory_in_use)),
+        ("maximum residency (live)", |f| opt_bytes(f.max_residency)),
+        ("memory in use (largest heap)", |f| {
+            opt_bytes(f.memory_in_use)
+        }),
     ];
     for (name, get) in rows {
         row(&mut o, name, &get);
     }
     row(&mut o, "where memory settled:", &|f| {
         f.settled_phase
-            .map_or_else(|| "-".into(), |k| k.name().into())
+            .map_or_else(|| UNKNOWN.into(), |k| k.name().into())
     });
     row(&mut o, "  from", &|f| {
-        f.settled_start_ms.map_or("-".into(), secs)
+        f.settled_start_ms.map_or(UNKNOWN.into(), secs)
     });
     row(&mut o, "  to", &|f| {
-        f.settled_end_ms.map_or("-".into(), secs)
+        f.settled_end_ms.map_or(UNKNOWN.into(), secs)
     });
     row(&mut o, "  read at", &|f| {
-        f.settled_t_ms.map_or("-".into(), secs)
+        f.settled_t_ms.map_or(UNKNOWN.into(), secs)
     });
     let rows: [(&str, GhcFigureText); 9] = [
         ("  RSS", |f| opt_bytes(f.rss)),
         ("  RSS - LazyFree", |f| opt_bytes(f.rss_minus_lazy_free)),
-        ("  live (HEAP_LIVE)", |f| bytes(f.live)),
-        ("  heap size (megablocks)", |f| {
-            if f.heap_known {
-                bytes(f.heap_size)
-            } else {
-                "unknown".into()
-            }
-        }),
+        ("  live (HEAP_LIVE)", |f| opt_bytes(f.live)),
+        ("  heap size (megablocks)", |f| opt_bytes(f.heap_size)),
         ("  copy reserve and slop", |f| {
-            bytes(f.copy_reserve_and_slop)
+            opt_bytes(f.copy_reserve_and_slop)
         }),
-        ("  free blocks in heap", |f| bytes(f.free_blocks)),
+        ("  free blocks in heap", |f| opt_bytes(f.free_blocks)),
         ("  lazily freed", |f| opt_bytes(f.lazy_free)),
         ("  other anonymous", |f| opt_bytes(f.other_anon)),
         ("block census at", |f| {
@@ -614,21 +617,24 @@ fn render_ghc(cols: &[Column]) -> String {
                     .as_ref()
                     .and_then(|c| c.pinned_occupancy.as_ref())
                     .and_then(|occ| occ.get(i))
-                    .map_or_else(|| "-".into(), |n| count(*n))
+                    .map_or_else(|| UNKNOWN.into(), |n| count(*n))
             });
         }
     }
     let rows: [(&str, GhcFigureText); 8] = [
         ("garbage collection:", |_| String::new()),
-        ("  major collections", |f| count(f.major_collections)),
-        ("  minor collections", |f| count(f.minor_collections)),
-        ("  bytes copied", |f| bytes(f.copied_bytes)),
-        ("  bytes allocated", |f| bytes(f.allocated_bytes)),
-        ("  GC time", |f| secs(f.gc_ms)),
-        ("  max pause", |f| format!("{:.1} ms", f.max_pause_ms)),
-        ("  maximum slop", |f| {
-            f.max_slop.map_or_else(|| "unknown".into(), bytes)
+        ("  major collections", |f| opt_count(f.major_collections)),
+        ("  minor collections", |f| opt_count(f.minor_collections)),
+        ("  bytes copied", |f| opt_bytes(f.copied_bytes)),
+        ("  bytes allocated", |f| opt_bytes(f.allocated_bytes)),
+        ("  GC time", |f| {
+            f.gc_ms.map_or_else(|| UNKNOWN.into(), secs)
         }),
+        ("  max pause", |f| {
+            f.max_pause_ms
+                .map_or_else(|| UNKNOWN.into(), |p| format!("{p:.1} ms"))
+        }),
+        ("  maximum slop", |f| opt_bytes(f.max_slop)),
     ];
     for (name, get) in rows {
         row(&mut o, name, &get);

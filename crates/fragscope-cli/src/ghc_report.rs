@@ -71,13 +71,20 @@ fn secs(ms: f64) -> String {
     format!("{:.2} s", ms / 1000.0)
 }
 
+/// How the text shows a figure the report does not have.
+const UNKNOWN: &str = "\u{2013}";
+
 fn opt_bytes(v: Option<u64>) -> String {
-    v.map_or_else(|| "-".into(), bytes)
+    v.map_or_else(|| UNKNOWN.into(), bytes)
+}
+
+fn opt_secs(ms: Option<f64>) -> String {
+    ms.map_or_else(|| UNKNOWN.into(), secs)
 }
 
 fn pct(part: u64, whole: u64) -> String {
     if whole == 0 {
-        "-".into()
+        UNKNOWN.into()
     } else {
         format!("{:.1}%", 100.0 * part as f64 / whole as f64)
     }
@@ -113,19 +120,64 @@ pub fn render(r: &GhcReport) -> String {
         }
     }
 
+    render_timeline(&mut o, r);
+    render_phases(&mut o, r);
+    render_block_censuses(&mut o, r);
+    render_gc(&mut o, r);
+    o
+}
+
+/// Why the eventlog's figures are missing, for the one line that replaces them.
+fn missing_figures(r: &GhcReport, what: &str) -> String {
+    format!(
+        "no {what}: {}",
+        r.eventlog_figures_missing
+            .as_deref()
+            .unwrap_or("the eventlog holds none")
+    )
+}
+
+fn render_timeline(o: &mut String, r: &GhcReport) {
+    let madv_free = if r.rss_recorded {
+        "; GHC 9.0 returns memory with MADV_FREE, so VmRSS alone may not fall"
+    } else {
+        ""
+    };
+    // A column the eventlog would fill, empty in every row, is one line instead.
+    if r.timeline
+        .iter()
+        .all(|p| p.live.is_none() && p.heap_size.is_none())
+    {
+        let _ = writeln!(
+            o,
+            "\nTimeline (RSS only{madv_free})\n  {}",
+            missing_figures(r, "live data or heap size")
+        );
+        let _ = writeln!(
+            o,
+            "  {:>8}  {:>11}  {:>15}",
+            "time", "RSS", "RSS - LazyFree"
+        );
+        for (t_ms, i) in timeline_rows(r) {
+            let p = &r.timeline[i];
+            let _ = writeln!(
+                o,
+                "  {:>8}  {:>11}  {:>15}",
+                secs(t_ms),
+                opt_bytes(p.rss),
+                opt_bytes(p.rss_minus_lazy_free)
+            );
+        }
+        return;
+    }
     let _ = writeln!(
         o,
-        "\nTimeline (live = HEAP_LIVE, heap = HEAP_SIZE megablocks{}{})",
+        "\nTimeline (live = HEAP_LIVE, heap = HEAP_SIZE megablocks{}{madv_free})",
         if r.timeline.iter().any(|p| p.blocks_size.is_some()) {
             ", blocks = BLOCKS_SIZE"
         } else {
             ""
         },
-        if r.rss_recorded {
-            "; GHC 9.0 returns memory with MADV_FREE, so VmRSS alone may not fall"
-        } else {
-            ""
-        }
     );
     let _ = writeln!(
         o,
@@ -138,37 +190,65 @@ pub fn render(r: &GhcReport) -> String {
             o,
             "  {:>8}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}  {:>15}",
             secs(t_ms),
-            bytes(p.live),
+            opt_bytes(p.live),
             opt_bytes(p.blocks_size),
-            bytes(p.heap_size),
+            opt_bytes(p.heap_size),
             opt_bytes(p.gc_frag),
             opt_bytes(p.rss),
             opt_bytes(p.rss_minus_lazy_free)
         );
     }
+}
 
+fn render_phases(o: &mut String, r: &GhcReport) {
     let _ = writeln!(o, "\nPhases");
-    for (i, ph) in r.phases.iter().enumerate() {
+    if !r.heap_known {
         let _ = writeln!(
             o,
-            "\n  {} {} {} - {}: live up to {}, heap up to {}{}",
+            "  {}; the phases show RSS{}",
+            missing_figures(r, "heap figures"),
+            if r.block_censuses.is_empty() {
+                ""
+            } else {
+                " and the block censuses"
+            }
+        );
+    }
+    for (i, ph) in r.phases.iter().enumerate() {
+        let heap = if r.heap_known {
+            format!(
+                ": live up to {}, heap up to {}",
+                opt_bytes(ph.live_max),
+                opt_bytes(ph.heap_size_max)
+            )
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            o,
+            "\n  {} {} {} - {}{heap}{}",
             i + 1,
             ph.kind.name(),
             secs(ph.start_ms),
             secs(ph.end_ms),
-            bytes(ph.live_max),
-            bytes(ph.heap_size_max),
-            ph.rss_max
-                .map_or_else(String::new, |m| format!(", RSS up to {}", bytes(m)))
+            ph.rss_max.map_or_else(String::new, |m| format!(
+                "{} RSS up to {}",
+                if heap.is_empty() { ":" } else { "," },
+                bytes(m)
+            ))
         );
-        let _ = writeln!(o, "    at {}:", secs(ph.snapshot_t_ms));
+        let d = &ph.decomposition;
         if r.heap_known {
-            render_decomposition(&mut o, &ph.decomposition);
-        } else {
+            let _ = writeln!(o, "    at {}:", secs(ph.snapshot_t_ms));
+            render_decomposition(o, d);
+        } else if d.rss.is_some() {
             let _ = writeln!(
                 o,
-                "      RSS {}; the heap is unknown (no heap figures in the eventlog)",
-                opt_bytes(ph.decomposition.rss)
+                "    at {}: RSS {}, lazily freed {}, file-backed {}",
+                secs(ph.snapshot_t_ms),
+                opt_bytes(d.rss),
+                opt_bytes(d.lazy_free),
+                opt_bytes(d.file)
             );
         }
         if !ph.closure_types.is_empty() {
@@ -176,7 +256,7 @@ pub fn render(r: &GhcReport) -> String {
             let _ = writeln!(
                 o,
                 "    heap profile by closure type (-hT) at {}:",
-                ph.census_t_ms.map_or_else(|| "-".into(), secs)
+                opt_secs(ph.census_t_ms)
             );
             for c in &ph.closure_types {
                 let _ = writeln!(
@@ -189,16 +269,20 @@ pub fn render(r: &GhcReport) -> String {
             }
         }
         if let Some(c) = &ph.block_census {
+            // The eventlog's figures beside the census's, when there are any.
+            let beside = |name: &str, v: Option<u64>| {
+                v.map_or_else(String::new, |v| format!(" ({name} {})", bytes(v)))
+            };
             let _ = writeln!(
                 o,
-                "    block census at {}: heap {} (HEAP_SIZE {}), blocks in use {}, free blocks {} \
-                 (GC frag {}), pinned blocks {}{}, {} in megablocks with at most 25 blocks in use",
+                "    block census at {}: heap {}{}, blocks in use {}, free blocks {}{}, pinned \
+                 blocks {}{}, {} in megablocks with at most 25 blocks in use",
                 secs(c.t_ms),
                 bytes(c.heap_size),
-                bytes(c.eventlog_heap_size),
+                beside("HEAP_SIZE", c.eventlog_heap_size),
                 bytes(c.blocks_in_use),
                 bytes(c.free_blocks),
-                opt_bytes(c.eventlog_free_blocks),
+                beside("GC frag", c.eventlog_free_blocks),
                 count(c.pinned_blocks),
                 c.pinned_live
                     .map_or_else(String::new, |l| format!(" ({} referred to)", bytes(l))),
@@ -209,9 +293,18 @@ pub fn render(r: &GhcReport) -> String {
             let _ = writeln!(o, "    => {note}");
         }
     }
-    render_block_censuses(&mut o, r);
+}
 
+fn render_gc(o: &mut String, r: &GhcReport) {
     let g = &r.gc;
+    if g.generations.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nGarbage collection\n  {}",
+            missing_figures(r, "GC figures")
+        );
+        return;
+    }
     let _ = writeln!(
         o,
         "\nGarbage collection (as +RTS -s would say, from the eventlog)"
@@ -235,36 +328,40 @@ pub fn render(r: &GhcReport) -> String {
     let _ = writeln!(
         o,
         "  mutator {} vs GC {} of {} elapsed ({} in GC)",
-        secs(g.mutator_ms),
-        secs(g.gc_ms),
-        secs(g.elapsed_ms),
-        if g.elapsed_ms > 0.0 {
-            format!("{:.1}%", 100.0 * g.gc_ms / g.elapsed_ms)
-        } else {
-            "-".into()
+        opt_secs(g.mutator_ms),
+        opt_secs(g.gc_ms),
+        opt_secs(g.elapsed_ms),
+        match (g.gc_ms, g.elapsed_ms) {
+            (Some(gc), Some(e)) if e > 0.0 => format!("{:.1}%", 100.0 * gc / e),
+            _ => UNKNOWN.into(),
         }
     );
-    let _ = writeln!(o, "  allocated          {}", bytes(g.allocated_bytes));
-    let _ = writeln!(o, "  copied during GC   {}", bytes(g.copied_bytes));
-    let _ = writeln!(o, "  maximum residency  {}", bytes(g.max_residency));
+    let _ = writeln!(o, "  allocated          {}", opt_bytes(g.allocated_bytes));
+    let _ = writeln!(o, "  copied during GC   {}", opt_bytes(g.copied_bytes));
+    let _ = writeln!(
+        o,
+        "  maximum residency  {}",
+        g.max_residency
+            .map_or_else(|| format!("{UNKNOWN} (no major collection)"), bytes)
+    );
     let _ = writeln!(
         o,
         "  maximum slop       {}",
-        g.max_slop.map_or_else(
-            || "unknown (a major collection reported a slop larger than the heap: the \
-                 RTS's count underflowed)"
+        match g.max_slop {
+            Some(s) => bytes(s),
+            None if g.slop_underflowed => "unknown (a major collection reported a slop \
+                                           larger than the heap: the RTS's count underflowed)"
                 .into(),
-            bytes
-        )
+            None => format!("{UNKNOWN} (no major collection)"),
+        }
     );
-    let _ = writeln!(o, "  memory in use      {}", bytes(g.memory_in_use));
+    let _ = writeln!(o, "  memory in use      {}", opt_bytes(g.memory_in_use));
     let _ = writeln!(
         o,
         "  free blocks in heap {} at the largest heap ({} at most; GC_STATS_GHC frag)",
-        bytes(g.fragmentation_at_peak),
-        bytes(g.max_fragmentation)
+        opt_bytes(g.fragmentation_at_peak),
+        opt_bytes(g.max_fragmentation)
     );
-    o
 }
 
 /// The timeline rows the text shows, as (moment, point): evenly spaced moments of the
@@ -376,7 +473,7 @@ fn render_block_censuses(o: &mut String, r: &GhcReport) {
 }
 
 fn render_decomposition(o: &mut String, d: &GhcDecomposition) {
-    let whole = d.rss.unwrap_or(d.heap_size);
+    let whole = d.rss.or(d.heap_size).unwrap_or(0);
     let mut row = |name: &str, v: Option<u64>, why: &str| {
         if let Some(v) = v {
             let _ = writeln!(
@@ -389,7 +486,7 @@ fn render_decomposition(o: &mut String, d: &GhcDecomposition) {
         }
     };
     row("RSS", d.rss, "VmRSS; the parts below add up to it");
-    row("live", Some(d.live), "HEAP_LIVE");
+    row("live", d.live, "HEAP_LIVE");
     let copy_reserve_why = d.to_space.filter(|t| *t >= 1 << 20).map_or_else(
         || "blocks in use minus live: nursery, copy space, block ends, uncollected".into(),
         |t| {
@@ -402,12 +499,12 @@ fn render_decomposition(o: &mut String, d: &GhcDecomposition) {
     );
     row(
         "copy reserve and slop",
-        Some(d.copy_reserve_and_slop),
+        d.copy_reserve_and_slop,
         &copy_reserve_why,
     );
     row(
         "free blocks in heap",
-        Some(d.free_resident_pages),
+        d.free_resident_pages,
         "block-level waste: free blocks inside held megablocks (GC frag)",
     );
     row(
@@ -436,10 +533,10 @@ fn render_decomposition(o: &mut String, d: &GhcDecomposition) {
     let _ = writeln!(
         o,
         "      heap size {}{}; outside live data {}{}",
-        bytes(d.heap_size),
+        opt_bytes(d.heap_size),
         d.blocks_size
             .map_or_else(String::new, |b| format!(", blocks {}", bytes(b))),
-        bytes(d.outside_live),
+        opt_bytes(d.outside_live),
         d.rss_minus_lazy_free.map_or_else(String::new, |r| format!(
             " (RSS - LazyFree {} minus live)",
             bytes(r)

@@ -63,10 +63,40 @@ fn an_eventlog_alone_is_reported_without_rss() {
         assert!(u(&r["gc"]["max_residency"]) > 20 << 20);
         let gens = r["gc"]["generations"].as_array().unwrap();
         assert_eq!(gens.len(), 2, "{gens:?}");
-        for p in r["timeline"].as_array().unwrap() {
+        // The eventlog gives the whole GC table.
+        for k in ["elapsed_ms", "gc_ms", "mutator_ms"] {
+            assert!(r["gc"][k].as_f64().unwrap() > 0.0, "{k}: {}", r["gc"]);
+        }
+        for k in [
+            "allocated_bytes",
+            "copied_bytes",
+            "max_slop",
+            "fragmentation_at_peak",
+            "max_fragmentation",
+        ] {
+            u(&r["gc"][k]);
+        }
+        // Unknown only before the RTS posted them (HEAP_LIVE comes with the first major
+        // collection, a few milliseconds in), then numbers to the end.
+        let timeline = r["timeline"].as_array().unwrap();
+        let first_known = |k: &str| {
+            let i = timeline.iter().position(|p| !p[k].is_null()).unwrap();
+            assert!(
+                timeline[i..].iter().all(|p| !p[k].is_null()),
+                "{mode}: {k} unknown after it was posted"
+            );
+            assert!(timeline[i]["t_ms"].as_f64().unwrap() < 10.0, "{mode}: {k}");
+            i
+        };
+        let known = first_known("heap_size").max(first_known("live"));
+        for p in &timeline[known..] {
             assert!(p["rss"].is_null());
             let d = fragscope_heap_parts(p);
             assert_eq!(d, u(&p["heap_size"]));
+        }
+        for p in r["phases"].as_array().unwrap() {
+            u(&p["live_max"]);
+            u(&p["heap_size_max"]);
         }
         let ps = plateaus(&r);
         assert!(ps.len() >= 2, "{mode}: {ps:?}");
@@ -296,9 +326,291 @@ fn a_ghc_program_without_eventlog_is_recorded_with_advice() {
     assert!(text.contains("(GHC program)"), "{text}");
     assert!(text.contains("recorded without an eventlog"), "{text}");
     assert!(!text.contains("fragmentation ratio"), "{text}");
+    // The census's own figures, beside no eventlog figure.
+    assert!(!text.contains("HEAP_SIZE 0 B"), "{text}");
     let r = report_json(&trace);
-    assert!(!r["block_censuses"].as_array().unwrap().is_empty(), "{r}");
+    let censuses = r["block_censuses"].as_array().unwrap();
+    assert!(!censuses.is_empty(), "{r}");
+    for c in censuses {
+        u(&c["heap_size"]);
+        for k in [
+            "eventlog_heap_size",
+            "eventlog_free_blocks",
+            "eventlog_live",
+        ] {
+            assert!(c[k].is_null(), "{k}: {c}");
+        }
+    }
     assert_eq!(r["heap_known"], false);
+}
+
+/// Builds tests/ghc/`name`.hs as a distribution ships a GHC program: `ghc -O` alone (no
+/// -eventlog, no -rtsopts), then stripped; `None` without ghc.
+fn build_shipped(dir: &Path, name: &str) -> Option<PathBuf> {
+    let src = common::ghc_case(name);
+    if Command::new("ghc").arg("--version").output().is_err() {
+        eprintln!("skipped: ghc is missing");
+        return None;
+    }
+    let exe = dir.join(format!("{name}-shipped"));
+    let out = Command::new("ghc")
+        .arg("-O")
+        .arg("-outputdir")
+        .arg(dir.join(format!("build-{name}-shipped")))
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ghc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new("strip").arg(&exe).output().unwrap();
+    assert!(out.status.success(), "strip failed");
+    Some(exe)
+}
+
+/// The part of a text report from the line that starts with `from` to the next that
+/// starts with `to` (or the end).
+fn text_section<'a>(text: &'a str, from: &str, to: &str) -> &'a str {
+    let start = text
+        .find(&format!("\n{from}"))
+        .unwrap_or_else(|| panic!("no '{from}' in: {text}"));
+    let rest = &text[start + 1..];
+    let end = rest.find(&format!("\n{to}")).unwrap_or(rest.len());
+    &rest[..end]
+}
+
+/// A GHC program as a distribution ships it (no -eventlog, no -rtsopts, stripped: no
+/// eventlog and no RTS symbols for a block census) has RSS only. What the report does
+/// not have — live data, heap size, the GC table — is unknown, not 0: "–" or one line
+/// saying why in the text, null in the JSON, no series in the page; RSS is shown.
+#[test]
+fn a_stripped_program_without_eventlog_shows_unknown_figures_not_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_shipped(dir.path(), "Conns") else {
+        return;
+    };
+    let trace = dir.path().join("shipped.fsc");
+    let stderr = record_in(
+        dir.path(),
+        &["--snapshot-ms", "100"],
+        &trace,
+        &[exe.as_os_str(), OsStr::new("5000"), OsStr::new("keep")],
+    );
+    assert!(
+        stderr.contains("linked without an eventlog-capable RTS"),
+        "{stderr}"
+    );
+    let out = Command::new(FRAGSCOPE)
+        .arg("report")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let why = "the program's RTS wrote no eventlog";
+
+    let timeline = text_section(&text, "Timeline", "Phases");
+    assert!(
+        timeline.contains(&format!("no live data or heap size: {why}")),
+        "{timeline}"
+    );
+    let rows: Vec<&str> = timeline
+        .lines()
+        .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .collect();
+    assert!(rows.len() >= 10, "{timeline}");
+    for row in &rows {
+        // time, RSS, RSS - LazyFree: measured, none of them 0.
+        let cells: Vec<&str> = row
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        assert_eq!(cells.len(), 3, "{row}");
+        assert!(cells[1].ends_with("iB"), "{row}");
+        assert!(!cells.contains(&"0 B"), "{row}");
+    }
+
+    let phases = text_section(&text, "Phases", "Garbage collection");
+    assert!(
+        phases.contains(&format!("no heap figures: {why}")),
+        "{phases}"
+    );
+    assert!(!phases.contains("live up to"), "{phases}");
+    assert!(!phases.contains("heap up to"), "{phases}");
+    assert!(phases.contains("RSS up to"), "{phases}");
+
+    // The GC table is its title and one line.
+    let gc = text_section(&text, "Garbage collection", "\n");
+    let gc_lines: Vec<&str> = gc.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(gc_lines.len(), 2, "{gc}");
+    assert!(
+        gc_lines[1].contains(&format!("no GC figures: {why}")),
+        "{gc}"
+    );
+    for zero in ["0 B", "0.00 s", "-0.00"] {
+        assert!(!gc.contains(zero), "{zero}: {gc}");
+    }
+
+    let r = report_json(&trace);
+    assert_eq!(r["heap_known"], false);
+    assert!(
+        r["eventlog_figures_missing"]
+            .as_str()
+            .unwrap()
+            .contains(why),
+        "{}",
+        r["eventlog_figures_missing"]
+    );
+    assert!(r["block_censuses"].as_array().unwrap().is_empty());
+    let points = r["timeline"].as_array().unwrap();
+    assert!(!points.is_empty());
+    for p in points {
+        for k in ["live", "heap_size", "gc_frag", "gc_slop"] {
+            assert!(p[k].is_null(), "{k}: {p}");
+        }
+        assert!(u(&p["rss"]) > 0, "{p}");
+    }
+    let phases = r["phases"].as_array().unwrap();
+    assert!(!phases.is_empty());
+    for p in phases {
+        for k in ["live_max", "live_end", "heap_size_max"] {
+            assert!(p[k].is_null(), "{k}: {p}");
+        }
+        let d = &p["decomposition"];
+        for k in [
+            "live",
+            "copy_reserve_and_slop",
+            "free_resident_pages",
+            "heap_size",
+            "outside_live",
+            "other_anon",
+            "unexplained",
+        ] {
+            assert!(d[k].is_null(), "{k}: {d}");
+        }
+        assert!(u(&d["rss"]) > 0 && u(&d["file"]) > 0, "{d}");
+        u(&d["lazy_free"]);
+        u(&p["rss_max"]);
+    }
+    let g = &r["gc"];
+    assert!(g["generations"].as_array().unwrap().is_empty());
+    for k in [
+        "elapsed_ms",
+        "gc_ms",
+        "mutator_ms",
+        "allocated_bytes",
+        "copied_bytes",
+        "max_residency",
+        "memory_in_use",
+        "max_slop",
+        "fragmentation_at_peak",
+        "max_fragmentation",
+    ] {
+        assert!(g[k].is_null(), "{k}: {g}");
+    }
+
+    // compare: the same figures unknown side by side.
+    let out = Command::new(FRAGSCOPE)
+        .args(["compare", "--json"])
+        .arg(&trace)
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let c = &v["columns"][0];
+    for k in [
+        "max_residency",
+        "live",
+        "heap_size",
+        "major_collections",
+        "gc_ms",
+    ] {
+        assert!(c[k].is_null(), "{k}: {c}");
+    }
+    u(&c["peak_rss"]);
+
+    // The page draws RSS and RSS minus LazyFree, and no line for live data or heap size.
+    let html = dir.path().join("shipped.html");
+    let out = Command::new(FRAGSCOPE)
+        .arg("report")
+        .arg(&trace)
+        .arg("--html")
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let Some(browser) = common::chromium() else {
+        eprintln!("skipped the page: chromium is not installed");
+        return;
+    };
+    let dom = common::load_page(
+        &browser,
+        &html,
+        &common::artefacts().join("ghc-shipped.png"),
+    );
+    assert!(
+        dom.contains("data-rendered=\"ok\""),
+        "the page did not finish"
+    );
+    assert_eq!(dom.matches("class=\"series ghc-line\"").count(), 2);
+    for line in [
+        "No live data or heap size: ",
+        "No heap figures: ",
+        "No GC figures: ",
+    ] {
+        assert!(dom.contains(&format!("{line}{why}")), "{line}");
+    }
+    // Side by side: unknown collections and pauses are shown as such, and draw nothing.
+    let html = dir.path().join("shipped-compare.html");
+    let out = Command::new(FRAGSCOPE)
+        .arg("compare")
+        .arg(&trace)
+        .arg(&trace)
+        .arg("--html")
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dom = common::load_page(
+        &browser,
+        &html,
+        &common::artefacts().join("ghc-shipped-compare.png"),
+    );
+    assert!(
+        dom.contains("data-rendered=\"ok\""),
+        "the page did not finish"
+    );
+    // RSS's two lines in each run's chart.
+    assert_eq!(dom.matches("class=\"series ghc-line\"").count(), 4);
+    // No heap figures: no parts to draw where memory settled.
+    assert_eq!(dom.matches("class=\"cmp-bar\"").count(), 0);
+    assert_eq!(
+        dom.matches(">no heap figures: RSS is not split</text>")
+            .count(),
+        2
+    );
 }
 
 /// Builds tests/ghc/`name`.hs with `ghc -O -rtsopts -eventlog`; `None` without ghc.

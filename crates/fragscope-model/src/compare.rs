@@ -123,15 +123,16 @@ impl RunFigures {
 }
 
 /// A GHC program's figures: the RTS's heap where memory settled (the last plateau), its
-/// block census, and the GC table, as the GHC report shows them.
+/// block census, and the GC table, as the GHC report shows them; the eventlog's figures
+/// are `None` when the report does not have them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct GhcRunFigures {
     pub peak_rss: Option<u64>,
     pub end_rss: Option<u64>,
     /// `-s`: maximum residency (HEAP_LIVE after major collections).
-    pub max_residency: u64,
+    pub max_residency: Option<u64>,
     /// `-s`: total memory in use (the largest HEAP_SIZE).
-    pub memory_in_use: u64,
+    pub memory_in_use: Option<u64>,
     /// The phase the figures below describe: the last plateau, else the last phase.
     pub settled_phase: Option<PhaseKind>,
     pub settled_start_ms: Option<f64>,
@@ -141,24 +142,25 @@ pub struct GhcRunFigures {
     pub rss: Option<u64>,
     pub rss_minus_lazy_free: Option<u64>,
     /// HEAP_LIVE.
-    pub live: u64,
+    pub live: Option<u64>,
     /// HEAP_SIZE: megablocks held.
-    pub heap_size: u64,
-    pub copy_reserve_and_slop: u64,
+    pub heap_size: Option<u64>,
+    pub copy_reserve_and_slop: Option<u64>,
     /// Free blocks inside the megablocks held.
-    pub free_blocks: u64,
+    pub free_blocks: Option<u64>,
     pub lazy_free: Option<u64>,
     pub other_anon: Option<u64>,
-    /// False when the eventlog holds no heap figures (the heap parts above are 0 then).
+    /// False when there are no heap figures (no eventlog, or none in it).
     pub heap_known: bool,
     /// The block census of that phase (else the last one after its start).
     pub census: Option<GhcCensusFigures>,
-    pub major_collections: u64,
-    pub minor_collections: u64,
-    pub copied_bytes: u64,
-    pub allocated_bytes: u64,
-    pub gc_ms: f64,
-    pub max_pause_ms: f64,
+    /// `None` without the eventlog's collections, as are the figures below.
+    pub major_collections: Option<u64>,
+    pub minor_collections: Option<u64>,
+    pub copied_bytes: Option<u64>,
+    pub allocated_bytes: Option<u64>,
+    pub gc_ms: Option<f64>,
+    pub max_pause_ms: Option<f64>,
     pub max_slop: Option<u64>,
     /// The report's headline (what holds the megablocks), when it has one.
     pub headline: Option<String>,
@@ -190,35 +192,36 @@ impl GhcRunFigures {
             .find(|p| p.kind == PhaseKind::Plateau)
             .or(r.phases.last());
         let oldest = r.gc.generations.iter().map(|g| g.generation).max();
+        let collected = !r.gc.generations.is_empty();
         let mut f = Self {
             peak_rss: r.timeline.iter().filter_map(|p| p.rss).max(),
             end_rss: r.timeline.last().and_then(|p| p.rss),
             max_residency: r.gc.max_residency,
             memory_in_use: r.gc.memory_in_use,
             heap_known: r.heap_known,
-            major_collections: r
-                .gc
-                .generations
-                .iter()
-                .filter(|g| Some(g.generation) == oldest && g.generation > 0)
-                .map(|g| g.collections)
-                .sum(),
-            minor_collections: r
-                .gc
-                .generations
-                .iter()
-                .filter(|g| Some(g.generation) != oldest || g.generation == 0)
-                .map(|g| g.collections)
-                .sum(),
+            major_collections: collected.then(|| {
+                r.gc.generations
+                    .iter()
+                    .filter(|g| Some(g.generation) == oldest && g.generation > 0)
+                    .map(|g| g.collections)
+                    .sum()
+            }),
+            minor_collections: collected.then(|| {
+                r.gc.generations
+                    .iter()
+                    .filter(|g| Some(g.generation) != oldest || g.generation == 0)
+                    .map(|g| g.collections)
+                    .sum()
+            }),
             copied_bytes: r.gc.copied_bytes,
             allocated_bytes: r.gc.allocated_bytes,
             gc_ms: r.gc.gc_ms,
-            max_pause_ms: r
-                .gc
-                .generations
-                .iter()
-                .map(|g| g.max_pause_ms)
-                .fold(0.0, f64::max),
+            max_pause_ms: collected.then(|| {
+                r.gc.generations
+                    .iter()
+                    .map(|g| g.max_pause_ms)
+                    .fold(0.0, f64::max)
+            }),
             max_slop: r.gc.max_slop,
             headline: r.diagnosis.as_ref().map(|d| d.headline.clone()),
             ..Default::default()

@@ -43,14 +43,16 @@ pub struct RssPoint {
 }
 
 /// One moment of the timeline: the RTS's figures (the latest posted at or before it)
-/// and, when recorded, RSS.
+/// and, when recorded, RSS. The RTS's figures are `None` until it posts them (HEAP_LIVE
+/// at the first major collection, the others at the first collection), and with no
+/// eventlog at all.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct GhcPoint {
     pub t_ms: f64,
     /// HEAP_LIVE.
-    pub live: u64,
+    pub live: Option<u64>,
     /// HEAP_SIZE: megablocks held.
-    pub heap_size: u64,
+    pub heap_size: Option<u64>,
     /// BLOCKS_SIZE (GHC 9.2+).
     pub blocks_size: Option<u64>,
     /// GC_STATS_GHC frag of the last collection.
@@ -70,33 +72,34 @@ pub struct GhcPoint {
 
 /// RSS at one moment split into parts; without RSS (an eventlog made elsewhere) only the
 /// heap's parts, which add up to `heap_size`. With RSS: `live + copy_reserve_and_slop +
-/// free_resident_pages + lazy_free + other_anon + file + unexplained = rss`.
+/// free_resident_pages + lazy_free + other_anon + file + unexplained = rss`. A part the
+/// figures do not give (no heap size, no live data yet) is `None`, never 0.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct GhcDecomposition {
     pub t_ms: f64,
     pub rss: Option<u64>,
-    pub live: u64,
+    pub live: Option<u64>,
     /// Blocks in use minus live data: the copy reserve, the nursery, slop at block ends
     /// and objects not yet collected; during a collection, its to-space too.
-    pub copy_reserve_and_slop: u64,
+    pub copy_reserve_and_slop: Option<u64>,
     /// The moment fell inside a collection: of `copy_reserve_and_slop`, the megablocks
     /// taken for the to-space beyond HEAP_SIZE (see [`GhcPoint::to_space`]).
     pub to_space: Option<u64>,
     /// Block-level waste: free blocks inside the megablocks the heap holds.
-    pub free_resident_pages: u64,
+    pub free_resident_pages: Option<u64>,
     pub lazy_free: Option<u64>,
     /// Anonymous memory outside the heap (stacks, the RTS's own malloc, foreign code).
     pub other_anon: Option<u64>,
     pub file: Option<u64>,
     pub unexplained: Option<i64>,
-    pub heap_size: u64,
+    pub heap_size: Option<u64>,
     pub blocks_size: Option<u64>,
     pub gc_frag: Option<u64>,
     pub gc_slop: Option<u64>,
     pub rss_minus_lazy_free: Option<u64>,
     /// Memory the program holds beyond its live data: RSS minus LazyFree minus live, or
     /// heap size minus live without RSS.
-    pub outside_live: u64,
+    pub outside_live: Option<u64>,
     /// RSS minus heap size minus LazyFree (signed: megablocks not yet touched are in the
     /// heap size but not in RSS).
     pub non_heap: Option<i64>,
@@ -113,10 +116,10 @@ pub struct GhcPhase {
     pub start_ms: f64,
     pub end_ms: f64,
     pub kind: PhaseKind,
-    pub live_max: u64,
-    pub live_end: u64,
+    pub live_max: Option<u64>,
+    pub live_end: Option<u64>,
     pub rss_max: Option<u64>,
-    pub heap_size_max: u64,
+    pub heap_size_max: Option<u64>,
     /// The moment that `decomposition` describes: the phase's middle, or the RSS sample
     /// nearest it whose LazyFree was read with it.
     pub snapshot_t_ms: f64,
@@ -141,26 +144,31 @@ pub struct GcGeneration {
     pub max_pause_ms: f64,
 }
 
-/// The RTS's summary, as `+RTS -s` prints it, from the eventlog.
+/// The RTS's summary, as `+RTS -s` prints it, from the eventlog. A figure the eventlog
+/// does not give (no eventlog, no collection, no major collection) is `None`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct GcTable {
     pub generations: Vec<GcGeneration>,
-    pub elapsed_ms: f64,
-    pub gc_ms: f64,
-    pub mutator_ms: f64,
-    pub allocated_bytes: u64,
-    pub copied_bytes: u64,
+    /// The eventlog's time at its last event (the RTS's clock starts with the program).
+    pub elapsed_ms: Option<f64>,
+    pub gc_ms: Option<f64>,
+    pub mutator_ms: Option<f64>,
+    pub allocated_bytes: Option<u64>,
+    pub copied_bytes: Option<u64>,
     /// Largest live data after a major collection (`-s`: maximum residency).
-    pub max_residency: u64,
+    pub max_residency: Option<u64>,
     /// Largest heap size (`-s`: total memory in use).
-    pub memory_in_use: u64,
-    /// The largest slop a major collection reported (`-s`: maximum slop); `None` when
-    /// one reported a slop larger than the heap (the RTS's count underflowed, as the
-    /// nonmoving collector's does in GHC 9.0).
+    pub memory_in_use: Option<u64>,
+    /// The largest slop a major collection reported (`-s`: maximum slop); `None`
+    /// without a major collection, or when one reported a slop larger than the heap
+    /// (`slop_underflowed`).
     pub max_slop: Option<u64>,
+    /// A major collection reported a slop larger than the heap: the RTS's count
+    /// underflowed, as the nonmoving collector's does in GHC 9.0.
+    pub slop_underflowed: bool,
     /// GC_STATS_GHC frag when the heap was largest (`-s`: lost due to fragmentation).
-    pub fragmentation_at_peak: u64,
-    pub max_fragmentation: u64,
+    pub fragmentation_at_peak: Option<u64>,
+    pub max_fragmentation: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -177,8 +185,12 @@ pub struct GhcReport {
     /// False for an eventlog made elsewhere: the figures are the RTS's alone.
     pub rss_recorded: bool,
     /// False when the eventlog holds no heap size (the program was killed before its
-    /// first collection's events were written): nothing is split out of RSS then.
+    /// first collection's events were written), or there is no eventlog: nothing is
+    /// split out of RSS then.
     pub heap_known: bool,
+    /// Why the eventlog's figures (live data, heap size, the GC table) are all unknown,
+    /// when they are: said once where each would be shown.
+    pub eventlog_figures_missing: Option<String>,
     pub notes: Vec<String>,
     pub duration_ms: f64,
     pub timeline: Vec<GhcPoint>,
@@ -315,34 +327,58 @@ pub fn analyze_trace_without_eventlog(trace: &Path) -> Result<GhcReport, GhcErro
     report
         .notes
         .retain(|n| !n.contains("heap profile by closure type") && !n.contains("heap is unknown"));
-    let note = match crate::census::snapshot_of(trace) {
-        Some(c) => format!(
-            "a snapshot of a running program (fragscope snapshot), {}: one block census and \
-             RSS, with no history, so no eventlog figures, timeline or GC table (`fragscope \
-             record` the program for those){}",
-            if c.stopped {
-                "held stopped while its block descriptors were read"
-            } else {
-                "read without stopping it"
-            },
-            if c.stopped {
-                ""
-            } else {
-                "; the block census always holds the program for its few milliseconds"
-            }
-        ),
-        None if first_process_attached(trace) => "recorded from the moment fragscope \
-                 attached to the running program (record -p), whose RTS cannot be asked for an \
-                 eventlog once it runs: the figures are RSS and the RTS's block censuses; start \
-                 it under `fragscope record` (built with `ghc -eventlog -rtsopts`) for live \
-                 data, the heap's size over time and the GC table"
-            .into(),
-        None => "recorded without an eventlog (the program's RTS was not linked with -eventlog, \
-                 or refused GHCRTS): the figures are RSS and the RTS's block censuses; rebuild \
-                 with `ghc -eventlog -rtsopts` for live data, the heap's size over time and the \
-                 GC table"
-            .into(),
+    // The census's own note ends by sending the reader to the eventlog, which this
+    // recording does not have.
+    for n in &mut report.notes {
+        if let Some(cut) = n.find("; the figures come from the eventlog alone") {
+            n.truncate(cut);
+        }
+    }
+    let figures = if report.block_censuses.is_empty() {
+        "RSS alone"
+    } else {
+        "RSS and the RTS's block censuses"
     };
+    let (note, missing) = match crate::census::snapshot_of(trace) {
+        Some(c) => (
+            format!(
+                "a snapshot of a running program (fragscope snapshot), {}: one block census \
+                 and RSS, with no history, so no eventlog figures, timeline or GC table \
+                 (`fragscope record` the program for those){}",
+                if c.stopped {
+                    "held stopped while its block descriptors were read"
+                } else {
+                    "read without stopping it"
+                },
+                if c.stopped {
+                    ""
+                } else {
+                    "; the block census always holds the program for its few milliseconds"
+                }
+            ),
+            "a snapshot has no eventlog",
+        ),
+        None if first_process_attached(trace) => (
+            format!(
+                "recorded from the moment fragscope attached to the running program (record \
+                 -p), whose RTS cannot be asked for an eventlog once it runs: the figures are \
+                 {figures}; start it under `fragscope record` (built with `ghc -eventlog \
+                 -rtsopts`) for live data, the heap's size over time and the GC table"
+            ),
+            "the program was attached to while running, when its RTS can no longer be asked \
+             for an eventlog",
+        ),
+        None => (
+            format!(
+                "recorded without an eventlog (the program's RTS was not linked with \
+                 -eventlog, or refused GHCRTS): the figures are {figures}; rebuild with `ghc \
+                 -eventlog -rtsopts` for live data, the heap's size over time and the GC table"
+            ),
+            "the program's RTS wrote no eventlog (a binary built without -eventlog, or \
+             without -rtsopts, whose RTS refuses GHCRTS)",
+        ),
+    };
+    report.eventlog_figures_missing = Some(missing.into());
     report.notes.insert(0, note);
     Ok(report)
 }
@@ -528,8 +564,8 @@ fn read_eventlog(path: &Path) -> Result<Eventlog, GhcError> {
 #[derive(Debug, Clone, Copy, Default)]
 struct HeapState {
     t_ms: f64,
-    live: u64,
-    heap_size: u64,
+    live: Option<u64>,
+    heap_size: Option<u64>,
     blocks_size: Option<u64>,
     gc_frag: Option<u64>,
     gc_slop: Option<u64>,
@@ -555,8 +591,8 @@ pub fn analyze(
             state.gc_frag,
         );
         match &e.kind {
-            EventKind::HeapLive { bytes, .. } => state.live = *bytes,
-            EventKind::HeapSize { bytes, .. } => state.heap_size = *bytes,
+            EventKind::HeapLive { bytes, .. } => state.live = Some(*bytes),
+            EventKind::HeapSize { bytes, .. } => state.heap_size = Some(*bytes),
             EventKind::BlocksSize { bytes, .. } => state.blocks_size = Some(*bytes),
             EventKind::GcStats(s) => {
                 state.gc_frag = Some(s.frag_bytes);
@@ -608,7 +644,13 @@ pub fn analyze(
         .iter()
         // VmRSS, not RSS minus LazyFree: a flat RSS over falling live data is the plateau
         // seed 000 describes, and LazyFree moves as the kernel pleases.
-        .map(|p| (p.t_ms, p.rss.unwrap_or(p.heap_size), p.live))
+        .map(|p| {
+            (
+                p.t_ms,
+                p.rss.or(p.heap_size).unwrap_or(0),
+                p.live.unwrap_or(0),
+            )
+        })
         .collect();
     let block_censuses: Vec<BlockCensus> = censuses
         .iter()
@@ -669,14 +711,14 @@ pub fn analyze(
                 start_ms: span.start_ms,
                 end_ms: span.end_ms,
                 kind: span.kind,
-                live_max: inside.iter().map(|p| p.live).max().unwrap_or(mid.live),
+                live_max: inside.iter().filter_map(|p| p.live).max().or(mid.live),
                 live_end: inside.last().map_or(mid.live, |p| p.live),
                 rss_max: inside.iter().filter_map(|p| p.rss).max(),
                 heap_size_max: inside
                     .iter()
-                    .map(|p| p.heap_size)
+                    .filter_map(|p| p.heap_size)
                     .max()
-                    .unwrap_or(mid.heap_size),
+                    .or(mid.heap_size),
                 snapshot_t_ms: mid.t_ms,
                 decomposition: decompose(&mid),
                 census_t_ms,
@@ -694,16 +736,7 @@ pub fn analyze(
             }
         })
         .collect();
-    let heap_known = states.iter().any(|s| s.heap_size > 0);
-    if !heap_known {
-        // Without a heap size every byte of RSS would look outside the heap.
-        for p in &mut phases {
-            let d = &mut p.decomposition;
-            d.other_anon = None;
-            d.unexplained = None;
-            d.non_heap = None;
-        }
-    }
+    let heap_known = states.iter().any(|s| s.heap_size.is_some());
     add_pinned_notes(&mut phases);
     let mut notes = Vec::new();
     if log.is_truncated() {
@@ -735,7 +768,7 @@ pub fn analyze(
                 .into(),
         );
     }
-    let diagnosis = ghc_blocks::diagnose(&block_censuses, |t| heap_known.then(|| heap_at(t).live));
+    let diagnosis = ghc_blocks::diagnose(&block_censuses, |t| heap_at(t).live);
     GhcReport {
         source: String::new(),
         eventlog: String::new(),
@@ -749,11 +782,16 @@ pub fn analyze(
         damage: log.corruption.as_ref().map(|e| e.to_string()),
         rss_recorded: rss.is_some(),
         heap_known,
+        eventlog_figures_missing: (!heap_known).then(|| {
+            "the eventlog holds none (the program ended, or was killed, before the RTS \
+             wrote its first collection's events)"
+                .into()
+        }),
         notes,
         duration_ms: end_ms.max(full.last().map_or(0.0, |p| p.t_ms)),
         timeline: thin(full, TIMELINE_POINTS),
         phases,
-        gc: gc.finish(end_ms - offset_ms),
+        gc: gc.finish((!log.events.is_empty()).then_some(end_ms - offset_ms)),
         block_censuses,
         diagnosis,
     }
@@ -852,7 +890,7 @@ fn collections(log: &Eventlog, offset_ms: f64) -> Vec<(f64, f64)> {
 /// Anonymous memory beyond the heap and LazyFree at `p` (signed: megablocks not yet
 /// touched are in the heap size but not in RSS).
 fn anon_beyond_heap(p: &GhcPoint) -> Option<i64> {
-    Some(p.rss_anon? as i64 - p.heap_size as i64 - p.lazy_free? as i64)
+    Some(p.rss_anon? as i64 - p.heap_size? as i64 - p.lazy_free? as i64)
 }
 
 /// Sets `to_space` of the points read inside a collection: the copying collector takes
@@ -888,50 +926,55 @@ fn mark_collections(points: &mut [GhcPoint], gcs: &[(f64, f64)]) {
     }
 }
 
-/// Splits one moment into the parts of the model (see [`GhcDecomposition`]).
+/// Splits one moment into the parts of the model (see [`GhcDecomposition`]): the heap's
+/// parts need its size, the split of blocks in use needs live data, and the parts
+/// outside the heap need RSS too.
 pub fn decompose(p: &GhcPoint) -> GhcDecomposition {
     // Blocks handed out by the block allocator: reported on 9.2+, else heap size minus
     // the free blocks the last collection counted.
-    let blocks_in_use = match (p.blocks_size, p.gc_frag) {
-        (Some(b), _) => b.min(p.heap_size),
-        (None, Some(frag)) => p.heap_size.saturating_sub(frag),
-        (None, None) => p.heap_size,
-    };
-    let live = p.live.min(blocks_in_use);
-    let copy_reserve_and_slop = blocks_in_use - live;
-    let free_blocks = p.heap_size - blocks_in_use;
+    let blocks_in_use = p.heap_size.map(|heap| match (p.blocks_size, p.gc_frag) {
+        (Some(b), _) => b.min(heap),
+        (None, Some(frag)) => heap.saturating_sub(frag),
+        (None, None) => heap,
+    });
+    let live = p.live.map(|l| blocks_in_use.map_or(l, |b| l.min(b)));
     let mut d = GhcDecomposition {
         t_ms: p.t_ms,
         rss: p.rss,
         live,
-        copy_reserve_and_slop,
-        free_resident_pages: free_blocks,
+        copy_reserve_and_slop: blocks_in_use.zip(live).map(|(b, l)| b - l),
+        free_resident_pages: p.heap_size.zip(blocks_in_use).map(|(h, b)| h - b),
         lazy_free: p.lazy_free,
         heap_size: p.heap_size,
         blocks_size: p.blocks_size,
         gc_frag: p.gc_frag,
         gc_slop: p.gc_slop,
         rss_minus_lazy_free: p.rss_minus_lazy_free,
-        outside_live: p.heap_size.saturating_sub(p.live),
+        outside_live: p.heap_size.zip(p.live).map(|(h, l)| h.saturating_sub(l)),
         ..Default::default()
     };
-    if let (Some(rss), Some(anon), Some(file), Some(lazy)) =
+    let (Some(rss), Some(anon), Some(file), Some(lazy)) =
         (p.rss, p.rss_anon, p.rss_file, p.lazy_free)
-    {
-        let to_space = p.to_space.unwrap_or(0);
-        let non_heap = rss as i64 - p.heap_size as i64 - lazy as i64 - to_space as i64;
-        let other_anon =
-            (anon as i64 - p.heap_size as i64 - lazy as i64 - to_space as i64).max(0) as u64;
-        let copy_reserve_and_slop = copy_reserve_and_slop + to_space;
-        let explained = live + copy_reserve_and_slop + free_blocks + lazy + other_anon + file;
-        d.copy_reserve_and_slop = copy_reserve_and_slop;
-        d.to_space = p.to_space;
-        d.other_anon = Some(other_anon);
-        d.file = Some(file);
-        d.unexplained = Some(rss as i64 - explained as i64);
-        d.non_heap = Some(non_heap);
-        d.outside_live = rss.saturating_sub(lazy).saturating_sub(p.live);
-    }
+    else {
+        return d;
+    };
+    d.file = Some(file);
+    d.outside_live = p.live.map(|l| rss.saturating_sub(lazy).saturating_sub(l));
+    // Without a heap size every byte of RSS would look outside the heap.
+    let Some(heap_size) = p.heap_size else {
+        return d;
+    };
+    let to_space = p.to_space.unwrap_or(0);
+    let non_heap = rss as i64 - heap_size as i64 - lazy as i64 - to_space as i64;
+    let other_anon = (anon as i64 - heap_size as i64 - lazy as i64 - to_space as i64).max(0) as u64;
+    // The heap's parts add up to heap size plus to-space whether or not live data is
+    // known.
+    let explained = heap_size + to_space + lazy + other_anon + file;
+    d.copy_reserve_and_slop = d.copy_reserve_and_slop.map(|c| c + to_space);
+    d.to_space = p.to_space;
+    d.other_anon = Some(other_anon);
+    d.unexplained = Some(rss as i64 - explained as i64);
+    d.non_heap = Some(non_heap);
     d
 }
 
@@ -999,8 +1042,9 @@ fn add_pinned_notes(phases: &mut [GhcPhase]) {
             .iter()
             .find(|c| c.label == "ARR_WORDS")
             .map_or(0, |c| c.bytes);
+        // Without live data nothing is known to have fallen.
         let live = phase.decomposition.live;
-        let fell = (live as f64) < FALL * earlier_live_max as f64;
+        let fell = live.is_some_and(|l| (l as f64) < FALL * earlier_live_max as f64);
         if let Some(note) = phase
             .block_census
             .as_ref()
@@ -1011,7 +1055,7 @@ fn add_pinned_notes(phases: &mut [GhcPhase]) {
         } else if phase.kind == PhaseKind::Plateau
             && total > 0
             && arr_words as f64 >= DOMINANT * total as f64
-            && (live as f64) < FALL * earlier_live_max as f64
+            && fell
         {
             phase.pinned_note = Some(format!(
                 "ARR_WORDS is {:.0}% of the heap profile on this plateau, after live data fell \
@@ -1022,10 +1066,10 @@ fn add_pinned_notes(phases: &mut [GhcPhase]) {
                  (Data.ByteString.copy) so the survivors share few blocks.",
                 100.0 * arr_words as f64 / total as f64,
                 mib(earlier_live_max),
-                mib(live)
+                mib(live.unwrap_or(0))
             ));
         }
-        earlier_live_max = earlier_live_max.max(phase.live_max);
+        earlier_live_max = earlier_live_max.max(phase.live_max.unwrap_or(0));
     }
 }
 
@@ -1050,12 +1094,12 @@ struct GcAccumulator {
     gc_start_ns: Option<u64>,
     gc_end_ns: Option<u64>,
     allocated: BTreeMap<Option<u16>, u64>,
-    copied: u64,
-    max_residency: u64,
-    memory_in_use: u64,
-    frag_at_peak: u64,
-    max_frag: u64,
-    max_slop: u64,
+    copied: Option<u64>,
+    max_residency: Option<u64>,
+    memory_in_use: Option<u64>,
+    frag_at_peak: Option<u64>,
+    max_frag: Option<u64>,
+    max_slop: Option<u64>,
     slop_underflowed: bool,
     oldest_generation: u16,
     live_before_stats: Option<u64>,
@@ -1077,9 +1121,9 @@ impl GcAccumulator {
                 self.allocated.insert(e.capability, *bytes);
             }
             EventKind::HeapLive { bytes, .. } => self.live_before_stats = Some(*bytes),
-            EventKind::HeapSize { bytes, .. } if *bytes > self.memory_in_use => {
-                self.memory_in_use = *bytes;
-                self.frag_at_peak = state.gc_frag.unwrap_or(0);
+            EventKind::HeapSize { bytes, .. } if Some(*bytes) > self.memory_in_use => {
+                self.memory_in_use = Some(*bytes);
+                self.frag_at_peak = state.gc_frag;
             }
             EventKind::GcStats(s) => {
                 let pause_ms = match (self.gc_start_ns, self.gc_end_ns) {
@@ -1102,24 +1146,25 @@ impl GcAccumulator {
                 g.copied_bytes += s.copied_bytes;
                 g.gc_ms += pause_ms;
                 g.max_pause_ms = g.max_pause_ms.max(pause_ms);
-                self.copied += s.copied_bytes;
+                *self.copied.get_or_insert(0) += s.copied_bytes;
                 // `-s` takes the slop of major collections only; a slop beyond the heap
                 // is the RTS's count gone below zero, not a size.
                 if s.generation >= self.oldest_generation {
-                    if s.slop_bytes > state.heap_size.max(self.memory_in_use) {
+                    let heap = state.heap_size.max(self.memory_in_use).unwrap_or(0);
+                    if s.slop_bytes > heap {
                         self.slop_underflowed = true;
                     } else {
-                        self.max_slop = self.max_slop.max(s.slop_bytes);
+                        self.max_slop = self.max_slop.max(Some(s.slop_bytes));
                     }
                 }
                 // The free blocks at the largest heap are paired with its HEAP_SIZE, which
                 // the RTS posts after this collection's stats (the heap size known here is
                 // the previous collection's).
-                self.max_frag = self.max_frag.max(s.frag_bytes);
+                self.max_frag = self.max_frag.max(Some(s.frag_bytes));
                 // `-s` counts residency after major collections only.
                 if s.generation >= self.oldest_generation {
                     if let Some(live) = self.live_before_stats {
-                        self.max_residency = self.max_residency.max(live);
+                        self.max_residency = self.max_residency.max(Some(live));
                     }
                 }
             }
@@ -1127,18 +1172,26 @@ impl GcAccumulator {
         }
     }
 
-    fn finish(self, elapsed_ms: f64) -> GcTable {
-        let gc_ms: f64 = self.generations.values().map(|g| g.gc_ms).sum();
+    /// `elapsed_ms`: the eventlog's time at its last event; `None` without events.
+    fn finish(self, elapsed_ms: Option<f64>) -> GcTable {
+        let gc_ms = (!self.generations.is_empty())
+            .then(|| self.generations.values().map(|g| g.gc_ms).sum::<f64>());
+        let elapsed_ms = elapsed_ms.map(|e| e.max(0.0));
         GcTable {
             generations: self.generations.into_values().collect(),
-            elapsed_ms: elapsed_ms.max(0.0),
+            elapsed_ms,
             gc_ms,
-            mutator_ms: (elapsed_ms - gc_ms).max(0.0),
-            allocated_bytes: self.allocated.values().sum(),
+            mutator_ms: elapsed_ms.zip(gc_ms).map(|(e, g)| (e - g).max(0.0)),
+            allocated_bytes: (!self.allocated.is_empty()).then(|| self.allocated.values().sum()),
             copied_bytes: self.copied,
             max_residency: self.max_residency,
             memory_in_use: self.memory_in_use,
-            max_slop: (!self.slop_underflowed).then_some(self.max_slop),
+            max_slop: if self.slop_underflowed {
+                None
+            } else {
+                self.max_slop
+            },
+            slop_underflowed: self.slop_underflowed,
             fragmentation_at_peak: self.frag_at_peak,
             max_fragmentation: self.max_frag,
         }
@@ -1153,8 +1206,8 @@ mod tests {
     fn the_parts_add_up_to_rss() {
         let p = GhcPoint {
             t_ms: 1.0,
-            live: 100,
-            heap_size: 1000,
+            live: Some(100),
+            heap_size: Some(1000),
             blocks_size: None,
             gc_frag: Some(300),
             gc_slop: Some(5),
@@ -1166,15 +1219,15 @@ mod tests {
             to_space: None,
         };
         let d = decompose(&p);
-        assert_eq!(d.live, 100);
-        assert_eq!(d.free_resident_pages, 300);
-        assert_eq!(d.copy_reserve_and_slop, 600);
+        assert_eq!(d.live, Some(100));
+        assert_eq!(d.free_resident_pages, Some(300));
+        assert_eq!(d.copy_reserve_and_slop, Some(600));
         assert_eq!(d.other_anon, Some(300));
         assert_eq!(d.unexplained, Some(0));
-        assert_eq!(d.outside_live, 1400);
-        let sum = d.live
-            + d.copy_reserve_and_slop
-            + d.free_resident_pages
+        assert_eq!(d.outside_live, Some(1400));
+        let sum = d.live.unwrap()
+            + d.copy_reserve_and_slop.unwrap()
+            + d.free_resident_pages.unwrap()
             + d.lazy_free.unwrap()
             + d.other_anon.unwrap()
             + d.file.unwrap();
@@ -1246,10 +1299,9 @@ mod tests {
             let largest = pairs.iter().map(|p| p.0).max().unwrap();
             let (_, expected) = pairs.iter().find(|p| p.0 == largest).unwrap();
             let report = analyze(&log, None, 0.0, &[]);
-            assert_eq!(report.gc.memory_in_use, largest);
+            assert_eq!(report.gc.memory_in_use, Some(largest));
             assert_eq!(
-                Some(report.gc.fragmentation_at_peak),
-                *expected,
+                report.gc.fragmentation_at_peak, *expected,
                 "{name}: {pairs:?}"
             );
         }
@@ -1356,6 +1408,108 @@ mod tests {
         }
     }
 
+    /// Without an eventlog (a program built without -eventlog) every figure the RTS
+    /// would have posted is unknown, not 0; RSS's own figures are still there.
+    #[test]
+    fn without_an_eventlog_its_figures_are_unknown() {
+        let log = Eventlog {
+            header: fragscope_ghc::Header::default(),
+            events: Vec::new(),
+            end: fragscope_ghc::End::Complete,
+            corruption: None,
+        };
+        const MIB: u64 = 1 << 20;
+        let rss: Vec<RssPoint> = (0..300)
+            .map(|i| RssPoint {
+                t_ms: i as f64 * 10.0,
+                rss: if i < 100 { 20 * MIB } else { 90 * MIB },
+                rss_anon: if i < 100 { 17 * MIB } else { 87 * MIB },
+                rss_file: 3 * MIB,
+                lazy_free: if i < 200 { 0 } else { 15 * MIB },
+                lazy_free_fresh: true,
+            })
+            .collect();
+        let r = analyze(&log, Some(&rss), 0.0, &[]);
+        assert!(!r.heap_known);
+        assert!(r.eventlog_figures_missing.is_some());
+        for p in &r.timeline {
+            assert_eq!((p.live, p.heap_size), (None, None), "{p:?}");
+            assert!(p.rss.is_some());
+        }
+        assert!(r.phases.len() >= 2, "{:?}", r.phases);
+        for p in &r.phases {
+            assert_eq!(
+                (p.live_max, p.live_end, p.heap_size_max),
+                (None, None, None)
+            );
+            let d = &p.decomposition;
+            assert_eq!(
+                (
+                    d.live,
+                    d.copy_reserve_and_slop,
+                    d.free_resident_pages,
+                    d.heap_size
+                ),
+                (None, None, None, None),
+                "{d:?}"
+            );
+            assert_eq!(
+                (d.outside_live, d.other_anon, d.unexplained),
+                (None, None, None)
+            );
+            assert_eq!(d.file, Some(3 * MIB));
+            assert!(d.rss.is_some() && d.lazy_free.is_some(), "{d:?}");
+        }
+        let g = &r.gc;
+        assert!(g.generations.is_empty());
+        assert_eq!((g.elapsed_ms, g.gc_ms, g.mutator_ms), (None, None, None));
+        assert_eq!(
+            (
+                g.allocated_bytes,
+                g.copied_bytes,
+                g.max_residency,
+                g.memory_in_use,
+                g.max_slop,
+                g.fragmentation_at_peak,
+                g.max_fragmentation
+            ),
+            (None, None, None, None, None, None, None)
+        );
+    }
+
+    /// Live data is unknown until the RTS posts it, at its first major collection: the
+    /// moments before read as unknown, the ones after as the RTS's figures.
+    #[test]
+    fn live_data_is_unknown_before_the_first_major_collection() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fragscope-ghc/tests/fixtures/pinned-take-200000.eventlog");
+        let log = read_eventlog(&path).unwrap();
+        let first_live_ms = log
+            .events
+            .iter()
+            .find(|e| matches!(e.kind, EventKind::HeapLive { .. }))
+            .map(|e| e.time_ns as f64 / 1e6)
+            .unwrap();
+        let rss: Vec<RssPoint> = (0..100)
+            .map(|i| RssPoint {
+                t_ms: i as f64 * 0.5,
+                rss: 30 << 20,
+                rss_anon: 28 << 20,
+                rss_file: 2 << 20,
+                lazy_free: 0,
+                lazy_free_fresh: true,
+            })
+            .collect();
+        let r = analyze(&log, Some(&rss), 0.0, &[]);
+        let (before, after): (Vec<&GhcPoint>, Vec<&GhcPoint>) =
+            r.timeline.iter().partition(|p| p.t_ms < first_live_ms);
+        assert!(!before.is_empty() && !after.is_empty());
+        assert!(before.iter().all(|p| p.live.is_none()), "{before:?}");
+        assert!(after.iter().all(|p| p.live.is_some()), "{after:?}");
+        assert!(r.gc.max_residency.is_some() && r.gc.memory_in_use.is_some());
+        assert!(r.gc.gc_ms.is_some() && r.gc.copied_bytes.is_some());
+    }
+
     /// RSS read during a collection holds the to-space's megablocks, which HEAP_SIZE
     /// counts only once the collection ends: they are the heap's copy reserve, not
     /// memory outside the heap.
@@ -1390,18 +1544,26 @@ mod tests {
         // The heap size at each sample, then RSS: the heap, 3 MiB outside it, and 40 MiB
         // of to-space during the longest collection.
         let heap = analyze(&log, Some(&samples(&|_| 0)), 0.0, &[]).timeline;
-        let heap_at = |t: f64| heap.iter().find(|p| p.t_ms == t).unwrap().heap_size;
+        let heap_at = |t: f64| {
+            let p = heap.iter().find(|p| p.t_ms == t).unwrap();
+            p.heap_size.unwrap_or(0)
+        };
         let during = |t: f64| t > longest.0 && t < longest.1;
         let rss = samples(&|t| heap_at(t) + 3 * MIB + if during(t) { 40 * MIB } else { 0 });
         let r = analyze(&log, Some(&rss), 0.0, &[]);
         let mut inside = 0;
         for p in &r.timeline {
             let d = decompose(p);
+            // Before the RTS posts a heap size nothing is split out of RSS.
+            if p.heap_size.is_none() {
+                assert_eq!((d.other_anon, d.unexplained), (None, None), "{p:?}");
+                continue;
+            }
             assert_eq!(d.other_anon, Some(3 * MIB), "{p:?}");
             assert_eq!(d.unexplained, Some(0), "{p:?}");
             if during(p.t_ms) {
                 assert_eq!(d.to_space, Some(40 * MIB), "{p:?}");
-                assert!(d.copy_reserve_and_slop >= 40 * MIB);
+                assert!(d.copy_reserve_and_slop.unwrap() >= 40 * MIB);
                 inside += 1;
             }
         }
@@ -1463,19 +1625,19 @@ mod tests {
         assert!(r.phases.len() >= 2, "{:?}", r.phases);
         assert_eq!(last.start_ms, 1610.5, "{:?}", r.phases);
         assert_eq!(r.phases[r.phases.len() - 2].end_ms, 1610.5);
-        assert_eq!(last.live_max, 816 << 10, "{last:?}");
+        assert_eq!(last.live_max, Some(816 << 10), "{last:?}");
         assert!((2500.0..3500.0).contains(&last.snapshot_t_ms), "{last:?}");
         let before = &r.phases[r.phases.len() - 2];
-        assert_eq!(before.live_max, (200 * 350) << 10, "{before:?}");
-        assert_eq!(before.live_end, (200 * 350) << 10, "{before:?}");
+        assert_eq!(before.live_max, Some((200 * 350) << 10), "{before:?}");
+        assert_eq!(before.live_end, Some((200 * 350) << 10), "{before:?}");
     }
 
     #[test]
     fn blocks_size_wins_over_frag_when_present() {
         let p = GhcPoint {
             t_ms: 0.0,
-            live: 10,
-            heap_size: 100,
+            live: Some(10),
+            heap_size: Some(100),
             blocks_size: Some(60),
             gc_frag: Some(10),
             gc_slop: None,
@@ -1487,8 +1649,11 @@ mod tests {
             to_space: None,
         };
         let d = decompose(&p);
-        assert_eq!((d.free_resident_pages, d.copy_reserve_and_slop), (40, 50));
-        assert_eq!(d.outside_live, 90);
+        assert_eq!(
+            (d.free_resident_pages, d.copy_reserve_and_slop),
+            (Some(40), Some(50))
+        );
+        assert_eq!(d.outside_live, Some(90));
         assert_eq!(d.unexplained, None);
     }
 }

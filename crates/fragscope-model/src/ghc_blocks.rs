@@ -62,12 +62,13 @@ pub struct BlockCensus {
     /// How long the program was held stopped for the census.
     pub pause_ms: f64,
     /// The eventlog's HEAP_SIZE and GC_STATS_GHC frag posted last before this moment
-    /// (both are posted at collections only).
-    pub eventlog_heap_size: u64,
+    /// (both are posted at collections only; `None` before the first, or without an
+    /// eventlog).
+    pub eventlog_heap_size: Option<u64>,
     pub eventlog_free_blocks: Option<u64>,
     /// HEAP_LIVE posted last before this moment (it counts a pinned block whole while any
     /// object in it lives).
-    pub eventlog_live: u64,
+    pub eventlog_live: Option<u64>,
 }
 
 /// What the censuses say holds the heap, in words.
@@ -111,7 +112,7 @@ impl BlockCensus {
         t_ms: f64,
         reason: SnapshotReason,
         b: &GhcBlocks,
-        eventlog: (u64, Option<u64>, u64),
+        eventlog: (Option<u64>, Option<u64>, Option<u64>),
     ) -> Self {
         let pinned = b.kind(GhcBlockKind::Pinned);
         let sparse_pinned_blocks = b.sparse_blocks_of(GhcBlockKind::Pinned);
@@ -455,7 +456,7 @@ mod tests {
             3200.0,
             SnapshotReason::Periodic,
             &after_close(),
-            (71 << 20, None, 800 << 10),
+            (Some(71 << 20), None, Some(800 << 10)),
         );
         assert_eq!(c.heap_size, 71 << 20);
         assert_eq!(c.free_blocks, 17_409 * 4096);
@@ -488,7 +489,7 @@ mod tests {
             3200.0,
             SnapshotReason::Periodic,
             &after_close(),
-            (71 << 20, None, 800 << 10),
+            (Some(71 << 20), None, Some(800 << 10)),
         )
     }
 
@@ -509,7 +510,7 @@ mod tests {
             5000.0,
             SnapshotReason::Periodic,
             &b,
-            (60 << 20, None, 5 << 20),
+            (Some(60 << 20), None, Some(5 << 20)),
         );
         let d = diagnose(std::slice::from_ref(&c), |_| Some(5 << 20)).unwrap();
         assert_eq!(
@@ -545,7 +546,7 @@ mod tests {
             1299.0,
             SnapshotReason::Periodic,
             &b,
-            (307 << 20, None, 76 << 20),
+            (Some(307 << 20), None, Some(76 << 20)),
         );
         assert!(c.blocks_in_use < c.heap_size / 3);
         let d = diagnose(std::slice::from_ref(&c), |_| Some(76 << 20)).unwrap();
@@ -572,7 +573,7 @@ mod tests {
         let mut b = after_close();
         b.sparse_blocks = vec![150, 0, 2, 7, 0, 0, 0, 0];
         b.pinned_liveness = None;
-        let c = BlockCensus::new(1.0, SnapshotReason::Periodic, &b, (0, None, 0));
+        let c = BlockCensus::new(1.0, SnapshotReason::Periodic, &b, (None, None, None));
         assert_eq!(c.sparse_survivor_blocks, 9);
         assert!(diagnose(std::slice::from_ref(&c), |_| None).is_none());
         assert!(phase_note(&c).is_none());
@@ -583,7 +584,7 @@ mod tests {
         let mut b = after_close();
         b.sparse_megablocks = 2;
         b.megablocks = 71;
-        let c = BlockCensus::new(1.0, SnapshotReason::Periodic, &b, (0, None, 0));
+        let c = BlockCensus::new(1.0, SnapshotReason::Periodic, &b, (None, None, None));
         assert!(diagnose(&[c], |_| None).is_none());
     }
 
@@ -591,7 +592,7 @@ mod tests {
     fn without_a_scan_the_headline_does_not_guess_how_full() {
         let mut b = after_close();
         b.pinned_liveness = None;
-        let c = BlockCensus::new(1.0, SnapshotReason::Periodic, &b, (0, None, 0));
+        let c = BlockCensus::new(1.0, SnapshotReason::Periodic, &b, (None, None, None));
         let d = diagnose(&[c], |_| None).unwrap();
         assert_eq!(
             d.headline,

@@ -591,7 +591,7 @@
     const labels = [];
     for (const p of G.phases) for (const c of p.closure_types) if (!labels.includes(c.label)) labels.push(c.label);
     const color = (l) => (l === "other" ? "#cbd5e1" : PALETTE[labels.indexOf(l) % PALETTE.length]);
-    if (!labels.length) b.append(el("p", { class: "note" }, "No -hT census fell inside a phase."));
+    if (!labels.length) b.append(el("p", { class: "note" }, G.eventlog_figures_missing ? "No -hT census: " + G.eventlog_figures_missing + "." : "No -hT census fell inside a phase."));
     else {
       const ymax = Math.max(1, ...G.phases.map((p) => p.closure_types.reduce((a, c) => a + c.bytes, 0)));
       const c = timeChart(b, { tmax: Math.max(G.duration_ms, 1), ymax, height: 260, cls: "closure-bands" });
@@ -611,13 +611,34 @@
     }
     ghcBlockCensus(main, G);
     const ph = section(main, "Phases", "ghc-phases");
-    ph.append(table(["phase", "RSS max", "live", "copy reserve + slop", "free blocks", "lazily freed", "other anon", "file"], G.phases.map((p) => {
-      const d = p.decomposition;
-      return [p.kind + " " + secs(p.start_ms) + " - " + secs(p.end_ms), bytes(p.rss_max), bytes(d.live), bytes(d.copy_reserve_and_slop) + (d.to_space === null || d.to_space === undefined ? "" : " (to-space of a collection in progress: " + bytes(d.to_space) + ")"), bytes(d.free_resident_pages), bytes(d.lazy_free), bytes(d.other_anon), bytes(d.file)];
-    })));
+    const phase = (p) => p.kind + " " + secs(p.start_ms) + " - " + secs(p.end_ms);
+    if (!G.heap_known) {
+      // The heap's columns would be empty in every row: one line says why instead.
+      ph.append(el("p", { class: "note" }, "No heap figures: " + missingFigures(G) + "; the phases show RSS."));
+      ph.append(table(["phase", "RSS max", "RSS", "lazily freed", "file"], G.phases.map((p) => {
+        const d = p.decomposition;
+        return [phase(p), bytes(p.rss_max), bytes(d.rss), bytes(d.lazy_free), bytes(d.file)];
+      })));
+    } else {
+      ph.append(table(["phase", "RSS max", "live", "copy reserve + slop", "free blocks", "lazily freed", "other anon", "file"], G.phases.map((p) => {
+        const d = p.decomposition;
+        return [phase(p), bytes(p.rss_max), bytes(d.live), bytes(d.copy_reserve_and_slop) + (d.to_space === null || d.to_space === undefined ? "" : " (to-space of a collection in progress: " + bytes(d.to_space) + ")"), bytes(d.free_resident_pages), bytes(d.lazy_free), bytes(d.other_anon), bytes(d.file)];
+      })));
+    }
     const gc = section(main, "Garbage collection", "gc");
-    gc.append(table(["generation", "collections", "copied", "GC time", "max pause"], G.gc.generations.map((g) => ["gen " + g.generation, count(g.collections), bytes(g.copied_bytes), duration(g.gc_ms), duration(g.max_pause_ms)])));
-    gc.append(el("p", { class: "note" }, "allocated " + bytes(G.gc.allocated_bytes) + ", copied " + bytes(G.gc.copied_bytes) + ", maximum residency " + bytes(G.gc.max_residency) + ", memory in use " + bytes(G.gc.memory_in_use) + "; mutator " + secs(G.gc.mutator_ms) + ", GC " + secs(G.gc.gc_ms)));
+    const g = G.gc;
+    if (!g.generations.length) {
+      gc.append(el("p", { class: "note" }, "No GC figures: " + missingFigures(G) + "."));
+      return;
+    }
+    const known = (v, f) => (v === null || v === undefined ? "-" : f(v));
+    gc.append(table(["generation", "collections", "copied", "GC time", "max pause"], g.generations.map((x) => ["gen " + x.generation, count(x.collections), bytes(x.copied_bytes), duration(x.gc_ms), duration(x.max_pause_ms)])));
+    gc.append(el("p", { class: "note" }, "allocated " + bytes(g.allocated_bytes) + ", copied " + bytes(g.copied_bytes) + ", maximum residency " + bytes(g.max_residency) + ", memory in use " + bytes(g.memory_in_use) + "; mutator " + known(g.mutator_ms, secs) + ", GC " + known(g.gc_ms, secs)));
+  }
+
+  // Why the eventlog's figures are missing, for the line that stands in for them.
+  function missingFigures(G) {
+    return G.eventlog_figures_missing || "the eventlog holds none";
   }
 
   // Live data, blocks, heap size and (when recorded) RSS over time.
@@ -633,6 +654,8 @@
       series.push({ name: "RSS", values: T.map((p) => p.rss), color: "#111" });
       series.push({ name: "RSS minus LazyFree", values: T.map((p) => p.rss_minus_lazy_free), color: "#ef4444", dashed: true });
     }
+    // Unknown figures are null: their series is left out, not drawn at 0.
+    if (!T.some((p) => p.live !== null || p.heap_size !== null)) parent.append(el("p", { class: "note" }, "No live data or heap size: " + missingFigures(G) + "."));
     linesChart(parent, { tmax: o.tmax || Math.max(G.duration_ms, ...ts, 1), ymax: o.ymax, width: o.width, ts, series: series.filter((x) => x.values.some((v) => v !== null)), phases: G.phases, cls: "ghc-lines", lineClass: "ghc-line", height: o.height });
   }
 
@@ -745,7 +768,7 @@
       ["where memory settled", (c) => (c.settled_phase ? c.settled_phase + " " + secs(c.settled_start_ms) + " - " + secs(c.settled_end_ms) : "-")],
       ["  read at", (c) => fmt(c.settled_t_ms, secs)],
       ["  RSS", (c) => fmt(c.rss, bytes)], ["  RSS - LazyFree", (c) => fmt(c.rss_minus_lazy_free, bytes)],
-      ["  live (HEAP_LIVE)", (c) => bytes(c.live)], ["  heap size (megablocks)", (c) => (c.heap_known ? bytes(c.heap_size) : "unknown")],
+      ["  live (HEAP_LIVE)", (c) => bytes(c.live)], ["  heap size (megablocks)", (c) => bytes(c.heap_size)],
       ["  copy reserve and slop", (c) => bytes(c.copy_reserve_and_slop)], ["  free blocks in heap", (c) => bytes(c.free_blocks)],
       ["  lazily freed", (c) => fmt(c.lazy_free, bytes)], ["  other anonymous", (c) => fmt(c.other_anon, bytes)],
       ["block census at", cen((k) => secs(k.t_ms))], ["  heap (megablocks)", cen((k) => bytes(k.heap_size))],
@@ -753,9 +776,9 @@
       ["  pinned blocks", cen((k) => count(k.pinned_blocks) + " (" + bytes(k.pinned_held) + ")")],
       ["  pinned objects referred to", cen((k) => fmt(k.pinned_live, bytes))],
       ["  megablocks with at most 25 blocks in use", cen((k) => bytes(k.sparse_megablocks))],
-      ["major collections", (c) => count(c.major_collections)], ["minor collections", (c) => count(c.minor_collections)],
+      ["major collections", (c) => fmt(c.major_collections, count)], ["minor collections", (c) => fmt(c.minor_collections, count)],
       ["bytes copied", (c) => bytes(c.copied_bytes)], ["bytes allocated", (c) => bytes(c.allocated_bytes)],
-      ["GC time", (c) => secs(c.gc_ms)], ["max pause", (c) => duration(c.max_pause_ms)],
+      ["GC time", (c) => fmt(c.gc_ms, secs)], ["max pause", (c) => fmt(c.max_pause_ms, duration)],
       ["maximum slop", (c) => fmt(c.max_slop, bytes)],
     ];
     t.append(table([""].concat(cols.map((c) => c.label)), rows.map(([name, f]) => [name].concat(cols.map(f))), "compare"));
@@ -766,15 +789,23 @@
     svg.style.maxWidth = "100%";
     svg.style.height = "auto";
     const val = (c, k) => c[k] || 0;
-    const xmax = Math.max(1, ...cols.map((c) => keys.reduce((a, [k]) => a + val(c, k), 0)));
+    // A run without heap figures has no parts to draw: a bar of the few it has would
+    // fill the width it is scaled to.
+    const xmax = Math.max(1, ...cols.filter((c) => c.heap_known).map((c) => keys.reduce((a, [k]) => a + val(c, k), 0)));
     cols.forEach((c, i) => {
       let acc = 0;
       const y = 10 + i * 34;
       svg.append(sv("text", { x: m.l - 8, y: y + 17, "text-anchor": "end" }, c.label.length > 30 ? c.label.slice(0, 29) + "\u2026" : c.label));
+      if (!c.heap_known) {
+        svg.append(sv("text", { x: m.l, y: y + 17, fill: "#64748b" }, "no heap figures: RSS is not split"));
+        return;
+      }
       for (const [k, color] of keys) {
+        // An unknown part draws nothing.
+        if (c[k] === null || c[k] === undefined) continue;
         const w = (W - m.l - m.r) * val(c, k) / xmax;
         const r = sv("rect", { class: "cmp-bar", x: m.l + (W - m.l - m.r) * acc / xmax, y, width: w, height: 24, fill: color });
-        r.addEventListener("mousemove", (ev) => showTip(ev, tipTable(c.label, [[k.replace(/_/g, " "), bytes(val(c, k)), color]])));
+        r.addEventListener("mousemove", (ev) => showTip(ev, tipTable(c.label, [[k.replace(/_/g, " "), bytes(c[k]), color]])));
         r.addEventListener("mouseleave", hideTip);
         svg.append(r);
         acc += val(c, k);
@@ -800,7 +831,7 @@
     const reports = D.reports.filter((r) => r);
     if (!reports.length) return;
     const tmax = Math.max(1, ...reports.map((G) => G.duration_ms));
-    const ymax = Math.max(1, ...reports.flatMap((G) => G.timeline.flatMap((p) => [p.live, p.heap_size, p.rss || 0])));
+    const ymax = Math.max(1, ...reports.flatMap((G) => G.timeline.flatMap((p) => [p.live || 0, p.heap_size || 0, p.rss || 0])));
     const s = section(main, "Over time", "compare-charts");
     const side = el("div", { class: "side" });
     s.append(side);
