@@ -650,7 +650,9 @@ pub fn analyze(
     let mut headline = headline(
         peak_rss,
         // Unknown when the only view of the heap, a snapshot's census, could not read it.
-        s.census.as_ref().is_none_or(|c| c.result.is_ok())
+        s.census
+            .as_ref()
+            .is_none_or(|c| c.result.is_ok())
             .then_some((s.peak_live.0, s.peak_live.1 as f64 * tick_ms)),
         focus_snapshot.map(|i| &snapshots[i]),
     );
