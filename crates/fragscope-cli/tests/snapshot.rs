@@ -404,9 +404,37 @@ fn another_allocator_gets_the_page_level_picture_and_a_note() {
         "{s}"
     );
     let snap = &r["snapshots"][0];
-    // No live bytes claimed; the resident heap pages are there, as other anonymous.
-    assert_eq!(snap["live"], 0);
-    assert_eq!(snap["free_resident_pages"], 0);
+    // No live bytes claimed: the malloc heap's parts are unknown (null, not 0), and so is
+    // peak live; the resident heap pages are there, as other anonymous.
+    for part in [
+        "live",
+        "rounding",
+        "allocator_overhead",
+        "free_in_used_pages",
+        "free_resident_pages",
+    ] {
+        assert!(snap[part].is_null(), "{part}: {snap}");
+    }
+    assert_eq!(
+        snap["missing_census"],
+        serde_json::json!(["malloc"]),
+        "{snap}"
+    );
+    assert!(r["headline"]["peak_live"].is_null(), "{}", r["headline"]);
+    let text = common::fragscope(&["report".as_ref(), trace.as_os_str()]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("peak live – (the heap was not read)"),
+        "{text}"
+    );
+    let live_row = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("live "))
+        .unwrap();
+    assert!(
+        live_row.contains('–') && !live_row.contains(" 0 B"),
+        "{live_row}"
+    );
     assert!(snap["heap_resident"].as_u64().unwrap() > 32 << 20, "{snap}");
     assert!(snap["other_anon"].as_u64().unwrap() > 32 << 20, "{snap}");
     assert!(r["headline"]["sentence"]
