@@ -453,17 +453,10 @@ fn the_first_lines_name_pymalloc_when_its_arenas_hold_the_waste() {
     assert_eq!(exit["reason"], "exit");
     assert!(exit["pymalloc_arenas"].is_null(), "{exit}");
     assert_eq!(exit["missing_census"], serde_json::json!(["pymalloc"]));
-    let text = common::fragscope(&["report".as_ref(), trace.as_os_str()]);
-    let text = String::from_utf8_lossy(&text.stdout);
-    let most = text
-        .lines()
-        .find(|l| l.contains("(the most heap waste)"))
-        .unwrap_or_else(|| panic!("{text}"));
+    let text = common::report_text(&trace);
+    let most = common::line_with(&text, "(the most heap waste)");
     assert!(most.contains("pymalloc arenas"), "{most}");
-    let row = text
-        .lines()
-        .find(|l| l.trim_start().starts_with("pymalloc arenas"))
-        .unwrap_or_else(|| panic!("{text}"));
+    let row = common::line_with(&text, "  pymalloc arenas ");
     assert!(row.contains('–') && !row.contains(" 0 B"), "{row}");
     assert!(
         text.contains("no census of the pymalloc arenas at"),

@@ -262,6 +262,33 @@ fn compare_shows_buffers_moved_out_of_the_dynamic_space() {
     assert!(!text.contains("pymalloc"), "{text}");
 }
 
+/// `job` (which defines WORK) saved with save-lisp-and-die as the executable `dir/name`,
+/// which runs WORK and exits: a Lisp program as it is shipped.
+fn save_executable(dir: &Path, job: &Path, name: &str) -> std::path::PathBuf {
+    let exe = dir.join(name);
+    let build = dir.join(format!("build-{name}.lisp"));
+    std::fs::write(
+        &build,
+        format!(
+            "(load {:?})\n(sb-ext:save-lisp-and-die {:?} :executable t :toplevel (lambda () (work) (sb-ext:exit)))\n",
+            job.display().to_string(),
+            exe.display().to_string()
+        ),
+    )
+    .unwrap();
+    let out = Command::new("sbcl")
+        .args(["--non-interactive", "--load"])
+        .arg(&build)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && exe.exists(),
+        "{}",
+        common::stderr(&out)
+    );
+    exe
+}
+
 #[test]
 fn a_saved_executable_and_a_load_are_recorded_like_a_script() {
     if Command::new("sbcl").arg("--version").output().is_err() {
@@ -286,27 +313,7 @@ fn a_saved_executable_and_a_load_are_recorded_like_a_script() {
 "#,
     )
     .unwrap();
-    let exe = dir.path().join("job-exe");
-    let build = dir.path().join("build.lisp");
-    std::fs::write(
-        &build,
-        format!(
-            "(load {:?})\n(sb-ext:save-lisp-and-die {:?} :executable t :toplevel (lambda () (work) (sb-ext:exit)))\n",
-            job.display().to_string(),
-            exe.display().to_string()
-        ),
-    )
-    .unwrap();
-    let out = Command::new("sbcl")
-        .args(["--non-interactive", "--load"])
-        .arg(&build)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success() && exe.exists(),
-        "{}",
-        common::stderr(&out)
-    );
+    let exe = save_executable(dir.path(), &job, "job-exe");
     let load_args: Vec<std::ffi::OsString> = vec![
         "sbcl".into(),
         "--non-interactive".into(),
@@ -570,23 +577,7 @@ fn the_first_lines_name_the_dynamic_space_of_a_saved_threaded_executable() {
 "#,
     )
     .unwrap();
-    let exe = dir.path().join("threads-exe");
-    let build = dir.path().join("build.lisp");
-    std::fs::write(
-        &build,
-        format!(
-            "(load {:?})\n(sb-ext:save-lisp-and-die {:?} :executable t :toplevel (lambda () (work) (sb-ext:exit)))\n",
-            job.display().to_string(),
-            exe.display().to_string()
-        ),
-    )
-    .unwrap();
-    let out = Command::new("sbcl")
-        .args(["--non-interactive", "--load"])
-        .arg(&build)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", common::stderr(&out));
+    let exe = save_executable(dir.path(), &job, "threads-exe");
     let trace = dir.path().join("threads.fsc");
     let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
         .args(["record", "--snapshot-ms", "300", "-o"])
@@ -626,12 +617,8 @@ fn the_first_lines_name_the_dynamic_space_of_a_saved_threaded_executable() {
     assert_eq!(exit["reason"], "exit");
     assert!(exit["sbcl_dynamic_space"].is_null(), "{exit}");
     assert_eq!(exit["missing_census"], serde_json::json!(["sbcl"]));
-    let text = common::fragscope(&["report".as_ref(), trace.as_os_str()]);
-    let text = String::from_utf8_lossy(&text.stdout);
-    let most = text
-        .lines()
-        .find(|l| l.contains("(the most heap waste)"))
-        .unwrap_or_else(|| panic!("{text}"));
+    let text = common::report_text(&trace);
+    let most = common::line_with(&text, "(the most heap waste)");
     assert!(most.contains("SBCL dynamic space"), "{most}");
     assert!(
         text.contains("no census of the SBCL dynamic space at"),

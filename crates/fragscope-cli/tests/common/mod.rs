@@ -355,6 +355,20 @@ pub fn calls_of(all: &[StreamCalls], stream: u64) -> &StreamCalls {
 }
 
 /// `fragscope report TRACE --json`, which must succeed.
+/// `fragscope report TRACE`'s text, which must succeed.
+pub fn report_text(trace: &Path) -> String {
+    let out = fragscope(&["report".as_ref(), trace.as_os_str()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The first line of `text` that contains `needle`.
+pub fn line_with<'a>(text: &'a str, needle: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("no line with {needle:?} in:\n{text}"))
+}
+
 pub fn report_json(trace: &Path) -> serde_json::Value {
     let out = fragscope(&["report".as_ref(), trace.as_os_str(), "--json".as_ref()]);
     assert!(out.status.success(), "{}", stderr(&out));
