@@ -187,9 +187,16 @@ pub fn render(r: &Report, top: usize) -> String {
         let _ = writeln!(
             o,
             "note: started from its parent's heap at the fork (pid {parent}): {} blocks ({}), \
-             which count as live data from the start and whose frees are known",
+             which count as live data from the start and whose frees are known{}",
             count(blocks),
-            bytes(held)
+            bytes(held),
+            match r.merge.inherited_stale {
+                0 => String::new(),
+                n => format!(
+                    " ({n} of them had been freed around the fork with no record: their \
+                     addresses were allocated again)"
+                ),
+            }
         );
     }
     if let (Some(parent), n @ 1..) = (r.merge.forked_from, r.merge.inherited_frees) {

@@ -880,6 +880,7 @@ pub fn analyze(
             forked_from,
             inherited_blocks: s.inherited.map(|h| h.0),
             inherited_bytes: s.inherited.map(|h| h.1),
+            inherited_stale: merge.inherited_stale,
             late: merge.late,
             lost_events: merge.lost_events,
             spilled: merge.spilled,

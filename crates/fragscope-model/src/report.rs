@@ -294,6 +294,10 @@ pub struct MergeFacts {
     /// known. Null when not forked, or when the parent's heap at the fork is not known.
     pub inherited_blocks: Option<u64>,
     pub inherited_bytes: Option<u64>,
+    /// Of those, blocks whose address it allocated again with no free in the trace: freed
+    /// before the fork without a record (the parent's own `forced_allocs`), or by another
+    /// thread of the parent around the fork. Not counted in `forced_allocs`.
+    pub inherited_stale: u64,
     pub late: u64,
     pub lost_events: u64,
     /// Calls that waited on disk for slow threads (order kept, memory bounded).

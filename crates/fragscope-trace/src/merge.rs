@@ -375,6 +375,11 @@ pub struct MergeStats {
     /// allocated again with no free recorded: freed between the heap's reading and the
     /// first recorded call.
     pub starting_stale: u64,
+    /// Blocks inherited at the fork ([`Merger::seed_inherited`]) whose address was
+    /// allocated again with no free recorded: freed in the parent before the fork with no
+    /// record of it (the parent's own merge forced their address), or by another thread
+    /// of the parent between the fork's mark and the fork.
+    pub inherited_stale: u64,
 }
 
 struct ThreadQueue {
@@ -1190,7 +1195,9 @@ impl Merger {
         if let Some(a) = c.allocates() {
             if let Some(displaced) = self.live.insert(a, LiveBlock::of(c)) {
                 self.ended[1] = Some((a, displaced));
-                if !self.starting.is_empty() && self.starting.remove(&a) {
+                if displaced.inherited {
+                    self.stats.inherited_stale += 1;
+                } else if !self.starting.is_empty() && self.starting.remove(&a) {
                     self.stats.starting_stale += 1;
                 } else {
                     self.stats.forced_allocs += 1;
@@ -1655,6 +1662,14 @@ mod tests {
         let mut child = Merger::new();
         child.seed_inherited(heap.clone());
         assert_eq!(child.stack(with_stack.stack), &[0x4000, 0x3ff8]);
+        // An inherited block allocated again with no free (freed before the fork, with no
+        // record) is replaced, not forced.
+        let (h, b) = chunk(20, 6, &[(false, 0x1000)]);
+        child.push_chunk(&h, &b).unwrap();
+        drain(&mut child);
+        assert_eq!(child.stats().forced_allocs, 0);
+        assert_eq!(child.stats().inherited_stale, 1);
+        assert!(!child.live_blocks().get(&0x1000).unwrap().inherited);
     }
 
     fn h_of(tid: u32, tick: u64) -> EventsHeader {
