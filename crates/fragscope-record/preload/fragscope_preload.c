@@ -1354,6 +1354,11 @@ static void mark_fork(void) {
     if (!ts) ts = thread_state_new();
     if (ts) {
         wait_until_not_taken(ts);
+        /* As at a call: the merge, told the thread was idle, must wait for it again. */
+        if (ts->idle) {
+            ts->idle = 0;
+            announce_awake(ts);
+        }
         if (ts->nested_head != ts->nested_tail || ts->nested_lost) drain_nested(ts);
         if (ts->len + 32 > BUF_CAP) flush_thread(ts);
         uint64_t now = clock_page->now, tick = now >> TICK_SHIFT;
