@@ -186,8 +186,13 @@ pub fn render(r: &Report, top: usize) -> String {
     ) {
         let _ = writeln!(
             o,
-            "note: started from its parent's heap at the fork (pid {parent}): {} blocks ({}), \
-             which count as live data from the start and whose frees are known{}",
+            "note: started from its parent's heap {} (pid {parent}): {} blocks ({}), which \
+             count as live data from the start and whose frees are known{}",
+            if r.merge.inherited_from_parent_end {
+                "as the parent's calls end in this cut trace, before the fork"
+            } else {
+                "at the fork"
+            },
             count(blocks),
             bytes(held),
             match r.merge.inherited_stale {

@@ -105,6 +105,10 @@ struct Stream {
     awaiting_parent_heap: bool,
     /// The heap it started from, its parent's at the fork (blocks, requested bytes).
     inherited: Option<(u64, u64)>,
+    /// The parent's calls in the trace end before the fork's mark (a cut trace): it
+    /// started from the parent's heap at their end.
+    inherited_from_parent_end: bool,
+    start_tick: u64,
     /// The heaps at this process's forks (mark, tick, heap) that no child took yet.
     fork_heaps: Vec<(u32, u64, InheritedHeap)>,
     /// The blocks it held then, as read from its heap (blocks, usable bytes).
@@ -518,6 +522,7 @@ pub fn analyze(
                 s.pid = p.pid;
                 s.ppid = p.ppid;
                 s.argv = p.argv;
+                s.start_tick = p.start_tick;
                 s.attached = p.origin == fragscope_trace::Origin::Attached;
                 if p.origin == fragscope_trace::Origin::Forked {
                     s.parent_stream = p.parent_stream;
@@ -639,6 +644,17 @@ pub fn analyze(
         s.merger.finish();
         s.drain(&ctx);
         hand_over_fork_heaps(&mut streams, i, &ctx);
+        // Children whose fork the parent's calls never reached (the trace is cut before
+        // its mark): the parent's last heap is the nearest one known.
+        let parent = Some(streams[i].stream);
+        for c in 0..streams.len() {
+            if streams[c].awaiting_parent_heap && streams[c].parent_stream == parent {
+                let heap = streams[i].merger.heap_at_fork();
+                let tick = streams[c].start_tick;
+                streams[c].start_from(&ctx, heap, tick);
+                streams[c].inherited_from_parent_end = true;
+            }
+        }
         let s = &mut streams[i];
         s.fork_heaps = Vec::new();
         while !s.pending.is_empty() {
@@ -881,6 +897,7 @@ pub fn analyze(
             inherited_blocks: s.inherited.map(|h| h.0),
             inherited_bytes: s.inherited.map(|h| h.1),
             inherited_stale: merge.inherited_stale,
+            inherited_from_parent_end: s.inherited_from_parent_end,
             late: merge.late,
             lost_events: merge.lost_events,
             spilled: merge.spilled,

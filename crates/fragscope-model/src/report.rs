@@ -298,6 +298,9 @@ pub struct MergeFacts {
     /// before the fork without a record (the parent's own `forced_allocs`), or by another
     /// thread of the parent around the fork. Not counted in `forced_allocs`.
     pub inherited_stale: u64,
+    /// The parent's calls in the trace end before the fork (a cut trace): the heap it
+    /// started from is its parent's at their end, the nearest known.
+    pub inherited_from_parent_end: bool,
     pub late: u64,
     pub lost_events: u64,
     /// Calls that waited on disk for slow threads (order kept, memory bounded).

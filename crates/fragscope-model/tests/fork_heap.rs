@@ -148,6 +148,7 @@ fn a_child_whose_chunks_come_before_the_parents_mark_waits_for_it() {
         CHILD,
     );
     assert_started_from_the_parents_heap(&r);
+    assert!(!r.merge.inherited_from_parent_end);
 }
 
 #[test]
@@ -221,8 +222,29 @@ fn a_grandchild_starts_from_its_parents_heap_which_started_from_its_own_parents(
 }
 
 #[test]
-fn without_the_parents_heap_the_frees_of_inherited_blocks_are_counted_apart() {
-    // An older trace names no mark; a cut one has no mark of the parent's.
+fn without_a_mark_the_frees_of_inherited_blocks_are_counted_apart() {
+    // An older trace names no mark.
+    let r = report(
+        &[
+            (ChunkKind::Process, process(0, PARENT, None, None)),
+            (
+                ChunkKind::Process,
+                process(1, CHILD, Some((0, PARENT)), None),
+            ),
+            (ChunkKind::Events, child_events()),
+            (ChunkKind::Events, parent_events()),
+        ],
+        CHILD,
+    );
+    let m = &r.merge;
+    assert_eq!((m.unknown_frees, m.inherited_frees), (0, 1), "{m:?}");
+    assert_eq!(m.inherited_blocks, None);
+    assert_eq!(r.headline.peak_live, Some(50));
+    assert_eq!(r.leaks.leaked_bytes, 50);
+}
+
+#[test]
+fn a_trace_cut_before_the_parents_mark_starts_the_child_from_the_parents_last_heap() {
     let parent_cut = events(
         0,
         PARENT,
@@ -230,27 +252,18 @@ fn without_the_parents_heap_the_frees_of_inherited_blocks_are_counted_apart() {
         1,
         &[Rec::Malloc(0x1000, 100), Rec::Malloc(0x2000, 200)],
     );
-    for (mark, parent) in [(None, parent_events()), (Some(1), parent_cut)] {
-        let r = report(
-            &[
-                (ChunkKind::Process, process(0, PARENT, None, None)),
-                (
-                    ChunkKind::Process,
-                    process(1, CHILD, Some((0, PARENT)), mark),
-                ),
-                (ChunkKind::Events, child_events()),
-                (ChunkKind::Events, parent),
-            ],
-            CHILD,
-        );
-        let m = &r.merge;
-        assert_eq!(
-            (m.unknown_frees, m.inherited_frees),
-            (0, 1),
-            "{mark:?}: {m:?}"
-        );
-        assert_eq!(m.inherited_blocks, None);
-        assert_eq!(r.headline.peak_live, Some(50));
-        assert_eq!(r.leaks.leaked_bytes, 50);
-    }
+    let r = report(
+        &[
+            (ChunkKind::Process, process(0, PARENT, None, None)),
+            (
+                ChunkKind::Process,
+                process(1, CHILD, Some((0, PARENT)), Some(1)),
+            ),
+            (ChunkKind::Events, child_events()),
+            (ChunkKind::Events, parent_cut),
+        ],
+        CHILD,
+    );
+    assert_started_from_the_parents_heap(&r);
+    assert!(r.merge.inherited_from_parent_end);
 }
