@@ -639,7 +639,7 @@ pub fn analyze(
     // Parents before their children, which their last calls may seed.
     for i in 0..streams.len() {
         let s = &mut streams[i];
-        // The parent's heap at the fork is not in the trace (cut short before it).
+        // Not seeded by its parent, which comes before it: it goes on without.
         s.awaiting_parent_heap = false;
         s.merger.finish();
         s.drain(&ctx);
@@ -732,7 +732,7 @@ pub fn analyze(
             .end
             .as_ref()
             .is_some_and(|e| !matches!(e.how, EndHow::Vanished | EndHow::Detached)),
-        leaked_bytes: s.live_bytes - inherited_live_bytes,
+        leaked_bytes: s.live_bytes.saturating_sub(inherited_live_bytes),
         leaked_blocks: s.merger.live_blocks().len() as u64 - inherited_live_blocks,
         inherited_live_blocks,
         inherited_live_bytes,
@@ -870,8 +870,8 @@ pub fn analyze(
             .find(|x| x.stream == p)
             .map_or(s.ppid, |x| x.pid)
     });
-    // Without its parent's heap at the fork (an older trace, or one cut before it), they
-    // are all of the frees of blocks it never saw allocated.
+    // Without its parent's heap at the fork (an older trace, a fork not marked), they are
+    // all of the frees of blocks it never saw allocated.
     let inherited_frees = if forked_from.is_some() && s.inherited.is_none() {
         merge.unknown_frees
     } else {
