@@ -179,6 +179,31 @@ pub fn render(r: &Report, top: usize) -> String {
             r.merge.forced_allocs, r.merge.unknown_frees, r.merge.lost_events
         );
     }
+    if let (Some(parent), Some(blocks), Some(held)) = (
+        r.merge.forked_from,
+        r.merge.inherited_blocks,
+        r.merge.inherited_bytes,
+    ) {
+        let _ = writeln!(
+            o,
+            "note: started from its parent's heap {} (pid {parent}): {} blocks ({}), which \
+             count as live data from the start and whose frees are known{}",
+            if r.merge.inherited_from_parent_end {
+                "as the parent's calls end in this cut trace, before the fork"
+            } else {
+                "at the fork"
+            },
+            count(blocks),
+            bytes(held),
+            match r.merge.inherited_stale {
+                0 => String::new(),
+                n => format!(
+                    " ({n} of them had been freed around the fork with no record: their \
+                     addresses were allocated again)"
+                ),
+            }
+        );
+    }
     if let (Some(parent), n @ 1..) = (r.merge.forked_from, r.merge.inherited_frees) {
         let _ = writeln!(
             o,
@@ -1119,6 +1144,14 @@ fn leaks_and_temporaries(o: &mut String, r: &Report) {
         bytes(l.leaked_bytes),
         count(l.leaked_blocks)
     );
+    if l.inherited_live_blocks > 0 {
+        let _ = writeln!(
+            o,
+            "  not counted: {} in {} blocks inherited from its parent at the fork and kept",
+            bytes(l.inherited_live_bytes),
+            count(l.inherited_live_blocks)
+        );
+    }
     site_rows(o, "by site", &r.sites.by_leaked_bytes, |x| {
         format!("{} in {}", bytes(x.leaked_bytes), count(x.leaked_objects))
     });

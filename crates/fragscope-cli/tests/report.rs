@@ -600,51 +600,127 @@ fn a_program_without_frees_reports_no_unknown_frees() {
     }
 }
 
-/// A forked worker's frees of the blocks it inherited are counted apart (and named so),
-/// not as frees of unknown blocks.
-#[test]
-fn a_fork_childs_frees_of_inherited_blocks_are_counted_apart() {
-    let dir = tempfile::tempdir().unwrap();
-    let exe = common::build(dir.path(), "prefork", &[]);
-    let trace = dir.path().join("prefork.fsc");
+/// Records tests/c/`name`.c and returns the trace and the pids of the workers it printed.
+fn record_prefork(dir: &Path, name: &str) -> (PathBuf, Vec<String>) {
+    let exe = common::build(dir, name, &[]);
+    let trace = dir.join(format!("{name}.fsc"));
     let out = common::record(common::Allocator::Glibc, &trace, &exe, &[]);
     assert!(out.status.success(), "{}", common::stderr(&out));
-    let worker: String = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .trim_start_matches("worker ")
-        .into();
-    let report = |pid: &str| {
-        let out = common::fragscope(&[
-            "report".as_ref(),
-            trace.as_os_str(),
-            "--json".as_ref(),
-            "--pid".as_ref(),
-            pid.as_ref(),
-        ]);
-        assert!(out.status.success(), "{}", common::stderr(&out));
-        serde_json::from_slice::<Value>(&out.stdout).unwrap()
-    };
-    let w = report(&worker);
-    let merge = &w["merge"];
-    assert_eq!(merge["inherited_frees"], 50000, "{merge}");
-    assert_eq!(merge["unknown_frees"], 0, "{merge}");
-    let parent = report(&w["processes"][0]["pid"].to_string());
+    let workers = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim_start_matches("worker ").to_string())
+        .collect();
+    (trace, workers)
+}
+
+/// `fragscope report TRACE --json --pid PID`.
+fn report_of(trace: &Path, pid: &str) -> Value {
+    let out = common::fragscope(&[
+        "report".as_ref(),
+        trace.as_os_str(),
+        "--json".as_ref(),
+        "--pid".as_ref(),
+        pid.as_ref(),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    serde_json::from_slice::<Value>(&out.stdout).unwrap()
+}
+
+/// A forked worker's live data at its exit: within 2% of `want` bytes.
+fn assert_live_at_exit(w: &Value, want: f64) {
+    let last = w["snapshots"].as_array().unwrap().last().unwrap();
+    assert_eq!(last["reason"], "exit", "{last}");
+    let live = last["live"].as_f64().unwrap();
     assert!(
-        parent["merge"]["forked_from"].is_null(),
-        "{}",
-        parent["merge"]
+        (live - want).abs() <= want * 0.02,
+        "live {live}, want {want}"
     );
+}
+
+/// A forked worker starts from its parent's heap at the fork: its frees of the blocks it
+/// inherited are known, and those it keeps are in its live data (tests/c/prefork.c: it
+/// holds 50 000 of its parent's blocks of 100 bytes and 50 000 of its own of 64).
+#[test]
+fn a_fork_child_starts_from_its_parents_heap() {
+    let dir = tempfile::tempdir().unwrap();
+    let (trace, workers) = record_prefork(dir.path(), "prefork");
+    let w = report_of(&trace, &workers[0]);
+    let merge = &w["merge"];
+    assert_eq!(merge["unknown_frees"], 0, "{merge}");
+    assert_eq!(merge["inherited_frees"], 0, "{merge}");
+    assert_eq!(merge["forced_allocs"], 0, "{merge}");
+    assert_eq!(merge["inherited_blocks"], 100_000, "{merge}");
+    assert_eq!(merge["inherited_bytes"], 10_000_000, "{merge}");
+    assert_live_at_exit(&w, 50_000.0 * 100.0 + 50_000.0 * 64.0);
+    // What it kept of its parent's is not leaked; what it allocated is.
+    assert_eq!(w["leaks"]["leaked_bytes"], 3_200_000, "{}", w["leaks"]);
+    assert_eq!(
+        w["leaks"]["inherited_live_blocks"], 50_000,
+        "{}",
+        w["leaks"]
+    );
+    assert_eq!(
+        w["leaks"]["inherited_live_bytes"], 5_000_000,
+        "{}",
+        w["leaks"]
+    );
+    // The parent's figures are its own.
+    let parent = report_of(&trace, &w["processes"][0]["pid"].to_string());
+    let pm = &parent["merge"];
+    assert!(
+        pm["forked_from"].is_null() && pm["inherited_blocks"].is_null(),
+        "{pm}"
+    );
+    assert_eq!(pm["unknown_frees"], 0, "{pm}");
+    let peak = parent["headline"]["peak_live"].as_u64().unwrap();
+    assert!((10_000_000..10_010_000).contains(&peak), "{peak}");
     assert_eq!(merge["forked_from"], parent["pid"], "{merge}");
     let text = common::fragscope(&[
         "report".as_ref(),
         trace.as_os_str(),
         "--pid".as_ref(),
-        worker.as_ref(),
+        workers[0].as_ref(),
     ]);
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
-        text.contains("50000 frees of blocks this process inherited from its parent"),
+        text.contains("started from its parent's heap at the fork"),
         "{text}"
     );
     assert!(!text.contains("frees of unknown blocks"), "{text}");
+    assert!(!text.contains("are counted apart"), "{text}");
+}
+
+/// A second thread of the parent allocates and frees while the main thread forks: each
+/// worker's merge loses and forces nothing, and its live data is what it holds (its
+/// parent's blocks it kept, its own, and the other thread's blocks live at the fork).
+#[test]
+fn a_fork_childs_heap_is_its_parents_while_another_thread_allocates() {
+    let dir = tempfile::tempdir().unwrap();
+    let (trace, workers) = record_prefork(dir.path(), "prefork_threads");
+    assert_eq!(workers.len(), 3);
+    for pid in &workers {
+        let w = report_of(&trace, pid);
+        let merge = &w["merge"];
+        for field in [
+            "unknown_frees",
+            "inherited_frees",
+            "forced_allocs",
+            "lost_events",
+        ] {
+            assert_eq!(merge[field], 0, "{pid} {field}: {merge}");
+        }
+        let inherited = merge["inherited_blocks"].as_u64().unwrap();
+        assert!((100_000..=100_000 + 1100).contains(&inherited), "{merge}");
+        assert_live_at_exit(&w, 50_000.0 * 100.0 + 50_000.0 * 64.0);
+    }
+    let parent = report_of(
+        &trace,
+        &report_of(&trace, &workers[0])["processes"][0]["pid"].to_string(),
+    );
+    let pm = &parent["merge"];
+    assert_eq!(
+        (pm["unknown_frees"].as_u64(), pm["forced_allocs"].as_u64()),
+        (Some(0), Some(0)),
+        "{pm}"
+    );
 }

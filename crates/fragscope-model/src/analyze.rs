@@ -8,7 +8,7 @@ use std::path::Path;
 
 use fragscope_trace::ahead::{AheadChunk, EventsOf, ReadAhead};
 use fragscope_trace::event::StatsSource;
-use fragscope_trace::merge::{Call, FastMap, LiveTable, Merged, Merger};
+use fragscope_trace::merge::{Call, FastMap, InheritedHeap, LiveTable, Merged, Merger};
 use fragscope_trace::reader::Chunk;
 use fragscope_trace::records::{
     EndHow, Mapping, Meta, Pagemap, ProcessEnd, PymallocPools, Rollup, RssSample, SnapshotReason,
@@ -99,6 +99,18 @@ struct Stream {
     attached: bool,
     /// Forked from this stream: its parent's blocks were never seen allocated in it.
     parent_stream: Option<u32>,
+    /// The mark of its fork in the parent's calls, where its heap is the parent's.
+    fork_mark: Option<u32>,
+    /// Its merge waits for the parent's heap at the fork: nothing is popped before.
+    awaiting_parent_heap: bool,
+    /// The heap it started from, its parent's at the fork (blocks, requested bytes).
+    inherited: Option<(u64, u64)>,
+    /// The parent's calls in the trace end before the fork's mark (a cut trace): it
+    /// started from the parent's heap at their end.
+    inherited_from_parent_end: bool,
+    start_tick: u64,
+    /// The heaps at this process's forks (mark, tick, heap) that no child took yet.
+    fork_heaps: Vec<(u32, u64, InheritedHeap)>,
     /// The blocks it held then, as read from its heap (blocks, usable bytes).
     starting_heap: Option<(u64, u64)>,
     merger: Merger,
@@ -221,8 +233,28 @@ impl Stream {
                         self.stats.push((tick, source, values, self.usable_bytes));
                     }
                 }
+                Some(Merged::Forked { tick, mark }) => {
+                    let heap = self.merger.heap_at_fork();
+                    self.fork_heaps.push((mark, tick, heap));
+                }
             }
         }
+    }
+
+    /// Starts from the heap it inherited at tick `tick`: its blocks are live data, and
+    /// their frees are known.
+    fn start_from(&mut self, ctx: &Ctx, heap: InheritedHeap, tick: u64) {
+        self.inherited = Some((heap.blocks() as u64, heap.bytes));
+        self.live_bytes += heap.bytes;
+        self.usable_bytes += heap.usable_bytes;
+        self.merger.seed_inherited(heap);
+        self.awaiting_parent_heap = false;
+        if self.live_bytes > self.peak_live.0 {
+            self.peak_live = (self.live_bytes, tick);
+        }
+        self.live_timeline
+            .push((tick / 10, self.live_bytes, self.usable_bytes));
+        self.drain(ctx);
     }
 
     /// Adds call `c`, the last the merge popped, to the figures.
@@ -387,6 +419,30 @@ impl Stream {
     }
 }
 
+/// Seeds the children waiting for the heaps at stream `parent`'s forks, and theirs in
+/// turn, as their merges go on from there.
+fn hand_over_fork_heaps(streams: &mut [Stream], parent: usize, ctx: &Ctx) {
+    let mut work = vec![parent];
+    while let Some(p) = work.pop() {
+        let mut k = 0;
+        while k < streams[p].fork_heaps.len() {
+            let (mark, parent_stream) = (streams[p].fork_heaps[k].0, streams[p].stream);
+            let child = streams.iter().position(|c| {
+                c.awaiting_parent_heap
+                    && c.parent_stream == Some(parent_stream)
+                    && c.fork_mark == Some(mark)
+            });
+            let Some(c) = child else {
+                k += 1;
+                continue;
+            };
+            let (_, tick, heap) = streams[p].fork_heaps.swap_remove(k);
+            streams[c].start_from(ctx, heap, tick);
+            work.push(c);
+        }
+    }
+}
+
 /// The runtime census taken with the snapshot of `tick`, from censuses queued by tick;
 /// those older than it never met their snapshot (a pagemap not read) and go.
 fn census_at<T>(pending: &mut VecDeque<(u64, T)>, tick: u64) -> Option<T> {
@@ -441,7 +497,10 @@ pub fn analyze(
                 if let Err(e) = reader.push_events(&mut s.merger, &h, events) {
                     damage.get_or_insert(format!("thread {} of pid {}: {e}", h.tid, s.pid));
                 }
-                s.drain(&ctx);
+                if !s.awaiting_parent_heap {
+                    s.drain(&ctx);
+                    hand_over_fork_heaps(&mut streams, i, &ctx);
+                }
                 continue;
             }
             AheadChunk::Other(chunk) => chunk,
@@ -463,12 +522,21 @@ pub fn analyze(
                 s.pid = p.pid;
                 s.ppid = p.ppid;
                 s.argv = p.argv;
+                s.start_tick = p.start_tick;
                 s.attached = p.origin == fragscope_trace::Origin::Attached;
                 if p.origin == fragscope_trace::Origin::Forked {
                     s.parent_stream = p.parent_stream;
+                    s.fork_mark = p.fork_mark;
                 }
                 if s.attached {
                     s.merger.set_attached();
+                }
+                // Its calls wait for the parent's heap at the fork, which the parent's
+                // merge may have reached already.
+                let parent = s.parent_stream.and_then(|p| by_stream.get(&p).copied());
+                if let (Some(parent), Some(_)) = (parent, s.fork_mark) {
+                    s.awaiting_parent_heap = true;
+                    hand_over_fork_heaps(&mut streams, parent, &ctx);
                 }
             }
             // Handed on as `AheadChunk::Events`.
@@ -568,9 +636,27 @@ pub fn analyze(
     if let Some(d) = reader.damage() {
         damage = Some(format!("at byte {}: {}", d.offset, d.reason));
     }
-    for s in &mut streams {
+    // Parents before their children, which their last calls may seed.
+    for i in 0..streams.len() {
+        let s = &mut streams[i];
+        // Not seeded by its parent, which comes before it: it goes on without.
+        s.awaiting_parent_heap = false;
         s.merger.finish();
         s.drain(&ctx);
+        hand_over_fork_heaps(&mut streams, i, &ctx);
+        // Children whose fork the parent's calls never reached (the trace is cut before
+        // its mark): the parent's last heap is the nearest one known.
+        let parent = Some(streams[i].stream);
+        for c in 0..streams.len() {
+            if streams[c].awaiting_parent_heap && streams[c].parent_stream == parent {
+                let heap = streams[i].merger.heap_at_fork();
+                let tick = streams[c].start_tick;
+                streams[c].start_from(&ctx, heap, tick);
+                streams[c].inherited_from_parent_end = true;
+            }
+        }
+        let s = &mut streams[i];
+        s.fork_heaps = Vec::new();
         while !s.pending.is_empty() {
             s.evaluate_next(&ctx, None);
         }
@@ -625,13 +711,20 @@ pub fn analyze(
     let focus_snapshot = focus_of(&snapshots, s.peak_live.0);
     let phases = phases_of(&timeline_full, &snapshots);
     let (size_classes, size_class_history) = size_classes(s, focus_snapshot, tick_ms);
-    // What is live at the end: leaked, if the process ended (by site, weighted).
+    // What is live at the end: leaked, if the process ended (by site, weighted). Blocks
+    // inherited at the fork and kept are the parent's data, not leaks of this process.
     let mut site_leaks: HashMap<u32, (f64, f64)> = HashMap::new();
-    for b in s.merger.live_blocks().values().filter(|b| b.stack != 0) {
-        let w = ctx.weighting.weight(b.size);
-        let l = site_leaks.entry(b.stack).or_default();
-        l.0 += w;
-        l.1 += w * b.size as f64;
+    let (mut inherited_live_blocks, mut inherited_live_bytes) = (0u64, 0u64);
+    for b in s.merger.live_blocks().values() {
+        if b.inherited {
+            inherited_live_blocks += 1;
+            inherited_live_bytes += b.size;
+        } else if b.stack != 0 {
+            let w = ctx.weighting.weight(b.size);
+            let l = site_leaks.entry(b.stack).or_default();
+            l.0 += w;
+            l.1 += w * b.size as f64;
+        }
     }
     let leaks = LeakFacts {
         // Blocks live when a detach ended the recording are the running program's, not leaks.
@@ -639,8 +732,10 @@ pub fn analyze(
             .end
             .as_ref()
             .is_some_and(|e| !matches!(e.how, EndHow::Vanished | EndHow::Detached)),
-        leaked_bytes: s.live_bytes,
-        leaked_blocks: s.merger.live_blocks().len() as u64,
+        leaked_bytes: s.live_bytes.saturating_sub(inherited_live_bytes),
+        leaked_blocks: s.merger.live_blocks().len() as u64 - inherited_live_blocks,
+        inherited_live_blocks,
+        inherited_live_bytes,
         temporary_allocations: s.temporaries.0,
         temporary_bytes: s.temporaries.1,
         allocations: s.allocations,
@@ -775,7 +870,9 @@ pub fn analyze(
             .find(|x| x.stream == p)
             .map_or(s.ppid, |x| x.pid)
     });
-    let inherited_frees = if forked_from.is_some() {
+    // Without its parent's heap at the fork (an older trace, a fork not marked), they are
+    // all of the frees of blocks it never saw allocated.
+    let inherited_frees = if forked_from.is_some() && s.inherited.is_none() {
         merge.unknown_frees
     } else {
         0
@@ -797,6 +894,10 @@ pub fn analyze(
             unknown_frees: merge.unknown_frees - inherited_frees,
             inherited_frees,
             forked_from,
+            inherited_blocks: s.inherited.map(|h| h.0),
+            inherited_bytes: s.inherited.map(|h| h.1),
+            inherited_stale: merge.inherited_stale,
+            inherited_from_parent_end: s.inherited_from_parent_end,
             late: merge.late,
             lost_events: merge.lost_events,
             spilled: merge.spilled,

@@ -604,6 +604,7 @@ mod tests {
             rounding,
             stack,
             born_tick: 0,
+            inherited: false,
         }
     }
 

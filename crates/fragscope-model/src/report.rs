@@ -241,8 +241,13 @@ pub struct LeakFacts {
     /// The process ended (exit, exec) within the trace: what is live at the end was
     /// leaked; otherwise it is only live when the trace ends.
     pub at_exit: bool,
+    /// Live at the end, not counting `inherited_live_*`.
     pub leaked_bytes: u64,
     pub leaked_blocks: u64,
+    /// Blocks a forked process inherited from its parent at the fork and still held at
+    /// the end (requested bytes): its parent's data, not counted as leaked.
+    pub inherited_live_blocks: u64,
+    pub inherited_live_bytes: u64,
     /// Blocks freed by the thread that allocated them before it allocated another.
     pub temporary_allocations: u64,
     pub temporary_bytes: u64,
@@ -278,11 +283,24 @@ pub struct MergeFacts {
     /// Frees of blocks the trace never saw allocated, other than those counted apart
     /// below (`inherited_frees`, and an attached process's blocks from before the attach).
     pub unknown_frees: u64,
-    /// A forked process: its frees of blocks it inherited from its parent at the fork
-    /// (allocated before this process's own tracing began). 0 for other processes.
+    /// A forked process whose parent's heap at the fork is not in the trace (older
+    /// traces): its frees of blocks it never saw allocated, which it inherited. 0 for
+    /// other processes, and when `inherited_blocks` is known.
     pub inherited_frees: u64,
     /// The pid of the process this one was forked from, when it was.
     pub forked_from: Option<u32>,
+    /// A forked process starts from its parent's live blocks at the fork: how many, and
+    /// their requested bytes. They are live data from the start and their frees are
+    /// known. Null when not forked, or when the parent's heap at the fork is not known.
+    pub inherited_blocks: Option<u64>,
+    pub inherited_bytes: Option<u64>,
+    /// Of those, blocks whose address it allocated again with no free in the trace: freed
+    /// before the fork without a record (the parent's own `forced_allocs`), or by another
+    /// thread of the parent around the fork. Not counted in `forced_allocs`.
+    pub inherited_stale: u64,
+    /// The parent's calls in the trace end before the fork (a cut trace): the heap it
+    /// started from is its parent's at their end, the nearest known.
+    pub inherited_from_parent_end: bool,
     pub late: u64,
     pub lost_events: u64,
     /// Calls that waited on disk for slow threads (order kept, memory bounded).

@@ -65,6 +65,8 @@ enum {
     KIND_OWN_MEMORY = 15,
     /* KIND_LOST with this flag: `tid:varint`, a thread this one joined. */
     FLAG_JOINED = 0x10,
+    /* KIND_LOST with this flag: `mark:varint`, this thread forked here (see mark_fork). */
+    FLAG_FORKED = 0x20,
     /* KIND_TICK with this flag: ORDER, `delta:varint`: the order counter this call read
      * is `delta` above what the thread expected (see note_order). */
     FLAG_ORDER = 0x20,
@@ -279,6 +281,8 @@ enum { TF_BUSY = 1, TF_FORWARD = 2, TF_REAL = 4, TF_TLS_RELEASE = 8 };
  * only if the real one recorded nothing through our malloc-family hooks (libstdc++'s
  * calls malloc; jemalloc's aligned new calls aligned_alloc, its plain new nothing). */
 static __thread uint64_t tls_recorded_calls __attribute__((tls_model("initial-exec")));
+/* The mark this thread recorded at its last fork (0: none), which the child names. */
+static __thread uint32_t tls_fork_mark __attribute__((tls_model("initial-exec")));
 
 /* ---- process state ---- */
 static atomic_int init_state; /* 0 none, 1 resolving, 2 resolved */
@@ -300,6 +304,7 @@ static atomic_uint_fast64_t stats_answered;
 static atomic_uint_fast64_t own_bytes;
 static atomic_uint_fast64_t lost_events;
 static atomic_uint_fast64_t state_births;
+static atomic_uint fork_marks; /* marks recorded at forks so far (see mark_fork) */
 /* The process may have a second thread: frees take order counter values and calls
  * record what they read (one thread alone needs no order, its program order is the
  * order). Never switched off: a buffer's records must mean the same to the reader. */
@@ -524,9 +529,10 @@ static int connect_recorder(void) {
 }
 
 /* HELLO: pid, ppid, flags, token length, fork tick, then argv (as in /proc/PID/cmdline),
- * exe path and the recording's token (FRAGSCOPE_TOKEN: the recorder serves no one who
- * does not know it). */
-static int send_hello_locked(uint32_t flags) {
+ * exe path, the recording's token (FRAGSCOPE_TOKEN: the recorder serves no one who
+ * does not know it) and, in a forked child, the mark its parent recorded at the fork
+ * (0: none). */
+static int send_hello_locked(uint32_t flags, uint32_t fork_mark) {
     static char payload[16384];
     const char *token = env_FRAGSCOPE_TOKEN[0] ? env_FRAGSCOPE_TOKEN + sizeof "FRAGSCOPE_TOKEN" : "";
     size_t token_len = strlen(token);
@@ -546,7 +552,8 @@ static int send_hello_locked(uint32_t flags) {
     uint32_t lens[2] = {(uint32_t)cmd_len, (uint32_t)exe_len};
     memcpy(payload + 24, lens, 8);
     memcpy(exe + exe_len, token, token_len);
-    struct msg_header h = {MSG_HELLO, (uint32_t)(32 + cmd_len + exe_len + token_len), 0, 0, tick, tick};
+    memcpy(exe + exe_len + token_len, &fork_mark, 4);
+    struct msg_header h = {MSG_HELLO, (uint32_t)(32 + cmd_len + exe_len + token_len + 4), 0, 0, tick, tick};
     return send_locked_once(&h, payload);
 }
 
@@ -558,7 +565,7 @@ static void send_message_locked(const struct msg_header *h, const void *payload,
         int fd = connect_recorder();
         if (fd >= 0) {
             sock_fd = fd;
-            ok = send_hello_locked(HELLO_RESUMED) == 0 && send_locked_once(h, payload) == 0;
+            ok = send_hello_locked(HELLO_RESUMED, 0) == 0 && send_locked_once(h, payload) == 0;
         }
     }
     if (ok && want_ack) {
@@ -1331,17 +1338,64 @@ static void register_membarrier(void) {
                     syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0) == 0;
 }
 
+static void flush_before_waiting(void);
+
+/* Marks the forking thread's place among its calls: the child's heap is the process's
+ * live blocks there, and the child names the mark in its HELLO. The clock is read as a
+ * call reads it, so that other threads' calls are ordered against the mark. Not from a
+ * handler that interrupted a record (rare): the child then names no mark. */
+static void mark_fork(void) {
+    tls_fork_mark = 0;
+    if (tls_flags & TF_BUSY) return;
+    int saved_errno = errno;
+    tls_flags |= TF_BUSY;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    struct thread_state *ts = tls_state;
+    if (!ts) ts = thread_state_new();
+    if (ts) {
+        wait_until_not_taken(ts);
+        /* As at a call: the merge, told the thread was idle, must wait for it again. */
+        if (ts->idle) {
+            ts->idle = 0;
+            announce_awake(ts);
+        }
+        if (ts->nested_head != ts->nested_tail || ts->nested_lost) drain_nested(ts);
+        if (ts->len + 32 > BUF_CAP) flush_thread(ts);
+        uint64_t now = clock_page->now, tick = now >> TICK_SHIFT;
+        if (tick != ts->tick) {
+            put_tagged(ts, KIND_TICK, tick - ts->tick);
+            ts->tick = tick;
+            ts->order_next = 0; /* the recorder started the counter again with the tick */
+        }
+        if (__atomic_load_n(&ordering_on, __ATOMIC_RELAXED)) note_order(ts, now, 0);
+        uint32_t mark = atomic_fetch_add(&fork_marks, 1) + 1;
+        put_tagged(ts, KIND_LOST | FLAG_FORKED, mark);
+        tls_fork_mark = mark;
+    }
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    tls_flags &= ~TF_BUSY;
+    errno = saved_errno;
+}
+
 static void atfork_prepare(void) {
+    if (tracing) mark_fork();
     pthread_mutex_lock(&registry_lock);
     pthread_mutex_lock(&sock_lock);
 }
 static void atfork_parent(void) {
     pthread_mutex_unlock(&sock_lock);
     pthread_mutex_unlock(&registry_lock);
+    /* Sent now: the merge of the child's calls waits for the mark. */
+    if (tls_fork_mark) {
+        int saved_errno = errno; /* a failed fork's */
+        flush_before_waiting();
+        errno = saved_errno;
+    }
 }
 /* The child is a process of its own: its own connection and stream. The buffers it
  * inherited hold the parent's events, which the parent sends itself. */
 static void atfork_child(void) {
+    uint32_t fork_mark = tls_fork_mark;
     pthread_mutex_init(&sock_lock, NULL);
     pthread_mutex_init(&registry_lock, NULL);
     my_pid = getpid();
@@ -1374,7 +1428,7 @@ static void atfork_child(void) {
     syscall(SYS_close, sock_fd);
     register_membarrier(); /* before the HELLO, which says whether it is */
     sock_fd = connect_recorder();
-    if (sock_fd < 0 || send_hello_locked(HELLO_FORKED) != 0) tracing = 0;
+    if (sock_fd < 0 || send_hello_locked(HELLO_FORKED, fork_mark) != 0) tracing = 0;
     next_idle_scan = 0;
     if (mine) emit_own_memory(mine);
 }
@@ -1439,7 +1493,7 @@ static void init_tracing(void) {
      * setuid before an exec) cannot open the clock: the recorder hands it over. */
     uint32_t hello_flags = clock_page == &no_clock ? HELLO_WANTS_CLOCK : 0;
     register_membarrier(); /* before the HELLO, which says whether it is */
-    if (send_hello_locked(hello_flags) != 0) return;
+    if (send_hello_locked(hello_flags, 0) != 0) return;
     if (hello_flags & HELLO_WANTS_CLOCK) map_clock(receive_descriptor(sock_fd));
     atomic_store(&stats_answered, clock_page->stats_request);
     tracing = 1;

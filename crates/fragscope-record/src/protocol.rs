@@ -53,6 +53,8 @@ pub struct Hello {
     pub exe: String,
     /// The recording's secret (FRAGSCOPE_TOKEN), as the process knows it.
     pub token: Vec<u8>,
+    /// A forked process: the mark its parent recorded at the fork (0: none).
+    pub fork_mark: u32,
 }
 
 /// The EXEC payload: who is about to run what.
@@ -118,6 +120,9 @@ pub fn parse_hello(p: &[u8]) -> Option<Hello> {
     let exe = p.get(32 + cmd_len..32 + cmd_len + exe_len)?;
     let token_at = 32 + cmd_len + exe_len;
     let token = p.get(token_at..token_at + token_len)?;
+    let fork_mark = p
+        .get(token_at + token_len..token_at + token_len + 4)
+        .map_or(0, |_| le32(p, token_at + token_len));
     let argv = split_strings(cmd);
     Some(Hello {
         pid: le32(p, 0),
@@ -127,6 +132,7 @@ pub fn parse_hello(p: &[u8]) -> Option<Hello> {
         argv,
         exe: String::from_utf8_lossy(exe).into_owned(),
         token: token.to_vec(),
+        fork_mark,
     })
 }
 

@@ -445,6 +445,8 @@ impl Shared {
             start_tick: hello.tick,
             argv: hello.argv.clone(),
             exe: hello.exe.clone(),
+            fork_mark: (origin == Origin::Forked && hello.fork_mark != 0)
+                .then_some(hello.fork_mark),
         };
         self.send(ChunkKind::Process, process.encode());
         stream

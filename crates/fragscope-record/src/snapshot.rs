@@ -286,6 +286,7 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         start_tick: 0,
         argv,
         exe,
+        fork_mark: None,
     };
     w.write_chunk(ChunkKind::Process, &process.encode())?;
     w.write_chunk(

@@ -27,6 +27,7 @@ fn main() {
                     Record::Stats { .. } => "allocator statistics",
                     Record::Lost { .. } => "lost",
                     Record::Joined { .. } => "joined",
+                    Record::Forked { .. } => "forked",
                     Record::OwnMemory { .. } => "own memory",
                     Record::Tick { .. } => "tick",
                     Record::Usable { .. } => "usable size",

@@ -55,6 +55,12 @@ pub(crate) enum DecodedOther {
     },
     Lost(u64),
     Joined(u32),
+    /// The thread forked a child that names this mark.
+    Forked {
+        tick: u64,
+        place: u64,
+        mark: u32,
+    },
     OwnMemory(u64),
 }
 
@@ -152,6 +158,7 @@ impl StreamDecoder {
                 },
                 Record::Lost { count } => DecodedOther::Lost(count),
                 Record::Joined { tid } => DecodedOther::Joined(tid),
+                Record::Forked { mark } => DecodedOther::Forked { tick, place, mark },
                 Record::OwnMemory { bytes } => DecodedOther::OwnMemory(bytes),
                 Record::Tick { .. } | Record::Usable { .. } | Record::Order { .. } => continue,
             };

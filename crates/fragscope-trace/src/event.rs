@@ -21,7 +21,9 @@
 //! kind 13    stats:       source:u8 count:u8 (name_len:u8 name value:varint)*count
 //! kind 14    lost:        count:varint (events a signal handler could not queue);
 //!            with flag 0x10, joined: tid:varint (this thread joined thread `tid`: all
-//!            of that thread's records come before this thread's next ones)
+//!            of that thread's records come before this thread's next ones);
+//!            with flag 0x20, forked: mark:varint (this thread forked here; the child's
+//!            Process chunk names `mark`)
 //! kind 15    own memory:  bytes:varint (the interposer's own mapped bytes, process-wide)
 //! addr delta := svarint of (address - previous address in this chunk), the previous
 //!               address being 0 at a chunk's start; in 16-byte units unless UNALIGNED.
@@ -109,6 +111,8 @@ pub(crate) const KIND_STATS: u8 = 13;
 const KIND_LOST: u8 = 14;
 /// With KIND_LOST: a JOINED record.
 const FLAG_JOINED: u8 = 0x10;
+/// With KIND_LOST: a FORKED record.
+const FLAG_FORKED: u8 = 0x20;
 /// With KIND_TICK: an anchor (a cycle counter reading), which older interposers wrote to
 /// estimate time inside a tick; the order counter replaced it.
 const FLAG_ANCHOR: u8 = 0x10;
@@ -209,6 +213,11 @@ pub enum Record {
     /// came before this thread's next one.
     Joined {
         tid: u32,
+    },
+    /// This thread forked a child here, which names `mark` in its Process chunk: the
+    /// child's heap is its process's live blocks at this point of the merged calls.
+    Forked {
+        mark: u32,
     },
     OwnMemory {
         bytes: u64,
@@ -713,6 +722,11 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
                     tid: self.r.varint(Field::Other)? as u32,
                 }))
             }
+            KIND_LOST if tag & FLAG_FORKED != 0 => {
+                return Ok(Some(Record::Forked {
+                    mark: self.r.varint(Field::Other)? as u32,
+                }))
+            }
             KIND_LOST => {
                 return Ok(Some(Record::Lost {
                     count: self.r.varint(Field::Other)?,
@@ -991,6 +1005,11 @@ impl<'t> PackedWriter<'t> {
                 self.w
                     .u8(Field::Tag, KIND_LOST | FLAG_JOINED)
                     .varint(Field::Other, tid.into());
+            }
+            Record::Forked { mark } => {
+                self.w
+                    .u8(Field::Tag, KIND_LOST | FLAG_FORKED)
+                    .varint(Field::Other, mark.into());
             }
             Record::OwnMemory { bytes } => {
                 self.w

@@ -176,7 +176,11 @@ pub struct LiveBlock {
     pub stack: u32,
     /// Tick of the allocation.
     pub born_tick: u32,
+    /// Allocated before this process was forked, by the process it was forked from.
+    pub inherited: bool,
 }
+
+const _: () = assert!(std::mem::size_of::<LiveBlock>() == 24);
 
 impl LiveBlock {
     pub fn usable(&self) -> u64 {
@@ -189,6 +193,7 @@ impl LiveBlock {
             rounding: c.usable.saturating_sub(c.size).min(u64::from(u32::MAX)) as u32,
             stack: c.stack,
             born_tick: c.tick.min(u64::from(u32::MAX)) as u32,
+            inherited: false,
         }
     }
 }
@@ -300,6 +305,35 @@ impl Extend<(u64, LiveBlock)> for LiveTable {
     }
 }
 
+/// Marks the stack ids of inherited blocks ([`InheritedHeap`]): their frames are the
+/// parent's, kept apart from the ids the process's own decoder hands out from 1.
+const INHERITED_STACK: u32 = 1 << 31;
+
+/// Whether `stack` is the stack of a block inherited at a fork (its frames in
+/// [`Merger::stack`] as any other's, but no allocation of this process has it).
+pub fn is_inherited_stack(stack: u32) -> bool {
+    stack & INHERITED_STACK != 0
+}
+
+/// A process's live blocks at a fork, which its child starts from
+/// ([`Merger::heap_at_fork`], [`Merger::seed_inherited`]).
+#[derive(Default, Clone, Debug)]
+pub struct InheritedHeap {
+    /// Each flagged `inherited`, its stack renamed into `stacks`.
+    blocks: LiveTable,
+    /// Frames of the blocks' stacks, by `stack & !INHERITED_STACK`.
+    stacks: Vec<Vec<u64>>,
+    /// The blocks' requested and usable bytes.
+    pub bytes: u64,
+    pub usable_bytes: u64,
+}
+
+impl InheritedHeap {
+    pub fn blocks(&self) -> usize {
+        self.blocks.len()
+    }
+}
+
 /// Something the merge hands on, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Merged {
@@ -309,6 +343,11 @@ pub enum Merged {
         tick: u64,
         source: StatsSource,
         values: Vec<(String, u64)>,
+    },
+    /// The thread forked a child here; the child names `mark` (see [`Merger::heap_at_fork`]).
+    Forked {
+        tick: u64,
+        mark: u32,
     },
 }
 
@@ -336,6 +375,11 @@ pub struct MergeStats {
     /// allocated again with no free recorded: freed between the heap's reading and the
     /// first recorded call.
     pub starting_stale: u64,
+    /// Blocks inherited at the fork ([`Merger::seed_inherited`]) whose address was
+    /// allocated again with no free recorded: freed in the parent before the fork with no
+    /// record of it (the parent's own merge forced their address), or by another thread
+    /// of the parent between the fork's mark and the fork.
+    pub inherited_stale: u64,
 }
 
 struct ThreadQueue {
@@ -464,6 +508,8 @@ pub struct Merger {
     scratch: DecodedEvents,
     /// Stacks by process-wide id (0: none).
     stacks: Vec<Vec<u64>>,
+    /// The stacks of blocks inherited at the fork (see [`INHERITED_STACK`]).
+    inherited_stacks: Vec<Vec<u64>>,
     max_seen: u64,
     last_tick: u64,
     /// The process flags its idle threads ([`EventsHeader::process_marks_idle`]).
@@ -527,6 +573,7 @@ impl Merger {
             decoder: StreamDecoder::default(),
             scratch: DecodedEvents::default(),
             stacks: vec![Vec::new()],
+            inherited_stacks: Vec::new(),
             max_seen: 0,
             last_tick: 0,
             marks_idle: false,
@@ -577,6 +624,7 @@ impl Merger {
                     rounding: 0,
                     stack: 0,
                     born_tick: tick.min(u64::from(u32::MAX)) as u32,
+                    inherited: false,
                 },
             );
             self.starting.insert(addr);
@@ -584,9 +632,40 @@ impl Merger {
         bytes
     }
 
-    /// Starts from another process's live blocks (a fork child inherits its parent's heap).
-    pub fn seed_live(&mut self, blocks: impl IntoIterator<Item = (u64, LiveBlock)>) {
-        self.live.extend(blocks);
+    /// The live blocks after the items popped so far, as a child forked now inherits them.
+    pub fn heap_at_fork(&self) -> InheritedHeap {
+        let mut blocks = self.live.clone();
+        let mut renamed: FastMap<u32, u32> = FastMap::default();
+        let mut stacks = Vec::new();
+        let (mut bytes, mut usable_bytes) = (0, 0);
+        for (_, b) in blocks.table.iter_mut() {
+            b.inherited = true;
+            bytes += b.size;
+            usable_bytes += b.usable();
+            if b.stack != 0 {
+                b.stack = *renamed.entry(b.stack).or_insert_with(|| {
+                    stacks.push(self.stack(b.stack).to_vec());
+                    (stacks.len() - 1) as u32 | INHERITED_STACK
+                });
+            }
+        }
+        InheritedHeap {
+            blocks,
+            stacks,
+            bytes,
+            usable_bytes,
+        }
+    }
+
+    /// Starts from the blocks a forked process inherited: they are live, and their frees
+    /// are known. Before the first pop.
+    pub fn seed_inherited(&mut self, heap: InheritedHeap) {
+        if self.live.is_empty() {
+            self.live = heap.blocks;
+        } else {
+            self.live.extend(heap.blocks.table);
+        }
+        self.inherited_stacks = heap.stacks;
     }
 
     /// Every live block after the calls popped so far, by address.
@@ -640,7 +719,13 @@ impl Merger {
 
     /// Return addresses of a stack (innermost first); empty for 0.
     pub fn stack(&self, id: u32) -> &[u64] {
-        self.stacks.get(id as usize).map_or(&[], |s| s.as_slice())
+        let stacks = if is_inherited_stack(id) {
+            &self.inherited_stacks
+        } else {
+            &self.stacks
+        };
+        let i = (id & !INHERITED_STACK) as usize;
+        stacks.get(i).map_or(&[], |s| s.as_slice())
     }
 
     pub fn stack_count(&self) -> usize {
@@ -692,7 +777,8 @@ impl Merger {
         self.lone.restart(ti);
         std::mem::swap(&mut self.lone.calls, &mut events.calls);
         std::mem::swap(&mut self.lone.places, &mut events.places);
-        let mut stats_seen = 0;
+        // Items other than calls before the current one, which count in a join's position.
+        let mut other_items = 0;
         for (at, other) in events.others.drain(..) {
             match other {
                 DecodedOther::Stats {
@@ -707,13 +793,18 @@ impl Merger {
                         values,
                     };
                     self.lone.others.push_back((at, stats, place));
-                    stats_seen += 1;
+                    other_items += 1;
+                }
+                DecodedOther::Forked { tick, place, mark } => {
+                    let forked = Merged::Forked { tick, mark };
+                    self.lone.others.push_back((at, forked, place));
+                    other_items += 1;
                 }
                 DecodedOther::Lost(count) => {
                     self.stats.lost_events = self.stats.lost_events.saturating_add(count);
                 }
                 DecodedOther::Joined(tid) => {
-                    let at_item = items_before + (at + stats_seen) as u64;
+                    let at_item = items_before + (at + other_items) as u64;
                     self.threads[ti].joins.push_back((at_item, tid));
                 }
                 DecodedOther::OwnMemory(bytes) => self.own_memory = self.own_memory.max(bytes),
@@ -1068,7 +1159,7 @@ impl Merger {
     fn settle(&mut self, m: &mut Merged) {
         match m {
             Merged::Call(c) => self.settle_call(c),
-            Merged::Stats { tick, .. } => {
+            Merged::Stats { tick, .. } | Merged::Forked { tick, .. } => {
                 self.settle_tick(tick);
                 self.ended = [None; 2];
             }
@@ -1104,7 +1195,9 @@ impl Merger {
         if let Some(a) = c.allocates() {
             if let Some(displaced) = self.live.insert(a, LiveBlock::of(c)) {
                 self.ended[1] = Some((a, displaced));
-                if !self.starting.is_empty() && self.starting.remove(&a) {
+                if displaced.inherited {
+                    self.stats.inherited_stale += 1;
+                } else if !self.starting.is_empty() && self.starting.remove(&a) {
                     self.stats.starting_stale += 1;
                 } else {
                     self.stats.forced_allocs += 1;
@@ -1153,7 +1246,7 @@ fn head_of(t: &ThreadQueue, index: usize) -> Option<Head> {
 fn merged_tick(m: &Merged) -> u64 {
     match m {
         Merged::Call(c) => c.tick,
-        Merged::Stats { tick, .. } => *tick,
+        Merged::Stats { tick, .. } | Merged::Forked { tick, .. } => *tick,
     }
 }
 
@@ -1506,6 +1599,114 @@ mod tests {
         assert_eq!((calls[0].tid, calls[0].func), (1, Func::Malloc));
         assert_never_live_twice(&calls);
         assert_eq!(stats, MergeStats::default());
+    }
+
+    /// Pops everything; the heap at each fork mark, by mark.
+    fn drain_with_forks(m: &mut Merger) -> (Vec<Call>, Vec<(u32, InheritedHeap)>) {
+        m.finish();
+        let (mut calls, mut forks) = (Vec::new(), Vec::new());
+        while let Some(x) = m.pop() {
+            match x {
+                Merged::Call(c) => calls.push(c),
+                Merged::Forked { mark, .. } => forks.push((mark, m.heap_at_fork())),
+                Merged::Stats { .. } => {}
+            }
+        }
+        (calls, forks)
+    }
+
+    #[test]
+    fn a_fork_child_starts_from_the_heap_at_its_mark_and_its_frees_of_it_are_known() {
+        // The parent: 0x1000 and, with a stack, 0x2000; the fork; then it frees 0x1000.
+        let mut w = Writer::new();
+        w.u8(0).svarint(0x100).varint(100);
+        w.u8(11).varint(1).varint(2).svarint(0x4000).svarint(-8);
+        w.u8(0x10).svarint(0x100).varint(200).varint(1);
+        w.u8(14 | 0x20).varint(7);
+        w.u8(9).svarint(-0x100);
+        w.u8(0).svarint(0x200).varint(300);
+        let h = EventsHeader {
+            tid: 10,
+            first_tick: 5,
+            last_tick: 5,
+            ..Default::default()
+        };
+        let mut parent = Merger::new();
+        parent.push_chunk(&h, &w.bytes).unwrap();
+        let (calls, mut forks) = drain_with_forks(&mut parent);
+        assert_eq!(calls.len(), 4);
+        assert_eq!(forks.len(), 1);
+        let (mark, heap) = forks.pop().unwrap();
+        assert_eq!(mark, 7);
+        assert_eq!((heap.blocks(), heap.bytes), (2, 300));
+        // The child frees the block with the stack and allocates its own.
+        let mut child = Merger::new();
+        child.seed_inherited(heap);
+        let (h, b) = chunk(20, 6, &[(true, 0x2000), (false, 0x4000)]);
+        child.push_chunk(&h, &b).unwrap();
+        let (calls, _) = drain_with_forks(&mut child);
+        assert_eq!(calls.len(), 2);
+        assert_eq!(child.stats().unknown_frees, 0);
+        let live = child.live_blocks();
+        assert_eq!(live.len(), 2);
+        let kept = live.get(&0x1000).unwrap();
+        assert!(kept.inherited && kept.stack == 0);
+        assert!(!live.get(&0x4000).unwrap().inherited);
+        // The parent's stack ids mean its own stacks, not the child's.
+        let mut parent = Merger::new();
+        parent.push_chunk(&h_of(10, 5), &w.bytes).unwrap();
+        let (_, forks) = drain_with_forks(&mut parent);
+        let heap = &forks[0].1;
+        let (_, with_stack) = heap.blocks.iter().find(|(&a, _)| a == 0x2000).unwrap();
+        assert!(is_inherited_stack(with_stack.stack));
+        let mut child = Merger::new();
+        child.seed_inherited(heap.clone());
+        assert_eq!(child.stack(with_stack.stack), &[0x4000, 0x3ff8]);
+        // An inherited block allocated again with no free (freed before the fork, with no
+        // record) is replaced, not forced.
+        let (h, b) = chunk(20, 6, &[(false, 0x1000)]);
+        child.push_chunk(&h, &b).unwrap();
+        drain(&mut child);
+        assert_eq!(child.stats().forced_allocs, 0);
+        assert_eq!(child.stats().inherited_stale, 1);
+        assert!(!child.live_blocks().get(&0x1000).unwrap().inherited);
+    }
+
+    fn h_of(tid: u32, tick: u64) -> EventsHeader {
+        EventsHeader {
+            tid,
+            first_tick: tick,
+            last_tick: tick,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn another_threads_calls_are_ordered_against_a_fork_mark_by_its_place() {
+        // Thread 1 allocates A (reading 0) and forks (reading 2); thread 2 allocates B
+        // (reading 1) and C (reading 3). The heap at the fork is A and B.
+        let mut one = Writer::new();
+        one.u8(10 | 0x20).varint(0);
+        one.u8(0).svarint(0xa00).varint(16);
+        one.u8(10 | 0x20).varint(2);
+        one.u8(14 | 0x20).varint(1);
+        let two = ordered(2, 3, &[(false, 0xb000, 1), (false, 0xc000, 3)]);
+        for two_first in [false, true] {
+            let mut m = Merger::new();
+            if two_first {
+                m.push_chunk(&two.0, &two.1).unwrap();
+            }
+            m.push_chunk(&h_of(1, 3), &one.bytes).unwrap();
+            if !two_first {
+                m.push_chunk(&two.0, &two.1).unwrap();
+            }
+            let (calls, forks) = drain_with_forks(&mut m);
+            assert_eq!(calls.len(), 3);
+            let heap = &forks[0].1;
+            let mut at_fork: Vec<u64> = heap.blocks.iter().map(|(&a, _)| a).collect();
+            at_fork.sort();
+            assert_eq!(at_fork, [0xa000, 0xb000], "thread 2 first: {two_first}");
+        }
     }
 
     #[test]

@@ -187,6 +187,8 @@ mod tests {
                         w.u8(KIND_STATS).u8(2).u8(1).u8(3);
                         w.bytes.extend_from_slice(b"abc");
                         w.varint(r >> 40);
+                        // A fork's mark (lost, flag 0x20).
+                        w.u8(14 | 0x20).varint(i);
                     }
                     _ => {
                         // Reuse what was freed last, or a fresh block.
@@ -254,6 +256,9 @@ mod tests {
                 ..
             }
         )));
+        assert!(want
+            .iter()
+            .any(|(_, r)| matches!(r, Record::Forked { mark: 50.. })));
         assert_eq!(decode_all(&packed, true), want);
     }
 

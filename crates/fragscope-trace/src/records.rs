@@ -119,6 +119,10 @@ pub struct Process {
     pub start_tick: u64,
     pub argv: Vec<String>,
     pub exe: String,
+    /// A forked process: the mark of its fork among its parent's calls (the parent's
+    /// [`crate::event::Record::Forked`]), where its heap is its parent's. Absent from
+    /// older traces, and when the fork could not be marked.
+    pub fork_mark: Option<u32>,
 }
 
 impl Process {
@@ -134,6 +138,7 @@ impl Process {
             w.str(a);
         }
         w.str(&self.exe);
+        w.varint(self.fork_mark.map_or(0, u64::from));
         w.bytes
     }
     pub fn decode(data: &[u8]) -> Result<Self, TraceError> {
@@ -154,6 +159,12 @@ impl Process {
         let n = r.count(1)?;
         let argv = (0..n).map(|_| r.string()).collect::<Result<_, _>>()?;
         let exe = r.string()?;
+        // Added after the chunk was first written.
+        let fork_mark = if r.is_empty() {
+            None
+        } else {
+            Some(r.varint()? as u32).filter(|&m| m != 0)
+        };
         Ok(Self {
             stream,
             pid,
@@ -163,6 +174,7 @@ impl Process {
             start_tick,
             argv,
             exe,
+            fork_mark,
         })
     }
 }
@@ -1173,8 +1185,18 @@ mod tests {
             start_tick: 9,
             argv: vec!["x".into()],
             exe: "/bin/x".into(),
+            fork_mark: Some(7),
         };
         assert_eq!(Process::decode(&p.encode()).unwrap(), p);
+        // A Process written before the fork mark existed ends at the exe.
+        let mut old = p.encode();
+        old.pop();
+        let unmarked = Process {
+            fork_mark: None,
+            ..p.clone()
+        };
+        assert_eq!(Process::decode(&old).unwrap(), unmarked);
+        assert_eq!(Process::decode(&unmarked.encode()).unwrap(), unmarked);
         let maps = Maps {
             stream: 1,
             tick: 5,
@@ -1255,9 +1277,11 @@ mod tests {
             start_tick: 9,
             argv: vec!["abc".into()],
             exe: "/bin/x".into(),
+            fork_mark: None,
         };
         let bytes = p.encode();
-        for cut in 0..bytes.len() {
+        // Cut at the last byte, it reads as a Process from before the fork mark.
+        for cut in 0..bytes.len() - 1 {
             assert!(Process::decode(&bytes[..cut]).is_err(), "cut at {cut}");
         }
     }

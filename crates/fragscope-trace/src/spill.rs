@@ -25,6 +25,7 @@ use crate::TraceError;
 const SEGMENT_ITEMS: u32 = 1024;
 /// An item's first byte: the call's function, and which of its fields follow.
 const STATS_TAG: u8 = 0x80;
+const FORKED_TAG: u8 = 0x81;
 const FUNC_BITS: u8 = 0x0f;
 const HAS_OLD_ADDR: u8 = 0x10;
 const HAS_ALIGN: u8 = 0x20;
@@ -213,7 +214,7 @@ impl ThreadSpill {
 fn encode(w: &mut Writer, prev: &mut Previous, (item, place): &(Merged, u64)) {
     let tick = match item {
         Merged::Call(c) => c.tick,
-        Merged::Stats { tick, .. } => *tick,
+        Merged::Stats { tick, .. } | Merged::Forked { tick, .. } => *tick,
     };
     match item {
         Merged::Call(c) => {
@@ -224,6 +225,7 @@ fn encode(w: &mut Writer, prev: &mut Previous, (item, place): &(Merged, u64)) {
                 | if sized { HAS_SIZE } else { 0 })
         }
         Merged::Stats { .. } => w.u8(STATS_TAG),
+        Merged::Forked { .. } => w.u8(FORKED_TAG),
     };
     w.svarint(tick.wrapping_sub(prev.tick) as i64)
         .svarint(place.wrapping_sub(prev.place) as i64);
@@ -250,6 +252,9 @@ fn encode(w: &mut Writer, prev: &mut Previous, (item, place): &(Merged, u64)) {
             for (name, v) in values {
                 w.str(name).varint(*v);
             }
+        }
+        Merged::Forked { mark, .. } => {
+            w.varint((*mark).into());
         }
     }
 }
@@ -279,6 +284,10 @@ fn decode_into(
                 source,
                 values,
             }
+        } else if tag == FORKED_TAG {
+            let mark = u32::try_from(r.varint()?)
+                .map_err(|_| TraceError::Malformed("spilled fork mark".into()))?;
+            Merged::Forked { tick, mark }
         } else {
             let func = Func::from_kind(tag & FUNC_BITS)
                 .ok_or_else(|| TraceError::Malformed(format!("spilled call of kind {tag}")))?;
@@ -353,6 +362,14 @@ mod tests {
             .map(|i| {
                 if i.is_multiple_of(700) {
                     stats(i)
+                } else if i % 700 == 350 {
+                    (
+                        Merged::Forked {
+                            tick: 1000 + i / 7,
+                            mark: i as u32,
+                        },
+                        (i % 7) * 2,
+                    )
                 } else {
                     call(i)
                 }

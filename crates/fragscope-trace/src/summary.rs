@@ -182,6 +182,7 @@ pub fn summarize(
                             Record::Tick { .. }
                             | Record::Usable { .. }
                             | Record::Joined { .. }
+                            | Record::Forked { .. }
                             | Record::Order { .. },
                         )) => {}
                         Ok(None) => break,

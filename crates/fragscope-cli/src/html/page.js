@@ -426,6 +426,7 @@
     }
     const L = R.leaks;
     s.append(el("h3", {}, (L.at_exit ? "Leaked at exit: " : "Live when the trace ends: ") + bytes(L.leaked_bytes) + " in " + count(L.leaked_blocks) + " blocks"));
+    if (L.inherited_live_blocks) s.append(el("p", { class: "note" }, "Not counted: " + bytes(L.inherited_live_bytes) + " in " + count(L.inherited_live_blocks) + " blocks inherited from its parent at the fork and kept."));
     if (S.by_leaked_bytes.length) s.append(table(["site", "leaked", "allocations"], S.by_leaked_bytes.map((r) => [r[0], bytes(r[6]), count(r[4])]), "sites"));
     s.append(el("h3", {}, "Temporary allocations: " + count(L.temporary_allocations) + " of " + count(L.allocations) + " (freed by their thread before it allocated anything else)"));
     if (S.by_temporary_allocations.length) s.append(table(["site", "temporary", "allocations"], S.by_temporary_allocations.map((r) => [r[0], count(r[7]), count(r[4])]), "sites"));
@@ -525,6 +526,7 @@
     if (M && M.attached) h.append(el("p", { class: "note" }, M.starting_blocks !== null
       ? "Recorded from the moment fragscope attached to the running process; its heap then held " + count(M.starting_blocks) + " blocks (" + bytes(M.starting_bytes) + "), read from glibc's heap, which count as live data from the start" + (M.unknown_frees ? " (" + count(M.unknown_frees) + " frees of blocks whose allocation was in flight as its calls were rebound or put back are counted apart)." : ".")
       : "Recorded from the moment fragscope attached to the running process, whose heap was not read then: its " + count(M.unknown_frees) + " frees of blocks allocated before are counted apart, and live data counts only blocks allocated since."));
+    if (M && M.inherited_blocks !== null && M.inherited_blocks !== undefined) h.append(el("p", { class: "note" }, "Started from its parent's heap " + (M.inherited_from_parent_end ? "as the parent's calls end in this cut trace, before the fork" : "at the fork") + " (pid " + M.forked_from + "): " + count(M.inherited_blocks) + " blocks (" + bytes(M.inherited_bytes) + "), which count as live data from the start and whose frees are known" + (M.inherited_stale ? " (" + count(M.inherited_stale) + " of them had been freed around the fork with no record: their addresses were allocated again)." : ".")));
     if (M && M.inherited_frees) h.append(el("p", { class: "note" }, count(M.inherited_frees) + " frees of blocks this process inherited from its parent (pid " + M.forked_from + ") at the fork are counted apart; the blocks it inherited and kept are not in its live data."));
     for (const u of R.untraced || []) h.append(el("p", { class: "warn" }, "Not traced, its calls are missing: pid " + u.pid + " (" + (u.argv.join(" ") || u.path) + ")" + (u.exec_by_pid === null ? "" : ", exec'd by pid " + u.exec_by_pid) + ": " + u.reason));
     h.append(el("p", { class: "headline" }, R.headline.sentence));
