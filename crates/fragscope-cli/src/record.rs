@@ -199,7 +199,26 @@ pub fn run(a: RecordArgs) -> Result<ExitCode> {
             }
         );
     }
-    for p in &out.silent_processes {
+    // A program the user named, or one big enough to hide a heap, gets the warning; small
+    // tools it ran that need no malloc (true, sleep) one line together.
+    const SMALL_RSS_KIB: u64 = 32 << 10;
+    let (warned, small): (Vec<_>, Vec<_>) = out
+        .silent_processes
+        .iter()
+        .partition(|p| p.main || p.go || p.peak_rss_kib >= SMALL_RSS_KIB);
+    if !small.is_empty() {
+        let shown: Vec<&str> = small.iter().take(3).map(|p| p.label.as_str()).collect();
+        eprintln!(
+            "fragscope: note: {} small process{} made no malloc-family call (under {} MiB of \
+             RSS: a tool that needs no heap, most likely): {}{}",
+            small.len(),
+            if small.len() == 1 { "" } else { "es" },
+            SMALL_RSS_KIB >> 10,
+            shown.join(", "),
+            if small.len() > shown.len() { ", ..." } else { "" }
+        );
+    }
+    for p in warned {
         if p.go {
             eprintln!(
                 "fragscope: warning: {} made no malloc-family call: it is a Go program, whose \

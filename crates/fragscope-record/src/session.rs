@@ -108,6 +108,11 @@ pub struct SilentProcess {
     pub label: String,
     /// Its executable is a Go program (whose runtime does not allocate through malloc).
     pub go: bool,
+    /// The program fragscope started (its first image), rather than one it ran.
+    pub main: bool,
+    /// Its highest VmRSS at a snapshot, in KiB: a small tool that needs no malloc (true,
+    /// sleep) is told apart from a program whose heap fragscope cannot see.
+    pub peak_rss_kib: u64,
 }
 
 /// How a recording ended.
@@ -1657,10 +1662,13 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             .iter()
             // A child that exec'd before its first call (as fork+exec usually does) is
             // not a program without malloc.
-            .filter(|s| s.event_bytes == 0 && !matches!(s.end, Some((EndHow::Exec, _))))
-            .map(|s| SilentProcess {
+            .enumerate()
+            .filter(|(_, s)| s.event_bytes == 0 && !matches!(s.end, Some((EndHow::Exec, _))))
+            .map(|(i, s)| SilentProcess {
                 label: s.label.clone(),
                 go: crate::launch::is_go_program(Path::new(&s.exe)),
+                main: i == 0,
+                peak_rss_kib: s.peak_rss_at_snapshot,
             })
             .collect();
         (procs.streams.len() as u32, silent)
