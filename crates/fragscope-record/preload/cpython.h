@@ -51,7 +51,8 @@ static const struct py_layout py_layouts[] = {
 };
 
 /* 0: no CPython seen yet; 1: CPython, not wrapped yet; 2: wrapped; 3: never (no
- * CPython, an unknown release, a debug or free-threaded build). */
+ * CPython, an unknown release, a debug or free-threaded build: `py_unsampled` says
+ * why, when it is CPython). */
 static int py_state;
 static const struct py_layout *py_layout;
 static int (*py_is_initialized)(void);
@@ -76,7 +77,10 @@ static size_t py_live_cap, py_live_len;
 /* Frames are named by (code object, instruction offset). Every call on the log is made
  * with the GIL held. */
 static struct sample_log py_log; /* zero-initialised, so in .bss: not in the file */
-enum { PY_REC_ALLOC = 1, PY_REC_FREE = 2 };
+enum { PY_REC_ALLOC = 1, PY_REC_FREE = 2, PY_REC_UNSAMPLED = 6 };
+/* Why a CPython process's objects are not sampled (empty: they are, or it is not
+ * CPython), sent once per process so that the report can say it. */
+static char py_unsampled[200];
 
 static uint32_t py_frame_id(void *code, int addrq) {
     uint32_t slot;
@@ -250,32 +254,76 @@ static void py_free(void *ctx, void *ptr) {
     a->free(a->ctx, ptr);
 }
 
-/* At start: is this CPython, of a release whose frames we can read? */
+/* Sends why this process's objects are not sampled, if it is CPython and they are not:
+ * once at start, and again in a forked child (a process, and a report, of its own). */
+static void py_tell_unsampled(void) {
+    size_t n = strnlen(py_unsampled, sizeof py_unsampled);
+    if (!n) return;
+    py_log.msg_type = MSG_PYTHON;
+    uint8_t *o = log_reserve(&py_log, 16 + n);
+    if (!o) return;
+    *o++ = PY_REC_UNSAMPLED;
+    o = put_bytes(o, py_unsampled, n);
+    log_commit(&py_log, o);
+    log_flush(&py_log);
+}
+
+/* At start: is this CPython, of a release whose frames we can read? When it is CPython
+ * and they cannot be read, `py_unsampled` says why. */
 static void py_detect(void) {
     py_state = 3;
     py_set_allocator = dlsym(RTLD_DEFAULT, "PyMem_SetAllocator");
-    if (!py_set_allocator) return;
+    if (!py_set_allocator || stacks_mode == 0) return;
     const char *(*version)(void) = dlsym(RTLD_DEFAULT, "Py_GetVersion");
-    py_get_allocator = dlsym(RTLD_DEFAULT, "PyMem_GetAllocator");
-    py_is_initialized = dlsym(RTLD_DEFAULT, "Py_IsInitialized");
-    py_gil_check = dlsym(RTLD_DEFAULT, "PyGILState_Check");
+    /* "3.14.0 (main, ...) [GCC ...]": the release is its first word. */
+    char release[32] = "";
+    if (version) sscanf(version(), "%31s", release);
+#define PY_NEED(var, name)                                                                     \
+    if (!(var = dlsym(RTLD_DEFAULT, name))) {                                                  \
+        snprintf(py_unsampled, sizeof py_unsampled,                                            \
+                 "this CPython %s does not export %s, which the sampler calls", release,       \
+                 name);                                                                        \
+        return;                                                                                \
+    }
+    if (!version) {
+        snprintf(py_unsampled, sizeof py_unsampled,
+                 "this CPython does not export Py_GetVersion, which names its release");
+        return;
+    }
+    PY_NEED(py_get_allocator, "PyMem_GetAllocator")
+    PY_NEED(py_is_initialized, "Py_IsInitialized")
+    PY_NEED(py_gil_check, "PyGILState_Check")
     py_current_tstate = dlsym(RTLD_DEFAULT, "_PyThreadState_UncheckedGet");
-    if (!py_current_tstate) py_current_tstate = dlsym(RTLD_DEFAULT, "PyThreadState_GetUnchecked");
-    py_addr2line = dlsym(RTLD_DEFAULT, "PyCode_Addr2Line");
-    py_utf8 = dlsym(RTLD_DEFAULT, "PyUnicode_AsUTF8");
-    py_incref = dlsym(RTLD_DEFAULT, "Py_IncRef");
-    py_code_type = dlsym(RTLD_DEFAULT, "PyCode_Type");
-    if (!version || !py_get_allocator || !py_is_initialized || !py_gil_check ||
-        !py_current_tstate || !py_addr2line || !py_utf8 || !py_incref || !py_code_type)
-        return;
+    if (!py_current_tstate) PY_NEED(py_current_tstate, "PyThreadState_GetUnchecked")
+    PY_NEED(py_addr2line, "PyCode_Addr2Line")
+    PY_NEED(py_utf8, "PyUnicode_AsUTF8")
+    PY_NEED(py_incref, "Py_IncRef")
+    PY_NEED(py_code_type, "PyCode_Type")
+#undef PY_NEED
     /* Debug and free-threaded builds lay objects out differently. */
-    if (dlsym(RTLD_DEFAULT, "_Py_NegativeRefcount") || dlsym(RTLD_DEFAULT, "_Py_MergeZeroLocalRefcount"))
+    if (dlsym(RTLD_DEFAULT, "_Py_NegativeRefcount")) {
+        snprintf(py_unsampled, sizeof py_unsampled,
+                 "CPython %s is a debug build (Py_DEBUG), whose objects fragscope does not "
+                 "read", release);
         return;
+    }
+    if (dlsym(RTLD_DEFAULT, "_Py_MergeZeroLocalRefcount")) {
+        snprintf(py_unsampled, sizeof py_unsampled,
+                 "CPython %s is a free-threaded build, whose objects fragscope does not read",
+                 release);
+        return;
+    }
     int major = 0, minor = 0;
-    if (sscanf(version(), "%d.%d", &major, &minor) != 2 || major != 3) return;
-    for (size_t i = 0; i < sizeof py_layouts / sizeof *py_layouts; i++)
-        if (py_layouts[i].minor == minor) py_layout = &py_layouts[i];
-    if (!py_layout || stacks_mode == 0) return;
+    if (sscanf(release, "%d.%d", &major, &minor) == 2 && major == 3)
+        for (size_t i = 0; i < sizeof py_layouts / sizeof *py_layouts; i++)
+            if (py_layouts[i].minor == minor) py_layout = &py_layouts[i];
+    if (!py_layout) {
+        snprintf(py_unsampled, sizeof py_unsampled,
+                 "fragscope reads the frames of CPython 3.%d to 3.%d, not %s's",
+                 py_layouts[0].minor, py_layouts[sizeof py_layouts / sizeof *py_layouts - 1].minor,
+                 release[0] ? release : "this release");
+        return;
+    }
     py_mean_bytes = sample_mean_bytes / 8 < 1 ? 1 : sample_mean_bytes / 8;
     if (stacks_mode == 2) py_mean_bytes = 1;
     /* The header's seq carries the sampling mean in bytes (the reader scales by it). */
