@@ -8,7 +8,7 @@
  * PyMem_SetAllocator, as tracemalloc.start() does at run time; PYTHONMALLOC and pymalloc
  * itself are left as they are. Allocations are sampled like native ones (a Poisson
  * process over bytes, a mean of FRAGSCOPE_SAMPLE_BYTES / 8), each sample with the Python
- * stack read from the thread's frames in place (layouts of 3.8 to 3.13, checked against
+ * stack read from the thread's frames in place (layouts of 3.8 to 3.14, checked against
  * PyCode_Type at every frame), never by materialising frame objects, which would
  * allocate and could run the collector inside an allocation. A sampled object's free is
  * recorded too (one table lookup per free), so the reader knows which samples survive.
@@ -33,21 +33,33 @@ enum { PY_DOMAIN_MEM = 1, PY_DOMAIN_OBJ = 2 };
 /* Where a thread's current frame, its caller, code object and instruction are, by
  * release. `chain`: 0 PyFrameObjects from tstate->frame (3.8-3.10); 1 interpreter
  * frames from tstate->cframe->current_frame (3.11, 3.12); 2 from tstate->current_frame
- * (3.13). Offsets from each release's headers (offsetof, x86-64). */
+ * (3.13, 3.14). Offsets from each release's headers (offsetof, x86-64; 3.14's from
+ * Debian's 3.14 headers with its pyconfig.h). */
 struct py_layout {
     int minor, chain;
     int ts_frame, cframe_current, back, code, instr;
     int lasti_scale; /* chain 0: f_lasti in bytes (1) or code units (2) */
-    int owner;       /* -1: none; frames owned by the C stack (3) are skipped */
-    int co_filename, co_name, co_code;
+    /* -1: none; else the frame's owner byte, and frames owned by the C stack or the
+     * interpreter (3 and up: 3.12-3.13's CSTACK, 3.14's INTERPRETER and CSTACK) are
+     * skipped, as CPython's own _PyFrame_IsIncomplete skips them. */
+    int owner;
+    int co_filename, co_name, co_code; /* co_name: co_qualname from 3.11 */
+    /* -1: none; else `_co_firsttraceable` (in code units): a frame before it has not
+     * started (3.14's __init__ shim, _Py_InitCleanup, never does) and is skipped, as
+     * _PyFrame_IsIncomplete skips it. */
+    int co_firsttraceable;
+    /* Low bits of the frame's code reference that are tags, not address: 3.14's
+     * f_executable is a _PyStackRef (deferred-reference and tagged-int bits). */
+    uintptr_t code_tag_bits;
 };
 static const struct py_layout py_layouts[] = {
-    {8, 0, 24, 0, 24, 32, 104, 1, -1, 104, 112, 0},
-    {9, 0, 24, 0, 24, 32, 104, 1, -1, 104, 112, 0},
-    {10, 0, 24, 0, 24, 32, 96, 2, -1, 104, 112, 0},
-    {11, 1, 56, 8, 48, 32, 56, 0, 69, 112, 128, 184},
-    {12, 1, 56, 0, 8, 0, 56, 0, 70, 112, 128, 192},
-    {13, 2, 72, 0, 8, 0, 56, 0, 70, 112, 128, 200},
+    {8, 0, 24, 0, 24, 32, 104, 1, -1, 104, 112, 0, -1, 0},
+    {9, 0, 24, 0, 24, 32, 104, 1, -1, 104, 112, 0, -1, 0},
+    {10, 0, 24, 0, 24, 32, 96, 2, -1, 104, 112, 0, -1, 0},
+    {11, 1, 56, 8, 48, 32, 56, 0, 69, 112, 128, 184, -1, 0},
+    {12, 1, 56, 0, 8, 0, 56, 0, 70, 112, 128, 192, -1, 0},
+    {13, 2, 72, 0, 8, 0, 56, 0, 70, 112, 128, 200, -1, 0},
+    {14, 2, 72, 0, 8, 0, 56, 0, 74, 112, 128, 208, 192, 3},
 };
 
 /* 0: no CPython seen yet; 1: CPython, not wrapped yet; 2: wrapped; 3: never (no
@@ -110,11 +122,11 @@ static int py_walk(uint32_t *ids) {
     int n = 0;
     for (int steps = 0; f && n < PY_MAX_FRAMES && steps < 4 * PY_MAX_FRAMES; steps++) {
         char *next = *(char **)(f + L->back);
-        if (L->owner >= 0 && *(uint8_t *)(f + L->owner) == 3) {
+        if (L->owner >= 0 && *(uint8_t *)(f + L->owner) >= 3) {
             f = next;
             continue;
         }
-        char *code = *(char **)(f + L->code);
+        char *code = (char *)(*(uintptr_t *)(f + L->code) & ~L->code_tag_bits);
         if (!code || *(void **)(code + 8) != py_code_type) {
             py_frames_walked_bad++;
             break;
@@ -126,6 +138,11 @@ static int py_walk(uint32_t *ids) {
             char *instr = *(char **)(f + L->instr);
             char *start = code + L->co_code;
             addrq = instr >= start ? (int)(instr - start) : -1;
+            if (L->co_firsttraceable >= 0 && *(uint8_t *)(f + L->owner) != 1 /* generator */ &&
+                addrq < 2 * *(int *)(code + L->co_firsttraceable)) {
+                f = next;
+                continue;
+            }
         }
         uint32_t id = py_frame_id(code, addrq);
         if (!id) break;
