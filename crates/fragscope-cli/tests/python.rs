@@ -521,3 +521,37 @@ fn a_cpython_without_python_lines_is_told_why() {
     let html = std::fs::read_to_string(&page).unwrap();
     assert!(html.contains("python_sites_note") && html.contains("is a debug build"));
 }
+
+/// Each forked worker of such a CPython is a process (and a report) of its own, and is
+/// told the same reason, not left with none or a guessed one.
+#[test]
+fn every_forked_worker_of_a_cpython_without_python_lines_is_told_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("debug-pool.fsc");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "--snapshot-ms", "300", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg("/usr/bin/python3-dbg")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/pool_workers.py"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let info = common::info(&trace);
+    let processes = info["processes"].as_array().unwrap();
+    assert_eq!(processes.len(), 3, "{info}");
+    for p in processes {
+        let pid = p["pid"].as_u64().unwrap().to_string();
+        let out = common::fragscope(&[
+            "report".as_ref(),
+            trace.as_os_str(),
+            "--json".as_ref(),
+            "--pid".as_ref(),
+            pid.as_ref(),
+        ]);
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let note = report["python_sites_note"].as_str().unwrap_or_default();
+        assert!(note.contains("is a debug build"), "pid {pid}: {note:?}");
+    }
+}
