@@ -31,13 +31,15 @@ for entry in "${entries[@]}"; do
   dir=$chroots/$suite
   start=$SECONDS
   scripts/chroot.sh "$suite" "$dir" "$python" libunwind8
-  work=$dir/tmp/fragscope-matrix
+  # Not named fragscope-*: the recorder sweeps such directories from the temporary
+  # directory as rendezvous a killed recorder left.
+  work=$dir/tmp/version-matrix
   rm -rf "$work"
   mkdir -p "$work"
   install -m 755 "$bin" "$dir/usr/local/bin/fragscope"
   cp tests/python/keep_a_tenth.py "$work/"
   status=0
-  scripts/chroot.sh run "$dir" sh -c "cd /tmp/fragscope-matrix && for mode in scattered first; do
+  scripts/chroot.sh run "$dir" sh -c "cd /tmp/version-matrix && for mode in scattered first; do
     fragscope record --snapshot-ms 300 -o \$mode.fsc -- $python keep_a_tenth.py 300000 1 \$mode \
       >>record.log 2>&1 && fragscope report --json \$mode.fsc >\$mode.json || exit 1; done" || status=$?
   if ((status)); then
