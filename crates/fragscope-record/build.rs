@@ -29,8 +29,11 @@ fn main() {
             "-fno-strict-aliasing",
             "-Wall",
             "-Wextra",
+            // A call to a function not declared would otherwise build and fail only when
+            // a program loads the interposer.
+            "-Werror=implicit-function-declaration",
         ])
-        .args(["-Wl,-z,now", "-o"])
+        .args(["-Wl,-z,now", "-Wl,--no-undefined", "-o"])
         .arg(&out)
         .arg(&src)
         .args(["-ldl", "-lpthread", "-lm"])

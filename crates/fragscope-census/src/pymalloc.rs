@@ -2,7 +2,7 @@
 //!
 //! pymalloc serves every request of 512 bytes or less from *pools* (one size class
 //! each) carved out of *arenas* it maps itself, so malloc never sees those objects. Each
-//! pool starts with a header whose layout has not changed from Python 2.7 to 3.13
+//! pool starts with a header whose layout has not changed from Python 2.7 to 3.14
 //! (Objects/obmalloc.c, `struct pool_header`, 64-bit):
 //!
 //! | offset | field | read as |

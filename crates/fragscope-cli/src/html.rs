@@ -284,6 +284,7 @@ fn malloc_data(r: &Report) -> Value {
         "pymalloc_note": r.pymalloc_note,
         "pymalloc": pymalloc_data(r),
         "python_sites": r.python_sites,
+        "python_sites_note": r.python_sites_note,
         "lisp_sites": r.lisp_sites,
     })
 }

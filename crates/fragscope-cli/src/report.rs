@@ -721,6 +721,9 @@ fn pymalloc(o: &mut String, r: &Report) {
         let s = &r.snapshots[i];
         s.pymalloc.as_ref().map(|p| (s, p))
     }) else {
+        if let Some(note) = &r.python_sites_note {
+            let _ = writeln!(o, "note: {note}");
+        }
         return;
     };
     let (s, p) = p;
@@ -975,6 +978,9 @@ fn lisp_sites(o: &mut String, r: &Report) {
 
 /// The Python lines whose sampled objects survive in pymalloc's arenas.
 fn python_sites(o: &mut String, r: &Report) {
+    if let Some(note) = &r.python_sites_note {
+        let _ = writeln!(o, "  {note}");
+    }
     let Some(ps) = &r.python_sites else {
         return;
     };

@@ -462,4 +462,96 @@ fn the_first_lines_name_pymalloc_when_its_arenas_hold_the_waste() {
         text.contains("no census of the pymalloc arenas at"),
         "{text}"
     );
+    // No lines, as asked: said in the pymalloc part, not in the headline.
+    let note = report["python_sites_note"].as_str().unwrap();
+    assert_eq!(
+        note,
+        "Python lines are not sampled: recorded with --stacks none."
+    );
+    assert!(text.contains(note), "{text}");
+    assert!(!headline["sentence"].as_str().unwrap().contains(note));
+}
+
+/// A CPython whose frames the sampler does not read (here Debian's debug build, whose
+/// objects are laid out differently) gets no Python lines, and the report says why: in
+/// the JSON, the text's pymalloc part, the headline when pymalloc's arenas make it, and
+/// the HTML page.
+#[test]
+fn a_cpython_without_python_lines_is_told_why() {
+    let python = Path::new("/usr/bin/python3-dbg");
+    assert!(
+        python.exists(),
+        "{} is missing: scripts/install-deps.sh installs python3-dbg",
+        python.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("debug-build.fsc");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "--snapshot-ms", "300", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(python)
+        .arg(script())
+        .args(["100000", "1", "scattered"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let report = report_json(&trace);
+    assert!(report.get("python_sites").is_none(), "{report}");
+    let note = report["python_sites_note"].as_str().unwrap_or_default();
+    assert!(
+        note.starts_with("Python lines are not sampled: CPython 3.")
+            && note.contains("is a debug build"),
+        "{note}"
+    );
+    if report["headline"]["heap"] == "pymalloc" {
+        let sentence = report["headline"]["sentence"].as_str().unwrap();
+        assert!(sentence.contains(note), "{sentence}");
+    }
+    let text = common::report_text(&trace);
+    assert!(text.contains(note), "{text}");
+    let page = dir.path().join("debug-build.html");
+    let out = common::fragscope(&[
+        "report".as_ref(),
+        trace.as_os_str(),
+        "--html".as_ref(),
+        page.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("python_sites_note") && html.contains("is a debug build"));
+}
+
+/// Each forked worker of such a CPython is a process (and a report) of its own, and is
+/// told the same reason, not left with none or a guessed one.
+#[test]
+fn every_forked_worker_of_a_cpython_without_python_lines_is_told_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("debug-pool.fsc");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "--snapshot-ms", "300", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg("/usr/bin/python3-dbg")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/pool_workers.py"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let info = common::info(&trace);
+    let processes = info["processes"].as_array().unwrap();
+    assert_eq!(processes.len(), 3, "{info}");
+    for p in processes {
+        let pid = p["pid"].as_u64().unwrap().to_string();
+        let out = common::fragscope(&[
+            "report".as_ref(),
+            trace.as_os_str(),
+            "--json".as_ref(),
+            "--pid".as_ref(),
+            pid.as_ref(),
+        ]);
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let note = report["python_sites_note"].as_str().unwrap_or_default();
+        assert!(note.contains("is a debug build"), "pid {pid}: {note:?}");
+    }
 }

@@ -768,6 +768,11 @@ pub fn analyze(
     let pymalloc_snapshot = (0..snapshots.len())
         .filter(|&i| snapshots[i].pymalloc.is_some())
         .max_by_key(|&i| snapshots[i].pymalloc.as_ref().map_or(0, |p| p.waste()));
+    let python_sites_note = python_sites::unsampled_note(
+        &s.python,
+        pymalloc_snapshot.is_some() || s.pymalloc_note.is_some(),
+        stacks,
+    );
     // The heap with the most waste at the focus makes the sentence: a runtime's heap
     // (pymalloc's arenas, SBCL's dynamic space) has its own, when its waste is worth one.
     let focus = focus_snapshot.map(|i| &snapshots[i]);
@@ -787,7 +792,12 @@ pub fn analyze(
                         .and_then(python_sites::headline_clause)
                     {
                         Some(clause) => (dominant, format!("{sentence} Here {clause}.")),
-                        None => (dominant, sentence),
+                        // Said where the line would be, so its absence is explained
+                        // (unless the user turned stacks off).
+                        None => match python_sites_note.as_ref().filter(|_| stacks != "none") {
+                            Some(note) => (dominant, format!("{sentence} {note}")),
+                            None => (dominant, sentence),
+                        },
                     }
                 })
         }
@@ -937,6 +947,7 @@ pub fn analyze(
         pymalloc_snapshot,
         pymalloc_note: s.pymalloc_note.clone(),
         python_sites,
+        python_sites_note,
         lisp_sites,
         sbcl_snapshot,
         sbcl_note: s.sbcl_note.clone(),

@@ -30,6 +30,8 @@ pub struct PythonLog {
     events: Vec<Event>,
     /// Why some records could not be read.
     pub problem: Option<String>,
+    /// Why the interposer sampled none of this process's objects, as it said.
+    pub unsampled: Option<String>,
 }
 
 enum Event {
@@ -47,7 +49,10 @@ enum Event {
 
 impl PythonLog {
     pub fn add(&mut self, chunk: &RuntimeSamples) {
-        self.mean_bytes = chunk.mean_bytes.max(1);
+        // A buffer that only says why nothing is sampled carries no mean.
+        if chunk.mean_bytes > 0 || self.mean_bytes == 0 {
+            self.mean_bytes = chunk.mean_bytes.max(1);
+        }
         let (records, problem) = chunk.records();
         if let Some(p) = problem {
             self.problem
@@ -68,6 +73,9 @@ impl PythonLog {
                 }),
                 SampleRecord::Free { tick, address } => {
                     self.events.push(Event::Free { tick, address })
+                }
+                SampleRecord::Unsampled { reason } => {
+                    self.unsampled.get_or_insert(reason);
                 }
                 _ => {}
             }
@@ -404,6 +412,30 @@ fn stacks_of(log: &PythonLog, by_stack: HashMap<u32, StackAcc>) -> Vec<PythonSta
     stacks
 }
 
+/// Why a CPython process's report names no Python line, when it names none: what the
+/// interposer said, else what the recording shows (`stacks` as the report has it,
+/// `cpython`: the process has a pymalloc census). None when lines were sampled, or when
+/// the process is not CPython.
+pub fn unsampled_note(log: &PythonLog, cpython: bool, stacks: &str) -> Option<String> {
+    if !log.is_empty() {
+        return None;
+    }
+    if let Some(reason) = &log.unsampled {
+        return Some(format!("Python lines are not sampled: {reason}."));
+    }
+    if !cpython {
+        return None;
+    }
+    Some(if stacks == "none" {
+        "Python lines are not sampled: recorded with --stacks none.".into()
+    } else {
+        "Python lines are not sampled: no CPython object was sampled in this process (the \
+         interposer wraps CPython's allocators when it finds CPython's functions as the \
+         process starts, not in a libpython loaded later with dlopen)."
+            .into()
+    })
+}
+
 /// "objects from handlers.py:88 (handle) survive in 1 790 of the 1 850 arenas in use":
 /// the site that holds the most, when it holds a fifth of what the sampled arenas hold.
 pub fn headline_clause(s: &PythonSites) -> Option<String> {
@@ -439,6 +471,37 @@ mod tests {
             records: w.bytes,
         });
         log
+    }
+
+    /// No line without a sentence: the interposer's reason first, else what the
+    /// recording shows; nothing for a process that is not CPython or has lines.
+    #[test]
+    fn a_cpython_process_without_lines_gets_a_sentence() {
+        let told = log_of(|w| {
+            w.varint(0).u8(6).str(
+                "CPython 3.14.0 is a debug build (Py_DEBUG), whose objects fragscope does not read",
+            );
+        });
+        assert!(told.is_empty());
+        assert_eq!(
+            unsampled_note(&told, false, "sampled").as_deref(),
+            Some(
+                "Python lines are not sampled: CPython 3.14.0 is a debug build (Py_DEBUG), \
+                 whose objects fragscope does not read."
+            )
+        );
+        let silent = PythonLog::default();
+        assert!(unsampled_note(&silent, true, "sampled")
+            .unwrap()
+            .contains("no CPython object was sampled"));
+        assert!(unsampled_note(&silent, true, "none")
+            .unwrap()
+            .contains("--stacks none"));
+        assert_eq!(unsampled_note(&silent, false, "sampled"), None);
+        let sampled = log_of(|w| {
+            w.varint(0).u8(1).varint(0x10_0000).varint(64).varint(0);
+        });
+        assert_eq!(unsampled_note(&sampled, true, "sampled"), None);
     }
 
     /// Two lines: a.py:1 keeps one object in each of two arenas, b.py:2 fills a third and

@@ -392,6 +392,10 @@ pub struct Report {
     /// arenas, at the census of `pymalloc_snapshot`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub python_sites: Option<crate::python_sites::PythonSites>,
+    /// A CPython process with no Python lines: why none were sampled (an unknown release,
+    /// a debug or free-threaded build, `--stacks none`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub python_sites_note: Option<String>,
     /// An SBCL process: the Lisp functions that allocated, from sampled region refills.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lisp_sites: Option<crate::lisp_sites::LispSites>,

@@ -8,7 +8,7 @@
  * PyMem_SetAllocator, as tracemalloc.start() does at run time; PYTHONMALLOC and pymalloc
  * itself are left as they are. Allocations are sampled like native ones (a Poisson
  * process over bytes, a mean of FRAGSCOPE_SAMPLE_BYTES / 8), each sample with the Python
- * stack read from the thread's frames in place (layouts of 3.8 to 3.13, checked against
+ * stack read from the thread's frames in place (layouts of 3.8 to 3.14, checked against
  * PyCode_Type at every frame), never by materialising frame objects, which would
  * allocate and could run the collector inside an allocation. A sampled object's free is
  * recorded too (one table lookup per free), so the reader knows which samples survive.
@@ -33,25 +33,38 @@ enum { PY_DOMAIN_MEM = 1, PY_DOMAIN_OBJ = 2 };
 /* Where a thread's current frame, its caller, code object and instruction are, by
  * release. `chain`: 0 PyFrameObjects from tstate->frame (3.8-3.10); 1 interpreter
  * frames from tstate->cframe->current_frame (3.11, 3.12); 2 from tstate->current_frame
- * (3.13). Offsets from each release's headers (offsetof, x86-64). */
+ * (3.13, 3.14). Offsets from each release's headers (offsetof, x86-64; 3.14's from
+ * Debian's 3.14 headers with its pyconfig.h). */
 struct py_layout {
     int minor, chain;
     int ts_frame, cframe_current, back, code, instr;
     int lasti_scale; /* chain 0: f_lasti in bytes (1) or code units (2) */
-    int owner;       /* -1: none; frames owned by the C stack (3) are skipped */
-    int co_filename, co_name, co_code;
+    /* -1: none; else the frame's owner byte, and frames owned by the C stack or the
+     * interpreter (3 and up: 3.12-3.13's CSTACK, 3.14's INTERPRETER and CSTACK) are
+     * skipped, as CPython's own _PyFrame_IsIncomplete skips them. */
+    int owner;
+    int co_filename, co_name, co_code; /* co_name: co_qualname from 3.11 */
+    /* -1: none; else `_co_firsttraceable` (in code units): a frame before it has not
+     * started (3.14's __init__ shim, _Py_InitCleanup, never does) and is skipped, as
+     * _PyFrame_IsIncomplete skips it. */
+    int co_firsttraceable;
+    /* Low bits of the frame's code reference that are tags, not address: 3.14's
+     * f_executable is a _PyStackRef (deferred-reference and tagged-int bits). */
+    uintptr_t code_tag_bits;
 };
 static const struct py_layout py_layouts[] = {
-    {8, 0, 24, 0, 24, 32, 104, 1, -1, 104, 112, 0},
-    {9, 0, 24, 0, 24, 32, 104, 1, -1, 104, 112, 0},
-    {10, 0, 24, 0, 24, 32, 96, 2, -1, 104, 112, 0},
-    {11, 1, 56, 8, 48, 32, 56, 0, 69, 112, 128, 184},
-    {12, 1, 56, 0, 8, 0, 56, 0, 70, 112, 128, 192},
-    {13, 2, 72, 0, 8, 0, 56, 0, 70, 112, 128, 200},
+    {8, 0, 24, 0, 24, 32, 104, 1, -1, 104, 112, 0, -1, 0},
+    {9, 0, 24, 0, 24, 32, 104, 1, -1, 104, 112, 0, -1, 0},
+    {10, 0, 24, 0, 24, 32, 96, 2, -1, 104, 112, 0, -1, 0},
+    {11, 1, 56, 8, 48, 32, 56, 0, 69, 112, 128, 184, -1, 0},
+    {12, 1, 56, 0, 8, 0, 56, 0, 70, 112, 128, 192, -1, 0},
+    {13, 2, 72, 0, 8, 0, 56, 0, 70, 112, 128, 200, -1, 0},
+    {14, 2, 72, 0, 8, 0, 56, 0, 74, 112, 128, 208, 192, 3},
 };
 
 /* 0: no CPython seen yet; 1: CPython, not wrapped yet; 2: wrapped; 3: never (no
- * CPython, an unknown release, a debug or free-threaded build). */
+ * CPython, an unknown release, a debug or free-threaded build: `py_unsampled` says
+ * why, when it is CPython). */
 static int py_state;
 static const struct py_layout *py_layout;
 static int (*py_is_initialized)(void);
@@ -76,7 +89,10 @@ static size_t py_live_cap, py_live_len;
 /* Frames are named by (code object, instruction offset). Every call on the log is made
  * with the GIL held. */
 static struct sample_log py_log; /* zero-initialised, so in .bss: not in the file */
-enum { PY_REC_ALLOC = 1, PY_REC_FREE = 2 };
+enum { PY_REC_ALLOC = 1, PY_REC_FREE = 2, PY_REC_UNSAMPLED = 6 };
+/* Why a CPython process's objects are not sampled (empty: they are, or it is not
+ * CPython), sent once per process so that the report can say it. */
+static char py_unsampled[200];
 
 static uint32_t py_frame_id(void *code, int addrq) {
     uint32_t slot;
@@ -106,11 +122,11 @@ static int py_walk(uint32_t *ids) {
     int n = 0;
     for (int steps = 0; f && n < PY_MAX_FRAMES && steps < 4 * PY_MAX_FRAMES; steps++) {
         char *next = *(char **)(f + L->back);
-        if (L->owner >= 0 && *(uint8_t *)(f + L->owner) == 3) {
+        if (L->owner >= 0 && *(uint8_t *)(f + L->owner) >= 3) {
             f = next;
             continue;
         }
-        char *code = *(char **)(f + L->code);
+        char *code = (char *)(*(uintptr_t *)(f + L->code) & ~L->code_tag_bits);
         if (!code || *(void **)(code + 8) != py_code_type) {
             py_frames_walked_bad++;
             break;
@@ -122,6 +138,11 @@ static int py_walk(uint32_t *ids) {
             char *instr = *(char **)(f + L->instr);
             char *start = code + L->co_code;
             addrq = instr >= start ? (int)(instr - start) : -1;
+            if (L->co_firsttraceable >= 0 && *(uint8_t *)(f + L->owner) != 1 /* generator */ &&
+                addrq < 2 * *(int *)(code + L->co_firsttraceable)) {
+                f = next;
+                continue;
+            }
         }
         uint32_t id = py_frame_id(code, addrq);
         if (!id) break;
@@ -250,32 +271,76 @@ static void py_free(void *ctx, void *ptr) {
     a->free(a->ctx, ptr);
 }
 
-/* At start: is this CPython, of a release whose frames we can read? */
+/* Sends why this process's objects are not sampled, if it is CPython and they are not:
+ * once at start, and again in a forked child (a process, and a report, of its own). */
+static void py_tell_unsampled(void) {
+    size_t n = strnlen(py_unsampled, sizeof py_unsampled);
+    if (!n) return;
+    py_log.msg_type = MSG_PYTHON;
+    uint8_t *o = log_reserve(&py_log, 16 + n);
+    if (!o) return;
+    *o++ = PY_REC_UNSAMPLED;
+    o = put_bytes(o, py_unsampled, n);
+    log_commit(&py_log, o);
+    log_flush(&py_log);
+}
+
+/* At start: is this CPython, of a release whose frames we can read? When it is CPython
+ * and they cannot be read, `py_unsampled` says why. */
 static void py_detect(void) {
     py_state = 3;
     py_set_allocator = dlsym(RTLD_DEFAULT, "PyMem_SetAllocator");
-    if (!py_set_allocator) return;
+    if (!py_set_allocator || stacks_mode == 0) return;
     const char *(*version)(void) = dlsym(RTLD_DEFAULT, "Py_GetVersion");
-    py_get_allocator = dlsym(RTLD_DEFAULT, "PyMem_GetAllocator");
-    py_is_initialized = dlsym(RTLD_DEFAULT, "Py_IsInitialized");
-    py_gil_check = dlsym(RTLD_DEFAULT, "PyGILState_Check");
+    /* "3.14.0 (main, ...) [GCC ...]": the release is its first word. */
+    char release[32] = "";
+    if (version) sscanf(version(), "%31s", release);
+#define PY_NEED(var, name)                                                                     \
+    if (!(var = dlsym(RTLD_DEFAULT, name))) {                                                  \
+        snprintf(py_unsampled, sizeof py_unsampled,                                            \
+                 "this CPython %s does not export %s, which the sampler calls", release,       \
+                 name);                                                                        \
+        return;                                                                                \
+    }
+    if (!version) {
+        snprintf(py_unsampled, sizeof py_unsampled,
+                 "this CPython does not export Py_GetVersion, which names its release");
+        return;
+    }
+    PY_NEED(py_get_allocator, "PyMem_GetAllocator")
+    PY_NEED(py_is_initialized, "Py_IsInitialized")
+    PY_NEED(py_gil_check, "PyGILState_Check")
     py_current_tstate = dlsym(RTLD_DEFAULT, "_PyThreadState_UncheckedGet");
-    if (!py_current_tstate) py_current_tstate = dlsym(RTLD_DEFAULT, "PyThreadState_GetUnchecked");
-    py_addr2line = dlsym(RTLD_DEFAULT, "PyCode_Addr2Line");
-    py_utf8 = dlsym(RTLD_DEFAULT, "PyUnicode_AsUTF8");
-    py_incref = dlsym(RTLD_DEFAULT, "Py_IncRef");
-    py_code_type = dlsym(RTLD_DEFAULT, "PyCode_Type");
-    if (!version || !py_get_allocator || !py_is_initialized || !py_gil_check ||
-        !py_current_tstate || !py_addr2line || !py_utf8 || !py_incref || !py_code_type)
-        return;
+    if (!py_current_tstate) PY_NEED(py_current_tstate, "PyThreadState_GetUnchecked")
+    PY_NEED(py_addr2line, "PyCode_Addr2Line")
+    PY_NEED(py_utf8, "PyUnicode_AsUTF8")
+    PY_NEED(py_incref, "Py_IncRef")
+    PY_NEED(py_code_type, "PyCode_Type")
+#undef PY_NEED
     /* Debug and free-threaded builds lay objects out differently. */
-    if (dlsym(RTLD_DEFAULT, "_Py_NegativeRefcount") || dlsym(RTLD_DEFAULT, "_Py_MergeZeroLocalRefcount"))
+    if (dlsym(RTLD_DEFAULT, "_Py_NegativeRefcount")) {
+        snprintf(py_unsampled, sizeof py_unsampled,
+                 "CPython %s is a debug build (Py_DEBUG), whose objects fragscope does not "
+                 "read", release);
         return;
+    }
+    if (dlsym(RTLD_DEFAULT, "_Py_MergeZeroLocalRefcount")) {
+        snprintf(py_unsampled, sizeof py_unsampled,
+                 "CPython %s is a free-threaded build, whose objects fragscope does not read",
+                 release);
+        return;
+    }
     int major = 0, minor = 0;
-    if (sscanf(version(), "%d.%d", &major, &minor) != 2 || major != 3) return;
-    for (size_t i = 0; i < sizeof py_layouts / sizeof *py_layouts; i++)
-        if (py_layouts[i].minor == minor) py_layout = &py_layouts[i];
-    if (!py_layout || stacks_mode == 0) return;
+    if (sscanf(release, "%d.%d", &major, &minor) == 2 && major == 3)
+        for (size_t i = 0; i < sizeof py_layouts / sizeof *py_layouts; i++)
+            if (py_layouts[i].minor == minor) py_layout = &py_layouts[i];
+    if (!py_layout) {
+        snprintf(py_unsampled, sizeof py_unsampled,
+                 "fragscope reads the frames of CPython 3.%d to 3.%d, not %s's",
+                 py_layouts[0].minor, py_layouts[sizeof py_layouts / sizeof *py_layouts - 1].minor,
+                 release[0] ? release : "this release");
+        return;
+    }
     py_mean_bytes = sample_mean_bytes / 8 < 1 ? 1 : sample_mean_bytes / 8;
     if (stacks_mode == 2) py_mean_bytes = 1;
     /* The header's seq carries the sampling mean in bytes (the reader scales by it). */

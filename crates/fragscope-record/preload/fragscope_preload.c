@@ -1429,6 +1429,7 @@ static void atfork_child(void) {
     register_membarrier(); /* before the HELLO, which says whether it is */
     sock_fd = connect_recorder();
     if (sock_fd < 0 || send_hello_locked(HELLO_FORKED, fork_mark) != 0) tracing = 0;
+    if (tracing) py_tell_unsampled();
     next_idle_scan = 0;
     if (mine) emit_own_memory(mine);
 }
@@ -1498,6 +1499,7 @@ static void init_tracing(void) {
     atomic_store(&stats_answered, clock_page->stats_request);
     tracing = 1;
     py_detect();
+    py_tell_unsampled();
 }
 
 /* A dlsym or dlopen that fails leaves the thread an error message, malloc'ed then (under

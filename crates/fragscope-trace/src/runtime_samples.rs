@@ -52,6 +52,9 @@ pub enum SampleRecord {
         bytes: u64,
         stack: u32,
     },
+    /// CPython: this process's objects are not sampled, and why (an unknown release, a
+    /// debug or free-threaded build, a function the sampler needs not exported).
+    Unsampled { reason: String },
 }
 
 impl RuntimeSamples {
@@ -174,6 +177,9 @@ fn next_record(r: &mut Reader<'_>, tick: &mut u64) -> Result<SampleRecord, Trace
             bytes: r.varint()?,
             stack: small(r.varint()?, "stack id")?,
         },
+        6 => SampleRecord::Unsampled {
+            reason: String::from_utf8_lossy(r.bytes()?).into_owned(),
+        },
         other => {
             return Err(TraceError::Malformed(format!(
                 "sample record of unknown kind {other}"
@@ -240,6 +246,9 @@ mod tests {
                         .varint(*bytes)
                         .varint((*stack).into());
                 }
+                SampleRecord::Unsampled { reason } => {
+                    w.u8(6).str(reason);
+                }
             }
         }
         w.bytes
@@ -274,6 +283,9 @@ mod tests {
                 bytes: 30000,
                 stack: 1,
             },
+            SampleRecord::Unsampled {
+                reason: "fragscope reads the frames of CPython 3.8 to 3.14, not 3.15.0's".into(),
+            },
         ];
         let chunk = RuntimeSamples {
             stream: 3,
@@ -291,7 +303,7 @@ mod tests {
             ..chunk
         };
         let (got, err) = cut.records();
-        assert_eq!(got, records[..4]);
+        assert_eq!(got, records[..5]);
         assert!(err.is_some());
     }
 }

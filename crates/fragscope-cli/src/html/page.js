@@ -380,10 +380,13 @@
   // CPython's pymalloc at the census with the most free space, and the Python lines whose
   // sampled objects keep its arenas (the text report's pymalloc part).
   function pymallocSection(main, R) {
-    if (!R.pymalloc && !R.pymalloc_note) return;
+    if (!R.pymalloc && !R.pymalloc_note && !R.python_sites_note) return;
     const s = section(main, "CPython small objects (pymalloc)", "pymalloc");
     if (R.pymalloc_note) s.append(el("p", { class: "note" }, R.pymalloc_note));
-    if (!R.pymalloc) return;
+    if (!R.pymalloc) {
+      if (R.python_sites_note) s.append(el("p", { class: "note" }, R.python_sites_note));
+      return;
+    }
     const P = R.pymalloc.census;
     s.append(el("p", { class: "note" }, "CPython " + P.python + " at " + secs(R.pymalloc.t_ms) + ": " + bytes(P.resident) + " in " + count(P.arenas) + " arenas of " + bytes(P.arena_size) + " (" +
       count(P.arenas_in_use) + " hold a pool in use), " + count(P.pools) + " pools of " + bytes(P.pool_size) + " (" + count(P.pools_in_use) + " in use); the census paused the program " + P.pause_ms.toFixed(1) + " ms."));
@@ -397,6 +400,7 @@
     }), { cls: "pool-fill", caption: "pools in use by the share of their bytes in use" });
     s.append(el("h3", {}, "Size classes with the most free bytes in pools in use"));
     s.append(table(["block size", "pools", "in use", "free"], P.classes.slice(0, 5).map((c) => [bytes(c.block_size), count(c.pools), bytes(c.blocks_in_use * c.block_size), bytes(c.blocks_free * c.block_size)]), "pymalloc-classes"));
+    if (R.python_sites_note) s.append(el("p", { class: "note" }, R.python_sites_note));
     const Y = R.python_sites;
     if (!Y) return;
     s.append(el("h3", {}, "Python lines whose objects keep the arenas"));

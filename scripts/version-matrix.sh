@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The CPython releases README names, each recorded in a Debian chroot of its own: Debian
+# 12's 3.11, Debian 13's 3.13, unstable's 3.14. Each records tests/python/keep_a_tenth.py
+# (300000 dicts, a tenth kept scattered) and checks the report as the test suite checks
+# pyenv's releases: a pymalloc census; the Python line that keeps the arenas
+# (keep_a_tenth.py:11) named in python_sites and in the headline; the samples' estimate
+# of live bytes near the census's; and, with the first tenth kept instead, that line
+# holding a quarter of the free space or less.
+#
+#   scripts/version-matrix.sh [SUITE:PYTHON[:note]...]
+#
+# Default: bookworm:python3.11 trixie:python3.13 sid:python3.14. ":note" expects a
+# release without Python lines: no python_sites, and python_sites_note saying why.
+# Chroots are kept in $FRAGSCOPE_CHROOTS (default /var/tmp/fragscope-chroots) and reused.
+# Needs root (scripts/chroot.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+chroots=${FRAGSCOPE_CHROOTS:-/var/tmp/fragscope-chroots}
+entries=("$@")
+((${#entries[@]})) || entries=(bookworm:python3.11 trixie:python3.13 sid:python3.14)
+
+cargo build --release -q -p fragscope
+bin=${CARGO_TARGET_DIR:-$root/target}/release/fragscope
+
+passed=0
+failed=0
+for entry in "${entries[@]}"; do
+  IFS=: read -r suite python expect <<<"$entry"
+  expect=${expect:-lines}
+  dir=$chroots/$suite
+  start=$SECONDS
+  scripts/chroot.sh "$suite" "$dir" "$python" libunwind8
+  # Not named fragscope-*: the recorder sweeps such directories from the temporary
+  # directory as rendezvous a killed recorder left.
+  work=$dir/tmp/version-matrix
+  rm -rf "$work"
+  mkdir -p "$work"
+  install -m 755 "$bin" "$dir/usr/local/bin/fragscope"
+  cp tests/python/keep_a_tenth.py "$work/"
+  status=0
+  scripts/chroot.sh run "$dir" sh -c "cd /tmp/version-matrix && for mode in scattered first; do
+    fragscope record --snapshot-ms 300 -o \$mode.fsc -- $python keep_a_tenth.py 300000 1 \$mode \
+      >>record.log 2>&1 && fragscope report --json \$mode.fsc >\$mode.json || exit 1; done" || status=$?
+  if ((status)); then
+    echo "FAIL $suite $python: the recording or its report failed ($status):" >&2
+    tail -5 "$work/record.log" >&2 || true
+    failed=$((failed + 1))
+    continue
+  fi
+  # The check, on the host's python3: one line of figures, or why it failed.
+  if python3 - "$work" "$suite" "$python" "$expect" "$((SECONDS - start))" <<'EOF'; then
+import json, sys
+
+work, suite, python, expect, secs = sys.argv[1:]
+r = json.load(open(f"{work}/scattered.json"))
+first = json.load(open(f"{work}/first.json"))
+mib = lambda b: f"{b / 2**20:.1f} MiB"
+problems = []
+focus = r.get("pymalloc_snapshot")
+census = r["snapshots"][focus]["pymalloc"] if focus is not None else None
+if census is None:
+    problems.append(f"no pymalloc census ({r.get('pymalloc_note')})")
+sites = r.get("python_sites")
+note = r.get("python_sites_note")
+sentence = r["headline"]["sentence"]
+if expect == "note":
+    if sites is not None or not note or note not in sentence:
+        problems.append(f"expected no lines and a note: python_sites {sites is not None}, note {note!r}")
+    figures = f"no lines, as expected: {note}"
+else:
+    top = (sites or {}).get("sites", [{}])[0] if (sites or {}).get("sites") else {}
+    where = top.get("location", "")
+    if "keep_a_tenth.py:11 (" not in where:
+        problems.append(f"top line {where!r}, not keep_a_tenth.py:11 (note: {note!r})")
+    if "keep_a_tenth.py:11" not in sentence:
+        problems.append(f"the headline names no line: {sentence}")
+    # The samples' estimate of what lives at the census, against the census (which also
+    # counts what the interpreter made before its allocators were wrapped).
+    live = sum(s["live_bytes"] for s in (sites or {}).get("sites", []))
+    if census and not 0.5 * census["in_use"] <= live <= 1.3 * census["in_use"]:
+        problems.append(f"estimated {mib(live)} live, the census {mib(census['in_use'])}")
+    # Kept first, the same line's survivors fill their arenas and hold little.
+    first_sites = (first.get("python_sites") or {}).get("sites") or [{}]
+    first_held = first_sites[0].get("held_bytes", 0)
+    if first_held * 4 > top.get("held_bytes", 0):
+        problems.append(f"the first tenth's line holds {mib(first_held)}, the scattered's {mib(top.get('held_bytes', 0))}")
+    held = sum(s["held_bytes"] for s in (sites or {}).get("sites", [])) + (sites or {}).get("held_unattributed", 0)
+    share = top.get("held_bytes", 0) / held if held else 0
+    figures = (f"keep_a_tenth.py:11 holds {mib(top.get('held_bytes', 0))} of the {mib(held)} free in "
+               f"arenas in use ({100 * share:.0f}%), in {top.get('arenas', 0)} of "
+               f"{(sites or {}).get('arenas_in_use', 0)} arenas; {(sites or {}).get('samples', 0)} samples; "
+               f"{mib(live)} live estimated, {mib(census['in_use']) if census else '?'} in the census; "
+               f"kept first: {mib(first_held)}")
+release = census["python"] if census else "?"
+if problems:
+    print(f"FAIL {suite} {python} (CPython {release}): " + "; ".join(problems), file=sys.stderr)
+    sys.exit(1)
+print(f"ok   {suite} {python} (CPython {release}, {secs} s): {figures}")
+EOF
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+  fi
+done
+echo "version matrix: $passed passed, $failed failed"
+((failed == 0))
