@@ -215,7 +215,11 @@ pub fn run(a: RecordArgs) -> Result<ExitCode> {
             if small.len() == 1 { "" } else { "es" },
             SMALL_RSS_KIB >> 10,
             shown.join(", "),
-            if small.len() > shown.len() { ", ..." } else { "" }
+            if small.len() > shown.len() {
+                ", ..."
+            } else {
+                ""
+            }
         );
     }
     for p in warned {
