@@ -893,6 +893,14 @@ static __attribute__((noinline)) void emit_due_stats(struct thread_state *ts) {
  * A holder marks its calls in its tls_flags, without a fence; the membarrier makes the
  * pair a Dekker handshake: either the holder sees `taken` before it touches its buffer
  * (and waits), or this thread sees the holder's flag (and leaves that buffer alone). */
+/* Reads a word of this process's memory that may have been unmapped meanwhile: 1 when
+ * read, 0 (instead of a fault) when the address is gone. */
+static int read_own_word(const unsigned *p, unsigned *out) {
+    struct iovec local = {out, sizeof *out}, remote = {(void *)p, sizeof *p};
+    return syscall(SYS_process_vm_readv, my_pid, &local, 1UL, &remote, 1UL, 0UL) ==
+           (long)sizeof *out;
+}
+
 static __attribute__((noinline)) void send_idle_buffers(struct thread_state *self, uint64_t now) {
     uint64_t due = __atomic_load_n(&next_idle_scan, __ATOMIC_RELAXED);
     if (now < due || !__atomic_compare_exchange_n(&next_idle_scan, &due, now + IDLE_TICKS, 0,
@@ -921,8 +929,12 @@ static __attribute__((noinline)) void send_idle_buffers(struct thread_state *sel
             if (!__atomic_load_n(&r->taken, __ATOMIC_RELAXED)) continue;
             /* Only BUSY and FORWARD mark a holder at its buffer (REAL: inside the real
              * allocator, to record after with a later reading; TLS_RELEASE: in a join). */
-            unsigned holder = __atomic_load_n(r->flags_of_holder, __ATOMIC_RELAXED);
-            if (fenced && !(holder & (TF_BUSY | TF_FORWARD))) {
+            /* Read without trusting the address: a thread that ended without retiring
+             * (its key destructor not run yet) may have had its TLS unmapped already, as
+             * a runtime that gives threads stacks of its own does (SBCL). */
+            unsigned holder = 0;
+            int readable = read_own_word(r->flags_of_holder, &holder);
+            if (fenced && readable && !(holder & (TF_BUSY | TF_FORWARD))) {
                 /* With nothing buffered, the merge is told not to wait for the thread
                  * until its next call, which it then sends at once. */
                 if (r->len > 0) {
