@@ -213,6 +213,12 @@ struct Ctx {
 }
 
 impl Stream {
+    /// The malloc heap is unknown: the only view of it, a snapshot's census, could not
+    /// read the allocator.
+    fn heap_unread(&self) -> bool {
+        self.census.as_ref().is_some_and(|c| c.result.is_err())
+    }
+
     /// Takes every call the merge can order now; evaluates snapshots as their moment passes.
     fn drain(&mut self, ctx: &Ctx) {
         loop {
@@ -744,11 +750,7 @@ pub fn analyze(
     let peak_rss = timeline_full.iter().max_by_key(|p| p.1).map(|p| (p.0, p.1));
     let mut headline = headline(
         peak_rss,
-        // Unknown when the only view of the heap, a snapshot's census, could not read it.
-        s.census
-            .as_ref()
-            .is_none_or(|c| c.result.is_ok())
-            .then_some((s.peak_live.0, s.peak_live.1 as f64 * tick_ms)),
+        (!s.heap_unread()).then_some((s.peak_live.0, s.peak_live.1 as f64 * tick_ms)),
         focus_snapshot.map(|i| &snapshots[i]),
     );
     if focus_snapshot.is_none() && !snapshots.is_empty() {
@@ -1113,7 +1115,7 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         unexplained: other.min(0) + (vm_rss as i64 - anon as i64 - file as i64),
         rss_anon: anon,
         heap_resident: h.heap_resident,
-        malloc_unknown: s.census.as_ref().is_some_and(|c| c.result.is_err()),
+        malloc_unknown: s.heap_unread(),
     };
     // Threads answer a stats request at their next call: close to the snapshot, on
     // either side of it.

@@ -886,13 +886,6 @@ static __attribute__((noinline)) void emit_due_stats(struct thread_state *ts) {
 }
 
 /* The slow path of every event: the shared tick moved since this thread's last record. */
-/* Sends the buffers of threads that have made no call for IDLE_TICKS: a thread that
- * handed blocks to others and then waits (in accept, epoll_wait, a condition variable)
- * would otherwise keep their allocations while the others' frees of them reach the
- * recorder, which could then only force the frees. Runs in one active thread at a time.
- * A holder marks its calls in its tls_flags, without a fence; the membarrier makes the
- * pair a Dekker handshake: either the holder sees `taken` before it touches its buffer
- * (and waits), or this thread sees the holder's flag (and leaves that buffer alone). */
 /* Reads a word of this process's memory that may have been unmapped meanwhile: 1 when
  * read, 0 (instead of a fault) when the address is gone. */
 static int read_own_word(const unsigned *p, unsigned *out) {
@@ -901,6 +894,13 @@ static int read_own_word(const unsigned *p, unsigned *out) {
            (long)sizeof *out;
 }
 
+/* Sends the buffers of threads that have made no call for IDLE_TICKS: a thread that
+ * handed blocks to others and then waits (in accept, epoll_wait, a condition variable)
+ * would otherwise keep their allocations while the others' frees of them reach the
+ * recorder, which could then only force the frees. Runs in one active thread at a time.
+ * A holder marks its calls in its tls_flags, without a fence; the membarrier makes the
+ * pair a Dekker handshake: either the holder sees `taken` before it touches its buffer
+ * (and waits), or this thread sees the holder's flag (and leaves that buffer alone). */
 static __attribute__((noinline)) void send_idle_buffers(struct thread_state *self, uint64_t now) {
     uint64_t due = __atomic_load_n(&next_idle_scan, __ATOMIC_RELAXED);
     if (now < due || !__atomic_compare_exchange_n(&next_idle_scan, &due, now + IDLE_TICKS, 0,
@@ -1352,27 +1352,47 @@ static void register_membarrier(void) {
 
 static void flush_before_waiting(void);
 
+/* A record that marks this thread's place among its calls (a join, a fork), outside any
+ * call: 0 from a handler that interrupted a record (rare: the marker is skipped), else 1
+ * with TF_BUSY set until end_marker and `*ts` the thread's state (NULL when none can be
+ * had), its buffer free to write and room left for a tick, an order and the marker. */
+static int begin_marker(struct thread_state **out) {
+    if (tls_flags & TF_BUSY) return 0;
+    tls_flags |= TF_BUSY;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    int saved_errno = errno; /* the program's, around a join or a fork */
+    struct thread_state *ts = tls_state;
+    if (!ts) ts = thread_state_new();
+    if (ts) {
+        wait_until_not_taken(ts);
+        if (ts->nested_head != ts->nested_tail || ts->nested_lost) drain_nested(ts);
+        if (ts->len + 32 > BUF_CAP) flush_thread(ts);
+    }
+    errno = saved_errno;
+    *out = ts;
+    return 1;
+}
+
+static void end_marker(void) {
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    tls_flags &= ~TF_BUSY;
+}
+
 /* Marks the forking thread's place among its calls: the child's heap is the process's
  * live blocks there, and the child names the mark in its HELLO. The clock is read as a
  * call reads it, so that other threads' calls are ordered against the mark. Not from a
  * handler that interrupted a record (rare): the child then names no mark. */
 static void mark_fork(void) {
     tls_fork_mark = 0;
-    if (tls_flags & TF_BUSY) return;
+    struct thread_state *ts;
+    if (!begin_marker(&ts)) return;
     int saved_errno = errno;
-    tls_flags |= TF_BUSY;
-    __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    struct thread_state *ts = tls_state;
-    if (!ts) ts = thread_state_new();
     if (ts) {
-        wait_until_not_taken(ts);
         /* As at a call: the merge, told the thread was idle, must wait for it again. */
         if (ts->idle) {
             ts->idle = 0;
             announce_awake(ts);
         }
-        if (ts->nested_head != ts->nested_tail || ts->nested_lost) drain_nested(ts);
-        if (ts->len + 32 > BUF_CAP) flush_thread(ts);
         uint64_t now = clock_page->now, tick = now >> TICK_SHIFT;
         if (tick != ts->tick) {
             put_tagged(ts, KIND_TICK, tick - ts->tick);
@@ -1384,9 +1404,8 @@ static void mark_fork(void) {
         put_tagged(ts, KIND_LOST | FLAG_FORKED, mark);
         tls_fork_mark = mark;
     }
-    __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    tls_flags &= ~TF_BUSY;
     errno = saved_errno;
+    end_marker();
 }
 
 static void atfork_prepare(void) {
@@ -2142,23 +2161,10 @@ static void tell_joined_gone(uint32_t tid) {
 
 /* Writes a JOINED record: everything `tid` recorded came before this thread's next call. */
 static void record_joined(uint32_t tid) {
-    if (tls_flags & TF_BUSY) return; /* a handler that interrupted a record: rare, skip */
-    tls_flags |= TF_BUSY;
-    __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    struct thread_state *ts = tls_state;
-    if (!ts) {
-        int saved_errno = errno;
-        ts = thread_state_new();
-        errno = saved_errno;
-    }
-    if (ts) {
-        wait_until_not_taken(ts);
-        if (ts->nested_head != ts->nested_tail || ts->nested_lost) drain_nested(ts);
-        if (ts->len + 16 > BUF_CAP) flush_thread(ts);
-        put_tagged(ts, KIND_LOST | FLAG_JOINED, tid);
-    }
-    __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    tls_flags &= ~TF_BUSY;
+    struct thread_state *ts;
+    if (!begin_marker(&ts)) return;
+    if (ts) put_tagged(ts, KIND_LOST | FLAG_JOINED, tid);
+    end_marker();
 }
 
 /* Sends what this thread has buffered, before it starts a thread (which may free this
