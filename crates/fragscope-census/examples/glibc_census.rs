@@ -56,6 +56,7 @@ fn run() -> Result<(), String> {
                 start: m.start,
                 pages,
                 resident: vec![0xff; pages.div_ceil(8) as usize],
+                ..Default::default()
             }
         })
         .collect();

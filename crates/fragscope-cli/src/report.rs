@@ -85,11 +85,11 @@ pub fn run(a: ReportArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn secs(ms: f64) -> String {
+pub(crate) fn secs(ms: f64) -> String {
     format!("{:.2} s", ms / 1000.0)
 }
 
-fn pct(part: u64, whole: u64) -> String {
+pub(crate) fn pct(part: u64, whole: u64) -> String {
     if whole == 0 {
         "-".into()
     } else {
@@ -228,6 +228,7 @@ pub fn render(r: &Report, top: usize) -> String {
         snapshot_census(&mut o, s);
     }
     decomposition_table(&mut o, r);
+    crate::report_sharing::section(&mut o, r);
     pymalloc(&mut o, r);
     sbcl(&mut o, r);
     lisp_sites(&mut o, r);
@@ -248,23 +249,7 @@ pub fn render(r: &Report, top: usize) -> String {
         sites(&mut o, r);
         leaks_and_temporaries(&mut o, r);
     }
-    if r.processes.len() > 1 {
-        let _ = writeln!(
-            o,
-            "\nOther processes in this trace (fragscope report --pid N):"
-        );
-        for p in r.processes.iter().filter(|p| p.stream != r.stream) {
-            let _ = writeln!(
-                o,
-                "  pid {:<8} {:>9} calls  peak RSS {:>10}  {}  ({})",
-                p.pid,
-                count(p.calls),
-                p.peak_rss.map_or_else(|| "not sampled".into(), bytes),
-                p.argv.join(" "),
-                p.end
-            );
-        }
-    }
+    crate::report_sharing::processes(&mut o, r);
     if !r.untraced.is_empty() {
         let _ = writeln!(o, "\nNot traced (their calls are missing from this trace):");
         for u in &r.untraced {

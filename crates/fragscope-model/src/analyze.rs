@@ -25,6 +25,7 @@ use crate::pymalloc::{self, PymallocParts};
 use crate::python_sites::{self, PoolIndex, PythonLog};
 use crate::report::*;
 use crate::sbcl::{self, SbclParts};
+use crate::sharing::{self, Owners, PartSharing, RollupSharing, Sharing};
 use crate::symbols::{Frame, Symbolizer};
 use fragscope_trace::sbcl_heap::SbclHeap;
 
@@ -87,6 +88,9 @@ struct Evaluated {
     own_memory: u64,
     pymalloc: Option<PymallocParts>,
     sbcl: Option<SbclParts>,
+    /// Pages by owner, when the residency says which are shared (its rollup is joined
+    /// when the snapshot is reported).
+    sharing: Option<Sharing>,
 }
 
 #[derive(Default)]
@@ -115,6 +119,8 @@ struct Stream {
     starting_heap: Option<(u64, u64)>,
     merger: Merger,
     pending: VecDeque<Pagemap>,
+    /// Its residency as it started, when it was forked (`Chunk::ForkResidency`).
+    fork_residency: Option<Pagemap>,
     /// pymalloc censuses waiting for the snapshot of their tick (written just before it).
     pymalloc_pending: VecDeque<(u64, PymallocPools)>,
     /// Why the process has no pymalloc census, when it is CPython.
@@ -132,7 +138,8 @@ struct Stream {
     evaluated: Vec<Evaluated>,
     history: HeapHistory,
     rss: Vec<RssSample>,
-    rollups: Vec<(u64, u64)>,
+    /// smaps_rollup by tick: LazyFree, and the figures of sharing.
+    rollups: Vec<(u64, u64, Option<RollupSharing>)>,
     live_bytes: u64,
     usable_bytes: u64,
     /// (10 ms bucket, live, usable) at the end of each bucket with calls.
@@ -317,8 +324,34 @@ impl Stream {
 
     /// The pymalloc census taken with snapshot `pm`, split by its residency; its pages
     /// that the heap's own evaluation counted as empty heap pages are left out of `parts`.
-    fn pymalloc_at(&mut self, pm: &Pagemap, parts: &mut HeapParts) -> Option<PymallocParts> {
+    fn pymalloc_at(
+        &mut self,
+        pm: &Pagemap,
+        parts: &mut HeapParts,
+    ) -> Option<(PymallocParts, Owners)> {
         let pools = census_at(&mut self.pymalloc_pending, pm.tick)?;
+        let fork = self.fork_residency.as_ref();
+        let pool_size = u64::from(pools.pool_size);
+        let spans = || {
+            pools
+                .pools
+                .iter()
+                .map(|p| (p.address, p.address + pool_size))
+        };
+        let owners = sharing::owners_in(pm, fork, spans());
+        // Its pages in mappings the malloc heap holds too, which the heap counted as its
+        // own empty pages.
+        let held = Pagemap {
+            stream: pm.stream,
+            tick: pm.tick,
+            reason: pm.reason,
+            page_size: pm.page_size,
+            ranges: (pm.ranges.iter())
+                .filter(|r| self.history.held(r.start))
+                .cloned()
+                .collect(),
+        };
+        let in_heap_owners = sharing::owners_in(&held, fork, spans());
         let pymalloc::Split {
             parts: split,
             by_range,
@@ -337,14 +370,68 @@ impl Stream {
             .filter(|(start, _)| self.history.held(**start))
             .map(|(_, bytes)| bytes)
             .sum();
-        parts.leave_out_empty_pages(in_heap, u64::from(pm.page_size));
-        Some(split)
+        parts.leave_out_empty_pages(in_heap, &in_heap_owners, u64::from(pm.page_size));
+        Some((split, owners))
     }
 
     /// The SBCL census taken with snapshot `pm`, split by its residency.
-    fn sbcl_at(&mut self, pm: &Pagemap) -> Option<SbclParts> {
+    fn sbcl_at(&mut self, pm: &Pagemap) -> Option<(SbclParts, Owners)> {
         let heap = census_at(&mut self.sbcl_pending, pm.tick)?;
-        Some(sbcl::split(&heap, pm))
+        let space = (
+            heap.dynamic_space_start,
+            heap.dynamic_space_start + heap.dynamic_space_size,
+        );
+        let owners = sharing::owners_in(pm, self.fork_residency.as_ref(), [space]);
+        Some((sbcl::split(&heap, pm), owners))
+    }
+
+    /// The snapshot's pages by owner, when its residency says which are shared; the
+    /// malloc heap's parts when the calls placed them (`heap`), else only its total.
+    fn sharing_at(
+        &self,
+        pm: &Pagemap,
+        heap: Option<&HeapParts>,
+        pymalloc: Option<&Owners>,
+        sbcl: Option<&Owners>,
+    ) -> Option<Sharing> {
+        if !sharing::known(pm) {
+            return None;
+        }
+        let fork = self.fork_residency.as_ref();
+        let part = |name: &str, owners: Owners| PartSharing {
+            part: name.into(),
+            owners,
+        };
+        let mut parts = Vec::new();
+        if let Some(h) = heap {
+            let o = &h.owners;
+            parts.push(part("live", o.live));
+            parts.push(part("rounding", o.rounding));
+            parts.push(part("allocator_overhead", o.allocator_overhead));
+            parts.push(part("free_in_used_pages", o.free_in_used_pages));
+            parts.push(part("free_resident_pages", o.free_resident_pages));
+        }
+        if let Some(o) = pymalloc {
+            parts.push(part("pymalloc_arenas", *o));
+        }
+        if let Some(o) = sbcl {
+            parts.push(part("sbcl_dynamic_space", *o));
+        }
+        let anonymous = sharing::owners_of(pm, fork);
+        let mut other = anonymous;
+        for p in &parts {
+            other.subtract(&p.owners);
+        }
+        parts.push(part("other_anon", other));
+        Some(Sharing {
+            forked: fork.is_some(),
+            inherited: fork.map(|f| {
+                f.ranges.iter().map(|r| r.resident_pages()).sum::<u64>() * u64::from(f.page_size)
+            }),
+            anonymous,
+            parts,
+            rollup: None,
+        })
     }
 
     /// Evaluates the snapshots whose moment call `c` passed. Out of line, and `c` by
@@ -368,8 +455,10 @@ impl Stream {
             .as_ref()
             .map(|c| crate::census::heap_parts(c, &pm));
         if let Some((mut parts, classes)) = census {
-            let pymalloc = self.pymalloc_at(&pm, &mut parts);
-            let sbcl = self.sbcl_at(&pm);
+            let (pymalloc, pymalloc_owners) = self.pymalloc_at(&pm, &mut parts).unzip();
+            let (sbcl, sbcl_owners) = self.sbcl_at(&pm).unzip();
+            let sharing =
+                self.sharing_at(&pm, None, pymalloc_owners.as_ref(), sbcl_owners.as_ref());
             let live = parts.live;
             self.evaluated.push(Evaluated {
                 tick: pm.tick,
@@ -381,22 +470,38 @@ impl Stream {
                 own_memory: 0,
                 pymalloc,
                 sbcl,
+                sharing,
             });
             self.peak_live = self.peak_live.max((live, pm.tick));
             self.live_timeline.push((pm.tick / 10, live, live));
             return;
         }
         let history = &mut self.history;
+        let fork = self.fork_residency.as_ref();
         let headers = heap::BlockHeaders::of_process(self.allocator, &self.code_maps);
         let mut evaluate = |live: &LiveTable| {
-            heap::evaluate(live, &pm, history, ctx.weighting, ctx.sparse_pct, headers)
+            heap::evaluate(
+                live,
+                &pm,
+                fork,
+                history,
+                ctx.weighting,
+                ctx.sparse_pct,
+                headers,
+            )
         };
         let mut snap = match past {
             Some(c) => self.merger.with_live_before_last_pop(c, evaluate),
             None => evaluate(self.merger.live_blocks()),
         };
-        let pymalloc = self.pymalloc_at(&pm, &mut snap.parts);
-        let sbcl = self.sbcl_at(&pm);
+        let (pymalloc, pymalloc_owners) = self.pymalloc_at(&pm, &mut snap.parts).unzip();
+        let (sbcl, sbcl_owners) = self.sbcl_at(&pm).unzip();
+        let sharing = self.sharing_at(
+            &pm,
+            Some(&snap.parts),
+            pymalloc_owners.as_ref(),
+            sbcl_owners.as_ref(),
+        );
         // Keep the sites that can make a top list.
         let mut keep: Vec<SiteAtSnapshot> = snap
             .sites
@@ -421,6 +526,7 @@ impl Stream {
             own_memory: self.merger.own_memory(),
             pymalloc,
             sbcl,
+            sharing,
         });
     }
 }
@@ -568,13 +674,19 @@ pub fn analyze(
             }
             Chunk::Rollup(r) => {
                 let i = index(&mut streams, &mut by_stream, r.stream);
-                streams[i].rollups.push((r.tick, lazy_free_bytes(&r)));
+                streams[i]
+                    .rollups
+                    .push((r.tick, lazy_free_bytes(&r), RollupSharing::of(&r)));
             }
             Chunk::Pagemap(p) => {
                 let i = index(&mut streams, &mut by_stream, p.stream);
                 let s = &mut streams[i];
                 // Snapshots are evaluated when the merged calls reach their tick.
                 s.pending.push_back(p);
+            }
+            Chunk::ForkResidency(p) => {
+                let i = index(&mut streams, &mut by_stream, p.stream);
+                streams[i].fork_residency = Some(p);
             }
             Chunk::ProcessEnd(e) => {
                 let i = index(&mut streams, &mut by_stream, e.stream);
@@ -698,7 +810,10 @@ pub fn analyze(
             })
             .unwrap_or(0),
     };
-    let processes = streams.iter().map(brief).collect();
+    let processes = streams
+        .iter()
+        .map(|x| brief(x, &streams, tick_ms))
+        .collect();
     let stacks = match ctx.weighting {
         SiteWeighting::Every => "every",
         SiteWeighting::Sampled { .. } => "sampled",
@@ -874,6 +989,12 @@ pub fn analyze(
     if let Some(c) = &s.census {
         crate::census::headline(&mut headline, c, focus_snapshot.map(|i| &snapshots[i]));
     }
+    // A forked worker that copied more of its parent's memory than its heaps waste.
+    let heaps_waste = focus.map_or(0, heaps::waste);
+    if let Some((dominant, sentence)) = sharing::headline(&snapshots, heaps_waste, cpython) {
+        headline.dominant = Some(dominant.into());
+        headline.sentence = format!("{sentence} {}", headline.sentence);
+    }
     let merge = s.merger.stats();
     // A fork child's frees of blocks it never allocated are of its parent's blocks.
     let forked_from = s.parent_stream.map(|p| {
@@ -988,8 +1109,28 @@ fn lazy_free_bytes(r: &Rollup) -> u64 {
     r.get("LazyFree").unwrap_or(0) * 1024
 }
 
-fn brief(s: &Stream) -> ProcessBrief {
+fn brief(s: &Stream, streams: &[Stream], tick_ms: f64) -> ProcessBrief {
+    // Its sharing at its last snapshot that read it.
+    let sharing = s
+        .evaluated
+        .iter()
+        .rev()
+        .find_map(|e| Some((e.tick, e.sharing.as_ref()?)))
+        .map(|(tick, sh)| BriefSharing {
+            t_ms: tick as f64 * tick_ms,
+            rollup: nearest(&s.rollups, tick, |r| r.0).and_then(|r| r.2),
+            anonymous: sh.anonymous,
+            inherited: sh.inherited,
+        });
     ProcessBrief {
+        forked_from: s.parent_stream.map(|p| {
+            streams
+                .iter()
+                .find(|x| x.stream == p)
+                .map_or(s.ppid, |x| x.pid)
+        }),
+        inherited_bytes: s.inherited.map(|(_, bytes)| bytes),
+        sharing,
         stream: s.stream,
         pid: s.pid,
         ppid: s.ppid,
@@ -1083,7 +1224,8 @@ fn nearest<T>(items: &[T], tick: u64, tick_of: impl Fn(&T) -> u64) -> Option<&T>
 fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
     let h = &e.heap;
     let rss = nearest(&s.rss, e.tick, |r| r.tick);
-    let lazy_reported = nearest(&s.rollups, e.tick, |r| r.0).map_or(0, |r| r.1);
+    let rollup = nearest(&s.rollups, e.tick, |r| r.0);
+    let lazy_reported = rollup.map_or(0, |r| r.1);
     let (vm_rss, anon, file) = rss.map_or((0, 0, 0), |r| {
         (
             r.vm_rss_kib * 1024,
@@ -1164,6 +1306,10 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         sbcl: e.sbcl.clone(),
         heaps: Vec::new(),
         missing_census: Vec::new(),
+        sharing: e.sharing.clone().map(|mut sh| {
+            sh.rollup = rollup.and_then(|r| r.2);
+            sh
+        }),
     };
     snapshot.heaps = crate::heaps::at(&snapshot);
     snapshot

@@ -11,6 +11,8 @@ use fragscope_trace::merge::{FastMap, FastSet, LiveTable, PageMap};
 use fragscope_trace::records::{Pagemap, ResidentRange};
 use fragscope_trace::Mapping;
 
+use crate::sharing::{HeapOwners, Owner, Owners};
+
 /// Occupancy buckets: one for resident heap pages without a live byte, then ten of 10%.
 pub const OCCUPANCY_BUCKETS: usize = 11;
 
@@ -42,6 +44,8 @@ pub struct HeapParts {
     /// [empty, 0-10%, ..., 90-100%]: pages and live bytes.
     pub occupancy_pages: [u64; OCCUPANCY_BUCKETS],
     pub occupancy_live: [u64; OCCUPANCY_BUCKETS],
+    /// The parts above (`live` to `free_resident_pages`) by the owner of their pages.
+    pub owners: HeapOwners,
 }
 
 /// One size class (the allocator's usable size) at a snapshot.
@@ -199,7 +203,8 @@ impl HeapParts {
     /// Leaves out `bytes` of resident pages that the evaluation counted as empty heap
     /// pages but another allocator holds (pymalloc's arenas can share a mapping with
     /// malloc's).
-    pub fn leave_out_empty_pages(&mut self, bytes: u64, page_size: u64) {
+    pub fn leave_out_empty_pages(&mut self, bytes: u64, owners: &Owners, page_size: u64) {
+        self.owners.free_resident_pages.subtract(owners);
         let bytes = bytes.min(self.free_resident_pages);
         let pages = bytes / page_size.max(1);
         self.heap_resident -= bytes;
@@ -226,6 +231,9 @@ pub(crate) struct Residency<'a> {
     ranges: Vec<&'a ResidentRange>,
     shift: u32,
     last: usize,
+    /// A forked process's residency as it started: its private pages resident then were
+    /// copied since (`sharing::Owner::Copied`).
+    fork: Option<Box<Residency<'a>>>,
 }
 
 impl<'a> Residency<'a> {
@@ -236,7 +244,36 @@ impl<'a> Residency<'a> {
             ranges,
             shift: pm.page_size.max(1).trailing_zeros(),
             last: 0,
+            fork: None,
         }
+    }
+
+    /// With the residency the process had as it started from its parent's memory.
+    pub(crate) fn with_fork(mut self, fork: Option<&'a Pagemap>) -> Self {
+        self.fork = fork.map(|f| Box::new(Residency::new(f)));
+        self
+    }
+
+    /// Whom resident page `page` of range `range` belongs to (see [`Owner`]).
+    pub(crate) fn owner(&mut self, range: usize, page: u64) -> Owner {
+        let r = self.ranges[range];
+        if r.is_shared(page - (r.start >> self.shift)) == Some(true) {
+            Owner::Shared
+        } else if self
+            .fork
+            .as_mut()
+            .is_some_and(|f| f.is_resident(page).is_some())
+        {
+            Owner::Copied
+        } else {
+            Owner::Own
+        }
+    }
+
+    /// The owner of `page` when it is resident.
+    pub(crate) fn resident_owner(&mut self, page: u64) -> Option<Owner> {
+        let i = self.is_resident(page)?;
+        Some(self.owner(i, page))
     }
 
     /// The range holding `page` (a page number) and the page's index in it.
@@ -290,13 +327,14 @@ fn bucket_of(live: u64, page_size: u64) -> usize {
 pub fn evaluate(
     live: &LiveTable,
     pm: &Pagemap,
+    fork: Option<&Pagemap>,
     history: &mut HeapHistory,
     weighting: SiteWeighting,
     sparse_pct: u32,
     headers: BlockHeaders,
 ) -> HeapSnapshot {
     let ps = u64::from(pm.page_size.max(1));
-    let mut res = Residency::new(pm);
+    let mut res = Residency::new(pm).with_fork(fork);
     let shift = res.shift;
     let mut pages: PageMap<PageAcc> = PageMap::default();
     let mut held_now: HashSet<usize> = HashSet::new();
@@ -341,6 +379,10 @@ pub fn evaluate(
                     match res.is_resident(p) {
                         Some(ri) => {
                             held_now.insert(ri);
+                            let owner = res.owner(ri, p);
+                            parts
+                                .owners
+                                .add_page(owner, live_part, ps - live_part, 0, 0);
                             interior_full += 1;
                             let ic = interior_by_class.entry(usable).or_default();
                             ic.0 += 1;
@@ -393,6 +435,15 @@ pub fn evaluate(
         parts.rounding += usable_b.saturating_sub(live_b);
         parts.allocator_overhead += used_b - usable_b;
         parts.free_in_used_pages += ps - used_b;
+        if let Some(owner) = res.resident_owner(page) {
+            parts.owners.add_page(
+                owner,
+                live_b,
+                usable_b.saturating_sub(live_b),
+                used_b - usable_b,
+                ps - used_b,
+            );
+        }
         let bk = bucket_of(live_b, ps);
         parts.occupancy_pages[bk] += 1;
         parts.occupancy_live[bk] += live_b;
@@ -408,7 +459,8 @@ pub fn evaluate(
     };
     // Resident pages of heap mappings: empty ones are charged to the class that last
     // used them (0 when none did while we watched).
-    for r in &res.ranges {
+    for ri in 0..res.ranges.len() {
+        let r = res.ranges[ri];
         let resident = r.resident_pages();
         if !history.held_ranges.contains(&r.start) {
             parts.never_held_resident += resident * ps;
@@ -424,6 +476,8 @@ pub fn evaluate(
             if r.is_resident(idx) && !pages.contains_key(&page) && !in_interior(page) {
                 let class = history.last_class.get(&page).copied().unwrap_or(0);
                 *class_free.entry(class).or_default() += ps;
+                let owner = res.owner(ri, page);
+                parts.owners.free_resident_pages.add(owner, ps);
             }
         }
     }
@@ -619,6 +673,7 @@ mod tests {
                 start: 0x10000,
                 pages: 16,
                 resident: vec![0xff, 0xff],
+                ..Default::default()
             }],
         }
     }
@@ -628,6 +683,7 @@ mod tests {
         evaluate(
             live,
             &all_resident(),
+            None,
             &mut HeapHistory::default(),
             SiteWeighting::Every,
             10,
@@ -695,6 +751,7 @@ mod tests {
         let snap = evaluate(
             &live,
             &all_resident(),
+            None,
             &mut HeapHistory::default(),
             SiteWeighting::Every,
             10,
@@ -763,6 +820,7 @@ mod tests {
         evaluate(
             &live,
             &all_resident(),
+            None,
             &mut history,
             SiteWeighting::None,
             10,
@@ -774,6 +832,7 @@ mod tests {
         let snap = evaluate(
             &live,
             &all_resident(),
+            None,
             &mut history,
             SiteWeighting::None,
             10,
@@ -817,6 +876,7 @@ mod tests {
         let snap = evaluate(
             &live,
             &all_resident(),
+            None,
             &mut HeapHistory::default(),
             SiteWeighting::Sampled { mean_bytes: 4096.0 },
             10,

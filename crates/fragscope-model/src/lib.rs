@@ -21,6 +21,7 @@ pub mod python_sites;
 pub mod replay;
 pub mod report;
 pub mod sbcl;
+pub mod sharing;
 pub mod symbols;
 
 pub use analyze::{analyze, AnalysisError, Options};

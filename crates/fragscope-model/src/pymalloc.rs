@@ -318,6 +318,7 @@ mod tests {
                 start: base,
                 pages,
                 resident,
+                ..Default::default()
             }],
         };
         let Split {

@@ -141,6 +141,10 @@ pub struct Snapshot {
     /// Runtime heaps the process runs (other snapshots have their census) that this
     /// snapshot has no census of: their figures here are unknown, not 0.
     pub missing_census: Vec<crate::heaps::Heap>,
+    /// Resident pages shared with other processes (after fork: the parent, siblings,
+    /// children) and the process's own, with smaps_rollup's Pss; absent from traces
+    /// that did not read which pages are shared.
+    pub sharing: Option<crate::sharing::Sharing>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -331,6 +335,24 @@ pub struct ProcessBrief {
     pub peak_rss: Option<u64>,
     pub peak_live: u64,
     pub end: String,
+    /// The traced process it was forked from.
+    pub forked_from: Option<u32>,
+    /// The live bytes of its parent's heap it started from, when the fork's heap is known.
+    pub inherited_bytes: Option<u64>,
+    /// Its pages shared and its own, at its last snapshot that read them.
+    pub sharing: Option<BriefSharing>,
+}
+
+/// A process's sharing at one snapshot, for the list of processes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BriefSharing {
+    pub t_ms: f64,
+    /// smaps_rollup's Rss, Pss, Shared_* and Private_*.
+    pub rollup: Option<crate::sharing::RollupSharing>,
+    /// The mappings that can hold heap objects, by owner.
+    pub anonymous: crate::sharing::Owners,
+    /// Resident bytes of those mappings as it started, when it was forked.
+    pub inherited: Option<u64>,
 }
 
 /// A process image the program ran that fragscope could not trace.

@@ -385,6 +385,7 @@ mod tests {
                 start,
                 pages: 64,
                 resident: vec![0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0],
+                ..Default::default()
             }],
         };
         let p = split(&heap, &pm);

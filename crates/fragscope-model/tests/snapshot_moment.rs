@@ -44,6 +44,7 @@ fn live_at_the_snapshot(later: &[u64]) -> u64 {
             start: HEAP,
             pages: 8,
             resident: vec![0xff],
+            ..Default::default()
         }],
     };
     w.write_chunk(ChunkKind::Pagemap, &pagemap.encode())

@@ -144,7 +144,9 @@ pub fn may_hold_heap(m: &Mapping) -> bool {
 }
 
 /// Page residency of the given mappings from /proc/PID/pagemap (present bit; swapped
-/// pages count as not resident).
+/// pages count as not resident), and which resident pages another process maps too (the
+/// "exclusively mapped" bit clear, readable without privilege: what smaps counts as
+/// Shared_*).
 pub fn read_residency(
     pid: u32,
     mappings: &[&Mapping],
@@ -157,6 +159,7 @@ pub fn read_residency(
         let first = m.start / page_size;
         let pages = (m.end - m.start) / page_size;
         let mut resident = vec![0u8; pages.div_ceil(8) as usize];
+        let mut shared = vec![0u8; pages.div_ceil(8) as usize];
         let mut done = 0u64;
         while done < pages {
             let batch = (pages - done).min(4096);
@@ -169,6 +172,9 @@ pub fn read_residency(
                 if v >> 63 & 1 == 1 {
                     let page = done + i as u64;
                     resident[(page / 8) as usize] |= 1 << (page % 8);
+                    if v >> 56 & 1 == 0 {
+                        shared[(page / 8) as usize] |= 1 << (page % 8);
+                    }
                 }
             }
             done += batch;
@@ -177,6 +183,7 @@ pub fn read_residency(
             start: m.start,
             pages,
             resident,
+            shared,
         });
     }
     Some(ranges)

@@ -268,6 +268,29 @@ impl Shared {
         Some(mappings)
     }
 
+    /// A forked child's residency as it starts, before it has written much: the pages it
+    /// inherited from its parent, against which its snapshots tell the pages it copied
+    /// since from those it made (`ChunkKind::ForkResidency`).
+    fn fork_residency(&self, stream: u32, pid: u32, mappings: &[Mapping]) {
+        let heap: Vec<&Mapping> = mappings
+            .iter()
+            .filter(|m| procfs::may_hold_heap(m))
+            .collect();
+        if let Some(ranges) = procfs::read_residency(pid, &heap, self.page_size) {
+            self.send(
+                ChunkKind::ForkResidency,
+                Pagemap {
+                    stream,
+                    tick: self.tick(),
+                    reason: SnapshotReason::Periodic,
+                    page_size: self.page_size as u32,
+                    ranges,
+                }
+                .encode(),
+            );
+        }
+    }
+
     /// A page-residency snapshot of `pid` (smaps_rollup, memory map, residency, RSS) and
     /// a CPython process's pymalloc census; with `census`, a GHC block census is asked of
     /// the census thread too (see [`census_worker`]).
@@ -786,7 +809,10 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
                     send_descriptor(&conn, shared.clock.descriptor());
                 }
                 if hello.flags & HELLO_RESUMED == 0 {
-                    shared.write_maps(s, hello.pid);
+                    let maps = shared.write_maps(s, hello.pid);
+                    if let (Some(maps), true) = (maps, hello.flags & HELLO_FORKED != 0) {
+                        shared.fork_residency(s, hello.pid, &maps);
+                    }
                 }
                 stream = Some(s);
                 pid = hello.pid;

@@ -63,6 +63,9 @@ pub enum ChunkKind {
     /// An SBCL process's sampled allocation regions with Lisp stacks (chunk 18's
     /// encoding, see [`crate::runtime_samples`]).
     LispSamples = 22,
+    /// A forked process's page residency as it started (chunk 7's encoding): the pages it
+    /// inherited, against which its later snapshots tell copied pages from new ones.
+    ForkResidency = 23,
 }
 
 impl ChunkKind {
@@ -90,6 +93,7 @@ impl ChunkKind {
             19 => SbclCensus,
             21 => StartingHeap,
             22 => LispSamples,
+            23 => ForkResidency,
             _ => return None,
         })
     }
@@ -103,7 +107,7 @@ impl ChunkKind {
         match self {
             Maps | Rss | Rollup | Pagemap | ProcessEnd | WaitStatus | Untraced | GhcCensus
             | HeapCensus | PymallocCensus | PythonSamples | SbclCensus | StartingHeap
-            | LispSamples => true,
+            | LispSamples | ForkResidency => true,
             Meta | Process | Events | PackedEventsV1 | PackedEventsV2 | PackedEvents | End => false,
         }
     }

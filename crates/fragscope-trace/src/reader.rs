@@ -18,6 +18,8 @@ pub enum Chunk {
     Rss(RssBatch),
     Rollup(Rollup),
     Pagemap(Pagemap),
+    /// A forked process's residency as it started (see `ChunkKind::ForkResidency`).
+    ForkResidency(Pagemap),
     ProcessEnd(ProcessEnd),
     WaitStatus(WaitStatus),
     Untraced(Untraced),
@@ -152,6 +154,7 @@ impl<R: Read> TraceReader<R> {
             ChunkKind::Rss => RssBatch::decode(data).map(Chunk::Rss),
             ChunkKind::Rollup => Rollup::decode(data).map(Chunk::Rollup),
             ChunkKind::Pagemap => Pagemap::decode(data).map(Chunk::Pagemap),
+            ChunkKind::ForkResidency => Pagemap::decode(data).map(Chunk::ForkResidency),
             ChunkKind::ProcessEnd => ProcessEnd::decode(data).map(Chunk::ProcessEnd),
             ChunkKind::WaitStatus => WaitStatus::decode(data).map(Chunk::WaitStatus),
             ChunkKind::Untraced => Untraced::decode(data).map(Chunk::Untraced),

@@ -407,11 +407,15 @@ pub enum SnapshotReason {
 }
 
 /// A range of pages and which of them were resident (bit i of byte i/8: page i).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ResidentRange {
     pub start: u64,
     pub pages: u64,
     pub resident: Vec<u8>,
+    /// Which resident pages were mapped by another process too (pagemap's "exclusively
+    /// mapped" bit clear: a copy-on-write page still shared with a parent or a sibling
+    /// after fork), in the same layout; empty when not read (traces before it).
+    pub shared: Vec<u8>,
 }
 
 impl ResidentRange {
@@ -428,7 +432,32 @@ impl ResidentRange {
             .map(|b| u64::from(b.count_ones()))
             .sum()
     }
+    /// Whether resident page `page` was mapped by another process too; None when the
+    /// trace did not record it.
+    pub fn is_shared(&self, page: u64) -> Option<bool> {
+        if self.shared.is_empty() {
+            return None;
+        }
+        Some(
+            self.is_resident(page)
+                && self
+                    .shared
+                    .get((page / 8) as usize)
+                    .is_some_and(|b| b >> (page % 8) & 1 == 1),
+        )
+    }
+    /// Resident pages mapped by another process too (0 when not recorded).
+    pub fn shared_pages(&self) -> u64 {
+        self.shared
+            .iter()
+            .zip(&self.resident)
+            .map(|(s, r)| u64::from((s & r).count_ones()))
+            .sum()
+    }
 }
+
+/// The tag of a Pagemap's tail of shared-page bitmaps.
+const PAGEMAP_SHARED: u8 = 1;
 
 /// Chunk 7: page residency (/proc/PID/pagemap) of the mappings that can hold heap objects.
 #[derive(Debug, Clone, PartialEq)]
@@ -450,6 +479,13 @@ impl Pagemap {
             .varint(self.ranges.len() as u64);
         for r in &self.ranges {
             w.varint(r.start).varint(r.pages).bytes(&r.resident);
+        }
+        // Added later, as a tail older readers ignore: the shared bitmaps, when read.
+        if self.ranges.iter().any(|r| !r.shared.is_empty()) {
+            w.u8(PAGEMAP_SHARED);
+            for r in &self.ranges {
+                w.bytes(&r.shared);
+            }
         }
         w.bytes
     }
@@ -478,7 +514,19 @@ impl Pagemap {
                 start,
                 pages,
                 resident,
+                shared: Vec::new(),
             });
+        }
+        if !r.is_empty() && r.u8()? == PAGEMAP_SHARED {
+            for range in &mut ranges {
+                let shared = r.bytes()?;
+                if !shared.is_empty() && (shared.len() as u64) < range.pages.div_ceil(8) {
+                    return Err(TraceError::Malformed(
+                        "a shared-page bitmap is shorter than its range".into(),
+                    ));
+                }
+                range.shared = shared.to_vec();
+            }
         }
         Ok(Self {
             stream,
@@ -1240,10 +1288,24 @@ mod tests {
                 start: 0x10000,
                 pages: 10,
                 resident: vec![0b101, 0b10],
+                shared: Vec::new(),
             }],
         };
         let back = Pagemap::decode(&pm.encode()).unwrap();
         assert_eq!(back, pm);
+        assert_eq!(back.ranges[0].is_shared(0), None);
+        // With the shared pages: page 2 shared; page 1's bit is ignored (not resident).
+        let mut with_shared = pm.clone();
+        with_shared.ranges[0].shared = vec![0b110, 0];
+        let back_shared = Pagemap::decode(&with_shared.encode()).unwrap();
+        assert_eq!(back_shared, with_shared);
+        assert_eq!(back_shared.ranges[0].is_shared(2), Some(true));
+        assert_eq!(back_shared.ranges[0].is_shared(1), Some(false));
+        assert_eq!(back_shared.ranges[0].is_shared(0), Some(false));
+        assert_eq!(back_shared.ranges[0].shared_pages(), 1);
+        // A reader that stops before the tail (an older one) reads the ranges alone.
+        let bytes = with_shared.encode();
+        assert_eq!(bytes[..pm.encode().len()], pm.encode()[..]);
         assert!(
             back.ranges[0].is_resident(0)
                 && !back.ranges[0].is_resident(1)

@@ -270,7 +270,7 @@ pub fn summarize(
                 sum.processes[i].starting_heap = Some((h.blocks.len() as u64, bytes));
             }
             Chunk::Untraced(u) => sum.untraced.push(u),
-            Chunk::Maps(_) | Chunk::Rollup(_) => {}
+            Chunk::Maps(_) | Chunk::Rollup(_) | Chunk::ForkResidency(_) => {}
         }
     }
     progress(reader.offset(), sum.file_bytes);
