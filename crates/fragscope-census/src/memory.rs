@@ -48,63 +48,33 @@ impl ProcessMemory {
         Ok(())
     }
 
-    /// Reads several ranges at once, one after another into `out` (resized to their
-    /// total): a few system calls for thousands of small ranges. An error when any of
-    /// them is unreadable.
+    /// Reads several ranges, one after another into `out` (resized to their total); ranges
+    /// that follow each other in memory are read together. An error when any of them is
+    /// unreadable.
+    ///
+    /// Range by range through /proc/PID/mem, never with process_vm_readv: that call pins
+    /// the pages it reads, and pinning a page still shared copy-on-write with another
+    /// process (a pre-fork server's worker and its parent) makes the kernel give the
+    /// process a copy of its own: reading a worker's pool headers copied a quarter of
+    /// its arenas. Reads through the mem file leave them shared.
     pub fn read_ranges(&mut self, ranges: &[(u64, usize)], out: &mut Vec<u8>) -> io::Result<()> {
         let total: usize = ranges.iter().map(|r| r.1).sum();
         out.resize(total, 0);
-        // IOV_MAX on Linux.
-        const BATCH: usize = 1024;
         let mut at = 0usize;
-        for batch in ranges.chunks(BATCH) {
-            let len: usize = batch.iter().map(|r| r.1).sum();
-            let dest = &mut out[at..at + len];
-            if !self.vectored(batch, dest) {
-                let mut off = 0;
-                for &(addr, n) in batch {
-                    self.read(addr, &mut dest[off..off + n])?;
-                    off += n;
-                }
+        let mut i = 0;
+        while i < ranges.len() {
+            // A run of ranges each starting where the one before ends.
+            let (start, mut len) = ranges[i];
+            let mut j = i + 1;
+            while j < ranges.len() && ranges[j].0 == start + len as u64 {
+                len += ranges[j].1;
+                j += 1;
             }
+            self.read(start, &mut out[at..at + len])?;
             at += len;
+            i = j;
         }
         Ok(())
-    }
-
-    /// process_vm_readv of `ranges` into `dest`; false when it read less (a range
-    /// unmapped, or the call refused), so the caller reads range by range and can say
-    /// which one failed.
-    fn vectored(&mut self, ranges: &[(u64, usize)], dest: &mut [u8]) -> bool {
-        let local = libc::iovec {
-            iov_base: dest.as_mut_ptr().cast(),
-            iov_len: dest.len(),
-        };
-        let remote: Vec<libc::iovec> = ranges
-            .iter()
-            .map(|&(addr, n)| libc::iovec {
-                iov_base: addr as *mut libc::c_void,
-                iov_len: n,
-            })
-            .collect();
-        // SAFETY: `local` covers `dest`, which we own for the call; the remote addresses
-        // are only read by the kernel, in the other process.
-        let got = unsafe {
-            libc::process_vm_readv(
-                self.pid as libc::pid_t,
-                &local,
-                1,
-                remote.as_ptr(),
-                remote.len() as libc::c_ulong,
-                0,
-            )
-        };
-        if got == dest.len() as isize {
-            self.bytes_read += dest.len() as u64;
-            true
-        } else {
-            false
-        }
     }
 
     pub fn read_u64(&mut self, addr: u64) -> io::Result<u64> {

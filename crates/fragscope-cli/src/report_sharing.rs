@@ -204,21 +204,32 @@ pub fn processes(o: &mut String, r: &Report) {
             .iter()
             .filter(|p| p.forked_from == Some(parent))
             .collect();
-        let heaps: Vec<u64> = children.iter().filter_map(|c| c.inherited_bytes).collect();
-        if children.len() < 2 || heaps.is_empty() {
+        if children.len() < 2 {
             continue;
         }
-        let (lo, hi) = (heaps.iter().min().unwrap(), heaps.iter().max().unwrap());
+        let range = |v: Vec<u64>| -> Option<String> {
+            let (lo, hi) = (*v.iter().min()?, *v.iter().max()?);
+            Some(if hi - lo <= hi / 50 {
+                bytes(hi)
+            } else {
+                format!("{} to {}", bytes(lo), bytes(hi))
+            })
+        };
+        let resident = range(
+            (children.iter())
+                .filter_map(|c| c.sharing.as_ref()?.inherited)
+                .collect(),
+        );
+        let live = range(children.iter().filter_map(|c| c.inherited_bytes).collect());
         let _ = writeln!(
             o,
-            "  pid {parent} forked {} traced processes; each started from its live heap at \
-             its fork: {}",
+            "  pid {parent} forked {} traced processes; each started from its memory at its \
+             fork{}{}",
             children.len(),
-            if lo == hi {
-                bytes(*lo)
-            } else {
-                format!("{} to {}", bytes(*lo), bytes(*hi))
-            }
+            resident.map_or_else(String::new, |r| format!(
+                ", sharing {r} resident in its heap mappings"
+            )),
+            live.map_or_else(String::new, |l| format!(" ({l} live in malloc's heap)")),
         );
     }
 }

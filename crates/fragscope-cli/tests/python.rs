@@ -555,3 +555,196 @@ fn every_forked_worker_of_a_cpython_without_python_lines_is_told_why() {
         assert!(note.contains("is a debug build"), "pid {pid}: {note:?}");
     }
 }
+
+fn prefork_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/prefork_readers.py")
+}
+
+/// `fragscope report TRACE --json --pid PID`.
+fn report_of_pid(trace: &Path, pid: u64) -> Value {
+    let out = common::fragscope(&[
+        "report".as_ref(),
+        trace.as_os_str(),
+        "--json".as_ref(),
+        "--pid".as_ref(),
+        pid.to_string().as_ref(),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A part of a snapshot's sharing: (resident, shared, copied).
+fn sharing_part(snapshot: &Value, part: &str) -> (f64, f64, f64) {
+    let p = snapshot["sharing"]["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["part"] == part)
+        .unwrap_or_else(|| panic!("no {part} in {}", snapshot["sharing"]));
+    let f = |k: &str| p[k].as_f64().unwrap();
+    (f("resident"), f("shared"), f("copied"))
+}
+
+/// The worker's last snapshot with a pymalloc census.
+fn last_census(report: &Value) -> &Value {
+    censused(report).last().copied().expect("a pymalloc census")
+}
+
+/// Two workers forked from a parent holding 300 000 small dicts: the one that reads
+/// them all writes their reference counts and so copies most of the arenas; the one
+/// that touches none keeps them shared. Each report says so, the reader's headline names
+/// the copies, and the process list sets the workers under their parent with their PSS.
+#[test]
+fn a_worker_that_reads_its_parents_objects_copies_their_arenas_and_an_idle_one_shares_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("prefork.fsc");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "--snapshot-ms", "300", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg("/usr/bin/python3")
+        .arg(prefork_script())
+        .arg("300000")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let pid_of = |role: &str| -> u64 {
+        let line = stdout.lines().find(|l| l.starts_with(role)).unwrap();
+        line.split(' ').nth(1).unwrap().parse().unwrap()
+    };
+    let (reader_pid, idle_pid) = (pid_of("reader "), pid_of("idle "));
+
+    let reader = report_of_pid(&trace, reader_pid);
+    let s = last_census(&reader);
+    let (resident, shared, copied) = sharing_part(s, "pymalloc_arenas");
+    assert!(resident > 60.0 * 1048576.0, "{}", s["sharing"]);
+    assert!(copied > 0.4 * resident, "{}", s["sharing"]);
+    assert!(shared + copied <= resident, "{}", s["sharing"]);
+    assert_eq!(reader["headline"]["dominant"], "copied_after_fork");
+    let sentence = reader["headline"]["sentence"].as_str().unwrap();
+    assert!(sentence.contains("gc.freeze()"), "{sentence}");
+    // smaps_rollup of the same moment: the private bytes hold what was copied.
+    let rollup = &s["sharing"]["rollup"];
+    assert!(
+        rollup["private"].as_f64().unwrap() >= copied,
+        "{rollup} {copied}"
+    );
+
+    let idle = report_of_pid(&trace, idle_pid);
+    let s = last_census(&idle);
+    let (resident, shared, copied) = sharing_part(s, "pymalloc_arenas");
+    assert!(copied < 0.05 * resident, "{}", s["sharing"]);
+    assert!(shared > 0.9 * resident, "{}", s["sharing"]);
+    assert_ne!(idle["headline"]["dominant"], "copied_after_fork");
+
+    // The list of processes: each worker forked from the parent, the reader's PSS above
+    // the idle one's.
+    let procs = reader["processes"].as_array().unwrap();
+    let parent = procs[0]["pid"].as_u64().unwrap();
+    let brief = |pid: u64| procs.iter().find(|p| p["pid"] == pid).unwrap();
+    for pid in [reader_pid, idle_pid] {
+        assert_eq!(brief(pid)["forked_from"], parent, "{}", brief(pid));
+    }
+    let pss = |pid: u64| brief(pid)["sharing"]["rollup"]["pss"].as_f64().unwrap();
+    assert!(pss(reader_pid) > pss(idle_pid) * 1.3, "{procs:?}");
+    let text = common::fragscope(&[
+        "report".as_ref(),
+        trace.as_os_str(),
+        "--pid".as_ref(),
+        reader_pid.to_string().as_ref(),
+    ]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("Shared and private at"), "{text}");
+    assert!(text.contains(&format!("    {idle_pid} ")), "{text}");
+}
+
+/// Resident (from smaps) shared and private bytes of `pid`'s mappings that can hold heap
+/// objects, as fragscope reads them from pagemap.
+fn smaps_heap_sharing(pid: u32) -> (f64, f64) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let (mut shared, mut private, mut counted) = (0u64, 0u64, false);
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            let perms = words.next().unwrap_or("");
+            let inode = words.nth(2).unwrap_or("1");
+            let path = words.next().unwrap_or("");
+            counted = perms == "rw-p"
+                && inode == "0"
+                && (path.is_empty()
+                    || path == "[heap]"
+                    || (path.starts_with("[anon:") && path != "[anon:fragscope]"));
+            continue;
+        }
+        if !counted {
+            continue;
+        }
+        let kib: u64 = words.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+        match first {
+            "Shared_Clean:" | "Shared_Dirty:" => shared += kib * 1024,
+            "Private_Clean:" | "Private_Dirty:" => private += kib * 1024,
+            _ => {}
+        }
+    }
+    (shared as f64, private as f64)
+}
+
+/// `fragscope snapshot` of a forked worker (held stopped by the test, so that both
+/// readings see the same moment): its pages shared with its parent and its own agree
+/// with the kernel's smaps within 2%.
+#[test]
+fn a_snapshots_shared_and_private_pages_agree_with_smaps() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new("/usr/bin/python3")
+        .arg(prefork_script())
+        .args(["--wait", "200000"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut reader_pid = 0u32;
+    for _ in 0..2 {
+        let line = lines.next().unwrap().unwrap();
+        if let Some(rest) = line.strip_prefix("reader ") {
+            reader_pid = rest.split(' ').next().unwrap().parse().unwrap();
+        }
+    }
+    assert!(reader_pid > 0);
+    // SAFETY: plain signals to our own grandchild.
+    unsafe { libc::kill(reader_pid as i32, libc::SIGSTOP) };
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let (smaps_shared, smaps_private) = smaps_heap_sharing(reader_pid);
+    let trace = dir.path().join("worker.fsc");
+    let out = common::fragscope(&[
+        "snapshot".as_ref(),
+        reader_pid.to_string().as_ref(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+    ]);
+    let (after_shared, after_private) = smaps_heap_sharing(reader_pid);
+    unsafe { libc::kill(reader_pid as i32, libc::SIGCONT) };
+    drop(child.stdin.take());
+    child.wait().unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    // Reading the worker's heap copied none of it.
+    assert_eq!((smaps_shared, smaps_private), (after_shared, after_private));
+    let report = report_json(&trace);
+    let a = &report["snapshots"][0]["sharing"]["anonymous"];
+    let resident = a["resident"].as_f64().unwrap();
+    let shared = a["shared"].as_f64().unwrap();
+    let private = resident - shared;
+    assert!(smaps_shared > 20.0 * 1048576.0 && smaps_private > 20.0 * 1048576.0);
+    assert!(
+        (shared - smaps_shared).abs() <= 0.02 * smaps_shared,
+        "pagemap {shared}, smaps {smaps_shared}"
+    );
+    assert!(
+        (private - smaps_private).abs() <= 0.02 * smaps_private,
+        "pagemap {private}, smaps {smaps_private}"
+    );
+}

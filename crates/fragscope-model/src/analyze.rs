@@ -1110,13 +1110,15 @@ fn lazy_free_bytes(r: &Rollup) -> u64 {
 }
 
 fn brief(s: &Stream, streams: &[Stream], tick_ms: f64) -> ProcessBrief {
-    // Its sharing at its last snapshot that read it.
-    let sharing = s
-        .evaluated
-        .iter()
-        .rev()
-        .find_map(|e| Some((e.tick, e.sharing.as_ref()?)))
-        .map(|(tick, sh)| BriefSharing {
+    // Its sharing at its last snapshot that read it, before its exit when it can (a
+    // runtime's heap is gone or unread there).
+    fn read(e: &Evaluated) -> Option<(u64, SnapshotReason, &Sharing)> {
+        Some((e.tick, e.reason, e.sharing.as_ref()?))
+    }
+    let sharing = (s.evaluated.iter().rev().filter_map(read))
+        .find(|e| e.1 != SnapshotReason::Exit)
+        .or_else(|| s.evaluated.iter().rev().find_map(read))
+        .map(|(tick, _, sh)| BriefSharing {
             t_ms: tick as f64 * tick_ms,
             rollup: nearest(&s.rollups, tick, |r| r.0).and_then(|r| r.2),
             anonymous: sh.anonymous,

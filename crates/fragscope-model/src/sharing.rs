@@ -205,16 +205,22 @@ impl Sharing {
 }
 
 /// The snapshot of a forked process that says most of what it copied from its parent:
-/// the one with the most copied bytes (the latest of equals).
+/// the one with the most copied bytes (the latest of equals), among those with every
+/// census the process has when there are such (the exit's has none: its runtime heap's
+/// pages would be "other anonymous" there).
 pub fn most_copied(snapshots: &[Snapshot]) -> Option<usize> {
+    let forked = |i: &usize| snapshots[*i].sharing.as_ref().is_some_and(|s| s.forked);
+    let copied = |i: &usize| {
+        snapshots[*i]
+            .sharing
+            .as_ref()
+            .map_or(0, |s| s.anonymous.copied)
+    };
+    let whole = |i: &usize| snapshots[*i].missing_census.is_empty();
     (0..snapshots.len())
-        .filter(|&i| snapshots[i].sharing.as_ref().is_some_and(|s| s.forked))
-        .max_by_key(|&i| {
-            snapshots[i]
-                .sharing
-                .as_ref()
-                .map_or(0, |s| s.anonymous.copied)
-        })
+        .filter(|i| forked(i) && whole(i))
+        .max_by_key(copied)
+        .or_else(|| (0..snapshots.len()).filter(forked).max_by_key(copied))
 }
 
 /// The headline of a forked process whose copies of its parent's memory weigh more than

@@ -102,7 +102,7 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         bail!("no process {pid} (it does not exist or has exited)");
     }
     let mut mem = ProcessMemory::open(pid).map_err(|e| access_error(pid, &e))?;
-    // process_vm_readv is checked apart from the open: try it on a page we know.
+    // Reading is checked apart from the open: try it on a page we know.
     let mut build_ids = HashMap::new();
     let maps = procfs::read_maps(pid, &mut build_ids)
         .ok_or_else(|| anyhow::anyhow!("process {pid} exited before it could be read"))?;
