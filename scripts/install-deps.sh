@@ -7,12 +7,14 @@
 # glibc's debug symbols (`fragscope snapshot` finds malloc's arenas by name) and setpriv
 # (util-linux: the snapshot tests read a process as another user), redis-server (a real
 # server on jemalloc, snapshot while it runs), SBCL (the tests read a running Lisp's
-# dynamic space), CPython's debug build (a CPython whose Python lines are not sampled).
+# dynamic space), CPython's debug build (a CPython whose Python lines are not sampled),
+# PostgreSQL (a real forking server recorded under pgbench; postgresql-15 holds initdb,
+# postgres and pgbench).
 # With --bench, also heaptrack and hyperfine (the benchmark's reference points).
 set -euo pipefail
 pkgs=(build-essential pkg-config libunwind8 libunwind-dev libjemalloc2 libjemalloc-dev
       libgoogle-perftools-dev libmimalloc-dev ghc chromium python3-venv libc6-dbg util-linux
-      redis-server sbcl python3-dbg)
+      redis-server sbcl python3-dbg postgresql)
 command -v go >/dev/null || [[ -x /usr/local/go/bin/go ]] || pkgs+=(golang-go)
 [[ "${1:-}" == "--bench" ]] && pkgs+=(heaptrack hyperfine time)
 missing=()

@@ -367,6 +367,65 @@ fn allocations_of_a_library_loaded_and_unloaded_three_times_are_all_recorded_und
     dlopen_dlclose(Allocator::Jemalloc);
 }
 
+/// The interposer starts at the program's first malloc, which may come from inside glibc's
+/// bindtextdomain while it holds the locale lock for writing (libgpg-error's constructor
+/// in PostgreSQL and gdb; tests/c/locale_first.c). Its start-up once called dlerror, whose
+/// gettext left the lock corrupt, and the program's own bindtextdomain then waited forever.
+#[test]
+fn a_first_malloc_inside_bindtextdomain_leaves_the_program_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/c/locale_first.c");
+    let cc = |flags: &[&str], libs: &[&str], out: &str| {
+        let mut cmd = Command::new("cc");
+        cmd.args(["-O1", "-pthread"]).args(flags);
+        if !libs.is_empty() {
+            // Needed even though no symbol of theirs is used.
+            cmd.args(["-Wl,--no-as-needed", "-L"])
+                .arg(d)
+                .args(libs)
+                .arg(format!("-Wl,-rpath,{}", d.display()));
+        }
+        let ok = cmd.arg("-o").arg(d.join(out)).arg(&src).status().unwrap();
+        assert!(ok.success(), "cc {flags:?} failed");
+    };
+    cc(
+        &["-shared", "-fPIC", "-DLOCALE_LIBRARY"],
+        &[],
+        "liblocale_first.so",
+    );
+    cc(
+        &["-shared", "-fPIC", "-DMIDDLE_LIBRARY"],
+        &["-llocale_first"],
+        "libmiddle.so",
+    );
+    cc(&[], &["-lmiddle"], "locale_first");
+    let exe = d.join("locale_first");
+    let trace = d.join("t.fsc");
+    // timeout ends a program that hangs, and with it the recording.
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "--stacks", "none", "-o"])
+        .arg(&trace)
+        .args(["--", "timeout", "-s", "KILL", "30"])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{} (a program that hung was killed by timeout): {}",
+        out.status,
+        common::stderr(&out)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "translated: ok\n");
+    let j = info(&trace);
+    let program = processes(&j)
+        .iter()
+        .find(|p| p["exe"].as_str().unwrap_or("").ends_with("/locale_first"))
+        .unwrap_or_else(|| panic!("no process of locale_first: {j:#}"));
+    let calls = common::stream_calls(&trace);
+    calls_of(&calls, stream_of(program)).assert_pairs(1000, 1, "locale_first");
+}
+
 /// `interrupt_allocator`: the handler may interrupt the allocator itself (main makes
 /// malloc/free pairs), which only glibc survives reliably; else main calls free(NULL), and
 /// the handler interrupts the recording of calls only.

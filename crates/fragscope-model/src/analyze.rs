@@ -1434,10 +1434,12 @@ fn compare_with_allocator(
             );
         }
         StatsSource::Glibc => {
+            // uordblks leaves out the chunks mmap'ed on their own (blocks above the mmap
+            // threshold), which hblkhd counts and live + rounding holds.
             add(
                 "in use",
-                get("uordblks"),
-                "uordblks (chunk sizes, headers included)",
+                get("uordblks").zip(get("hblkhd")).map(|(u, h)| u + h),
+                "uordblks + hblkhd (chunks in use, headers included, mmapped ones too)",
                 in_use,
                 "live + rounding",
             );
@@ -1827,4 +1829,29 @@ fn headline(
         }
     };
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// glibc's bytes in use are its heap's chunks in use and its mmapped chunks (a process
+    /// holding a block above the mmap threshold once showed that block as a difference).
+    #[test]
+    fn glibcs_bytes_in_use_count_its_mmapped_chunks() {
+        let v: BTreeMap<String, u64> = [
+            ("arena", 200_000),
+            ("uordblks", 150_000),
+            ("fordblks", 50_000),
+            ("hblkhd", 1_052_672),
+        ]
+        .into_iter()
+        .map(|(k, n)| (k.to_string(), n))
+        .collect();
+        let d = Decomposition::default();
+        let cmp = compare_with_allocator(StatsSource::Glibc, &v, &d, 1_200_000);
+        let in_use = cmp.iter().find(|c| c.quantity == "in use").unwrap();
+        assert_eq!(in_use.allocator, 150_000 + 1_052_672);
+        assert_eq!(in_use.difference, 2_672);
+    }
 }

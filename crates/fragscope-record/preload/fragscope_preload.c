@@ -1535,12 +1535,16 @@ static void init_tracing(void) {
 
 /* A dlsym or dlopen that fails leaves the thread an error message, malloc'ed then (under
  * TF_FORWARD: unrecorded) and freed by the thread's next dl* call, which may be the
- * program's: a free of a block the trace never saw. So after our own lookups, read the
- * message twice, which frees it and its state (glibc 2.34+; before, the state is static),
- * still under TF_FORWARD. */
+ * program's: a free of a block the trace never saw. So after our own lookups, one lookup
+ * that succeeds frees the message and its state (glibc's _dlerror_run: 2.34+; before,
+ * the state is static), still under TF_FORWARD. Not dlerror(): it translates the message
+ * with gettext, which read-locks glibc's _nl_state_lock and __libc_setlocale_lock, and
+ * our first malloc may come from inside bindtextdomain or newlocale, which hold them for
+ * writing (libgpg-error's constructor, in PostgreSQL and gdb). The same thread's read
+ * lock fails, gettext's unlock then releases the writer's lock, the writer's own unlock
+ * leaves it corrupt, and the next bindtextdomain or setlocale waits forever. */
 static void forget_dl_error(void) {
-    (void)dlerror();
-    (void)dlerror();
+    (void)dlsym(RTLD_DEFAULT, "malloc");
 }
 
 /* Called by every hook until the real functions are known. Returns 1 when the caller
