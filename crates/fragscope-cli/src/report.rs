@@ -1006,6 +1006,32 @@ fn python_sites(o: &mut String, r: &Report) {
             bytes(ps.held_unattributed)
         );
     }
+    let mut copied: Vec<_> = ps.sites.iter().filter(|s| s.copied_bytes >= 1.0).collect();
+    if !copied.is_empty() {
+        copied.sort_by(|a, b| b.copied_bytes.total_cmp(&a.copied_bytes));
+        let _ = writeln!(
+            o,
+            "  Python lines whose objects are in the arena pages this process copied from its \
+             parent since the fork (each line's share by its objects' bytes)"
+        );
+        let _ = writeln!(o, "    {:>10} {:>10}  line", "copied", "live");
+        for s in copied.iter().take(5) {
+            let _ = writeln!(
+                o,
+                "    {:>10} {:>10}  {}",
+                bytes(s.copied_bytes as u64),
+                bytes(s.live_bytes as u64),
+                s.location
+            );
+        }
+        if ps.copied_unattributed > 0 {
+            let _ = writeln!(
+                o,
+                "    {:>10} in arenas where no sampled object lives",
+                bytes(ps.copied_unattributed)
+            );
+        }
+    }
     if let Some(p) = &ps.problem {
         let _ = writeln!(o, "    note: {p}");
     }

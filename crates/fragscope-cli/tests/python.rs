@@ -624,6 +624,28 @@ fn a_worker_that_reads_its_parents_objects_copies_their_arenas_and_an_idle_one_s
     assert_eq!(reader["headline"]["dominant"], "copied_after_fork");
     let sentence = reader["headline"]["sentence"].as_str().unwrap();
     assert!(sentence.contains("gc.freeze()"), "{sentence}");
+    // The line whose dicts fill the copied arenas is named.
+    let top = reader["python_sites"]["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by(|a, b| {
+            let c = |s: &Value| s["copied_bytes"].as_f64().unwrap();
+            c(a).total_cmp(&c(b))
+        })
+        .unwrap();
+    assert!(
+        top["location"]
+            .as_str()
+            .unwrap()
+            .contains("prefork_readers.py:19"),
+        "{top}"
+    );
+    assert!(
+        top["copied_bytes"].as_f64().unwrap() > 0.5 * copied,
+        "{top}"
+    );
+    assert!(sentence.contains("prefork_readers.py:19"), "{sentence}");
     // smaps_rollup of the same moment: the private bytes hold what was copied.
     let rollup = &s["sharing"]["rollup"];
     assert!(

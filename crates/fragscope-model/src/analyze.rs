@@ -129,6 +129,9 @@ struct Stream {
     /// pymalloc waste so far were (the one the report explains).
     python: PythonLog,
     python_census: Option<PoolIndex>,
+    /// A forked process: the pools of the census with the most arena pages copied since
+    /// the fork (the one its copies are explained at).
+    python_copies: Option<PoolIndex>,
     /// SBCL's sampled allocation regions.
     lisp: LispLog,
     /// SBCL censuses waiting for the snapshot of their tick (written just before it).
@@ -330,47 +333,39 @@ impl Stream {
         parts: &mut HeapParts,
     ) -> Option<(PymallocParts, Owners)> {
         let pools = census_at(&mut self.pymalloc_pending, pm.tick)?;
-        let fork = self.fork_residency.as_ref();
-        let pool_size = u64::from(pools.pool_size);
-        let spans = || {
-            pools
-                .pools
-                .iter()
-                .map(|p| (p.address, p.address + pool_size))
-        };
-        let owners = sharing::owners_in(pm, fork, spans());
-        // Its pages in mappings the malloc heap holds too, which the heap counted as its
-        // own empty pages.
-        let held = Pagemap {
-            stream: pm.stream,
-            tick: pm.tick,
-            reason: pm.reason,
-            page_size: pm.page_size,
-            ranges: (pm.ranges.iter())
-                .filter(|r| self.history.held(r.start))
-                .cloned()
-                .collect(),
-        };
-        let in_heap_owners = sharing::owners_in(&held, fork, spans());
         let pymalloc::Split {
             parts: split,
             by_range,
             arenas,
-        } = pymalloc::split(&pools, pm);
+        } = pymalloc::split(&pools, pm, self.fork_residency.as_ref());
         // As the report picks its pymalloc snapshot: the most waste, the latest of equals.
         if self
             .python_census
             .as_ref()
             .is_none_or(|c| split.waste() >= c.waste)
         {
-            self.python_census = Some(PoolIndex::new(pm.tick, split.waste(), &pools, arenas));
+            let index = PoolIndex::new(pm.tick, split.waste(), &pools, arenas.clone());
+            self.python_census = Some(index);
         }
-        let in_heap: u64 = by_range
-            .iter()
-            .filter(|(start, _)| self.history.held(**start))
-            .map(|(_, bytes)| bytes)
-            .sum();
-        parts.leave_out_empty_pages(in_heap, &in_heap_owners, u64::from(pm.page_size));
+        let copied: u64 = arenas.values().map(|a| a.copied).sum();
+        if copied > 0
+            && self
+                .python_copies
+                .as_ref()
+                .is_none_or(|c| copied >= c.copied)
+        {
+            self.python_copies = Some(PoolIndex::new(pm.tick, split.waste(), &pools, arenas));
+        }
+        // Its pages in mappings the malloc heap holds too, which the heap counted as its
+        // own empty pages.
+        let (mut owners, mut in_heap) = (Owners::default(), Owners::default());
+        for (start, o) in &by_range {
+            owners.merge(o);
+            if self.history.held(*start) {
+                in_heap.merge(o);
+            }
+        }
+        parts.leave_out_empty_pages(in_heap.resident, &in_heap, u64::from(pm.page_size));
         Some((split, owners))
     }
 
@@ -820,6 +815,7 @@ pub fn analyze(
         SiteWeighting::None => "none",
     };
     let s = &streams[chosen];
+    let python = python_log(&streams, chosen);
     let (timeline_full, timeline) = timeline(s, tick_ms);
     let mut snapshots: Vec<Snapshot> = s
         .evaluated
@@ -880,13 +876,13 @@ pub fn analyze(
             }
         );
     }
-    let python_sites =
-        (!s.python.is_empty()).then(|| python_sites::sites(&s.python, s.python_census.as_ref()));
+    let python_sites = (!python.is_empty())
+        .then(|| python_sites::sites(&python, s.python_census.as_ref(), s.python_copies.as_ref()));
     let pymalloc_snapshot = (0..snapshots.len())
         .filter(|&i| snapshots[i].pymalloc.is_some())
         .max_by_key(|&i| snapshots[i].pymalloc.as_ref().map_or(0, |p| p.waste()));
     let python_sites_note = python_sites::unsampled_note(
-        &s.python,
+        &python,
         pymalloc_snapshot.is_some() || s.pymalloc_note.is_some(),
         stacks,
     );
@@ -928,7 +924,7 @@ pub fn analyze(
     }
     // A CPython process whose malloc heap wastes more than pymalloc's arenas: the waste
     // is in objects over 512 bytes, which pymalloc hands to malloc.
-    let cpython = pymalloc_snapshot.is_some() || !s.python.is_empty();
+    let cpython = pymalloc_snapshot.is_some() || !python.is_empty();
     let malloc_dominant = headline.heap == Some(Heap::Malloc)
         && headline.dominant.as_deref().is_some_and(|d| {
             matches!(
@@ -991,7 +987,10 @@ pub fn analyze(
     }
     // A forked worker that copied more of its parent's memory than its heaps waste.
     let heaps_waste = focus.map_or(0, heaps::waste);
-    if let Some((dominant, sentence)) = sharing::headline(&snapshots, heaps_waste, cpython) {
+    if let Some((dominant, mut sentence)) = sharing::headline(&snapshots, heaps_waste, cpython) {
+        if let Some(clause) = python_sites.as_ref().and_then(python_sites::copied_clause) {
+            sentence = format!("{sentence} Here {clause}.");
+        }
         headline.dominant = Some(dominant.into());
         headline.sentence = format!("{sentence} {}", headline.sentence);
     }
@@ -1107,6 +1106,23 @@ fn focus_of(snapshots: &[Snapshot], peak_live: u64) -> Option<usize> {
 
 fn lazy_free_bytes(r: &Rollup) -> u64 {
     r.get("LazyFree").unwrap_or(0) * 1024
+}
+
+/// Stream `i`'s CPython samples; a forked process's start with its parent's up to the
+/// fork, which name the objects it inherited.
+fn python_log(streams: &[Stream], i: usize) -> std::borrow::Cow<'_, PythonLog> {
+    let s = &streams[i];
+    let parent = s
+        .parent_stream
+        .filter(|_| s.fork_mark.is_some())
+        .and_then(|p| streams.iter().position(|x| x.stream == p))
+        .filter(|&p| p < i);
+    match parent {
+        Some(p) => {
+            std::borrow::Cow::Owned(s.python.forked_from(&python_log(streams, p), s.start_tick))
+        }
+        None => std::borrow::Cow::Borrowed(&s.python),
+    }
 }
 
 fn brief(s: &Stream, streams: &[Stream], tick_ms: f64) -> ProcessBrief {

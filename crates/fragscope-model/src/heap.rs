@@ -691,6 +691,45 @@ mod tests {
         )
     }
 
+    /// Page by page, each part goes to its page's owner: shared (another process maps
+    /// it), copied (private now, resident when the process started as a fork child) or
+    /// its own.
+    #[test]
+    fn each_part_is_split_by_the_owner_of_its_pages() {
+        let mut live = LiveTable::default();
+        live.insert(0x10000, block(1000, 24, 1)); // page 0: shared
+        live.insert(0x11000, block(2000, 0, 1)); // page 1: copied
+        live.insert(0x12000, block(3000, 0, 1)); // page 2: its own
+        let mut now = all_resident();
+        now.ranges[0].shared = vec![0b0000_1001, 0]; // pages 0 and 3 (empty)
+        let mut start = all_resident();
+        start.ranges[0].resident = vec![0b0000_0011, 0];
+        let snap = evaluate(
+            &live,
+            &now,
+            Some(&start),
+            &mut HeapHistory::default(),
+            SiteWeighting::Every,
+            10,
+            BlockHeaders::None,
+        );
+        let o = &snap.parts.owners;
+        assert_eq!(
+            (o.live.resident, o.live.shared, o.live.copied),
+            (6000, 1000, 2000)
+        );
+        assert_eq!((o.rounding.shared, o.rounding.copied), (24, 0));
+        assert_eq!(o.free_in_used_pages.shared, 4096 - 1024);
+        assert_eq!(o.free_in_used_pages.copied, 4096 - 2000);
+        // 13 empty pages, page 3 of them shared.
+        let free = o.free_resident_pages;
+        assert_eq!(
+            (free.resident, free.shared, free.copied),
+            (13 * 4096, 4096, 0)
+        );
+        assert_eq!(free.resident, snap.parts.free_resident_pages);
+    }
+
     #[test]
     fn every_resident_heap_page_is_in_one_occupancy_bucket() {
         let mut live = LiveTable::default();

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use fragscope_trace::records::{Pagemap, PymallocPools};
 
 use crate::heap::Residency;
+use crate::sharing::{Owner, Owners};
 use serde::Serialize;
 
 /// Pools or arenas whose bytes in use are [lo_pct, hi_pct) of what they can hold.
@@ -163,6 +164,9 @@ pub struct ArenaAcc {
     pub empty_resident: u64,
     /// Resident bytes of its pools in use beyond their blocks in use.
     pub free_in_used_pools: u64,
+    /// A forked process: resident bytes of its pools it shared with its parent at the
+    /// fork and has copied since (`sharing::Owner::Copied`).
+    pub copied: u64,
 }
 
 impl ArenaAcc {
@@ -180,18 +184,18 @@ impl ArenaAcc {
 /// A census split by its residency (see [`split`]).
 pub struct Split {
     pub parts: PymallocParts,
-    /// Resident pool bytes by the start of the pagemap range that holds them, for the
-    /// heap's own count to leave out.
-    pub by_range: HashMap<u64, u64>,
+    /// Resident pool bytes, by owner, by the start of the pagemap range that holds them,
+    /// for the heap's own count to leave out.
+    pub by_range: HashMap<u64, Owners>,
     /// Each arena's figures, by the census's arena number.
     pub arenas: HashMap<u32, ArenaAcc>,
 }
 
 /// Splits a census's pools by the residency `pm` read with it.
-pub fn split(pools: &PymallocPools, pm: &Pagemap) -> Split {
+pub fn split(pools: &PymallocPools, pm: &Pagemap, fork: Option<&Pagemap>) -> Split {
     let pool_size = u64::from(pools.pool_size);
     let header = u64::from(pools.pool_header);
-    let mut residency = Residency::new(pm);
+    let mut residency = Residency::new(pm).with_fork(fork);
     let page_size = u64::from(pm.page_size.max(1));
     let mut parts = PymallocParts {
         python: pools.python.clone(),
@@ -211,19 +215,24 @@ pub fn split(pools: &PymallocPools, pm: &Pagemap) -> Split {
         classes: Vec::new(),
         pause_ms: pools.pause_us as f64 / 1000.0,
     };
-    let mut by_range: HashMap<u64, u64> = HashMap::new();
+    let mut by_range: HashMap<u64, Owners> = HashMap::new();
     let mut arenas: HashMap<u32, ArenaAcc> = HashMap::new();
     let mut classes: HashMap<u32, PymallocClass> = HashMap::new();
     for p in &pools.pools {
-        let mut bytes = 0;
+        let (mut bytes, mut copied) = (0, 0);
         for page in p.address / page_size..(p.address + pool_size).div_ceil(page_size) {
             if let Some(range) = residency.is_resident(page) {
                 bytes += page_size;
-                *by_range.entry(residency.range_start(range)).or_default() += page_size;
+                let owner = residency.owner(range, page);
+                (by_range.entry(residency.range_start(range)).or_default()).add(owner, page_size);
+                if owner == Owner::Copied {
+                    copied += page_size;
+                }
             }
         }
         parts.resident += bytes;
         let arena = arenas.entry(p.arena).or_default();
+        arena.copied += copied;
         let block = u64::from(p.block_size);
         if p.blocks_in_use == 0 {
             arena.empty_resident += bytes;
@@ -323,7 +332,7 @@ mod tests {
         };
         let Split {
             parts: p, by_range, ..
-        } = split(&pools, &pm);
+        } = split(&pools, &pm, None);
         assert_eq!(p.resident, 16384 + 12288 + 16384);
         assert_eq!(p.in_use, 640);
         assert_eq!(p.free_in_used_pools, 16384 - 640);
@@ -337,7 +346,7 @@ mod tests {
         assert_eq!(p.pool_fill[0].count, 1);
         assert_eq!(p.classes[0].block_size, 64);
         assert_eq!(p.classes[0].blocks_free, (16384 - 48) / 64 - 10);
-        assert_eq!(by_range[&base], p.resident);
+        assert_eq!(by_range[&base].resident, p.resident);
         assert_eq!(p.pause_ms, 1.5);
     }
 }

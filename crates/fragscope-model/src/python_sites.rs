@@ -23,7 +23,7 @@ const SITES_LISTED: usize = 10;
 const CALLERS_SHOWN: usize = 4;
 
 /// One process's samples, in the order of its calls.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct PythonLog {
     mean_bytes: u64,
     defined: Definitions,
@@ -34,6 +34,7 @@ pub struct PythonLog {
     pub unsampled: Option<String>,
 }
 
+#[derive(Clone, Copy)]
 enum Event {
     Alloc {
         tick: u64,
@@ -86,6 +87,27 @@ impl PythonLog {
         self.events.is_empty()
     }
 
+    /// The log of a process forked from the one of `parent` at `tick`: its parent's
+    /// samples up to the fork (the objects it inherited, whose lines its own records
+    /// name only by their ids), then its own.
+    pub fn forked_from(&self, parent: &PythonLog, tick: u64) -> PythonLog {
+        let mut defined = parent.defined.clone();
+        defined.frames.extend(self.defined.frames.clone());
+        defined.stacks.extend(self.defined.stacks.clone());
+        let inherited = parent.events.iter().filter(|e| e.tick() <= tick);
+        PythonLog {
+            mean_bytes: if self.mean_bytes > 0 {
+                self.mean_bytes
+            } else {
+                parent.mean_bytes
+            },
+            defined,
+            events: inherited.chain(&self.events).copied().collect(),
+            problem: self.problem.clone().or_else(|| parent.problem.clone()),
+            unsampled: self.unsampled.clone(),
+        }
+    }
+
     /// "file:line (function)" of a frame id.
     fn frame_name(&self, id: u32) -> String {
         match self.defined.frames.get(&id) {
@@ -104,10 +126,20 @@ impl PythonLog {
     }
 }
 
+impl Event {
+    fn tick(&self) -> u64 {
+        match *self {
+            Event::Alloc { tick, .. } | Event::Free { tick, .. } => tick,
+        }
+    }
+}
+
 /// Where the pools of the census the report explains are, and what each arena holds.
 pub struct PoolIndex {
     pub tick: u64,
     pub waste: u64,
+    /// A forked process: bytes of arena pages copied since the fork.
+    pub copied: u64,
     pool_size: u64,
     pool_arena: HashMap<u64, u32>,
     arenas: HashMap<u32, ArenaAcc>,
@@ -123,6 +155,7 @@ impl PoolIndex {
         Self {
             tick,
             waste,
+            copied: arenas.values().map(|a| a.copied).sum(),
             pool_size: u64::from(pools.pool_size.max(1)),
             pool_arena: pools.pools.iter().map(|p| (p.address, p.arena)).collect(),
             arenas,
@@ -145,6 +178,9 @@ pub struct PythonSite {
     pub arenas: u64,
     /// Its share of those arenas' free space (by its estimated bytes among theirs).
     pub held_bytes: f64,
+    /// A forked process: its share, the same way, of the arenas' pages it inherited
+    /// shared with its parent and has copied since.
+    pub copied_bytes: f64,
 }
 
 /// Python call sites of a CPython process (see the module's comment).
@@ -160,6 +196,8 @@ pub struct PythonSites {
     pub arenas_sampled: u64,
     /// Free space of arenas in use with no sampled object in them.
     pub held_unattributed: u64,
+    /// A forked process: copied pages of arenas in use with no sampled object in them.
+    pub copied_unattributed: u64,
     /// By bytes held, then by bytes allocated.
     pub sites: Vec<PythonSite>,
     pub problem: Option<String>,
@@ -215,12 +253,39 @@ struct SiteAcc {
     allocated: f64,
     live: f64,
     held: f64,
+    copied: f64,
     arenas: u64,
     stacks: HashMap<u32, u64>,
 }
 
-/// The sites of `log`, placed in the census `index` describes.
-pub fn sites(log: &PythonLog, index: Option<&PoolIndex>) -> PythonSites {
+/// The samples of `log` live at `until`: address -> (size, stack).
+fn live_at(log: &PythonLog, until: u64) -> HashMap<u64, (u64, u32)> {
+    let mut live = HashMap::new();
+    for e in log.events.iter().filter(|e| e.tick() <= until) {
+        match *e {
+            Event::Alloc {
+                address,
+                size,
+                stack,
+                ..
+            } => {
+                live.insert(address, (size, stack));
+            }
+            Event::Free { address, .. } => {
+                live.remove(&address);
+            }
+        }
+    }
+    live
+}
+
+/// The sites of `log`, placed in the census `index` describes; a forked process's copies
+/// shared among the sites of the census `copies` describes (the one with the most).
+pub fn sites(
+    log: &PythonLog,
+    index: Option<&PoolIndex>,
+    copies: Option<&PoolIndex>,
+) -> PythonSites {
     // By the allocating line's name: one line has a frame id per instruction.
     let mut by_line: HashMap<String, SiteAcc> = HashMap::new();
     let mut names: HashMap<u32, String> = HashMap::new();
@@ -238,18 +303,12 @@ pub fn sites(log: &PythonLog, index: Option<&PoolIndex>) -> PythonSites {
             })
             .clone()
     };
-    let until = index.map_or(u64::MAX, |i| i.tick);
-    let mut live: HashMap<u64, (u64, u32)> = HashMap::new();
+    let live = live_at(log, index.map_or(u64::MAX, |i| i.tick));
     let mut samples = 0;
     let mut by_stack: HashMap<u32, StackAcc> = HashMap::new();
     for e in &log.events {
         match *e {
-            Event::Alloc {
-                tick,
-                address,
-                size,
-                stack,
-            } => {
+            Event::Alloc { size, stack, .. } => {
                 samples += 1;
                 let acc = by_line.entry(site_of(stack)).or_default();
                 acc.allocated += log.weight(size) * size as f64;
@@ -257,15 +316,8 @@ pub fn sites(log: &PythonLog, index: Option<&PoolIndex>) -> PythonSites {
                 let st = by_stack.entry(stack).or_default();
                 st.allocations += log.weight(size);
                 st.allocated += log.weight(size) * size as f64;
-                if tick <= until {
-                    live.insert(address, (size, stack));
-                }
             }
-            Event::Free { tick, address } => {
-                if tick <= until {
-                    live.remove(&address);
-                }
-            }
+            Event::Free { .. } => {}
         }
     }
     let mut result = PythonSites {
@@ -275,6 +327,7 @@ pub fn sites(log: &PythonLog, index: Option<&PoolIndex>) -> PythonSites {
         arenas_in_use: 0,
         arenas_sampled: 0,
         held_unattributed: 0,
+        copied_unattributed: 0,
         sites: Vec::new(),
         problem: log.problem.clone(),
         stacks: Vec::new(),
@@ -323,6 +376,32 @@ pub fn sites(log: &PythonLog, index: Option<&PoolIndex>) -> PythonSites {
             }
         }
     }
+    if let Some(copies) = copies {
+        // Each copied arena's pages go to the sites of the samples in it then.
+        let mut in_arena: HashMap<u32, HashMap<String, f64>> = HashMap::new();
+        for (&address, &(size, stack)) in &live_at(log, copies.tick) {
+            let pool = address - address % copies.pool_size;
+            if let Some(&arena) = copies.pool_arena.get(&pool) {
+                let bytes = log.weight(size) * size as f64;
+                *in_arena
+                    .entry(arena)
+                    .or_default()
+                    .entry(site_of(stack))
+                    .or_default() += bytes;
+            }
+        }
+        for (arena, acc) in copies.arenas.iter().filter(|(_, a)| a.copied > 0) {
+            let Some(sites) = in_arena.get(arena) else {
+                result.copied_unattributed += acc.copied;
+                continue;
+            };
+            let total: f64 = sites.values().sum();
+            for (site, &bytes) in sites {
+                by_line.entry(site.clone()).or_default().copied +=
+                    acc.copied as f64 * bytes / total.max(1.0);
+            }
+        }
+    }
     let mut sites: Vec<PythonSite> = by_line
         .into_iter()
         .map(|(location, acc)| {
@@ -348,6 +427,7 @@ pub fn sites(log: &PythonLog, index: Option<&PoolIndex>) -> PythonSites {
                 live_bytes: acc.live,
                 arenas: acc.arenas,
                 held_bytes: acc.held,
+                copied_bytes: acc.copied,
             }
         })
         .collect();
@@ -357,8 +437,18 @@ pub fn sites(log: &PythonLog, index: Option<&PoolIndex>) -> PythonSites {
             .then(b.allocated_bytes.total_cmp(&a.allocated_bytes))
             .then(a.location.cmp(&b.location))
     });
-    sites.truncate(SITES_LISTED);
-    result.sites = sites;
+    // The lines whose arenas a forked process copied most make the list too.
+    let mut by_copied: Vec<usize> = (0..sites.len())
+        .filter(|&i| sites[i].copied_bytes >= 1.0)
+        .collect();
+    by_copied.sort_by(|&a, &b| sites[b].copied_bytes.total_cmp(&sites[a].copied_bytes));
+    let keep: std::collections::HashSet<usize> = (0..SITES_LISTED.min(sites.len()))
+        .chain(by_copied.into_iter().take(SITES_LISTED / 2))
+        .collect();
+    result.sites = (sites.into_iter().enumerate())
+        .filter(|(i, _)| keep.contains(i))
+        .map(|(_, s)| s)
+        .collect();
     result.stacks = stacks_of(log, by_stack);
     result
 }
@@ -434,6 +524,25 @@ pub fn unsampled_note(log: &PythonLog, cpython: bool, stacks: &str) -> Option<St
          process starts, not in a libpython loaded later with dlopen)."
             .into()
     })
+}
+
+/// "objects allocated at app.py:12 (load) are in 310 of the arenas copied (52 MiB of
+/// them)": the site with the most copied bytes, when it has a fifth of what the sampled
+/// arenas had copied.
+pub fn copied_clause(s: &PythonSites) -> Option<String> {
+    let top = (s.sites.iter())
+        .filter(|t| t.copied_bytes >= 1.0)
+        .max_by(|a, b| a.copied_bytes.total_cmp(&b.copied_bytes))?;
+    let copied: f64 = s.sites.iter().map(|t| t.copied_bytes).sum();
+    if top.copied_bytes * 5.0 < copied {
+        return None;
+    }
+    Some(format!(
+        "most of the copied arenas hold objects allocated at {} ({} of the copies fall to \
+         them)",
+        top.location,
+        crate::mib(top.copied_bytes as u64)
+    ))
 }
 
 /// "objects from handlers.py:88 (handle) survive in 1 790 of the 1 850 arenas in use":
@@ -557,10 +666,11 @@ mod tests {
             in_use: 64,
             empty_resident: held,
             free_in_used_pools: 0,
+            copied: 0,
         };
         let arenas = HashMap::from([(0, arena(1000)), (1, arena(2000)), (2, arena(500))]);
         let index = PoolIndex::new(5, 3500, &pools, arenas);
-        let s = sites(&log, Some(&index));
+        let s = sites(&log, Some(&index), None);
         assert_eq!((s.samples, s.live_samples), (4, 3));
         assert_eq!((s.arenas_in_use, s.arenas_sampled), (3, 3));
         let a = &s.sites[0];
@@ -584,5 +694,29 @@ mod tests {
         assert_eq!(a_stack.allocated_bytes, a.allocated_bytes);
         let held: f64 = s.stacks.iter().map(|t| t.held_bytes).sum();
         assert_eq!(held.round(), 3500.0);
+
+        // A process forked at tick 1 from this one starts from the samples up to then
+        // (every one but the free after the census), frees a.py's object in arena 1 and
+        // has copied arena 0 (where a.py's object lives) and arena 1 (where no sample
+        // lives any more: unattributed).
+        let child_own = log_of(|w| {
+            w.varint(4).u8(2).varint(0x20_0000);
+        });
+        let child = child_own.forked_from(&log, 1);
+        assert_eq!(child.events.len(), 6, "its parent's five and its own free");
+        let copies = |copied: u64| ArenaAcc { copied, ..arena(0) };
+        let arenas = HashMap::from([(0, copies(8192)), (1, copies(4096)), (2, copies(0))]);
+        let copy_index = PoolIndex::new(6, 0, &pools, arenas);
+        let c = sites(&child, None, Some(&copy_index));
+        let a = c
+            .sites
+            .iter()
+            .find(|t| t.location == "a.py:1 (keep)")
+            .unwrap();
+        assert_eq!(a.copied_bytes.round(), 8192.0);
+        assert_eq!(c.copied_unattributed, 4096);
+        assert!(copied_clause(&c).unwrap().contains("a.py:1 (keep)"));
+        // The parent's frame definitions name the child's inherited samples.
+        assert_eq!(child.frame_name(1), "a.py:1 (keep)");
     }
 }

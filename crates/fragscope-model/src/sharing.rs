@@ -41,6 +41,13 @@ impl Owners {
         }
     }
 
+    /// Adds `other`'s bytes.
+    pub fn merge(&mut self, other: &Owners) {
+        self.resident += other.resident;
+        self.shared += other.shared;
+        self.copied += other.copied;
+    }
+
     pub fn private(&self) -> u64 {
         self.resident - self.shared
     }
@@ -73,22 +80,6 @@ impl HeapOwners {
         self.rounding.add(owner, rounding);
         self.allocator_overhead.add(owner, overhead);
         self.free_in_used_pages.add(owner, free);
-    }
-
-    pub fn total(&self) -> Owners {
-        let mut t = Owners::default();
-        for o in [
-            self.live,
-            self.rounding,
-            self.allocator_overhead,
-            self.free_in_used_pages,
-            self.free_resident_pages,
-        ] {
-            t.resident += o.resident;
-            t.shared += o.shared;
-            t.copied += o.copied;
-        }
-        t
     }
 }
 
@@ -181,27 +172,6 @@ pub struct Sharing {
     pub parts: Vec<PartSharing>,
     /// smaps_rollup's Rss, Pss, Shared_* and Private_* read with the snapshot.
     pub rollup: Option<RollupSharing>,
-}
-
-impl Sharing {
-    /// Bytes of the heaps (malloc's and the runtimes') copied since the fork.
-    pub fn heaps_copied(&self) -> u64 {
-        self.heap_parts().map(|p| p.owners.copied).sum()
-    }
-
-    pub fn heaps(&self) -> Owners {
-        let mut t = Owners::default();
-        for p in self.heap_parts() {
-            t.resident += p.owners.resident;
-            t.shared += p.owners.shared;
-            t.copied += p.owners.copied;
-        }
-        t
-    }
-
-    fn heap_parts(&self) -> impl Iterator<Item = &PartSharing> {
-        self.parts.iter().filter(|p| p.part != "other_anon")
-    }
 }
 
 /// The snapshot of a forked process that says most of what it copied from its parent:

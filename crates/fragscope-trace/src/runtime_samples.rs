@@ -106,7 +106,7 @@ pub struct FrameDef {
 
 /// The frames and stacks a process's records defined, by id (ids count up per process,
 /// so later chunks never redefine an id differently).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Definitions {
     pub frames: std::collections::HashMap<u32, FrameDef>,
     pub stacks: std::collections::HashMap<u32, Vec<u32>>,
