@@ -688,6 +688,31 @@ fn a_fork_child_starts_from_its_parents_heap() {
     );
     assert!(!text.contains("frees of unknown blocks"), "{text}");
     assert!(!text.contains("are counted apart"), "{text}");
+    // Freeing every other inherited block wrote to every page of them: the pages that
+    // hold its live data are copies of its parent's, no longer shared.
+    let sharing = &w["snapshots"].as_array().unwrap().last().unwrap()["sharing"];
+    assert_eq!(sharing["forked"], true, "{sharing}");
+    assert!(
+        sharing["inherited"].as_u64().unwrap() >= 10_000_000,
+        "{sharing}"
+    );
+    let live = sharing["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["part"] == "live")
+        .unwrap();
+    let resident = live["resident"].as_f64().unwrap();
+    assert!(live["copied"].as_f64().unwrap() >= 0.9 * resident, "{live}");
+    assert_eq!(live["shared"], 0, "{live}");
+    assert!(text.contains("Shared and private at"), "{text}");
+    let brief = w["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == w["pid"])
+        .unwrap();
+    assert_eq!(brief["forked_from"], parent["pid"], "{brief}");
 }
 
 /// A second thread of the parent allocates and frees while the main thread forks: each
