@@ -281,6 +281,12 @@ fn malloc_data(r: &Report) -> Value {
                 )
             }))
         }),
+        "sharing": r.sharing_snapshot.map(|i| json!({
+            "t_ms": r.snapshots[i].t_ms,
+            "sharing": r.snapshots[i].sharing,
+        })),
+        "processes": r.processes,
+        "stream": r.stream,
         "pymalloc_note": r.pymalloc_note,
         "pymalloc": pymalloc_data(r),
         "python_sites": r.python_sites,

@@ -115,7 +115,7 @@ pub fn render(r: &Report, top: usize) -> String {
     if r.processes.len() > 1 {
         let _ = writeln!(
             o,
-            "one of {} processes in this trace, {}; the others are listed at the end",
+            "one of {} processes in this trace, {}; all are listed at the end",
             r.processes.len(),
             if r.chosen_by_pid {
                 "as asked with --pid"

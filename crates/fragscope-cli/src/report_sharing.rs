@@ -4,26 +4,18 @@
 
 use std::fmt::Write as _;
 
-use fragscope_model::report::{ProcessBrief, Report, Snapshot};
-use fragscope_model::sharing::{self, Owners};
+use fragscope_model::report::{ProcessBrief, Report};
+use fragscope_model::sharing::Owners;
 
 use crate::report::{pct, secs};
 use crate::units::{bytes, count};
 
-/// The snapshot whose sharing the report shows: the one with the most copied bytes of a
-/// forked process, else the focus when it read sharing, else the last that did.
-fn shown(r: &Report) -> Option<&Snapshot> {
-    let has = |i: &usize| r.snapshots[*i].sharing.is_some();
-    sharing::most_copied(&r.snapshots)
-        .or(r.focus_snapshot.filter(has))
-        .or((0..r.snapshots.len()).rev().find(has))
-        .map(|i| &r.snapshots[i])
-}
-
 /// "Shared and private": printed when the process shares heap pages with another or was
 /// forked from a traced one.
 pub fn section(o: &mut String, r: &Report) {
-    let Some(s) = shown(r) else { return };
+    let Some(s) = r.sharing_snapshot.map(|i| &r.snapshots[i]) else {
+        return;
+    };
     let Some(sh) = &s.sharing else { return };
     if !sh.forked && sh.anonymous.shared == 0 {
         return;
@@ -102,15 +94,15 @@ fn part_name(part: &str) -> &str {
     }
 }
 
-/// The other processes of the trace; with their sharing when any was read, grouped under
-/// the parent they were forked from.
+/// The processes of the trace, this one marked; with their sharing when any was read,
+/// each under the parent it was forked from.
 pub fn processes(o: &mut String, r: &Report) {
     if r.processes.len() <= 1 {
         return;
     }
     let _ = writeln!(
         o,
-        "\nOther processes in this trace (fragscope report --pid N):"
+        "\nProcesses in this trace (fragscope report --pid N explains another):"
     );
     let with_sharing = r.processes.iter().any(|p| p.sharing.is_some());
     if with_sharing {
@@ -174,10 +166,10 @@ pub fn processes(o: &mut String, r: &Report) {
                 p.argv.join(" "),
                 p.end
             );
-        } else if p.stream != r.stream {
+        } else {
             let _ = writeln!(
                 o,
-                "  pid {:<8} {:>9} calls  peak RSS {:>10}  {}  ({})",
+                "  pid {:<8} {:>9} calls  peak RSS {:>10}  {}  ({}){me}",
                 p.pid,
                 count(p.calls),
                 p.peak_rss.map_or_else(|| "not sampled".into(), bytes),

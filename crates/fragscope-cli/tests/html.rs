@@ -382,3 +382,67 @@ fn a_cpython_report_html_shows_pymalloc_and_the_python_lines() {
         "{held}: {first}"
     );
 }
+
+/// A pre-fork worker's page: its shared and private pages by part, and the processes of
+/// the trace with the worker under its parent.
+#[test]
+fn a_forked_workers_report_html_shows_its_shared_and_private_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = common::build(dir.path(), "prefork", &[]);
+    let trace = dir.path().join("prefork.fsc");
+    let out = common::record(common::Allocator::Glibc, &trace, &exe, &[]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let worker = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .trim_start_matches("worker ")
+        .to_string();
+    let report: Value = serde_json::from_slice(
+        &fragscope(&[
+            "report",
+            trace.to_str().unwrap(),
+            "--json",
+            "--pid",
+            &worker,
+        ])
+        .stdout,
+    )
+    .unwrap();
+    let page = dir.path().join("prefork.html");
+    let out = fragscope(&[
+        "report",
+        trace.to_str().unwrap(),
+        "--pid",
+        &worker,
+        "--html",
+        page.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let Some(browser) = chromium() else {
+        eprintln!("skipped the browser checks: chromium is not installed (scripts/install-deps.sh installs it)");
+        return;
+    };
+    let dom = load(&browser, &page, &artefacts().join("prefork.png"));
+    assert_clean(&dom);
+    assert_eq!(n(&dom, "id=\"sharing\""), 1);
+    let shown = report["sharing_snapshot"]
+        .as_u64()
+        .expect("a sharing snapshot") as usize;
+    let sharing = &report["snapshots"][shown]["sharing"];
+    let parts = sharing["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["resident"].as_u64().unwrap() > 0)
+        .count();
+    let table = data_table(&dom, "sharing-parts");
+    // A header, a row per part with resident pages, and the total.
+    assert_eq!(n(table, "<tr>"), parts + 2, "{table}");
+    let copied = binary(sharing["anonymous"]["copied"].as_f64().unwrap());
+    assert!(table.contains(&format!("<td>{copied}</td>")), "{table}");
+    let procs = data_table(&dom, "processes");
+    assert_eq!(n(procs, "<tr>"), 3, "{procs}");
+    assert!(
+        procs.contains(&format!("{worker} (this report)")),
+        "{procs}"
+    );
+}

@@ -431,14 +431,22 @@ fn of_many_processes_the_largest_heap_is_explained_and_the_others_listed() {
     assert!(first.contains("scatter 40000"), "{text}");
     assert!(text.contains("one of 4 processes"), "{text}");
     assert!(text.contains("--pid N"), "{text}");
-    let others = text
-        .split("Other processes")
+    let listed = text
+        .split("Processes in this trace")
         .nth(1)
-        .expect("a list of the others");
-    assert_eq!(
-        others.lines().filter(|l| l.contains("peak RSS")).count(),
-        3,
-        "{others}"
+        .expect("a list of the processes");
+    let rows: Vec<&str> = listed
+        .lines()
+        .filter(|l| l.contains("(exited 0)"))
+        .collect();
+    assert_eq!(rows.len(), 4, "{listed}");
+    let this: Vec<&&str> = rows
+        .iter()
+        .filter(|l| l.contains("(this report)"))
+        .collect();
+    assert!(
+        this.len() == 1 && this[0].contains("scatter 40000"),
+        "{listed}"
     );
 }
 

@@ -994,6 +994,7 @@ pub fn analyze(
         headline.dominant = Some(dominant.into());
         headline.sentence = format!("{sentence} {}", headline.sentence);
     }
+    let sharing_snapshot = sharing::shown(&snapshots, focus_snapshot);
     let merge = s.merger.stats();
     // A fork child's frees of blocks it never allocated are of its parent's blocks.
     let forked_from = s.parent_stream.map(|p| {
@@ -1067,6 +1068,7 @@ pub fn analyze(
             .collect(),
         chosen_by_pid: opts.pid.is_some(),
         pymalloc_snapshot,
+        sharing_snapshot,
         pymalloc_note: s.pymalloc_note.clone(),
         python_sites,
         python_sites_note,

@@ -408,6 +408,10 @@ pub struct Report {
     pub leaks: LeakFacts,
     /// A CPython process: the snapshot whose pymalloc arenas hold the most free space.
     pub pymalloc_snapshot: Option<usize>,
+    /// The snapshot whose shared and private pages the views show: of a forked process
+    /// the one with the most copied since the fork, else the focus when it read them,
+    /// else the last that did (see `sharing::shown`).
+    pub sharing_snapshot: Option<usize>,
     /// Why a CPython process has no pymalloc census.
     pub pymalloc_note: Option<String>,
     /// A CPython process: the Python lines whose sampled objects survive in pymalloc's

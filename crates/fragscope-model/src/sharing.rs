@@ -193,6 +193,15 @@ pub fn most_copied(snapshots: &[Snapshot]) -> Option<usize> {
         .or_else(|| (0..snapshots.len()).filter(forked).max_by_key(copied))
 }
 
+/// The snapshot whose sharing a report shows: of a forked process the one with the most
+/// copied since the fork, else the focus when it read sharing, else the last that did.
+pub fn shown(snapshots: &[Snapshot], focus: Option<usize>) -> Option<usize> {
+    let read = |i: &usize| snapshots[*i].sharing.is_some();
+    most_copied(snapshots)
+        .or(focus.filter(read))
+        .or((0..snapshots.len()).rev().find(read))
+}
+
 /// The headline of a forked process whose copies of its parent's memory weigh more than
 /// what its heaps waste: (dominant part, sentence), or None.
 pub fn headline(

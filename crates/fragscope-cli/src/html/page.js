@@ -413,6 +413,43 @@
     if (Y.problem) s.append(el("p", { class: "warn" }, Y.problem));
   }
 
+  // Pages shared with other processes and the process's own (after fork: copied since or
+  // made), by part; then every process of the trace, workers under their parent.
+  function sharingSection(main, R) {
+    const S = R.sharing && R.sharing.sharing;
+    const listed = (R.processes || []).length > 1;
+    if (!(S && (S.forked || S.anonymous.shared > 0)) && !listed) return;
+    const s = section(main, "Shared and private pages", "sharing");
+    if (S && (S.forked || S.anonymous.shared > 0)) {
+      const ru = S.rollup;
+      s.append(el("p", { class: "note" }, "At " + secs(R.sharing.t_ms) + ": pages another process maps too (after fork: the parent, a sibling) and this process's own, from pagemap." +
+        (ru ? " smaps_rollup: RSS " + bytes(ru.rss) + " = shared " + bytes(ru.shared) + " + private " + bytes(ru.private) + "; PSS " + bytes(ru.pss) + "." : "") +
+        (S.inherited !== null ? " It started with " + bytes(S.inherited) + " of heap memory shared with its parent: " + bytes(S.anonymous.copied) + " (" + pct(S.anonymous.copied, S.inherited) + ") copied since." : "")));
+      const name = Object.fromEntries(R.parts_names);
+      const label = (p) => name[p] || { malloc_heap: "malloc heap", pymalloc_arenas: "pymalloc arenas", sbcl_dynamic_space: "SBCL dynamic space", other_anon: "other anonymous" }[p] || p;
+      const row = (n, o) => [n, bytes(o.resident), bytes(o.shared), bytes(o.resident - o.shared)].concat(S.forked ? [bytes(o.copied)] : []);
+      s.append(table(["part", "resident", "shared", "private"].concat(S.forked ? ["of it copied"] : []),
+        S.parts.filter((p) => p.resident > 0).map((p) => row(label(p.part), p)).concat([row("all heap mappings", S.anonymous)]), "sharing-parts"));
+    }
+    if (!listed) return;
+    s.append(el("h3", {}, "Processes in this trace"));
+    const P = R.processes, order = [];
+    const known = new Set(P.map((p) => p.pid));
+    const visit = (p, depth) => {
+      if (order.some(([q]) => q.stream === p.stream)) return;
+      order.push([p, depth]);
+      for (const c of P.filter((c) => c.forked_from === p.pid)) visit(c, depth + 1);
+    };
+    for (const p of P.filter((p) => p.forked_from === null || !known.has(p.forked_from))) visit(p, 0);
+    for (const p of P) visit(p, 0);
+    const opt = (v) => (v === null || v === undefined ? "\u2013" : bytes(v));
+    s.append(table(["pid", "command", "calls", "peak RSS", "RSS", "PSS", "private", "copied", "end"], order.map(([p, depth]) => {
+      const sh = p.sharing, ru = sh && sh.rollup;
+      return ["\u00a0".repeat(2 * depth) + p.pid + (p.stream === R.stream ? " (this report)" : ""), p.argv.join(" "), count(p.calls), opt(p.peak_rss),
+        opt(ru && ru.rss), opt(ru && ru.pss), opt(ru && ru.private), opt(sh && sh.inherited !== null ? sh.anonymous.copied : null), p.end];
+    }), "processes"));
+  }
+
   function sitesSection(main, R) {
     const S = R.sites;
     const s = section(main, "Allocation sites", "sites");
@@ -550,6 +587,7 @@
     const d = section(main, "Where the RSS went", "decomposition");
     d.append(el("p", { class: "note" }, "RSS split at each page-residency snapshot (ticks under the axis), with RSS every 10 ms as a line; shaded bands are the detected phases. Hover for values."));
     decompositionChart(d, R);
+    sharingSection(main, R);
     occupancySection(main, R);
     pymallocSection(main, R);
     lispSection(main, R);
