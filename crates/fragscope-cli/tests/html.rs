@@ -396,17 +396,7 @@ fn a_forked_workers_report_html_shows_its_shared_and_private_pages() {
         .trim()
         .trim_start_matches("worker ")
         .to_string();
-    let report: Value = serde_json::from_slice(
-        &fragscope(&[
-            "report",
-            trace.to_str().unwrap(),
-            "--json",
-            "--pid",
-            &worker,
-        ])
-        .stdout,
-    )
-    .unwrap();
+    let report = common::report_json_of(&trace, &worker);
     let page = dir.path().join("prefork.html");
     let out = fragscope(&[
         "report",

@@ -560,19 +560,6 @@ fn prefork_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/prefork_readers.py")
 }
 
-/// `fragscope report TRACE --json --pid PID`.
-fn report_of_pid(trace: &Path, pid: u64) -> Value {
-    let out = common::fragscope(&[
-        "report".as_ref(),
-        trace.as_os_str(),
-        "--json".as_ref(),
-        "--pid".as_ref(),
-        pid.to_string().as_ref(),
-    ]);
-    assert!(out.status.success(), "{}", common::stderr(&out));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 /// A part of a snapshot's sharing: (resident, shared, copied).
 fn sharing_part(snapshot: &Value, part: &str) -> (f64, f64, f64) {
     let p = snapshot["sharing"]["parts"]
@@ -615,7 +602,7 @@ fn a_worker_that_reads_its_parents_objects_copies_their_arenas_and_an_idle_one_s
     };
     let (reader_pid, idle_pid) = (pid_of("reader "), pid_of("idle "));
 
-    let reader = report_of_pid(&trace, reader_pid);
+    let reader = common::report_json_of(&trace, reader_pid);
     let s = last_census(&reader);
     let (resident, shared, copied) = sharing_part(s, "pymalloc_arenas");
     assert!(resident > 60.0 * 1048576.0, "{}", s["sharing"]);
@@ -653,7 +640,7 @@ fn a_worker_that_reads_its_parents_objects_copies_their_arenas_and_an_idle_one_s
         "{rollup} {copied}"
     );
 
-    let idle = report_of_pid(&trace, idle_pid);
+    let idle = common::report_json_of(&trace, idle_pid);
     let s = last_census(&idle);
     let (resident, shared, copied) = sharing_part(s, "pymalloc_arenas");
     assert!(copied < 0.05 * resident, "{}", s["sharing"]);

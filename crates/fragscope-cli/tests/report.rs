@@ -621,19 +621,6 @@ fn record_prefork(dir: &Path, name: &str) -> (PathBuf, Vec<String>) {
     (trace, workers)
 }
 
-/// `fragscope report TRACE --json --pid PID`.
-fn report_of(trace: &Path, pid: &str) -> Value {
-    let out = common::fragscope(&[
-        "report".as_ref(),
-        trace.as_os_str(),
-        "--json".as_ref(),
-        "--pid".as_ref(),
-        pid.as_ref(),
-    ]);
-    assert!(out.status.success(), "{}", common::stderr(&out));
-    serde_json::from_slice::<Value>(&out.stdout).unwrap()
-}
-
 /// A forked worker's live data at its exit: within 2% of `want` bytes.
 fn assert_live_at_exit(w: &Value, want: f64) {
     let last = w["snapshots"].as_array().unwrap().last().unwrap();
@@ -652,7 +639,7 @@ fn assert_live_at_exit(w: &Value, want: f64) {
 fn a_fork_child_starts_from_its_parents_heap() {
     let dir = tempfile::tempdir().unwrap();
     let (trace, workers) = record_prefork(dir.path(), "prefork");
-    let w = report_of(&trace, &workers[0]);
+    let w = common::report_json_of(&trace, &workers[0]);
     let merge = &w["merge"];
     assert_eq!(merge["unknown_frees"], 0, "{merge}");
     assert_eq!(merge["inherited_frees"], 0, "{merge}");
@@ -673,7 +660,7 @@ fn a_fork_child_starts_from_its_parents_heap() {
         w["leaks"]
     );
     // The parent's figures are its own.
-    let parent = report_of(&trace, &w["processes"][0]["pid"].to_string());
+    let parent = common::report_json_of(&trace, &w["processes"][0]["pid"]);
     let pm = &parent["merge"];
     assert!(
         pm["forked_from"].is_null() && pm["inherited_blocks"].is_null(),
@@ -732,7 +719,7 @@ fn a_fork_childs_heap_is_its_parents_while_another_thread_allocates() {
     let (trace, workers) = record_prefork(dir.path(), "prefork_threads");
     assert_eq!(workers.len(), 3);
     for pid in &workers {
-        let w = report_of(&trace, pid);
+        let w = common::report_json_of(&trace, pid);
         let merge = &w["merge"];
         for field in [
             "unknown_frees",
@@ -746,9 +733,9 @@ fn a_fork_childs_heap_is_its_parents_while_another_thread_allocates() {
         assert!((100_000..=100_000 + 1100).contains(&inherited), "{merge}");
         assert_live_at_exit(&w, 50_000.0 * 100.0 + 50_000.0 * 64.0);
     }
-    let parent = report_of(
+    let parent = common::report_json_of(
         &trace,
-        &report_of(&trace, &workers[0])["processes"][0]["pid"].to_string(),
+        &common::report_json_of(&trace, &workers[0])["processes"][0]["pid"],
     );
     let pm = &parent["merge"];
     assert_eq!(

@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 
 /// Debian's PostgreSQL programs: the newest /usr/lib/postgresql/N/bin with a postgres.
 fn postgres_bin() -> PathBuf {
@@ -176,19 +175,6 @@ impl Drop for Recorded {
     }
 }
 
-/// `fragscope report TRACE --json --pid PID`.
-fn report_of(trace: &Path, pid: u64) -> Value {
-    let out = common::fragscope(&[
-        "report".as_ref(),
-        trace.as_os_str(),
-        "--json".as_ref(),
-        "--pid".as_ref(),
-        pid.to_string().as_ref(),
-    ]);
-    assert!(out.status.success(), "{}", common::stderr(&out));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 /// PostgreSQL's backends and auxiliary processes start from the postmaster's heap at their
 /// fork: every free they make of a block is of a block known, their merge forces and loses
 /// nothing, and each names the postmaster as the process it was forked from.
@@ -276,7 +262,7 @@ fn postgres_backends_under_pgbench_free_only_known_blocks() {
     let mut forked = Vec::new();
     for &pid in &pids {
         // The postmaster's pid: its last image, postgres.
-        let r = report_of(&trace, pid);
+        let r = common::report_json_of(&trace, pid);
         let merge = &r["merge"];
         for field in ["unknown_frees", "inherited_frees", "forced_allocs", "late"] {
             assert_eq!(merge[field], 0, "{pid} {field}: {merge}");

@@ -268,26 +268,32 @@ impl Shared {
         Some(mappings)
     }
 
-    /// A forked child's residency as it starts, before it has written much: the pages it
-    /// inherited from its parent, against which its snapshots tell the pages it copied
-    /// since from those it made (`ChunkKind::ForkResidency`).
-    fn fork_residency(&self, stream: u32, pid: u32, mappings: &[Mapping]) {
+    /// The residency of `pid`'s mappings that can hold heap objects, written as a chunk of
+    /// `kind`: a snapshot's (`Pagemap`), or a forked child's as it starts, before it has
+    /// written much (`ForkResidency`): the pages it inherited from its parent, against which
+    /// its snapshots tell the pages it copied since from those it made.
+    fn write_residency(
+        &self,
+        kind: ChunkKind,
+        stream: u32,
+        pid: u32,
+        mappings: &[Mapping],
+        tick: u64,
+        reason: SnapshotReason,
+    ) {
         let heap: Vec<&Mapping> = mappings
             .iter()
             .filter(|m| procfs::may_hold_heap(m))
             .collect();
         if let Some(ranges) = procfs::read_residency(pid, &heap, self.page_size) {
-            self.send(
-                ChunkKind::ForkResidency,
-                Pagemap {
-                    stream,
-                    tick: self.tick(),
-                    reason: SnapshotReason::Periodic,
-                    page_size: self.page_size as u32,
-                    ranges,
-                }
-                .encode(),
-            );
+            let residency = Pagemap {
+                stream,
+                tick,
+                reason,
+                page_size: self.page_size as u32,
+                ranges,
+            };
+            self.send(kind, residency.encode());
         }
     }
 
@@ -324,23 +330,7 @@ impl Shared {
         let Some(mappings) = self.write_maps(stream, pid) else {
             return;
         };
-        let heap: Vec<&Mapping> = mappings
-            .iter()
-            .filter(|m| procfs::may_hold_heap(m))
-            .collect();
-        if let Some(ranges) = procfs::read_residency(pid, &heap, self.page_size) {
-            self.send(
-                ChunkKind::Pagemap,
-                Pagemap {
-                    stream,
-                    tick,
-                    reason,
-                    page_size: self.page_size as u32,
-                    ranges,
-                }
-                .encode(),
-            );
-        }
+        self.write_residency(ChunkKind::Pagemap, stream, pid, &mappings, tick, reason);
         if let Some(census) = census {
             // Dropped when the census thread is still busy with the one before: the
             // next snapshot asks again.
@@ -811,7 +801,9 @@ fn serve_connection(shared: &Arc<Shared>, mut conn: UnixStream, id: u64) {
                 if hello.flags & HELLO_RESUMED == 0 {
                     let maps = shared.write_maps(s, hello.pid);
                     if let (Some(maps), true) = (maps, hello.flags & HELLO_FORKED != 0) {
-                        shared.fork_residency(s, hello.pid, &maps);
+                        let (kind, tick) = (ChunkKind::ForkResidency, shared.tick());
+                        let reason = SnapshotReason::Periodic;
+                        shared.write_residency(kind, s, hello.pid, &maps, tick, reason);
                     }
                 }
                 stream = Some(s);

@@ -375,6 +375,20 @@ pub fn report_json(trace: &Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `fragscope report TRACE --json --pid PID`: one process of a trace.
+pub fn report_json_of(trace: &Path, pid: impl std::fmt::Display) -> serde_json::Value {
+    let pid = pid.to_string();
+    let out = fragscope(&[
+        "report".as_ref(),
+        trace.as_os_str(),
+        "--json".as_ref(),
+        "--pid".as_ref(),
+        pid.as_ref(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// Records tests/python/keep_a_tenth.py `args` with Debian's interpreter as a user would
 /// (Python sites sampled, censuses every 300 ms) into `dir`/keep_a_tenth.fsc.
 pub fn record_keep_a_tenth(dir: &Path, args: &[&str]) -> PathBuf {
