@@ -121,6 +121,9 @@ struct Stream {
     pending: VecDeque<Pagemap>,
     /// Its residency as it started, when it was forked (`Chunk::ForkResidency`).
     fork_residency: Option<Pagemap>,
+    /// Each snapshot's heap mappings by owner, as its residency arrives, for the list of
+    /// processes (which does not wait for the snapshots' evaluation).
+    anonymous_sharing: Vec<(u64, SnapshotReason, Owners)>,
     /// pymalloc censuses waiting for the snapshot of their tick (written just before it).
     pymalloc_pending: VecDeque<(u64, PymallocPools)>,
     /// Why the process has no pymalloc census, when it is CPython.
@@ -420,9 +423,7 @@ impl Stream {
         parts.push(part("other_anon", other));
         Some(Sharing {
             forked: fork.is_some(),
-            inherited: fork.map(|f| {
-                f.ranges.iter().map(|r| r.resident_pages()).sum::<u64>() * u64::from(f.page_size)
-            }),
+            inherited: fork.map(sharing::resident_bytes),
             anonymous,
             parts,
             rollup: None,
@@ -676,6 +677,10 @@ pub fn analyze(
             Chunk::Pagemap(p) => {
                 let i = index(&mut streams, &mut by_stream, p.stream);
                 let s = &mut streams[i];
+                if sharing::known(&p) {
+                    let owners = sharing::owners_of(&p, s.fork_residency.as_ref());
+                    s.anonymous_sharing.push((p.tick, p.reason, owners));
+                }
                 // Snapshots are evaluated when the merged calls reach their tick.
                 s.pending.push_back(p);
             }
@@ -1130,17 +1135,14 @@ fn python_log(streams: &[Stream], i: usize) -> std::borrow::Cow<'_, PythonLog> {
 fn brief(s: &Stream, streams: &[Stream], tick_ms: f64) -> ProcessBrief {
     // Its sharing at its last snapshot that read it, before its exit when it can (a
     // runtime's heap is gone or unread there).
-    fn read(e: &Evaluated) -> Option<(u64, SnapshotReason, &Sharing)> {
-        Some((e.tick, e.reason, e.sharing.as_ref()?))
-    }
-    let sharing = (s.evaluated.iter().rev().filter_map(read))
+    let sharing = (s.anonymous_sharing.iter().rev())
         .find(|e| e.1 != SnapshotReason::Exit)
-        .or_else(|| s.evaluated.iter().rev().find_map(read))
-        .map(|(tick, _, sh)| BriefSharing {
+        .or(s.anonymous_sharing.last())
+        .map(|&(tick, _, anonymous)| BriefSharing {
             t_ms: tick as f64 * tick_ms,
             rollup: nearest(&s.rollups, tick, |r| r.0).and_then(|r| r.2),
-            anonymous: sh.anonymous,
-            inherited: sh.inherited,
+            anonymous,
+            inherited: s.fork_residency.as_ref().map(sharing::resident_bytes),
         });
     ProcessBrief {
         forked_from: s.parent_stream.map(|p| {

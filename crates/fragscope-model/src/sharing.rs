@@ -122,6 +122,11 @@ pub fn owners_of(pm: &Pagemap, fork: Option<&Pagemap>) -> Owners {
     )
 }
 
+/// Resident bytes of every range of `pm`.
+pub fn resident_bytes(pm: &Pagemap) -> u64 {
+    pm.ranges.iter().map(|r| r.resident_pages()).sum::<u64>() * u64::from(pm.page_size)
+}
+
 /// smaps_rollup's figures of sharing at a snapshot, in bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct RollupSharing {
