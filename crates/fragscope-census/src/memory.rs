@@ -88,6 +88,12 @@ impl ProcessMemory {
         self.read(addr, &mut b)?;
         Ok(u32::from_le_bytes(b))
     }
+
+    pub fn read_u8(&mut self, addr: u64) -> io::Result<u8> {
+        let mut b = [0u8; 1];
+        self.read(addr, &mut b)?;
+        Ok(b[0])
+    }
 }
 
 #[cfg(test)]

@@ -56,18 +56,89 @@ const OPEN_REGION_PAGE_FLAG: u8 = 32;
 /// with bits above the flags, is not the layout read here.
 const KNOWN_TYPE_BITS: u8 = PAGE_TYPE_MASK | SINGLE_OBJECT_FLAG | OPEN_REGION_PAGE_FLAG;
 
-// struct thread (genesis/thread.h, 2.2.9): the thread's allocation regions, and the
-// `this` and `next` links.
-const THREAD_TLABS: [(u64, &str); 6] = [
-    (64, "boxed"),
-    (88, "cons"),
-    (112, "mixed"),
-    (256, "symbol"),
-    (280, "system mixed"),
-    (304, "system cons"),
+/// What differs between the SBCL releases the census reads, one entry per release. The
+/// page-table entry, `struct generation`, `struct alloc_region`, the widetags and the
+/// objects' sizes are the same in all of them (their runtimes' debug information,
+/// `/usr/lib/sbcl/sbcl.o`, and their `sb-vm` constants), and each census checks the
+/// tag and size tables against the process's own (`check_tag_tables`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Release {
+    /// The release number `sbcl --version` starts with.
+    pub version: &'static str,
+    /// Which Debian release ships it (where it was verified).
+    pub shipped_by: &'static str,
+    /// `struct thread` (genesis/thread.h): its six allocation regions, boxed, cons, mixed,
+    /// symbol, system mixed and system cons (`thread-*-tlab-slot` × 8).
+    thread_tlabs: [u64; 6],
+    /// Whether the runtime sizes unboxed numbers with a function of their own
+    /// (`size_unboxed`) rather than `size_boxed`.
+    size_unboxed: bool,
+    /// The runtime's count of collections: `n_gcs_done` until 2.6 counts it only in
+    /// builds that time their pauses; `n_lisp_gcs` (2.3 on) counts every one.
+    collections_counter: &'static str,
+    /// `this` and `next` in `struct thread`.
+    thread_this: u64,
+    thread_next: u64,
+    /// Whether the mark from the roots knows this release's roots (thread-local storage,
+    /// static symbols, the runtime's C roots).
+    pub mark: bool,
+}
+
+const TLAB_NAMES: [&str; 6] = [
+    "boxed",
+    "cons",
+    "mixed",
+    "symbol",
+    "system mixed",
+    "system cons",
 ];
-const THREAD_THIS: u64 = 192;
-const THREAD_NEXT: u64 = 208;
+
+/// The releases whose layouts fragscope has verified: Debian 12's, 13's and unstable's.
+pub const RELEASES: [Release; 3] = [
+    Release {
+        version: "2.2.9",
+        shipped_by: "Debian 12",
+        thread_tlabs: [64, 88, 112, 256, 280, 304],
+        size_unboxed: false,
+        collections_counter: "n_gcs_done",
+        thread_this: 192,
+        thread_next: 208,
+        mark: true,
+    },
+    Release {
+        version: "2.5.2",
+        shipped_by: "Debian 13",
+        thread_tlabs: [64, 88, 112, 272, 296, 320],
+        size_unboxed: false,
+        collections_counter: "n_lisp_gcs",
+        thread_this: 192,
+        thread_next: 208,
+        mark: false,
+    },
+    Release {
+        version: "2.6.4",
+        shipped_by: "Debian unstable",
+        thread_tlabs: [64, 88, 112, 280, 304, 328],
+        size_unboxed: true,
+        collections_counter: "n_lisp_gcs",
+        thread_this: 192,
+        thread_next: 208,
+        mark: false,
+    },
+];
+
+/// The release whose roots the mark was written for (`mark.rs`).
+pub const MARK_RELEASE: &str = "2.2.9";
+
+/// The verified releases, for sentences: "2.2.9 (Debian 12), 2.5.2 (Debian 13) ...".
+pub fn verified_releases() -> String {
+    RELEASES
+        .iter()
+        .map(|r| format!("{} ({})", r.version, r.shipped_by))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// gc_alloc_region[6]: mixed, small mixed, unboxed, code, boxed, cons.
 const GLOBAL_REGIONS: [&str; 6] = ["mixed", "small mixed", "unboxed", "code", "boxed", "cons"];
 const MAX_THREADS: u64 = 1 << 16;
@@ -81,7 +152,7 @@ const FILLER_WIDETAG: u8 = 109;
 /// room.lisp skips it without counting it.
 const PSEUDO_CONS: u64 = u64::MAX;
 
-const SYMBOLS: [&str; 13] = [
+const SYMBOLS: [&str; 14] = [
     "DYNAMIC_SPACE_START",
     "dynamic_space_size",
     "page_table",
@@ -93,6 +164,7 @@ const SYMBOLS: [&str; 13] = [
     "all_threads",
     "gc_active_p",
     "n_gcs_done",
+    "n_lisp_gcs",
     "widetag_lowtag",
     "sizetab",
 ];
@@ -113,14 +185,13 @@ const MARK_SYMBOLS: [&str; 11] = [
     "sb_sprof_enabled",
 ];
 
-/// The one SBCL release whose layout fragscope has verified.
-pub const VERIFIED_RELEASE: &str = "2.2.9";
-
 /// An SBCL runtime whose heap the census can read: where its variables are.
 #[derive(Debug, Clone)]
 pub struct SbclRuntime {
     /// As `sbcl --version` prints it, e.g. `2.2.9.debian`.
     pub version: String,
+    /// Its entry of [`RELEASES`].
+    pub release: Release,
     dynamic_space_start: u64,
     dynamic_space_size: u64,
     page_table: u64,
@@ -131,7 +202,7 @@ pub struct SbclRuntime {
     gc_alloc_region: u64,
     all_threads: u64,
     gc_active_p: u64,
-    n_gcs_done: u64,
+    collections_counter: u64,
     widetag_lowtag: u64,
     sizetab: u64,
     /// Where [`MARK_SYMBOLS`] are, in that order; Err says which one is missing.
@@ -184,6 +255,16 @@ impl SbclRuntime {
                     .into(),
             );
         }
+        // A runtime built with the mark-region collector (:mark-region-gc) has a page
+        // table too, but its pages hold lines, not gencgc's contiguous blocks.
+        let collector = Symbols::resolve(elf, &["line_bytemap", "allocation_bitmap"], None)?;
+        if collector.get("line_bytemap").is_some() || collector.get("allocation_bitmap").is_some() {
+            return Err(
+                "an SBCL built with the mark-region collector (:mark-region-gc), not \
+                        gencgc: the census reads gencgc's page table only"
+                    .into(),
+            );
+        }
         if !file.is_64()
             || !file.is_little_endian()
             || file.architecture() != object::Architecture::X86_64
@@ -204,12 +285,16 @@ impl SbclRuntime {
             .unwrap_or("")
             .trim_end_matches('.')
             .to_string();
-        if numeric != VERIFIED_RELEASE {
-            return Err(format!(
-                "SBCL {version} is not supported: the census reads the gencgc layout of SBCL \
-                 {VERIFIED_RELEASE}, and fragscope has not verified this release's"
-            ));
-        }
+        let release = *RELEASES
+            .iter()
+            .find(|r| r.version == numeric)
+            .ok_or_else(|| {
+                format!(
+                    "SBCL {version} is not supported: fragscope reads the gencgc layouts of \
+                     SBCL {}, and has not verified this release's",
+                    verified_releases()
+                )
+            })?;
         let symbols = Symbols::resolve(elf, &SYMBOLS, pid)?;
         let mark_symbols = Symbols::resolve(elf, &MARK_SYMBOLS, pid).and_then(|m| {
             MARK_SYMBOLS
@@ -233,11 +318,12 @@ impl SbclRuntime {
             gc_alloc_region: need("gc_alloc_region")?,
             all_threads: need("all_threads")?,
             gc_active_p: need("gc_active_p")?,
-            n_gcs_done: need("n_gcs_done")?,
+            collections_counter: need(release.collections_counter)?,
             widetag_lowtag: need("widetag_lowtag")?,
             sizetab: need("sizetab")?,
             mark_symbols,
             version,
+            release,
         })
     }
 }
@@ -599,7 +685,7 @@ pub struct SbclCensus {
     pub occupancy_bytes: Vec<u64>,
     /// Every page in use, in address order.
     pub pages: Vec<SbclPage>,
-    /// Collections done (`n_gcs_done`).
+    /// Collections done (`n_gcs_done` or `n_lisp_gcs`, as the release counts them).
     pub collections: u64,
     /// The object walk, when asked for.
     pub objects: Option<SbclObjects>,
@@ -709,7 +795,8 @@ fn read_census(
              {npages} pages of {PAGE_BYTES} bytes)"
         )));
     }
-    if mem.read_u32(rt.gc_active_p)? != 0 {
+    // An int in 2.2.9, a bool since: its first byte says.
+    if mem.read_u8(rt.gc_active_p)? != 0 {
         return Err(inconsistent("a collection is running".into()));
     }
     let next_free = mem.read_u64(rt.next_free_page)?;
@@ -718,7 +805,7 @@ fn read_census(
             "next_free_page {next_free} is beyond the page table's {npages} pages"
         )));
     }
-    let collections = u64::from(mem.read_u32(rt.n_gcs_done)?);
+    let collections = u64::from(mem.read_u32(rt.collections_counter)?);
     let bytes_allocated = mem.read_u64(rt.bytes_allocated)?;
     let mut gens = vec![0u8; GENERATIONS * GENERATION_SIZE as usize];
     mem.read(rt.generations, &mut gens)?;
@@ -795,7 +882,8 @@ fn read_census(
             .filter(|_| bits & !KNOWN_TYPE_BITS == 0)
             .ok_or_else(|| {
                 inconsistent(format!(
-                    "page {i} has type bits {bits:#x}, unknown to SBCL {VERIFIED_RELEASE}"
+                    "page {i} has type bits {bits:#x}, unknown to SBCL {}",
+                    rt.release.version
                 ))
             })?;
         if usize::from(gen) >= GENERATIONS || bytes_used > PAGE_BYTES {
@@ -960,7 +1048,7 @@ fn open_regions(
     }
     let mut thread = mem.read_u64(rt.all_threads)?;
     let mut seen = 0;
-    let mut t = vec![0u8; 328];
+    let mut t = vec![0u8; rt.release.thread_tlabs.iter().max().map_or(0, |m| m + 24) as usize];
     while thread != 0 {
         seen += 1;
         if seen > MAX_THREADS {
@@ -969,17 +1057,18 @@ fn open_regions(
             ));
         }
         mem.read(thread, &mut t)?;
-        if le_u64(&t, THREAD_THIS as usize) != thread {
+        if le_u64(&t, rt.release.thread_this as usize) != thread {
             return Err(inconsistent(format!(
                 "the thread structure at {thread:#x} does not point to itself: not the \
-                 SBCL {VERIFIED_RELEASE} layout"
+                 SBCL {} layout",
+                rt.release.version
             )));
         }
-        for (off, name) in THREAD_TLABS {
-            let off = off as usize;
+        for (off, name) in rt.release.thread_tlabs.iter().zip(TLAB_NAMES) {
+            let off = *off as usize;
             push(format!("thread {thread:#x} {name}"), &t[off..off + 24])?;
         }
-        thread = le_u64(&t, THREAD_NEXT as usize);
+        thread = le_u64(&t, rt.release.thread_next as usize);
     }
     Ok(out)
 }
@@ -995,6 +1084,10 @@ enum Sizer {
     Boxed,
     /// 1 + (15-bit payload | 1).
     ShortBoxed,
+    /// Numbers without pointers other than bignums (double-float, complex floats, SAP,
+    /// SIMD pack): 1 + (payload | 1), the payload a byte. 2.6's runtime sizes them with
+    /// `size_unboxed`; earlier ones with `size_boxed`, which agrees on such payloads.
+    Unboxed,
     Bignum,
     Symbol,
     Code,
@@ -1018,7 +1111,8 @@ fn sizer(widetag: u8) -> Sizer {
     }
     match widetag {
         17 => Bignum,
-        21 | 29 | 33 | 37 | 41 | 49 | 77 | 101 | 105 => Boxed,
+        21 | 33 | 77 => Boxed,
+        29 | 37 | 41 | 49 | 101 | 105 => Unboxed,
         9 | 25 | 81 => NotHeader, // unbound marker, single-float, character: immediates
         45 => Symbol,
         53 => Code,
@@ -1066,8 +1160,9 @@ fn check_tag_tables(mem: &mut ProcessMemory, rt: &SbclRuntime) -> Result<(), Cen
     for w in 0..=255u8 {
         if lowtags[usize::from(w)] != expected_lowtag(w) {
             return Err(inconsistent(format!(
-                "the runtime's widetag_lowtag[{w}] is {:#x}, not SBCL {VERIFIED_RELEASE}'s {:#x}",
+                "the runtime's widetag_lowtag[{w}] is {:#x}, not SBCL {}'s {:#x}",
                 lowtags[usize::from(w)],
+                rt.release.version,
                 expected_lowtag(w)
             )));
         }
@@ -1077,7 +1172,10 @@ fn check_tag_tables(mem: &mut ProcessMemory, rt: &SbclRuntime) -> Result<(), Cen
     let fns: Vec<u64> = (0..256).map(|w| le_u64(&raw, w * 8)).collect();
     let mut by_sizer: Vec<(Sizer, u64)> = Vec::new();
     for w in 0..=255u8 {
-        let (s, f) = (sizer(w), fns[usize::from(w)]);
+        let (s, f) = match sizer(w) {
+            Sizer::Unboxed if !rt.release.size_unboxed => (Sizer::Boxed, fns[usize::from(w)]),
+            s => (s, fns[usize::from(w)]),
+        };
         let ok = match s {
             Sizer::NotHeader => f == 0,
             _ if f == 0 => false,
@@ -1093,7 +1191,8 @@ fn check_tag_tables(mem: &mut ProcessMemory, rt: &SbclRuntime) -> Result<(), Cen
         };
         if !ok {
             return Err(inconsistent(format!(
-                "the runtime sizes widetag {w} unlike SBCL {VERIFIED_RELEASE}"
+                "the runtime sizes widetag {w} unlike SBCL {}",
+                rt.release.version
             )));
         }
     }
@@ -1151,6 +1250,7 @@ fn object_words(
         }
         Sizer::Boxed => 1 + ((value & 0x7F_FFFF) | 1),
         Sizer::ShortBoxed => 1 + ((value & 0x7FFF) | 1),
+        Sizer::Unboxed => 1 + ((value & 0xFF) | 1),
         Sizer::Bignum => 1 + ((value & 0xFFFF_FFFF) | 1),
         Sizer::Symbol => 6,
         Sizer::Code => h >> 32,

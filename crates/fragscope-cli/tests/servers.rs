@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-
 /// Debian's PostgreSQL programs: the newest /usr/lib/postgresql/N/bin with a postgres.
 fn postgres_bin() -> PathBuf {
     let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")

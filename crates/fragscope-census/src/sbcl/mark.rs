@@ -541,7 +541,7 @@ fn static_symbol(mem: &mut ProcessMemory, (addr, name): (u64, &str)) -> Result<u
     if !named {
         return Err(inconsistent(format!(
             "static space does not hold the symbol {name} at {addr:#x}: not the SBCL \
-             {VERIFIED_RELEASE} build whose roots the mark knows"
+             {MARK_RELEASE} build whose roots the mark knows"
         )));
     }
     Ok(addr + SYMBOL_VALUE)
@@ -564,6 +564,13 @@ pub(super) fn mark(
     space: &Space,
 ) -> Result<SbclMark, CensusError> {
     let t = Instant::now();
+    if !rt.release.mark {
+        return Err(inconsistent(format!(
+            "the mark from the roots knows SBCL {MARK_RELEASE}'s roots only, not SBCL {}'s \
+             (thread-local storage, static symbols and the runtime's roots moved)",
+            rt.version
+        )));
+    }
     let syms = rt
         .mark_symbols
         .clone()
@@ -646,8 +653,8 @@ pub(super) fn mark(
             ));
         }
         m.mem.read(thread, &mut t_buf)?;
-        let next = le_u64(&t_buf, THREAD_NEXT as usize);
-        if le_u64(&t_buf, THREAD_THIS as usize) != thread {
+        let next = le_u64(&t_buf, rt.release.thread_next as usize);
+        if le_u64(&t_buf, rt.release.thread_this as usize) != thread {
             return Err(inconsistent(format!(
                 "the thread structure at {thread:#x} does not point to itself"
             )));
