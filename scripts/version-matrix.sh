@@ -9,6 +9,11 @@
 #
 #   scripts/version-matrix.sh [SUITE:PYTHON[:note]...]
 #
+# Then the SBCL census tests (crates/fragscope-census/tests/sbcl.rs) on each suite's SBCL:
+# Debian 12's 2.2.9, 13's 2.5.2, unstable's 2.6.4, the Lisp run chrooted and read from the
+# host (FRAGSCOPE_SBCL_ROOT). $SBCL_SUITES (default "bookworm trixie sid") chooses them;
+# empty skips them.
+#
 # Default: bookworm:python3.11 trixie:python3.13 sid:python3.14. ":note" expects a
 # release without Python lines: no python_sites, and python_sites_note saying why.
 # Chroots are kept in $FRAGSCOPE_CHROOTS (default /var/tmp/fragscope-chroots) and reused.
@@ -100,6 +105,20 @@ print(f"ok   {suite} {python} (CPython {release}, {secs} s): {figures}")
 EOF
     passed=$((passed + 1))
   else
+    failed=$((failed + 1))
+  fi
+done
+for suite in ${SBCL_SUITES-bookworm trixie sid}; do
+  dir=$chroots/$suite
+  scripts/chroot.sh "$suite" "$dir" sbcl
+  release=$(chroot "$dir" /usr/bin/sbcl --version 2>/dev/null || echo "?")
+  if log=$(FRAGSCOPE_SBCL_ROOT=$dir cargo test --release -p fragscope-census --test sbcl -- --nocapture 2>&1); then
+    skipped=$(grep '^skipped' <<<"$log" | sed 's/^skipped //' | paste -sd';' - | sed 's/;/; /g')
+    echo "ok   $suite $release: $(grep -c '^test .* ok$' <<<"$log") census tests passed${skipped:+ (skipped: $skipped)}"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $suite $release: the SBCL census tests:" >&2
+    grep -E "panicked|^test .*FAILED|assert" <<<"$log" | head -10 >&2
     failed=$((failed + 1))
   fi
 done

@@ -20,7 +20,7 @@
 //! thread allocated in its open region (its TLABs, in `struct thread`) are added when
 //! the region closes, so the census reads those regions apart.
 //!
-//! Every layout fact here is the one of SBCL 2.2.9 on x86-64 (Debian's build, checked
+//! Layouts are x86-64 SBCL 2.2.9's, 2.5.2's and 2.6.4's ([`RELEASES`]; Debian's builds, checked
 //! against its debug information and generated headers, and against the running Lisp's
 //! own figures). Each census checks itself: the page table's bytes per generation must
 //! equal the runtime's counters, and the runtime's own tag and size tables
