@@ -79,6 +79,13 @@ pub struct Release {
     /// `this` and `next` in `struct thread`.
     thread_this: u64,
     thread_next: u64,
+    /// `lisp_thread` in `struct thread`, its last field: the thread-local values start
+    /// there (`&th->lisp_thread` in gencgc.c), up to `*FREE-TLS-INDEX*`'s value.
+    pub(crate) thread_lisp_thread: u64,
+    /// Where static space starts: a constant of the build (genesis/constants.h), or
+    /// `None` when the runtime chooses it and exports it (`STATIC_SPACE_START`,
+    /// `:relocatable-static-space`).
+    pub(crate) static_space_start: Option<u64>,
     /// Whether the mark from the roots knows this release's roots (thread-local storage,
     /// static symbols, the runtime's C roots).
     pub mark: bool,
@@ -103,6 +110,8 @@ pub const RELEASES: [Release; 3] = [
         collections_counter: "n_gcs_done",
         thread_this: 192,
         thread_next: 208,
+        thread_lisp_thread: 1144,
+        static_space_start: Some(0x5000_0000),
         mark: true,
     },
     Release {
@@ -113,7 +122,9 @@ pub const RELEASES: [Release; 3] = [
         collections_counter: "n_lisp_gcs",
         thread_this: 192,
         thread_next: 208,
-        mark: false,
+        thread_lisp_thread: 1168,
+        static_space_start: Some(0x5000_0000),
+        mark: true,
     },
     Release {
         version: "2.6.4",
@@ -123,12 +134,11 @@ pub const RELEASES: [Release; 3] = [
         collections_counter: "n_lisp_gcs",
         thread_this: 192,
         thread_next: 208,
-        mark: false,
+        thread_lisp_thread: 384,
+        static_space_start: None,
+        mark: true,
     },
 ];
-
-/// The release whose roots the mark was written for (`mark.rs`).
-pub const MARK_RELEASE: &str = "2.2.9";
 
 /// The verified releases, for sentences: "2.2.9 (Debian 12), 2.5.2 (Debian 13) ...".
 pub fn verified_releases() -> String {
@@ -171,7 +181,7 @@ const SYMBOLS: [&str; 14] = [
 
 /// What the mark from the roots reads beyond the census's variables: the other spaces'
 /// bounds and the runtime's own roots (C variables holding Lisp objects).
-const MARK_SYMBOLS: [&str; 11] = [
+const MARK_SYMBOLS: [&str; 10] = [
     "FIXEDOBJ_SPACE_START",
     "fixedobj_free_pointer",
     "TEXT_SPACE_START",
@@ -180,9 +190,21 @@ const MARK_SYMBOLS: [&str; 11] = [
     "lisp_sig_handlers",
     "lisp_package_vector",
     "lisp_init_function",
-    "gc_object_watcher",
     "alloc_profile_data",
     "sb_sprof_enabled",
+];
+
+/// What the mark reads when the runtime has it: a C root only 2.2.9 keeps
+/// (`gc_object_watcher`), a static space placed at run time (`STATIC_SPACE_START`, with
+/// its trailer of static constants, NIL and T among them, 2.6), and the permanent
+/// generation's space (`permgen_bounds[2]`, `permgen_space_free_pointer`, 2.5 on; empty
+/// unless a core put objects there).
+const MARK_OPTIONAL_SYMBOLS: [&str; 5] = [
+    "gc_object_watcher",
+    "STATIC_SPACE_START",
+    "static_space_trailer_start",
+    "permgen_bounds",
+    "permgen_space_free_pointer",
 ];
 
 /// An SBCL runtime whose heap the census can read: where its variables are.
@@ -207,6 +229,8 @@ pub struct SbclRuntime {
     sizetab: u64,
     /// Where [`MARK_SYMBOLS`] are, in that order; Err says which one is missing.
     mark_symbols: Result<Vec<u64>, String>,
+    /// Where [`MARK_OPTIONAL_SYMBOLS`] are, in that order, those the runtime has.
+    mark_optional: Vec<Option<u64>>,
 }
 
 impl SbclRuntime {
@@ -302,6 +326,9 @@ impl SbclRuntime {
                 .map(|n| m.need(n))
                 .collect::<Result<Vec<u64>, String>>()
         });
+        let mark_optional = Symbols::resolve(elf, &MARK_OPTIONAL_SYMBOLS, pid)
+            .map(|m| MARK_OPTIONAL_SYMBOLS.iter().map(|n| m.get(n)).collect())
+            .unwrap_or_else(|_| vec![None; MARK_OPTIONAL_SYMBOLS.len()]);
         let need = |n: &str| {
             symbols
                 .need(n)
@@ -322,6 +349,7 @@ impl SbclRuntime {
             widetag_lowtag: need("widetag_lowtag")?,
             sizetab: need("sizetab")?,
             mark_symbols,
+            mark_optional,
             version,
             release,
         })

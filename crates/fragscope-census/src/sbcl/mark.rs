@@ -1,12 +1,13 @@
 //! The mark from the roots: which objects of the dynamic space a full collection would
 //! keep, found from outside the process while it is stopped.
 //!
-//! Roots, as SBCL 2.2.9's gencgc takes them for `(gc :full t)` (gencgc.c,
-//! `garbage_collect_generation`), on x86-64 with immobile space:
+//! Roots, as the gencgc of SBCL 2.2.9, 2.5.2 and 2.6.4 takes them for `(gc :full t)`
+//! (gencgc.c, `garbage_collect_generation`), on x86-64 with immobile space:
 //!
 //! - each Lisp thread's control stack, conservatively: from the thread's stack pointer
-//!   (read from `/proc/PID/task/TID/syscall`, less the 128-byte red zone; the whole
-//!   stack when it cannot be read) to `control_stack_end`. A word keeps an object when
+//!   (the task of `/proc/PID/task` whose stack pointer, read from its `syscall`, is
+//!   inside the thread's control stack, less the 128-byte red zone; the whole stack
+//!   when there is none) to `control_stack_end`. A word keeps an object when
 //!   it is a tagged pointer to its start with the lowtag its header calls for, or, on a
 //!   code page, any address inside a code object's instructions (a return address) or
 //!   a funcallable instance's trampoline words (`conservative_root_p`). Registers are
@@ -18,17 +19,22 @@
 //!   regions, the newest small objects, is kept live; a large object just allocated
 //!   and held only in a register would still count as garbage.
 //! - each thread's binding stack (`binding_stack_start` to `binding_stack_pointer`) and
-//!   thread-local values (`struct thread` from `lisp_thread` to the static symbol
-//!   FREE-TLS-INDEX's value);
-//! - static space (`0x50000000` to `static_space_free_pointer`), every word, except the
-//!   value of DYNSPACE-CODEBLOB-TREE, which the collector clears before it marks;
+//!   thread-local values (`struct thread` from `lisp_thread`, the release's offset, to
+//!   the static symbol FREE-TLS-INDEX's value);
+//! - static space (`0x50000000`, or 2.6's exported `STATIC_SPACE_START`, to
+//!   `static_space_free_pointer`, and 2.6's trailer of static constants, NIL and T, from
+//!   `static_space_trailer_start` to its end), every word, except the value of
+//!   DYNSPACE-CODEBLOB-TREE, which the collector clears before it marks; the static
+//!   symbols are found in it by name;
+//! - the permanent generation (2.5 on, `permgen_bounds[0]` to
+//!   `permgen_space_free_pointer`), every word, when a core put objects there;
 //! - immobile space, fixed-object (`FIXEDOBJ_SPACE_START` to `fixedobj_free_pointer`)
 //!   and text (`TEXT_SPACE_START` to `text_space_highwatermark`), every word, all of it
 //!   a root: the collector also frees immobile objects of the collected generations,
 //!   so garbage there can keep a dynamic object that the collection would free;
 //! - every object of the pseudo-static generation (6, the core's), scanned precisely;
 //! - the runtime's C roots: `lisp_sig_handlers[65]`, `lisp_package_vector`,
-//!   `lisp_init_function`, `gc_object_watcher`, `alloc_profile_data`;
+//!   `lisp_init_function`, `gc_object_watcher` (2.2.9), `alloc_profile_data`;
 //! - with sb-sprof on (`sb_sprof_enabled`), every code object of the dynamic space.
 //!
 //! Words of whole spaces are taken as ambiguous roots (a superset of the precise ones).
@@ -40,8 +46,9 @@
 //! instances' slots, each taken when it is a tagged pointer to an object's start (the
 //! layout's bitmap is not read: a raw slot that happens to equal such a pointer keeps
 //! its target), and an instance's first slot also as an untagged lock-free list link;
-//! weak pointers and weak hash tables as strong (a full collection would free what
-//! only they reach: the mark counts it live). Unboxed objects (numbers, specialized
+//! weak vectors (the weak flag alone: 2.3 on interns types in weak hashsets) as
+//! holding nothing, as the collector; weak pointers and weak hash tables as strong (a
+//! full collection would free what only they reach: the mark counts it live). Unboxed objects (numbers, specialized
 //! vectors, strings) hold nothing.
 //!
 //! Memory: two bits per 16 bytes of used dynamic space (object starts, from the walk,
@@ -52,28 +59,33 @@ use std::time::Instant;
 
 use super::*;
 
-/// Constants of Debian's SBCL 2.2.9 x86-64 build (src/runtime/genesis/constants.h and
-/// static-symbols.h of sbcl-source); the static symbols are checked by their names
-/// before anything is read through them.
-const STATIC_SPACE_START: u64 = 0x5000_0000;
-const STATIC_SPACE_END: u64 = 0x5010_0000;
-const FREE_TLS_INDEX: (u64, &str) = (0x5000_0230, "*FREE-TLS-INDEX*");
-const DYNSPACE_CODEBLOB_TREE: (u64, &str) = (0x5000_01D0, "*DYNSPACE-CODEBLOB-TREE*");
+/// Static space's size in the three releases (genesis/constants.h: 2.2.9's and 2.5.2's
+/// static space is 0x50000000 to 0x50100000; 2.6.4's trailer of static constants ends
+/// 1 MiB above its `STATIC_SPACE_START`). A free pointer beyond is a misread.
+const STATIC_SPACE_SIZE: u64 = 0x10_0000;
+/// The static symbols the mark reads, found by name in static space.
+const FREE_TLS_INDEX: &str = "*FREE-TLS-INDEX*";
+const DYNSPACE_CODEBLOB_TREE: &str = "*DYNSPACE-CODEBLOB-TREE*";
+const SYMBOL_WIDETAG: u8 = 45;
+const SIMPLE_BASE_STRING_WIDETAG: u8 = 225;
 /// struct symbol: header, hash, value, fdefn, info, name.
 const SYMBOL_VALUE: u64 = 16;
 const SYMBOL_NAME: usize = 40;
 /// FIXEDOBJ_SPACE_SIZE and TEXT_SPACE_SIZE: a free pointer beyond is a misread.
 const FIXEDOBJ_SPACE_SIZE: u64 = 0x280_0000;
 const TEXT_SPACE_SIZE: u64 = 0x820_0000;
+/// A permanent generation of more is a misread.
+const MAX_PERMGEN: u64 = 1 << 32;
 
-// struct thread (checked against the debug information of /usr/lib/sbcl/sbcl.o).
+// struct thread, the same in the three releases up to `next` and `state_word` (the
+// debug information of each one's /usr/lib/sbcl/sbcl.o); where the thread-local values
+// start is the release's (`Release::thread_lisp_thread`). 2.6 keeps no `os_kernel_tid`:
+// a thread's task is the one whose stack pointer is inside its control stack.
 const THREAD_BINDING_STACK_POINTER: usize = 16;
-const THREAD_OS_KERNEL_TID: usize = 152;
 const THREAD_BINDING_STACK_START: usize = 168;
 const THREAD_CONTROL_STACK_START: usize = 176;
 const THREAD_CONTROL_STACK_END: usize = 184;
 const THREAD_STATE: usize = 218;
-const THREAD_LISP_THREAD: u64 = 1144;
 const STATE_DEAD: u8 = 3;
 /// `lisp_sig_handlers` is `lispobj[NSIG]`, NSIG 65.
 const NSIG: usize = 65;
@@ -83,6 +95,12 @@ const RED_ZONE: u64 = 128;
 const MAX_STACK: u64 = 1 << 30;
 
 const CODE_WIDETAG: u8 = 53;
+const SIMPLE_VECTOR_WIDETAG: u8 = 137;
+/// A vector's header flags (`sb-vm:array-flags-position` 16): `vector-weak-flag` 1 and
+/// `vector-hashing-flag` 4, the same in the three releases. A weak vector has the first
+/// alone; a weak hash table's storage has both and is traced as strong.
+const VECTOR_WEAK_FLAG: u64 = 1 << 16;
+const VECTOR_HASHING_FLAG: u64 = 4 << 16;
 const FUNCALLABLE_INSTANCE_WIDETAG: u8 = 61;
 const SIMPLE_FUN_WIDETAG: u8 = 65;
 const CLOSURE_WIDETAG: u8 = 69;
@@ -469,6 +487,12 @@ impl Marker<'_, '_> {
             (Sizer::NotHeader, _) => {
                 self.words(base, base + 16, words)?;
             }
+            (Sizer::VectorT, SIMPLE_VECTOR_WIDETAG)
+                if h & (VECTOR_WEAK_FLAG | VECTOR_HASHING_FLAG) == VECTOR_WEAK_FLAG =>
+            {
+                // A weak vector (2.3 on interns types and other values in weak
+                // hashsets): its elements keep nothing, as in the collector.
+            }
             (Sizer::Boxed | Sizer::Array | Sizer::VectorT, 21 | 33 | 77 | 129 | 137 | 233..) => {
                 self.words(base + 8, end, words)?;
             }
@@ -519,32 +543,60 @@ impl Marker<'_, '_> {
     }
 }
 
-/// Reads the symbol at `addr` (untagged) of static space and checks its name: the
-/// constants of this build are trusted only when they name what they should.
-fn static_symbol(mem: &mut ProcessMemory, (addr, name): (u64, &str)) -> Result<u64, CensusError> {
-    let mut s = [0u8; 48];
-    mem.read(addr, &mut s)?;
-    let named = {
-        let p = le_u64(&s, SYMBOL_NAME) & 0xFFFF_FFFF_FFFF;
-        let mut head = [0u8; 16];
-        if s[0] == 45 && p & 15 == 15 && mem.read(p - 15, &mut head).is_ok() {
-            let len = le_u64(&head, 8) >> 1;
-            let mut chars = vec![0u8; name.len()];
-            head[0] == 225
-                && len == name.len() as u64
-                && mem.read(p - 15 + 16, &mut chars).is_ok()
-                && chars == name.as_bytes()
-        } else {
-            false
+/// The value cells of the static symbols named `names`, found in static space
+/// (`[from, to)`, read in `buf`): each symbol (header widetag 45, 16-byte aligned) whose
+/// name, a simple-base-string, is one of them. Nothing is taken from a table of this
+/// build's addresses, so a symbol that moved is still found, and one that is not there
+/// refuses the mark.
+fn static_symbols<const N: usize>(
+    mem: &mut ProcessMemory,
+    from: u64,
+    buf: &[u8],
+    names: [&str; N],
+) -> Result<[u64; N], CensusError> {
+    let mut found = [0u64; N];
+    for off in (0..buf.len().saturating_sub(48)).step_by(16) {
+        if buf[off] != SYMBOL_WIDETAG {
+            continue;
         }
-    };
-    if !named {
-        return Err(inconsistent(format!(
-            "static space does not hold the symbol {name} at {addr:#x}: not the SBCL \
-             {MARK_RELEASE} build whose roots the mark knows"
-        )));
+        let p = le_u64(buf, off + SYMBOL_NAME) & 0xFFFF_FFFF_FFFF;
+        let mut head = [0u8; 16];
+        if p & 15 != 15 || mem.read(p - 15, &mut head).is_err() {
+            continue;
+        }
+        let len = le_u64(&head, 8) >> 1;
+        if head[0] != SIMPLE_BASE_STRING_WIDETAG || len > 64 {
+            continue;
+        }
+        let mut chars = vec![0u8; len as usize];
+        if mem.read(p - 15 + 16, &mut chars).is_err() {
+            continue;
+        }
+        for (i, name) in names.iter().enumerate() {
+            if found[i] == 0 && chars == name.as_bytes() {
+                found[i] = from + off as u64 + SYMBOL_VALUE;
+            }
+        }
     }
-    Ok(addr + SYMBOL_VALUE)
+    for (i, name) in names.iter().enumerate() {
+        if found[i] == 0 {
+            return Err(inconsistent(format!(
+                "static space does not hold the symbol {name}: not an SBCL build whose \
+                 roots the mark knows"
+            )));
+        }
+    }
+    Ok(found)
+}
+
+/// Each task of `pid`: its stack pointer and whether it is in a system call.
+fn task_stack_pointers(pid: u32) -> Vec<(u64, bool)> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+        .filter_map(|tid| stack_pointer(pid, tid))
+        .collect()
 }
 
 /// The stack pointer of thread `tid` of `pid`, and whether it is in a system call.
@@ -566,8 +618,7 @@ pub(super) fn mark(
     let t = Instant::now();
     if !rt.release.mark {
         return Err(inconsistent(format!(
-            "the mark from the roots knows SBCL {MARK_RELEASE}'s roots only, not SBCL {}'s \
-             (thread-local storage, static symbols and the runtime's roots moved)",
+            "the mark from the roots does not know SBCL {}'s roots",
             rt.version
         )));
     }
@@ -575,8 +626,13 @@ pub(super) fn mark(
         .mark_symbols
         .clone()
         .map_err(|e| inconsistent(format!("the mark cannot find the runtime's roots: {e}")))?;
-    let [fixedobj_start, fixedobj_free, text_start, text_high, static_free, sig_handlers, package_vector, init_function, object_watcher, profile_data, sprof_enabled] =
+    let [fixedobj_start, fixedobj_free, text_start, text_high, static_free, sig_handlers, package_vector, init_function, profile_data, sprof_enabled] =
         syms[..]
+    else {
+        return Err(inconsistent("the mark's symbols are not all there".into()));
+    };
+    let [object_watcher, static_start_at, trailer_at, permgen_bounds, permgen_free] =
+        rt.mark_optional[..]
     else {
         return Err(inconsistent("the mark's symbols are not all there".into()));
     };
@@ -599,22 +655,75 @@ pub(super) fn mark(
     let mut words = vec![0u8; NSIG * 8];
     m.mem.read(sig_handlers, &mut words)?;
     let mut c_roots: Vec<u64> = words.chunks_exact(8).map(|c| le_u64(c, 0)).collect();
-    for a in [package_vector, init_function, object_watcher, profile_data] {
+    for a in [Some(package_vector), Some(init_function), object_watcher, Some(profile_data)]
+        .into_iter()
+        .flatten()
+    {
         c_roots.push(m.mem.read_u64(a)?);
     }
     m.consider_all(&c_roots)?;
     m.drain()?;
 
-    // Static and immobile space.
-    let free_tls_at = static_symbol(m.mem, FREE_TLS_INDEX)?;
-    let codeblob_tree = static_symbol(m.mem, DYNSPACE_CODEBLOB_TREE)?;
+    // Static space: from its start to its free pointer, and 2.6's trailer of static
+    // constants (NIL, T) at its end; the static symbols found there by name.
+    let static_start = match (rt.release.static_space_start, static_start_at) {
+        (Some(a), _) => a,
+        (None, Some(at)) => m.mem.read_u64(at)?,
+        (None, None) => {
+            return Err(inconsistent(
+                "the runtime exports no STATIC_SPACE_START, which this release places at \
+                 run time"
+                    .into(),
+            ))
+        }
+    };
+    let static_end = static_start + STATIC_SPACE_SIZE;
     let static_free = m.mem.read_u64(static_free)?;
-    if !(STATIC_SPACE_START < static_free && static_free <= STATIC_SPACE_END) {
+    if !(static_start < static_free && static_free <= static_end) {
         return Err(inconsistent(format!(
-            "static_space_free_pointer {static_free:#x} is outside static space"
+            "static_space_free_pointer {static_free:#x} is outside static space \
+             ({static_start:#x}-{static_end:#x})"
         )));
     }
-    roots.static_bytes = m.scan_range(STATIC_SPACE_START, static_free, Some(codeblob_tree))?;
+    let mut static_buf = vec![0u8; (static_free - static_start) as usize];
+    m.mem.read(static_start, &mut static_buf)?;
+    let [free_tls_at, codeblob_tree] = static_symbols(
+        m.mem,
+        static_start,
+        &static_buf,
+        [FREE_TLS_INDEX, DYNSPACE_CODEBLOB_TREE],
+    )?;
+    drop(static_buf);
+    roots.static_bytes = m.scan_range(static_start, static_free, Some(codeblob_tree))?;
+    if rt.release.static_space_start.is_none() {
+        let Some(at) = trailer_at else {
+            return Err(inconsistent(
+                "the runtime exports no static_space_trailer_start (NIL and T)".into(),
+            ));
+        };
+        let trailer = m.mem.read_u64(at)?;
+        if !(static_free <= trailer && trailer < static_end) {
+            return Err(inconsistent(format!(
+                "static space's trailer {trailer:#x} is outside static space"
+            )));
+        }
+        roots.static_bytes += m.scan_range(trailer, static_end, None)?;
+    }
+    // The permanent generation (2.5 on), when a core put objects there: every word.
+    if let (Some(bounds), Some(free_at)) = (permgen_bounds, permgen_free) {
+        let from = m.mem.read_u64(bounds)?;
+        let to = m.mem.read_u64(free_at)?;
+        if from != 0 || to != 0 {
+            if to < from || to - from > MAX_PERMGEN {
+                return Err(inconsistent(format!(
+                    "the permanent generation does not hold together ({from:#x}-{to:#x})"
+                )));
+            }
+            roots.static_bytes += m.scan_range(from, to, None)?;
+        }
+    }
+
+    // Immobile space.
     for (what, start_at, free_at, size) in [
         (
             "fixed-object",
@@ -636,12 +745,14 @@ pub(super) fn mark(
     }
 
     // Threads: stacks, binding stacks, thread-local values.
+    let lisp_thread = rt.release.thread_lisp_thread;
     let free_tls = m.mem.read_u64(free_tls_at)?;
-    if free_tls % 8 != 0 || free_tls <= THREAD_LISP_THREAD || free_tls > 1 << 24 {
+    if free_tls % 8 != 0 || free_tls <= lisp_thread || free_tls > 1 << 24 {
         return Err(inconsistent(format!(
             "FREE-TLS-INDEX is {free_tls}, not a thread-local area's size"
         )));
     }
+    let tasks = task_stack_pointers(m.mem.pid());
     let mut thread = m.mem.read_u64(rt.all_threads)?;
     let mut t_buf = vec![0u8; 256];
     let mut buf = Vec::new();
@@ -681,9 +792,12 @@ pub(super) fn mark(
                  {cs_start:#x}-{cs_end:#x}, binding {bs_start:#x}-{bs_ptr:#x})"
             )));
         }
-        let tid = le_u64(&t_buf, THREAD_OS_KERNEL_TID);
-        let (from, in_syscall) = match stack_pointer(m.mem.pid(), tid) {
-            Some((sp, in_syscall)) if (cs_start..cs_end).contains(&sp) => {
+        let task = tasks
+            .iter()
+            .copied()
+            .find(|&(sp, _)| (cs_start..cs_end).contains(&sp));
+        let (from, in_syscall) = match task {
+            Some((sp, in_syscall)) => {
                 roots.stacks_from_sp += 1;
                 (sp.saturating_sub(RED_ZONE).max(cs_start), in_syscall)
             }
@@ -698,12 +812,12 @@ pub(super) fn mark(
         }
         roots.stack_bytes += m.scan_range(from, cs_end, None)?;
         roots.binding_stack_bytes += m.scan_range(bs_start, bs_ptr, None)?;
-        buf.resize((free_tls - THREAD_LISP_THREAD) as usize, 0);
-        m.mem.read(thread + THREAD_LISP_THREAD, &mut buf)?;
+        buf.resize((free_tls - lisp_thread) as usize, 0);
+        m.mem.read(thread + lisp_thread, &mut buf)?;
         let tls: Vec<u64> = buf.chunks_exact(8).map(|c| le_u64(c, 0)).collect();
         m.consider_all(&tls)?;
         m.drain()?;
-        roots.tls_bytes += free_tls - THREAD_LISP_THREAD;
+        roots.tls_bytes += free_tls - lisp_thread;
         thread = next;
     }
 

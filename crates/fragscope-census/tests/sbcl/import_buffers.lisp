@@ -108,9 +108,21 @@
                   (report-heap))
                  ((string= line "drop-caches")
                   ;; What (gc :full t) does before it collects (unsafe-clear-roots in
-                  ;; src/code/gc.lisp), without collecting.
+                  ;; src/code/gc.lisp), without collecting: 2.5 and 2.6 also drop
+                  ;; buffer pools and the debugger's function maps, named here
+                  ;; only where the release has them.
                   (sb-impl::drop-all-hash-caches)
                   (sb-impl::scrub-power-cache)
+                  (dolist (name '(("SB-UNICODE" "*NAME->CHAR-BUFFERS*")
+                                  ("SB-C" "*PHASH-LAMBDA-CACHE*")
+                                  ("SB-IMPL" "*AVAILABLE-UB8-BUFFERS*")
+                                  ("SB-IMPL" "*AVAILABLE-CHAR-BUFFERS*")
+                                  ("SB-IMPL" "*READ-LINE-BUFFERS*")
+                                  ("SB-DI" "*UNCOMPACTED-FUN-MAPS*")
+                                  ("SB-DI" "*COMPILED-DEBUG-FUNS*")))
+                    (let ((s (find-symbol (second name) (first name))))
+                      (when (and s (boundp s))
+                        (setf (symbol-value s) nil))))
                   (report-heap)))))
 
 (serve)
