@@ -676,6 +676,7 @@ impl SbclCensus {
                 .mark
                 .as_ref()
                 .map_or(0, |m| m.roots.threads_outside_syscall),
+            mark_refused: self.mark_refused.clone(),
         }
     }
 }

@@ -842,6 +842,22 @@ fn sbcl(o: &mut String, r: &Report) {
                 .map(|p| (s, p))
         })
     });
+    if marked.is_none() {
+        // A census that asked for a mark and was refused one: say why there is no
+        // garbage by generation.
+        if let Some((rs, why)) = r.snapshots.iter().rev().find_map(|s| {
+            s.sbcl
+                .as_ref()
+                .and_then(|p| p.mark_refused.as_ref())
+                .map(|w| (s, w))
+        }) {
+            let _ = writeln!(
+                o,
+                "  no garbage by generation: the mark from the roots was refused at {} ({why})",
+                secs(rs.t_ms)
+            );
+        }
+    }
     let Some((ws, p)) = walked else {
         return;
     };

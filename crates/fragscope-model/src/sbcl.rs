@@ -74,6 +74,9 @@ pub struct SbclParts {
     /// are not read, so an object only a register held is counted as garbage.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub threads_in_lisp: Option<u32>,
+    /// Why this census has no mark though it asked for one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mark_refused: Option<String>,
     pub pause_ms: f64,
 }
 
@@ -221,6 +224,7 @@ pub fn split(heap: &SbclHeap, pm: &Pagemap) -> SbclParts {
             .live_by_generation
             .as_ref()
             .map(|_| heap.threads_in_lisp),
+        mark_refused: heap.mark_refused.clone(),
         pause_ms: heap.pause_us as f64 / 1000.0,
     };
     let mut gens: Vec<SbclGeneration> = heap
@@ -397,6 +401,40 @@ mod tests {
         assert_eq!(p.generations[1].resident, page);
         assert_eq!(p.page_fill[0].count, 1); // just under 10%: the first bucket
         assert_eq!(p.page_fill[9].count, 1);
+    }
+
+    /// A census whose mark was refused carries the sentence into the report's JSON, and
+    /// one that marked or never asked has no such field.
+    #[test]
+    fn a_refused_mark_says_why_in_the_report() {
+        let heap = SbclHeap {
+            version: "2.5.2.debian".into(),
+            page_bytes: 32 << 10,
+            mark_refused: Some("static space does not hold the symbol *FREE-TLS-INDEX*".into()),
+            ..Default::default()
+        };
+        let pm = Pagemap {
+            stream: 0,
+            tick: 1,
+            reason: SnapshotReason::Periodic,
+            page_size: 4096,
+            ranges: Vec::new(),
+        };
+        let p = split(&heap, &pm);
+        assert_eq!(p.mark_refused, heap.mark_refused);
+        let json = serde_json::to_value(&p).unwrap();
+        assert_eq!(
+            json["mark_refused"],
+            "static space does not hold the symbol *FREE-TLS-INDEX*"
+        );
+        let quiet = split(
+            &SbclHeap {
+                mark_refused: None,
+                ..heap
+            },
+            &pm,
+        );
+        assert!(serde_json::to_value(&quiet).unwrap().get("mark_refused").is_none());
     }
 
     /// Seed 004: octet vectors promoted to generation 3 that died there. A census that

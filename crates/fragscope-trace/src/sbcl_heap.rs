@@ -80,6 +80,9 @@ pub struct SbclHeap {
     /// Threads the mark found stopped outside a system call (running Lisp code): their
     /// registers are not read, so an object only a register held counts as garbage.
     pub threads_in_lisp: u32,
+    /// Why the census asked for a mark and has none (the roots did not hold together, a
+    /// release whose roots the mark does not know). Written in the optional tail too.
+    pub mark_refused: Option<String>,
 }
 
 impl SbclHeap {
@@ -148,6 +151,9 @@ impl CensusBody for SbclHeap {
         }
         // Optional tail: only a census that marked writes it, so that one that did
         // not reads the same as before the field existed.
+        if let (None, Some(why)) = (&self.live_by_generation, &self.mark_refused) {
+            w.u8(2).str(why);
+        }
         if let Some(live) = &self.live_by_generation {
             w.u8(1)
                 .varint(self.mark_us)
@@ -220,11 +226,16 @@ impl CensusBody for SbclHeap {
                 (Some(classes), by_gen)
             }
         };
+        let mut mark_refused = None;
         let (live_by_generation, mark_us, threads_in_lisp) = if r.is_empty() {
             (None, 0, 0)
         } else {
             match r.u8()? {
                 0 => (None, 0, 0),
+                2 => {
+                    mark_refused = Some(r.string()?);
+                    (None, 0, 0)
+                }
                 _ => {
                     let mark_us = r.varint()?;
                     let threads = small(r.varint()?, "threads")?;
@@ -255,6 +266,7 @@ impl CensusBody for SbclHeap {
             live_by_generation,
             mark_us,
             threads_in_lisp,
+            mark_refused,
         })
     }
 }
@@ -306,6 +318,7 @@ mod tests {
             live_by_generation: Some(vec![vec![(2, 32); 7], vec![(0, 0); 7]]),
             mark_us: 1234,
             threads_in_lisp: 1,
+            mark_refused: None,
         };
         assert_eq!(heap.garbage(0, 2), Some(48));
         let c = SbclCensus {
@@ -331,6 +344,15 @@ mod tests {
         assert!(bytes.starts_with(&old) && bytes.len() > old.len());
         assert_eq!(SbclCensus::decode(&old).unwrap(), unmarked);
         assert_eq!(unmarked.result.as_ref().unwrap().garbage(0, 2), None);
+        // A refused mark keeps its sentence.
+        let refused = SbclCensus {
+            result: Ok(SbclHeap {
+                mark_refused: Some("the roots moved".into()),
+                ..unmarked.result.clone().unwrap()
+            }),
+            ..c.clone()
+        };
+        assert_eq!(SbclCensus::decode(&refused.encode()).unwrap(), refused);
         for cut in 0..bytes.len() {
             // Cut exactly where an unmarked census ends, it reads as one.
             if cut != old.len() {
@@ -373,6 +395,7 @@ mod tests {
             live_by_generation: None,
             mark_us: 0,
             threads_in_lisp: 0,
+            mark_refused: None,
         };
         let c = SbclCensus {
             stream: 0,
