@@ -434,7 +434,10 @@ mod tests {
             },
             &pm,
         );
-        assert!(serde_json::to_value(&quiet).unwrap().get("mark_refused").is_none());
+        assert!(serde_json::to_value(&quiet)
+            .unwrap()
+            .get("mark_refused")
+            .is_none());
     }
 
     /// Seed 004: octet vectors promoted to generation 3 that died there. A census that

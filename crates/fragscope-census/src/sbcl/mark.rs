@@ -655,9 +655,14 @@ pub(super) fn mark(
     let mut words = vec![0u8; NSIG * 8];
     m.mem.read(sig_handlers, &mut words)?;
     let mut c_roots: Vec<u64> = words.chunks_exact(8).map(|c| le_u64(c, 0)).collect();
-    for a in [Some(package_vector), Some(init_function), object_watcher, Some(profile_data)]
-        .into_iter()
-        .flatten()
+    for a in [
+        Some(package_vector),
+        Some(init_function),
+        object_watcher,
+        Some(profile_data),
+    ]
+    .into_iter()
+    .flatten()
     {
         c_roots.push(m.mem.read_u64(a)?);
     }
