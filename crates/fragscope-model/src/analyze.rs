@@ -136,6 +136,13 @@ struct Stream {
     /// Why the process has no SBCL census, when it runs SBCL.
     sbcl_note: Option<String>,
     evaluated: Vec<Evaluated>,
+    /// Another pid was asked for: the report only lists this process, so its snapshots
+    /// are not evaluated against its live blocks (a forked worker's are its parent's
+    /// whole heap), only read for the list's figures (`page_sharing`).
+    listed_only: bool,
+    /// Each snapshot's pages by owner as the process list reads them, the heap's parts
+    /// left out: (tick, reason, sharing when the residency says it).
+    page_sharing: Vec<(u64, SnapshotReason, Option<Sharing>)>,
     history: HeapHistory,
     rss: Vec<RssSample>,
     /// smaps_rollup by tick: LazyFree, and the figures of sharing.
@@ -450,6 +457,8 @@ impl Stream {
         let Some(pm) = self.pending.pop_front() else {
             return;
         };
+        let listed = self.sharing_at(&pm, None, None, None);
+        self.page_sharing.push((pm.tick, pm.reason, listed));
         let census = self
             .census
             .as_ref()
@@ -474,6 +483,12 @@ impl Stream {
             });
             self.peak_live = self.peak_live.max((live, pm.tick));
             self.live_timeline.push((pm.tick / 10, live, live));
+            return;
+        }
+        if self.listed_only {
+            // Their runtimes' censuses of this moment go unread.
+            census_at(&mut self.pymalloc_pending, pm.tick);
+            census_at(&mut self.sbcl_pending, pm.tick);
             return;
         }
         let history = &mut self.history;
@@ -643,6 +658,7 @@ pub fn analyze(
                 if s.attached {
                     s.merger.set_attached();
                 }
+                s.listed_only = opts.pid.is_some_and(|pid| pid != s.pid);
                 // Its calls wait for the parent's heap at the fork, which the parent's
                 // merge may have reached already.
                 let parent = s.parent_stream.and_then(|p| by_stream.get(&p).copied());
@@ -1112,12 +1128,12 @@ fn lazy_free_bytes(r: &Rollup) -> u64 {
 fn brief(s: &Stream, streams: &[Stream], tick_ms: f64) -> ProcessBrief {
     // Its sharing at its last snapshot that read it, before its exit when it can (a
     // runtime's heap is gone or unread there).
-    fn read(e: &Evaluated) -> Option<(u64, SnapshotReason, &Sharing)> {
-        Some((e.tick, e.reason, e.sharing.as_ref()?))
+    fn read(e: &(u64, SnapshotReason, Option<Sharing>)) -> Option<(u64, SnapshotReason, &Sharing)> {
+        Some((e.0, e.1, e.2.as_ref()?))
     }
-    let sharing = (s.evaluated.iter().rev().filter_map(read))
+    let sharing = (s.page_sharing.iter().rev().filter_map(read))
         .find(|e| e.1 != SnapshotReason::Exit)
-        .or_else(|| s.evaluated.iter().rev().find_map(read))
+        .or_else(|| s.page_sharing.iter().rev().find_map(read))
         .map(|(tick, _, sh)| BriefSharing {
             t_ms: tick as f64 * tick_ms,
             rollup: nearest(&s.rollups, tick, |r| r.0).and_then(|r| r.2),
