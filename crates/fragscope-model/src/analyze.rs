@@ -136,6 +136,11 @@ struct Stream {
     /// Why the process has no SBCL census, when it runs SBCL.
     sbcl_note: Option<String>,
     evaluated: Vec<Evaluated>,
+    /// Snapshots whose evaluation waits until the report knows which process it explains,
+    /// each with the live blocks of its moment (see `evaluate_next`).
+    deferred: VecDeque<(Moment, LiveTable)>,
+    /// Blocks the tables in `deferred` hold apart from those they share.
+    deferred_cost: usize,
     /// Another pid was asked for: the report only lists this process, so its snapshots
     /// are not evaluated against its live blocks (a forked worker's are its parent's
     /// whole heap), only read for the list's figures (`page_sharing`).
@@ -464,6 +469,7 @@ impl Stream {
             .as_ref()
             .map(|c| crate::census::heap_parts(c, &pm));
         if let Some((mut parts, classes)) = census {
+            self.evaluate_deferred(ctx);
             let (pymalloc, pymalloc_owners) = self.pymalloc_at(&pm, &mut parts).unzip();
             let (sbcl, sbcl_owners) = self.sbcl_at(&pm).unzip();
             let sharing =
@@ -491,28 +497,55 @@ impl Stream {
             census_at(&mut self.sbcl_pending, pm.tick);
             return;
         }
+        let at = Moment {
+            headers: heap::BlockHeaders::of_process(self.allocator, &self.code_maps),
+            fork_residency_read: self.fork_residency.is_some(),
+            own_memory: self.merger.own_memory(),
+            pm,
+        };
+        // A table that shares nearly all its blocks with other processes (a fork's) is
+        // kept cheaply, and the snapshot evaluated only if the report explains this
+        // process (every forked worker's snapshots hold its parent's whole heap).
+        let live = self.merger.live_blocks();
+        let cost = live.clone_cost();
+        if cost * 8 <= live.shared_len() && self.deferred_cost + cost <= live.shared_len() {
+            let live = match past {
+                Some(c) => self.merger.with_live_before_last_pop(c, LiveTable::clone),
+                None => self.merger.live_blocks().clone(),
+            };
+            self.deferred_cost += cost;
+            self.deferred.push_back((at, live));
+            return;
+        }
+        self.evaluate_deferred(ctx);
         let history = &mut self.history;
         let fork = self.fork_residency.as_ref();
-        let headers = heap::BlockHeaders::of_process(self.allocator, &self.code_maps);
-        let mut evaluate = |live: &LiveTable| {
-            heap::evaluate(
-                live,
-                &pm,
-                fork,
-                history,
-                ctx.weighting,
-                ctx.sparse_pct,
-                headers,
-            )
-        };
-        let mut snap = match past {
+        let mut evaluate = |live: &LiveTable| at.evaluate(live, fork, history, ctx);
+        let snap = match past {
             Some(c) => self.merger.with_live_before_last_pop(c, evaluate),
             None => evaluate(self.merger.live_blocks()),
         };
-        let (pymalloc, pymalloc_owners) = self.pymalloc_at(&pm, &mut snap.parts).unzip();
-        let (sbcl, sbcl_owners) = self.sbcl_at(&pm).unzip();
+        self.add_evaluated(at, snap);
+    }
+
+    /// Evaluates the snapshots kept for later (see `evaluate_next`), in order.
+    fn evaluate_deferred(&mut self, ctx: &Ctx) {
+        while let Some((at, live)) = self.deferred.pop_front() {
+            let fork = self.fork_residency.as_ref();
+            let snap = at.evaluate(&live, fork, &mut self.history, ctx);
+            self.add_evaluated(at, snap);
+        }
+        self.deferred_cost = 0;
+    }
+
+    /// Joins the runtimes' censuses and the pages' sharing to the heap's evaluation at
+    /// `at`, and keeps it.
+    fn add_evaluated(&mut self, at: Moment, mut snap: heap::HeapSnapshot) {
+        let pm = &at.pm;
+        let (pymalloc, pymalloc_owners) = self.pymalloc_at(pm, &mut snap.parts).unzip();
+        let (sbcl, sbcl_owners) = self.sbcl_at(pm).unzip();
         let sharing = self.sharing_at(
-            &pm,
+            pm,
             Some(&snap.parts),
             pymalloc_owners.as_ref(),
             sbcl_owners.as_ref(),
@@ -538,11 +571,40 @@ impl Stream {
             heap: snap.parts,
             classes: snap.classes,
             sites: keep,
-            own_memory: self.merger.own_memory(),
+            own_memory: at.own_memory,
             pymalloc,
             sbcl,
             sharing,
         });
+    }
+}
+
+/// A snapshot to evaluate, with what its evaluation reads of the process at its moment.
+struct Moment {
+    pm: Pagemap,
+    headers: heap::BlockHeaders,
+    /// The residency of the process as it started had been read.
+    fork_residency_read: bool,
+    own_memory: u64,
+}
+
+impl Moment {
+    fn evaluate(
+        &self,
+        live: &LiveTable,
+        fork_residency: Option<&Pagemap>,
+        history: &mut HeapHistory,
+        ctx: &Ctx,
+    ) -> heap::HeapSnapshot {
+        heap::evaluate(
+            live,
+            &self.pm,
+            fork_residency.filter(|_| self.fork_residency_read),
+            history,
+            ctx.weighting,
+            ctx.sparse_pct,
+            self.headers,
+        )
     }
 }
 
@@ -826,6 +888,8 @@ pub fn analyze(
             })
             .unwrap_or(0),
     };
+    // Its snapshots that waited for this choice; the others' are not needed.
+    streams[chosen].evaluate_deferred(&ctx);
     let processes = streams
         .iter()
         .map(|x| brief(x, &streams, tick_ms))

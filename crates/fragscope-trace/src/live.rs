@@ -165,6 +165,18 @@ impl LiveTable {
         self.len() == 0
     }
 
+    /// Entries a clone copies: its own blocks, and the addresses of shared blocks that
+    /// ended here. It shares the rest ([`LiveTable::shared_len`]).
+    pub fn clone_cost(&self) -> usize {
+        self.own.len() + self.shared.as_ref().map_or(0, |s| s.gone.len())
+    }
+
+    /// Blocks the table shares with the other processes of a fork (those ended here
+    /// included).
+    pub fn shared_len(&self) -> usize {
+        self.shared.as_ref().map_or(0, |s| s.base.blocks.len())
+    }
+
     #[inline]
     pub fn contains_key(&self, addr: &u64) -> bool {
         self.get(addr).is_some()
