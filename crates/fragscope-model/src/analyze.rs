@@ -8,7 +8,7 @@ use std::path::Path;
 
 use fragscope_trace::ahead::{AheadChunk, EventsOf, ReadAhead};
 use fragscope_trace::event::StatsSource;
-use fragscope_trace::merge::{Call, FastMap, InheritedHeap, LiveTable, Merged, Merger};
+use fragscope_trace::merge::{Call, FastMap, LiveTable, Merged, Merger};
 use fragscope_trace::reader::Chunk;
 use fragscope_trace::records::{
     EndHow, Mapping, Meta, Pagemap, ProcessEnd, PymallocPools, Rollup, RssSample, SnapshotReason,
@@ -17,6 +17,7 @@ use fragscope_trace::records::{
 use fragscope_trace::Func;
 use fragscope_trace::TraceError;
 
+use crate::forks::{self, ForkLink, Forked, Inherited};
 use crate::heap::{self, ClassAtSnapshot, HeapHistory, HeapParts, SiteAtSnapshot, SiteWeighting};
 use crate::heaps::{self, Heap};
 use crate::lisp_sites::{self, LispLog};
@@ -101,20 +102,10 @@ struct Stream {
     argv: Vec<String>,
     /// Running before `record -p` attached: its earlier blocks were never seen allocated.
     attached: bool,
-    /// Forked from this stream: its parent's blocks were never seen allocated in it.
-    parent_stream: Option<u32>,
-    /// The mark of its fork in the parent's calls, where its heap is the parent's.
-    fork_mark: Option<u32>,
-    /// Its merge waits for the parent's heap at the fork: nothing is popped before.
-    awaiting_parent_heap: bool,
-    /// The heap it started from, its parent's at the fork (blocks, requested bytes).
-    inherited: Option<(u64, u64)>,
-    /// The parent's calls in the trace end before the fork's mark (a cut trace): it
-    /// started from the parent's heap at their end.
-    inherited_from_parent_end: bool,
-    start_tick: u64,
-    /// The heaps at this process's forks (mark, tick, heap) that no child took yet.
-    fork_heaps: Vec<(u32, u64, InheritedHeap)>,
+    /// Its parent and fork, and the heaps at its own forks.
+    fork: ForkLink,
+    /// The heap it started from, its parent's at the fork.
+    inherited: Option<Inherited>,
     /// The blocks it held then, as read from its heap (blocks, usable bytes).
     starting_heap: Option<(u64, u64)>,
     merger: Merger,
@@ -259,21 +250,19 @@ impl Stream {
                     }
                 }
                 Some(Merged::Forked { tick, mark }) => {
-                    let heap = self.merger.heap_at_fork();
-                    self.fork_heaps.push((mark, tick, heap));
+                    self.fork.forked(&mut self.merger, mark, tick);
                 }
             }
         }
     }
 
-    /// Starts from the heap it inherited at tick `tick`: its blocks are live data, and
-    /// their frees are known.
-    fn start_from(&mut self, ctx: &Ctx, heap: InheritedHeap, tick: u64) {
-        self.inherited = Some((heap.blocks() as u64, heap.bytes));
-        self.live_bytes += heap.bytes;
-        self.usable_bytes += heap.usable_bytes;
-        self.merger.seed_inherited(heap);
-        self.awaiting_parent_heap = false;
+    /// Its merge started from the heap it inherited: its blocks are live data, and their
+    /// frees are known.
+    fn start_from(&mut self, ctx: &Ctx, inherited: Inherited) {
+        let tick = inherited.tick;
+        self.inherited = Some(inherited);
+        self.live_bytes += inherited.bytes;
+        self.usable_bytes += inherited.usable_bytes;
         if self.live_bytes > self.peak_live.0 {
             self.peak_live = (self.live_bytes, tick);
         }
@@ -608,27 +597,12 @@ impl Moment {
     }
 }
 
-/// Seeds the children waiting for the heaps at stream `parent`'s forks, and theirs in
-/// turn, as their merges go on from there.
-fn hand_over_fork_heaps(streams: &mut [Stream], parent: usize, ctx: &Ctx) {
-    let mut work = vec![parent];
-    while let Some(p) = work.pop() {
-        let mut k = 0;
-        while k < streams[p].fork_heaps.len() {
-            let (mark, parent_stream) = (streams[p].fork_heaps[k].0, streams[p].stream);
-            let child = streams.iter().position(|c| {
-                c.awaiting_parent_heap
-                    && c.parent_stream == Some(parent_stream)
-                    && c.fork_mark == Some(mark)
-            });
-            let Some(c) = child else {
-                k += 1;
-                continue;
-            };
-            let (_, tick, heap) = streams[p].fork_heaps.swap_remove(k);
-            streams[c].start_from(ctx, heap, tick);
-            work.push(c);
-        }
+impl Forked for Stream {
+    fn link(&mut self) -> &mut ForkLink {
+        &mut self.fork
+    }
+    fn merger(&mut self) -> &mut Merger {
+        &mut self.merger
     }
 }
 
@@ -668,6 +642,7 @@ pub fn analyze(
         *by.entry(s).or_insert_with(|| {
             streams.push(Stream {
                 stream: s,
+                fork: ForkLink::new(s),
                 ..Default::default()
             });
             streams.len() - 1
@@ -686,9 +661,9 @@ pub fn analyze(
                 if let Err(e) = reader.push_events(&mut s.merger, &h, events) {
                     damage.get_or_insert(format!("thread {} of pid {}: {e}", h.tid, s.pid));
                 }
-                if !s.awaiting_parent_heap {
+                if !s.fork.awaiting_parent_heap {
                     s.drain(&ctx);
-                    hand_over_fork_heaps(&mut streams, i, &ctx);
+                    forks::hand_over(&mut streams, i, &mut |s, inh| s.start_from(&ctx, inh));
                 }
                 continue;
             }
@@ -708,26 +683,19 @@ pub fn analyze(
             Chunk::Process(p) => {
                 let i = index(&mut streams, &mut by_stream, p.stream);
                 let s = &mut streams[i];
+                s.fork.read(&p);
                 s.pid = p.pid;
                 s.ppid = p.ppid;
                 s.argv = p.argv;
-                s.start_tick = p.start_tick;
                 s.attached = p.origin == fragscope_trace::Origin::Attached;
-                if p.origin == fragscope_trace::Origin::Forked {
-                    s.parent_stream = p.parent_stream;
-                    s.fork_mark = p.fork_mark;
-                }
                 if s.attached {
                     s.merger.set_attached();
                 }
                 s.listed_only = opts.pid.is_some_and(|pid| pid != s.pid);
-                // Its calls wait for the parent's heap at the fork, which the parent's
-                // merge may have reached already.
-                let parent = s.parent_stream.and_then(|p| by_stream.get(&p).copied());
-                if let (Some(parent), Some(_)) = (parent, s.fork_mark) {
-                    s.awaiting_parent_heap = true;
-                    hand_over_fork_heaps(&mut streams, parent, &ctx);
-                }
+                let parent = (s.fork.parent_stream).and_then(|p| by_stream.get(&p).copied());
+                forks::child_came(&mut streams, i, parent, &mut |s, inh| {
+                    s.start_from(&ctx, inh)
+                });
             }
             // Handed on as `AheadChunk::Events`.
             Chunk::Events(..) => {}
@@ -836,23 +804,11 @@ pub fn analyze(
     for i in 0..streams.len() {
         let s = &mut streams[i];
         // Not seeded by its parent, which comes before it: it goes on without.
-        s.awaiting_parent_heap = false;
+        s.fork.awaiting_parent_heap = false;
         s.merger.finish();
         s.drain(&ctx);
-        hand_over_fork_heaps(&mut streams, i, &ctx);
-        // Children whose fork the parent's calls never reached (the trace is cut before
-        // its mark): the parent's last heap is the nearest one known.
-        let parent = Some(streams[i].stream);
-        for c in 0..streams.len() {
-            if streams[c].awaiting_parent_heap && streams[c].parent_stream == parent {
-                let heap = streams[i].merger.heap_at_fork();
-                let tick = streams[c].start_tick;
-                streams[c].start_from(&ctx, heap, tick);
-                streams[c].inherited_from_parent_end = true;
-            }
-        }
+        forks::parent_ended(&mut streams, i, &mut |s, inh| s.start_from(&ctx, inh));
         let s = &mut streams[i];
-        s.fork_heaps = Vec::new();
         while !s.pending.is_empty() {
             s.evaluate_next(&ctx, None);
         }
@@ -1077,7 +1033,7 @@ pub fn analyze(
     }
     let merge = s.merger.stats();
     // A fork child's frees of blocks it never allocated are of its parent's blocks.
-    let forked_from = s.parent_stream.map(|p| {
+    let forked_from = s.fork.parent_stream.map(|p| {
         streams
             .iter()
             .find(|x| x.stream == p)
@@ -1107,10 +1063,10 @@ pub fn analyze(
             unknown_frees: merge.unknown_frees - inherited_frees,
             inherited_frees,
             forked_from,
-            inherited_blocks: s.inherited.map(|h| h.0),
-            inherited_bytes: s.inherited.map(|h| h.1),
+            inherited_blocks: s.inherited.map(|h| h.blocks),
+            inherited_bytes: s.inherited.map(|h| h.bytes),
             inherited_stale: merge.inherited_stale,
-            inherited_from_parent_end: s.inherited_from_parent_end,
+            inherited_from_parent_end: s.inherited.is_some_and(|h| h.at_parent_end),
             late: merge.late,
             lost_events: merge.lost_events,
             spilled: merge.spilled,
@@ -1205,13 +1161,13 @@ fn brief(s: &Stream, streams: &[Stream], tick_ms: f64) -> ProcessBrief {
             inherited: sh.inherited,
         });
     ProcessBrief {
-        forked_from: s.parent_stream.map(|p| {
+        forked_from: s.fork.parent_stream.map(|p| {
             streams
                 .iter()
                 .find(|x| x.stream == p)
                 .map_or(s.ppid, |x| x.pid)
         }),
-        inherited_bytes: s.inherited.map(|(_, bytes)| bytes),
+        inherited_bytes: s.inherited.map(|h| h.bytes),
         sharing,
         stream: s.stream,
         pid: s.pid,
