@@ -494,10 +494,15 @@ impl Stream {
         };
         // A table that shares nearly all its blocks with other processes (a fork's) is
         // kept cheaply, and the snapshot evaluated only if the report explains this
-        // process (every forked worker's snapshots hold its parent's whole heap).
+        // process (every forked worker's snapshots hold its parent's whole heap). Those
+        // kept share the blocks the process shares now: no other fork's are held for it.
         let live = self.merger.live_blocks();
         let cost = live.clone_cost();
-        if cost * 8 <= live.shared_len() && self.deferred_cost + cost <= live.shared_len() {
+        let same = self
+            .deferred
+            .back()
+            .is_none_or(|(_, kept)| kept.shares_with(live));
+        if same && cost * 8 <= live.shared_len() && self.deferred_cost + cost <= live.shared_len() {
             let live = match past {
                 Some(c) => self.merger.with_live_before_last_pop(c, LiveTable::clone),
                 None => self.merger.live_blocks().clone(),

@@ -177,6 +177,14 @@ impl LiveTable {
         self.shared.as_ref().map_or(0, |s| s.base.blocks.len())
     }
 
+    /// Whether the two tables share the same blocks of a fork.
+    pub fn shares_with(&self, other: &LiveTable) -> bool {
+        match (&self.shared, &other.shared) {
+            (Some(a), Some(b)) => Arc::ptr_eq(&a.base, &b.base),
+            _ => false,
+        }
+    }
+
     #[inline]
     pub fn contains_key(&self, addr: &u64) -> bool {
         self.get(addr).is_some()
