@@ -389,11 +389,20 @@ pub struct LiveIter<'a> {
 impl Iterator for LiveIter<'_> {
     type Item = (u64, LiveBlock);
 
-    #[inline]
+    /// Inlined into the loops over every block (a snapshot's evaluation) as the table's
+    /// own part: a call per block cost 2% of a report.
+    #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
-        if let Some(&(addr, b)) = self.own.next() {
-            return Some((addr, b));
+        match self.own.next() {
+            Some(&(addr, b)) => Some((addr, b)),
+            None => self.next_shared(),
         }
+    }
+}
+
+impl LiveIter<'_> {
+    #[inline(never)]
+    fn next_shared(&mut self) -> Option<(u64, LiveBlock)> {
         let (blocks, shared) = self.shared.as_mut()?;
         loop {
             let &(addr, b) = blocks.next()?;
