@@ -370,6 +370,8 @@ fn a_fork_child_is_replayed_from_its_parents_heap() {
     let worker = stdout.trim().trim_start_matches("worker ");
     let r = replay_json(&trace, &["--pid", worker]);
     assert_eq!(n(&r, "calls"), 100_000);
+    assert_eq!(n(&r, "inherited_blocks"), 100_000);
+    assert_eq!(n(&r, "inherited_bytes"), 10_000_000);
     assert_eq!(n(&r, "peak_live"), 10_000_000);
     assert_eq!(n(&r, "held_live"), 5_000_000 + 3_200_000);
     assert_ideal_is_a_lower_bound(&r);

@@ -384,6 +384,10 @@ pub struct Replay {
     pub pid: u32,
     pub argv: Vec<String>,
     pub calls: u64,
+    /// A forked process started from its parent's heap at the fork: its blocks and their
+    /// requested bytes, allocated before its first call (null otherwise).
+    pub inherited_blocks: Option<u64>,
+    pub inherited_bytes: Option<u64>,
     pub duration_ms: f64,
     pub page_size: u64,
     pub sample_ms: u64,
@@ -495,6 +499,8 @@ struct Feed {
     next_sample: u64,
     now_ms: u64,
     calls: u64,
+    /// Blocks allocated for a forked process before its first call: those it inherited.
+    inherited_allocs: u64,
 }
 
 impl Feed {
@@ -534,6 +540,7 @@ impl Feed {
         for (_, addr, size) in blocks {
             let id = self.ids.take(addr);
             self.live += size;
+            self.inherited_allocs += 1;
             self.ops.push(Op::Alloc {
                 id,
                 tid: self.pid,
@@ -621,6 +628,7 @@ pub fn replay_with_progress(
         next_sample: 0,
         now_ms: 0,
         calls: 0,
+        inherited_allocs: 0,
     };
     let mut end_ms = 0u64;
     let mut pid = 0;
@@ -723,6 +731,8 @@ pub fn replay_with_progress(
     let (buckets, t_ms, live_tl) = downsample(&t_full, &live_full);
     let model_seconds: f64 = tracks.iter().map(|t| t.seconds).sum();
     let calls = feed.calls;
+    // What the models' time was spent on: the inherited blocks are placed as allocations.
+    let ops = calls + feed.inherited_allocs;
     let models = tracks
         .into_iter()
         .map(|t| {
@@ -744,7 +754,7 @@ pub fn replay_with_progress(
                     .collect(),
                 costs: t.model.costs(),
                 seconds: t.seconds,
-                calls_per_s: calls as f64 / t.seconds.max(1e-9),
+                calls_per_s: ops as f64 / t.seconds.max(1e-9),
             }
         })
         .collect();
@@ -757,6 +767,8 @@ pub fn replay_with_progress(
         pid,
         argv,
         calls,
+        inherited_blocks: lineage.inherited().map(|h| h.blocks),
+        inherited_bytes: lineage.inherited().map(|h| h.bytes),
         duration_ms: end_ms as f64,
         page_size: page,
         sample_ms,
