@@ -302,6 +302,15 @@ fn render(
     if let Some(skipped) = &r.skipped {
         let _ = writeln!(o, "note: {skipped}");
     }
+    if let (Some(blocks), Some(b)) = (r.inherited_blocks, r.inherited_bytes) {
+        let _ = writeln!(
+            o,
+            "note: started from its parent's heap at the fork: {} blocks ({}), placed \
+             first, in the order its parent allocated them",
+            count(blocks),
+            bytes(b)
+        );
+    }
     let _ = writeln!(
         o,
         "live data: peak {}; {} held at {} (the plateau before the program let go)",

@@ -677,3 +677,41 @@ fn a_ghc_eventlog_exports_as_its_report_json_only() {
     assert!(!pprof.status.success());
     assert!(common::stderr(&pprof).contains("only --format json"));
 }
+
+/// A forked worker's calls start from its parent's heap at the fork, as its report does:
+/// its frees of its parent's blocks free known blocks (tests/c/prefork.c: the worker
+/// frees every other one of its parent's 100 000 blocks of 100 bytes). Merged alone,
+/// each freed 0 bytes.
+#[test]
+fn a_fork_childs_events_free_its_parents_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = common::build(dir.path(), "prefork", &[]);
+    let trace = dir.path().join("prefork.fsc");
+    let out = common::record(common::Allocator::Glibc, &trace, &exe, &[]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let worker = stdout.trim().trim_start_matches("worker ");
+    let tables = dir.path().join("worker.parquet");
+    ok(
+        fragscope(&[
+            "export",
+            trace.to_str().unwrap(),
+            "--pid",
+            worker,
+            "-f",
+            "parquet",
+            "-o",
+            tables.to_str().unwrap(),
+        ]),
+        "export parquet --pid",
+    );
+    let events = tables.join("events.parquet");
+    let funcs = parquet_column(&events, "func", |a: &StringArray, i| a.value(i).to_string());
+    let freed = parquet_column(&events, "freed", |a: &UInt64Array, i| a.value(i));
+    let frees: Vec<u64> = (funcs.iter().zip(&freed))
+        .filter(|(f, _)| *f == "free")
+        .map(|(_, &b)| b)
+        .collect();
+    assert_eq!(frees.len(), 50_000);
+    assert!(frees.iter().all(|&b| b == 100), "{:?}", &frees[..8]);
+}

@@ -353,3 +353,35 @@ fn a_cut_trace_replays_what_is_intact_and_a_wrong_pid_is_named() {
         common::stderr(&out)
     );
 }
+
+/// A forked worker is replayed from its parent's heap at the fork, as the report
+/// explains it: its inherited blocks are allocated first and its frees of them are
+/// frees, so the models hold what the worker held (tests/c/prefork.c: 100 000 blocks of
+/// 100 bytes from the parent; the worker frees every other one and allocates 50 000 of
+/// 64 bytes). Merged alone, it freed nothing and held 3.2 MB.
+#[test]
+fn a_fork_child_is_replayed_from_its_parents_heap() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = common::build(dir.path(), "prefork", &[]);
+    let trace = dir.path().join("prefork.fsc");
+    let out = common::record(common::Allocator::Glibc, &trace, &exe, &[]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let worker = stdout.trim().trim_start_matches("worker ");
+    let r = replay_json(&trace, &["--pid", worker]);
+    assert_eq!(n(&r, "calls"), 100_000);
+    assert_eq!(n(&r, "inherited_blocks"), 100_000);
+    assert_eq!(n(&r, "inherited_bytes"), 10_000_000);
+    assert_eq!(n(&r, "peak_live"), 10_000_000);
+    assert_eq!(n(&r, "held_live"), 5_000_000 + 3_200_000);
+    assert_ideal_is_a_lower_bound(&r);
+    // glibc's model of it comes near the heap the worker had.
+    let glibc = r["accuracy"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["label"] == "glibc")
+        .unwrap();
+    let error = glibc["peak_heap_error_pct"].as_f64().unwrap();
+    assert!(error.abs() < 15.0, "{glibc}");
+}

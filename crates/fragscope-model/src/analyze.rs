@@ -8,7 +8,7 @@ use std::path::Path;
 
 use fragscope_trace::ahead::{AheadChunk, EventsOf, ReadAhead};
 use fragscope_trace::event::StatsSource;
-use fragscope_trace::merge::{Call, FastMap, InheritedHeap, LiveTable, Merged, Merger};
+use fragscope_trace::merge::{Call, FastMap, LiveTable, Merged, Merger};
 use fragscope_trace::reader::Chunk;
 use fragscope_trace::records::{
     EndHow, Mapping, Meta, Pagemap, ProcessEnd, PymallocPools, Rollup, RssSample, SnapshotReason,
@@ -17,6 +17,7 @@ use fragscope_trace::records::{
 use fragscope_trace::Func;
 use fragscope_trace::TraceError;
 
+use crate::forks::{self, ForkLink, Forked, Inherited};
 use crate::heap::{self, ClassAtSnapshot, HeapHistory, HeapParts, SiteAtSnapshot, SiteWeighting};
 use crate::heaps::{self, Heap};
 use crate::lisp_sites::{self, LispLog};
@@ -101,20 +102,10 @@ struct Stream {
     argv: Vec<String>,
     /// Running before `record -p` attached: its earlier blocks were never seen allocated.
     attached: bool,
-    /// Forked from this stream: its parent's blocks were never seen allocated in it.
-    parent_stream: Option<u32>,
-    /// The mark of its fork in the parent's calls, where its heap is the parent's.
-    fork_mark: Option<u32>,
-    /// Its merge waits for the parent's heap at the fork: nothing is popped before.
-    awaiting_parent_heap: bool,
-    /// The heap it started from, its parent's at the fork (blocks, requested bytes).
-    inherited: Option<(u64, u64)>,
-    /// The parent's calls in the trace end before the fork's mark (a cut trace): it
-    /// started from the parent's heap at their end.
-    inherited_from_parent_end: bool,
-    start_tick: u64,
-    /// The heaps at this process's forks (mark, tick, heap) that no child took yet.
-    fork_heaps: Vec<(u32, u64, InheritedHeap)>,
+    /// Its parent and fork, and the heaps at its own forks.
+    fork: ForkLink,
+    /// The heap it started from, its parent's at the fork.
+    inherited: Option<Inherited>,
     /// The blocks it held then, as read from its heap (blocks, usable bytes).
     starting_heap: Option<(u64, u64)>,
     merger: Merger,
@@ -142,6 +133,15 @@ struct Stream {
     /// Why the process has no SBCL census, when it runs SBCL.
     sbcl_note: Option<String>,
     evaluated: Vec<Evaluated>,
+    /// Snapshots whose evaluation waits until the report knows which process it explains,
+    /// each with the live blocks of its moment (see `evaluate_next`).
+    deferred: VecDeque<(Moment, LiveTable)>,
+    /// Blocks the tables in `deferred` hold apart from those they share.
+    deferred_cost: usize,
+    /// Another pid was asked for: the report only lists this process, so its snapshots
+    /// are not evaluated against its live blocks (a forked worker's are its parent's
+    /// whole heap); the list's figures come from `anonymous_sharing`.
+    listed_only: bool,
     history: HeapHistory,
     rss: Vec<RssSample>,
     /// smaps_rollup by tick: LazyFree, and the figures of sharing.
@@ -253,21 +253,19 @@ impl Stream {
                     }
                 }
                 Some(Merged::Forked { tick, mark }) => {
-                    let heap = self.merger.heap_at_fork();
-                    self.fork_heaps.push((mark, tick, heap));
+                    self.fork.forked(&mut self.merger, mark, tick);
                 }
             }
         }
     }
 
-    /// Starts from the heap it inherited at tick `tick`: its blocks are live data, and
-    /// their frees are known.
-    fn start_from(&mut self, ctx: &Ctx, heap: InheritedHeap, tick: u64) {
-        self.inherited = Some((heap.blocks() as u64, heap.bytes));
-        self.live_bytes += heap.bytes;
-        self.usable_bytes += heap.usable_bytes;
-        self.merger.seed_inherited(heap);
-        self.awaiting_parent_heap = false;
+    /// Its merge started from the heap it inherited: its blocks are live data, and their
+    /// frees are known.
+    fn start_from(&mut self, ctx: &Ctx, inherited: Inherited) {
+        let tick = inherited.tick;
+        self.inherited = Some(inherited);
+        self.live_bytes += inherited.bytes;
+        self.usable_bytes += inherited.usable_bytes;
         if self.live_bytes > self.peak_live.0 {
             self.peak_live = (self.live_bytes, tick);
         }
@@ -451,6 +449,7 @@ impl Stream {
             .as_ref()
             .map(|c| crate::census::heap_parts(c, &pm));
         if let Some((mut parts, classes)) = census {
+            self.evaluate_deferred(ctx);
             let (pymalloc, pymalloc_owners) = self.pymalloc_at(&pm, &mut parts).unzip();
             let (sbcl, sbcl_owners) = self.sbcl_at(&pm).unzip();
             let sharing =
@@ -472,28 +471,66 @@ impl Stream {
             self.live_timeline.push((pm.tick / 10, live, live));
             return;
         }
+        if self.listed_only {
+            // Their runtimes' censuses of this moment go unread.
+            census_at(&mut self.pymalloc_pending, pm.tick);
+            census_at(&mut self.sbcl_pending, pm.tick);
+            return;
+        }
+        let at = Moment {
+            headers: heap::BlockHeaders::of_process(self.allocator, &self.code_maps),
+            fork_residency_read: self.fork_residency.is_some(),
+            own_memory: self.merger.own_memory(),
+            pm,
+        };
+        // A table that shares nearly all its blocks with other processes (a fork's) is
+        // kept cheaply, and the snapshot evaluated only if the report explains this
+        // process (every forked worker's snapshots hold its parent's whole heap). Those
+        // kept share the blocks the process shares now: no other fork's are held for it.
+        let live = self.merger.live_blocks();
+        let cost = live.clone_cost();
+        let same = self
+            .deferred
+            .back()
+            .is_none_or(|(_, kept)| kept.shares_with(live));
+        if same && cost * 8 <= live.shared_len() && self.deferred_cost + cost <= live.shared_len() {
+            let live = match past {
+                Some(c) => self.merger.with_live_before_last_pop(c, LiveTable::clone),
+                None => self.merger.live_blocks().clone(),
+            };
+            self.deferred_cost += cost;
+            self.deferred.push_back((at, live));
+            return;
+        }
+        self.evaluate_deferred(ctx);
         let history = &mut self.history;
         let fork = self.fork_residency.as_ref();
-        let headers = heap::BlockHeaders::of_process(self.allocator, &self.code_maps);
-        let mut evaluate = |live: &LiveTable| {
-            heap::evaluate(
-                live,
-                &pm,
-                fork,
-                history,
-                ctx.weighting,
-                ctx.sparse_pct,
-                headers,
-            )
-        };
-        let mut snap = match past {
+        let mut evaluate = |live: &LiveTable| at.evaluate(live, fork, history, ctx);
+        let snap = match past {
             Some(c) => self.merger.with_live_before_last_pop(c, evaluate),
             None => evaluate(self.merger.live_blocks()),
         };
-        let (pymalloc, pymalloc_owners) = self.pymalloc_at(&pm, &mut snap.parts).unzip();
-        let (sbcl, sbcl_owners) = self.sbcl_at(&pm).unzip();
+        self.add_evaluated(at, snap);
+    }
+
+    /// Evaluates the snapshots kept for later (see `evaluate_next`), in order.
+    fn evaluate_deferred(&mut self, ctx: &Ctx) {
+        while let Some((at, live)) = self.deferred.pop_front() {
+            let fork = self.fork_residency.as_ref();
+            let snap = at.evaluate(&live, fork, &mut self.history, ctx);
+            self.add_evaluated(at, snap);
+        }
+        self.deferred_cost = 0;
+    }
+
+    /// Joins the runtimes' censuses and the pages' sharing to the heap's evaluation at
+    /// `at`, and keeps it.
+    fn add_evaluated(&mut self, at: Moment, mut snap: heap::HeapSnapshot) {
+        let pm = &at.pm;
+        let (pymalloc, pymalloc_owners) = self.pymalloc_at(pm, &mut snap.parts).unzip();
+        let (sbcl, sbcl_owners) = self.sbcl_at(pm).unzip();
         let sharing = self.sharing_at(
-            &pm,
+            pm,
             Some(&snap.parts),
             pymalloc_owners.as_ref(),
             sbcl_owners.as_ref(),
@@ -519,7 +556,7 @@ impl Stream {
             heap: snap.parts,
             classes: snap.classes,
             sites: keep,
-            own_memory: self.merger.own_memory(),
+            own_memory: at.own_memory,
             pymalloc,
             sbcl,
             sharing,
@@ -527,27 +564,41 @@ impl Stream {
     }
 }
 
-/// Seeds the children waiting for the heaps at stream `parent`'s forks, and theirs in
-/// turn, as their merges go on from there.
-fn hand_over_fork_heaps(streams: &mut [Stream], parent: usize, ctx: &Ctx) {
-    let mut work = vec![parent];
-    while let Some(p) = work.pop() {
-        let mut k = 0;
-        while k < streams[p].fork_heaps.len() {
-            let (mark, parent_stream) = (streams[p].fork_heaps[k].0, streams[p].stream);
-            let child = streams.iter().position(|c| {
-                c.awaiting_parent_heap
-                    && c.parent_stream == Some(parent_stream)
-                    && c.fork_mark == Some(mark)
-            });
-            let Some(c) = child else {
-                k += 1;
-                continue;
-            };
-            let (_, tick, heap) = streams[p].fork_heaps.swap_remove(k);
-            streams[c].start_from(ctx, heap, tick);
-            work.push(c);
-        }
+/// A snapshot to evaluate, with what its evaluation reads of the process at its moment.
+struct Moment {
+    pm: Pagemap,
+    headers: heap::BlockHeaders,
+    /// The residency of the process as it started had been read.
+    fork_residency_read: bool,
+    own_memory: u64,
+}
+
+impl Moment {
+    fn evaluate(
+        &self,
+        live: &LiveTable,
+        fork_residency: Option<&Pagemap>,
+        history: &mut HeapHistory,
+        ctx: &Ctx,
+    ) -> heap::HeapSnapshot {
+        heap::evaluate(
+            live,
+            &self.pm,
+            fork_residency.filter(|_| self.fork_residency_read),
+            history,
+            ctx.weighting,
+            ctx.sparse_pct,
+            self.headers,
+        )
+    }
+}
+
+impl Forked for Stream {
+    fn link(&mut self) -> &mut ForkLink {
+        &mut self.fork
+    }
+    fn merger(&mut self) -> &mut Merger {
+        &mut self.merger
     }
 }
 
@@ -587,6 +638,7 @@ pub fn analyze(
         *by.entry(s).or_insert_with(|| {
             streams.push(Stream {
                 stream: s,
+                fork: ForkLink::new(s),
                 ..Default::default()
             });
             streams.len() - 1
@@ -605,9 +657,9 @@ pub fn analyze(
                 if let Err(e) = reader.push_events(&mut s.merger, &h, events) {
                     damage.get_or_insert(format!("thread {} of pid {}: {e}", h.tid, s.pid));
                 }
-                if !s.awaiting_parent_heap {
+                if !s.fork.awaiting_parent_heap {
                     s.drain(&ctx);
-                    hand_over_fork_heaps(&mut streams, i, &ctx);
+                    forks::hand_over(&mut streams, i, &mut |s, inh| s.start_from(&ctx, inh));
                 }
                 continue;
             }
@@ -627,25 +679,19 @@ pub fn analyze(
             Chunk::Process(p) => {
                 let i = index(&mut streams, &mut by_stream, p.stream);
                 let s = &mut streams[i];
+                s.fork.read(&p);
                 s.pid = p.pid;
                 s.ppid = p.ppid;
                 s.argv = p.argv;
-                s.start_tick = p.start_tick;
                 s.attached = p.origin == fragscope_trace::Origin::Attached;
-                if p.origin == fragscope_trace::Origin::Forked {
-                    s.parent_stream = p.parent_stream;
-                    s.fork_mark = p.fork_mark;
-                }
                 if s.attached {
                     s.merger.set_attached();
                 }
-                // Its calls wait for the parent's heap at the fork, which the parent's
-                // merge may have reached already.
-                let parent = s.parent_stream.and_then(|p| by_stream.get(&p).copied());
-                if let (Some(parent), Some(_)) = (parent, s.fork_mark) {
-                    s.awaiting_parent_heap = true;
-                    hand_over_fork_heaps(&mut streams, parent, &ctx);
-                }
+                s.listed_only = opts.pid.is_some_and(|pid| pid != s.pid);
+                let parent = (s.fork.parent_stream).and_then(|p| by_stream.get(&p).copied());
+                forks::child_came(&mut streams, i, parent, &mut |s, inh| {
+                    s.start_from(&ctx, inh)
+                });
             }
             // Handed on as `AheadChunk::Events`.
             Chunk::Events(..) => {}
@@ -758,23 +804,11 @@ pub fn analyze(
     for i in 0..streams.len() {
         let s = &mut streams[i];
         // Not seeded by its parent, which comes before it: it goes on without.
-        s.awaiting_parent_heap = false;
+        s.fork.awaiting_parent_heap = false;
         s.merger.finish();
         s.drain(&ctx);
-        hand_over_fork_heaps(&mut streams, i, &ctx);
-        // Children whose fork the parent's calls never reached (the trace is cut before
-        // its mark): the parent's last heap is the nearest one known.
-        let parent = Some(streams[i].stream);
-        for c in 0..streams.len() {
-            if streams[c].awaiting_parent_heap && streams[c].parent_stream == parent {
-                let heap = streams[i].merger.heap_at_fork();
-                let tick = streams[c].start_tick;
-                streams[c].start_from(&ctx, heap, tick);
-                streams[c].inherited_from_parent_end = true;
-            }
-        }
+        forks::parent_ended(&mut streams, i, &mut |s, inh| s.start_from(&ctx, inh));
         let s = &mut streams[i];
-        s.fork_heaps = Vec::new();
         while !s.pending.is_empty() {
             s.evaluate_next(&ctx, None);
         }
@@ -810,6 +844,8 @@ pub fn analyze(
             })
             .unwrap_or(0),
     };
+    // Its snapshots that waited for this choice; the others' are not needed.
+    streams[chosen].evaluate_deferred(&ctx);
     let processes = streams
         .iter()
         .map(|x| brief(x, &streams, tick_ms))
@@ -1002,7 +1038,7 @@ pub fn analyze(
     let sharing_snapshot = sharing::shown(&snapshots, focus_snapshot);
     let merge = s.merger.stats();
     // A fork child's frees of blocks it never allocated are of its parent's blocks.
-    let forked_from = s.parent_stream.map(|p| {
+    let forked_from = s.fork.parent_stream.map(|p| {
         streams
             .iter()
             .find(|x| x.stream == p)
@@ -1032,10 +1068,10 @@ pub fn analyze(
             unknown_frees: merge.unknown_frees - inherited_frees,
             inherited_frees,
             forked_from,
-            inherited_blocks: s.inherited.map(|h| h.0),
-            inherited_bytes: s.inherited.map(|h| h.1),
+            inherited_blocks: s.inherited.map(|h| h.blocks),
+            inherited_bytes: s.inherited.map(|h| h.bytes),
             inherited_stale: merge.inherited_stale,
-            inherited_from_parent_end: s.inherited_from_parent_end,
+            inherited_from_parent_end: s.inherited.is_some_and(|h| h.at_parent_end),
             late: merge.late,
             lost_events: merge.lost_events,
             spilled: merge.spilled,
@@ -1145,13 +1181,13 @@ fn brief(s: &Stream, streams: &[Stream], tick_ms: f64) -> ProcessBrief {
             inherited: s.fork_residency.as_ref().map(sharing::resident_bytes),
         });
     ProcessBrief {
-        forked_from: s.parent_stream.map(|p| {
+        forked_from: s.fork.parent_stream.map(|p| {
             streams
                 .iter()
                 .find(|x| x.stream == p)
                 .map_or(s.ppid, |x| x.pid)
         }),
-        inherited_bytes: s.inherited.map(|(_, bytes)| bytes),
+        inherited_bytes: s.inherited.map(|h| h.bytes),
         sharing,
         stream: s.stream,
         pid: s.pid,

@@ -1,11 +1,15 @@
 //! Every merged call and every RSS sample of one process, in order, for exports that keep
 //! the raw rows (`fragscope export --format parquet`). A second streaming pass over the
 //! trace: memory is bounded by the live blocks held in the merge, as in [`crate::analyze`].
+//! A forked process's merge starts from its parent's heap at the fork, as the report's
+//! does ([`Lineage`]), so its frees of its parent's blocks are known.
 
 use std::path::Path;
 
 use fragscope_trace::ahead::{AheadChunk, EventsOf, ReadAhead};
 use fragscope_trace::merge::{Merged, Merger};
+
+use crate::forks::Lineage;
 use fragscope_trace::reader::Chunk;
 use fragscope_trace::records::RssSample;
 
@@ -61,13 +65,16 @@ pub fn for_each(
     mut visit: impl FnMut(Row),
     mut progress: impl FnMut(u64, u64),
 ) -> Result<(), AnalysisError> {
-    let events_of = if with_calls {
-        EventsOf::Stream(stream)
+    let mut lineage = if with_calls {
+        Some(Lineage::of(path, stream)?)
     } else {
-        EventsOf::None
+        None
+    };
+    let events_of = match &lineage {
+        Some(l) => EventsOf::Streams(l.streams()),
+        None => EventsOf::None,
     };
     let mut reader = ReadAhead::open(path, events_of)?;
-    let mut merger = Merger::new();
     let mut tick_ms = 1.0;
     let mut chunks = 0u64;
     let drain = |merger: &mut Merger, tick_ms: f64, visit: &mut dyn FnMut(Row)| {
@@ -95,9 +102,13 @@ pub fn for_each(
         }
         let chunk = match chunk {
             AheadChunk::Events(h, events) => {
-                // A damaged chunk is skipped, as the report does.
-                let _ = reader.push_events(&mut merger, &h, events);
-                drain(&mut merger, tick_ms, &mut visit);
+                if let Some(l) = lineage.as_mut() {
+                    // A damaged chunk is skipped, as the report does.
+                    let _ = l.push_events(&reader, &h, events);
+                    if let Some(merger) = l.merger() {
+                        drain(merger, tick_ms, &mut visit);
+                    }
+                }
                 continue;
             }
             AheadChunk::Other(chunk) => chunk,
@@ -112,8 +123,12 @@ pub fn for_each(
             _ => {}
         }
     }
-    merger.finish();
-    drain(&mut merger, tick_ms, &mut visit);
+    if let Some(l) = lineage.as_mut() {
+        l.finish();
+        if let Some(merger) = l.merger() {
+            drain(merger, tick_ms, &mut visit);
+        }
+    }
     progress(reader.offset(), reader.file_bytes());
     Ok(())
 }

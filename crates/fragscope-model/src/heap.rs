@@ -345,7 +345,7 @@ pub fn evaluate(
     let mut interior_runs: Vec<(u64, u64)> = Vec::new();
 
     // Pass 1: live and usable bytes per resident page.
-    for (&addr, b) in live {
+    for (addr, b) in live {
         let usable = b.usable().max(1);
         let live_end = addr + b.size;
         let end = addr + usable;
@@ -497,7 +497,7 @@ pub fn evaluate(
     // Per site: (blocks counted as they are, estimated blocks).
     let mut sites: FastMap<u32, (SiteAtSnapshot, SiteAtSnapshot)> = FastMap::default();
     let mut exact = SiteAtSnapshot::default();
-    for (&addr, b) in live {
+    for (addr, b) in live {
         let usable = b.usable().max(1);
         let (c, occ_sum) = classes.entry(usable).or_insert_with(|| {
             (

@@ -10,6 +10,7 @@ pub mod analyze;
 pub mod calls;
 pub mod census;
 pub mod compare;
+pub mod forks;
 pub mod ghc;
 pub mod ghc_blocks;
 pub mod heap;

@@ -214,18 +214,19 @@ pub enum AheadChunk {
 }
 
 /// Whose events chunks a [`ReadAhead`] hands on (the others it leaves out, undecoded).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EventsOf {
     All,
-    Stream(u32),
+    /// These streams' (one process's, with its ancestors' when it was forked).
+    Streams(Vec<u32>),
     None,
 }
 
 impl EventsOf {
-    fn wants(self, stream: u32) -> bool {
+    fn wants(&self, stream: u32) -> bool {
         match self {
             Self::All => true,
-            Self::Stream(s) => s == stream,
+            Self::Streams(s) => s.contains(&stream),
             Self::None => false,
         }
     }
@@ -284,7 +285,7 @@ impl<R: Read + Send + 'static> ReadAhead<R> {
     ) -> Result<Self, TraceError> {
         let file_bytes = reader.file_bytes();
         let source = if ahead {
-            Self::spawn(reader, events_of)
+            Self::spawn(reader, events_of.clone())
         } else {
             Source::Inline(reader)
         };

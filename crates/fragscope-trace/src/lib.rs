@@ -12,6 +12,7 @@ pub mod chunk;
 mod columns;
 pub mod event;
 pub mod heap_census;
+pub mod live;
 pub mod merge;
 pub mod pack;
 pub mod reader;

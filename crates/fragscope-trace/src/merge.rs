@@ -164,29 +164,10 @@ impl Call {
     }
 }
 
-/// A block that is live after the merged calls so far: what the model needs of it.
-/// Kept small (24 bytes) because a heap can hold hundreds of millions of them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct LiveBlock {
-    /// Requested bytes.
-    pub size: u64,
-    /// Usable minus requested bytes (0 when the allocator did not say).
-    pub rounding: u32,
-    /// Process stack index (0: not sampled).
-    pub stack: u32,
-    /// Tick of the allocation.
-    pub born_tick: u32,
-    /// Allocated before this process was forked, by the process it was forked from.
-    pub inherited: bool,
-}
-
-const _: () = assert!(std::mem::size_of::<LiveBlock>() == 24);
+pub use crate::live::{is_inherited_stack, InheritedHeap, LiveBlock, LiveIter, LiveTable};
+use crate::live::{InheritedStackTable, INHERITED_STACK};
 
 impl LiveBlock {
-    pub fn usable(&self) -> u64 {
-        self.size + u64::from(self.rounding)
-    }
-
     fn of(c: &Call) -> Self {
         Self {
             size: c.size,
@@ -198,15 +179,6 @@ impl LiveBlock {
     }
 }
 
-/// The live blocks by address, in hashbrown's table with the locality hash. A block is
-/// read where it lies before its bucket is emptied: `HashMap::remove` returned it through
-/// memory, stored in pieces narrower than the copy that read it back (a store-forwarding
-/// stall, a third of the merge's time on `--stacks all` traces).
-#[derive(Default, Clone, Debug)]
-pub struct LiveTable {
-    table: hashbrown::HashTable<(u64, LiveBlock)>,
-}
-
 /// The hash of a heap address in hashbrown's tables kept by address (see
 /// [`LocalityHasher`]).
 #[inline(always)]
@@ -214,124 +186,6 @@ pub(crate) fn addr_hash(addr: u64) -> u64 {
     let mut h = LocalityHasher::<4>::default();
     h.write_u64(addr);
     h.finish()
-}
-
-impl LiveTable {
-    pub fn len(&self) -> usize {
-        self.table.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.table.is_empty()
-    }
-
-    #[inline]
-    pub fn contains_key(&self, addr: &u64) -> bool {
-        self.get(addr).is_some()
-    }
-
-    #[inline]
-    pub fn get(&self, addr: &u64) -> Option<&LiveBlock> {
-        let addr = *addr;
-        self.table
-            .find(addr_hash(addr), |e| e.0 == addr)
-            .map(|e| &e.1)
-    }
-
-    /// Makes `addr` live; returns the block it replaced.
-    #[inline(always)]
-    pub fn insert(&mut self, addr: u64, block: LiveBlock) -> Option<LiveBlock> {
-        match self
-            .table
-            .entry(addr_hash(addr), |e| e.0 == addr, |e| addr_hash(e.0))
-        {
-            hashbrown::hash_table::Entry::Occupied(mut o) => {
-                Some(std::mem::replace(&mut o.get_mut().1, block))
-            }
-            hashbrown::hash_table::Entry::Vacant(v) => {
-                v.insert((addr, block));
-                None
-            }
-        }
-    }
-
-    /// Ends the block at `addr`, if it is live.
-    #[inline(always)]
-    pub fn remove(&mut self, addr: &u64) -> Option<LiveBlock> {
-        let addr = *addr;
-        let entry = self
-            .table
-            .find_entry(addr_hash(addr), |e| e.0 == addr)
-            .ok()?;
-        let block = entry.get().1;
-        entry.remove();
-        Some(block)
-    }
-
-    pub fn iter(&self) -> LiveIter<'_> {
-        self.into_iter()
-    }
-
-    pub fn values(&self) -> impl Iterator<Item = &LiveBlock> + '_ {
-        self.table.iter().map(|e| &e.1)
-    }
-}
-
-pub type LiveIter<'a> = std::iter::Map<
-    hashbrown::hash_table::Iter<'a, (u64, LiveBlock)>,
-    fn(&'a (u64, LiveBlock)) -> (&'a u64, &'a LiveBlock),
->;
-
-impl<'a> IntoIterator for &'a LiveTable {
-    type Item = (&'a u64, &'a LiveBlock);
-    type IntoIter = LiveIter<'a>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.table.iter().map(|e| (&e.0, &e.1))
-    }
-}
-
-/// The same blocks at the same addresses, whatever the tables' layouts.
-impl PartialEq for LiveTable {
-    fn eq(&self, other: &Self) -> bool {
-        self.len() == other.len() && self.iter().all(|(a, b)| other.get(a) == Some(b))
-    }
-}
-
-impl Extend<(u64, LiveBlock)> for LiveTable {
-    fn extend<I: IntoIterator<Item = (u64, LiveBlock)>>(&mut self, blocks: I) {
-        for (addr, block) in blocks {
-            self.insert(addr, block);
-        }
-    }
-}
-
-/// Marks the stack ids of inherited blocks ([`InheritedHeap`]): their frames are the
-/// parent's, kept apart from the ids the process's own decoder hands out from 1.
-const INHERITED_STACK: u32 = 1 << 31;
-
-/// Whether `stack` is the stack of a block inherited at a fork (its frames in
-/// [`Merger::stack`] as any other's, but no allocation of this process has it).
-pub fn is_inherited_stack(stack: u32) -> bool {
-    stack & INHERITED_STACK != 0
-}
-
-/// A process's live blocks at a fork, which its child starts from
-/// ([`Merger::heap_at_fork`], [`Merger::seed_inherited`]).
-#[derive(Default, Clone, Debug)]
-pub struct InheritedHeap {
-    /// Each flagged `inherited`, its stack renamed into `stacks`.
-    blocks: LiveTable,
-    /// Frames of the blocks' stacks, by `stack & !INHERITED_STACK`.
-    stacks: Vec<Vec<u64>>,
-    /// The blocks' requested and usable bytes.
-    pub bytes: u64,
-    pub usable_bytes: u64,
-}
-
-impl InheritedHeap {
-    pub fn blocks(&self) -> usize {
-        self.blocks.len()
-    }
 }
 
 /// Something the merge hands on, in order.
@@ -508,8 +362,8 @@ pub struct Merger {
     scratch: DecodedEvents,
     /// Stacks by process-wide id (0: none).
     stacks: Vec<Vec<u64>>,
-    /// The stacks of blocks inherited at the fork (see [`INHERITED_STACK`]).
-    inherited_stacks: Vec<Vec<u64>>,
+    /// The stacks of blocks inherited at the fork (see [`is_inherited_stack`]).
+    inherited_stacks: InheritedStackTable,
     max_seen: u64,
     last_tick: u64,
     /// The process flags its idle threads ([`EventsHeader::process_marks_idle`]).
@@ -573,7 +427,7 @@ impl Merger {
             decoder: StreamDecoder::default(),
             scratch: DecodedEvents::default(),
             stacks: vec![Vec::new()],
-            inherited_stacks: Vec::new(),
+            inherited_stacks: InheritedStackTable::default(),
             max_seen: 0,
             last_tick: 0,
             marks_idle: false,
@@ -632,38 +486,21 @@ impl Merger {
         bytes
     }
 
-    /// The live blocks after the items popped so far, as a child forked now inherits them.
-    pub fn heap_at_fork(&self) -> InheritedHeap {
-        let mut blocks = self.live.clone();
-        let mut renamed: FastMap<u32, u32> = FastMap::default();
-        let mut stacks = Vec::new();
-        let (mut bytes, mut usable_bytes) = (0, 0);
-        for (_, b) in blocks.table.iter_mut() {
-            b.inherited = true;
-            bytes += b.size;
-            usable_bytes += b.usable();
-            if b.stack != 0 {
-                b.stack = *renamed.entry(b.stack).or_insert_with(|| {
-                    stacks.push(self.stack(b.stack).to_vec());
-                    (stacks.len() - 1) as u32 | INHERITED_STACK
-                });
-            }
-        }
-        InheritedHeap {
-            blocks,
-            stacks,
-            bytes,
-            usable_bytes,
-        }
+    /// The live blocks after the items popped so far, as a child forked now inherits them
+    /// (shared with it from here on: see [`crate::live`]).
+    pub fn heap_at_fork(&mut self) -> InheritedHeap {
+        let (stacks, inherited_stacks) = (&self.stacks, &self.inherited_stacks);
+        self.live
+            .hand_on(|id| stack_of(stacks, inherited_stacks, id))
     }
 
     /// Starts from the blocks a forked process inherited: they are live, and their frees
     /// are known. Before the first pop.
     pub fn seed_inherited(&mut self, heap: InheritedHeap) {
         if self.live.is_empty() {
-            self.live = heap.blocks;
+            self.live = heap.live;
         } else {
-            self.live.extend(heap.blocks.table);
+            self.live.extend(heap.live.iter());
         }
         self.inherited_stacks = heap.stacks;
     }
@@ -719,13 +556,7 @@ impl Merger {
 
     /// Return addresses of a stack (innermost first); empty for 0.
     pub fn stack(&self, id: u32) -> &[u64] {
-        let stacks = if is_inherited_stack(id) {
-            &self.inherited_stacks
-        } else {
-            &self.stacks
-        };
-        let i = (id & !INHERITED_STACK) as usize;
-        stacks.get(i).map_or(&[], |s| s.as_slice())
+        stack_of(&self.stacks, &self.inherited_stacks, id)
     }
 
     pub fn stack_count(&self) -> usize {
@@ -1212,6 +1043,16 @@ impl Merger {
     }
 }
 
+/// [`Merger::stack`], from the merge's two tables of stacks.
+fn stack_of<'a>(stacks: &'a [Vec<u64>], inherited: &'a InheritedStackTable, id: u32) -> &'a [u64] {
+    let found = if is_inherited_stack(id) {
+        inherited.get((id & !INHERITED_STACK) as usize)
+    } else {
+        stacks.get(id as usize).map(Vec::as_slice)
+    };
+    found.unwrap_or(&[])
+}
+
 /// See [`Merger::compute_watermark`].
 struct Watermark {
     /// The active thread that has sent the least (usize::MAX: none).
@@ -1657,7 +1498,7 @@ mod tests {
         parent.push_chunk(&h_of(10, 5), &w.bytes).unwrap();
         let (_, forks) = drain_with_forks(&mut parent);
         let heap = &forks[0].1;
-        let (_, with_stack) = heap.blocks.iter().find(|(&a, _)| a == 0x2000).unwrap();
+        let with_stack = heap.live().get(&0x2000).unwrap();
         assert!(is_inherited_stack(with_stack.stack));
         let mut child = Merger::new();
         child.seed_inherited(heap.clone());
@@ -1703,7 +1544,7 @@ mod tests {
             let (calls, forks) = drain_with_forks(&mut m);
             assert_eq!(calls.len(), 3);
             let heap = &forks[0].1;
-            let mut at_fork: Vec<u64> = heap.blocks.iter().map(|(&a, _)| a).collect();
+            let mut at_fork: Vec<u64> = heap.live().iter().map(|(a, _)| a).collect();
             at_fork.sort();
             assert_eq!(at_fork, [0xa000, 0xb000], "thread 2 first: {two_first}");
         }
@@ -2025,7 +1866,7 @@ mod tests {
     #[test]
     fn the_live_blocks_before_the_last_call_are_those_before_it() {
         let sorted = |live: &LiveTable| -> Vec<(u64, LiveBlock)> {
-            let mut v: Vec<_> = live.iter().map(|(a, b)| (*a, *b)).collect();
+            let mut v: Vec<_> = live.iter().collect();
             v.sort_by_key(|e| e.0);
             v
         };

@@ -147,8 +147,8 @@ fn reading_ahead_for_one_stream_leaves_the_others_out() {
         };
         let all = events(EventsOf::All);
         assert!(all > 3);
-        assert_eq!(events(EventsOf::Stream(stream)), all);
-        assert_eq!(events(EventsOf::Stream(stream + 1)), 0);
+        assert_eq!(events(EventsOf::Streams(vec![stream])), all);
+        assert_eq!(events(EventsOf::Streams(vec![stream + 1])), 0);
         assert_eq!(events(EventsOf::None), 0);
     }
 }

@@ -5,7 +5,9 @@
 //! on), and each model places the blocks itself and says how many bytes it keeps
 //! resident. The driver reads the trace once, feeds the ops in batches to every model,
 //! samples each model's RSS every [`Options::sample_ms`] of trace time (at the same
-//! moments for all models), and returns plain data ([`Replay`]).
+//! moments for all models), and returns plain data ([`Replay`]). A forked process starts
+//! from its parent's heap at the fork, as the report's analysis starts it: its inherited
+//! blocks are allocated first, in the order the parent allocated them ([`Lineage`]).
 //!
 //! Models (one file each): [`ideal`] (the lower bound), [`sizeclass`] (segregated size
 //! classes in spans), [`glibc`] (ptmalloc2-like bins, coalescing and top trimming),
@@ -24,9 +26,12 @@ use std::path::Path;
 use std::time::Instant;
 
 use fragscope_trace::ahead::{AheadChunk, EventsOf, ReadAhead};
-use fragscope_trace::merge::{AddrMap, Merged, Merger};
+use fragscope_trace::merge::{AddrMap, LiveTable, Merged, Merger};
 use fragscope_trace::reader::{Chunk, TraceReader};
+use fragscope_trace::records::Process;
 use fragscope_trace::TraceError;
+
+use crate::forks::{Inherited, Lineage};
 use serde::Serialize;
 
 /// One step of a replay. Block ids are dense (a freed id is reused).
@@ -379,6 +384,10 @@ pub struct Replay {
     pub pid: u32,
     pub argv: Vec<String>,
     pub calls: u64,
+    /// A forked process started from its parent's heap at the fork: its blocks and their
+    /// requested bytes, allocated before its first call (null otherwise).
+    pub inherited_blocks: Option<u64>,
+    pub inherited_bytes: Option<u64>,
     pub duration_ms: f64,
     pub page_size: u64,
     pub sample_ms: u64,
@@ -443,38 +452,43 @@ fn build_tracks(opts: &Options, page: u64, sample_ms: u64) -> Result<Vec<Track>,
         .collect()
 }
 
-/// Picks the stream to replay: the given pid's last image, or the most event data.
-fn choose_stream(path: &Path, pid: Option<u32>) -> Result<u32, ReplayError> {
+/// Picks the stream to replay: the given pid's last image, or the most event data; with
+/// the trace's processes.
+fn choose_stream(path: &Path, pid: Option<u32>) -> Result<(u32, Vec<Process>), ReplayError> {
     let mut reader = TraceReader::open(path)?;
-    let mut pids: Vec<(u32, u32)> = Vec::new();
+    let mut processes: Vec<Process> = Vec::new();
     let mut bytes: HashMap<u32, u64> = HashMap::new();
     while let Some(chunk) = reader.next_chunk() {
         match chunk {
-            Chunk::Process(p) => pids.push((p.stream, p.pid)),
+            Chunk::Process(p) => processes.push(p),
             Chunk::Events(h, records) => {
                 *bytes.entry(h.stream).or_default() += records.len() as u64;
             }
             _ => {}
         }
     }
-    match pid {
-        Some(pid) => pids
+    let stream = match pid {
+        Some(pid) => processes
             .iter()
             .rev()
-            .find(|p| p.1 == pid)
-            .map(|p| p.0)
+            .find(|p| p.pid == pid)
+            .map(|p| p.stream)
             .ok_or(ReplayError::NoSuchPid(pid)),
         None => bytes
             .iter()
             .max_by_key(|(s, b)| (**b, std::cmp::Reverse(**s)))
             .map(|(s, _)| *s)
             .ok_or(ReplayError::Empty),
-    }
+    }?;
+    Ok((stream, processes))
 }
 
 /// The merged calls of the replayed process, turned into ops and live-bytes samples.
 struct Feed {
-    merger: Merger,
+    /// The process's thread that a fork left: the inherited blocks are its.
+    pid: u32,
+    /// Its merge started (from its parent's heap, when it was forked).
+    started: bool,
     ids: Ids,
     ops: Vec<Op>,
     tick_ms: f64,
@@ -485,6 +499,8 @@ struct Feed {
     next_sample: u64,
     now_ms: u64,
     calls: u64,
+    /// Blocks allocated for a forked process before its first call: those it inherited.
+    inherited_allocs: u64,
 }
 
 impl Feed {
@@ -498,15 +514,51 @@ impl Feed {
         self.ops.push(Op::Time { ms });
     }
 
-    fn drain(&mut self, tracks: &mut [Track]) {
-        while let Some(m) = self.merger.pop() {
+    /// Takes the calls the process's merge can order now, once it has its parent's
+    /// heap.
+    fn take(&mut self, lineage: &mut Lineage, tracks: &mut [Track]) {
+        let inherited = lineage.inherited();
+        let Some(merger) = lineage.merger() else {
+            return;
+        };
+        if !self.started {
+            self.started = true;
+            if let Some(inherited) = inherited {
+                self.start_from(inherited, merger.live_blocks());
+            }
+        }
+        self.drain(merger, tracks);
+    }
+
+    /// Allocates the blocks the process inherited at its fork, in the order its parent
+    /// allocated them (by tick, then address), by the thread the fork left it.
+    fn start_from(&mut self, inherited: Inherited, live: &LiveTable) {
+        self.time((inherited.tick as f64 * self.tick_ms) as u64);
+        let mut blocks: Vec<(u32, u64, u64)> =
+            live.iter().map(|(a, b)| (b.born_tick, a, b.size)).collect();
+        blocks.sort_unstable();
+        for (_, addr, size) in blocks {
+            let id = self.ids.take(addr);
+            self.live += size;
+            self.inherited_allocs += 1;
+            self.ops.push(Op::Alloc {
+                id,
+                tid: self.pid,
+                size,
+            });
+        }
+        self.peak_live = self.peak_live.max(self.live);
+    }
+
+    fn drain(&mut self, merger: &mut Merger, tracks: &mut [Track]) {
+        while let Some(m) = merger.pop() {
             let Merged::Call(c) = m else { continue };
             self.calls += 1;
             let ms = (c.tick as f64 * self.tick_ms) as u64;
             if ms > self.now_ms || self.calls == 1 {
                 self.time(ms);
             }
-            for &(addr, b) in self.merger.ended_by_last_pop() {
+            for &(addr, b) in merger.ended_by_last_pop() {
                 if let Some(id) = self.ids.release(addr) {
                     self.live -= b.size;
                     self.ops.push(Op::Free {
@@ -555,13 +607,17 @@ pub fn replay_with_progress(
     mut progress: impl FnMut(u64, u64),
 ) -> Result<Replay, ReplayError> {
     let started = Instant::now();
-    let stream = choose_stream(path, opts.pid)?;
-    let mut reader = ReadAhead::open(path, EventsOf::Stream(stream))?;
+    let (stream, processes) = choose_stream(path, opts.pid)?;
+    let mut lineage = Lineage::new(&processes, stream);
+    let mut reader = ReadAhead::open(path, EventsOf::Streams(lineage.streams()))?;
     let sample_ms = opts.sample_ms.max(1);
     let mut tracks: Vec<Track> = Vec::new();
     let mut page = 4096u64;
     let mut feed = Feed {
-        merger: Merger::new(),
+        pid: (processes.iter().rev())
+            .find(|p| p.stream == stream)
+            .map_or(0, |p| p.pid),
+        started: false,
         ids: Ids::default(),
         ops: Vec::with_capacity(BATCH + 8),
         tick_ms: 1.0,
@@ -572,6 +628,7 @@ pub fn replay_with_progress(
         next_sample: 0,
         now_ms: 0,
         calls: 0,
+        inherited_allocs: 0,
     };
     let mut end_ms = 0u64;
     let mut pid = 0;
@@ -597,10 +654,10 @@ pub fn replay_with_progress(
                     built = true;
                 }
                 end_ms = end_ms.max((h.last_tick as f64 * feed.tick_ms) as u64);
-                if let Err(e) = reader.push_events(&mut feed.merger, &h, events) {
+                if let Err(e) = lineage.push_events(&reader, &h, events) {
                     damage.get_or_insert(format!("thread {}: {e}", h.tid));
                 }
-                feed.drain(&mut tracks);
+                feed.take(&mut lineage, &mut tracks);
                 continue;
             }
             AheadChunk::Other(chunk) => chunk,
@@ -630,8 +687,8 @@ pub fn replay_with_progress(
     if !built {
         return Err(ReplayError::Empty);
     }
-    feed.merger.finish();
-    feed.drain(&mut tracks);
+    lineage.finish();
+    feed.take(&mut lineage, &mut tracks);
     if feed.calls == 0 {
         return Err(ReplayError::Empty);
     }
@@ -674,6 +731,8 @@ pub fn replay_with_progress(
     let (buckets, t_ms, live_tl) = downsample(&t_full, &live_full);
     let model_seconds: f64 = tracks.iter().map(|t| t.seconds).sum();
     let calls = feed.calls;
+    // What the models' time was spent on: the inherited blocks are placed as allocations.
+    let ops = calls + feed.inherited_allocs;
     let models = tracks
         .into_iter()
         .map(|t| {
@@ -695,7 +754,7 @@ pub fn replay_with_progress(
                     .collect(),
                 costs: t.model.costs(),
                 seconds: t.seconds,
-                calls_per_s: calls as f64 / t.seconds.max(1e-9),
+                calls_per_s: ops as f64 / t.seconds.max(1e-9),
             }
         })
         .collect();
@@ -708,6 +767,8 @@ pub fn replay_with_progress(
         pid,
         argv,
         calls,
+        inherited_blocks: lineage.inherited().map(|h| h.blocks),
+        inherited_bytes: lineage.inherited().map(|h| h.bytes),
         duration_ms: end_ms as f64,
         page_size: page,
         sample_ms,
