@@ -1156,14 +1156,16 @@ fn lazy_free_bytes(r: &Rollup) -> u64 {
 fn python_log(streams: &[Stream], i: usize) -> std::borrow::Cow<'_, PythonLog> {
     let s = &streams[i];
     let parent = s
+        .fork
         .parent_stream
-        .filter(|_| s.fork_mark.is_some())
+        .filter(|_| s.fork.fork_mark.is_some())
         .and_then(|p| streams.iter().position(|x| x.stream == p))
         .filter(|&p| p < i);
     match parent {
-        Some(p) => {
-            std::borrow::Cow::Owned(s.python.forked_from(&python_log(streams, p), s.start_tick))
-        }
+        Some(p) => std::borrow::Cow::Owned(
+            s.python
+                .forked_from(&python_log(streams, p), s.fork.start_tick),
+        ),
         None => std::borrow::Cow::Borrowed(&s.python),
     }
 }
