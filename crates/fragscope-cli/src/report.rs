@@ -931,6 +931,9 @@ fn sbcl(o: &mut String, r: &Report) {
 /// The Lisp functions that allocate: sites by their own bytes, with callers, then
 /// functions by the bytes allocated while they ran.
 fn lisp_sites(o: &mut String, r: &Report) {
+    if let Some(note) = &r.lisp_sites_note {
+        let _ = writeln!(o, "\n{note}");
+    }
     let Some(ls) = &r.lisp_sites else {
         return;
     };

@@ -1020,6 +1020,10 @@ pub fn analyze(
     // What allocates is the lever on an SBCL program's collections, whatever holds its
     // memory.
     let lisp_sites = (!s.lisp.is_empty()).then(|| lisp_sites::sites(&s.lisp));
+    let sbcl_version = snapshots
+        .iter()
+        .find_map(|x| x.sbcl.as_ref().map(|p| p.version.as_str()));
+    let lisp_sites_note = lisp_sites::unsampled_note(&s.lisp, sbcl_version, stacks);
     if let Some(clause) = lisp_sites.as_ref().and_then(lisp_sites::headline_clause) {
         headline.sentence = format!("{} Here {clause}.", headline.sentence);
     }
@@ -1114,6 +1118,7 @@ pub fn analyze(
         python_sites,
         python_sites_note,
         lisp_sites,
+        lisp_sites_note,
         sbcl_snapshot,
         sbcl_note: s.sbcl_note.clone(),
         leaks,

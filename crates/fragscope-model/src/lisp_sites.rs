@@ -238,6 +238,31 @@ pub fn sites(log: &LispLog) -> LispSites {
 
 /// "40% of Lisp allocation comes from CONCATENATE called by REDUCE in SEXP->XML": the
 /// site that allocates the most, when it carries a fifth of everything.
+/// Why an SBCL process whose census was read has no Lisp lines: its release is one the
+/// sampler does not read (`version` as the census names it), `--stacks none`, or none of
+/// its allocation regions was sampled. None when it has lines or is not SBCL.
+pub fn unsampled_note(log: &LispLog, version: Option<&str>, stacks: &str) -> Option<String> {
+    let version = version?;
+    if !log.is_empty() {
+        return None;
+    }
+    Some(if stacks == "none" {
+        "Lisp lines are not sampled: recorded with --stacks none.".into()
+    } else if !version.starts_with(SAMPLED_RELEASE) {
+        format!(
+            "Lisp lines are not sampled on SBCL {version}: the sampler reads SBCL \
+             {SAMPLED_RELEASE}'s frames (later releases export neither \
+             debug_function_from_pc nor n_gcs, which it uses); the census's figures are \
+             complete."
+        )
+    } else {
+        "Lisp lines are not sampled: no allocation region of this process was sampled.".into()
+    })
+}
+
+/// The SBCL release whose frames the interposer's sampler reads (preload/sbcl.h).
+const SAMPLED_RELEASE: &str = "2.2.9";
+
 pub fn headline_clause(s: &LispSites) -> Option<String> {
     let top = s
         .sites
@@ -312,5 +337,21 @@ mod tests {
             headline_clause(&s).unwrap(),
             "97% of Lisp allocation comes from CONCATENATE called by REDUCE in SEXP->XML"
         );
+    }
+
+    #[test]
+    fn an_sbcl_process_without_lines_is_told_why() {
+        let none = LispLog::default();
+        // Not SBCL (no census): nothing to say.
+        assert_eq!(unsampled_note(&none, None, "sampled"), None);
+        let newer = unsampled_note(&none, Some("2.5.2.debian"), "sampled").unwrap();
+        assert!(
+            newer.contains("on SBCL 2.5.2.debian") && newer.contains("2.2.9's frames"),
+            "{newer}"
+        );
+        let off = unsampled_note(&none, Some("2.2.9.debian"), "none").unwrap();
+        assert!(off.contains("--stacks none"), "{off}");
+        let unlucky = unsampled_note(&none, Some("2.2.9.debian"), "sampled").unwrap();
+        assert!(unlucky.contains("no allocation region"), "{unlucky}");
     }
 }

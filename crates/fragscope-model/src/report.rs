@@ -425,6 +425,9 @@ pub struct Report {
     /// An SBCL process: the Lisp functions that allocated, from sampled region refills.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lisp_sites: Option<crate::lisp_sites::LispSites>,
+    /// An SBCL process with a census and no Lisp lines: why (its release, --stacks none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lisp_sites_note: Option<String>,
     /// An SBCL process: the snapshot whose dynamic space holds the most free space.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sbcl_snapshot: Option<usize>,
