@@ -685,12 +685,8 @@ fn a_ghc_eventlog_exports_as_its_report_json_only() {
 #[test]
 fn a_fork_childs_events_free_its_parents_blocks() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = common::build(dir.path(), "prefork", &[]);
-    let trace = dir.path().join("prefork.fsc");
-    let out = common::record(common::Allocator::Glibc, &trace, &exe, &[]);
-    assert!(out.status.success(), "{}", common::stderr(&out));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let worker = stdout.trim().trim_start_matches("worker ");
+    let (trace, workers) = common::record_prefork(dir.path(), "prefork");
+    let worker = workers[0].as_str();
     let tables = dir.path().join("worker.parquet");
     ok(
         fragscope(&[

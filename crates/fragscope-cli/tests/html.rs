@@ -388,21 +388,15 @@ fn a_cpython_report_html_shows_pymalloc_and_the_python_lines() {
 #[test]
 fn a_forked_workers_report_html_shows_its_shared_and_private_pages() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = common::build(dir.path(), "prefork", &[]);
-    let trace = dir.path().join("prefork.fsc");
-    let out = common::record(common::Allocator::Glibc, &trace, &exe, &[]);
-    assert!(out.status.success(), "{}", common::stderr(&out));
-    let worker = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .trim_start_matches("worker ")
-        .to_string();
-    let report = common::report_json_of(&trace, &worker);
+    let (trace, workers) = common::record_prefork(dir.path(), "prefork");
+    let worker = &workers[0];
+    let report = common::report_json_of(&trace, worker);
     let page = dir.path().join("prefork.html");
     let out = fragscope(&[
         "report",
         trace.to_str().unwrap(),
         "--pid",
-        &worker,
+        worker,
         "--html",
         page.to_str().unwrap(),
     ]);

@@ -362,12 +362,8 @@ fn a_cut_trace_replays_what_is_intact_and_a_wrong_pid_is_named() {
 #[test]
 fn a_fork_child_is_replayed_from_its_parents_heap() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = common::build(dir.path(), "prefork", &[]);
-    let trace = dir.path().join("prefork.fsc");
-    let out = common::record(common::Allocator::Glibc, &trace, &exe, &[]);
-    assert!(out.status.success(), "{}", common::stderr(&out));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let worker = stdout.trim().trim_start_matches("worker ");
+    let (trace, workers) = common::record_prefork(dir.path(), "prefork");
+    let worker = workers[0].as_str();
     let r = replay_json(&trace, &["--pid", worker]);
     assert_eq!(n(&r, "calls"), 100_000);
     assert_eq!(n(&r, "inherited_blocks"), 100_000);

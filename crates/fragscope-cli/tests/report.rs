@@ -608,19 +608,6 @@ fn a_program_without_frees_reports_no_unknown_frees() {
     }
 }
 
-/// Records tests/c/`name`.c and returns the trace and the pids of the workers it printed.
-fn record_prefork(dir: &Path, name: &str) -> (PathBuf, Vec<String>) {
-    let exe = common::build(dir, name, &[]);
-    let trace = dir.join(format!("{name}.fsc"));
-    let out = common::record(common::Allocator::Glibc, &trace, &exe, &[]);
-    assert!(out.status.success(), "{}", common::stderr(&out));
-    let workers = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| l.trim_start_matches("worker ").to_string())
-        .collect();
-    (trace, workers)
-}
-
 /// A forked worker's live data at its exit: within 2% of `want` bytes.
 fn assert_live_at_exit(w: &Value, want: f64) {
     let last = w["snapshots"].as_array().unwrap().last().unwrap();
@@ -638,7 +625,7 @@ fn assert_live_at_exit(w: &Value, want: f64) {
 #[test]
 fn a_fork_child_starts_from_its_parents_heap() {
     let dir = tempfile::tempdir().unwrap();
-    let (trace, workers) = record_prefork(dir.path(), "prefork");
+    let (trace, workers) = common::record_prefork(dir.path(), "prefork");
     let w = common::report_json_of(&trace, &workers[0]);
     let merge = &w["merge"];
     assert_eq!(merge["unknown_frees"], 0, "{merge}");
@@ -716,7 +703,7 @@ fn a_fork_child_starts_from_its_parents_heap() {
 #[test]
 fn a_fork_childs_heap_is_its_parents_while_another_thread_allocates() {
     let dir = tempfile::tempdir().unwrap();
-    let (trace, workers) = record_prefork(dir.path(), "prefork_threads");
+    let (trace, workers) = common::record_prefork(dir.path(), "prefork_threads");
     assert_eq!(workers.len(), 3);
     for pid in &workers {
         let w = common::report_json_of(&trace, pid);

@@ -375,6 +375,20 @@ pub fn report_json(trace: &Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// Records tests/c/`name`.c (a pre-fork program printing "worker PID" per worker) under
+/// glibc into `dir`, and returns the trace and the workers' pids.
+pub fn record_prefork(dir: &Path, name: &str) -> (PathBuf, Vec<String>) {
+    let exe = build(dir, name, &[]);
+    let trace = dir.join(format!("{name}.fsc"));
+    let out = record(Allocator::Glibc, &trace, &exe, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let workers = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim_start_matches("worker ").to_string())
+        .collect();
+    (trace, workers)
+}
+
 /// `fragscope report TRACE --json --pid PID`: one process of a trace.
 pub fn report_json_of(trace: &Path, pid: impl std::fmt::Display) -> serde_json::Value {
     let pid = pid.to_string();
