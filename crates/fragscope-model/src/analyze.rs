@@ -413,7 +413,10 @@ impl Stream {
         if let Some(o) = sbcl {
             parts.push(part("sbcl_dynamic_space", *o));
         }
-        let anonymous = sharing::owners_of(pm, fork);
+        // Computed as the residency arrived (for the list of processes).
+        let anonymous = (self.anonymous_sharing.iter().rev())
+            .find(|a| a.0 == pm.tick)
+            .map_or_else(|| sharing::owners_of(pm, fork), |a| a.2);
         let mut other = anonymous;
         for p in &parts {
             other.subtract(&p.owners);
