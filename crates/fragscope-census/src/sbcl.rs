@@ -69,7 +69,7 @@ pub struct Release {
     pub shipped_by: &'static str,
     /// `struct thread` (genesis/thread.h): its six allocation regions, boxed, cons, mixed,
     /// symbol, system mixed and system cons (`thread-*-tlab-slot` × 8).
-    thread_tlabs: [u64; 6],
+    pub thread_tlabs: [u64; 6],
     /// Whether the runtime sizes unboxed numbers with a function of their own
     /// (`size_unboxed`) rather than `size_boxed`.
     size_unboxed: bool,
@@ -77,7 +77,7 @@ pub struct Release {
     /// builds that time their pauses; `n_lisp_gcs` (2.3 on) counts every one.
     collections_counter: &'static str,
     /// `this` and `next` in `struct thread`.
-    thread_this: u64,
+    pub thread_this: u64,
     thread_next: u64,
     /// `lisp_thread` in `struct thread`, its last field: the thread-local values start
     /// there (`&th->lisp_thread` in gencgc.c), up to `*FREE-TLS-INDEX*`'s value.

@@ -32,6 +32,8 @@ pub struct LispLog {
     by_stack: HashMap<u32, (u64, f64, u64)>,
     /// Why some records could not be read.
     pub problem: Option<String>,
+    /// Why the interposer did not sample this runtime (a release it does not read).
+    pub unsampled: Option<String>,
 }
 
 impl LispLog {
@@ -43,17 +45,22 @@ impl LispLog {
                 .get_or_insert(format!("Lisp samples cut short: {p}"));
         }
         for r in records.into_iter().filter_map(|r| self.defined.take(r)) {
-            if let SampleRecord::LispAlloc {
-                requested,
-                bytes,
-                stack,
-                ..
-            } = r
-            {
-                let acc = self.by_stack.entry(stack).or_default();
-                acc.0 += 1;
-                acc.1 += bytes as f64;
-                acc.2 += u64::from(requested > self.region_bytes);
+            match r {
+                SampleRecord::LispAlloc {
+                    requested,
+                    bytes,
+                    stack,
+                    ..
+                } => {
+                    let acc = self.by_stack.entry(stack).or_default();
+                    acc.0 += 1;
+                    acc.1 += bytes as f64;
+                    acc.2 += u64::from(requested > self.region_bytes);
+                }
+                SampleRecord::Unsampled { reason } => {
+                    self.unsampled.get_or_insert(reason);
+                }
+                _ => {}
             }
         }
     }
@@ -238,30 +245,30 @@ pub fn sites(log: &LispLog) -> LispSites {
 
 /// "40% of Lisp allocation comes from CONCATENATE called by REDUCE in SEXP->XML": the
 /// site that allocates the most, when it carries a fifth of everything.
-/// Why an SBCL process whose census was read has no Lisp lines: its release is one the
-/// sampler does not read (`version` as the census names it), `--stacks none`, or none of
-/// its allocation regions was sampled. None when it has lines or is not SBCL.
+/// Why an SBCL process has no Lisp lines: the interposer said so (a release or runtime
+/// the sampler does not read), `--stacks none`, or none of its allocation regions was
+/// sampled. `version` is the census's name of its release, None when no census was read
+/// (then only the interposer's word tells an SBCL process). None when it has lines or is
+/// not SBCL.
 pub fn unsampled_note(log: &LispLog, version: Option<&str>, stacks: &str) -> Option<String> {
-    let version = version?;
     if !log.is_empty() {
         return None;
     }
+    if let Some(reason) = &log.unsampled {
+        let complete = if version.is_some() {
+            "; the census's figures are complete"
+        } else {
+            ""
+        };
+        return Some(format!("Lisp lines are not sampled: {reason}{complete}."));
+    }
+    version?;
     Some(if stacks == "none" {
         "Lisp lines are not sampled: recorded with --stacks none.".into()
-    } else if !version.starts_with(SAMPLED_RELEASE) {
-        format!(
-            "Lisp lines are not sampled on SBCL {version}: the sampler reads SBCL \
-             {SAMPLED_RELEASE}'s frames (later releases export neither \
-             debug_function_from_pc nor n_gcs, which it uses); the census's figures are \
-             complete."
-        )
     } else {
         "Lisp lines are not sampled: no allocation region of this process was sampled.".into()
     })
 }
-
-/// The SBCL release whose frames the interposer's sampler reads (preload/sbcl.h).
-const SAMPLED_RELEASE: &str = "2.2.9";
 
 pub fn headline_clause(s: &LispSites) -> Option<String> {
     let top = s
@@ -342,16 +349,30 @@ mod tests {
     #[test]
     fn an_sbcl_process_without_lines_is_told_why() {
         let none = LispLog::default();
-        // Not SBCL (no census): nothing to say.
+        // Not SBCL (no census, no word from the interposer): nothing to say.
         assert_eq!(unsampled_note(&none, None, "sampled"), None);
-        let newer = unsampled_note(&none, Some("2.5.2.debian"), "sampled").unwrap();
+        // A release the sampler does not read: the interposer's reason, census or not.
+        let mut w = Writer::new();
+        w.varint(0)
+            .u8(6)
+            .str("the sampler reads the frames of SBCL 2.2.9, 2.5.2 and 2.6.4, not 2.7.0's");
+        let mut told = LispLog::default();
+        told.add(&RuntimeSamples {
+            stream: 0,
+            mean_bytes: 32768,
+            first_tick: 0,
+            records: w.bytes,
+        });
+        let newer = unsampled_note(&told, Some("2.7.0.debian"), "sampled").unwrap();
         assert!(
-            newer.contains("on SBCL 2.5.2.debian") && newer.contains("2.2.9's frames"),
+            newer.contains("not 2.7.0's") && newer.contains("census's figures are complete"),
             "{newer}"
         );
+        let uncounted = unsampled_note(&told, None, "sampled").unwrap();
+        assert!(uncounted.contains("not 2.7.0's") && !uncounted.contains("census"));
         let off = unsampled_note(&none, Some("2.2.9.debian"), "none").unwrap();
         assert!(off.contains("--stacks none"), "{off}");
-        let unlucky = unsampled_note(&none, Some("2.2.9.debian"), "sampled").unwrap();
+        let unlucky = unsampled_note(&none, Some("2.5.2.debian"), "sampled").unwrap();
         assert!(unlucky.contains("no allocation region"), "{unlucky}");
     }
 }

@@ -89,7 +89,7 @@ static size_t py_live_cap, py_live_len;
 /* Frames are named by (code object, instruction offset). Every call on the log is made
  * with the GIL held. */
 static struct sample_log py_log; /* zero-initialised, so in .bss: not in the file */
-enum { PY_REC_ALLOC = 1, PY_REC_FREE = 2, PY_REC_UNSAMPLED = 6 };
+enum { PY_REC_ALLOC = 1, PY_REC_FREE = 2 };
 /* Why a CPython process's objects are not sampled (empty: they are, or it is not
  * CPython), sent once per process so that the report can say it. */
 static char py_unsampled[200];
@@ -271,18 +271,8 @@ static void py_free(void *ctx, void *ptr) {
     a->free(a->ctx, ptr);
 }
 
-/* Sends why this process's objects are not sampled, if it is CPython and they are not:
- * once at start, and again in a forked child (a process, and a report, of its own). */
 static void py_tell_unsampled(void) {
-    size_t n = strnlen(py_unsampled, sizeof py_unsampled);
-    if (!n) return;
-    py_log.msg_type = MSG_PYTHON;
-    uint8_t *o = log_reserve(&py_log, 16 + n);
-    if (!o) return;
-    *o++ = PY_REC_UNSAMPLED;
-    o = put_bytes(o, py_unsampled, n);
-    log_commit(&py_log, o);
-    log_flush(&py_log);
+    log_tell_unsampled(&py_log, MSG_PYTHON, py_unsampled, sizeof py_unsampled);
 }
 
 /* At start: is this CPython, of a release whose frames we can read? When it is CPython

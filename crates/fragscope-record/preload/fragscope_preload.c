@@ -1461,6 +1461,7 @@ static void atfork_child(void) {
     sock_fd = connect_recorder();
     if (sock_fd < 0 || send_hello_locked(HELLO_FORKED, fork_mark) != 0) tracing = 0;
     if (tracing) py_tell_unsampled();
+    lisp_after_fork_connected();
     next_idle_scan = 0;
     if (mine) emit_own_memory(mine);
 }

@@ -9,7 +9,7 @@
 #define SAMPLE_BUF_CAP (64 << 10)
 #define SAMPLE_FRAME_SLOTS 8192
 #define SAMPLE_STACK_SLOTS 4096
-enum { SAMPLE_REC_FRAME = 3, SAMPLE_REC_STACK = 4 };
+enum { SAMPLE_REC_FRAME = 3, SAMPLE_REC_STACK = 4, SAMPLE_REC_UNSAMPLED = 6 };
 
 struct sample_log {
     uint32_t msg_type;
@@ -51,6 +51,22 @@ static uint8_t *put_bytes(uint8_t *o, const char *s, size_t n) {
     o = put_varint(o, n);
     memcpy(o, s, n);
     return o + n;
+}
+
+/* Sends why this process's runtime is not sampled (`why`, when not empty) as the log's
+ * one record: once at start, and again in a forked child (a process, and a report, of
+ * its own). */
+static void log_tell_unsampled(struct sample_log *l, uint32_t msg_type, const char *why,
+                               size_t cap) {
+    size_t n = strnlen(why, cap);
+    if (!n) return;
+    l->msg_type = msg_type;
+    uint8_t *o = log_reserve(l, 16 + n);
+    if (!o) return;
+    *o++ = SAMPLE_REC_UNSAMPLED;
+    o = put_bytes(o, why, n);
+    log_commit(l, o);
+    log_flush(l);
 }
 
 /* The id of frame (a, b), else 0 with `*slot` where a new one goes (log_define_frame). */

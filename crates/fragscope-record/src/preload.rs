@@ -141,3 +141,44 @@ fn reachable_by_all(dir: &Path) -> bool {
 fn no_executable_mappings(dir: &Path) -> bool {
     crate::launch::mount_flags(dir).is_some_and(|f| f & libc::ST_NOEXEC != 0)
 }
+
+#[cfg(test)]
+mod tests {
+    /// The interposer's sampler (preload/sbcl.h, `lisp_releases`) reads the SBCL releases
+    /// the census reads, with the same `struct thread` offsets.
+    #[test]
+    fn the_lisp_sampler_knows_the_releases_the_census_reads() {
+        let header = include_str!("../preload/sbcl.h");
+        let table = &header[header.find("} lisp_releases[] = {").expect("lisp_releases")..];
+        let table = &table[..table.find("};").unwrap()];
+        // {"2.5.2", start, end, this, cons, mixed, sys mixed, sys cons, "counter", name}
+        let rows: Vec<(String, Vec<u64>)> = table
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("{\""))
+            .map(|l| {
+                let (version, rest) = l.split_once('"').unwrap();
+                let numbers = rest
+                    .split(',')
+                    .filter_map(|w| w.trim().parse().ok())
+                    .collect();
+                (version.to_string(), numbers)
+            })
+            .collect();
+        let census = fragscope_census::sbcl::RELEASES;
+        assert_eq!(
+            rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(),
+            census.iter().map(|r| r.version).collect::<Vec<_>>()
+        );
+        for ((version, n), r) in rows.iter().zip(census.iter()) {
+            // this, then the cons, mixed, system mixed and system cons regions.
+            let expected = [
+                r.thread_this,
+                r.thread_tlabs[1],
+                r.thread_tlabs[2],
+                r.thread_tlabs[4],
+                r.thread_tlabs[5],
+            ];
+            assert_eq!(n[2..7], expected.map(|o| o as u64), "SBCL {version}");
+        }
+    }
+}
