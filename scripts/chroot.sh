@@ -8,6 +8,8 @@
 #
 # Inside, /proc is the kernel's and /dev the host's, bound privately (so that taking it
 # down never reaches the host's own /dev/pts or /dev/shm), with a /dev/shm of its own.
+# $FRAGSCOPE_CHROOT_BIND (host directories, space-separated) are bound at the same paths
+# inside, so that a test built on the host runs there as it was built (its paths baked in).
 # The mounts last as long as the command and are taken down when it ends. The mirror is
 # the host's (the first Debian URI of its apt sources), or $MIRROR. Needs root.
 set -euo pipefail
@@ -41,6 +43,15 @@ mount_all() {
     mkdir -p "$dir/dev/shm"
     mount -t tmpfs -o mode=1777 chroot-shm "$dir/dev/shm"
   fi
+  local host
+  for host in ${FRAGSCOPE_CHROOT_BIND:-}; do
+    [[ -d "$host" ]] || die "FRAGSCOPE_CHROOT_BIND: $host is not a directory"
+    mkdir -p "$dir$host"
+    if ! mountpoint -q "$dir$host"; then
+      mount --bind "$host" "$dir$host"
+      mount --make-private "$dir$host"
+    fi
+  done
 }
 
 host_mirror() {
@@ -56,7 +67,7 @@ installed() {
 
 case "${1:-}" in
   "" | -h | --help)
-    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
   unmount)

@@ -9,10 +9,13 @@
 #
 #   scripts/version-matrix.sh [SUITE:PYTHON[:note]...]
 #
-# Then the SBCL census tests (crates/fragscope-census/tests/sbcl.rs) on each suite's SBCL:
-# Debian 12's 2.2.9, 13's 2.5.2, unstable's 2.6.4, the Lisp run chrooted and read from the
-# host (FRAGSCOPE_SBCL_ROOT). $SBCL_SUITES (default "bookworm trixie sid") chooses them;
-# empty skips them.
+# Then, on each suite's SBCL (Debian 12's 2.2.9, 13's 2.5.2, unstable's 2.6.4): the SBCL
+# census tests (crates/fragscope-census/tests/sbcl.rs), the Lisp run chrooted and read
+# from the host (FRAGSCOPE_SBCL_ROOT); and the SBCL tests of the command
+# (crates/fragscope-cli/tests/sbcl.rs: census, mark, Lisp allocation sites against
+# get-bytes-consed, threads, saved executables, --load, the headline), built on the host
+# and run inside the chroot, the repository bound at its own path. $SBCL_SUITES (default
+# "bookworm trixie sid") chooses them; empty skips them.
 #
 # Default: bookworm:python3.11 trixie:python3.13 sid:python3.14. ":note" expects a
 # release without Python lines: no python_sites, and python_sites_note saying why.
@@ -26,7 +29,8 @@ entries=("$@")
 ((${#entries[@]})) || entries=(bookworm:python3.11 trixie:python3.13 sid:python3.14)
 
 cargo build --release -q -p fragscope
-bin=${CARGO_TARGET_DIR:-$root/target}/release/fragscope
+target=${CARGO_TARGET_DIR:-$root/target}
+bin=$target/release/fragscope
 
 passed=0
 failed=0
@@ -108,10 +112,30 @@ EOF
     failed=$((failed + 1))
   fi
 done
-for suite in ${SBCL_SUITES-bookworm trixie sid}; do
+sbcl_suites=${SBCL_SUITES-bookworm trixie sid}
+if [[ -n $sbcl_suites ]]; then
+  # The command's SBCL test binary, as cargo built it.
+  sbcl_tests=$(cargo test --release -q -p fragscope --test sbcl --no-run --message-format=json 2>/dev/null \
+    | python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "sbcl":
+        print(m["executable"])')
+fi
+for suite in $sbcl_suites; do
   dir=$chroots/$suite
-  scripts/chroot.sh "$suite" "$dir" sbcl
+  scripts/chroot.sh "$suite" "$dir" sbcl libunwind8
   release=$(chroot "$dir" /usr/bin/sbcl --version 2>/dev/null || echo "?")
+  start=$SECONDS
+  if log=$(FRAGSCOPE_CHROOT_BIND="$root $(realpath "$target")" scripts/chroot.sh run "$dir" \
+      "$sbcl_tests" --test-threads 1 2>&1); then
+    echo "ok   $suite $release: $(grep -c '^test .* ok$' <<<"$log") SBCL tests of the command passed ($((SECONDS - start)) s)"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $suite $release: the SBCL tests of the command:" >&2
+    grep -E "panicked|^test .*FAILED" -A3 <<<"$log" | head -20 >&2
+    failed=$((failed + 1))
+  fi
   if log=$(FRAGSCOPE_SBCL_ROOT=$dir cargo test --release -p fragscope-census --test sbcl -- --nocapture 2>&1); then
     # No test skipped is no match: not a failure of the script.
     skipped=$(grep '^skipped' <<<"$log" | sed 's/^skipped //' | paste -sd';' - | sed 's/;/; /g' || true)
