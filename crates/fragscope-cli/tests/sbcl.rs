@@ -263,16 +263,18 @@ fn compare_shows_buffers_moved_out_of_the_dynamic_space() {
 }
 
 /// `job` (which defines WORK) saved with save-lisp-and-die as the executable `dir/name`,
-/// which runs WORK and exits: a Lisp program as it is shipped.
-fn save_executable(dir: &Path, job: &Path, name: &str) -> std::path::PathBuf {
+/// which runs WORK and exits: a Lisp program as it is shipped. `compressed`: its core
+/// compressed (:compression t, in builds with :sb-core-compression, as Debian's).
+fn save_executable(dir: &Path, job: &Path, name: &str, compressed: bool) -> std::path::PathBuf {
     let exe = dir.join(name);
     let build = dir.join(format!("build-{name}.lisp"));
     std::fs::write(
         &build,
         format!(
-            "(load {:?})\n(sb-ext:save-lisp-and-die {:?} :executable t :toplevel (lambda () (work) (sb-ext:exit)))\n",
+            "(load {:?})\n(sb-ext:save-lisp-and-die {:?} :executable t{} :toplevel (lambda () (work) (sb-ext:exit)))\n",
             job.display().to_string(),
-            exe.display().to_string()
+            exe.display().to_string(),
+            if compressed { " :compression t" } else { "" }
         ),
     )
     .unwrap();
@@ -313,7 +315,12 @@ fn a_saved_executable_and_a_load_are_recorded_like_a_script() {
 "#,
     )
     .unwrap();
-    let exe = save_executable(dir.path(), &job, "job-exe");
+    let exe = save_executable(dir.path(), &job, "job-exe", false);
+    let compressed = save_executable(dir.path(), &job, "job-exe-z", true);
+    assert!(
+        std::fs::metadata(&compressed).unwrap().len() * 2 < std::fs::metadata(&exe).unwrap().len(),
+        "the core was not compressed"
+    );
     let load_args: Vec<std::ffi::OsString> = vec![
         "sbcl".into(),
         "--non-interactive".into(),
@@ -324,6 +331,10 @@ fn a_saved_executable_and_a_load_are_recorded_like_a_script() {
     ];
     for (name, command) in [
         ("saved", vec![exe.clone().into_os_string()]),
+        (
+            "saved compressed",
+            vec![compressed.clone().into_os_string()],
+        ),
         ("load", load_args),
     ] {
         let trace = dir.path().join(format!("{name}.fsc"));
@@ -349,6 +360,13 @@ fn a_saved_executable_and_a_load_are_recorded_like_a_script() {
         assert!(
             (used as f64 - theirs as f64).abs() <= 0.05 * theirs as f64,
             "{name}: census {used} B in use, the Lisp's dynamic-usage {theirs} B"
+        );
+        // The Lisp lines: WORK's arrays and strings.
+        let functions = report["lisp_sites"]["functions"].as_array();
+        assert!(
+            functions.is_some_and(|f| f.iter().any(|f| f["function"] == "WORK")),
+            "{name}: {}",
+            report["lisp_sites"]
         );
     }
 }
@@ -577,7 +595,7 @@ fn the_first_lines_name_the_dynamic_space_of_a_saved_threaded_executable() {
 "#,
     )
     .unwrap();
-    let exe = save_executable(dir.path(), &job, "threads-exe");
+    let exe = save_executable(dir.path(), &job, "threads-exe", false);
     let trace = dir.path().join("threads.fsc");
     let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
         .args(["record", "--snapshot-ms", "300", "-o"])
@@ -613,9 +631,7 @@ fn the_first_lines_name_the_dynamic_space_of_a_saved_threaded_executable() {
     {
         assert_eq!(headline["heap"], "sbcl", "{headline}");
         assert!(sentence.contains("SBCL's dynamic space"), "{sentence}");
-    } else if waste("sbcl") > waste("malloc")
-        && !sentence.starts_with("The heaps are dense")
-    {
+    } else if waste("sbcl") > waste("malloc") && !sentence.starts_with("The heaps are dense") {
         assert_eq!(headline["heap"], "sbcl", "{headline}");
         assert!(
             sentence.starts_with("Most of the waste is in the SBCL dynamic space"),
@@ -675,4 +691,93 @@ fn the_first_lines_name_the_dynamic_space_of_a_saved_threaded_executable() {
     } else {
         eprintln!("skipped the page: chromium is not installed");
     }
+}
+
+/// An SBCL runtime of a release fragscope has not verified (here the installed one, its
+/// release string rewritten, running its own core): the census and the sampler read
+/// nothing, and the report says why, in the JSON and the text.
+#[test]
+fn an_unknown_release_gets_a_note_and_no_figures() {
+    if sbcl_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let lisp = |args: &[&str]| {
+        let out = Command::new("sbcl").args(args).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    // "SBCL 2.5.2.debian": the release string the runtime carries in its .rodata.
+    let release = lisp(&["--version"]).trim_start_matches("SBCL ").to_string();
+    let core = lisp(&[
+        "--noinform",
+        "--non-interactive",
+        "--eval",
+        "(princ (namestring sb-ext:*core-pathname*))",
+    ]);
+    let numbers = release
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .next()
+        .unwrap();
+    let numbers = numbers.trim_end_matches('.');
+    let unknown: String = numbers
+        .chars()
+        .map(|c| if c == '.' { '.' } else { '9' })
+        .chain(release[numbers.len()..].chars())
+        .collect();
+    let runtime = String::from_utf8_lossy(
+        &Command::new("sh")
+            .args(["-c", "command -v sbcl"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .trim()
+    .to_string();
+    let mut elf = std::fs::read(&runtime).unwrap();
+    let needle = format!("\0{release}\0");
+    let at = elf
+        .windows(needle.len())
+        .position(|w| w == needle.as_bytes())
+        .unwrap_or_else(|| panic!("no {release:?} in {runtime}"));
+    elf[at + 1..at + 1 + unknown.len()].copy_from_slice(unknown.as_bytes());
+    let patched = dir.path().join("sbcl");
+    std::fs::write(&patched, &elf).unwrap();
+    std::fs::set_permissions(
+        &patched,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let job = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/lisp/export_job.lisp");
+    let trace = dir.path().join("unknown.fsc");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&patched)
+        .args(["--core", &core, "--script"])
+        .arg(&job)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(consed(&out.stdout).len(), 4, "the job ran");
+    let report = report_json(&trace);
+    assert!(report["lisp_sites"].is_null(), "{report}");
+    for s in report["snapshots"].as_array().unwrap() {
+        assert!(s.get("sbcl").is_none_or(|c| c.is_null()), "{s}");
+    }
+    let census_note = report["sbcl_note"].as_str().unwrap_or_default();
+    assert!(
+        census_note.contains(&format!("SBCL {unknown} is not supported")),
+        "{report}"
+    );
+    let lines_note = report["lisp_sites_note"].as_str().unwrap_or_default();
+    assert!(
+        lines_note.contains(&format!("not {unknown}'s")),
+        "{lines_note}"
+    );
+    let text = common::report_text(&trace);
+    assert!(
+        text.contains(census_note) && text.contains(lines_note),
+        "{text}"
+    );
 }
