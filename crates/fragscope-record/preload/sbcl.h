@@ -517,6 +517,16 @@ static void lisp_detect(void) {
         lisp_tell_unsampled();
         return;
     }
+    /* The mark-region collector (a build option from 2.3.x) keeps its own regions: the
+     * census refuses it too (fragscope-census/src/sbcl.rs). */
+    if (dlsym(RTLD_DEFAULT, "line_bytemap") || dlsym(RTLD_DEFAULT, "allocation_bitmap")) {
+        snprintf(lisp_unsampled, sizeof lisp_unsampled,
+                 "this SBCL %s is built with the mark-region collector, not gencgc, whose "
+                 "allocation regions the sampler reads", lisp_release->version);
+        lisp_release = NULL;
+        lisp_tell_unsampled();
+        return;
+    }
     for (unsigned i = 0; i < LISP_SITES; i++) {
         void *f = dlsym(RTLD_DEFAULT, lisp_sites[i].name);
         Dl_info d;
