@@ -17,6 +17,12 @@
 # and run inside the chroot, the repository bound at its own path. $SBCL_SUITES (default
 # "bookworm trixie sid") chooses them; empty skips them.
 #
+# Last, the GHC tests of the command (crates/fragscope-cli/tests/ghc.rs: block censuses,
+# the eventlog's figures, seed 000's and 001's cases, stripped programs) on Debian 13's
+# GHC 9.6 and unstable's 9.10, built on the host and run inside their chroots as the
+# SBCL ones (the host runs them on Debian 12's 9.0 in the suite itself). $GHC_SUITES
+# (default "trixie sid") chooses them; empty skips them.
+#
 # Default: bookworm:python3.11 trixie:python3.13 sid:python3.14. ":note" expects a
 # release without Python lines: no python_sites, and python_sites_note saying why.
 # Chroots are kept in $FRAGSCOPE_CHROOTS (default /var/tmp/fragscope-chroots) and reused.
@@ -112,16 +118,17 @@ EOF
     failed=$((failed + 1))
   fi
 done
-sbcl_suites=${SBCL_SUITES-bookworm trixie sid}
-if [[ -n $sbcl_suites ]]; then
-  # The command's SBCL test binary, as cargo built it.
-  sbcl_tests=$(cargo test --release -q -p fragscope --test sbcl --no-run --message-format=json 2>/dev/null \
+# A test binary of the command, as cargo built it: tests_binary NAME.
+tests_binary() {
+  cargo test --release -q -p fragscope --test "$1" --no-run --message-format=json 2>/dev/null \
     | python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "sbcl":
-        print(m["executable"])')
-fi
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' "$1"
+}
+sbcl_suites=${SBCL_SUITES-bookworm trixie sid}
+[[ -n $sbcl_suites ]] && sbcl_tests=$(tests_binary sbcl)
 for suite in $sbcl_suites; do
   dir=$chroots/$suite
   scripts/chroot.sh "$suite" "$dir" sbcl libunwind8
@@ -144,6 +151,25 @@ for suite in $sbcl_suites; do
   else
     echo "FAIL $suite $release: the SBCL census tests:" >&2
     grep -E "panicked|^test .*FAILED|assert" <<<"$log" | head -10 >&2
+    failed=$((failed + 1))
+  fi
+done
+ghc_suites=${GHC_SUITES-trixie sid}
+[[ -n $ghc_suites ]] && ghc_tests=$(tests_binary ghc)
+# The shared cases sit beside the repository.
+binds="$root $(realpath "$target")"
+[[ -d $root/../shared ]] && binds+=" $(realpath "$root/../shared")"
+for suite in $ghc_suites; do
+  dir=$chroots/$suite
+  scripts/chroot.sh "$suite" "$dir" ghc libunwind8
+  release=$(scripts/chroot.sh run "$dir" ghc --numeric-version 2>/dev/null || echo "?")
+  start=$SECONDS
+  if log=$(FRAGSCOPE_CHROOT_BIND="$binds" scripts/chroot.sh run "$dir" "$ghc_tests" --test-threads 1 2>&1); then
+    echo "ok   $suite GHC $release: $(grep -c '^test .* ok$' <<<"$log") GHC tests of the command passed ($((SECONDS - start)) s)"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $suite GHC $release: the GHC tests of the command:" >&2
+    grep -E "panicked|^test .*FAILED" -A3 <<<"$log" | head -20 >&2
     failed=$((failed + 1))
   fi
 done

@@ -10,10 +10,12 @@
 //! generations, pinned, large, compact), free blocks, how full each megablock is, and
 //! how much of each small pinned block is still referenced from the rest of the heap.
 //!
-//! Every layout fact here is the one of GHC 9.0 (checked against 9.0.2's headers and its
-//! compiled RTS) for 64-bit targets. Each census checks itself against the RTS's own
+//! The layout facts here hold for the GHC series in [`RELEASES`] on 64-bit targets (each
+//! checked against its release's RTS headers — `bdescr` in rts/storage/Block.h, the
+//! `nursery` of rts/storage/GC.h, `RTSStats` in RtsAPI.h — and its compiled RTS): they
+//! have not changed from 9.0 to 9.10. Each census checks itself against the RTS's own
 //! counters (`mblocks_allocated`, `n_alloc_blocks`) and is refused when they disagree;
-//! an RTS of another version gets a note instead of a census.
+//! an RTS of another series gets a note instead of a census.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -74,6 +76,54 @@ const SYMBOLS: [&str; 9] = [
     "n_nurseries",
     "stg_ARR_WORDS_info",
 ];
+
+/// A GHC series whose RTS layout the census has verified, on the release named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Release {
+    /// "9.6": every release of the series (patch releases keep the RTS's structures).
+    pub series: &'static str,
+    /// The release it was verified on, and who ships it.
+    pub verified_on: &'static str,
+    pub shipped_by: &'static str,
+}
+
+/// The series the block census reads. Adding one: compare its RTS headers' `bdescr`,
+/// `nursery`, `RTSStats` (its first field) and MBlock.c's `free_list` with these, then
+/// run the GHC tests on it (scripts/version-matrix.sh runs them in each Debian suite's
+/// chroot); a layout that differs is a field of this table, not a branch in the code.
+pub const RELEASES: [Release; 3] = [
+    Release {
+        series: "9.0",
+        verified_on: "9.0.2",
+        shipped_by: "Debian 12",
+    },
+    Release {
+        series: "9.6",
+        verified_on: "9.6.6",
+        shipped_by: "Debian 13",
+    },
+    Release {
+        series: "9.10",
+        verified_on: "9.10.3",
+        shipped_by: "Debian unstable",
+    },
+];
+
+/// The verified series, for sentences: "9.0 (9.0.2, Debian 12), 9.6 (...), ...".
+pub fn verified_releases() -> String {
+    RELEASES
+        .iter()
+        .map(|r| format!("{} ({}, {})", r.series, r.verified_on, r.shipped_by))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The entry of [`RELEASES`] of GHC `version` ("9.6.6"), if its series is one.
+pub fn release_of(version: &str) -> Option<&'static Release> {
+    let mut parts = version.split('.');
+    let series = format!("{}.{}", parts.next()?, parts.next()?);
+    RELEASES.iter().find(|r| r.series == series)
+}
 
 /// What `+RTS --info` says about a program's RTS.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,11 +218,12 @@ impl GhcRts {
     /// executable's bytes; `pid` places them when it is position-independent). Err: a
     /// sentence saying why there is no census, for the report.
     pub fn new(elf: &[u8], info: RtsInfo, pid: Option<u32>) -> Result<Self, String> {
-        if !info.version.starts_with("9.0.") {
+        if release_of(&info.version).is_none() {
             return Err(format!(
-                "the block census reads the RTS layout of GHC 9.0, and this program's RTS is \
+                "the block census reads the RTS layouts of GHC {}, and this program's RTS is \
                  GHC {}, whose layout fragscope has not verified; the figures come from the \
                  eventlog alone",
+                verified_releases(),
                 info.version
             ));
         }
@@ -477,7 +528,7 @@ fn walk_megablock(
         if start != expected || blocks == 0 {
             return Err(CensusError::Inconsistent(format!(
                 "the descriptor of block {i} of the megablock at {mb:#x} is not a group's \
-                 head (start {start:#x}, {blocks} blocks): not the block layout of GHC 9.0"
+                 head (start {start:#x}, {blocks} blocks): not the block layout the census reads"
             )));
         }
         let free = le_u64(d, BD_FREE);
@@ -895,7 +946,11 @@ mod tests {
         };
         let note = GhcRts::new(&me, later, None).unwrap_err();
         assert!(note.contains("GHC 9.8.1"), "{note}");
+        assert!(note.contains("9.6 (9.6.6, Debian 13)"), "{note}");
         assert!(note.contains("eventlog alone"), "{note}");
+        assert_eq!(release_of("9.10.3").unwrap().series, "9.10");
+        assert_eq!(release_of("9.1.0"), None);
+        assert_eq!(release_of("9"), None);
         let ours = RtsInfo {
             version: "9.0.2".into(),
             way: "rts_l".into(),

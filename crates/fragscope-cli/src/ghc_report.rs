@@ -139,7 +139,7 @@ fn missing_figures(r: &GhcReport, what: &str) -> String {
 
 fn render_timeline(o: &mut String, r: &GhcReport) {
     let madv_free = if r.rss_recorded {
-        "; GHC 9.0 returns memory with MADV_FREE, so VmRSS alone may not fall"
+        "; the RTS returns memory with MADV_FREE, so VmRSS alone may not fall"
     } else {
         ""
     };

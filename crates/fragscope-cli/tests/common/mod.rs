@@ -95,6 +95,14 @@ pub fn ghc_case(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/ghc/{name}.hs"))
 }
 
+/// The installed ghc's (major, minor) version; None without ghc.
+pub fn ghc_version() -> Option<(u32, u32)> {
+    let out = Command::new("ghc").arg("--numeric-version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut parts = text.trim().split('.').map(|p| p.parse().ok());
+    Some((parts.next()??, parts.next()??))
+}
+
 /// Builds the Haskell program `src` with `ghc -O -rtsopts` and `extra` flags into
 /// `dir`/`name`; `None` when ghc or the source is missing.
 pub fn build_ghc(dir: &Path, src: &Path, name: &str, extra: &[&str]) -> Option<PathBuf> {
