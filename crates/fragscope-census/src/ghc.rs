@@ -197,10 +197,18 @@ fn run_with_timeout(mut cmd: Command, limit: Duration) -> Result<std::process::O
     }
 }
 
-/// A GHC RTS whose block census fragscope can read: where its variables are.
+/// A GHC RTS whose block census fragscope can read.
 #[derive(Debug, Clone)]
 pub struct GhcRts {
     pub info: RtsInfo,
+    /// Where its variables are; None for a stripped executable, whose census finds the
+    /// heap from /proc/PID/maps and checks the descriptors against themselves alone.
+    vars: Option<RtsVars>,
+}
+
+/// The RTS's variables the census reads, from the executable's symbol table.
+#[derive(Debug, Clone)]
+struct RtsVars {
     address_space: u64,
     high_watermark: u64,
     free_list_head: u64,
@@ -244,26 +252,37 @@ impl GhcRts {
             );
         }
         let symbols = Symbols::resolve(elf, &SYMBOLS, pid)?;
+        // Stripped: none of them. Some but not all: a build the census does not know.
+        if SYMBOLS.iter().all(|n| symbols.get(n).is_none()) {
+            return Ok(Self { info, vars: None });
+        }
         let need = |n: &str| {
             symbols.need(n).map_err(|e| {
                 format!(
-                    "{e}, which the block census needs (a stripped binary has none); the \
-                     figures come from the eventlog alone"
+                    "{e}, which the block census needs; the figures come from the eventlog alone"
                 )
             })
         };
         Ok(Self {
-            address_space: need("mblock_address_space")?,
-            high_watermark: need("mblock_high_watermark")?,
-            free_list_head: need("free_list_head")?,
-            mblocks_allocated: need("mblocks_allocated")?,
-            n_alloc_blocks: need("n_alloc_blocks")?,
-            nurseries: need("nurseries")?,
-            n_nurseries: need("n_nurseries")?,
-            arr_words_info: need("stg_ARR_WORDS_info")?,
-            stats: need("stats")?,
+            vars: Some(RtsVars {
+                address_space: need("mblock_address_space")?,
+                high_watermark: need("mblock_high_watermark")?,
+                free_list_head: need("free_list_head")?,
+                mblocks_allocated: need("mblocks_allocated")?,
+                n_alloc_blocks: need("n_alloc_blocks")?,
+                nurseries: need("nurseries")?,
+                n_nurseries: need("n_nurseries")?,
+                arr_words_info: need("stg_ARR_WORDS_info")?,
+                stats: need("stats")?,
+            }),
             info,
         })
+    }
+
+    /// Whether the census reads the RTS's own variables (else the executable is
+    /// stripped: see [`GhcBlocks::without_symbols`]).
+    pub fn has_symbols(&self) -> bool {
+        self.vars.is_some()
     }
 }
 
@@ -327,11 +346,39 @@ impl Default for CensusLimits {
 pub fn census(pid: u32, rts: &GhcRts, limits: CensusLimits) -> Result<GhcBlocks, CensusError> {
     let mut mem = ProcessMemory::open(pid)?;
     let pause = Pause::stop(pid).map_err(CensusError::Unreadable)?;
-    let (mut census, groups) = read_census(&mut mem, rts)?;
-    let collections = mem.read_u32(rts.stats)?;
+    let (mut census, groups) = match &rts.vars {
+        Some(vars) => read_census(&mut mem, vars)?,
+        None => read_census_without_symbols(&mut mem)?,
+    };
     let work = liveness_work(&groups);
+    let arr_words_info = match &rts.vars {
+        Some(vars) => Some(vars.arr_words_info),
+        // Only for a scan that will be made: stopped, and small enough.
+        None if work > 0 && work <= limits.stopped_scan_bytes => {
+            infer_arr_words_info(&mut mem, &groups)?
+        }
+        None => None,
+    };
+    let Some(arr_words_info) = arr_words_info.filter(|_| work > 0) else {
+        census.pause_us = pause.held().as_micros() as u64;
+        return Ok(census);
+    };
+    let stopped = |mem: &mut ProcessMemory| {
+        pinned_liveness(mem, arr_words_info, None, &groups)
+            .ok()
+            .flatten()
+    };
+    // Without the RTS's collection count a scan is only sound with the program stopped.
+    let Some(stats) = rts.vars.as_ref().map(|v| v.stats) else {
+        if work <= limits.stopped_scan_bytes {
+            census.pinned_liveness = stopped(&mut mem);
+        }
+        census.pause_us = pause.held().as_micros() as u64;
+        return Ok(census);
+    };
+    let collections = mem.read_u32(stats)?;
     if work <= limits.stopped_scan_bytes {
-        census.pinned_liveness = pinned_liveness(&mut mem, rts, &groups, None).ok().flatten();
+        census.pinned_liveness = stopped(&mut mem);
         census.pause_us = pause.held().as_micros() as u64;
         return Ok(census);
     }
@@ -340,10 +387,15 @@ pub fn census(pid: u32, rts: &GhcRts, limits: CensusLimits) -> Result<GhcBlocks,
     if work > limits.scan_bytes {
         return Ok(census);
     }
-    let liveness = pinned_liveness(&mut mem, rts, &groups, Some(collections))
-        .ok()
-        .flatten();
-    if mem.read_u32(rts.stats).ok() == Some(collections) {
+    let liveness = pinned_liveness(
+        &mut mem,
+        arr_words_info,
+        Some((stats, collections)),
+        &groups,
+    )
+    .ok()
+    .flatten();
+    if mem.read_u32(stats).ok() == Some(collections) {
         census.pinned_liveness = liveness;
     } else if limits
         .stop_when_spoilt
@@ -393,7 +445,7 @@ fn blocks_to_mblocks(blocks: u64) -> u64 {
 /// The block figures, and the groups in use for the liveness scan.
 fn read_census(
     mem: &mut ProcessMemory,
-    rts: &GhcRts,
+    rts: &RtsVars,
 ) -> Result<(GhcBlocks, Vec<Group>), CensusError> {
     let begin = mem.read_u64(rts.address_space)?;
     let end = mem.read_u64(rts.address_space + 8)?;
@@ -463,11 +515,33 @@ fn read_census(
         }
     }
 
+    let (census, groups) = walk_megablocks(mem, &held, &nursery, false)?;
+    let rts_blocks = mem.read_u64(rts.n_alloc_blocks)?;
+    if census.blocks_in_use() != rts_blocks {
+        return Err(CensusError::Inconsistent(format!(
+            "{} blocks found in use, the RTS counts {rts_blocks}",
+            census.blocks_in_use()
+        )));
+    }
+    Ok((census, groups))
+}
+
+/// Walks the descriptors of the megablocks `held` (in address order). `stripped`: they
+/// are every megablock below the high watermark, returned ones included, so a megablock
+/// whose descriptors the kernel zeroed or that is one free group is not counted (see
+/// [`GhcBlocks::without_symbols`]).
+fn walk_megablocks(
+    mem: &mut ProcessMemory,
+    held: &[u64],
+    nursery: &HashSet<u64>,
+    stripped: bool,
+) -> Result<(GhcBlocks, Vec<Group>), CensusError> {
     let mut census = GhcBlocks {
         megablocks: held.len() as u64,
         kinds: vec![GhcKindFigures::default(); GhcBlockKind::ALL.len()],
         megablock_fill: vec![0; MEGABLOCK_FILL_BOUNDS.len() + 1],
         sparse_blocks: vec![0; GhcBlockKind::ALL.len()],
+        without_symbols: stripped,
         ..Default::default()
     };
     let mut groups = Vec::new();
@@ -486,7 +560,26 @@ fn read_census(
                 continue; // inside a group spanning several megablocks
             }
             let descriptors = &areas[k * area..(k + 1) * area];
-            covered_until = walk_megablock(mb, descriptors, &nursery, &mut census, &mut groups)?
+            if stripped {
+                let head = &descriptors[..BDESCR_SIZE as usize];
+                let blocks = u64::from(u32::from_le_bytes(
+                    head[BD_BLOCKS..BD_BLOCKS + 4].try_into().unwrap(),
+                ));
+                let empty = if head.iter().all(|&b| b == 0) {
+                    Some(1) // returned, and its pages reclaimed
+                } else if le_u64(head, BD_FREE) == FREE_GROUP && blocks >= BLOCKS_PER_MBLOCK {
+                    Some(blocks_to_mblocks(blocks.max(BLOCKS_PER_MBLOCK)))
+                } else {
+                    None
+                };
+                if let Some(n) = empty {
+                    census.megablocks -= n.min(census.megablocks);
+                    census.empty_megablocks_uncounted += n;
+                    covered_until = mb + n * MBLOCK_SIZE;
+                    continue;
+                }
+            }
+            covered_until = walk_megablock(mb, descriptors, nursery, &mut census, &mut groups)?
                 .unwrap_or(covered_until);
         }
     }
@@ -496,14 +589,124 @@ fn read_census(
         k.blocks += g.blocks;
         k.used_bytes += g.used_bytes();
     }
-    let rts_blocks = mem.read_u64(rts.n_alloc_blocks)?;
-    if census.blocks_in_use() != rts_blocks {
+    Ok((census, groups))
+}
+
+/// The census of a stripped executable's RTS: its heap found in /proc/PID/maps as the
+/// 64-bit RTS lays it out (one reservation, MBLOCK-aligned, whose committed start is
+/// read-write up to the high watermark and the rest inaccessible), every megablock
+/// below the watermark walked, and the descriptors checked against themselves (each
+/// group head at its own block, groups inside their megablock): anything else refuses the
+/// census. Without the RTS's lists, the nursery is counted in generation 0, and empty
+/// megablocks are not counted (the RTS's and those it returned look alike).
+fn read_census_without_symbols(
+    mem: &mut ProcessMemory,
+) -> Result<(GhcBlocks, Vec<Group>), CensusError> {
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", mem.pid()))?;
+    let (begin, high) = heap_reservation(&maps).ok_or(CensusError::NoHeap)?;
+    if (high - begin) / MBLOCK_SIZE > MAX_MEGABLOCKS {
         return Err(CensusError::Inconsistent(format!(
-            "{} blocks found in use, the RTS counts {rts_blocks}",
-            census.blocks_in_use()
+            "the RTS's heap at {begin:#x} is {} megablocks: more than a census reads",
+            (high - begin) / MBLOCK_SIZE
         )));
     }
-    Ok((census, groups))
+    let held: Vec<u64> = (begin..high).step_by(MBLOCK_SIZE as usize).collect();
+    walk_megablocks(mem, &held, &HashSet::new(), true)
+}
+
+/// The 64-bit RTS's heap in /proc/PID/maps: (begin, high watermark) of the read-write
+/// anonymous mapping that starts on a megablock and is followed at once by the rest of
+/// the reservation, an inaccessible anonymous mapping, together at least 1 GiB (the RTS
+/// reserves a terabyte by default). None when no mapping, or more than one, fits.
+fn heap_reservation(maps: &str) -> Option<(u64, u64)> {
+    struct Map {
+        lo: u64,
+        hi: u64,
+        perms: String,
+        anonymous: bool,
+    }
+    let maps: Vec<Map> = maps
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (lo, hi) = f.next()?.split_once('-')?;
+            let perms = f.next()?.to_string();
+            let inode = f.nth(2)?;
+            let name = f.next();
+            Some(Map {
+                lo: u64::from_str_radix(lo, 16).ok()?,
+                hi: u64::from_str_radix(hi, 16).ok()?,
+                perms,
+                anonymous: inode == "0" && name.is_none(),
+            })
+        })
+        .collect();
+    let mut found = None;
+    for pair in maps.windows(2) {
+        let (rw, rest) = (&pair[0], &pair[1]);
+        if rw.anonymous
+            && rw.perms.starts_with("rw-p")
+            && rw.lo % MBLOCK_SIZE == 0
+            && rw.hi % MBLOCK_SIZE == 0
+            && rest.anonymous
+            && rest.perms == "---p"
+            && rest.lo == rw.hi
+            && rest.hi - rw.lo >= 1 << 30
+        {
+            if found.is_some() {
+                return None;
+            }
+            found = Some((rw.lo, rw.hi));
+        }
+    }
+    found
+}
+
+/// The ARR_WORDS info pointer of a stripped RTS: the first word of nearly every small
+/// pinned group (they hold byte arrays, one after another), which must point into the
+/// executable's code. None when no such word stands out.
+fn infer_arr_words_info(
+    mem: &mut ProcessMemory,
+    groups: &[Group],
+) -> Result<Option<u64>, CensusError> {
+    // A few thousand groups tell as well as all of them, in a few milliseconds.
+    let pinned: Vec<&Group> = groups
+        .iter()
+        .filter(|g| g.kind == GhcBlockKind::Pinned && g.used_bytes() >= 16)
+        .collect();
+    let step = (pinned.len() / 4096).max(1);
+    let heads: Vec<(u64, usize)> = pinned.iter().step_by(step).map(|g| (g.start, 8)).collect();
+    if heads.is_empty() {
+        return Ok(None);
+    }
+    let mut words = Vec::new();
+    mem.read_ranges(&heads, &mut words)?;
+    let mut counts: HashMap<u64, usize> = HashMap::new();
+    for w in words.chunks_exact(8) {
+        *counts
+            .entry(u64::from_le_bytes(w.try_into().unwrap()))
+            .or_default() += 1;
+    }
+    let Some((&word, &n)) = counts.iter().max_by_key(|c| *c.1) else {
+        return Ok(None);
+    };
+    if n * 10 < heads.len() * 9 {
+        return Ok(None);
+    }
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", mem.pid()))?;
+    let exe = std::fs::read_link(format!("/proc/{}/exe", mem.pid()))?;
+    let in_code = maps.lines().any(|l| {
+        let mut f = l.split_whitespace();
+        let range = f.next().and_then(|r| r.split_once('-'));
+        let perms = f.next().unwrap_or("");
+        let path = f.nth(3).unwrap_or("");
+        range.is_some_and(|(lo, hi)| {
+            let lo = u64::from_str_radix(lo, 16).unwrap_or(u64::MAX);
+            let hi = u64::from_str_radix(hi, 16).unwrap_or(0);
+            perms.contains('x') && Path::new(path) == exe && lo <= word && word < hi
+        })
+    });
+    Ok(in_code.then_some(word))
 }
 
 /// Walks one megablock's descriptors, adding its groups to `groups` and its figures to
@@ -773,12 +976,12 @@ fn parse_byte_arrays(
 /// moved what it reads.
 fn pinned_liveness(
     mem: &mut ProcessMemory,
-    rts: &GhcRts,
+    arr_words_info: u64,
+    collections: Option<(u64, u32)>,
     groups: &[Group],
-    collections: Option<u32>,
 ) -> Result<Option<GhcPinnedLiveness>, CensusError> {
     let spoilt = |mem: &mut ProcessMemory| {
-        collections.is_some_and(|n| mem.read_u32(rts.stats).ok() != Some(n))
+        collections.is_some_and(|(stats, n)| mem.read_u32(stats).ok() != Some(n))
     };
     let pinned: Vec<usize> = (0..groups.len())
         .filter(|&i| groups[i].kind == GhcBlockKind::Pinned)
@@ -808,7 +1011,7 @@ fn pinned_liveness(
                 &buf[from..from + used],
                 g.start,
                 gi,
-                rts.arr_words_info,
+                arr_words_info,
                 &mut objects,
             );
             from += used;
@@ -833,7 +1036,7 @@ fn pinned_liveness(
     let byte_arrays: HashSet<u64> = large
         .iter()
         .zip(buf.chunks_exact(8))
-        .filter(|(_, w)| u64::from_le_bytes((*w).try_into().unwrap()) == rts.arr_words_info)
+        .filter(|(_, w)| u64::from_le_bytes((*w).try_into().unwrap()) == arr_words_info)
         .map(|(r, _)| r.0)
         .collect();
     let mut pieces: Vec<(u64, usize)> = Vec::new();
@@ -955,8 +1158,37 @@ mod tests {
             version: "9.0.2".into(),
             way: "rts_l".into(),
         };
-        // Not a GHC program: its symbols are missing, and the note says which.
-        let note = GhcRts::new(&me, ours, None).unwrap_err();
-        assert!(note.contains("mblock_address_space"), "{note}");
+        // No RTS symbol at all: a stripped executable, read from its descriptors alone.
+        assert!(!GhcRts::new(&me, ours, None).unwrap().has_symbols());
+    }
+
+    /// /proc/PID/maps of a stripped GHC 9.0.2 server (tests/ghc/Conns.hs): its heap is
+    /// the read-write start of the RTS's reservation, the rest inaccessible.
+    #[test]
+    fn a_stripped_rts_heap_is_found_in_its_mappings() {
+        let maps = "\
+00400000-004d7000 r-xp 00000000 fe:00 9978862                            /tmp/ghcx/conns-stripped
+004d9000-004e7000 rw-p 000d8000 fe:00 9978862                            /tmp/ghcx/conns-stripped
+004e7000-004ec000 rw-p 00000000 00:00 0
+2754f000-27570000 rw-p 00000000 00:00 0                                  [heap]
+4200000000-4235600000 rw-p 00000000 00:00 0
+4235600000-14200100000 ---p 00000000 00:00 0
+7f06704bf000-7f0670516000 r--p 00000000 fe:00 316526                     /usr/lib/locale/C.utf8/LC_CTYPE
+7f0670516000-7f0670518000 rw-p 00000000 00:00 0
+";
+        assert_eq!(
+            heap_reservation(maps),
+            Some((0x42_0000_0000, 0x42_3560_0000))
+        );
+        // No reservation after it (a program that is not a 64-bit GHC one): none.
+        let cut: String = maps
+            .lines()
+            .filter(|l| !l.contains("---p"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(heap_reservation(&cut), None);
+        // Two candidates: cannot tell, so none.
+        let twice = format!("{maps}7f1000000000-7f1000100000 rw-p 00000000 00:00 0\n7f1000100000-7f1080000000 ---p 00000000 00:00 0\n");
+        assert_eq!(heap_reservation(&twice), None);
     }
 }

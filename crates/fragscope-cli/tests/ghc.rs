@@ -372,6 +372,38 @@ fn a_ghc_program_without_eventlog_is_recorded_with_advice() {
     assert_eq!(r["heap_known"], false);
 }
 
+/// Seed 001's server as a distribution ships it (stripped, no -rtsopts): its block
+/// censuses, read from the descriptors alone, give the same diagnosis as with symbols.
+#[test]
+fn a_stripped_server_is_diagnosed_from_its_descriptors_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_shipped(dir.path(), "Conns") else {
+        return;
+    };
+    let trace = dir.path().join("stripped.fsc");
+    record_in(
+        dir.path(),
+        &[],
+        &trace,
+        &[exe.as_os_str(), OsStr::new("20000"), OsStr::new("keep")],
+    );
+    let r = report_json(&trace);
+    let censuses = r["block_censuses"].as_array().unwrap();
+    assert!(censuses.len() >= 3, "{censuses:?}");
+    assert!(censuses.iter().all(|c| c["without_symbols"] == true));
+    let d = &r["diagnosis"];
+    let headline = d["headline"].as_str().unwrap_or_else(|| panic!("{r}"));
+    let words: Vec<&str> = headline.split(' ').collect();
+    assert_eq!(
+        &words[1..7],
+        ["MiB", "of", "megablocks", "are", "kept", "by"],
+        "{headline}"
+    );
+    let pinned_blocks: u64 = words[7].parse().unwrap();
+    assert!((150..=260).contains(&pinned_blocks), "{headline}");
+    assert!(headline.ends_with("full"), "{headline}");
+}
+
 /// Builds tests/ghc/`name`.hs as a distribution ships a GHC program: `ghc -O` alone (no
 /// -eventlog, no -rtsopts), then stripped; `None` without ghc.
 fn build_shipped(dir: &Path, name: &str) -> Option<PathBuf> {
@@ -498,7 +530,19 @@ fn a_stripped_program_without_eventlog_shows_unknown_figures_not_zeros() {
         "{}",
         r["eventlog_figures_missing"]
     );
-    assert!(r["block_censuses"].as_array().unwrap().is_empty());
+    // Stripped: the censuses are read from the descriptors alone, and say so.
+    let censuses = r["block_censuses"].as_array().unwrap();
+    assert!(!censuses.is_empty(), "{r}");
+    for c in censuses {
+        assert_eq!(c["without_symbols"], true, "{c}");
+        // A megablock's 1 MiB is its 252 blocks and their descriptors.
+        let blocks = u(&c["blocks_in_use"]) + u(&c["free_blocks"]);
+        assert_eq!(blocks, u(&c["heap_size"]) / (1 << 20) * 252 * 4096, "{c}");
+    }
+    assert!(
+        text.contains("Read without symbols (a stripped executable)"),
+        "{text}"
+    );
     let points = r["timeline"].as_array().unwrap();
     assert!(!points.is_empty());
     for p in points {
@@ -598,7 +642,8 @@ fn a_stripped_program_without_eventlog_shows_unknown_figures_not_zeros() {
         dom.contains("data-rendered=\"ok\""),
         "the page did not finish"
     );
-    assert_eq!(dom.matches("class=\"series ghc-line\"").count(), 2);
+    // RSS and RSS minus LazyFree over time, and the censuses' four series.
+    assert_eq!(dom.matches("class=\"series ghc-line\"").count(), 6);
     for line in [
         "No live data or heap size: ",
         "No heap figures: ",

@@ -739,6 +739,12 @@ pub fn analyze(
     let heap_known = states.iter().any(|s| s.heap_size.is_some());
     add_pinned_notes(&mut phases);
     let mut notes = Vec::new();
+    // A stripped program: what its censuses could not tell, once (the last one's count).
+    notes.extend(
+        block_censuses
+            .last()
+            .and_then(BlockCensus::without_symbols_note),
+    );
     if log.is_truncated() {
         // The start-up facts come first in a log: a log cut later still has them.
         let missing = log.ghc_version().is_none() || log.program_args().is_none();

@@ -69,6 +69,33 @@ pub struct BlockCensus {
     /// HEAP_LIVE posted last before this moment (it counts a pinned block whole while any
     /// object in it lives).
     pub eventlog_live: Option<u64>,
+    /// Read from a stripped executable (no RTS symbols): the nursery is in generation 0,
+    /// and `empty_megablocks` bytes of wholly free megablocks below the high watermark
+    /// are not in `heap_size` (the RTS's own and those it returned to the OS look alike).
+    pub without_symbols: bool,
+    pub empty_megablocks: u64,
+}
+
+impl BlockCensus {
+    /// What a census read without symbols cannot tell, in words; None with symbols.
+    pub fn without_symbols_note(&self) -> Option<String> {
+        self.without_symbols.then(|| {
+            let empty = if self.empty_megablocks > 0 {
+                format!(
+                    "; {} of empty megablocks are not counted in the heap (the RTS's own and \
+                     those it gave back with MADV_FREE look alike)",
+                    crate::mib(self.empty_megablocks)
+                )
+            } else {
+                String::new()
+            };
+            format!(
+                "Read without symbols (a stripped executable): the heap was found from the \
+                 process's mappings and its block descriptors checked against each other, \
+                 not against the RTS's counters; the nursery is counted in generation 0{empty}."
+            )
+        })
+    }
 }
 
 /// What the censuses say holds the heap, in words.
@@ -169,6 +196,8 @@ impl BlockCensus {
             eventlog_heap_size: eventlog.0,
             eventlog_free_blocks: eventlog.1,
             eventlog_live: eventlog.2,
+            without_symbols: b.without_symbols,
+            empty_megablocks: b.empty_megablocks_uncounted * MBLOCK,
         }
     }
 }
@@ -447,6 +476,8 @@ mod tests {
                 scanned_bytes: 646_256,
             }),
             pause_us: 3123,
+            without_symbols: false,
+            empty_megablocks_uncounted: 0,
         }
     }
 

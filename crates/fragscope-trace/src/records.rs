@@ -773,6 +773,13 @@ pub struct GhcBlocks {
     pub pinned_liveness: Option<GhcPinnedLiveness>,
     /// How long the program was stopped for the census, in microseconds.
     pub pause_us: u64,
+    /// Read without the RTS's symbols (a stripped executable): the heap found from
+    /// /proc/PID/maps and checked against its own descriptors, not the RTS's counters;
+    /// the nursery is counted in generation 0, and empty megablocks are not counted in
+    /// `megablocks` (the RTS's own and those it returned to the OS look alike): they are
+    /// `empty_megablocks_uncounted`. A tail of the record: older traces read false, 0.
+    pub without_symbols: bool,
+    pub empty_megablocks_uncounted: u64,
 }
 
 impl GhcBlocks {
@@ -898,6 +905,8 @@ impl CensusBody for GhcBlocks {
             }
         }
         w.varint(self.pause_us);
+        w.u8(u8::from(self.without_symbols))
+            .varint(self.empty_megablocks_uncounted);
     }
 
     fn decode_body(r: &mut Reader) -> Result<Self, TraceError> {
@@ -937,6 +946,12 @@ impl CensusBody for GhcBlocks {
                 })
             }
         };
+        let pause_us = r.varint()?;
+        let (without_symbols, empty_megablocks_uncounted) = if r.is_empty() {
+            (false, 0)
+        } else {
+            (r.u8()? != 0, r.varint()?)
+        };
         Ok(GhcBlocks {
             megablocks,
             kinds,
@@ -945,7 +960,9 @@ impl CensusBody for GhcBlocks {
             sparse_megablocks,
             sparse_blocks,
             pinned_liveness,
-            pause_us: r.varint()?,
+            pause_us,
+            without_symbols,
+            empty_megablocks_uncounted,
         })
     }
 }
@@ -1176,9 +1193,18 @@ mod tests {
                     scanned_bytes: 1 << 20,
                 }),
                 pause_us: 850,
+                without_symbols: true,
+                empty_megablocks_uncounted: 12,
             }),
         };
         assert_eq!(GhcCensus::decode(&taken.encode()).unwrap(), taken);
+        // A census written before the tail reads as one taken with symbols.
+        let mut bytes = taken.encode();
+        bytes.truncate(bytes.len() - 2);
+        let old = GhcCensus::decode(&bytes).unwrap();
+        let old = old.result.unwrap();
+        assert!(!old.without_symbols && old.empty_megablocks_uncounted == 0);
+        assert_eq!(old.pause_us, 850);
         let mut none = taken.clone();
         none.result =
             Err("the RTS is GHC 9.8.1, whose block layout fragscope does not know".into());
