@@ -118,6 +118,8 @@ pub fn render(r: &GhcReport) -> String {
         for a in &d.advice {
             let _ = writeln!(o, "  - {a}");
         }
+    } else if let Some(h) = &r.headline {
+        let _ = writeln!(o, "\n{h}");
     }
 
     render_timeline(&mut o, r);

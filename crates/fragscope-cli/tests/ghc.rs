@@ -540,9 +540,12 @@ fn a_stripped_program_without_eventlog_shows_unknown_figures_not_zeros() {
         assert_eq!(blocks, u(&c["heap_size"]) / (1 << 20) * 252 * 4096, "{c}");
     }
     assert!(
-        text.contains("Read without symbols (a stripped executable)"),
+        text.contains("note: read without symbols (a stripped executable)"),
         "{text}"
     );
+    // Its first line says where the heap stood.
+    let headline = r["headline"].as_str().unwrap_or_else(|| panic!("{r}"));
+    assert!(text.contains(headline), "{text}");
     let points = r["timeline"].as_array().unwrap();
     assert!(!points.is_empty());
     for p in points {

@@ -201,6 +201,9 @@ pub struct GhcReport {
     pub block_censuses: Vec<BlockCensus>,
     /// What holds the megablocks, from the censuses; `None` when nothing stands out.
     pub diagnosis: Option<BlockDiagnosis>,
+    /// The report's first line: the diagnosis's, else what the largest census says
+    /// (`None` without a census).
+    pub headline: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -775,6 +778,10 @@ pub fn analyze(
         );
     }
     let diagnosis = ghc_blocks::diagnose(&block_censuses, |t| heap_at(t).live);
+    let headline = diagnosis
+        .as_ref()
+        .map(|d| d.headline.clone())
+        .or_else(|| ghc_blocks::plain_headline(&block_censuses));
     GhcReport {
         source: String::new(),
         eventlog: String::new(),
@@ -800,6 +807,7 @@ pub fn analyze(
         gc: gc.finish((!log.events.is_empty()).then_some(end_ms - offset_ms)),
         block_censuses,
         diagnosis,
+        headline,
     }
 }
 

@@ -90,7 +90,7 @@ impl BlockCensus {
                 String::new()
             };
             format!(
-                "Read without symbols (a stripped executable): the heap was found from the \
+                "read without symbols (a stripped executable): the heap was found from the \
                  process's mappings and its block descriptors checked against each other, \
                  not against the RTS's counters; the nursery is counted in generation 0{empty}."
             )
@@ -283,6 +283,37 @@ fn significant(w: Waste, c: &BlockCensus) -> bool {
 /// The diagnosis from the censuses: the census and waste with the most bytes, when that
 /// is a real share of the heap; what kind of blocks keep them, and how full those are.
 /// `live_at(t_ms)`: HEAP_LIVE at that moment, when the eventlog has it.
+/// The first line when no megablocks are kept by a few survivors ([`diagnose`] found
+/// nothing): the largest heap the censuses saw, and what its free blocks are. None
+/// without a census.
+pub fn plain_headline(censuses: &[BlockCensus]) -> Option<String> {
+    let c = censuses.iter().max_by(|a, b| {
+        a.heap_size
+            .cmp(&b.heap_size)
+            .then(b.t_ms.total_cmp(&a.t_ms))
+    })?;
+    let held = format!(
+        "at {:.2} s the RTS held {} of megablocks, {} of blocks in use",
+        c.t_ms / 1000.0,
+        mib(c.heap_size),
+        mib(c.blocks_in_use)
+    );
+    Some(if c.free_blocks * 4 < c.heap_size {
+        format!(
+            "The heap is dense: {held}, and no megablock is kept by a few survivors; only \
+             holding less live data lowers its size."
+        )
+    } else {
+        format!(
+            "{} of free blocks inside the heap's megablocks ({held}), in megablocks that \
+             still hold many blocks in use: room the copying collector keeps for its next \
+             copies (+RTS -F sets how much; the compacting or nonmoving collector needs \
+             less), not megablocks kept by a few survivors.",
+            crate::mib(c.free_blocks)
+        )
+    })
+}
+
 pub fn diagnose(
     censuses: &[BlockCensus],
     live_at: impl Fn(f64) -> Option<u64>,
@@ -479,6 +510,35 @@ mod tests {
             without_symbols: false,
             empty_megablocks_uncounted: 0,
         }
+    }
+
+    #[test]
+    fn without_a_diagnosis_the_headline_says_where_the_heap_stood() {
+        let mut dense = BlockCensus::new(
+            1850.0,
+            SnapshotReason::Periodic,
+            &after_close(),
+            (None, None, None),
+        );
+        dense.heap_size = 74 << 20;
+        dense.blocks_in_use = 72 << 20;
+        dense.free_blocks = 2 << 20;
+        let mut earlier = dense.clone();
+        earlier.t_ms = 400.0;
+        earlier.heap_size = 12 << 20;
+        let h = plain_headline(&[earlier.clone(), dense.clone()]).unwrap();
+        assert!(
+            h.starts_with("The heap is dense: at 1.85 s the RTS held 74 MiB of megablocks"),
+            "{h}"
+        );
+        let mut roomy = dense;
+        roomy.free_blocks = 30 << 20;
+        let h = plain_headline(&[earlier, roomy]).unwrap();
+        assert!(
+            h.starts_with("30 MiB of free blocks inside the heap's megablocks"),
+            "{h}"
+        );
+        assert_eq!(plain_headline(&[]), None);
     }
 
     #[test]

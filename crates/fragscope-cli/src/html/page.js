@@ -627,8 +627,8 @@
       const ul = el("ul", { class: "advice" });
       for (const a of G.diagnosis.advice) ul.append(el("li", {}, a));
       h.append(ul);
-    } else if (G.block_censuses.length) {
-      h.append(el("p", { class: "note" }, "The block censuses show no megablocks kept by a few blocks: the heap's megablocks are mostly in use."));
+    } else if (G.headline) {
+      h.append(el("p", { class: "headline" }, G.headline));
     }
     ghcTimeline(section(main, "Heap over time", "ghc-timeline"), G, { height: 320 });
     const b = section(main, "Closure types by phase (-hT)", "closure-types");
