@@ -392,6 +392,76 @@ fn a_ghc_program_without_eventlog_is_recorded_with_advice() {
     assert_eq!(r["heap_known"], false);
 }
 
+/// Seed 001's server on the threaded RTS with two capabilities (two nurseries, parallel
+/// collections): its censuses agree with the eventlog and name the same pinned blocks.
+#[test]
+fn a_threaded_server_on_two_capabilities_is_diagnosed_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = common::build_ghc(
+        dir.path(),
+        &common::ghc_case("Conns"),
+        "Conns-threaded",
+        &["-eventlog", "-threaded"],
+    ) else {
+        return;
+    };
+    let trace = dir.path().join("threaded.fsc");
+    record_in(
+        dir.path(),
+        &[],
+        &trace,
+        &[
+            exe.as_os_str(),
+            OsStr::new("20000"),
+            OsStr::new("keep"),
+            OsStr::new("+RTS"),
+            OsStr::new("-N2"),
+            OsStr::new("-RTS"),
+        ],
+    );
+    let r = report_json(&trace);
+    assert!(
+        r["rts"].as_str().unwrap_or_default().contains("thr"),
+        "{}",
+        r["rts"]
+    );
+    let censuses = r["block_censuses"].as_array().unwrap();
+    assert!(censuses.len() >= 3, "{censuses:?}");
+    // The nursery of each capability is found from the RTS's list of nurseries.
+    let nursery = |c: &Value| {
+        c["kinds"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|k| k["kind"] == "nursery")
+            .map_or(0, |k| u(&k["held"]))
+    };
+    assert!(censuses.iter().all(|c| nursery(c) > 0), "{censuses:?}");
+    let last = *plateaus(&r).last().unwrap();
+    let (from, to) = (
+        last["start_ms"].as_f64().unwrap(),
+        last["end_ms"].as_f64().unwrap(),
+    );
+    let after: Vec<&Value> = censuses
+        .iter()
+        .filter(|c| (from..=to).contains(&c["t_ms"].as_f64().unwrap()))
+        .collect();
+    assert!(!after.is_empty(), "no census in {from}-{to} ms");
+    for c in after {
+        assert!(
+            within(u(&c["heap_size"]), u(&c["eventlog_heap_size"]), 0.02),
+            "{c}"
+        );
+    }
+    let headline = r["diagnosis"]["headline"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{r}"));
+    assert!(
+        headline.contains("MiB of megablocks are kept by"),
+        "{headline}"
+    );
+}
+
 /// Seed 001's server as a distribution ships it (stripped, no -rtsopts): its block
 /// censuses, read from the descriptors alone, give the same diagnosis as with symbols.
 #[test]
