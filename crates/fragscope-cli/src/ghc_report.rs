@@ -240,7 +240,7 @@ fn render_phases(o: &mut String, r: &GhcReport) {
             ))
         );
         let d = &ph.decomposition;
-        if r.heap_known {
+        if r.heap_known || d.heap_size.is_some() {
             let _ = writeln!(o, "    at {}:", secs(ph.snapshot_t_ms));
             render_decomposition(o, d);
         } else if d.rss.is_some() {
@@ -489,6 +489,14 @@ fn render_decomposition(o: &mut String, d: &GhcDecomposition) {
     };
     row("RSS", d.rss, "VmRSS; the parts below add up to it");
     row("live", d.live, "HEAP_LIVE");
+    if d.live.is_none() {
+        // No eventlog: the block census's blocks in use, undivided.
+        row(
+            "blocks in use",
+            d.heap_size.and(d.blocks_size),
+            "the block census's (live data is not known without an eventlog)",
+        );
+    }
     let copy_reserve_why = d.to_space.filter(|t| *t >= 1 << 20).map_or_else(
         || "blocks in use minus live: nursery, copy space, block ends, uncollected".into(),
         |t| {

@@ -710,6 +710,32 @@ pub fn analyze(
                 mid.t_ms - offset_ms,
                 offset_ms,
             );
+            let block_census = block_censuses
+                .iter()
+                .filter(|c| c.t_ms >= span.start_ms && c.t_ms <= span.end_ms)
+                .min_by(|a, b| {
+                    (a.t_ms - mid.t_ms)
+                        .abs()
+                        .total_cmp(&(b.t_ms - mid.t_ms).abs())
+                })
+                .cloned();
+            // Without the eventlog's heap figures, the block census gives the heap (its
+            // megablocks and blocks in use), beside the RSS sample nearest it.
+            let shown_point = match (&block_census, mid.heap_size) {
+                (Some(c), None) => {
+                    let at = inside
+                        .iter()
+                        .filter(|p| p.rss.is_some())
+                        .min_by(|a, b| (a.t_ms - c.t_ms).abs().total_cmp(&(b.t_ms - c.t_ms).abs()))
+                        .map_or_else(|| mid.clone(), |p| (*p).clone());
+                    GhcPoint {
+                        heap_size: Some(c.heap_size),
+                        blocks_size: Some(c.blocks_in_use),
+                        ..at
+                    }
+                }
+                _ => mid.clone(),
+            };
             GhcPhase {
                 start_ms: span.start_ms,
                 end_ms: span.end_ms,
@@ -722,20 +748,12 @@ pub fn analyze(
                     .filter_map(|p| p.heap_size)
                     .max()
                     .or(mid.heap_size),
-                snapshot_t_ms: mid.t_ms,
-                decomposition: decompose(&mid),
+                snapshot_t_ms: shown_point.t_ms,
+                decomposition: decompose(&shown_point),
                 census_t_ms,
                 closure_types,
                 pinned_note: None,
-                block_census: block_censuses
-                    .iter()
-                    .filter(|c| c.t_ms >= span.start_ms && c.t_ms <= span.end_ms)
-                    .min_by(|a, b| {
-                        (a.t_ms - mid.t_ms)
-                            .abs()
-                            .total_cmp(&(b.t_ms - mid.t_ms).abs())
-                    })
-                    .cloned(),
+                block_census,
             }
         })
         .collect();
