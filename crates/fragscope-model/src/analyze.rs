@@ -19,6 +19,7 @@ use fragscope_trace::TraceError;
 
 use crate::forks::{self, ForkLink, Forked, Inherited};
 use crate::heap::{self, ClassAtSnapshot, HeapHistory, HeapParts, SiteAtSnapshot, SiteWeighting};
+use crate::heap_pages::{self, HeapPages};
 use crate::heaps::{self, Heap};
 use crate::lisp_sites::{self, LispLog};
 use crate::phases;
@@ -143,6 +144,9 @@ struct Stream {
     /// whole heap); the list's figures come from `anonymous_sharing`.
     listed_only: bool,
     history: HeapHistory,
+    /// Its live blocks by page, from its first evaluated snapshot on, followed call by
+    /// call: what its later snapshots are evaluated from.
+    heap_pages: Option<HeapPages>,
     rss: Vec<RssSample>,
     /// smaps_rollup by tick: LazyFree, and the figures of sharing.
     rollups: Vec<(u64, u64, Option<RollupSharing>)>,
@@ -223,6 +227,8 @@ impl LastAllocs {
 struct Ctx {
     weighting: SiteWeighting,
     sparse_pct: u32,
+    /// Evaluate every snapshot from every live block (see `heap_pages::full_evaluation_asked`).
+    full_evaluation: bool,
 }
 
 impl Stream {
@@ -263,6 +269,7 @@ impl Stream {
     /// frees are known.
     fn start_from(&mut self, ctx: &Ctx, inherited: Inherited) {
         let tick = inherited.tick;
+        self.heap_pages = None; // its blocks changed without a call
         self.inherited = Some(inherited);
         self.live_bytes += inherited.bytes;
         self.usable_bytes += inherited.usable_bytes;
@@ -279,6 +286,9 @@ impl Stream {
     fn take_call(&mut self, ctx: &Ctx, c: Call) {
         if self.pending.front().is_some_and(|p| c.tick > p.tick) {
             self.evaluate_passed(ctx, c);
+        }
+        if let Some(pages) = &mut self.heap_pages {
+            pages.follow(&self.merger, &c);
         }
         self.calls += 1;
         let last_alloc = self.last_alloc.of(c.tid);
@@ -508,7 +518,14 @@ impl Stream {
         self.evaluate_deferred(ctx);
         let history = &mut self.history;
         let fork = self.fork_residency.as_ref();
-        let mut evaluate = |live: &LiveTable| at.evaluate(live, fork, history, ctx);
+        let pages = &mut self.heap_pages;
+        let mut evaluate = |live: &LiveTable| {
+            if ctx.full_evaluation {
+                at.evaluate(live, fork, history, ctx)
+            } else {
+                at.evaluate_by_pages(pages, live, fork, history, ctx)
+            }
+        };
         let snap = match past {
             Some(c) => self.merger.with_live_before_last_pop(c, evaluate),
             None => evaluate(self.merger.live_blocks()),
@@ -545,8 +562,9 @@ impl Stream {
             .take(SITES_PER_SNAPSHOT)
             .cloned()
             .collect();
-        snap.sites
-            .sort_by(|a, b| b.pinned_waste.total_cmp(&a.pinned_waste));
+        snap.sites.sort_by(|a, b| {
+            (b.pinned_waste.total_cmp(&a.pinned_waste)).then(a.stack.cmp(&b.stack))
+        });
         for s in snap.sites.iter().take(SITES_PER_SNAPSHOT) {
             if !keep.iter().any(|k| k.stack == s.stack) {
                 keep.push(s.clone());
@@ -596,6 +614,32 @@ impl Moment {
     }
 }
 
+impl Moment {
+    /// [`Moment::evaluate`] from the blocks by page, `pages` (taken from `live`, the
+    /// blocks at the moment, when there are none yet or they were kept for another page
+    /// size or other headers).
+    fn evaluate_by_pages(
+        &self,
+        pages: &mut Option<HeapPages>,
+        live: &LiveTable,
+        fork_residency: Option<&Pagemap>,
+        history: &mut HeapHistory,
+        ctx: &Ctx,
+    ) -> heap::HeapSnapshot {
+        let pages = match pages {
+            Some(p) if p.fits(&self.pm, self.headers) => p,
+            _ => pages.insert(HeapPages::new(live, self.pm.page_size, self.headers)),
+        };
+        pages.evaluate(
+            &self.pm,
+            fork_residency.filter(|_| self.fork_residency_read),
+            history,
+            ctx.weighting,
+            ctx.sparse_pct,
+        )
+    }
+}
+
 impl Forked for Stream {
     fn link(&mut self) -> &mut ForkLink {
         &mut self.fork
@@ -631,6 +675,7 @@ pub fn analyze(
     let mut ctx = Ctx {
         weighting: SiteWeighting::None,
         sparse_pct: opts.sparse_pct,
+        full_evaluation: heap_pages::full_evaluation_asked(),
     };
     let mut seen_end = false;
     let mut last_tick = 0u64;
@@ -775,6 +820,7 @@ pub fn analyze(
                 let i = index(&mut streams, &mut by_stream, h.stream);
                 let s = &mut streams[i];
                 let bytes = s.merger.seed_starting_heap(h.tick, &h.blocks);
+                s.heap_pages = None; // its blocks changed without a call
                 s.live_bytes += bytes;
                 s.usable_bytes += bytes;
                 s.starting_heap = Some((h.blocks.len() as u64, h.blocks.iter().map(|b| b.1).sum()));

@@ -168,7 +168,8 @@ pub use crate::live::{is_inherited_stack, InheritedHeap, LiveBlock, LiveIter, Li
 use crate::live::{InheritedStackTable, INHERITED_STACK};
 
 impl LiveBlock {
-    fn of(c: &Call) -> Self {
+    /// The block call `c` allocates, as the merge makes it live.
+    pub fn of(c: &Call) -> Self {
         Self {
             size: c.size,
             rounding: c.usable.saturating_sub(c.size).min(u64::from(u32::MAX)) as u32,

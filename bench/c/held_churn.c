@@ -1,0 +1,37 @@
+// The same malloc/free calls over a heap of LIVE blocks, for bench/report_scaling.sh:
+// LIVE blocks of 16..271 bytes are allocated, then N times a random one is freed and
+// allocated again (2 calls each), then all are freed. Each slot keeps its size: glibc
+// hands the chunk back from its thread cache, so the heap neither grows nor fragments
+// (under fragmentation, glibc's mallinfo2, which the recording calls at each snapshot,
+// walks every free chunk). The calls differ between two LIVE only in which slot they
+// touch, so a report's cost that grows with LIVE is the cost of the heap held, not of
+// the calls. usage: held_churn LIVE N
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int main(int argc, char **argv) {
+    size_t live = argc > 1 ? strtoul(argv[1], 0, 10) : 4096;
+    long n = argc > 2 ? atol(argv[2]) : 10000000;
+    void **slots = malloc(live * sizeof *slots);
+    uint16_t *sizes = malloc(live * sizeof *sizes);
+    uint64_t x = 88172645463325252ULL;
+    for (size_t i = 0; i < live; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        sizes[i] = 16 + (x >> 32) % 256;
+        slots[i] = malloc(sizes[i]);
+    }
+    long sum = 0;
+    for (long i = 0; i < n; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        size_t k = x % live;
+        free(slots[k]);
+        slots[k] = malloc(sizes[k]);
+        sum += (long)((uintptr_t)slots[k] & 16);
+    }
+    for (size_t i = 0; i < live; i++) free(slots[i]);
+    free(slots);
+    free(sizes);
+    printf("%ld\n", sum);
+    return 0;
+}
