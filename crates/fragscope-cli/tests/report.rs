@@ -731,3 +731,124 @@ fn a_fork_childs_heap_is_its_parents_while_another_thread_allocates() {
         "{pm}"
     );
 }
+
+/// `report --json` of `trace` (for `pid`, when given), its snapshots evaluated from every
+/// live block (`FRAGSCOPE_FULL_EVALUATION=1`) or from the blocks kept by page.
+fn report_evaluated(trace: &Path, pid: Option<&str>, full: bool) -> Value {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fragscope"));
+    cmd.args(["report", "--json"]).arg(trace);
+    if let Some(pid) = pid {
+        cmd.args(["--pid", pid]);
+    }
+    if full {
+        cmd.env("FRAGSCOPE_FULL_EVALUATION", "1");
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Where `a` and `b` first differ (a JSON path), if they do.
+fn first_difference(a: &Value, b: &Value, path: String) -> Option<String> {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) if x.len() == y.len() => {
+            x.iter().find_map(|(k, v)| match y.get(k) {
+                Some(w) => first_difference(v, w, format!("{path}.{k}")),
+                None => Some(format!("{path}.{k}")),
+            })
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => (x.iter().zip(y))
+            .enumerate()
+            .find_map(|(i, (v, w))| first_difference(v, w, format!("{path}[{i}]"))),
+        _ if a == b => None,
+        _ => Some(format!("{path}: {a} against {b}")),
+    }
+}
+
+/// Snapshots evaluated from the live blocks kept by page, as calls are applied, report
+/// exactly what evaluating every live block at each snapshot reports: on real programs
+/// with threads, reallocs, thousands of sites, leaks, edge-case sizes, a forked worker
+/// starting from its parent's heap, and the shared cases.
+#[test]
+fn snapshots_evaluated_by_page_report_what_every_block_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let c = |name: &str, flags: &[&str]| common::build(d, name, flags);
+    let mut runs: Vec<(String, PathBuf, Vec<&str>, Vec<&str>)> = vec![
+        (
+            "larson".into(),
+            c("larson", &["-O2"]),
+            vec!["4", "50000", "bursts"],
+            vec![],
+        ),
+        (
+            "realloc_ring".into(),
+            c("realloc_ring", &["-O2"]),
+            vec![],
+            vec![],
+        ),
+        (
+            "many_stacks".into(),
+            c("many_stacks", &["-fno-omit-frame-pointer"]),
+            vec!["49152"],
+            vec!["--stacks", "all"],
+        ),
+        (
+            "leaks".into(),
+            c("leaks", &["-O2", "-g"]),
+            vec![],
+            vec!["--stacks", "all"],
+        ),
+        (
+            "alloc_edges".into(),
+            c("alloc_edges", &["-ldl"]),
+            vec![],
+            vec![],
+        ),
+    ];
+    for (name, args) in [
+        ("stripe", vec!["strip", "1000000"]),
+        ("stripe", vec!["take", "1000000"]),
+        ("churn", vec!["2000000"]),
+        ("sizeclass_churn", vec!["64", "2"]),
+    ] {
+        if let Some(exe) = build_case(d, name) {
+            runs.push((format!("{name} {}", args[0]), exe, args, vec![]));
+        }
+    }
+    for (i, (name, exe, args, options)) in runs.iter().enumerate() {
+        let trace = d.join(format!("{i}.fsc"));
+        let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+            .arg("record")
+            .args(options)
+            .args(["--snapshot-ms", "50", "-o"])
+            .arg(&trace)
+            .arg("--")
+            .arg(exe)
+            .args(args)
+            .env_remove("LD_PRELOAD")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{name}: {}", common::stderr(&out));
+        let full = report_evaluated(&trace, None, true);
+        assert!(full["snapshots"].as_array().unwrap().len() >= 2, "{name}");
+        let by_page = report_evaluated(&trace, None, false);
+        if let Some(at) = first_difference(&full, &by_page, String::new()) {
+            panic!("{name}: {at}");
+        }
+    }
+    // A forked worker, whose snapshots are evaluated after its parent's.
+    let (trace, workers) = common::record_prefork(d, "prefork");
+    for pid in &workers {
+        let full = report_evaluated(&trace, Some(pid), true);
+        let by_page = report_evaluated(&trace, Some(pid), false);
+        if let Some(at) = first_difference(&full, &by_page, String::new()) {
+            panic!("prefork worker {pid}: {at}");
+        }
+    }
+    let full = report_evaluated(&trace, None, true);
+    let by_page = report_evaluated(&trace, None, false);
+    if let Some(at) = first_difference(&full, &by_page, String::new()) {
+        panic!("prefork: {at}");
+    }
+}

@@ -8,7 +8,9 @@
 //! snapshots of a forked process that shares its parent's blocks (kept as a copy of its
 //! table and evaluated later, see `analyze`), and as the reference the tests compare with.
 
-use fragscope_trace::merge::{AddrMap, Call, FastMap, LiveBlock, LiveTable, Merger, PageMap};
+use fragscope_trace::merge::{
+    fold_multiply, AddrMap, Call, FastMap, LiveBlock, LiveTable, Merger, PageMap,
+};
 use fragscope_trace::records::Pagemap;
 
 use crate::heap::{
@@ -41,6 +43,14 @@ impl BlockGroup {
         (self.size + u64::from(self.rounding)).max(1)
     }
 
+    fn tag(&self) -> u32 {
+        let a = self.size ^ u64::from(self.rounding) << 20 ^ u64::from(self.stack) << 40;
+        let b = u64::from(self.from_first)
+            ^ u64::from(self.usable_part) << 16
+            ^ u64::from(self.live_part) << 40;
+        (fold_multiply(a ^ fold_multiply(b)) >> 32) as u32
+    }
+
     fn same_blocks(&self, o: &BlockGroup) -> bool {
         (self.size, self.rounding, self.stack, self.from_first)
             == (o.size, o.rounding, o.stack, o.from_first)
@@ -53,6 +63,9 @@ struct PageBlocks {
     /// Header bytes on the page (glibc's chunk size fields).
     headers: u64,
     groups: Vec<BlockGroup>,
+    /// A hash of each group's blocks, looked through before the groups themselves (a
+    /// page of small blocks of many sizes has dozens of groups).
+    tags: Vec<u32>,
 }
 
 impl PageBlocks {
@@ -75,6 +88,8 @@ pub struct HeapPages {
     /// `weighting.weight(size)` by size: an exp() per size, not per block and snapshot.
     weights: FastMap<u64, f64>,
     weighting: Option<SiteWeighting>,
+    /// The block the last call freed, not taken away yet (see `follow`).
+    freed: Option<(u64, LiveBlock)>,
 }
 
 impl HeapPages {
@@ -88,6 +103,7 @@ impl HeapPages {
             large: AddrMap::default(),
             weights: FastMap::default(),
             weighting: None,
+            freed: None,
         };
         for (addr, b) in live {
             pages.apply(addr, &b, true);
@@ -105,11 +121,41 @@ impl HeapPages {
     /// allocated comes.
     #[inline]
     pub fn follow(&mut self, merger: &Merger, c: &Call) {
-        for &(addr, b) in merger.ended_by_last_pop() {
+        let mut ended = merger.ended_by_last_pop();
+        let Some(addr) = c.allocates() else {
+            self.settle_freed();
+            // A free is held back: the next call may allocate the same block again.
+            self.freed = ended.next().copied();
+            for &(addr, b) in ended {
+                self.apply(addr, &b, false);
+            }
+            return;
+        };
+        let block = LiveBlock::of(c);
+        let first_ended = ended.next();
+        if first_ended.is_none() {
+            // A thread cache hands a freed chunk straight back: free and allocation of
+            // the same block at the same address leave the pages as they were.
+            if let Some((freed, b)) = self.freed {
+                if freed == addr
+                    && (b.size, b.rounding, b.stack) == (block.size, block.rounding, block.stack)
+                {
+                    self.freed = None;
+                    return;
+                }
+            }
+        }
+        self.settle_freed();
+        for &(addr, b) in first_ended.into_iter().chain(ended) {
             self.apply(addr, &b, false);
         }
-        if let Some(addr) = c.allocates() {
-            self.apply(addr, &LiveBlock::of(c), true);
+        self.apply(addr, &block, true);
+    }
+
+    /// Takes away the block whose free was held back.
+    fn settle_freed(&mut self) {
+        if let Some((addr, b)) = self.freed.take() {
+            self.apply(addr, &b, false);
         }
     }
 
@@ -122,9 +168,9 @@ impl HeapPages {
         let (first, last) = (addr >> shift, (end - 1) >> shift);
         let header = self.headers.before(usable).min(addr);
         let header_page = (addr - header) >> shift;
-        if header > 0 {
-            // Its class, only for the page's dominant class, when the block is not there.
-            let alone = (header_page != first).then_some(BlockGroup {
+        if header > 0 && header_page != first {
+            // Its class, only for the page's dominant class: the block is not there.
+            let alone = BlockGroup {
                 size: usable,
                 rounding: 0,
                 stack: 0,
@@ -132,9 +178,10 @@ impl HeapPages {
                 usable_part: 0,
                 live_part: 0,
                 count: 1,
-            });
-            self.change(header_page, header, alone, add);
+            };
+            self.change(header_page, header, Some(alone), add);
         }
+        let header_on_first = if header_page == first { header } else { 0 };
         let large = last - first > 2 * INTERIOR_PAGES;
         if large {
             if add {
@@ -155,7 +202,8 @@ impl HeapPages {
                 live_part: (live_end.clamp(p_start, p_end) - addr.clamp(p_start, p_end)) as u32,
                 count: 1,
             };
-            self.change(page, 0, Some(group), add);
+            let headers = if page == first { header_on_first } else { 0 };
+            self.change(page, headers, Some(group), add);
         };
         if large {
             visit(first);
@@ -174,14 +222,20 @@ impl HeapPages {
             on.headers -= headers;
         }
         if let Some(g) = group {
-            let found = on.groups.iter().position(|x| x.same_blocks(&g));
+            let tag = g.tag();
+            let found = (on.tags.iter().enumerate())
+                .position(|(i, &t)| t == tag && on.groups[i].same_blocks(&g));
             match (found, add) {
                 (Some(i), true) => on.groups[i].count += 1,
-                (None, true) => on.groups.push(g),
+                (None, true) => {
+                    on.groups.push(g);
+                    on.tags.push(tag);
+                }
                 (Some(i), false) => {
                     on.groups[i].count -= 1;
                     if on.groups[i].count == 0 {
                         on.groups.swap_remove(i);
+                        on.tags.swap_remove(i);
                     }
                 }
                 (None, false) => debug_assert!(false, "no such block on page {page:#x}"),
@@ -202,6 +256,7 @@ impl HeapPages {
         weighting: SiteWeighting,
         sparse_pct: u32,
     ) -> HeapSnapshot {
+        self.settle_freed();
         let mut res = Residency::new(pm).with_fork(fork);
         let shift = res.shift;
         let mut tally = PageTally::new(pm);
