@@ -732,20 +732,34 @@ fn a_fork_childs_heap_is_its_parents_while_another_thread_allocates() {
     );
 }
 
-/// `report --json` of `trace` (for `pid`, when given), its snapshots evaluated from every
-/// live block (`FRAGSCOPE_FULL_EVALUATION=1`) or from the blocks kept by page.
-fn report_evaluated(trace: &Path, pid: Option<&str>, full: bool) -> Value {
+/// `report --json` of `trace` (for `pid`, when given), its snapshots evaluated as
+/// `evaluation` says: from every live block (`blocks`), from the blocks kept by page
+/// (`pages`), or each process's as the report chooses (`None`).
+fn report_evaluated(trace: &Path, pid: Option<&str>, evaluation: Option<&str>) -> Value {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_fragscope"));
     cmd.args(["report", "--json"]).arg(trace);
     if let Some(pid) = pid {
         cmd.args(["--pid", pid]);
     }
-    if full {
-        cmd.env("FRAGSCOPE_FULL_EVALUATION", "1");
+    if let Some(evaluation) = evaluation {
+        cmd.env("FRAGSCOPE_EVALUATION", evaluation);
     }
     let out = cmd.output().unwrap();
     assert!(out.status.success(), "{}", common::stderr(&out));
     serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The three evaluations of `trace` (for `pid`) against every block's: where one first
+/// differs, if one does.
+fn evaluations_differ(trace: &Path, pid: Option<&str>) -> Option<String> {
+    let full = report_evaluated(trace, pid, Some("blocks"));
+    let snapshots = full["snapshots"].as_array().unwrap();
+    assert!(!snapshots.is_empty(), "{}", trace.display());
+    [Some("pages"), None].into_iter().find_map(|evaluation| {
+        let other = report_evaluated(trace, pid, evaluation);
+        let at = first_difference(&full, &other, String::new())?;
+        Some(format!("{}: {at}", evaluation.unwrap_or("chosen")))
+    })
 }
 
 /// Where `a` and `b` first differ (a JSON path), if they do. Fractional numbers may
@@ -774,7 +788,8 @@ fn first_difference(a: &Value, b: &Value, path: String) -> Option<String> {
 }
 
 /// Snapshots evaluated from the live blocks kept by page, as calls are applied, report
-/// what evaluating every live block at each snapshot reports (fractions to rounding): on real programs
+/// what evaluating every live block at each snapshot reports (fractions to rounding), and
+/// so does the report that chooses between the two per process and snapshot: on real programs
 /// with threads, reallocs, thousands of sites, leaks, edge-case sizes, a forked worker
 /// starting from its parent's heap, and the shared cases.
 #[test]
@@ -838,25 +853,18 @@ fn snapshots_evaluated_by_page_report_what_every_block_reports() {
             .output()
             .unwrap();
         assert!(out.status.success(), "{name}: {}", common::stderr(&out));
-        let full = report_evaluated(&trace, None, true);
-        assert!(!full["snapshots"].as_array().unwrap().is_empty(), "{name}");
-        let by_page = report_evaluated(&trace, None, false);
-        if let Some(at) = first_difference(&full, &by_page, String::new()) {
+        if let Some(at) = evaluations_differ(&trace, None) {
             panic!("{name}: {at}");
         }
     }
     // A forked worker, whose snapshots are evaluated after its parent's.
     let (trace, workers) = common::record_prefork(d, "prefork");
     for pid in &workers {
-        let full = report_evaluated(&trace, Some(pid), true);
-        let by_page = report_evaluated(&trace, Some(pid), false);
-        if let Some(at) = first_difference(&full, &by_page, String::new()) {
+        if let Some(at) = evaluations_differ(&trace, Some(pid)) {
             panic!("prefork worker {pid}: {at}");
         }
     }
-    let full = report_evaluated(&trace, None, true);
-    let by_page = report_evaluated(&trace, None, false);
-    if let Some(at) = first_difference(&full, &by_page, String::new()) {
+    if let Some(at) = evaluations_differ(&trace, None) {
         panic!("prefork: {at}");
     }
 }

@@ -4,9 +4,12 @@
 //! report of the same calls over 4096 blocks.
 //!
 //! The figures are [`crate::heap::evaluate`]'s: the integer ones identical, the sites' sums of
-//! page shares (floating point) added in another order. [`crate::heap::evaluate`] stays for the
-//! snapshots of a forked process that shares its parent's blocks (kept as a copy of its
-//! table and evaluated later, see `analyze`), and as the reference the tests compare with.
+//! page shares (floating point) added in another order. [`crate::heap::evaluate`] stays for
+//! a process with many calls between snapshots for its live blocks (following each call
+//! by page would cost more than visiting every block at each snapshot: the rule is
+//! `follows_by_page` in `analyze`), for the snapshots of a forked process that shares its
+//! parent's blocks (kept as a copy of its table and evaluated later, see `analyze`), and
+//! as the reference the tests compare with ([`Evaluation`]).
 
 use fragscope_trace::merge::{
     fold_multiply, AddrMap, Call, FastMap, LiveBlock, LiveTable, Merger, PageMap,
@@ -349,11 +352,29 @@ impl HeapPages {
     }
 }
 
-/// Which evaluation a report uses: `FRAGSCOPE_FULL_EVALUATION=1` evaluates every
-/// snapshot from every live block ([`crate::heap::evaluate`]) instead of from the blocks by
-/// page, for the tests that compare the two on recordings of real programs.
-pub fn full_evaluation_asked() -> bool {
-    std::env::var_os("FRAGSCOPE_FULL_EVALUATION").is_some_and(|v| v == "1")
+/// How a report evaluates the snapshots of a process from its live blocks.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub enum Evaluation {
+    /// By page while following the calls by page pays, else from every block (see
+    /// `follows_by_page` in `analyze`).
+    #[default]
+    Chosen,
+    /// Always from every live block ([`crate::heap::evaluate`]): `FRAGSCOPE_EVALUATION=blocks`.
+    Blocks,
+    /// Always from the live blocks by page: `FRAGSCOPE_EVALUATION=pages`.
+    Pages,
+}
+
+impl Evaluation {
+    /// The evaluation `FRAGSCOPE_EVALUATION` asks for, for the tests that compare them
+    /// on recordings of real programs; [`Evaluation::Chosen`] when it is not set.
+    pub fn asked() -> Self {
+        match std::env::var_os("FRAGSCOPE_EVALUATION") {
+            Some(v) if v == "blocks" => Self::Blocks,
+            Some(v) if v == "pages" => Self::Pages,
+            _ => Self::Chosen,
+        }
+    }
 }
 
 #[cfg(test)]
