@@ -9,7 +9,11 @@
 //! freed most of what it shares, or whose own blocks dwarf it, copies what is left into
 //! its own (`flatten`).
 
+use std::alloc::Layout;
+use std::ptr::NonNull;
 use std::sync::{Arc, OnceLock};
+
+use allocator_api2::alloc::{AllocError, Allocator, Global};
 
 use crate::merge::{addr_hash, AddrSet, FastMap};
 
@@ -48,7 +52,49 @@ pub fn is_inherited_stack(stack: u32) -> bool {
     stack & INHERITED_STACK != 0
 }
 
-type Blocks = hashbrown::HashTable<(u64, LiveBlock)>;
+type Blocks = hashbrown::HashTable<(u64, LiveBlock), HugePages>;
+
+/// Memory of the live blocks' tables: a table of 4 MiB or more on huge pages (2 MiB,
+/// asked with madvise: the kernel's transparent huge pages are "madvise" by default on
+/// Debian, and glibc asks for none). Each free looks up a block anywhere in the table,
+/// two cache misses (its control bytes, then the block), each also a TLB miss once the
+/// table spans thousands of 4 KiB pages: over a million live blocks that made the report
+/// 15% slower. Smaller tables are the global allocator's as they are.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct HugePages;
+
+impl HugePages {
+    const PAGE: usize = 2 << 20;
+
+    /// How an allocation of `layout` is asked of the global allocator: a big one aligned
+    /// to a huge page, so that all its whole huge pages can be.
+    fn placed(layout: Layout) -> Layout {
+        if layout.size() < 2 * Self::PAGE {
+            return layout;
+        }
+        Layout::from_size_align(layout.size(), layout.align().max(Self::PAGE)).unwrap_or(layout)
+    }
+}
+
+// SAFETY: every allocation is Global's, of the layout `placed` gives, both ways.
+unsafe impl Allocator for HugePages {
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        let placed = Self::placed(layout);
+        let block = Global.allocate(placed)?;
+        if placed.align() >= Self::PAGE {
+            let whole = placed.size() & !(Self::PAGE - 1);
+            // SAFETY: advice on memory just allocated, huge-page aligned, that the
+            // allocation holds; the kernel may ignore it.
+            unsafe { libc::madvise(block.as_ptr().cast(), whole, libc::MADV_HUGEPAGE) };
+        }
+        Ok(block)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: allocated by `allocate` with the same `layout`.
+        unsafe { Global.deallocate(ptr, Self::placed(layout)) }
+    }
+}
 
 /// The live blocks by address, in hashbrown's table with the locality hash. A block is
 /// read where it lies before its bucket is emptied: `HashMap::remove` returned it through
@@ -322,7 +368,7 @@ impl LiveTable {
         };
         let mut extra_stacks: Vec<Vec<u64>> = Vec::new();
         let mut extra: FastMap<u32, u32> = FastMap::default();
-        let mut own = Blocks::with_capacity(self.own.len());
+        let mut own = Blocks::with_capacity_in(self.own.len(), HugePages);
         let (mut bytes, mut usable_bytes) = (
             shared.base.bytes.0 - shared.gone_bytes.0,
             shared.base.bytes.1 - shared.gone_bytes.1,
