@@ -48,6 +48,9 @@ pub const SILENT_THREAD_WAIT_TICKS: u64 = 60_000;
 pub const MEMORY_BUDGET_ITEMS: usize = 1 << 18;
 /// Calls a thread keeps in memory however full the budget is.
 const HEAD_ITEMS: usize = 64;
+/// How many calls ahead of the one popped a lone thread's free has its block's memory
+/// asked for ([`Merger::pop_lone_call`]).
+const PREFETCH_AHEAD: usize = 8;
 
 /// Hashes integer keys for tables indexed by the hash's low bits (hashbrown), keeping
 /// key order in those bits (key >> SHIFT). Allocators hand out neighbouring addresses
@@ -903,6 +906,12 @@ impl Merger {
     #[inline(always)]
     pub fn pop_lone_call(&mut self) -> Option<Call> {
         let mut c = self.lone.pop_call()?;
+        // The block a later call frees is anywhere in the table: its memory is asked for
+        // now, to be in cache by then.
+        let ahead = self.lone.calls.get(self.lone.next + PREFETCH_AHEAD);
+        if let Some(old) = ahead.and_then(Call::releases) {
+            self.live.prefetch(old);
+        }
         self.settle_call(&mut c);
         Some(c)
     }
