@@ -269,45 +269,50 @@ impl HeapPages {
             let (first, last) = (addr >> shift, (addr + usable - 1) >> shift);
             tally.interior(&mut res, (first + 1, last - 1), addr + b.size, usable);
         }
-        for (&page, on) in &self.pages {
-            let Some(ri) = res.is_resident(page) else {
-                tally.parts.live_not_resident += on.live();
-                continue;
-            };
-            tally.held_now.insert(ri);
-            let mut acc = PageAcc {
-                headers: on.headers as u32,
-                ..Default::default()
-            };
-            for g in &on.groups {
-                if g.from_first != HEADER_ONLY {
-                    acc.live += g.count * g.live_part;
-                    acc.usable += g.count * g.usable_part;
-                }
-                acc.dominate(g.usable_part, g.class());
-            }
-            tally.pages.insert(page, acc);
-        }
-        let class_free = tally.settle(&mut res, history);
-
-        // Size classes and sites, by the pages their blocks sit on.
+        // Size classes and sites, by the pages their blocks sit on, in the same pass as
+        // the pages' totals: a page's groups are read from memory once (two passes over
+        // 37 000 pages' groups were two cache misses a page). A block that pins a page
+        // other than its first pins it only if none of its pages before does, which is
+        // known once every page is: those are settled after the pass.
         if self.weighting != Some(weighting) {
             self.weights.clear();
             self.weighting = Some(weighting);
         }
         let weights = &mut self.weights;
-        let resident = &tally.pages;
         let sparse_live = ps * u64::from(sparse_pct) / 100;
         let sparse = |acc: &PageAcc| {
             weighting != SiteWeighting::None && u64::from(acc.live) < sparse_live && acc.live > 0
         };
-        let sparse_page = |page: u64| resident.get(&page).is_some_and(sparse);
         let mut classes = FastMap::default();
         let mut sites = SiteTally::default();
+        // Sparse pages' shares of blocks that started on an earlier page: (page, pages
+        // from the block's first, stack, weights, blocks, share, waste).
+        let mut pinned_later: Vec<(u64, u64, u32, BlockWeights, u64, f64, f64)> = Vec::new();
         // The classes of the page being read, counted once each.
         let mut page_classes: Vec<u64> = Vec::new();
         for (&page, on) in &self.pages {
-            let acc = resident.get(&page);
+            let acc = match res.is_resident(page) {
+                None => {
+                    tally.parts.live_not_resident += on.live();
+                    None
+                }
+                Some(ri) => {
+                    tally.held_now.insert(ri);
+                    let mut acc = PageAcc {
+                        headers: on.headers as u32,
+                        ..Default::default()
+                    };
+                    for g in &on.groups {
+                        if g.from_first != HEADER_ONLY {
+                            acc.live += g.count * g.live_part;
+                            acc.usable += g.count * g.usable_part;
+                        }
+                        acc.dominate(g.usable_part, g.class());
+                    }
+                    tally.pages.insert(page, acc);
+                    Some(acc)
+                }
+            };
             page_classes.clear();
             for g in on.groups.iter().filter(|g| g.from_first != HEADER_ONLY) {
                 let usable = g.class();
@@ -323,7 +328,7 @@ impl HeapPages {
                     c.usable_bytes += n * usable;
                     sites.add(g.stack, w, n as f64, g.size, (0.0, 0.0, false));
                 }
-                let Some(acc) = acc else { continue };
+                let Some(acc) = &acc else { continue };
                 if !page_classes.contains(&usable) {
                     page_classes.push(usable);
                     c.pages += 1;
@@ -332,18 +337,26 @@ impl HeapPages {
                 if sparse(acc) {
                     let share = (n * u64::from(g.live_part)) as f64 / f64::from(acc.live);
                     let waste = share * (ps - u64::from(acc.live)) as f64;
-                    // A block pins once, at the first of its pages that it pins.
-                    let from = u64::from(g.from_first);
-                    let pinned_before = if from > 2 * INTERIOR_PAGES {
-                        sparse_page(page - from)
-                    } else {
-                        (page - from..page).any(sparse_page)
-                    };
-                    let objects = if pinned_before { 0.0 } else { n as f64 };
-                    sites.add_pinning(g.stack, w, objects, share, waste);
+                    match u64::from(g.from_first) {
+                        0 => sites.add_pinning(g.stack, w, n as f64, share, waste),
+                        from => pinned_later.push((page, from, g.stack, w, n, share, waste)),
+                    }
                 }
             }
         }
+        let resident = &tally.pages;
+        let sparse_page = |page: u64| resident.get(&page).is_some_and(sparse);
+        for (page, from, stack, w, n, share, waste) in pinned_later {
+            // A block pins once, at the first of its pages that it pins.
+            let pinned_before = if from > 2 * INTERIOR_PAGES {
+                sparse_page(page - from)
+            } else {
+                (page - from..page).any(sparse_page)
+            };
+            let objects = if pinned_before { 0.0 } else { n as f64 };
+            sites.add_pinning(stack, w, objects, share, waste);
+        }
+        let class_free = tally.settle(&mut res, history);
         HeapSnapshot {
             classes: classes_at(classes, &tally.interior_by_class, class_free, ps),
             parts: tally.parts,
