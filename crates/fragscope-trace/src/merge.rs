@@ -48,8 +48,8 @@ pub const SILENT_THREAD_WAIT_TICKS: u64 = 60_000;
 pub const MEMORY_BUDGET_ITEMS: usize = 1 << 18;
 /// Calls a thread keeps in memory however full the budget is.
 const HEAD_ITEMS: usize = 64;
-/// How many calls ahead of the one popped a lone thread's free has its block's memory
-/// asked for ([`Merger::pop_lone_call`]).
+/// How many calls ahead of the one popped a thread's free has its block's memory asked
+/// for ([`Merger::pop_lone_call`], `Merger::pop_queued`).
 const PREFETCH_AHEAD: usize = 8;
 
 /// Hashes integer keys for tables indexed by the hash's low bits (hashbrown), keeping
@@ -954,6 +954,13 @@ impl Merger {
         let (i, on_top) = chosen?;
         let t = &mut self.threads[i];
         let (mut m, _) = t.queue.pop_front()?;
+        // As in `pop_lone_call`: the block of the thread's free a few calls ahead, looked
+        // up when that call is a head (whether it must wait) and when it is taken.
+        if let Some((Merged::Call(ahead), _)) = t.queue.get(PREFETCH_AHEAD) {
+            if let Some(old) = ahead.releases() {
+                self.live.prefetch(old);
+            }
+        }
         t.popped += 1;
         while t.joins.front().is_some_and(|&(pos, _)| pos < t.popped) {
             t.joins.pop_front();
