@@ -19,7 +19,7 @@ fs=${FRAGSCOPE:-${CARGO_TARGET_DIR:-$PWD/target}/release/fragscope}
 fs=$(realpath "$fs")
 out=bench/out/scaling
 mkdir -p "$out"
-cc -O2 -g -o "$out/held_churn" bench/c/held_churn.c
+cc -O2 -g -pthread -o "$out/held_churn" bench/c/held_churn.c
 cd "$out"
 measure() { # label, command...: "label wall_s peak_rss_kib"
   local label=$1; shift
