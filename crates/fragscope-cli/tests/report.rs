@@ -731,3 +731,140 @@ fn a_fork_childs_heap_is_its_parents_while_another_thread_allocates() {
         "{pm}"
     );
 }
+
+/// `report --json` of `trace` (for `pid`, when given), its snapshots evaluated as
+/// `evaluation` says: from every live block (`blocks`), from the blocks kept by page
+/// (`pages`), or each process's as the report chooses (`None`).
+fn report_evaluated(trace: &Path, pid: Option<&str>, evaluation: Option<&str>) -> Value {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fragscope"));
+    cmd.args(["report", "--json"]).arg(trace);
+    if let Some(pid) = pid {
+        cmd.args(["--pid", pid]);
+    }
+    if let Some(evaluation) = evaluation {
+        cmd.env("FRAGSCOPE_EVALUATION", evaluation);
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The three evaluations of `trace` (for `pid`) against every block's: where one first
+/// differs, if one does.
+fn evaluations_differ(trace: &Path, pid: Option<&str>) -> Option<String> {
+    let full = report_evaluated(trace, pid, Some("blocks"));
+    let snapshots = full["snapshots"].as_array().unwrap();
+    assert!(!snapshots.is_empty(), "{}", trace.display());
+    [Some("pages"), None].into_iter().find_map(|evaluation| {
+        let other = report_evaluated(trace, pid, evaluation);
+        let at = first_difference(&full, &other, String::new())?;
+        Some(format!("{}: {at}", evaluation.unwrap_or("chosen")))
+    })
+}
+
+/// Where `a` and `b` first differ (a JSON path), if they do. Fractional numbers may
+/// differ in their last bits (sums of page shares added in another order); integers,
+/// strings and everything else must be equal.
+fn first_difference(a: &Value, b: &Value, path: String) -> Option<String> {
+    let fraction = |v: &Value| v.as_f64().filter(|_| v.is_f64());
+    match (a, b) {
+        (Value::Number(_), Value::Number(_)) if fraction(a).is_some() && fraction(b).is_some() => {
+            let (x, y) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+            let close = (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0);
+            (!close).then(|| format!("{path}: {x} against {y}"))
+        }
+        (Value::Object(x), Value::Object(y)) if x.len() == y.len() => {
+            x.iter().find_map(|(k, v)| match y.get(k) {
+                Some(w) => first_difference(v, w, format!("{path}.{k}")),
+                None => Some(format!("{path}.{k}")),
+            })
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => (x.iter().zip(y))
+            .enumerate()
+            .find_map(|(i, (v, w))| first_difference(v, w, format!("{path}[{i}]"))),
+        _ if a == b => None,
+        _ => Some(format!("{path}: {a} against {b}")),
+    }
+}
+
+/// Snapshots evaluated from the live blocks kept by page, as calls are applied, report
+/// what evaluating every live block at each snapshot reports (fractions to rounding), and
+/// so does the report that chooses between the two per process and snapshot: on real programs
+/// with threads, reallocs, thousands of sites, leaks, edge-case sizes, a forked worker
+/// starting from its parent's heap, and the shared cases.
+#[test]
+fn snapshots_evaluated_by_page_report_what_every_block_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let c = |name: &str, flags: &[&str]| common::build(d, name, flags);
+    let mut runs: Vec<(String, PathBuf, Vec<&str>, Vec<&str>)> = vec![
+        (
+            "larson".into(),
+            c("larson", &["-O2"]),
+            vec!["4", "50000", "bursts"],
+            vec![],
+        ),
+        (
+            "realloc_ring".into(),
+            c("realloc_ring", &["-O2"]),
+            vec![],
+            vec![],
+        ),
+        (
+            "many_stacks".into(),
+            c("many_stacks", &["-fno-omit-frame-pointer"]),
+            vec!["49152"],
+            vec!["--stacks", "all"],
+        ),
+        (
+            "leaks".into(),
+            c("leaks", &["-O2", "-g"]),
+            vec![],
+            vec!["--stacks", "all"],
+        ),
+        (
+            "alloc_edges".into(),
+            c("alloc_edges", &["-ldl"]),
+            vec![],
+            vec![],
+        ),
+    ];
+    for (name, args) in [
+        ("stripe", vec!["strip", "1000000"]),
+        ("stripe", vec!["take", "1000000"]),
+        ("churn", vec!["2000000"]),
+        ("sizeclass_churn", vec!["64", "2"]),
+    ] {
+        if let Some(exe) = build_case(d, name) {
+            runs.push((format!("{name} {}", args[0]), exe, args, vec![]));
+        }
+    }
+    for (i, (name, exe, args, options)) in runs.iter().enumerate() {
+        let trace = d.join(format!("{i}.fsc"));
+        let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+            .arg("record")
+            .args(options)
+            .args(["--snapshot-ms", "50", "-o"])
+            .arg(&trace)
+            .arg("--")
+            .arg(exe)
+            .args(args)
+            .env_remove("LD_PRELOAD")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{name}: {}", common::stderr(&out));
+        if let Some(at) = evaluations_differ(&trace, None) {
+            panic!("{name}: {at}");
+        }
+    }
+    // A forked worker, whose snapshots are evaluated after its parent's.
+    let (trace, workers) = common::record_prefork(d, "prefork");
+    for pid in &workers {
+        if let Some(at) = evaluations_differ(&trace, Some(pid)) {
+            panic!("prefork worker {pid}: {at}");
+        }
+    }
+    if let Some(at) = evaluations_differ(&trace, None) {
+        panic!("prefork: {at}");
+    }
+}

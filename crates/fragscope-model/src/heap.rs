@@ -5,8 +5,6 @@
 //! residency bitmaps of the mappings that may hold heap objects. An object that straddles
 //! pages counts towards each page by its bytes in it.
 
-use std::collections::HashSet;
-
 use fragscope_trace::merge::{FastMap, FastSet, LiveTable, PageMap};
 use fragscope_trace::records::{Pagemap, ResidentRange};
 use fragscope_trace::Mapping;
@@ -87,6 +85,14 @@ impl SiteAtSnapshot {
             self.pinned_pages += w * pin.0;
             self.pinned_waste += w * pin.1;
         }
+    }
+
+    /// Adds what blocks standing for `w` blocks each pin: `objects` of them pin a page
+    /// for the first time, and their page shares and waste (summed over the blocks).
+    fn add_pinning(&mut self, w: f64, objects: f64, pages: f64, waste: f64) {
+        self.pinning_objects += w * objects;
+        self.pinned_pages += w * pages;
+        self.pinned_waste += w * waste;
     }
 }
 
@@ -186,7 +192,7 @@ impl BlockHeaders {
 #[derive(Default)]
 pub struct HeapHistory {
     /// Mappings (by start address) that ever held a live block.
-    held_ranges: HashSet<u64>,
+    held_ranges: FastSet<u64>,
     /// Page -> the size class that last dominated it: free pages are charged to it.
     last_class: PageMap<u64>,
 }
@@ -215,21 +221,34 @@ impl HeapParts {
 }
 
 #[derive(Default, Clone, Copy)]
-struct PageAcc {
-    live: u32,
-    usable: u32,
+pub(crate) struct PageAcc {
+    pub(crate) live: u32,
+    pub(crate) usable: u32,
     /// Block headers on the page.
-    headers: u32,
-    /// The class with the largest single contribution seen (a cheap "dominant class").
-    class: u64,
-    class_bytes: u32,
+    pub(crate) headers: u32,
+    /// The class with the largest single contribution (a cheap "dominant class"); of
+    /// equal contributions the largest class, so that it does not depend on the order
+    /// the blocks are seen in. A header alone contributes 0 bytes.
+    pub(crate) class: u64,
+    pub(crate) class_bytes: u32,
+}
+
+impl PageAcc {
+    /// A block of class `class` with `part` usable bytes on the page (0: only its header).
+    #[inline]
+    pub(crate) fn dominate(&mut self, part: u32, class: u64) {
+        if (part, class) > (self.class_bytes, self.class) {
+            self.class_bytes = part;
+            self.class = class;
+        }
+    }
 }
 
 /// Sorted residency ranges with a one-entry cache (objects arrive in hash order, but
 /// large runs fall in the same range).
 pub(crate) struct Residency<'a> {
     ranges: Vec<&'a ResidentRange>,
-    shift: u32,
+    pub(crate) shift: u32,
     last: usize,
     /// A forked process's residency as it started: its private pages resident then were
     /// copied since (`sharing::Owner::Copied`).
@@ -312,7 +331,7 @@ impl<'a> Residency<'a> {
 
 /// Pages a block this large spans beyond which interior pages are counted arithmetically
 /// (they hold only this block, so they are full) instead of one by one.
-const INTERIOR_PAGES: u64 = 4;
+pub(crate) const INTERIOR_PAGES: u64 = 4;
 
 fn bucket_of(live: u64, page_size: u64) -> usize {
     if live == 0 {
@@ -322,8 +341,10 @@ fn bucket_of(live: u64, page_size: u64) -> usize {
     }
 }
 
-/// Evaluates the heap at a snapshot. `sparse_pct`: pages under this live occupancy count
-/// as pinned by the objects in them; `headers`: what the allocator keeps before each block.
+/// Evaluates the heap at a snapshot from every live block. `sparse_pct`: pages under this
+/// live occupancy count as pinned by the objects in them; `headers`: what the allocator
+/// keeps before each block. [`crate::heap_pages::HeapPages`] gives the same figures from
+/// the blocks by page, kept as calls are applied.
 pub fn evaluate(
     live: &LiveTable,
     pm: &Pagemap,
@@ -333,16 +354,10 @@ pub fn evaluate(
     sparse_pct: u32,
     headers: BlockHeaders,
 ) -> HeapSnapshot {
-    let ps = u64::from(pm.page_size.max(1));
     let mut res = Residency::new(pm).with_fork(fork);
     let shift = res.shift;
-    let mut pages: PageMap<PageAcc> = PageMap::default();
-    let mut held_now: HashSet<usize> = HashSet::new();
-    let mut parts = HeapParts::default();
-    // Full interior pages of large blocks: counted (in total and per class), not stored.
-    let mut interior_full = 0u64;
-    let mut interior_by_class: FastMap<u64, (u64, u64)> = FastMap::default();
-    let mut interior_runs: Vec<(u64, u64)> = Vec::new();
+    let mut tally = PageTally::new(pm);
+    let ps = tally.ps;
 
     // Pass 1: live and usable bytes per resident page.
     for (addr, b) in live {
@@ -358,44 +373,17 @@ pub fn evaluate(
         let header_page = (addr - header) >> shift;
         if header > 0 && header_page != first {
             if let Some(ri) = res.is_resident(header_page) {
-                held_now.insert(ri);
-                let acc = pages.entry(header_page).or_default();
+                tally.held_now.insert(ri);
+                let acc = tally.pages.entry(header_page).or_default();
                 acc.headers += header as u32;
-                if acc.class_bytes == 0 {
-                    acc.class = usable;
-                }
+                acc.dominate(0, usable);
             }
         }
         let header_on_first = if header_page == first { header } else { 0 };
         let mut page = first;
         while page <= last {
             if last - first > 2 * INTERIOR_PAGES && page > first && page < last {
-                // Interior pages of a large block: resident ones are full of it.
-                let upto = last - 1;
-                interior_runs.push((page, upto));
-                for p in page..=upto {
-                    let p_start = p << shift;
-                    let live_part = live_end.clamp(p_start, p_start + ps) - p_start;
-                    match res.is_resident(p) {
-                        Some(ri) => {
-                            held_now.insert(ri);
-                            let owner = res.owner(ri, p);
-                            parts
-                                .owners
-                                .add_page(owner, live_part, ps - live_part, 0, 0);
-                            interior_full += 1;
-                            let ic = interior_by_class.entry(usable).or_default();
-                            ic.0 += 1;
-                            ic.1 += live_part;
-                            parts.live += live_part;
-                            parts.rounding += ps - live_part;
-                            let bk = bucket_of(live_part, ps);
-                            parts.occupancy_pages[bk] += 1;
-                            parts.occupancy_live[bk] += live_part;
-                        }
-                        None => parts.live_not_resident += live_part,
-                    }
-                }
+                tally.interior(&mut res, (page, last - 1), live_end, usable);
                 page = last;
                 continue;
             }
@@ -405,117 +393,36 @@ pub fn evaluate(
             let usable_part = end.clamp(p_start, p_end) - addr.clamp(p_start, p_end);
             match res.is_resident(page) {
                 Some(ri) => {
-                    held_now.insert(ri);
-                    let acc = pages.entry(page).or_default();
+                    tally.held_now.insert(ri);
+                    let acc = tally.pages.entry(page).or_default();
                     acc.live += live_part as u32;
                     acc.usable += usable_part as u32;
                     if page == first {
                         acc.headers += header_on_first as u32;
                     }
-                    if usable_part as u32 > acc.class_bytes {
-                        acc.class_bytes = usable_part as u32;
-                        acc.class = usable;
-                    }
+                    acc.dominate(usable_part as u32, usable);
                 }
-                None => parts.live_not_resident += live_part,
+                None => tally.parts.live_not_resident += live_part,
             }
             page += 1;
         }
     }
-    for ri in &held_now {
-        history.held_ranges.insert(res.ranges[*ri].start);
-    }
-
-    // Page totals.
-    let mut class_free: FastMap<u64, u64> = FastMap::default();
-    for (&page, acc) in &pages {
-        let (live_b, usable_b) = (u64::from(acc.live), u64::from(acc.usable).min(ps));
-        let used_b = (usable_b + u64::from(acc.headers)).min(ps);
-        parts.live += live_b;
-        parts.rounding += usable_b.saturating_sub(live_b);
-        parts.allocator_overhead += used_b - usable_b;
-        parts.free_in_used_pages += ps - used_b;
-        if let Some(owner) = res.resident_owner(page) {
-            parts.owners.add_page(
-                owner,
-                live_b,
-                usable_b.saturating_sub(live_b),
-                used_b - usable_b,
-                ps - used_b,
-            );
-        }
-        let bk = bucket_of(live_b, ps);
-        parts.occupancy_pages[bk] += 1;
-        parts.occupancy_live[bk] += live_b;
-        *class_free.entry(acc.class).or_default() += ps - used_b;
-        history.last_class.insert(page, acc.class);
-    }
-    parts.used_pages = pages.len() as u64 + interior_full;
-
-    interior_runs.sort_unstable();
-    let in_interior = |page: u64| {
-        let i = interior_runs.partition_point(|r| r.0 <= page);
-        i > 0 && interior_runs[i - 1].1 >= page
-    };
-    // Resident pages of heap mappings: empty ones are charged to the class that last
-    // used them (0 when none did while we watched).
-    for ri in 0..res.ranges.len() {
-        let r = res.ranges[ri];
-        let resident = r.resident_pages();
-        if !history.held_ranges.contains(&r.start) {
-            parts.never_held_resident += resident * ps;
-            continue;
-        }
-        parts.heap_resident += resident * ps;
-        let base = r.start >> shift;
-        for idx in 0..r.pages {
-            if r.resident[(idx / 8) as usize] == 0 {
-                continue;
-            }
-            let page = base + idx;
-            if r.is_resident(idx) && !pages.contains_key(&page) && !in_interior(page) {
-                let class = history.last_class.get(&page).copied().unwrap_or(0);
-                *class_free.entry(class).or_default() += ps;
-                let owner = res.owner(ri, page);
-                parts.owners.free_resident_pages.add(owner, ps);
-            }
-        }
-    }
-    let heap_pages = parts.heap_resident / ps;
-    parts.empty_pages = heap_pages.saturating_sub(parts.used_pages);
-    parts.free_resident_pages = parts.empty_pages * ps;
-    // Bucket 0 already holds used pages without a live byte (only a block's rounding tail
-    // or a zero-byte block): the empty pages join them.
-    parts.occupancy_pages[0] += parts.empty_pages;
+    let class_free = tally.settle(&mut res, history);
 
     // Pass 2: size classes and sites, by the pages their objects sit on.
+    let pages = &tally.pages;
     let sparse_live = ps * u64::from(sparse_pct) / 100;
     let mut classes: FastMap<u64, (ClassAtSnapshot, f64)> = FastMap::default();
     let mut class_pages: FastSet<(u64, u64)> = FastSet::default();
     // Blocks come roughly in address order: most repeats of (class, page) are the last one.
     let mut last_class_page = (u64::MAX, u64::MAX);
-    // Per site: (blocks counted as they are, estimated blocks).
-    let mut sites: FastMap<u32, (SiteAtSnapshot, SiteAtSnapshot)> = FastMap::default();
-    let mut exact = SiteAtSnapshot::default();
+    let mut sites = SiteTally::default();
     for (addr, b) in live {
         let usable = b.usable().max(1);
-        let (c, occ_sum) = classes.entry(usable).or_insert_with(|| {
-            (
-                ClassAtSnapshot {
-                    usable,
-                    ..Default::default()
-                },
-                0.0,
-            )
-        });
+        let (c, occ_sum) = class_entry(&mut classes, usable);
         c.objects += 1;
         c.live_bytes += b.size;
         c.usable_bytes += usable;
-        let w = if b.stack == 0 && weighting != SiteWeighting::Every {
-            0.0
-        } else {
-            weighting.weight(b.size)
-        };
         let first = addr >> shift;
         let last = (addr + usable - 1) >> shift;
         let mut pin = (0.0f64, 0.0f64, false);
@@ -554,24 +461,184 @@ pub fn evaluate(
                 visit(page, &mut pin, occ_sum);
             }
         }
-        // Blocks sampled with near certainty (large ones) are counted as they are; the
-        // others are estimates, later scaled to the exact totals over every such block.
-        let uncertain = weighting.weight(b.size) > 1.01;
-        if uncertain {
-            exact.add(1.0, b.size, pin);
-        }
-        if w > 0.0 {
-            let s = sites.entry(b.stack).or_insert_with(|| {
-                let empty = SiteAtSnapshot {
-                    stack: b.stack,
-                    ..Default::default()
-                };
-                (empty.clone(), empty)
-            });
-            let part = if uncertain { &mut s.1 } else { &mut s.0 };
-            part.add(w, b.size, pin);
+        let weights = BlockWeights::of(weighting, b.stack, b.size);
+        sites.add(b.stack, weights, 1.0, b.size, pin);
+    }
+    HeapSnapshot {
+        parts: tally.parts,
+        classes: classes_at(classes, &tally.interior_by_class, class_free, ps),
+        sites: sites.finish(weighting),
+    }
+}
+
+/// The class's entry and its pages' summed occupancy, made empty the first time.
+pub(crate) fn class_entry(
+    classes: &mut FastMap<u64, (ClassAtSnapshot, f64)>,
+    usable: u64,
+) -> &mut (ClassAtSnapshot, f64) {
+    classes.entry(usable).or_insert_with(|| {
+        (
+            ClassAtSnapshot {
+                usable,
+                ..Default::default()
+            },
+            0.0,
+        )
+    })
+}
+
+/// The resident pages of a snapshot with live blocks, as they are added up: what both
+/// ways of evaluating a snapshot (from every block, from the blocks by page) share.
+pub(crate) struct PageTally {
+    pub(crate) ps: u64,
+    /// Resident pages holding a block or a block's header.
+    pub(crate) pages: PageMap<PageAcc>,
+    /// Residency ranges holding such a page.
+    pub(crate) held_now: FastSet<usize>,
+    pub(crate) parts: HeapParts,
+    /// Full interior pages of large blocks: counted (in total and per class), not stored.
+    interior_full: u64,
+    pub(crate) interior_by_class: FastMap<u64, (u64, u64)>,
+    interior_runs: Vec<(u64, u64)>,
+}
+
+impl PageTally {
+    pub(crate) fn new(pm: &Pagemap) -> Self {
+        Self {
+            ps: u64::from(pm.page_size.max(1)),
+            pages: PageMap::default(),
+            held_now: FastSet::default(),
+            parts: HeapParts::default(),
+            interior_full: 0,
+            interior_by_class: FastMap::default(),
+            interior_runs: Vec::new(),
         }
     }
+
+    /// Interior pages `run` (first and last) of a large block of class `usable` whose
+    /// requested bytes end at `live_end`: resident ones are full of it.
+    pub(crate) fn interior(
+        &mut self,
+        res: &mut Residency,
+        run: (u64, u64),
+        live_end: u64,
+        usable: u64,
+    ) {
+        let (ps, shift) = (self.ps, res.shift);
+        let parts = &mut self.parts;
+        self.interior_runs.push(run);
+        for p in run.0..=run.1 {
+            let p_start = p << shift;
+            let live_part = live_end.clamp(p_start, p_start + ps) - p_start;
+            match res.is_resident(p) {
+                Some(ri) => {
+                    self.held_now.insert(ri);
+                    let owner = res.owner(ri, p);
+                    parts
+                        .owners
+                        .add_page(owner, live_part, ps - live_part, 0, 0);
+                    self.interior_full += 1;
+                    let ic = self.interior_by_class.entry(usable).or_default();
+                    ic.0 += 1;
+                    ic.1 += live_part;
+                    parts.live += live_part;
+                    parts.rounding += ps - live_part;
+                    let bk = bucket_of(live_part, ps);
+                    parts.occupancy_pages[bk] += 1;
+                    parts.occupancy_live[bk] += live_part;
+                }
+                None => parts.live_not_resident += live_part,
+            }
+        }
+    }
+
+    /// Adds up the pages once every block is in: the parts, the ranges that held a block,
+    /// the empty resident pages of those. Returns the free bytes charged to each class.
+    pub(crate) fn settle(
+        &mut self,
+        res: &mut Residency,
+        history: &mut HeapHistory,
+    ) -> FastMap<u64, u64> {
+        let (ps, shift) = (self.ps, res.shift);
+        for ri in &self.held_now {
+            history.held_ranges.insert(res.ranges[*ri].start);
+        }
+        let parts = &mut self.parts;
+        let pages = &self.pages;
+        // Page totals.
+        let mut class_free: FastMap<u64, u64> = FastMap::default();
+        for (&page, acc) in pages {
+            let (live_b, usable_b) = (u64::from(acc.live), u64::from(acc.usable).min(ps));
+            let used_b = (usable_b + u64::from(acc.headers)).min(ps);
+            parts.live += live_b;
+            parts.rounding += usable_b.saturating_sub(live_b);
+            parts.allocator_overhead += used_b - usable_b;
+            parts.free_in_used_pages += ps - used_b;
+            if let Some(owner) = res.resident_owner(page) {
+                parts.owners.add_page(
+                    owner,
+                    live_b,
+                    usable_b.saturating_sub(live_b),
+                    used_b - usable_b,
+                    ps - used_b,
+                );
+            }
+            let bk = bucket_of(live_b, ps);
+            parts.occupancy_pages[bk] += 1;
+            parts.occupancy_live[bk] += live_b;
+            *class_free.entry(acc.class).or_default() += ps - used_b;
+            history.last_class.insert(page, acc.class);
+        }
+        parts.used_pages = pages.len() as u64 + self.interior_full;
+
+        let runs = &mut self.interior_runs;
+        runs.sort_unstable();
+        let in_interior = |page: u64| {
+            let i = runs.partition_point(|r| r.0 <= page);
+            i > 0 && runs[i - 1].1 >= page
+        };
+        // Resident pages of heap mappings: empty ones are charged to the class that last
+        // used them (0 when none did while we watched).
+        for ri in 0..res.ranges.len() {
+            let r = res.ranges[ri];
+            let resident = r.resident_pages();
+            if !history.held_ranges.contains(&r.start) {
+                parts.never_held_resident += resident * ps;
+                continue;
+            }
+            parts.heap_resident += resident * ps;
+            let base = r.start >> shift;
+            for idx in 0..r.pages {
+                if r.resident[(idx / 8) as usize] == 0 {
+                    continue;
+                }
+                let page = base + idx;
+                if r.is_resident(idx) && !pages.contains_key(&page) && !in_interior(page) {
+                    let class = history.last_class.get(&page).copied().unwrap_or(0);
+                    *class_free.entry(class).or_default() += ps;
+                    let owner = res.owner(ri, page);
+                    parts.owners.free_resident_pages.add(owner, ps);
+                }
+            }
+        }
+        let heap_pages = parts.heap_resident / ps;
+        parts.empty_pages = heap_pages.saturating_sub(parts.used_pages);
+        parts.free_resident_pages = parts.empty_pages * ps;
+        // Bucket 0 already holds used pages without a live byte (only a block's rounding
+        // tail or a zero-byte block): the empty pages join them.
+        parts.occupancy_pages[0] += parts.empty_pages;
+        class_free
+    }
+}
+
+/// The classes of a snapshot: their interior pages of large blocks added, their mean
+/// occupancy, the free bytes charged to them (also to classes with no object left).
+pub(crate) fn classes_at(
+    classes: FastMap<u64, (ClassAtSnapshot, f64)>,
+    interior_by_class: &FastMap<u64, (u64, u64)>,
+    mut class_free: FastMap<u64, u64>,
+    ps: u64,
+) -> Vec<ClassAtSnapshot> {
     let mut classes: Vec<ClassAtSnapshot> = classes
         .into_values()
         .map(|(mut c, mut occ_sum)| {
@@ -599,28 +666,121 @@ pub fn evaluate(
         }
     }
     classes.sort_by_key(|c| c.usable);
-    let (certain, mut estimated): (Vec<SiteAtSnapshot>, Vec<SiteAtSnapshot>) =
-        sites.into_values().unzip();
-    if let SiteWeighting::Sampled { .. } = weighting {
-        scale_to_exact_totals(&mut estimated, &exact);
+    classes
+}
+
+/// How a block of a size counts towards its site's figures.
+#[derive(Clone, Copy)]
+pub(crate) struct BlockWeights {
+    /// Blocks it stands for in its site's figures (0: none, an unsampled stack).
+    pub(crate) site: f64,
+    /// Sampled with less than near certainty: its site's figures are estimates, scaled to
+    /// the exact totals over every such block.
+    pub(crate) uncertain: bool,
+}
+
+impl BlockWeights {
+    pub(crate) fn of(weighting: SiteWeighting, stack: u32, size: u64) -> Self {
+        Self::from_weight(weighting, stack, weighting.weight(size))
     }
-    let mut sites: Vec<SiteAtSnapshot> = certain
-        .into_iter()
-        .zip(estimated)
-        .map(|(mut c, e)| {
-            c.live_objects += e.live_objects;
-            c.live_bytes += e.live_bytes;
-            c.pinning_objects += e.pinning_objects;
-            c.pinned_pages += e.pinned_pages;
-            c.pinned_waste += e.pinned_waste;
-            c
-        })
-        .collect();
-    sites.sort_by(|a, b| b.live_bytes.total_cmp(&a.live_bytes));
-    HeapSnapshot {
-        parts,
-        classes,
-        sites,
+
+    /// From `weight`, `weighting.weight` of the block's size.
+    pub(crate) fn from_weight(weighting: SiteWeighting, stack: u32, weight: f64) -> Self {
+        Self {
+            site: if stack == 0 && weighting != SiteWeighting::Every {
+                0.0
+            } else {
+                weight
+            },
+            // Blocks sampled with near certainty (large ones) are counted as they are.
+            uncertain: weight > 1.01,
+        }
+    }
+}
+
+/// The sites of a snapshot as blocks are added: per site, the blocks counted as they are
+/// and the estimated ones, and the exact totals over every estimated block.
+#[derive(Default)]
+pub(crate) struct SiteTally {
+    sites: FastMap<u32, (SiteAtSnapshot, SiteAtSnapshot)>,
+    exact: SiteAtSnapshot,
+}
+
+impl SiteTally {
+    /// Adds `n` blocks of `size` bytes of site `stack`; `pin`: what they pin
+    /// (page shares, waste, pin any page), per block.
+    pub(crate) fn add(
+        &mut self,
+        stack: u32,
+        w: BlockWeights,
+        n: f64,
+        size: u64,
+        pin: (f64, f64, bool),
+    ) {
+        if w.uncertain {
+            self.exact.add(n, size, pin);
+        }
+        if w.site > 0.0 {
+            self.site(stack, w).add(n * w.site, size, pin);
+        }
+    }
+
+    /// Site `stack`'s blocks counted as they are or estimated, as `w` says.
+    fn site(&mut self, stack: u32, w: BlockWeights) -> &mut SiteAtSnapshot {
+        let s = self.sites.entry(stack).or_insert_with(|| {
+            let empty = SiteAtSnapshot {
+                stack,
+                ..Default::default()
+            };
+            (empty.clone(), empty)
+        });
+        if w.uncertain {
+            &mut s.1
+        } else {
+            &mut s.0
+        }
+    }
+
+    /// Adds what `objects` blocks (and the share `pages`, `waste` of all the blocks
+    /// counted) of site `stack` pin; see [`SiteAtSnapshot::add_pinning`].
+    pub(crate) fn add_pinning(
+        &mut self,
+        stack: u32,
+        w: BlockWeights,
+        objects: f64,
+        pages: f64,
+        waste: f64,
+    ) {
+        if w.uncertain {
+            self.exact.add_pinning(1.0, objects, pages, waste);
+        }
+        if w.site > 0.0 {
+            self.site(stack, w)
+                .add_pinning(w.site, objects, pages, waste);
+        }
+    }
+
+    /// The sites, most live bytes first (of equals, the lowest stack id).
+    pub(crate) fn finish(self, weighting: SiteWeighting) -> Vec<SiteAtSnapshot> {
+        let (certain, mut estimated): (Vec<SiteAtSnapshot>, Vec<SiteAtSnapshot>) =
+            self.sites.into_values().unzip();
+        if let SiteWeighting::Sampled { .. } = weighting {
+            scale_to_exact_totals(&mut estimated, &self.exact);
+        }
+        let mut sites: Vec<SiteAtSnapshot> = certain
+            .into_iter()
+            .zip(estimated)
+            .map(|(mut c, e)| {
+                c.live_objects += e.live_objects;
+                c.live_bytes += e.live_bytes;
+                c.pinning_objects += e.pinning_objects;
+                c.pinned_pages += e.pinned_pages;
+                c.pinned_waste += e.pinned_waste;
+                c
+            })
+            .collect();
+        sites.sort_by(|a, b| (b.live_bytes.total_cmp(&a.live_bytes)).then(a.stack.cmp(&b.stack)));
+        sites
     }
 }
 

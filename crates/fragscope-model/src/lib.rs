@@ -14,6 +14,7 @@ pub mod forks;
 pub mod ghc;
 pub mod ghc_blocks;
 pub mod heap;
+pub mod heap_pages;
 pub mod heaps;
 pub mod lisp_sites;
 pub mod phases;

@@ -48,6 +48,9 @@ pub const SILENT_THREAD_WAIT_TICKS: u64 = 60_000;
 pub const MEMORY_BUDGET_ITEMS: usize = 1 << 18;
 /// Calls a thread keeps in memory however full the budget is.
 const HEAD_ITEMS: usize = 64;
+/// How many calls ahead of the one popped a thread's free has its block's memory asked
+/// for ([`Merger::pop_lone_call`], `Merger::pop_queued`).
+const PREFETCH_AHEAD: usize = 8;
 
 /// Hashes integer keys for tables indexed by the hash's low bits (hashbrown), keeping
 /// key order in those bits (key >> SHIFT). Allocators hand out neighbouring addresses
@@ -168,7 +171,8 @@ pub use crate::live::{is_inherited_stack, InheritedHeap, LiveBlock, LiveIter, Li
 use crate::live::{InheritedStackTable, INHERITED_STACK};
 
 impl LiveBlock {
-    fn of(c: &Call) -> Self {
+    /// The block call `c` allocates, as the merge makes it live.
+    pub fn of(c: &Call) -> Self {
         Self {
             size: c.size,
             rounding: c.usable.saturating_sub(c.size).min(u64::from(u32::MAX)) as u32,
@@ -902,6 +906,12 @@ impl Merger {
     #[inline(always)]
     pub fn pop_lone_call(&mut self) -> Option<Call> {
         let mut c = self.lone.pop_call()?;
+        // The block a later call frees is anywhere in the table: its memory is asked for
+        // now, to be in cache by then.
+        let ahead = self.lone.calls.get(self.lone.next + PREFETCH_AHEAD);
+        if let Some(old) = ahead.and_then(Call::releases) {
+            self.live.prefetch(old);
+        }
         self.settle_call(&mut c);
         Some(c)
     }
@@ -944,6 +954,13 @@ impl Merger {
         let (i, on_top) = chosen?;
         let t = &mut self.threads[i];
         let (mut m, _) = t.queue.pop_front()?;
+        // As in `pop_lone_call`: the block of the thread's free a few calls ahead, looked
+        // up when that call is a head (whether it must wait) and when it is taken.
+        if let Some((Merged::Call(ahead), _)) = t.queue.get(PREFETCH_AHEAD) {
+            if let Some(old) = ahead.releases() {
+                self.live.prefetch(old);
+            }
+        }
         t.popped += 1;
         while t.joins.front().is_some_and(|&(pos, _)| pos < t.popped) {
             t.joins.pop_front();
