@@ -178,7 +178,7 @@ mod tests {
                 r.thread_tlabs[4],
                 r.thread_tlabs[5],
             ];
-            assert_eq!(n[2..7], expected.map(|o| o as u64), "SBCL {version}");
+            assert_eq!(n[2..7], expected, "SBCL {version}");
         }
     }
 }
