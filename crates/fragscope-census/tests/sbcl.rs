@@ -579,7 +579,9 @@ fn a_lisp_running_lisp_code_keeps_its_newest_objects() {
         );
         if let Ok(c) = c {
             let m = c.mark.expect("the census marked");
-            if m.roots.threads_outside_syscall > 0 {
+            // Stopped in Lisp code, with objects in its open region (a stop just after
+            // a refill finds the new region still empty: try again).
+            if m.roots.threads_outside_syscall > 0 && m.roots.open_region_objects > 0 {
                 busy = Some(m);
                 break;
             }
@@ -588,8 +590,7 @@ fn a_lisp_running_lisp_code_keeps_its_newest_objects() {
     }
     let _ = child.kill();
     let _ = child.wait();
-    let m = busy.expect("no census caught the Lisp running Lisp code");
-    assert!(m.roots.open_region_objects > 0, "{:?}", m.roots);
+    let m = busy.expect("no census caught the Lisp running Lisp code with objects in its region");
     // The list being built is in the nursery and live.
     assert!(m.live(0, ObjectClass::Conses).count > 0, "{m:?}");
 }
