@@ -421,6 +421,50 @@ fn a_ghc_program_without_eventlog_is_recorded_with_advice() {
     assert_eq!(r["heap_known"], false);
 }
 
+/// Seed 003's static cache in a compact region: the census counts the region's blocks as
+/// their own kind, and its heap agrees with the eventlog's after a collection.
+#[test]
+fn a_compact_region_is_counted_by_the_census() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_case(dir.path(), "Compact") else {
+        return;
+    };
+    let trace = dir.path().join("compact.fsc");
+    record_in(
+        dir.path(),
+        &["--snapshot-ms", "100"],
+        &trace,
+        &[
+            exe.as_os_str(),
+            OsStr::new("200000"),
+            OsStr::new("200000"),
+            OsStr::new("compact"),
+        ],
+    );
+    let r = report_json(&trace);
+    let censuses = r["block_censuses"].as_array().unwrap();
+    let compact = |c: &Value| {
+        c["kinds"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|k| k["kind"] == "compact regions")
+            .map_or(0, |k| u(&k["held"]))
+    };
+    // 200 000 entries: several MiB of compact region once it is built.
+    let with_region: Vec<&Value> = censuses.iter().filter(|c| compact(c) > 4 << 20).collect();
+    assert!(!with_region.is_empty(), "{censuses:?}");
+    // Where the eventlog's last collection saw the same heap (no collection in between),
+    // the census's megablocks are the RTS's HEAP_SIZE within 2%.
+    assert!(
+        with_region
+            .iter()
+            .any(|c| !c["eventlog_heap_size"].is_null()
+                && within(u(&c["heap_size"]), u(&c["eventlog_heap_size"]), 0.02)),
+        "{with_region:?}"
+    );
+}
+
 /// Seed 001's server on the threaded RTS with two capabilities (two nurseries, parallel
 /// collections): its censuses agree with the eventlog and name the same pinned blocks.
 #[test]
