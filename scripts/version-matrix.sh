@@ -127,22 +127,29 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
         print(m["executable"])' "$1"
 }
+# The shared cases sit beside the repository.
+binds="$root $(realpath "$target")"
+[[ -d $root/../shared ]] && binds+=" $(realpath "$root/../shared")"
+# Runs a test binary of the command inside a chroot, the repository bound at its own
+# path, and counts the outcome: run_in_chroot DIR LABEL BINARY (LABEL: "trixie GHC 9.6.6").
+run_in_chroot() {
+  local dir=$1 label=$2 binary=$3 log start=$SECONDS
+  if log=$(FRAGSCOPE_CHROOT_BIND="$binds" scripts/chroot.sh run "$dir" "$binary" --test-threads 1 2>&1); then
+    echo "ok   $label: $(grep -c '^test .* ok$' <<<"$log") tests of the command passed ($((SECONDS - start)) s)"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $label: the tests of the command:" >&2
+    grep -E "panicked|^test .*FAILED" -A3 <<<"$log" | head -20 >&2
+    failed=$((failed + 1))
+  fi
+}
 sbcl_suites=${SBCL_SUITES-bookworm trixie sid}
 [[ -n $sbcl_suites ]] && sbcl_tests=$(tests_binary sbcl)
 for suite in $sbcl_suites; do
   dir=$chroots/$suite
   scripts/chroot.sh "$suite" "$dir" sbcl libunwind8
   release=$(chroot "$dir" /usr/bin/sbcl --version 2>/dev/null || echo "?")
-  start=$SECONDS
-  if log=$(FRAGSCOPE_CHROOT_BIND="$root $(realpath "$target")" scripts/chroot.sh run "$dir" \
-      "$sbcl_tests" --test-threads 1 2>&1); then
-    echo "ok   $suite $release: $(grep -c '^test .* ok$' <<<"$log") SBCL tests of the command passed ($((SECONDS - start)) s)"
-    passed=$((passed + 1))
-  else
-    echo "FAIL $suite $release: the SBCL tests of the command:" >&2
-    grep -E "panicked|^test .*FAILED" -A3 <<<"$log" | head -20 >&2
-    failed=$((failed + 1))
-  fi
+  run_in_chroot "$dir" "$suite $release" "$sbcl_tests"
   if log=$(FRAGSCOPE_SBCL_ROOT=$dir cargo test --release -p fragscope-census --test sbcl -- --nocapture 2>&1); then
     # No test skipped is no match: not a failure of the script.
     skipped=$(grep '^skipped' <<<"$log" | sed 's/^skipped //' | paste -sd';' - | sed 's/;/; /g' || true)
@@ -156,22 +163,11 @@ for suite in $sbcl_suites; do
 done
 ghc_suites=${GHC_SUITES-trixie sid}
 [[ -n $ghc_suites ]] && ghc_tests=$(tests_binary ghc)
-# The shared cases sit beside the repository.
-binds="$root $(realpath "$target")"
-[[ -d $root/../shared ]] && binds+=" $(realpath "$root/../shared")"
 for suite in $ghc_suites; do
   dir=$chroots/$suite
   scripts/chroot.sh "$suite" "$dir" ghc libunwind8
   release=$(scripts/chroot.sh run "$dir" ghc --numeric-version 2>/dev/null || echo "?")
-  start=$SECONDS
-  if log=$(FRAGSCOPE_CHROOT_BIND="$binds" scripts/chroot.sh run "$dir" "$ghc_tests" --test-threads 1 2>&1); then
-    echo "ok   $suite GHC $release: $(grep -c '^test .* ok$' <<<"$log") GHC tests of the command passed ($((SECONDS - start)) s)"
-    passed=$((passed + 1))
-  else
-    echo "FAIL $suite GHC $release: the GHC tests of the command:" >&2
-    grep -E "panicked|^test .*FAILED" -A3 <<<"$log" | head -20 >&2
-    failed=$((failed + 1))
-  fi
+  run_in_chroot "$dir" "$suite GHC $release" "$ghc_tests"
 done
 echo "version matrix: $passed passed, $failed failed"
 ((failed == 0))

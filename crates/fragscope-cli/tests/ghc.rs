@@ -49,6 +49,31 @@ fn plateaus(report: &Value) -> Vec<&Value> {
         .collect()
 }
 
+/// Bytes held by the block groups of `kind` ("nursery", "compact regions", ...) in a
+/// census of the report's JSON.
+fn kind_held(census: &Value, kind: &str) -> u64 {
+    census["kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["kind"] == kind)
+        .map_or(0, |k| u(&k["held"]))
+}
+
+/// The block censuses taken within `phase`.
+fn censuses_in<'a>(report: &'a Value, phase: &Value) -> Vec<&'a Value> {
+    let (from, to) = (
+        phase["start_ms"].as_f64().unwrap(),
+        phase["end_ms"].as_f64().unwrap(),
+    );
+    report["block_censuses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| (from..=to).contains(&c["t_ms"].as_f64().unwrap()))
+        .collect()
+}
+
 #[test]
 fn an_eventlog_alone_is_reported_without_rss() {
     for mode in ["strip", "take"] {
@@ -324,13 +349,9 @@ fn pinned_strip_keeps_three_times_the_memory_outside_live_data_of_take() {
             settled_pinned.push(u(&census["pinned_blocks"]));
             // Naming them needs a census whose references were scanned there (on a
             // loaded machine a collection can spoil every scan of a short plateau).
-            let (from, to) = (
-                settled["start_ms"].as_f64().unwrap(),
-                settled["end_ms"].as_f64().unwrap(),
-            );
-            let scanned = r["block_censuses"].as_array().unwrap().iter().any(|c| {
-                !c["pinned_live"].is_null() && (from..=to).contains(&c["t_ms"].as_f64().unwrap())
-            });
+            let scanned = censuses_in(&r, settled)
+                .iter()
+                .any(|c| !c["pinned_live"].is_null());
             let headline = r["headline"].as_str().unwrap_or_default();
             if scanned || !pinned {
                 assert_eq!(
@@ -443,16 +464,11 @@ fn a_compact_region_is_counted_by_the_census() {
     );
     let r = report_json(&trace);
     let censuses = r["block_censuses"].as_array().unwrap();
-    let compact = |c: &Value| {
-        c["kinds"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|k| k["kind"] == "compact regions")
-            .map_or(0, |k| u(&k["held"]))
-    };
     // 200 000 entries: several MiB of compact region once it is built.
-    let with_region: Vec<&Value> = censuses.iter().filter(|c| compact(c) > 4 << 20).collect();
+    let with_region: Vec<&Value> = censuses
+        .iter()
+        .filter(|c| kind_held(c, "compact regions") > 4 << 20)
+        .collect();
     assert!(!with_region.is_empty(), "{censuses:?}");
     // Where the eventlog's last collection saw the same heap (no collection in between),
     // the census's megablocks are the RTS's HEAP_SIZE within 2%.
@@ -501,25 +517,12 @@ fn a_threaded_server_on_two_capabilities_is_diagnosed_alike() {
     let censuses = r["block_censuses"].as_array().unwrap();
     assert!(censuses.len() >= 3, "{censuses:?}");
     // The nursery of each capability is found from the RTS's list of nurseries.
-    let nursery = |c: &Value| {
-        c["kinds"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|k| k["kind"] == "nursery")
-            .map_or(0, |k| u(&k["held"]))
-    };
-    assert!(censuses.iter().all(|c| nursery(c) > 0), "{censuses:?}");
-    let last = *plateaus(&r).last().unwrap();
-    let (from, to) = (
-        last["start_ms"].as_f64().unwrap(),
-        last["end_ms"].as_f64().unwrap(),
+    assert!(
+        censuses.iter().all(|c| kind_held(c, "nursery") > 0),
+        "{censuses:?}"
     );
-    let after: Vec<&Value> = censuses
-        .iter()
-        .filter(|c| (from..=to).contains(&c["t_ms"].as_f64().unwrap()))
-        .collect();
-    assert!(!after.is_empty(), "no census in {from}-{to} ms");
+    let after = censuses_in(&r, plateaus(&r).last().unwrap());
+    assert!(!after.is_empty(), "no census on the last plateau");
     for c in after {
         assert!(
             within(u(&c["heap_size"]), u(&c["eventlog_heap_size"]), 0.02),
@@ -910,16 +913,8 @@ fn a_seed_001_server_is_diagnosed_from_the_block_census_without_a_heap_profile()
         assert!(censuses.len() >= 3, "{mode}: {censuses:?}");
         // After the close: the last plateau, idle, so the eventlog's figures (posted at
         // the last collection) describe the same heap the census read.
-        let last = *plateaus(&r).last().unwrap();
-        let (from, to) = (
-            last["start_ms"].as_f64().unwrap(),
-            last["end_ms"].as_f64().unwrap(),
-        );
-        let after: Vec<&Value> = censuses
-            .iter()
-            .filter(|c| (from..=to).contains(&c["t_ms"].as_f64().unwrap()))
-            .collect();
-        assert!(!after.is_empty(), "{mode}: no census in {from}-{to} ms");
+        let after = censuses_in(&r, plateaus(&r).last().unwrap());
+        assert!(!after.is_empty(), "{mode}: no census on the last plateau");
         for c in &after {
             let heap = u(&c["heap_size"]);
             assert!(
