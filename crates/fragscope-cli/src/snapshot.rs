@@ -94,9 +94,14 @@ pub fn run(a: SnapshotArgs) -> Result<ExitCode> {
                 a.pid, out.allocator
             );
         }
-        None => eprintln!(
+        None if a.no_stop => eprintln!(
             "fragscope: process {} ({}) was read without stopping it (--no-stop): the figures \
              may not hold together",
+            a.pid, out.allocator
+        ),
+        // Stopped, but its runtime's census was refused: the note below says why.
+        None => eprintln!(
+            "fragscope: process {} ({}) was read, without a census of its heap",
             a.pid, out.allocator
         ),
     }

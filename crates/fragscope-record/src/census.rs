@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use fragscope_census::ghc::{census, CensusError, CensusLimits, GhcRts, RtsInfo};
 use fragscope_census::pymalloc::{self, Pymalloc};
 use fragscope_census::sbcl::{self, SbclRuntime};
-use fragscope_trace::records::{GhcCensus, PymallocCensus, SnapshotReason};
+use fragscope_trace::records::{GhcBlocks, GhcCensus, PymallocCensus, SnapshotReason};
 use fragscope_trace::sbcl_heap::SbclCensus;
 
 /// What a stream's census can be.
@@ -54,6 +54,30 @@ const LONG_STOP_EVERY: Duration = Duration::from_secs(5);
 /// Censuses taken again, 4, 8 and 16 ms later, when the first found the RTS's counts
 /// in flux.
 const RETRIES_IN_A_COLLECTION: u32 = 3;
+
+/// A GHC census of `pid`. A stop inside a collection finds the RTS's counts in flux
+/// (blocks moved from one list to another, megablocks taken for the to-space): the
+/// collection is let finish and the census taken again, a few times, before it is
+/// refused. `before` runs before each attempt; what it returned for the one kept comes
+/// back with it (the recorder's clock).
+pub(crate) fn ghc_census_outside_collections<T>(
+    pid: u32,
+    rts: &GhcRts,
+    limits: CensusLimits,
+    before: impl Fn() -> T,
+) -> (T, Result<GhcBlocks, CensusError>) {
+    let mut attempt = 0;
+    loop {
+        let t = before();
+        match census(pid, rts, limits) {
+            Err(CensusError::Inconsistent(_)) if attempt < RETRIES_IN_A_COLLECTION => {
+                std::thread::sleep(Duration::from_millis(4 << attempt));
+                attempt += 1;
+            }
+            result => return (t, result),
+        }
+    }
+}
 
 /// Refused censuses in a row that make a note in the trace.
 const REFUSALS_TO_NOTE: u32 = 3;
@@ -168,20 +192,7 @@ impl Censuses {
             stop_when_spoilt,
             ..CensusLimits::default()
         };
-        // A stop inside a collection finds the RTS's counts in flux (blocks moved from
-        // one list to another, megablocks taken for the to-space): let the collection
-        // finish and look again, a few times, before counting a refusal.
-        let mut attempt = 0;
-        let (tick, result) = loop {
-            let tick = tick();
-            match census(pid, &rts, limits) {
-                Err(CensusError::Inconsistent(_)) if attempt < RETRIES_IN_A_COLLECTION => {
-                    std::thread::sleep(Duration::from_millis(4 << attempt));
-                    attempt += 1;
-                }
-                result => break (tick, result),
-            }
-        };
+        let (tick, result) = ghc_census_outside_collections(pid, &rts, limits, &tick);
         let note = |result| GhcCensus {
             stream,
             tick,

@@ -158,7 +158,14 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         Some(rts) => {
             // The GHC census holds the program itself (about 1 ms per 50 MiB of heap).
             let result = match rts {
-                Ok(rts) => match fragscope_census::ghc::census(pid, rts, CensusLimits::default()) {
+                Ok(rts) => match crate::census::ghc_census_outside_collections(
+                    pid,
+                    rts,
+                    CensusLimits::default(),
+                    || (),
+                )
+                .1
+                {
                     Ok(b) => Ok(b),
                     Err(CensusError::Unreadable(e)) if gone(pid) => {
                         bail!("process {pid} exited while it was read ({e})")
