@@ -27,6 +27,7 @@ use fragscope_trace::records::{
     SPARSE_MEGABLOCK_BLOCKS,
 };
 
+use crate::maps::Mapping;
 use crate::{Pause, ProcessMemory, Symbols};
 
 pub const MBLOCK_SIZE: u64 = 1 << 20;
@@ -602,7 +603,7 @@ fn walk_megablocks(
 fn read_census_without_symbols(
     mem: &mut ProcessMemory,
 ) -> Result<(GhcBlocks, Vec<Group>), CensusError> {
-    let maps = std::fs::read_to_string(format!("/proc/{}/maps", mem.pid()))?;
+    let maps = crate::maps::read(mem.pid())?;
     let (begin, high) = heap_reservation(&maps).ok_or(CensusError::NoHeap)?;
     if (high - begin) / MBLOCK_SIZE > MAX_MEGABLOCKS {
         return Err(CensusError::Inconsistent(format!(
@@ -619,36 +620,15 @@ fn read_census_without_symbols(
 /// the reservation, an inaccessible anonymous mapping, together at least 1 GiB (the RTS
 /// reserves a terabyte by default). None when no mapping, or more than one, fits.
 fn heap_reservation(maps: &str) -> Option<(u64, u64)> {
-    struct Map {
-        lo: u64,
-        hi: u64,
-        perms: String,
-        anonymous: bool,
-    }
-    let maps: Vec<Map> = maps
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (lo, hi) = f.next()?.split_once('-')?;
-            let perms = f.next()?.to_string();
-            let inode = f.nth(2)?;
-            let name = f.next();
-            Some(Map {
-                lo: u64::from_str_radix(lo, 16).ok()?,
-                hi: u64::from_str_radix(hi, 16).ok()?,
-                perms,
-                anonymous: inode == "0" && name.is_none(),
-            })
-        })
-        .collect();
+    let maps: Vec<Mapping> = crate::maps::parse(maps).collect();
     let mut found = None;
     for pair in maps.windows(2) {
         let (rw, rest) = (&pair[0], &pair[1]);
-        if rw.anonymous
-            && rw.perms.starts_with("rw-p")
+        if rw.anonymous()
+            && rw.perms == "rw-p"
             && rw.lo % MBLOCK_SIZE == 0
             && rw.hi % MBLOCK_SIZE == 0
-            && rest.anonymous
+            && rest.anonymous()
             && rest.perms == "---p"
             && rest.lo == rw.hi
             && rest.hi - rw.lo >= 1 << 30
@@ -693,19 +673,10 @@ fn infer_arr_words_info(
     if n * 10 < heads.len() * 9 {
         return Ok(None);
     }
-    let maps = std::fs::read_to_string(format!("/proc/{}/maps", mem.pid()))?;
+    let maps = crate::maps::read(mem.pid())?;
     let exe = std::fs::read_link(format!("/proc/{}/exe", mem.pid()))?;
-    let in_code = maps.lines().any(|l| {
-        let mut f = l.split_whitespace();
-        let range = f.next().and_then(|r| r.split_once('-'));
-        let perms = f.next().unwrap_or("");
-        let path = f.nth(3).unwrap_or("");
-        range.is_some_and(|(lo, hi)| {
-            let lo = u64::from_str_radix(lo, 16).unwrap_or(u64::MAX);
-            let hi = u64::from_str_radix(hi, 16).unwrap_or(0);
-            perms.contains('x') && Path::new(path) == exe && lo <= word && word < hi
-        })
-    });
+    let in_code = crate::maps::parse(&maps)
+        .any(|m| m.perms.contains('x') && Path::new(m.path) == exe && m.lo <= word && word < m.hi);
     Ok(in_code.then_some(word))
 }
 

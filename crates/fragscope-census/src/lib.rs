@@ -10,6 +10,7 @@
 
 pub mod ghc;
 pub mod glibc;
+mod maps;
 mod memory;
 mod pause;
 pub mod pymalloc;

@@ -147,30 +147,14 @@ fn release_of(rest: &str) -> Option<(u32, u32)> {
 
 /// The anonymous private writable mappings of `pid` that could hold an arena.
 fn arena_candidates(pid: u32, arena_size: u64) -> Result<Vec<(u64, u64)>, CensusError> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+    let maps = crate::maps::read(pid)
         .map_err(|e| CensusError::Unreadable(format!("cannot read /proc/{pid}/maps: {e}")))?;
     let mut ranges = Vec::new();
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(perms), Some(_), Some(_), Some(inode)) =
-            (f.next(), f.next(), f.next(), f.next(), f.next())
-        else {
-            continue;
-        };
-        let path = f.next().unwrap_or("");
+    for m in crate::maps::parse(&maps) {
         let anonymous =
-            path.is_empty() || (path.starts_with("[anon:") && path != "[anon:fragscope]");
-        if perms != "rw-p" || inode != "0" || !anonymous {
-            continue;
-        }
-        let Some((lo, hi)) = range.split_once('-') else {
-            continue;
-        };
-        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else {
-            continue;
-        };
-        if hi - lo >= arena_size {
-            ranges.push((lo, hi));
+            m.path.is_empty() || (m.path.starts_with("[anon:") && m.path != "[anon:fragscope]");
+        if m.perms == "rw-p" && m.inode == "0" && anonymous && m.hi - m.lo >= arena_size {
+            ranges.push((m.lo, m.hi));
         }
     }
     Ok(ranges)

@@ -97,19 +97,9 @@ fn image_base(pid: u32) -> Result<u64, String> {
     let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
         .map_err(|e| format!("cannot read /proc/{pid}/exe: {e}"))?;
     let exe = exe.to_string_lossy();
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .map_err(|e| format!("cannot read /proc/{pid}/maps: {e}"))?;
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(_perms), Some(offset)) = (f.next(), f.next(), f.next()) else {
-            continue;
-        };
-        let path = f.nth(2).unwrap_or("");
-        if path == exe && u64::from_str_radix(offset, 16) == Ok(0) {
-            let start = range.split('-').next().unwrap_or("");
-            return u64::from_str_radix(start, 16)
-                .map_err(|_| format!("a line of /proc/{pid}/maps does not parse: {line}"));
-        }
+    let maps = crate::maps::read(pid).map_err(|e| format!("cannot read /proc/{pid}/maps: {e}"))?;
+    if let Some(m) = crate::maps::parse(&maps).find(|m| m.path == exe && m.offset == 0) {
+        return Ok(m.lo);
     }
     Err(format!("/proc/{pid}/maps does not map {exe} from offset 0"))
 }

@@ -1460,8 +1460,9 @@ static void atfork_child(void) {
     register_membarrier(); /* before the HELLO, which says whether it is */
     sock_fd = connect_recorder();
     if (sock_fd < 0 || send_hello_locked(HELLO_FORKED, fork_mark) != 0) tracing = 0;
+    /* A process, and a report, of its own: told again why its runtime is unsampled. */
     if (tracing) py_tell_unsampled();
-    lisp_after_fork_connected();
+    lisp_tell_unsampled();
     next_idle_scan = 0;
     if (mine) emit_own_memory(mine);
 }

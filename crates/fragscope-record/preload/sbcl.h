@@ -595,6 +595,3 @@ static void lisp_after_fork(void) {
     pthread_mutex_init(&lisp_lock, NULL);
     lisp_log.len = 0;
 }
-
-/* A forked child is a process, and a report, of its own: told again. */
-static void lisp_after_fork_connected(void) { lisp_tell_unsampled(); }
