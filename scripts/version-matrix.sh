@@ -139,7 +139,8 @@ run_in_chroot() {
     passed=$((passed + 1))
   else
     echo "FAIL $label: the tests of the command:" >&2
-    grep -E "panicked|^test .*FAILED" -A3 <<<"$log" | head -20 >&2
+    # Indented: the suite's closing count reads "test result:" lines at the margin only.
+    grep -E "panicked|^test .*FAILED" -A3 <<<"$log" | head -20 | sed 's/^/    /' >&2
     failed=$((failed + 1))
   fi
 }
@@ -157,7 +158,7 @@ for suite in $sbcl_suites; do
     passed=$((passed + 1))
   else
     echo "FAIL $suite $release: the SBCL census tests:" >&2
-    grep -E "panicked|^test .*FAILED|assert" <<<"$log" | head -10 >&2
+    grep -E "panicked|^test .*FAILED|assert" <<<"$log" | head -10 | sed "s/^/    /" >&2
     failed=$((failed + 1))
   fi
 done
