@@ -92,29 +92,6 @@ const WINDOW: u64 = 1 << 20;
 const MAX_ARENAS: usize = 4096;
 const MAX_LIST: u64 = 1 << 24;
 
-/// The allocator a process runs on, from the libraries it maps.
-pub fn allocator_of(maps: &[Mapping]) -> &'static str {
-    let file = |m: &Mapping| m.path.rsplit('/').next().unwrap_or("").to_string();
-    for (prefix, name) in [
-        ("libjemalloc", "jemalloc"),
-        ("libtcmalloc", "tcmalloc"),
-        ("libmimalloc", "mimalloc"),
-    ] {
-        if maps.iter().any(|m| file(m).starts_with(prefix)) {
-            return name;
-        }
-    }
-    if maps.iter().any(|m| is_libc(&file(m))) {
-        "glibc"
-    } else {
-        "unknown"
-    }
-}
-
-fn is_libc(file: &str) -> bool {
-    file == "libc.so.6" || (file.starts_with("libc-2.") && file.ends_with(".so"))
-}
-
 /// Where a process's glibc keeps its malloc state.
 #[derive(Debug, Clone)]
 pub struct GlibcLayout {
@@ -133,7 +110,7 @@ pub struct GlibcLayout {
 pub fn locate(pid: u32, maps: &[Mapping], mem: &mut ProcessMemory) -> Result<GlibcLayout, String> {
     let libc = maps
         .iter()
-        .find(|m| is_libc(m.path.rsplit('/').next().unwrap_or("")))
+        .find(|m| crate::allocators::is_libc(m.path.rsplit('/').next().unwrap_or("")))
         .ok_or("the process maps no glibc (libc.so.6): it is statically linked or runs on another C library")?;
     // The file as the process sees it (it may live in another mount namespace).
     let path = format!("/proc/{pid}/root{}", libc.path);
@@ -1115,30 +1092,6 @@ pub fn mallinfo_view(h: &GlibcHeap) -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn mapping(path: &str) -> Mapping {
-        Mapping {
-            start: 0x1000,
-            end: 0x2000,
-            perms: "r-xp".into(),
-            offset: 0,
-            inode: 1,
-            path: path.into(),
-            build_id: Vec::new(),
-        }
-    }
-
-    #[test]
-    fn the_allocator_is_the_one_mapped_over_glibc() {
-        let libc = mapping("/usr/lib/x86_64-linux-gnu/libc.so.6");
-        assert_eq!(allocator_of(std::slice::from_ref(&libc)), "glibc");
-        let je = mapping("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
-        assert_eq!(allocator_of(&[libc.clone(), je]), "jemalloc");
-        assert_eq!(
-            allocator_of(&[mapping("/lib/ld-musl-x86_64.so.1")]),
-            "unknown"
-        );
-    }
 
     #[test]
     fn the_release_comes_from_glibcs_banner() {

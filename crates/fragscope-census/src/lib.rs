@@ -6,8 +6,10 @@
 //! consistent view, [`Symbols`] finds a runtime's variables in its executable (load bias
 //! included). A runtime's census is built on those three: `ghc` (the GHC RTS's block
 //! descriptors), `pymalloc` (CPython's pool headers), `glibc` (malloc's arenas) and
-//! `sbcl` (SBCL's gencgc page table and heap objects).
+//! `sbcl` (SBCL's gencgc page table and heap objects). `allocators` names the allocator a
+//! process really uses, a copy linked into the program included.
 
+pub mod allocators;
 pub mod ghc;
 pub mod glibc;
 mod maps;

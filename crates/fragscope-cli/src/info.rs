@@ -74,6 +74,12 @@ fn to_json(s: &TraceSummary) -> serde_json::Value {
             "python_samples": p.python_samples,
             "lisp_samples": p.lisp_samples,
             "snapshot_allocator": p.heap_census.as_ref().map(|c| c.allocator.clone()),
+            "linked_allocator": p.linked_allocator.as_ref().map(|l| json!({
+                "allocator": l.allocator,
+                "image": l.image,
+                "evidence": l.evidence,
+                "serves_malloc": l.serves_malloc,
+            })),
             "exit_code": p.wait.and_then(|w| w.exit_code).or(p.end.map(|e| e.status)),
             "signal": p.wait.and_then(|w| w.signal),
             "end": p.describe_end(),
@@ -209,6 +215,12 @@ fn print_text(path: &std::path::Path, s: &TraceSummary) {
             println!(
                 "  sbcl     {} allocation regions sampled with their Lisp stacks",
                 p.lisp_samples
+            );
+        }
+        if let Some(l) = &p.linked_allocator {
+            println!(
+                "  linked   {} in {} ({}): its calls are not traced",
+                l.allocator, l.image, l.evidence
             );
         }
         if let Some(c) = &p.heap_census {

@@ -112,6 +112,13 @@ pub fn render(r: &Report, top: usize) -> String {
         count(r.calls),
         secs(r.duration_ms)
     );
+    if let Some(l) = &r.linked_allocator {
+        let _ = writeln!(
+            o,
+            "allocator: a {} linked into {} ({}); its calls are not in the trace",
+            l.allocator, l.image, l.evidence
+        );
+    }
     if r.processes.len() > 1 {
         let _ = writeln!(
             o,

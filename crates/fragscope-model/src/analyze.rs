@@ -21,6 +21,7 @@ use crate::forks::{self, ForkLink, Forked, Inherited};
 use crate::heap::{self, ClassAtSnapshot, HeapHistory, HeapParts, SiteAtSnapshot, SiteWeighting};
 use crate::heap_pages::{Evaluation, HeapPages};
 use crate::heaps::{self, Heap};
+use crate::linked_allocator;
 use crate::lisp_sites::{self, LispLog};
 use crate::phases;
 use crate::pymalloc::{self, PymallocParts};
@@ -175,6 +176,8 @@ struct Stream {
     allocator: Option<&'static str>,
     /// The heap census of a snapshot, which stands for the calls it has not.
     census: Option<fragscope_trace::heap_census::HeapCensus>,
+    /// An allocator linked into its program, whose calls the trace does not hold.
+    linked_allocator: Option<fragscope_trace::heap_census::LinkedAllocator>,
 }
 
 /// Weighted allocations and bytes per stack, indexed by the merge's stack ids (dense, from
@@ -853,6 +856,10 @@ pub fn analyze(
                 let i = index(&mut streams, &mut by_stream, c.stream);
                 streams[i].census = Some(c);
             }
+            Chunk::LinkedAllocator(l) => {
+                let i = index(&mut streams, &mut by_stream, l.stream);
+                streams[i].linked_allocator = Some(l);
+            }
             Chunk::StartingHeap(h) => {
                 let i = index(&mut streams, &mut by_stream, h.stream);
                 let s = &mut streams[i];
@@ -1115,6 +1122,9 @@ pub fn analyze(
     }
     if let Some(c) = &s.census {
         crate::census::headline(&mut headline, c, focus_snapshot.map(|i| &snapshots[i]));
+    } else if let Some(l) = &s.linked_allocator {
+        // A snapshot's census note already names it.
+        linked_allocator::headline(&mut headline, l, &snapshots);
     }
     // A forked worker that copied more of its parent's memory than its heaps waste.
     let heaps_waste = focus.map_or(0, heaps::waste);
@@ -1152,6 +1162,7 @@ pub fn analyze(
         pid: s.pid,
         argv: s.argv.clone(),
         allocator: s.allocator.map(str::to_string),
+        linked_allocator: s.linked_allocator.as_ref().map(linked_allocator::facts),
         calls: s.calls,
         merge: MergeFacts {
             forced_allocs: merge.forced_allocs,
@@ -1957,7 +1968,8 @@ fn headline(
         // when it is worth one): malloc's parts are not the story.
         h.heap = Some(top.heap);
         format!(
-            "Most of the waste is in the {}: {} of its {} resident ({}%), too little for              its own settings to recover much; holding less live data lowers RSS most.",
+            "Most of the waste is in the {}: {} of its {} resident ({}%), too little for \
+             its own settings to recover much; holding less live data lowers RSS most.",
             top.heap.name(),
             crate::mib(top.waste),
             crate::mib(top.resident),

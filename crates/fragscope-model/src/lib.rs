@@ -16,6 +16,7 @@ pub mod ghc_blocks;
 pub mod heap;
 pub mod heap_pages;
 pub mod heaps;
+pub mod linked_allocator;
 pub mod lisp_sites;
 pub mod phases;
 pub mod pymalloc;

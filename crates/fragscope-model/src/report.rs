@@ -382,6 +382,9 @@ pub struct Report {
     pub pid: u32,
     pub argv: Vec<String>,
     pub allocator: Option<String>,
+    /// An allocator linked into the program, whose calls the trace does not hold.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub linked_allocator: Option<crate::linked_allocator::LinkedAllocatorFacts>,
     pub calls: u64,
     pub merge: MergeFacts,
     pub headline: Headline,

@@ -1332,6 +1332,14 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             .map_err(|e| crate::snapshot::access_error(pid, &e))?,
         None => crate::launch::check_traceable(program)?,
     };
+    // Said before the program runs: what the trace will miss.
+    if let Some(l) = fragscope_census::allocators::linked_allocator(&program_path) {
+        eprintln!(
+            "fragscope: warning: {}. The report will show RSS over time, its phases and \
+             where the process's memory lies, not that allocator's objects.",
+            l.consequence()
+        );
+    }
     // A file size limit (ulimit -f) then fails the trace's write with EFBIG, which is
     // reported, instead of killing the recorder mid-recording.
     // SAFETY: ignoring a signal.
@@ -1694,6 +1702,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     for s in 0..stream_count {
         shared.end_stream(s);
     }
+    for chunk in linked_allocators_of_streams(&shared) {
+        shared.send(ChunkKind::LinkedAllocator, chunk.encode());
+    }
     let untraced = if attach_pid.is_some() {
         Vec::new()
     } else {
@@ -1728,6 +1739,30 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         untraced,
         refused_connections,
     })
+}
+
+/// The allocators linked into the programs the streams ran (each file read once).
+fn linked_allocators_of_streams(
+    shared: &Shared,
+) -> Vec<fragscope_trace::heap_census::LinkedAllocator> {
+    let procs = shared.procs.lock().unwrap();
+    let mut by_exe = HashMap::new();
+    let mut found = Vec::new();
+    for (stream, s) in procs.streams.iter().enumerate() {
+        let linked = by_exe
+            .entry(s.exe.clone())
+            .or_insert_with(|| fragscope_census::allocators::linked_allocator(Path::new(&s.exe)));
+        if let Some(l) = linked {
+            found.push(fragscope_trace::heap_census::LinkedAllocator {
+                stream: stream as u32,
+                allocator: l.allocator.into(),
+                image: l.image.clone(),
+                evidence: l.evidence.clone(),
+                serves_malloc: l.serves_malloc,
+            });
+        }
+    }
+    found
 }
 
 /// The images the program ran that never connected: the program itself, or what a traced

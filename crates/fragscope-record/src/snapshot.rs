@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
+use fragscope_census::allocators::{allocator_of, linked_allocators};
 use fragscope_census::ghc::{CensusError, CensusLimits, GhcRts, RtsInfo};
 use fragscope_census::{glibc, Pause, ProcessMemory};
 use fragscope_trace::heap_census::{GlibcHeap, HeapCensus};
@@ -133,10 +134,17 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         RtsInfo::query(std::path::Path::new(&format!("/proc/{pid}/exe")), None)
             .and_then(|info| GhcRts::new(&elf, info, Some(pid)))
     });
-    let allocator = if ghc.is_some() {
-        "ghc"
+    // A copy linked into the program (or a library) serves its allocations, whatever
+    // the C library's malloc does beside it.
+    let linked = if ghc.is_some() {
+        None
     } else {
-        glibc::allocator_of(&maps)
+        linked_allocators(&maps).into_iter().next()
+    };
+    let allocator = match (&ghc, &linked) {
+        (Some(_), _) => "ghc",
+        (None, Some(l)) => l.allocator,
+        (None, None) => allocator_of(&maps),
     };
     let layout = match allocator {
         "glibc" => Some(glibc::locate(pid, &maps, &mut mem)),
@@ -257,9 +265,14 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
                     "the process runs on {}; fragscope does not read that allocator's own \
                      metadata yet, so this snapshot gives the page-level picture (RSS, \
                      resident heap pages, lazily freed pages), not live and free bytes",
-                    match allocator {
-                        "unknown" => "an allocator fragscope does not recognise",
-                        a => a,
+                    match (allocator, &linked) {
+                        (_, Some(l)) => format!(
+                            "a {} linked into {}",
+                            l.allocator,
+                            l.image.rsplit('/').next().unwrap_or(&l.image)
+                        ),
+                        ("unknown", None) => "an allocator fragscope does not recognise".into(),
+                        (a, None) => a.into(),
                     }
                 )),
             };
@@ -296,6 +309,16 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         fork_mark: None,
     };
     w.write_chunk(ChunkKind::Process, &process.encode())?;
+    if let Some(l) = &linked {
+        let chunk = fragscope_trace::heap_census::LinkedAllocator {
+            stream: 0,
+            allocator: l.allocator.into(),
+            image: l.image.clone(),
+            evidence: l.evidence.clone(),
+            serves_malloc: l.serves_malloc,
+        };
+        w.write_chunk(ChunkKind::LinkedAllocator, &chunk.encode())?;
+    }
     w.write_chunk(
         ChunkKind::Maps,
         &Maps {
@@ -440,7 +463,7 @@ pub(crate) fn glibc_live_blocks(pid: u32) -> Result<Vec<(u64, u64)>, String> {
     let mut mem = ProcessMemory::open(pid).map_err(|e| format!("{:#}", access_error(pid, &e)))?;
     let mut build_ids = HashMap::new();
     let maps = procfs::read_maps(pid, &mut build_ids).ok_or("the process exited")?;
-    match glibc::allocator_of(&maps) {
+    match allocator_of(&maps) {
         "glibc" => {}
         other => {
             return Err(format!(

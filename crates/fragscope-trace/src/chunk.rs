@@ -66,6 +66,9 @@ pub enum ChunkKind {
     /// A forked process's page residency as it started (chunk 7's encoding): the pages it
     /// inherited, against which its later snapshots tell copied pages from new ones.
     ForkResidency = 23,
+    /// An allocator linked into a process's program, whose calls are not traced
+    /// (`heap_census::LinkedAllocator`).
+    LinkedAllocator = 24,
 }
 
 impl ChunkKind {
@@ -94,6 +97,7 @@ impl ChunkKind {
             21 => StartingHeap,
             22 => LispSamples,
             23 => ForkResidency,
+            24 => LinkedAllocator,
             _ => return None,
         })
     }
@@ -107,7 +111,7 @@ impl ChunkKind {
         match self {
             Maps | Rss | Rollup | Pagemap | ProcessEnd | WaitStatus | Untraced | GhcCensus
             | HeapCensus | PymallocCensus | PythonSamples | SbclCensus | StartingHeap
-            | LispSamples | ForkResidency => true,
+            | LispSamples | ForkResidency | LinkedAllocator => true,
             Meta | Process | Events | PackedEventsV1 | PackedEventsV2 | PackedEvents | End => false,
         }
     }

@@ -52,6 +52,45 @@ impl StartingHeap {
     }
 }
 
+/// Chunk 24, LinkedAllocator: an allocator compiled into a process's program (or a
+/// library it maps), found by its symbols or messages, whose calls the interposer does
+/// not see: the objects it holds are missing from the trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkedAllocator {
+    pub stream: u32,
+    /// "jemalloc", "tcmalloc" or "mimalloc".
+    pub allocator: String,
+    /// The image that carries it.
+    pub image: String,
+    /// What gave it away (a symbol, or a message of a stripped image).
+    pub evidence: String,
+    /// The image defines malloc: every malloc call of the process goes to it.
+    pub serves_malloc: bool,
+}
+
+impl LinkedAllocator {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.varint(self.stream.into())
+            .str(&self.allocator)
+            .str(&self.image)
+            .str(&self.evidence)
+            .u8(self.serves_malloc.into());
+        w.bytes
+    }
+
+    pub fn decode(data: &[u8]) -> Result<Self, TraceError> {
+        let mut r = Reader::new(data);
+        Ok(Self {
+            stream: r.varint()? as u32,
+            allocator: r.string()?,
+            image: r.string()?,
+            evidence: r.string()?,
+            serves_malloc: r.u8()? != 0,
+        })
+    }
+}
+
 /// Upper bounds (exclusive, percent) of the page-occupancy buckets after the first: the
 /// first bucket is resident pages with no in-use byte, then [0, 10), [10, 20) ... [90, 100].
 pub const OCCUPANCY_BUCKETS: usize = 11;

@@ -31,6 +31,7 @@ pub enum Chunk {
     LispSamples(crate::runtime_samples::RuntimeSamples),
     SbclCensus(crate::sbcl_heap::SbclCensus),
     StartingHeap(crate::heap_census::StartingHeap),
+    LinkedAllocator(crate::heap_census::LinkedAllocator),
 }
 
 /// Reads a trace chunk by chunk. Damage (a cut or corrupt file) ends the iteration; what
@@ -172,6 +173,9 @@ impl<R: Read> TraceReader<R> {
             }
             ChunkKind::HeapCensus => {
                 crate::heap_census::HeapCensus::decode(data).map(Chunk::HeapCensus)
+            }
+            ChunkKind::LinkedAllocator => {
+                crate::heap_census::LinkedAllocator::decode(data).map(Chunk::LinkedAllocator)
             }
             ChunkKind::StartingHeap => {
                 crate::heap_census::StartingHeap::decode(data).map(Chunk::StartingHeap)

@@ -47,6 +47,8 @@ pub struct ProcessSummary {
     pub sbcl_census_note: Option<String>,
     /// The heap census of `fragscope snapshot`, if this is one.
     pub heap_census: Option<crate::heap_census::HeapCensus>,
+    /// An allocator linked into its program, whose calls are not traced.
+    pub linked_allocator: Option<crate::heap_census::LinkedAllocator>,
     /// Attached to by `record -p`: the blocks it held then (blocks, bytes), when read.
     pub attached: bool,
     pub starting_heap: Option<(u64, u64)>,
@@ -268,6 +270,10 @@ pub fn summarize(
                 let i = idx(&mut sum, &mut by_stream, h.stream);
                 let bytes = h.blocks.iter().map(|b| b.1).sum();
                 sum.processes[i].starting_heap = Some((h.blocks.len() as u64, bytes));
+            }
+            Chunk::LinkedAllocator(l) => {
+                let i = idx(&mut sum, &mut by_stream, l.stream);
+                sum.processes[i].linked_allocator = Some(l);
             }
             Chunk::Untraced(u) => sum.untraced.push(u),
             Chunk::Maps(_) | Chunk::Rollup(_) | Chunk::ForkResidency(_) => {}

@@ -629,3 +629,36 @@ pub fn pprof_top(
         .collect();
     (total, rows)
 }
+
+/// tests/rust/linked_alloc built with `feature` (`tikv-jemallocator`, `mimalloc`): a Rust
+/// program whose allocator is linked into it. Built once per feature, beside the
+/// workspace's own build.
+pub fn build_linked_alloc(feature: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/rust/linked_alloc");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"))
+        .join(format!("linked_alloc-{feature}"));
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "--quiet",
+            "--features",
+            feature,
+        ])
+        .arg("--manifest-path")
+        .arg(root.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target)
+        .env_remove("RUSTFLAGS")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cargo build --features {feature}: {}",
+        stderr(&out)
+    );
+    target.join("release/linked_alloc")
+}
