@@ -205,6 +205,9 @@ pub struct GhcRts {
     /// Where its variables are; None for a stripped executable, whose census finds the
     /// heap from /proc/PID/maps and checks the descriptors against themselves alone.
     vars: Option<RtsVars>,
+    /// ARR_WORDS's info pointer when the dynamic symbol table exports it (a stripped
+    /// program linked with -rdynamic, as Debian's pandoc is): no need to infer it.
+    exported_arr_words_info: Option<u64>,
 }
 
 /// The RTS's variables the census reads, from the executable's symbol table.
@@ -253,9 +256,15 @@ impl GhcRts {
             );
         }
         let symbols = Symbols::resolve(elf, &SYMBOLS, pid)?;
-        // Stripped: none of them. Some but not all: a build the census does not know.
-        if SYMBOLS.iter().all(|n| symbols.get(n).is_none()) {
-            return Ok(Self { info, vars: None });
+        // Stripped: the census reads the descriptors alone. A stripped program that
+        // exports its public symbols (-rdynamic) still lacks the RTS's private variables
+        // (the megablock map, the free list): the same, with what it exports.
+        if SYMBOLS.iter().any(|n| symbols.get(n).is_none()) {
+            return Ok(Self {
+                info,
+                vars: None,
+                exported_arr_words_info: symbols.get("stg_ARR_WORDS_info"),
+            });
         }
         let need = |n: &str| {
             symbols.need(n).map_err(|e| {
@@ -265,6 +274,7 @@ impl GhcRts {
             })
         };
         Ok(Self {
+            exported_arr_words_info: None,
             vars: Some(RtsVars {
                 address_space: need("mblock_address_space")?,
                 high_watermark: need("mblock_high_watermark")?,
@@ -354,6 +364,7 @@ pub fn census(pid: u32, rts: &GhcRts, limits: CensusLimits) -> Result<GhcBlocks,
     let work = liveness_work(&groups);
     let arr_words_info = match &rts.vars {
         Some(vars) => Some(vars.arr_words_info),
+        None if rts.exported_arr_words_info.is_some() => rts.exported_arr_words_info,
         // Only for a scan that will be made: stopped, and small enough.
         None if work > 0 && work <= limits.stopped_scan_bytes => {
             infer_arr_words_info(&mut mem, &groups)?
