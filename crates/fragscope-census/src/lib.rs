@@ -18,6 +18,7 @@ mod pause;
 pub mod pymalloc;
 pub mod sbcl;
 mod symbols;
+pub mod tcmalloc;
 
 pub use memory::ProcessMemory;
 pub use pause::Pause;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use fragscope_trace::heap_census::AllocatorHeap;
 use fragscope_trace::summary::{summarize, TraceSummary};
 use serde_json::json;
 
@@ -230,12 +231,19 @@ fn print_text(path: &std::path::Path, s: &TraceSummary) {
                 "not stopped".into()
             };
             match &c.result {
-                Ok(h) => println!(
+                Ok(AllocatorHeap::Glibc(h)) => println!(
                     "  snapshot {} {} heap census ({how}): {} arenas, {} chunks in use",
                     c.allocator,
                     h.version,
                     h.arenas.len(),
                     h.in_use_chunks()
+                ),
+                Ok(AllocatorHeap::Tcmalloc(h)) => println!(
+                    "  snapshot tcmalloc (gperftools {}) heap census ({how}): {} size classes, \
+                     {} spans",
+                    h.release,
+                    h.classes.len(),
+                    h.classes.iter().map(|k| k.spans).sum::<u64>()
                 ),
                 Err(note) => println!("  snapshot {} ({how}): {note}", c.allocator),
             }

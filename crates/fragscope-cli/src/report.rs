@@ -281,6 +281,53 @@ pub fn render(r: &Report, top: usize) -> String {
     o
 }
 
+/// tcmalloc's heap as its own statistics count it (MallocExtension's lines), then its
+/// size classes by the bytes their central free lists hold.
+fn tcmalloc_census(o: &mut String, t: &fragscope_model::report::TcmallocFigures) {
+    let h = &t.heap;
+    let _ = writeln!(
+        o,
+        "tcmalloc (gperftools {}, {}), as its own statistics count it:\n  \
+         {:>10} in use by the program\n  {:>10} in the page heap's free spans\n  \
+         {:>10} in the central free lists\n  {:>10} in the transfer caches\n  \
+         {:>10} in {} threads' caches\n  {:>10} returned to the system (unmapped)\n  \
+         {:>10} taken from the system, in {} spans of {} size classes",
+        h.release,
+        h.library,
+        bytes(t.in_use_bytes),
+        bytes(h.pageheap_free_bytes),
+        bytes(t.central_bytes),
+        bytes(t.transfer_bytes),
+        bytes(t.thread_cache_bytes),
+        count(h.thread_caches),
+        bytes(h.unmapped_bytes),
+        bytes(h.system_bytes),
+        count(t.spans),
+        count(h.classes.len() as u64)
+    );
+    let mut classes: Vec<_> = h.classes.iter().collect();
+    classes.sort_by_key(|k| std::cmp::Reverse(k.central_free * k.size + k.span_tails()));
+    let _ = writeln!(
+        o,
+        "  size classes by central free list, top 10:\n  {:>5} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10}",
+        "class", "size", "spans", "full", "in use", "free", "cached", "free bytes"
+    );
+    for k in classes.iter().take(10) {
+        let _ = writeln!(
+            o,
+            "  {:>5} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10}",
+            k.class,
+            bytes(k.size),
+            count(k.spans),
+            count(k.full_spans),
+            count(k.in_use()),
+            count(k.central_free),
+            count(k.transfer_free + k.thread_cache_free),
+            bytes(k.central_free * k.size + k.span_tails())
+        );
+    }
+}
+
 /// How a snapshot was taken, and the allocator's heap as its own metadata tells it.
 fn snapshot_census(o: &mut String, s: &SnapshotFacts) {
     let how = if s.stopped {
@@ -298,6 +345,9 @@ fn snapshot_census(o: &mut String, s: &SnapshotFacts) {
     );
     if let Some(note) = &s.note {
         let _ = writeln!(o, "note: {note}");
+    }
+    if let Some(t) = &s.tcmalloc {
+        tcmalloc_census(o, t);
     }
     let Some(g) = &s.glibc else { return };
     let _ = writeln!(

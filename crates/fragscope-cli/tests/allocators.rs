@@ -159,3 +159,89 @@ fn a_program_on_glibc_links_no_allocator() {
     );
     assert!(r["calls"].as_u64().unwrap() > 20000 / 2);
 }
+
+/// A running program on Debian's libtcmalloc, a tenth of its blocks kept: `snapshot PID`
+/// reads tcmalloc's own metadata from outside and counts what MallocExtension counts —
+/// bytes in use within 2%, the central free lists within 5%, the page heap alike — and
+/// the headline names the central free lists and the size class that holds most.
+#[test]
+fn a_snapshot_of_a_tcmalloc_program_counts_what_tcmalloc_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("tcmalloc_keep_tenth");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/c/tcmalloc_keep_tenth.c");
+    let ok = Command::new("cc")
+        .args(["-O1", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-ltcmalloc")
+        .status()
+        .unwrap();
+    assert!(ok.success(), "needs Debian's libgoogle-perftools-dev");
+    let mut cmd = Command::new(&exe);
+    cmd.arg("1000000");
+    let mut p = Running::start(cmd);
+    let mut own = std::collections::HashMap::new();
+    loop {
+        let line = p.line();
+        let (name, value) = line.trim().split_once('=').unwrap();
+        if name == "kept" {
+            break;
+        }
+        own.insert(name.to_string(), value.parse::<u64>().unwrap());
+    }
+    let trace = dir.path().join("tcmalloc.fsc");
+    let out = fragscope(&[
+        "snapshot".as_ref(),
+        p.pid().to_string().as_ref(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r = report_json(&trace);
+    let s = &r["snapshot"];
+    assert_eq!(s["allocator"], "tcmalloc");
+    assert!(s["note"].is_null(), "{s}");
+    let t = &s["tcmalloc"];
+    let figure = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("{t}"));
+    let within = |ours: u64, theirs: &str, share: f64| {
+        let theirs = own[theirs];
+        assert!(
+            (ours as f64 - theirs as f64).abs() <= share * theirs as f64,
+            "{theirs}: tcmalloc {theirs}, census {ours}"
+        );
+    };
+    within(
+        figure(&t["in_use_bytes"]),
+        "generic.current_allocated_bytes",
+        0.02,
+    );
+    within(
+        figure(&t["central_bytes"]),
+        "tcmalloc.central_cache_free_bytes",
+        0.05,
+    );
+    within(figure(&t["heap"]["system_bytes"]), "generic.heap_size", 0.0);
+    within(
+        figure(&t["heap"]["pageheap_free_bytes"]),
+        "tcmalloc.pageheap_free_bytes",
+        0.02,
+    );
+    // The decomposition is the census's: live is what the program holds, the free
+    // objects are inside pages in use.
+    let d = &r["snapshots"][0];
+    assert_eq!(d["live"], t["in_use_bytes"]);
+    assert!(
+        figure(&d["free_in_used_pages"]) > 4 * figure(&d["live"]),
+        "{d}"
+    );
+    let headline = r["headline"]["sentence"].as_str().unwrap();
+    assert!(
+        headline.starts_with("tcmalloc's central free lists hold"),
+        "{headline}"
+    );
+    let text = report_text(&trace);
+    assert!(text.contains("in the central free lists"), "{text}");
+    assert!(text.contains("size classes by central free list"), "{text}");
+    p.send("");
+}

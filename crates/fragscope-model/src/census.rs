@@ -4,27 +4,84 @@
 //! the report (RSS decomposition, occupancy, size classes, headline) is built as for any
 //! trace, plus the census's own figures ([`SnapshotFacts`]).
 
-use fragscope_trace::heap_census::{GlibcArena, GlibcHeap, HeapCensus, OCCUPANCY_BUCKETS};
+use fragscope_trace::heap_census::{
+    AllocatorHeap, GlibcArena, GlibcHeap, HeapCensus, TcmallocHeap, OCCUPANCY_BUCKETS,
+};
 use fragscope_trace::reader::{Chunk, TraceReader};
 use fragscope_trace::records::Pagemap;
 
 use crate::heap::{ClassAtSnapshot, HeapParts};
-use crate::report::{GlibcFigures, Headline, Snapshot, SnapshotFacts};
+use crate::report::{GlibcFigures, Headline, Snapshot, SnapshotFacts, TcmallocFigures};
 
 /// The heap's parts and size classes at the snapshot. A census that could not read the
 /// allocator leaves only the resident heap pages, which then count as other anonymous
 /// memory: nothing says which of them are live.
 pub fn heap_parts(c: &HeapCensus, pm: &Pagemap) -> (HeapParts, Vec<ClassAtSnapshot>) {
     let page = u64::from(pm.page_size).max(1);
-    let Ok(h) = &c.result else {
-        let resident: u64 = pm.ranges.iter().map(|r| r.resident_pages()).sum();
-        let parts = HeapParts {
-            heap_resident: resident * page,
-            never_held_resident: resident * page,
-            ..HeapParts::default()
-        };
-        return (parts, Vec::new());
+    match &c.result {
+        Ok(AllocatorHeap::Glibc(h)) => glibc_parts(h, page),
+        Ok(AllocatorHeap::Tcmalloc(h)) => tcmalloc_parts(h, page),
+        Err(_) => {
+            let resident: u64 = pm.ranges.iter().map(|r| r.resident_pages()).sum();
+            let parts = HeapParts {
+                heap_resident: resident * page,
+                never_held_resident: resident * page,
+                ..HeapParts::default()
+            };
+            (parts, Vec::new())
+        }
+    }
+}
+
+/// tcmalloc's heap as the parts: objects in use at their class size (large spans whole),
+/// free objects inside spans in use (central free lists, transfer and thread caches),
+/// and the page heap's free spans. Rounding is inside `live`: the census sees classes,
+/// not the sizes asked for.
+/// `page`: the system's page, which occupancy counts in (tcmalloc's are 8 KiB).
+fn tcmalloc_parts(h: &TcmallocHeap, page: u64) -> (HeapParts, Vec<ClassAtSnapshot>) {
+    let per_span_page = (h.page_size / page).max(1);
+    let mut parts = HeapParts {
+        live: h.in_use_bytes(),
+        free_in_used_pages: h.cached_bytes(),
+        free_resident_pages: h.pageheap_free_bytes,
+        ..HeapParts::default()
     };
+    for b in 0..OCCUPANCY_BUCKETS {
+        parts.occupancy_pages[b] = h.occupancy_pages.get(b).copied().unwrap_or(0) * per_span_page;
+        parts.occupancy_live[b] = h.occupancy_in_use.get(b).copied().unwrap_or(0);
+    }
+    // Large spans (objects over 256 KiB) are in use whole; free page-heap spans are pages
+    // with nothing in use.
+    let small_in_use: u64 = h.classes.iter().map(|c| c.in_use() * c.size).sum();
+    let large = parts.live.saturating_sub(small_in_use);
+    parts.occupancy_pages[OCCUPANCY_BUCKETS - 1] += large / page;
+    parts.occupancy_live[OCCUPANCY_BUCKETS - 1] += large;
+    parts.occupancy_pages[0] += h.pageheap_free_bytes / page;
+    parts.empty_pages = parts.occupancy_pages[0];
+    parts.used_pages = parts.occupancy_pages[1..].iter().sum();
+    parts.heap_resident = parts.live + parts.free_in_used_pages + parts.free_resident_pages;
+    let classes = h
+        .classes
+        .iter()
+        .map(|k| {
+            let bytes = k.in_use() * k.size;
+            ClassAtSnapshot {
+                usable: k.size,
+                objects: k.in_use(),
+                live_bytes: bytes,
+                usable_bytes: bytes,
+                pages: k.pages * per_span_page,
+                mean_occupancy: (bytes as f64 / (k.pages.max(1) * h.page_size) as f64).min(1.0),
+                retained_free: (k.central_free + k.transfer_free + k.thread_cache_free) * k.size
+                    + k.span_tails(),
+            }
+        })
+        .collect();
+    (parts, classes)
+}
+
+/// glibc's heap as the parts, from its chunks page by page.
+fn glibc_parts(h: &GlibcHeap, page: u64) -> (HeapParts, Vec<ClassAtSnapshot>) {
     // The allocator's own bytes: its structures inside the heaps, and each chunk's
     // header (8 bytes in an arena, 16 for a chunk mmapped alone); the rest of the chunks
     // in use is what the program can use, as malloc_usable_size counts it.
@@ -95,7 +152,22 @@ fn header_bytes(h: &GlibcHeap) -> u64 {
 
 /// The census's own figures, for the report.
 pub fn facts(c: &HeapCensus) -> SnapshotFacts {
-    let heap = c.result.as_ref().ok().map(|h| GlibcFigures {
+    let glibc = match &c.result {
+        Ok(AllocatorHeap::Glibc(h)) => Some(h),
+        _ => None,
+    };
+    let tcmalloc = match &c.result {
+        Ok(AllocatorHeap::Tcmalloc(h)) => Some(TcmallocFigures {
+            in_use_bytes: h.in_use_bytes(),
+            central_bytes: h.central_bytes(),
+            transfer_bytes: h.transfer_bytes(),
+            thread_cache_bytes: h.thread_cache_bytes(),
+            spans: h.classes.iter().map(|k| k.spans).sum(),
+            heap: h.clone(),
+        }),
+        _ => None,
+    };
+    let heap = glibc.map(|h| GlibcFigures {
         version: h.version.clone(),
         layout_source: h.layout_source.clone(),
         in_use_chunks: h.in_use_chunks(),
@@ -125,6 +197,7 @@ pub fn facts(c: &HeapCensus) -> SnapshotFacts {
         pause_ms: c.pause_us as f64 / 1e3,
         note: c.result.as_ref().err().cloned(),
         glibc: heap,
+        tcmalloc,
     }
 }
 
@@ -132,7 +205,8 @@ pub fn facts(c: &HeapCensus) -> SnapshotFacts {
 /// trim prediction), or, without a census, why live and free bytes are unknown.
 pub fn headline(h: &mut Headline, c: &HeapCensus, focus: Option<&Snapshot>) {
     match &c.result {
-        Ok(heap) => {
+        Ok(AllocatorHeap::Tcmalloc(heap)) => h.sentence = tcmalloc_sentence(heap),
+        Ok(AllocatorHeap::Glibc(heap)) => {
             let trim: u64 = heap.sum(|a| a.trimmable_bytes);
             let free_pages = focus.map_or(0, |f| f.parts.free_resident_pages);
             h.sentence = format!(
@@ -159,6 +233,53 @@ pub fn headline(h: &mut Headline, c: &HeapCensus, focus: Option<&Snapshot>) {
     }
 }
 
+/// What tcmalloc's heap holds, in one sentence: where its free bytes wait, and when most
+/// are in the central free lists, the size class that keeps most and how full its spans
+/// are (seed 002's question).
+fn tcmalloc_sentence(h: &TcmallocHeap) -> String {
+    let central = h.central_bytes();
+    let in_use = h.in_use_bytes();
+    let held = in_use + h.cached_bytes() + h.pageheap_free_bytes;
+    let share = |b: u64| 100 * b / held.max(1);
+    let worst = h.classes.iter().max_by_key(|k| k.central_free * k.size);
+    match worst {
+        Some(k) if central >= h.pageheap_free_bytes && central * 4 >= held => format!(
+            "tcmalloc's central free lists hold {} ({}% of the {} it holds, {} in use by the \
+             program): free objects inside spans that survivors keep, which tcmalloc returns \
+             to its page heap only when a span is wholly free. Most are in size class {} ({} \
+             bytes): {} of its {} spans hold {} objects in use for {} free. No release rate \
+             returns them; only not mixing long- and short-lived objects of one size (or \
+             freeing the survivors) does.",
+            crate::mib(central),
+            share(central),
+            crate::mib(held),
+            crate::mib(in_use),
+            k.class,
+            k.size,
+            k.spans - k.full_spans,
+            k.spans,
+            k.in_use(),
+            k.central_free
+        ),
+        _ if h.pageheap_free_bytes * 4 >= held => format!(
+            "tcmalloc's page heap keeps {} of free spans ({}% of the {} it holds): \
+             TCMALLOC_RELEASE_RATE (or MallocExtension::ReleaseFreeMemory) returns them to \
+             the system.",
+            crate::mib(h.pageheap_free_bytes),
+            share(h.pageheap_free_bytes),
+            crate::mib(held)
+        ),
+        _ => format!(
+            "tcmalloc holds {}, {} of it in use by the program; its free lists and page heap \
+             keep the rest ({} in central free lists, {} in the page heap).",
+            crate::mib(held),
+            crate::mib(in_use),
+            crate::mib(central),
+            crate::mib(h.pageheap_free_bytes)
+        ),
+    }
+}
+
 /// The heap census of `trace` when it is a snapshot (`fragscope snapshot` writes one, a few
 /// chunks in); None for a recording. Reads only the first chunks.
 pub fn snapshot_of(trace: &std::path::Path) -> Option<HeapCensus> {
@@ -176,7 +297,7 @@ pub fn snapshot_of(trace: &std::path::Path) -> Option<HeapCensus> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fragscope_trace::heap_census::GlibcClass;
+    use fragscope_trace::heap_census::{GlibcClass, TcmallocClass};
     use fragscope_trace::records::SnapshotReason;
 
     /// One arena page holding ten 96-byte chunks and a thread's cache table (656 bytes),
@@ -193,7 +314,7 @@ mod tests {
             allocator: "glibc".into(),
             stopped: true,
             pause_us: 1,
-            result: Ok(GlibcHeap {
+            result: Ok(AllocatorHeap::Glibc(GlibcHeap {
                 page_size: 4096,
                 arenas: vec![GlibcArena {
                     main: true,
@@ -215,8 +336,94 @@ mod tests {
                     ..Default::default()
                 }],
                 ..Default::default()
-            }),
+            })),
         }
+    }
+
+    /// Seed 002's shape: one class whose spans each keep a few survivors, its free
+    /// objects in the central free list.
+    fn tcmalloc_census() -> TcmallocHeap {
+        let class = TcmallocClass {
+            class: 5,
+            size: 64,
+            pages_per_span: 1,
+            spans: 100,
+            full_spans: 0,
+            pages: 100,
+            objects: 100 * 128,
+            handed_out: 100 * 16,
+            central_free: 100 * 112,
+            transfer_free: 64,
+            thread_cache_free: 32,
+        };
+        TcmallocHeap {
+            release: "2.10".into(),
+            library: "libtcmalloc.so.4.5.10".into(),
+            page_size: 8192,
+            // The class's spans, 2 free spans in the page heap, 1 returned.
+            system_bytes: 103 * 8192,
+            pageheap_free_bytes: 2 * 8192,
+            unmapped_bytes: 8192,
+            thread_caches: 1,
+            classes: vec![class],
+            occupancy_pages: vec![0, 0, 100, 0, 0, 0, 0, 0, 0, 0, 0],
+            occupancy_in_use: vec![0, 0, 1600 * 64, 0, 0, 0, 0, 0, 0, 0, 0],
+            bytes_read: 1,
+        }
+    }
+
+    #[test]
+    fn tcmallocs_parts_are_its_own_figures() {
+        let h = tcmalloc_census();
+        let c = HeapCensus {
+            stream: 0,
+            tick: 1,
+            allocator: "tcmalloc".into(),
+            stopped: true,
+            pause_us: 1,
+            result: Ok(AllocatorHeap::Tcmalloc(h.clone())),
+        };
+        let (p, classes) = heap_parts(&c, &pagemap());
+        // In use: what the program holds of the class's objects, as tcmalloc counts it.
+        assert_eq!(p.live, (1600 - 96) * 64);
+        assert_eq!(p.live, h.in_use_bytes());
+        assert_eq!(p.free_in_used_pages, (100 * 112 + 96) * 64);
+        assert_eq!(p.free_resident_pages, 2 * 8192);
+        assert_eq!(
+            p.live + p.free_in_used_pages + p.free_resident_pages,
+            p.heap_resident
+        );
+        // Occupancy in the system's 4 KiB pages.
+        assert_eq!(p.occupancy_pages[2], 200);
+        assert_eq!(p.occupancy_pages[0], 4);
+        assert_eq!(classes[0].objects, 1504);
+        let facts = facts(&c);
+        let t = facts.tcmalloc.unwrap();
+        assert_eq!(t.central_bytes, 100 * 112 * 64);
+        let mut headline = Headline {
+            peak_rss: None,
+            peak_rss_t_ms: None,
+            peak_live: None,
+            peak_live_t_ms: None,
+            focus_t_ms: None,
+            fragmentation_ratio: None,
+            heap: None,
+            dominant: None,
+            sentence: String::new(),
+        };
+        headline_of(&mut headline, &c);
+        assert!(
+            headline
+                .sentence
+                .starts_with("tcmalloc's central free lists hold 0.7 MiB"),
+            "{}",
+            headline.sentence
+        );
+        assert!(headline.sentence.contains("size class 5 (64 bytes)"));
+    }
+
+    fn headline_of(h: &mut Headline, c: &HeapCensus) {
+        headline(h, c, None);
     }
 
     fn pagemap() -> Pagemap {

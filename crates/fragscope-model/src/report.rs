@@ -454,6 +454,25 @@ pub struct SnapshotFacts {
     /// Why the allocator's metadata was not read (the page-level picture only).
     pub note: Option<String>,
     pub glibc: Option<GlibcFigures>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcmalloc: Option<TcmallocFigures>,
+}
+
+/// tcmalloc's heap as its own statistics count it (MallocExtension's properties), with
+/// the census behind them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TcmallocFigures {
+    /// `generic.current_allocated_bytes`.
+    pub in_use_bytes: u64,
+    /// `tcmalloc.central_cache_free_bytes`, `tcmalloc.transfer_cache_free_bytes`,
+    /// `tcmalloc.thread_cache_free_bytes`.
+    pub central_bytes: u64,
+    pub transfer_bytes: u64,
+    pub thread_cache_bytes: u64,
+    /// Spans of the size classes.
+    pub spans: u64,
+    /// The census: page heap totals and every size class.
+    pub heap: fragscope_trace::heap_census::TcmallocHeap,
 }
 
 /// glibc malloc's heap, whole. Bytes are whole chunks, headers included, as glibc counts.

@@ -12,7 +12,7 @@ use anyhow::{bail, Result};
 use fragscope_census::allocators::{allocator_of, linked_allocators};
 use fragscope_census::ghc::{CensusError, CensusLimits, GhcRts, RtsInfo};
 use fragscope_census::{glibc, Pause, ProcessMemory};
-use fragscope_trace::heap_census::{GlibcHeap, HeapCensus};
+use fragscope_trace::heap_census::{AllocatorHeap, HeapCensus};
 use fragscope_trace::records::{
     GhcCensus, Maps, Pagemap, Process, PymallocCensus, Rollup, RssBatch, SnapshotReason,
 };
@@ -150,6 +150,9 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         "glibc" => Some(glibc::locate(pid, &maps, &mut mem)),
         _ => None,
     };
+    // tcmalloc as a shared library (a copy linked into the program is not read yet).
+    let tcmalloc_layout = (allocator == "tcmalloc" && linked.is_none())
+        .then(|| fragscope_census::tcmalloc::locate(pid, &mut mem));
 
     // A CPython process: its pymalloc pools, read with the program held for their own
     // short stop, before the residency that splits them.
@@ -244,11 +247,11 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
                 held = pause.as_ref().map(Pause::held);
                 drop(pause.take());
             }
-            let census: Result<GlibcHeap, String> = match layout {
+            let census: Result<AllocatorHeap, String> = match layout {
                 Some(Ok(layout)) => {
                     let reading = copy_mem.as_mut().unwrap_or(&mut mem);
                     match glibc::census(reading, &layout, &maps, &residency, page) {
-                        Ok(h) => Ok(h),
+                        Ok(h) => Ok(AllocatorHeap::Glibc(h)),
                         Err(_) if gone(pid) => bail!("process {pid} exited while it was read"),
                         Err(CensusError::NoHeap) => {
                             Err("glibc malloc has not been used yet in this process".into())
@@ -261,20 +264,32 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
                     }
                 }
                 Some(Err(why)) => Err(why),
-                None => Err(format!(
-                    "the process runs on {}; fragscope does not read that allocator's own \
+                None => match tcmalloc_layout {
+                    Some(Ok(l)) => match fragscope_census::tcmalloc::census(&mut mem, &l) {
+                        Ok(h) => Ok(AllocatorHeap::Tcmalloc(h)),
+                        Err(_) if gone(pid) => bail!("process {pid} exited while it was read"),
+                        Err(e) if !opts.stop => Err(format!(
+                            "the heap changed while it was read without stopping the process \
+                             (--no-stop): {e}; take the snapshot without --no-stop"
+                        )),
+                        Err(e) => Err(format!("tcmalloc's heap did not hold together: {e}")),
+                    },
+                    Some(Err(why)) => Err(why),
+                    None => Err(format!(
+                        "the process runs on {}; fragscope does not read that allocator's own \
                      metadata yet, so this snapshot gives the page-level picture (RSS, \
                      resident heap pages, lazily freed pages), not live and free bytes",
-                    match (allocator, &linked) {
-                        (_, Some(l)) => format!(
-                            "a {} linked into {}",
-                            l.allocator,
-                            l.image.rsplit('/').next().unwrap_or(&l.image)
-                        ),
-                        ("unknown", None) => "an allocator fragscope does not recognise".into(),
-                        (a, None) => a.into(),
-                    }
-                )),
+                        match (allocator, &linked) {
+                            (_, Some(l)) => format!(
+                                "a {} linked into {}",
+                                l.allocator,
+                                l.image.rsplit('/').next().unwrap_or(&l.image)
+                            ),
+                            ("unknown", None) => "an allocator fragscope does not recognise".into(),
+                            (a, None) => a.into(),
+                        }
+                    )),
+                },
             };
             read_from_copy = copy.is_some();
             drop(copy_mem);
@@ -400,7 +415,12 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         Err("a GHC program: its heap is described by the RTS's block census".into())
     });
     if let Ok(h) = &census {
-        heap_bytes = h.arenas.iter().map(|a| a.system_mem).sum::<u64>() + h.mmapped_bytes;
+        heap_bytes = match h {
+            AllocatorHeap::Glibc(h) => {
+                h.arenas.iter().map(|a| a.system_mem).sum::<u64>() + h.mmapped_bytes
+            }
+            AllocatorHeap::Tcmalloc(h) => h.system_bytes - h.unmapped_bytes,
+        };
     } else if allocator != "ghc" {
         note = census.as_ref().err().cloned();
         // The page-level picture: the heap is what its mappings hold resident.

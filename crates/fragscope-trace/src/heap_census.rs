@@ -216,7 +216,204 @@ pub struct HeapCensus {
     /// How long it was held, in microseconds.
     pub pause_us: u64,
     /// The heap, or why it could not be read.
-    pub result: Result<GlibcHeap, String>,
+    pub result: Result<AllocatorHeap, String>,
+}
+
+/// A heap the census reads, by allocator: one variant per allocator it knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AllocatorHeap {
+    Glibc(GlibcHeap),
+    Tcmalloc(TcmallocHeap),
+}
+
+/// tcmalloc's heap (gperftools): its size classes with their spans and free objects
+/// wherever they wait, and the page heap's totals. Bytes are tcmalloc's own (objects at
+/// their class size).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+pub struct TcmallocHeap {
+    /// The gperftools release whose layout was read, and the library.
+    pub release: String,
+    pub library: String,
+    pub page_size: u64,
+    /// The page heap's statistics: what it took from the system (unmapped included), its
+    /// free spans still mapped, and those it gave back (MADV_DONTNEED).
+    pub system_bytes: u64,
+    pub pageheap_free_bytes: u64,
+    pub unmapped_bytes: u64,
+    pub thread_caches: u64,
+    pub classes: Vec<TcmallocClass>,
+    /// The size classes' span pages by objects handed out / objects carved (none, then
+    /// [0, 10%) ... [90%, 100%]), and the bytes handed out in them.
+    pub occupancy_pages: Vec<u64>,
+    pub occupancy_in_use: Vec<u64>,
+    pub bytes_read: u64,
+}
+
+/// tcmalloc's page (kPageSize), which its spans are counted in.
+const PAGE_OF_SPANS: u64 = 8192;
+
+/// One size class of tcmalloc.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+pub struct TcmallocClass {
+    pub class: u32,
+    /// Its objects' size, and the pages of each span it carves.
+    pub size: u64,
+    pub pages_per_span: u64,
+    /// Spans carved for it, those with no free object left, and their pages.
+    pub spans: u64,
+    pub full_spans: u64,
+    pub pages: u64,
+    /// Objects the spans hold, and those handed out of them (to the program or to the
+    /// caches).
+    pub objects: u64,
+    pub handed_out: u64,
+    /// Free objects in the central free list (inside its spans), in the transfer cache
+    /// and in the threads' caches.
+    pub central_free: u64,
+    pub transfer_free: u64,
+    pub thread_cache_free: u64,
+}
+
+impl TcmallocClass {
+    /// Objects the program holds.
+    pub fn in_use(&self) -> u64 {
+        self.handed_out - self.transfer_free - self.thread_cache_free
+    }
+    /// Bytes at the end of its spans too short for one more object.
+    pub fn span_tails(&self) -> u64 {
+        (self.pages * PAGE_OF_SPANS).saturating_sub(self.objects * self.size)
+    }
+}
+
+impl TcmallocHeap {
+    /// Free bytes of the central free lists: their free objects, and the tail of each span
+    /// too short for one more object (as tcmalloc counts them,
+    /// `tcmalloc.central_cache_free_bytes`).
+    pub fn central_bytes(&self) -> u64 {
+        self.classes
+            .iter()
+            .map(|c| c.central_free * c.size + c.span_tails())
+            .sum()
+    }
+    pub fn transfer_bytes(&self) -> u64 {
+        self.classes.iter().map(|c| c.transfer_free * c.size).sum()
+    }
+    pub fn thread_cache_bytes(&self) -> u64 {
+        self.classes
+            .iter()
+            .map(|c| c.thread_cache_free * c.size)
+            .sum()
+    }
+    pub fn cached_bytes(&self) -> u64 {
+        self.central_bytes() + self.transfer_bytes() + self.thread_cache_bytes()
+    }
+    /// What tcmalloc counts as in use by the program (`generic.current_allocated_bytes`):
+    /// every page it took and still maps, less the free ones and the free objects.
+    pub fn in_use_bytes(&self) -> u64 {
+        self.system_bytes
+            .saturating_sub(self.unmapped_bytes + self.pageheap_free_bytes + self.cached_bytes())
+    }
+    /// The pages of small-object spans.
+    pub fn span_bytes(&self) -> u64 {
+        self.classes.iter().map(|c| c.pages).sum::<u64>() * self.page_size
+    }
+
+    fn encode(&self, w: &mut Writer) {
+        w.str(&self.release).str(&self.library);
+        for v in [
+            self.page_size,
+            self.system_bytes,
+            self.pageheap_free_bytes,
+            self.unmapped_bytes,
+            self.thread_caches,
+            self.bytes_read,
+        ] {
+            w.varint(v);
+        }
+        for list in [&self.occupancy_pages, &self.occupancy_in_use] {
+            w.varint(list.len() as u64);
+            for &v in list {
+                w.varint(v);
+            }
+        }
+        w.varint(self.classes.len() as u64);
+        for c in &self.classes {
+            w.varint(c.class.into());
+            for v in [
+                c.size,
+                c.pages_per_span,
+                c.spans,
+                c.full_spans,
+                c.pages,
+                c.objects,
+                c.handed_out,
+                c.central_free,
+                c.transfer_free,
+                c.thread_cache_free,
+            ] {
+                w.varint(v);
+            }
+        }
+    }
+
+    fn decode(r: &mut Reader) -> Result<Self, TraceError> {
+        let release = r.string()?;
+        let library = r.string()?;
+        let mut v = [0u64; 6];
+        for x in &mut v {
+            *x = r.varint()?;
+        }
+        let [page_size, system_bytes, pageheap_free_bytes, unmapped_bytes, thread_caches, bytes_read] =
+            v;
+        let mut lists = [Vec::new(), Vec::new()];
+        for list in &mut lists {
+            let n = r.count(1)?;
+            *list = (0..n).map(|_| r.varint()).collect::<Result<_, _>>()?;
+        }
+        let [occupancy_pages, occupancy_in_use] = lists;
+        let n = r.count(11)?;
+        let mut classes = Vec::with_capacity(n);
+        for _ in 0..n {
+            let class = r.varint()? as u32;
+            let mut f = [0u64; 10];
+            for x in &mut f {
+                *x = r.varint()?;
+            }
+            let [size, pages_per_span, spans, full_spans, pages, objects, handed_out, central_free, transfer_free, thread_cache_free] =
+                f;
+            if transfer_free + thread_cache_free > handed_out || handed_out > objects {
+                return Err(TraceError::Malformed(format!(
+                    "tcmalloc size class {class} holds more objects than it has"
+                )));
+            }
+            classes.push(TcmallocClass {
+                class,
+                size,
+                pages_per_span,
+                spans,
+                full_spans,
+                pages,
+                objects,
+                handed_out,
+                central_free,
+                transfer_free,
+                thread_cache_free,
+            });
+        }
+        Ok(Self {
+            release,
+            library,
+            page_size,
+            system_bytes,
+            pageheap_free_bytes,
+            unmapped_bytes,
+            thread_caches,
+            classes,
+            occupancy_pages,
+            occupancy_in_use,
+            bytes_read,
+        })
+    }
 }
 
 impl HeapCensus {
@@ -231,7 +428,11 @@ impl HeapCensus {
             Err(note) => {
                 w.u8(0).str(note);
             }
-            Ok(h) => {
+            Ok(AllocatorHeap::Tcmalloc(h)) => {
+                w.u8(2);
+                h.encode(&mut w);
+            }
+            Ok(AllocatorHeap::Glibc(h)) => {
                 w.u8(1)
                     .str(&h.version)
                     .str(&h.layout_source)
@@ -326,7 +527,7 @@ impl HeapCensus {
                     let n = r.count(1)?;
                     (0..n).map(|_| r.varint()).collect::<Result<_, _>>()?
                 };
-                Ok(GlibcHeap {
+                Ok(AllocatorHeap::Glibc(GlibcHeap {
                     version,
                     layout_source,
                     page_size,
@@ -340,8 +541,9 @@ impl HeapCensus {
                     classes,
                     bytes_read,
                     occupancy_overhead,
-                })
+                }))
             }
+            2 => Ok(AllocatorHeap::Tcmalloc(TcmallocHeap::decode(&mut r)?)),
             other => {
                 return Err(TraceError::Malformed(format!(
                     "a heap census with an unknown outcome tag {other}"
@@ -486,11 +688,43 @@ mod tests {
             allocator: "glibc".into(),
             stopped: true,
             pause_us: 812,
-            result: Ok(heap),
+            result: Ok(AllocatorHeap::Glibc(heap)),
         };
         // A census written before the allocator's bytes were counted apart ends before
         // them (a count and one byte a bucket): it reads as one without them.
         let old_end = glibc.encode().len() - 1 - OCCUPANCY_BUCKETS;
+        let tcmalloc = HeapCensus {
+            allocator: "tcmalloc".into(),
+            result: Ok(AllocatorHeap::Tcmalloc(TcmallocHeap {
+                release: "2.10".into(),
+                library: "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4.5.10".into(),
+                page_size: 8192,
+                system_bytes: 1 << 20,
+                pageheap_free_bytes: 8192,
+                thread_caches: 2,
+                classes: vec![TcmallocClass {
+                    class: 3,
+                    size: 32,
+                    pages_per_span: 1,
+                    spans: 2,
+                    pages: 2,
+                    objects: 512,
+                    handed_out: 40,
+                    central_free: 472,
+                    transfer_free: 32,
+                    thread_cache_free: 3,
+                    ..Default::default()
+                }],
+                occupancy_pages: vec![1; OCCUPANCY_BUCKETS],
+                occupancy_in_use: vec![64; OCCUPANCY_BUCKETS],
+                bytes_read: 99,
+                ..Default::default()
+            })),
+            ..glibc.clone()
+        };
+        let bytes = tcmalloc.encode();
+        assert_eq!(HeapCensus::decode(&bytes).unwrap(), tcmalloc);
+        assert!((0..bytes.len()).all(|cut| HeapCensus::decode(&bytes[..cut]).is_err()));
         for c in [
             glibc.clone(),
             HeapCensus {
@@ -508,7 +742,9 @@ mod tests {
                 let read = HeapCensus::decode(&bytes[..cut]);
                 if c.result.is_ok() && cut == old_end {
                     let mut old = c.clone();
-                    old.result.as_mut().unwrap().occupancy_overhead.clear();
+                    if let Ok(AllocatorHeap::Glibc(h)) = old.result.as_mut() {
+                        h.occupancy_overhead.clear();
+                    }
                     assert_eq!(read.unwrap(), old);
                 } else {
                     assert!(read.is_err(), "cut at {cut}");

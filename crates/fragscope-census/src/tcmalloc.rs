@@ -1,0 +1,486 @@
+//! tcmalloc's heap (gperftools, as Debian's libtcmalloc.so.4 ships it), read from outside
+//! a running process.
+//!
+//! tcmalloc serves small requests (up to 256 KiB) from *size classes*: each class carves
+//! *spans* (runs of 8 KiB pages) into objects of its size. A freed object goes to its
+//! thread's cache, then in batches to the *transfer cache* of its class, then back to the
+//! span it came from, kept by the class's *central free list*; a span returns to the
+//! *page heap* only when all of its objects are free. One survivor keeps its span, and
+//! the span's free objects wait in the central free list: the fragmentation of seed 002.
+//!
+//! Where each figure is read (layouts of gperftools 2.10, x86-64, checked against its
+//! headers; the library is stripped to its exported symbols, so the hidden statics are
+//! found by their shape in its writable data and checked against each other):
+//! - `Static::sizemap_`'s `class_to_size_` (int32 per class: 0, 8, 16, 32, 48, ...) by
+//!   that sequence; `num_objects_to_move_` just before it, `class_to_pages_` and
+//!   `num_size_classes` after.
+//! - `Static::central_cache_[]`: one 1216-byte `CentralFreeListPadded` per class whose
+//!   `size_class_` is its index, its `empty_` and `nonempty_` span lists each a dummy span
+//!   pointing to itself or to spans that point back. Each span (48 bytes: start page,
+//!   pages, next, prev, free objects, then refcount:16 sizeclass:8 location:2) gives its
+//!   objects handed out (`refcount`); its free objects (carved less handed out) must add
+//!   up to the list's `counter_`, and the spans to `num_spans_`.
+//! - The transfer cache: `used_slots_` batches of `num_objects_to_move_` objects.
+//! - The thread caches: the list from `ThreadCache::thread_heaps_` (exported), each a
+//!   `FreeList` per class (`length_`, and `size_`, which must be the class's size).
+//! - `Static::pageheap_`'s `free_[128]` (a normal and a returned dummy span per length,
+//!   each pointing to itself or to free spans), then its `stats_`: system, free and
+//!   unmapped bytes.
+//!
+//! tcmalloc's own figures follow from these as `MallocExtension` computes them: bytes in
+//! use by the application = system - unmapped - page heap free - central - transfer -
+//! thread caches. A census whose parts do not hold together is refused.
+
+use fragscope_trace::heap_census::{TcmallocClass, TcmallocHeap, OCCUPANCY_BUCKETS};
+
+use crate::maps;
+use crate::{ProcessMemory, Symbols};
+
+/// Library releases whose layout is checked: gperftools 2.10 (Debian 12).
+const VERIFIED: [(&str, &str); 2] = [
+    ("libtcmalloc.so.4.5.10", "2.10"),
+    ("libtcmalloc_minimal.so.4.5.10", "2.10"),
+];
+
+const PAGE: u64 = 8192;
+const MAX_CLASSES: usize = 128;
+
+// struct Span.
+const SPAN_SIZE: usize = 48;
+const SPAN_START: usize = 0;
+const SPAN_LENGTH: usize = 8;
+const SPAN_NEXT: usize = 16;
+const SPAN_PREV: usize = 24;
+const SPAN_BITS: usize = 40;
+
+// CentralFreeListPadded.
+const CFL_STRIDE: u64 = 1216;
+const CFL_SIZE_CLASS: usize = 8;
+const CFL_EMPTY: u64 = 16;
+const CFL_NONEMPTY: u64 = 64;
+const CFL_NUM_SPANS: usize = 112;
+const CFL_COUNTER: usize = 120;
+const CFL_USED_SLOTS: usize = 1152;
+
+// ThreadCache.
+const TC_FREELIST: u64 = 32;
+const TC_FREELIST_LENGTH: usize = 8;
+const TC_FREELIST_SIZE: usize = 24;
+const TC_SIZE: usize = 4096;
+const TC_NEXT: usize = 4144;
+const TC_PREV: usize = 4152;
+const TC_BYTES: usize = 4160;
+
+// PageHeap: free_[kMaxPages] of {Span normal; Span returned;}, then stats_.
+const FREE_LISTS: u64 = 128;
+const FREE_LIST_PAIR: u64 = 2 * SPAN_SIZE as u64;
+
+/// Spans walked at most per list: a list longer than the process could hold is corrupt.
+const MAX_SPANS: u64 = 1 << 26;
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+fn i32_at(b: &[u8], at: usize) -> i32 {
+    i32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+/// The writable data of the library mapped in the process: its file-backed writable
+/// mapping and the anonymous one that follows (.bss), as (address, bytes).
+struct StaticData {
+    base: u64,
+    bytes: Vec<u8>,
+}
+
+impl StaticData {
+    fn contains(&self, addr: u64) -> bool {
+        addr >= self.base && addr < self.base + self.bytes.len() as u64
+    }
+    fn at(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        let off = usize::try_from(addr.checked_sub(self.base)?).ok()?;
+        self.bytes.get(off..off.checked_add(len)?)
+    }
+}
+
+/// Where a process's tcmalloc keeps its state.
+pub struct TcmallocLayout {
+    /// The library's file and the gperftools release its layout is.
+    pub library: String,
+    pub release: &'static str,
+    statics: StaticData,
+    thread_heaps: u64,
+    thread_heap_count: u64,
+}
+
+/// Finds the tcmalloc library in `pid`'s mappings and its exported anchors. Err: why
+/// this process's tcmalloc cannot be read (none, another release).
+pub fn locate(pid: u32, mem: &mut ProcessMemory) -> Result<TcmallocLayout, String> {
+    let text = maps::read(pid).map_err(|e| format!("its maps cannot be read ({e})"))?;
+    let all: Vec<maps::Mapping> = maps::parse(&text).collect();
+    let file = |m: &maps::Mapping| m.path.rsplit('/').next().unwrap_or("").to_string();
+    let Some(lib) = all.iter().find(|m| file(m).starts_with("libtcmalloc")) else {
+        return Err(
+            "no tcmalloc library is mapped (a copy linked into the program is not read yet)".into(),
+        );
+    };
+    let name = file(lib);
+    let Some(&(_, release)) = VERIFIED.iter().find(|(f, _)| *f == name) else {
+        return Err(format!(
+            "the process runs on {name}, whose layout fragscope has not verified (it reads \
+             gperftools 2.10's, libtcmalloc.so.4.5.10)"
+        ));
+    };
+    let path = lib.path.to_string();
+    let base = all
+        .iter()
+        .filter(|m| m.path == path)
+        .map(|m| m.lo - m.offset)
+        .min()
+        .unwrap_or(lib.lo);
+    // The library's writable mappings and the anonymous one right after them.
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for (i, m) in all.iter().enumerate() {
+        if m.path == path && m.perms.starts_with("rw") {
+            ranges.push((m.lo, m.hi));
+            if let Some(next) = all.get(i + 1).filter(|n| n.lo == m.hi && n.anonymous()) {
+                ranges.push((next.lo, next.hi));
+            }
+        }
+    }
+    let (Some(lo), Some(hi)) = (
+        ranges.iter().map(|r| r.0).min(),
+        ranges.iter().map(|r| r.1).max(),
+    ) else {
+        return Err(format!("{name} has no writable data mapped"));
+    };
+    let mut bytes = vec![0u8; (hi - lo) as usize];
+    mem.read(lo, &mut bytes)
+        .map_err(|e| format!("tcmalloc's data could not be read ({e})"))?;
+    let elf = std::fs::read(format!("/proc/{pid}/map_files/{:x}-{:x}", lib.lo, lib.hi))
+        .or_else(|_| std::fs::read(&path))
+        .map_err(|e| format!("{path} cannot be read ({e})"))?;
+    let names = [
+        "_ZN8tcmalloc11ThreadCache13thread_heaps_E",
+        "_ZN8tcmalloc11ThreadCache18thread_heap_count_E",
+    ];
+    let symbols = Symbols::resolve_at(&elf, &names, base)?;
+    let statics = StaticData { base: lo, bytes };
+    let read_anchor = |name: &str| -> Result<u64, String> {
+        let addr = symbols.need(name)?;
+        statics
+            .at(addr, 8)
+            .map(|b| u64_at(b, 0))
+            .ok_or_else(|| format!("{name} lies outside tcmalloc's data"))
+    };
+    Ok(TcmallocLayout {
+        library: path,
+        release,
+        thread_heaps: read_anchor(names[0])?,
+        thread_heap_count: read_anchor(names[1])? & 0xffff_ffff,
+        statics,
+    })
+}
+
+/// The size map: per class, its object size, pages per span and objects per batch.
+struct SizeMap {
+    sizes: Vec<u64>,
+    pages: Vec<u64>,
+    batch: Vec<u64>,
+}
+
+/// `class_to_size_` begins with these sizes in gperftools' classes.
+const FIRST_SIZES: [i32; 6] = [0, 8, 16, 32, 48, 64];
+
+fn find_size_map(s: &StaticData) -> Result<SizeMap, String> {
+    let pattern: Vec<u8> = FIRST_SIZES.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut found = None;
+    for at in memchr::memmem::find_iter(&s.bytes, &pattern) {
+        if at % 4 != 0 {
+            continue;
+        }
+        if let Some(map) = size_map_at(s, at) {
+            if found.replace(map).is_some() {
+                return Err("two tables look like tcmalloc's size classes".into());
+            }
+        }
+    }
+    found.ok_or_else(|| "tcmalloc's size classes were not found in its data".into())
+}
+
+/// The size map whose `class_to_size_` starts at byte `at` of the data, when its fields
+/// hold together.
+fn size_map_at(s: &StaticData, at: usize) -> Option<SizeMap> {
+    let sizes_at = at;
+    let batch_at = at.checked_sub(4 * MAX_CLASSES)?;
+    let pages_at = (sizes_at + 4 * MAX_CLASSES).next_multiple_of(8);
+    let count_at = pages_at + 8 * MAX_CLASSES;
+    let b = &s.bytes;
+    if count_at + 8 > b.len() {
+        return None;
+    }
+    let n = u64_at(b, count_at) as usize;
+    if !(32..=MAX_CLASSES).contains(&n) {
+        return None;
+    }
+    let sizes: Vec<u64> = (0..n).map(|i| i32_at(b, sizes_at + 4 * i) as u64).collect();
+    let pages: Vec<u64> = (0..n).map(|i| u64_at(b, pages_at + 8 * i)).collect();
+    let batch: Vec<u64> = (0..n).map(|i| i32_at(b, batch_at + 4 * i) as u64).collect();
+    let ordered = sizes.windows(2).all(|w| w[0] < w[1]) && sizes[n - 1] <= 256 << 10;
+    let spans_hold = (1..n).all(|i| pages[i] >= 1 && pages[i] * PAGE >= sizes[i] && batch[i] >= 1);
+    (ordered && spans_hold).then_some(SizeMap {
+        sizes,
+        pages,
+        batch,
+    })
+}
+
+/// A dummy span at `dummy` heads a list: it points to itself, or to spans that point
+/// back to it. Returns the spans in the list (each span's 48 bytes), at most `limit`.
+fn span_list(
+    mem: &mut ProcessMemory,
+    s: &StaticData,
+    dummy: u64,
+    limit: u64,
+) -> Result<Vec<[u8; SPAN_SIZE]>, String> {
+    let head = s
+        .at(dummy, SPAN_SIZE)
+        .ok_or("a list head outside tcmalloc's data")?;
+    let (mut next, prev) = (u64_at(head, SPAN_NEXT), u64_at(head, SPAN_PREV));
+    if (next == dummy) != (prev == dummy) || next == 0 || prev == 0 {
+        return Err(format!("the span list at {dummy:#x} is not a list"));
+    }
+    let mut spans = Vec::new();
+    let mut back = dummy;
+    while next != dummy {
+        if spans.len() as u64 >= limit {
+            return Err(format!(
+                "the span list at {dummy:#x} is longer than it can be"
+            ));
+        }
+        let mut span = [0u8; SPAN_SIZE];
+        mem.read(next, &mut span)
+            .map_err(|e| format!("a span at {next:#x} could not be read ({e})"))?;
+        if u64_at(&span, SPAN_PREV) != back {
+            return Err(format!(
+                "the span at {next:#x} does not point back to its list"
+            ));
+        }
+        back = next;
+        next = u64_at(&span, SPAN_NEXT);
+        spans.push(span);
+    }
+    Ok(spans)
+}
+
+/// The central free list of each class: its address, by the shape of the array.
+fn find_central_cache(s: &StaticData, classes: usize) -> Result<u64, String> {
+    let span = |a: u64| {
+        s.at(a, SPAN_SIZE)
+            .map(|b| (u64_at(b, SPAN_NEXT), u64_at(b, SPAN_PREV)))
+    };
+    let list_head = |a: u64| {
+        span(a).is_some_and(|(n, p)| {
+            (n == a && p == a) || (n != a && p != a && n != 0 && !s.contains(n))
+        })
+    };
+    let entry_ok = |base: u64, i: u64| {
+        let e = base + i * CFL_STRIDE;
+        s.at(e + CFL_SIZE_CLASS as u64, 8)
+            .is_some_and(|b| u64_at(b, 0) == i)
+            && list_head(e + CFL_EMPTY)
+            && list_head(e + CFL_NONEMPTY)
+    };
+    let mut found = None;
+    // Class 1's entry names the array: its `size_class_` is 1, and the next ones follow.
+    for off in (CFL_STRIDE as usize + CFL_SIZE_CLASS..s.bytes.len().saturating_sub(8)).step_by(8) {
+        if u64_at(&s.bytes, off) != 1 {
+            continue;
+        }
+        let base = s.base + off as u64 - CFL_SIZE_CLASS as u64 - CFL_STRIDE;
+        if (1..classes as u64).all(|i| entry_ok(base, i)) && found.replace(base).is_some() {
+            return Err("two arrays look like tcmalloc's central free lists".into());
+        }
+    }
+    found.ok_or_else(|| "tcmalloc's central free lists were not found in its data".into())
+}
+
+/// The page heap's free lists and, right after them, its statistics: (system, free,
+/// unmapped) bytes.
+fn find_page_heap_stats(s: &StaticData) -> Result<(u64, u64, u64), String> {
+    let dummy = |a: u64| {
+        s.at(a, SPAN_SIZE).is_some_and(|b| {
+            let (n, p) = (u64_at(b, SPAN_NEXT), u64_at(b, SPAN_PREV));
+            (n == a && p == a) || (n != a && p != a && n != 0 && !s.contains(n) && !s.contains(p))
+        })
+    };
+    let self_pointing = |a: u64| {
+        s.at(a, SPAN_SIZE)
+            .is_some_and(|b| u64_at(b, SPAN_NEXT) == a)
+    };
+    let lists = FREE_LISTS * 2;
+    let mut found = None;
+    let mut off = 0u64;
+    while off + lists * SPAN_SIZE as u64 + 32 <= s.bytes.len() as u64 {
+        let f = s.base + off;
+        // Most lengths have no free span: the run starts with a list pointing to itself.
+        if self_pointing(f + FREE_LIST_PAIR * (FREE_LISTS - 1))
+            && (0..lists).all(|i| dummy(f + i * SPAN_SIZE as u64))
+            && !dummy(f - SPAN_SIZE as u64)
+        {
+            let st = s.at(f + FREE_LISTS * FREE_LIST_PAIR, 24).unwrap();
+            let (system, free, unmapped) = (u64_at(st, 0), u64_at(st, 8), u64_at(st, 16));
+            let pages = [system, free, unmapped].iter().all(|v| v % PAGE == 0);
+            let holds = pages && system > 0 && free + unmapped <= system;
+            if holds && found.replace((system, free, unmapped)).is_some() {
+                return Err("two tables look like tcmalloc's page heap".into());
+            }
+        }
+        off += 8;
+    }
+    found.ok_or_else(|| "tcmalloc's page heap was not found in its data".into())
+}
+
+/// Free objects per class in every thread's cache, and the threads' caches counted.
+fn thread_caches(
+    mem: &mut ProcessMemory,
+    layout: &TcmallocLayout,
+    sizes: &[u64],
+) -> Result<(Vec<u64>, u64), String> {
+    let mut free = vec![0u64; sizes.len()];
+    let mut count = 0u64;
+    let mut at = layout.thread_heaps;
+    let mut prev = 0u64;
+    let mut cache = vec![0u8; TC_BYTES];
+    while at != 0 {
+        if count > layout.thread_heap_count {
+            return Err("more thread caches are linked than tcmalloc counts".into());
+        }
+        mem.read(at, &mut cache)
+            .map_err(|e| format!("a thread cache at {at:#x} could not be read ({e})"))?;
+        if u64_at(&cache, TC_PREV) != prev {
+            return Err(format!("the thread cache at {at:#x} does not point back"));
+        }
+        let mut bytes = 0u64;
+        for (cl, &size) in sizes.iter().enumerate().skip(1) {
+            let list = cl * TC_FREELIST as usize;
+            if u64::from(u32_at(&cache, list + TC_FREELIST_SIZE)) != size {
+                return Err(format!(
+                    "the thread cache at {at:#x} does not hold size class {cl} ({size} bytes)"
+                ));
+            }
+            let length = u64::from(u32_at(&cache, list + TC_FREELIST_LENGTH));
+            free[cl] += length;
+            bytes += length * size;
+        }
+        if bytes != u64::from(u32_at(&cache, TC_SIZE)) {
+            return Err(format!("the thread cache at {at:#x} does not add up"));
+        }
+        count += 1;
+        prev = at;
+        at = u64_at(&cache, TC_NEXT);
+    }
+    if count != layout.thread_heap_count {
+        return Err(format!(
+            "{count} thread caches are linked, tcmalloc counts {}",
+            layout.thread_heap_count
+        ));
+    }
+    Ok((free, count))
+}
+
+/// Reads the heap: every size class's spans, free lists and caches, and the page heap's
+/// totals. The caller holds the process stopped.
+pub fn census(mem: &mut ProcessMemory, layout: &TcmallocLayout) -> Result<TcmallocHeap, String> {
+    let start_read = mem.bytes_read();
+    let s = &layout.statics;
+    let map = find_size_map(s)?;
+    let n = map.sizes.len();
+    let central = find_central_cache(s, n)?;
+    let (system_bytes, pageheap_free_bytes, unmapped_bytes) = find_page_heap_stats(s)?;
+    let (in_thread_caches, thread_caches) = thread_caches(mem, layout, &map.sizes)?;
+    let mut classes = Vec::new();
+    let mut occupancy_pages = vec![0u64; OCCUPANCY_BUCKETS];
+    let mut occupancy_in_use = vec![0u64; OCCUPANCY_BUCKETS];
+    #[allow(clippy::needless_range_loop)] // cl indexes four tables and the array
+    for cl in 1..n {
+        let entry = central + cl as u64 * CFL_STRIDE;
+        let e = s
+            .at(entry, CFL_STRIDE as usize)
+            .ok_or("a central free list outside tcmalloc's data")?;
+        let (size, counter, num_spans) = (
+            map.sizes[cl],
+            u64_at(e, CFL_COUNTER),
+            u64_at(e, CFL_NUM_SPANS),
+        );
+        let used_slots = u64::from(u32_at(e, CFL_USED_SLOTS));
+        let mut class = TcmallocClass {
+            class: cl as u32,
+            size,
+            pages_per_span: map.pages[cl],
+            central_free: counter,
+            transfer_free: used_slots * map.batch[cl],
+            thread_cache_free: in_thread_caches[cl],
+            ..TcmallocClass::default()
+        };
+        for (list, full) in [(CFL_NONEMPTY, false), (CFL_EMPTY, true)] {
+            for span in span_list(mem, s, entry + list, MAX_SPANS)? {
+                let bits = u32_at(&span, SPAN_BITS);
+                let (refcount, sizeclass) = (u64::from(bits & 0xffff), (bits >> 16) & 0xff);
+                let pages = u64_at(&span, SPAN_LENGTH);
+                let capacity = pages * PAGE / size.max(1);
+                if sizeclass as usize != cl || refcount > capacity || u64_at(&span, SPAN_START) == 0
+                {
+                    return Err(format!("a span of size class {cl} does not hold together"));
+                }
+                class.spans += 1;
+                class.full_spans += u64::from(full);
+                class.pages += pages;
+                class.objects += capacity;
+                class.handed_out += refcount;
+                let bucket = if refcount == 0 {
+                    0
+                } else {
+                    1 + ((refcount * 10 / capacity.max(1)) as usize).min(9)
+                };
+                occupancy_pages[bucket] += pages;
+                occupancy_in_use[bucket] += refcount * size;
+            }
+        }
+        if class.spans != num_spans || class.objects - class.handed_out != counter {
+            return Err(format!(
+                "size class {cl}'s spans do not add up to its central free list ({} spans for \
+                 {num_spans}, {} free objects for {counter}): the heap changed while it was read",
+                class.spans,
+                class.objects - class.handed_out
+            ));
+        }
+        if class.transfer_free + class.thread_cache_free > class.handed_out {
+            return Err(format!(
+                "size class {cl} has more objects cached than handed out"
+            ));
+        }
+        if class.spans > 0 || class.thread_cache_free > 0 {
+            classes.push(class);
+        }
+    }
+    let heap = TcmallocHeap {
+        release: layout.release.into(),
+        library: layout.library.clone(),
+        page_size: PAGE,
+        system_bytes,
+        pageheap_free_bytes,
+        unmapped_bytes,
+        thread_caches,
+        classes,
+        occupancy_pages,
+        occupancy_in_use,
+        bytes_read: mem.bytes_read() - start_read + s.bytes.len() as u64,
+    };
+    if heap.cached_bytes() + pageheap_free_bytes + unmapped_bytes > system_bytes {
+        return Err("tcmalloc's free bytes exceed what it took from the system".into());
+    }
+    Ok(heap)
+}
