@@ -40,7 +40,7 @@
 //! only the writer needs to find a slot by address.
 
 use crate::columns::{ColumnWriter, Field, FieldReader};
-use crate::merge::{addr_hash, FastMap};
+use crate::hash::{addr_hash, FastMap};
 use crate::records::EventsHeader;
 use crate::TraceError;
 

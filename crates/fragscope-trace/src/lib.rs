@@ -11,6 +11,7 @@ pub mod ahead;
 pub mod chunk;
 mod columns;
 pub mod event;
+pub mod hash;
 pub mod heap_census;
 pub mod live;
 pub mod merge;

@@ -16,7 +16,7 @@ use std::sync::{Arc, OnceLock};
 
 use allocator_api2::alloc::{AllocError, Allocator, Global};
 
-use crate::merge::{addr_hash, AddrSet, FastMap};
+use crate::hash::{addr_hash, AddrSet, FastMap};
 
 /// A block that is live after the merged calls so far: what the model needs of it.
 /// Kept small (24 bytes) because a heap can hold hundreds of millions of them.
