@@ -8,6 +8,7 @@
 //! The byte-level description is docs/trace-format.md.
 
 pub mod ahead;
+pub mod call;
 pub mod chunk;
 mod columns;
 pub mod event;
@@ -21,6 +22,7 @@ pub mod records;
 pub mod runtime_samples;
 pub mod sbcl_heap;
 mod spill;
+pub mod stream_decoder;
 pub mod summary;
 pub mod wire;
 

@@ -15,8 +15,8 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
+use crate::call::{Call, Merged};
 use crate::event::{Func, StatsSource};
-use crate::merge::{Call, Merged};
 use crate::wire::{Reader, Writer};
 use crate::TraceError;
 
