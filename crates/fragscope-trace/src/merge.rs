@@ -30,6 +30,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 pub use crate::call::{Call, Merged};
 use crate::event::Func;
 use crate::hash::AddrSet;
+use crate::reader::{Chunk, TraceReader};
 use crate::records::EventsHeader;
 use crate::spill::{SpillFile, ThreadSpill};
 use crate::stream_decoder::{DecodedEvents, DecodedOther, StreamDecoder};
@@ -966,6 +967,33 @@ fn merged_tick(m: &Merged) -> u64 {
         Merged::Call(c) => c.tick,
         Merged::Stats { tick, .. } | Merged::Forked { tick, .. } => *tick,
     }
+}
+
+/// Reads every chunk of an in-memory trace and decodes every event record, merging each
+/// process's threads: the whole reading path, for fuzzing. Never panics; returns the
+/// number of calls merged.
+pub fn read_all_from_bytes(data: &[u8]) -> u64 {
+    let Ok(mut r) = TraceReader::<&[u8]>::from_reader(data, data.len() as u64) else {
+        return 0;
+    };
+    let mut mergers: HashMap<u32, Merger> = Default::default();
+    let mut calls = 0;
+    while let Some(chunk) = r.next_chunk() {
+        if let Chunk::Events(h, records) = chunk {
+            let m = mergers.entry(h.stream).or_default();
+            let _ = m.push_chunk(&h, &records);
+            while m.pop().is_some() {
+                calls += 1;
+            }
+        }
+    }
+    for m in mergers.values_mut() {
+        m.finish();
+        while m.pop().is_some() {
+            calls += 1;
+        }
+    }
+    calls
 }
 
 #[cfg(test)]

@@ -184,30 +184,3 @@ impl<R: Read> TraceReader<R> {
         }
     }
 }
-
-/// Reads every chunk of an in-memory trace and decodes every event record, merging each
-/// process's threads: the whole reading path, for fuzzing. Never panics; returns the
-/// number of calls merged.
-pub fn read_all_from_bytes(data: &[u8]) -> u64 {
-    let Ok(mut r) = TraceReader::<&[u8]>::from_reader(data, data.len() as u64) else {
-        return 0;
-    };
-    let mut mergers: std::collections::HashMap<u32, crate::merge::Merger> = Default::default();
-    let mut calls = 0;
-    while let Some(chunk) = r.next_chunk() {
-        if let Chunk::Events(h, records) = chunk {
-            let m = mergers.entry(h.stream).or_default();
-            let _ = m.push_chunk(&h, &records);
-            while m.pop().is_some() {
-                calls += 1;
-            }
-        }
-    }
-    for m in mergers.values_mut() {
-        m.finish();
-        while m.pop().is_some() {
-            calls += 1;
-        }
-    }
-    calls
-}
