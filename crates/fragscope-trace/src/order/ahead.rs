@@ -17,12 +17,12 @@ use std::path::Path;
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::thread::JoinHandle;
 
-use crate::chunk::Damage;
-use crate::merge::Merger;
-use crate::reader::{Chunk, Skipped, TraceReader};
-use crate::records::EventsHeader;
-use crate::stream_decoder::{DecodedEvents, StreamDecoder};
-use crate::TraceError;
+use crate::format::chunk::Damage;
+use crate::format::reader::{Chunk, Skipped, TraceReader};
+use crate::format::records::EventsHeader;
+use crate::format::TraceError;
+use crate::order::merge::Merger;
+use crate::order::stream_decoder::{DecodedEvents, StreamDecoder};
 
 /// A chunk as [`ReadAhead`] hands it on: events chunks apart, for
 /// [`ReadAhead::push_events`]; the others as read (never [`Chunk::Events`]).

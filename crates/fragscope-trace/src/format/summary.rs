@@ -3,10 +3,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 
-use crate::event::{ChunkDecoder, Func, Record, StreamTables};
-use crate::reader::{Chunk, TraceReader};
-use crate::records::{Meta, Origin, ProcessEnd, Untraced, WaitStatus};
-use crate::TraceError;
+use crate::format::event::{ChunkDecoder, Func, Record, StreamTables};
+use crate::format::reader::{Chunk, TraceReader};
+use crate::format::records::{Meta, Origin, ProcessEnd, Untraced, WaitStatus};
+use crate::format::TraceError;
 
 /// One process image (exec starts another).
 #[derive(Debug, Clone, Default)]
@@ -46,7 +46,7 @@ pub struct ProcessSummary {
     pub sbcl_censuses: u64,
     pub sbcl_census_note: Option<String>,
     /// The heap census of `fragscope snapshot`, if this is one.
-    pub heap_census: Option<crate::heap_census::HeapCensus>,
+    pub heap_census: Option<crate::format::heap_census::HeapCensus>,
     /// Attached to by `record -p`: the blocks it held then (blocks, bytes), when read.
     pub attached: bool,
     pub starting_heap: Option<(u64, u64)>,
@@ -284,8 +284,8 @@ pub fn summarize(
 }
 
 /// The samples (not frame or stack definitions) of a runtime's chunk.
-fn samples_of(c: &crate::runtime_samples::RuntimeSamples) -> u64 {
-    use crate::runtime_samples::SampleRecord;
+fn samples_of(c: &crate::format::runtime_samples::RuntimeSamples) -> u64 {
+    use crate::format::runtime_samples::SampleRecord;
     c.records()
         .0
         .iter()

@@ -3,10 +3,10 @@
 //! because the buffers' decoder and the spill to disk, which the merge uses, make and
 //! read them too.
 
-use crate::event::{Func, StatsSource};
+use crate::format::event::{Func, StatsSource};
 
 /// A malloc-family call in merged order. Addresses are 0 for NULL; `stack` is an index
-/// into [`Merger::stack`](crate::merge::Merger::stack) (0: none recorded).
+/// into [`Merger::stack`](crate::order::merge::Merger::stack) (0: none recorded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Call {
     pub tick: u64,
@@ -66,7 +66,7 @@ pub enum Merged {
         source: StatsSource,
         values: Vec<(String, u64)>,
     },
-    /// The thread forked a child here; the child names `mark` (see [`Merger::heap_at_fork`](crate::merge::Merger::heap_at_fork)).
+    /// The thread forked a child here; the child names `mark` (see [`Merger::heap_at_fork`](crate::order::merge::Merger::heap_at_fork)).
     Forked {
         tick: u64,
         mark: u32,

@@ -30,7 +30,7 @@
 //! ```
 //! The kinds 0..9 are the hooks listed in crates/fragscope-record/preload/hooks.h.
 //!
-//! The recorder rewrites each buffer into the *packed* form ([`crate::pack`]) before it
+//! The recorder rewrites each buffer into the *packed* form ([`crate::format::pack`]) before it
 //! is stored: the same records, except that an address the stream has seen before is
 //! named instead of spelled out. A free names its block by its slot in the stream's
 //! table of live blocks (SLOT, 0x10: `slot:varint` instead of the delta), a realloc's
@@ -39,10 +39,10 @@
 //! address). Both sides keep the tables ([`StreamTables`]) the same way, call by call;
 //! only the writer needs to find a slot by address.
 
-use crate::columns::{ColumnWriter, Field, FieldReader};
-use crate::hash::{addr_hash, FastMap};
-use crate::records::EventsHeader;
-use crate::TraceError;
+use crate::format::columns::{ColumnWriter, Field, FieldReader};
+use crate::format::hash::{addr_hash, FastMap};
+use crate::format::records::EventsHeader;
+use crate::format::TraceError;
 
 /// A malloc-family function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -1123,7 +1123,7 @@ impl<'t> PackedWriter<'t> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::Writer;
+    use crate::format::wire::Writer;
 
     #[test]
     fn a_ring_of_freed_blocks_keeps_the_newest_in_order() {
@@ -1246,10 +1246,10 @@ mod tests {
             while let Ok(Some(_)) = d.next_record() {}
             // Packed: the same bytes cut into planes by a valid directory (a random one
             // would rarely get past the directory).
-            let mut planes = crate::wire::Writer::new();
+            let mut planes = crate::format::wire::Writer::new();
             let mut left = bytes.len() as u64;
-            for i in 0..crate::columns::PLANES {
-                let len = if i + 1 == crate::columns::PLANES {
+            for i in 0..crate::format::columns::PLANES {
+                let len = if i + 1 == crate::format::columns::PLANES {
                     left
                 } else {
                     (x >> (i * 6)) % 16

@@ -1,14 +1,14 @@
 //! A process's thread buffers decoded into what the merge takes: calls with
 //! process-wide stack ids, and the rare other items beside them. Decoding depends on file
-//! order alone, never on the merge, so it can run ahead of it ([`crate::ahead`]) or
-//! inside it ([`crate::merge::Merger::push_chunk`]).
+//! order alone, never on the merge, so it can run ahead of it ([`crate::order::ahead`]) or
+//! inside it ([`crate::order::merge::Merger::push_chunk`]).
 
 use std::collections::HashMap;
 
-use crate::call::Call;
-use crate::event::{ChunkDecoder, Func, Record, StatsSource, StreamTables};
-use crate::records::EventsHeader;
-use crate::TraceError;
+use crate::format::event::{ChunkDecoder, Func, Record, StatsSource, StreamTables};
+use crate::format::records::EventsHeader;
+use crate::format::TraceError;
+use crate::order::call::Call;
 
 /// A thread buffer's records, decoded into what the merge takes: its calls (with
 /// process-wide stack ids) in the array a lone thread's run is popped from, and the

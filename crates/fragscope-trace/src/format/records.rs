@@ -1,8 +1,8 @@
 //! Payloads of the chunks other than events (docs/trace-format.md, "Chunk payloads").
 //! Each type encodes and decodes itself field by field, in the documented order.
 
-use crate::wire::{Reader, Writer};
-use crate::TraceError;
+use crate::format::wire::{Reader, Writer};
+use crate::format::TraceError;
 
 /// How stacks were recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,7 +120,7 @@ pub struct Process {
     pub argv: Vec<String>,
     pub exe: String,
     /// A forked process: the mark of its fork among its parent's calls (the parent's
-    /// [`crate::event::Record::Forked`]), where its heap is its parent's. Absent from
+    /// [`crate::format::event::Record::Forked`]), where its heap is its parent's. Absent from
     /// older traces, and when the fork could not be marked.
     pub fork_mark: Option<u32>,
 }

@@ -4,11 +4,11 @@ use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::Path;
 
-use crate::chunk::{ChunkKind, ChunkReader, Damage};
-use crate::records::*;
-use crate::TraceError;
+use crate::format::chunk::{ChunkKind, ChunkReader, Damage};
+use crate::format::records::*;
+use crate::format::TraceError;
 
-/// One chunk, decoded (event records stay raw: see [`crate::event::ChunkDecoder`]).
+/// One chunk, decoded (event records stay raw: see [`crate::format::event::ChunkDecoder`]).
 #[derive(Debug, Clone)]
 pub enum Chunk {
     Meta(Meta),
@@ -26,11 +26,11 @@ pub enum Chunk {
     End(End),
     GhcCensus(GhcCensus),
     PymallocCensus(PymallocCensus),
-    HeapCensus(crate::heap_census::HeapCensus),
-    PythonSamples(crate::runtime_samples::RuntimeSamples),
-    LispSamples(crate::runtime_samples::RuntimeSamples),
-    SbclCensus(crate::sbcl_heap::SbclCensus),
-    StartingHeap(crate::heap_census::StartingHeap),
+    HeapCensus(crate::format::heap_census::HeapCensus),
+    PythonSamples(crate::format::runtime_samples::RuntimeSamples),
+    LispSamples(crate::format::runtime_samples::RuntimeSamples),
+    SbclCensus(crate::format::sbcl_heap::SbclCensus),
+    StartingHeap(crate::format::heap_census::StartingHeap),
 }
 
 /// Reads a trace chunk by chunk. Damage (a cut or corrupt file) ends the iteration; what
@@ -162,19 +162,20 @@ impl<R: Read> TraceReader<R> {
             ChunkKind::GhcCensus => GhcCensus::decode(data).map(Chunk::GhcCensus),
             ChunkKind::PymallocCensus => PymallocCensus::decode(data).map(Chunk::PymallocCensus),
             ChunkKind::PythonSamples => {
-                crate::runtime_samples::RuntimeSamples::decode(data).map(Chunk::PythonSamples)
+                crate::format::runtime_samples::RuntimeSamples::decode(data)
+                    .map(Chunk::PythonSamples)
             }
             ChunkKind::LispSamples => {
-                crate::runtime_samples::RuntimeSamples::decode(data).map(Chunk::LispSamples)
+                crate::format::runtime_samples::RuntimeSamples::decode(data).map(Chunk::LispSamples)
             }
             ChunkKind::SbclCensus => {
-                crate::sbcl_heap::SbclCensus::decode(data).map(Chunk::SbclCensus)
+                crate::format::sbcl_heap::SbclCensus::decode(data).map(Chunk::SbclCensus)
             }
             ChunkKind::HeapCensus => {
-                crate::heap_census::HeapCensus::decode(data).map(Chunk::HeapCensus)
+                crate::format::heap_census::HeapCensus::decode(data).map(Chunk::HeapCensus)
             }
             ChunkKind::StartingHeap => {
-                crate::heap_census::StartingHeap::decode(data).map(Chunk::StartingHeap)
+                crate::format::heap_census::StartingHeap::decode(data).map(Chunk::StartingHeap)
             }
             ChunkKind::PackedEventsV1 | ChunkKind::PackedEventsV2 => Err(TraceError::Malformed(
                 "events packed in the form of an earlier fragscope, which this one no longer \

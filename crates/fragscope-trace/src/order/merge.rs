@@ -19,7 +19,7 @@
 //! block allocated before tracing began, a lost buffer) it is merged anyway and counted
 //! in [`MergeStats`]. The calls held back meanwhile (with hundreds of threads on a few
 //! cores, millions of them behind one preempted thread) wait in memory up to a budget
-//! and on disk past it ([`crate::spill`]), so memory is bounded by the live addresses
+//! and on disk past it ([`crate::order::spill`]), so memory is bounded by the live addresses
 //! plus one segment per thread, never by the length of the trace, and the merge never
 //! gives up order for memory.
 
@@ -27,14 +27,14 @@ use std::cmp::Reverse;
 use std::collections::binary_heap::PeekMut;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
-pub use crate::call::{Call, Merged};
-use crate::event::Func;
-use crate::hash::AddrSet;
-use crate::reader::{Chunk, TraceReader};
-use crate::records::EventsHeader;
-use crate::spill::{SpillFile, ThreadSpill};
-use crate::stream_decoder::{DecodedEvents, DecodedOther, StreamDecoder};
-use crate::TraceError;
+use crate::format::event::Func;
+use crate::format::hash::AddrSet;
+use crate::format::reader::{Chunk, TraceReader};
+use crate::format::records::EventsHeader;
+use crate::format::TraceError;
+pub use crate::order::call::{Call, Merged};
+use crate::order::spill::{SpillFile, ThreadSpill};
+use crate::order::stream_decoder::{DecodedEvents, DecodedOther, StreamDecoder};
 
 /// How long (in ticks, i.e. ms) a call may wait for its causal partner, and for a
 /// silent thread of a process whose idle threads are not flagged.
@@ -54,8 +54,8 @@ const HEAD_ITEMS: usize = 64;
 /// for ([`Merger::pop_lone_call`], `Merger::pop_queued`).
 const PREFETCH_AHEAD: usize = 8;
 
-pub use crate::live::{is_inherited_stack, InheritedHeap, LiveBlock, LiveIter, LiveTable};
-use crate::live::{InheritedStackTable, INHERITED_STACK};
+pub use crate::order::live::{is_inherited_stack, InheritedHeap, LiveBlock, LiveIter, LiveTable};
+use crate::order::live::{InheritedStackTable, INHERITED_STACK};
 
 impl LiveBlock {
     /// The block call `c` allocates, as the merge makes it live.
@@ -85,7 +85,7 @@ pub struct MergeStats {
     /// for causality (a realloc's blocks; calls made before ordering was switched on).
     pub reordered: u64,
     /// Calls that waited past the memory budget, in their compact form and mostly on
-    /// disk, for a slow thread (see [`crate::spill`]).
+    /// disk, for a slow thread (see [`crate::order::spill`]).
     pub spilled: u64,
     /// Calls lost because the disk gave back what it was given wrong (counted in
     /// `lost_events` too; [`Merger::spill_problem`] says why).
@@ -352,7 +352,7 @@ impl Merger {
     }
 
     /// The live blocks after the items popped so far, as a child forked now inherits them
-    /// (shared with it from here on: see [`crate::live`]).
+    /// (shared with it from here on: see [`crate::order::live`]).
     pub fn heap_at_fork(&mut self) -> InheritedHeap {
         let (stacks, inherited_stacks) = (&self.stacks, &self.inherited_stacks);
         self.live
@@ -438,7 +438,7 @@ impl Merger {
     }
 
     /// Adds one thread buffer that a [`StreamDecoder`] of this process decoded (a
-    /// [`crate::ahead::ReadAhead`]'s: a merger fed this way never decodes). `events` is
+    /// [`crate::order::ahead::ReadAhead`]'s: a merger fed this way never decodes). `events` is
     /// left empty, its arrays kept for the next buffer.
     pub fn push_decoded(
         &mut self,
@@ -999,7 +999,7 @@ pub fn read_all_from_bytes(data: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::Writer;
+    use crate::format::wire::Writer;
 
     /// A thread buffer of (is_free, address) calls at one tick.
     fn chunk(tid: u32, tick: u64, calls: &[(bool, u64)]) -> (EventsHeader, Vec<u8>) {
