@@ -12,7 +12,8 @@
 //! in the order they are stored.
 
 use crate::format::columns::ColumnWriter;
-use crate::format::event::{ChunkDecoder, PackedWriter, Record, StreamTables};
+use crate::format::event::packed_writer::PackedWriter;
+use crate::format::event::{ChunkDecoder, Record, StreamTables};
 use crate::format::TraceError;
 
 /// A buffer in the packed form: its bytes (the records' planes and their directory) and
