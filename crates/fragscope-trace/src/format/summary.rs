@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::format::event::{ChunkDecoder, Func, Record, StreamTables};
 use crate::format::reader::{Chunk, TraceReader};
-use crate::format::records::{Meta, Origin, ProcessEnd, Untraced, WaitStatus};
+use crate::format::records::{EventsHeader, Meta, Origin, ProcessEnd, Untraced, WaitStatus};
 use crate::format::TraceError;
 
 /// One process image (exec starts another).
@@ -109,35 +109,63 @@ pub fn summarize(
     mut progress: impl FnMut(u64, u64),
 ) -> Result<TraceSummary, TraceError> {
     let mut reader = TraceReader::open(path)?;
-    let mut sum = TraceSummary {
-        file_bytes: reader.file_bytes(),
-        ..Default::default()
-    };
-    let mut seen_end = false;
-    let mut tables: HashMap<u32, StreamTables> = HashMap::new();
-    let mut next_seq: HashMap<(u32, u32), u32> = HashMap::new();
-    let mut by_stream: HashMap<u32, usize> = HashMap::new();
+    let mut s = Summarizer::default();
+    s.sum.file_bytes = reader.file_bytes();
     let mut chunks = 0u64;
     while let Some(chunk) = reader.next_chunk() {
         chunks += 1;
         if chunks.is_multiple_of(256) {
-            progress(reader.offset(), sum.file_bytes);
+            progress(reader.offset(), s.sum.file_bytes);
         }
-        let idx =
-            |sum: &mut TraceSummary, by_stream: &mut HashMap<u32, usize>, stream: u32| -> usize {
-                *by_stream.entry(stream).or_insert_with(|| {
-                    sum.processes.push(ProcessSummary {
-                        stream,
-                        ..Default::default()
-                    });
-                    sum.processes.len() - 1
-                })
-            };
+        s.add(chunk);
+    }
+    let mut sum = s.sum;
+    progress(reader.offset(), sum.file_bytes);
+    if let Some(d) = reader.damage() {
+        sum.damage = Some(format!("at byte {}: {}", d.offset, d.reason));
+    }
+    sum.truncated = !s.seen_end || reader.damage().is_some();
+    sum.skipped = reader.skipped().note();
+    sum.events = sum.processes.iter().map(|p| p.events).sum();
+    Ok(sum)
+}
+
+/// The summary so far, and what reading the chunks in file order keeps beside it.
+#[derive(Default)]
+struct Summarizer {
+    sum: TraceSummary,
+    seen_end: bool,
+    /// Each stream's tables of blocks, which its event records need in file order.
+    tables: HashMap<u32, StreamTables>,
+    /// Each thread's next buffer sequence number: a gap is buffers lost.
+    next_seq: HashMap<(u32, u32), u32>,
+    /// Where each stream's summary is in `sum.processes`.
+    by_stream: HashMap<u32, usize>,
+}
+
+impl Summarizer {
+    /// The index of `stream`'s summary, added when the stream first appears.
+    fn index(&mut self, stream: u32) -> usize {
+        let processes = &mut self.sum.processes;
+        *self.by_stream.entry(stream).or_insert_with(|| {
+            processes.push(ProcessSummary {
+                stream,
+                ..Default::default()
+            });
+            processes.len() - 1
+        })
+    }
+
+    fn process(&mut self, stream: u32) -> &mut ProcessSummary {
+        let i = self.index(stream);
+        &mut self.sum.processes[i]
+    }
+
+    fn add(&mut self, chunk: Chunk) {
         match chunk {
-            Chunk::Meta(m) => sum.meta = Some(m),
+            Chunk::Meta(m) => self.sum.meta = Some(m),
             Chunk::Process(p) => {
-                let i = idx(&mut sum, &mut by_stream, p.stream);
-                let ps = &mut sum.processes[i];
+                let ps = self.process(p.stream);
                 ps.pid = p.pid;
                 ps.ppid = p.ppid;
                 ps.forked = p.origin == Origin::Forked;
@@ -146,141 +174,121 @@ pub fn summarize(
                 ps.argv = p.argv;
                 ps.exe = p.exe;
             }
-            Chunk::Events(h, records) => {
-                let i = idx(&mut sum, &mut by_stream, h.stream);
-                sum.duration_ticks = sum.duration_ticks.max(h.last_tick);
-                let ps = &mut sum.processes[i];
-                ps.threads.insert(h.tid);
-                ps.event_bytes += records.len() as u64;
-                ps.buffers += 1;
-                ps.packed_buffers += u64::from(h.packed);
-                ps.packing_resumed += u64::from(h.packed && h.tables_reset);
-                let expected = next_seq.entry((h.stream, h.tid)).or_insert(0);
-                ps.lost_buffers += u64::from(h.seq.saturating_sub(*expected));
-                *expected = h.seq + 1;
-                let table = tables.entry(h.stream).or_default();
-                let mut d = ChunkDecoder::new(&records, &h, table);
-                loop {
-                    match d.next_record() {
-                        Ok(Some(Record::Alloc { func, .. })) => {
-                            *ps.calls.entry(func).or_default() += 1;
-                            ps.events += 1;
-                        }
-                        Ok(Some(Record::Free { .. })) => {
-                            *ps.calls.entry(Func::Free).or_default() += 1;
-                            ps.events += 1;
-                        }
-                        Ok(Some(Record::StackDef { .. })) => ps.stacks += 1,
-                        Ok(Some(Record::Lost { count })) => ps.lost_events += count,
-                        Ok(Some(Record::OwnMemory { bytes })) => {
-                            ps.own_memory_bytes = ps.own_memory_bytes.max(bytes)
-                        }
-                        Ok(Some(Record::Stats { source, .. })) => {
-                            ps.allocator = Some(source.name())
-                        }
-                        Ok(Some(
-                            Record::Tick { .. }
-                            | Record::Usable { .. }
-                            | Record::Joined { .. }
-                            | Record::Forked { .. }
-                            | Record::Order { .. },
-                        )) => {}
-                        Ok(None) => break,
-                        Err(e) => {
-                            sum.damage
-                                .get_or_insert(format!("thread {} of pid {}: {e}", h.tid, ps.pid));
-                            break;
-                        }
-                    }
-                }
-            }
+            Chunk::Events(h, records) => self.add_events(&h, &records),
             Chunk::Rss(b) => {
-                let i = idx(&mut sum, &mut by_stream, b.stream);
-                let ps = &mut sum.processes[i];
+                let ps = self.process(b.stream);
                 ps.rss_samples += b.samples.len() as u64;
                 for s in &b.samples {
                     ps.peak_rss_kib = ps.peak_rss_kib.max(s.vm_rss_kib);
-                    sum.duration_ticks = sum.duration_ticks.max(s.tick);
                 }
+                let last = b.samples.iter().map(|s| s.tick).max().unwrap_or(0);
+                self.sum.duration_ticks = self.sum.duration_ticks.max(last);
             }
-            Chunk::Pagemap(p) => {
-                let i = idx(&mut sum, &mut by_stream, p.stream);
-                sum.processes[i].snapshots += 1;
-            }
+            Chunk::Pagemap(p) => self.process(p.stream).snapshots += 1,
             Chunk::ProcessEnd(e) => {
-                let i = idx(&mut sum, &mut by_stream, e.stream);
-                sum.processes[i].end = Some(e);
-                sum.duration_ticks = sum.duration_ticks.max(e.tick);
+                self.process(e.stream).end = Some(e);
+                self.sum.duration_ticks = self.sum.duration_ticks.max(e.tick);
             }
             Chunk::WaitStatus(w) => {
                 // The last image of that pid is the one that exited.
-                if let Some(ps) = sum.processes.iter_mut().rev().find(|p| p.pid == w.pid) {
+                let image = self.sum.processes.iter_mut().rev().find(|p| p.pid == w.pid);
+                if let Some(ps) = image {
                     ps.wait = Some(w);
                 }
             }
             Chunk::End(e) => {
-                seen_end = true;
-                sum.duration_ticks = sum.duration_ticks.max(e.tick);
+                self.seen_end = true;
+                self.sum.duration_ticks = self.sum.duration_ticks.max(e.tick);
             }
             Chunk::GhcCensus(c) => {
-                let i = idx(&mut sum, &mut by_stream, c.stream);
-                let ps = &mut sum.processes[i];
-                match c.result {
-                    Ok(_) => ps.ghc_censuses += 1,
-                    Err(note) => {
-                        ps.ghc_census_note.get_or_insert(note);
-                    }
-                }
+                let ps = self.process(c.stream);
+                count_census(c.result, &mut ps.ghc_censuses, &mut ps.ghc_census_note);
             }
             Chunk::PymallocCensus(c) => {
-                let i = idx(&mut sum, &mut by_stream, c.stream);
-                let ps = &mut sum.processes[i];
-                match c.result {
-                    Ok(_) => ps.pymalloc_censuses += 1,
-                    Err(note) => {
-                        ps.pymalloc_census_note.get_or_insert(note);
-                    }
-                }
+                let ps = self.process(c.stream);
+                count_census(
+                    c.result,
+                    &mut ps.pymalloc_censuses,
+                    &mut ps.pymalloc_census_note,
+                );
             }
             Chunk::SbclCensus(c) => {
-                let i = idx(&mut sum, &mut by_stream, c.stream);
-                let ps = &mut sum.processes[i];
-                match c.result {
-                    Ok(_) => ps.sbcl_censuses += 1,
-                    Err(note) => {
-                        ps.sbcl_census_note.get_or_insert(note);
-                    }
-                }
+                let ps = self.process(c.stream);
+                count_census(c.result, &mut ps.sbcl_censuses, &mut ps.sbcl_census_note);
             }
-            Chunk::PythonSamples(c) => {
-                let i = idx(&mut sum, &mut by_stream, c.stream);
-                sum.processes[i].python_samples += samples_of(&c);
-            }
-            Chunk::LispSamples(c) => {
-                let i = idx(&mut sum, &mut by_stream, c.stream);
-                sum.processes[i].lisp_samples += samples_of(&c);
-            }
+            Chunk::PythonSamples(c) => self.process(c.stream).python_samples += samples_of(&c),
+            Chunk::LispSamples(c) => self.process(c.stream).lisp_samples += samples_of(&c),
             Chunk::HeapCensus(c) => {
-                let i = idx(&mut sum, &mut by_stream, c.stream);
-                sum.processes[i].heap_census = Some(c);
+                let stream = c.stream;
+                self.process(stream).heap_census = Some(c);
             }
             Chunk::StartingHeap(h) => {
-                let i = idx(&mut sum, &mut by_stream, h.stream);
                 let bytes = h.blocks.iter().map(|b| b.1).sum();
-                sum.processes[i].starting_heap = Some((h.blocks.len() as u64, bytes));
+                self.process(h.stream).starting_heap = Some((h.blocks.len() as u64, bytes));
             }
-            Chunk::Untraced(u) => sum.untraced.push(u),
+            Chunk::Untraced(u) => self.sum.untraced.push(u),
             Chunk::Maps(_) | Chunk::Rollup(_) | Chunk::ForkResidency(_) => {}
         }
     }
-    progress(reader.offset(), sum.file_bytes);
-    if let Some(d) = reader.damage() {
-        sum.damage = Some(format!("at byte {}: {}", d.offset, d.reason));
+
+    /// Counts a thread buffer's calls and what else its records say. A record that does
+    /// not decode ends the buffer; the first such is the summary's damage.
+    fn add_events(&mut self, h: &EventsHeader, records: &[u8]) {
+        let i = self.index(h.stream);
+        self.sum.duration_ticks = self.sum.duration_ticks.max(h.last_tick);
+        let ps = &mut self.sum.processes[i];
+        ps.threads.insert(h.tid);
+        ps.event_bytes += records.len() as u64;
+        ps.buffers += 1;
+        ps.packed_buffers += u64::from(h.packed);
+        ps.packing_resumed += u64::from(h.packed && h.tables_reset);
+        let expected = self.next_seq.entry((h.stream, h.tid)).or_insert(0);
+        ps.lost_buffers += u64::from(h.seq.saturating_sub(*expected));
+        *expected = h.seq + 1;
+        let table = self.tables.entry(h.stream).or_default();
+        let mut d = ChunkDecoder::new(records, h, table);
+        loop {
+            match d.next_record() {
+                Ok(Some(Record::Alloc { func, .. })) => {
+                    *ps.calls.entry(func).or_default() += 1;
+                    ps.events += 1;
+                }
+                Ok(Some(Record::Free { .. })) => {
+                    *ps.calls.entry(Func::Free).or_default() += 1;
+                    ps.events += 1;
+                }
+                Ok(Some(Record::StackDef { .. })) => ps.stacks += 1,
+                Ok(Some(Record::Lost { count })) => ps.lost_events += count,
+                Ok(Some(Record::OwnMemory { bytes })) => {
+                    ps.own_memory_bytes = ps.own_memory_bytes.max(bytes)
+                }
+                Ok(Some(Record::Stats { source, .. })) => ps.allocator = Some(source.name()),
+                Ok(Some(
+                    Record::Tick { .. }
+                    | Record::Usable { .. }
+                    | Record::Joined { .. }
+                    | Record::Forked { .. }
+                    | Record::Order { .. },
+                )) => {}
+                Ok(None) => break,
+                Err(e) => {
+                    let at = format!("thread {} of pid {}: {e}", h.tid, ps.pid);
+                    self.sum.damage.get_or_insert(at);
+                    break;
+                }
+            }
+        }
     }
-    sum.truncated = !seen_end || reader.damage().is_some();
-    sum.skipped = reader.skipped().note();
-    sum.events = sum.processes.iter().map(|p| p.events).sum();
-    Ok(sum)
+}
+
+/// A runtime's census: one more taken, or the note of the first that could not be.
+fn count_census<T>(result: Result<T, String>, taken: &mut u64, note: &mut Option<String>) {
+    match result {
+        Ok(_) => *taken += 1,
+        Err(n) => {
+            note.get_or_insert(n);
+        }
+    }
 }
 
 /// The samples (not frame or stack definitions) of a runtime's chunk.
