@@ -7,15 +7,16 @@
 //! chunks; [`merge`] orders one process's threads into a single event sequence.
 //! The byte-level description is docs/trace-format.md.
 //!
-//! Two layers, each a directory, the upper built on the lower and never the reverse:
+//! Two layers, each a directory; an arrow means "uses", and `order/` uses `format/`, never
+//! the reverse:
 //!
 //! ```text
-//!   order/   ahead ──> merge ──> stream_decoder ──> call     (one stream of calls
-//!                        ├──> spill ──> call                  per process)
-//!                        └──> live
+//!   order/    ahead ──> merge ──> stream_decoder, spill ──> call
+//!                         └─────> live
 //!   ─────────────────────────────────────────────────────────────────────────────
-//!   format/  reader, summary, pack, event, records, heap_census, runtime_samples,
-//!            sbcl_heap, chunk, columns, wire, hash             (the trace format)
+//!   format/   summary ──> reader ──> chunk, records, heap_census, runtime_samples,
+//!                                    sbcl_heap ──> wire
+//!             pack ──> event ──> event/tables ──> hash;   event ──> columns ──> wire
 //! ```
 //!
 //! Their modules are re-exported here under their own names (`fragscope_trace::merge`,
