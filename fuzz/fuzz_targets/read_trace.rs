@@ -4,5 +4,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    fragscope_trace::reader::read_all_from_bytes(data);
+    fragscope_trace::merge::read_all_from_bytes(data);
 });

@@ -5,7 +5,8 @@
 //! residency bitmaps of the mappings that may hold heap objects. An object that straddles
 //! pages counts towards each page by its bytes in it.
 
-use fragscope_trace::merge::{FastMap, FastSet, LiveTable, PageMap};
+use fragscope_trace::hash::{FastMap, FastSet, PageMap};
+use fragscope_trace::merge::LiveTable;
 use fragscope_trace::records::{Pagemap, ResidentRange};
 use fragscope_trace::Mapping;
 

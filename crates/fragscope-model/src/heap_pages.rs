@@ -11,9 +11,8 @@
 //! parent's blocks (kept as a copy of its table and evaluated later, see `analyze`), and
 //! as the reference the tests compare with ([`Evaluation`]).
 
-use fragscope_trace::merge::{
-    fold_multiply, AddrMap, Call, FastMap, LiveBlock, LiveTable, Merger, PageMap,
-};
+use fragscope_trace::hash::{fold_multiply, AddrMap, FastMap, PageMap};
+use fragscope_trace::merge::{Call, LiveBlock, LiveTable, Merger};
 use fragscope_trace::records::Pagemap;
 
 use crate::heap::{

@@ -3,7 +3,8 @@
 //! merge's statistics and what is live at the end, split between the first thread to
 //! call (the main thread, and libc's own blocks) and the others.
 //! usage: check_order TRACE [0xADDR]
-use fragscope_trace::merge::{AddrMap, Merged, Merger};
+use fragscope_trace::hash::AddrMap;
+use fragscope_trace::merge::{Merged, Merger};
 use fragscope_trace::reader::{Chunk, TraceReader};
 
 fn main() {

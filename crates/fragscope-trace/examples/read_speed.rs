@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use fragscope_trace::ahead::{DecodedEvents, StreamDecoder};
 use fragscope_trace::merge::{Merged, Merger};
 use fragscope_trace::reader::{Chunk, TraceReader};
+use fragscope_trace::stream_decoder::{DecodedEvents, StreamDecoder};
 use fragscope_trace::EventsHeader;
 
 fn main() {

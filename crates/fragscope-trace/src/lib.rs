@@ -6,22 +6,37 @@
 //! of each thread ([`event`]). [`reader::TraceReader`] turns a file back into typed
 //! chunks; [`merge`] orders one process's threads into a single event sequence.
 //! The byte-level description is docs/trace-format.md.
+//!
+//! Two layers, each a directory; an arrow means "uses", and `order/` uses `format/`, never
+//! the reverse:
+//!
+//! ```text
+//!   order/    ahead ──> merge ──> stream_decoder, spill ──> call
+//!                         └─────> live
+//!   ─────────────────────────────────────────────────────────────────────────────
+//!   format/   summary ──> reader ──> chunk, records, heap_census, runtime_samples,
+//!                                    sbcl_heap ──> wire
+//!             pack ──> event ──> event/tables ──> hash;   event ──> columns ──> wire
+//! ```
+//!
+//! Their modules are re-exported here under their own names (`fragscope_trace::merge`,
+//! `fragscope_trace::records`, ...): the layers are a rule of the source, not of the
+//! paths users write.
 
-pub mod ahead;
-pub mod chunk;
-mod columns;
-pub mod event;
-pub mod heap_census;
-pub mod live;
-pub mod merge;
-pub mod pack;
-pub mod reader;
-pub mod records;
-pub mod runtime_samples;
-pub mod sbcl_heap;
-mod spill;
-pub mod summary;
-pub mod wire;
+mod format;
+mod order;
+
+pub use format::{
+    chunk, event, hash, heap_census, pack, reader, records, runtime_samples, sbcl_heap, summary,
+    wire, TraceError,
+};
+pub use order::{ahead, call, live, merge, stream_decoder};
+
+pub use chunk::{ChunkKind, ChunkReader, ChunkWriter, Damage};
+pub use event::{ChunkDecoder, Func, Record, StatsSource, StreamTables};
+pub use pack::{PackedBuffer, Packer};
+pub use reader::{Chunk, Skipped, TraceReader};
+pub use records::*;
 
 /// The tests' pseudo-random numbers (xorshift64): the next value of `x`, which must not
 /// be 0.
@@ -31,21 +46,4 @@ pub(crate) fn xorshift(x: &mut u64) -> u64 {
     *x ^= *x >> 7;
     *x ^= *x << 17;
     *x
-}
-
-pub use chunk::{ChunkKind, ChunkReader, ChunkWriter, Damage};
-pub use event::{ChunkDecoder, Func, Record, StatsSource, StreamTables};
-pub use pack::{PackedBuffer, Packer};
-pub use reader::{Chunk, Skipped, TraceReader};
-pub use records::*;
-
-/// Why a trace could not be read (or read further).
-#[derive(Debug, thiserror::Error)]
-pub enum TraceError {
-    #[error("not a fragscope trace: {0}")]
-    NotATrace(String),
-    #[error("malformed record: {0}")]
-    Malformed(String),
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
 }

@@ -4,7 +4,8 @@
 
 use fragscope_trace::ahead::{EventsOf, ReadAhead};
 use fragscope_trace::chunk::FILE_HEADER_BYTES;
-use fragscope_trace::reader::{read_all_from_bytes, Chunk, TraceReader};
+use fragscope_trace::merge::read_all_from_bytes;
+use fragscope_trace::reader::{Chunk, TraceReader};
 use fragscope_trace::{ChunkDecoder, ChunkKind, ChunkWriter, Record, StreamTables};
 
 /// `fragscope record --stacks none -- reuse_threads`: raw event chunks.

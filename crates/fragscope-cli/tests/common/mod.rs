@@ -11,7 +11,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
 
-use fragscope_trace::merge::{AddrMap, MergeStats, Merged, Merger};
+use fragscope_trace::hash::AddrMap;
+use fragscope_trace::merge::{MergeStats, Merged, Merger};
 use fragscope_trace::reader::{Chunk, TraceReader};
 use fragscope_trace::Func;
 

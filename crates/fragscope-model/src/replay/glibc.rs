@@ -24,7 +24,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
-use fragscope_trace::merge::FastMap;
+use fragscope_trace::hash::FastMap;
 
 use super::{parse_u64, prefetch_line, unknown_key, Costs, Model, Op};
 

@@ -26,7 +26,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use fragscope_trace::ahead::{AheadChunk, EventsOf, ReadAhead};
-use fragscope_trace::merge::{AddrMap, LiveTable, Merged, Merger};
+use fragscope_trace::hash::AddrMap;
+use fragscope_trace::merge::{LiveTable, Merged, Merger};
 use fragscope_trace::reader::{Chunk, TraceReader};
 use fragscope_trace::records::Process;
 use fragscope_trace::TraceError;

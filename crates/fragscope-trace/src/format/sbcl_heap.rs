@@ -2,9 +2,9 @@
 //! from outside the process (fragscope-census's `sbcl`) at a snapshot. The body of a
 //! [`Census`]; the model splits it by the snapshot's residency.
 
-use crate::records::{Census, CensusBody};
-use crate::wire::{Reader, Writer};
-use crate::TraceError;
+use crate::format::records::{Census, CensusBody};
+use crate::format::wire::{Reader, Writer};
+use crate::format::TraceError;
 
 pub type SbclCensus = Census<SbclHeap>;
 
@@ -274,7 +274,7 @@ impl CensusBody for SbclHeap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::SnapshotReason;
+    use crate::format::records::SnapshotReason;
 
     #[test]
     fn sbcl_censuses_round_trip_and_cut_ones_are_errors() {

@@ -30,7 +30,7 @@
 //! ```
 //! The kinds 0..9 are the hooks listed in crates/fragscope-record/preload/hooks.h.
 //!
-//! The recorder rewrites each buffer into the *packed* form ([`crate::pack`]) before it
+//! The recorder rewrites each buffer into the *packed* form ([`crate::format::pack`]) before it
 //! is stored: the same records, except that an address the stream has seen before is
 //! named instead of spelled out. A free names its block by its slot in the stream's
 //! table of live blocks (SLOT, 0x10: `slot:varint` instead of the delta), a realloc's
@@ -39,10 +39,14 @@
 //! address). Both sides keep the tables ([`StreamTables`]) the same way, call by call;
 //! only the writer needs to find a slot by address.
 
-use crate::columns::{ColumnWriter, Field, FieldReader};
-use crate::merge::{addr_hash, FastMap};
-use crate::records::EventsHeader;
-use crate::TraceError;
+use crate::format::columns::{Field, FieldReader};
+use crate::format::records::EventsHeader;
+use crate::format::TraceError;
+
+pub(crate) mod packed_writer;
+mod tables;
+
+pub use tables::{StreamTables, USABLE_TABLE};
 
 /// A malloc-family function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -133,12 +137,6 @@ const REALLOC_OLD_NULL: u8 = 1;
 pub(crate) const REALLOC_OLD_UNALIGNED: u8 = 2;
 /// Packed form: the old block is named by its slot in the live table.
 const REALLOC_OLD_SLOT: u8 = 4;
-/// Recently freed blocks remembered per thread and usable size (allocator thread caches
-/// hand the last freed block of a size class back first).
-const FREED_DEPTH: usize = 8;
-
-/// Sizes below this have their usable size given once per thread by a usable record.
-pub const USABLE_TABLE: u64 = 32768;
 
 /// Which allocator answered a stats record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,299 +234,6 @@ pub enum Record {
     Order {
         delta: u64,
     },
-}
-
-/// What a stream's records mean beyond their own chunk, kept from chunk to chunk by the
-/// writer and the reader alike: the usable sizes of small requests and, for the packed
-/// form, the live blocks by slot and each thread's recently freed blocks.
-#[derive(Default)]
-pub struct StreamTables {
-    usable: Vec<u32>,
-    /// The reader's live blocks (address, usable size or 0) by slot; address 0: a free
-    /// slot. (The writer finds them by address in `slot_of` instead.)
-    live: Vec<(u64, u32)>,
-    /// Slots ever used: a new block with no free slot takes the next one.
-    slots_made: u32,
-    /// Free slots, the one freed last on top: the next new block takes it.
-    free_slots: Vec<u32>,
-    /// The writer's live blocks by address, with their slots and usable sizes.
-    slot_of: Option<AddrSlots>,
-    /// Blocks each thread freed last, by thread and usable size.
-    freed: FreedTables,
-}
-
-/// A thread's recently freed blocks of one usable size: a ring, newest at `newest`.
-#[derive(Default, Clone, Copy)]
-struct Freed {
-    addrs: [u64; FREED_DEPTH],
-    newest: u8,
-    len: u8,
-}
-
-impl Freed {
-    /// Where the block `depth` places below the newest is.
-    #[inline]
-    fn at(&self, depth: usize) -> usize {
-        (self.newest as usize).wrapping_sub(depth) % FREED_DEPTH
-    }
-
-    /// Remembers `addr` as the newest; the oldest drops out of a full list.
-    #[inline]
-    fn push(&mut self, addr: u64) {
-        self.newest = ((self.newest as usize + 1) % FREED_DEPTH) as u8;
-        self.addrs[self.newest as usize] = addr;
-        self.len = (self.len + 1).min(FREED_DEPTH as u8);
-    }
-
-    /// How far below the newest `addr` is, if it is in the list.
-    fn depth_of(&self, addr: u64) -> Option<usize> {
-        (0..self.len as usize).find(|&d| self.addrs[self.at(d)] == addr)
-    }
-
-    /// Takes out the block `depth` places below the newest; the newer ones move down.
-    #[inline]
-    fn take(&mut self, depth: usize) -> Option<u64> {
-        if depth >= self.len as usize {
-            return None;
-        }
-        let addr = self.addrs[self.at(depth)];
-        for d in (1..=depth).rev() {
-            self.addrs[self.at(d)] = self.addrs[self.at(d - 1)];
-        }
-        self.newest = self.at(1) as u8;
-        self.len -= 1;
-        Some(addr)
-    }
-}
-
-/// Usable sizes below this that are multiples of 8 have their lists in an array.
-const SMALL_USABLE: u32 = 4096;
-
-/// One thread's lists of recently freed blocks, by usable size.
-#[derive(Default)]
-struct ThreadFreed {
-    /// By usable size / 8, grown to the largest size seen.
-    small: Vec<Freed>,
-    large: FastMap<u32, Freed>,
-}
-
-impl ThreadFreed {
-    /// The index in `small` of a usable size kept there.
-    #[inline]
-    fn small_index(usable: u32) -> Option<usize> {
-        (usable < SMALL_USABLE && usable.is_multiple_of(8)).then_some((usable / 8) as usize)
-    }
-
-    #[inline]
-    fn get_mut(&mut self, usable: u32) -> Option<&mut Freed> {
-        if let Some(i) = Self::small_index(usable) {
-            self.small.get_mut(i)
-        } else {
-            self.large.get_mut(&usable)
-        }
-    }
-
-    #[inline]
-    fn list(&mut self, usable: u32) -> &mut Freed {
-        if let Some(i) = Self::small_index(usable) {
-            if i >= self.small.len() {
-                self.small.resize(i + 1, Freed::default());
-            }
-            &mut self.small[i]
-        } else {
-            self.large.entry(usable).or_default()
-        }
-    }
-}
-
-/// Every thread's recently freed blocks. A buffer is one thread's, so the lists of the
-/// thread last asked for are kept at hand, out of the map.
-#[derive(Default)]
-struct FreedTables {
-    tid: u32,
-    current: ThreadFreed,
-    others: FastMap<u32, ThreadFreed>,
-}
-
-impl FreedTables {
-    #[inline(always)]
-    fn of(&mut self, tid: u32) -> &mut ThreadFreed {
-        if tid != self.tid {
-            self.switch_to(tid);
-        }
-        &mut self.current
-    }
-
-    #[cold]
-    fn switch_to(&mut self, tid: u32) {
-        let mine = self.others.remove(&tid).unwrap_or_default();
-        let last = std::mem::replace(&mut self.current, mine);
-        self.others.insert(self.tid, last);
-        self.tid = tid;
-    }
-
-    fn clear(&mut self) {
-        *self = Self::default();
-    }
-}
-
-impl StreamTables {
-    /// The tables of a packed form's writer, which finds blocks by address.
-    pub(crate) fn for_writer() -> Self {
-        Self {
-            slot_of: Some(AddrSlots::default()),
-            ..Self::default()
-        }
-    }
-
-    /// Forgets the live blocks and the recently freed ones (a chunk flagged
-    /// [`EventsHeader::tables_reset`]); usable sizes stay.
-    pub(crate) fn forget_blocks(&mut self) {
-        self.live.clear();
-        self.slots_made = 0;
-        self.free_slots.clear();
-        if let Some(index) = &mut self.slot_of {
-            *index = AddrSlots::default();
-        }
-        self.freed.clear();
-    }
-
-    pub(crate) fn set_usable(&mut self, size: u64, usable: u64) {
-        if size < USABLE_TABLE {
-            if self.usable.len() < USABLE_TABLE as usize {
-                self.usable.resize(USABLE_TABLE as usize, 0);
-            }
-            self.usable[size as usize] = usable.min(u64::from(u32::MAX)) as u32;
-        }
-    }
-
-    /// The usable size of a malloc or calloc of `size`, from the table.
-    #[inline]
-    fn table_usable(&self, size: u64) -> Option<u64> {
-        if size >= USABLE_TABLE {
-            return None;
-        }
-        self.usable
-            .get(size as usize)
-            .copied()
-            .filter(|&u| u != 0)
-            .map(u64::from)
-    }
-
-    /// Ends the block in `slot`, whose slot becomes the next one taken; a block freed by
-    /// `tid` (`by_free`) is remembered as the next one that thread may get back.
-    #[inline(always)]
-    fn end_slot(&mut self, slot: u32, tid: u32, by_free: bool) -> Option<u64> {
-        let entry = self.live.get_mut(slot as usize)?;
-        let (addr, usable) = std::mem::take(entry);
-        if addr == 0 {
-            return None;
-        }
-        self.slot_freed(slot, addr, usable, tid, by_free);
-        Some(addr)
-    }
-
-    /// The block `addr` of `usable` bytes left `slot`.
-    #[inline(always)]
-    fn slot_freed(&mut self, slot: u32, addr: u64, usable: u32, tid: u32, by_free: bool) {
-        self.free_slots.push(slot);
-        if by_free && usable != 0 {
-            self.freed.of(tid).list(usable).push(addr);
-        }
-    }
-
-    /// Writer: ends the live block at `addr`, if there is one, and returns its slot.
-    #[inline]
-    fn end_block(&mut self, addr: u64, tid: u32, by_free: bool) -> Option<u32> {
-        let (slot, usable) = self.slot_of.as_mut()?.remove(addr)?;
-        self.slot_freed(slot, addr, usable, tid, by_free);
-        Some(slot)
-    }
-
-    /// Writer: if `addr` is among the blocks `tid` freed last at `usable` bytes, claims
-    /// it and says where it was (0: the last).
-    #[inline]
-    fn take_if_freed(&mut self, tid: u32, usable: u64, addr: u64) -> Option<u64> {
-        let f = self.freed.of(tid).get_mut(u32::try_from(usable).ok()?)?;
-        let depth = f.depth_of(addr)?;
-        f.take(depth);
-        Some(depth as u64)
-    }
-
-    /// Reader: claims the block `depth` places below the one `tid` freed last at
-    /// `usable` bytes.
-    #[inline]
-    fn take_freed(&mut self, tid: u32, usable: u64, depth: u64) -> Option<u64> {
-        let f = self.freed.of(tid).get_mut(u32::try_from(usable).ok()?)?;
-        f.take(usize::try_from(depth).ok()?)
-    }
-
-    /// A block became live at `addr`, in the slot freed last (or a new one). An address
-    /// still live in another slot (its free was never recorded) leaves that slot taken
-    /// for good, on both sides alike: the writer's index names the new one.
-    #[inline]
-    fn allocated(&mut self, addr: u64, usable: Option<u64>) {
-        let usable = usable.map_or(0, |u| u.min(u64::from(u32::MAX)) as u32);
-        let slot = self.free_slots.pop().unwrap_or_else(|| {
-            self.slots_made += 1;
-            self.slots_made - 1
-        });
-        match &mut self.slot_of {
-            Some(index) => index.insert(addr, slot, usable),
-            None => {
-                if slot as usize == self.live.len() {
-                    self.live.push((0, 0));
-                }
-                self.live[slot as usize] = (addr, usable);
-            }
-        }
-    }
-}
-
-/// Address to slot, for the writer of the packed form. Every call makes one lookup and
-/// one insert or remove here. A hashbrown table keyed by the address's locality hash
-/// (as the merge's live table): a hand-written open-addressing table with backward-shift
-/// deletion cost 108 instructions a remove and 71 an insert.
-#[derive(Default)]
-struct AddrSlots {
-    /// (address, slot, usable size).
-    entries: hashbrown::HashTable<(u64, u32, u32)>,
-}
-
-impl AddrSlots {
-    #[cfg(test)]
-    fn get(&self, addr: u64) -> Option<u32> {
-        self.entries
-            .find(addr_hash(addr), |e| e.0 == addr)
-            .map(|e| e.1)
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    #[inline(always)]
-    fn insert(&mut self, addr: u64, slot: u32, usable: u32) {
-        if addr == 0 {
-            return;
-        }
-        self.entries
-            .entry(addr_hash(addr), |e| e.0 == addr, |e| addr_hash(e.0))
-            .insert((addr, slot, usable));
-    }
-
-    /// Removes `addr`, returning its slot and usable size.
-    #[inline(always)]
-    fn remove(&mut self, addr: u64) -> Option<(u32, u32)> {
-        let entry = self
-            .entries
-            .find_entry(addr_hash(addr), |e| e.0 == addr)
-            .ok()?;
-        let (_, slot, usable) = *entry.get();
-        entry.remove();
-        Some((slot, usable))
-    }
 }
 
 /// Decodes one thread's chunk of records. `tables` are the stream's (see
@@ -901,257 +606,10 @@ fn read_delta(r: &mut FieldReader, base: &mut u64, unaligned: bool) -> Result<u6
     Ok(*base)
 }
 
-/// The other side of [`read_delta`]: whether the delta is in bytes, and the delta.
-fn write_delta(base: &mut u64, addr: u64) -> (bool, i64) {
-    let d = addr.wrapping_sub(*base) as i64;
-    *base = addr;
-    if d % 16 == 0 {
-        (false, d / 16)
-    } else {
-        (true, d)
-    }
-}
-
-/// Writes records in the packed form. Keeps the stream's tables as the reader will.
-pub(crate) struct PackedWriter<'t> {
-    w: &'t mut ColumnWriter,
-    prev_addr: u64,
-    prev_alloc: u64,
-    tid: u32,
-    tables: &'t mut StreamTables,
-}
-
-impl<'t> PackedWriter<'t> {
-    pub fn new(tid: u32, tables: &'t mut StreamTables, w: &'t mut ColumnWriter) -> Self {
-        Self {
-            w,
-            prev_addr: 0,
-            prev_alloc: 0,
-            tid,
-            tables,
-        }
-    }
-
-    /// Whether the delta of a literal address is in bytes, and the delta.
-    fn delta(&mut self, addr: u64) -> (bool, i64) {
-        write_delta(&mut self.prev_addr, addr)
-    }
-
-    /// Rewrites one record. Calls are written inline, into the packer's loop; the other
-    /// kinds out of line.
-    #[inline(always)]
-    pub fn record(&mut self, rec: &Record) {
-        match *rec {
-            Record::Free { addr } => {
-                let kind = Func::Free as u8;
-                if addr == 0 {
-                    self.w.u8(Field::Tag, kind | FLAG_NULL);
-                } else if let Some(slot) = self.tables.end_block(addr, self.tid, true) {
-                    self.prev_addr = addr;
-                    self.w
-                        .u8(Field::Tag, kind | FLAG_SLOT)
-                        .varint(Field::Slot, slot.into());
-                } else {
-                    let (unaligned, d) = self.delta(addr);
-                    let flag = if unaligned { FLAG_UNALIGNED } else { 0 };
-                    self.w.u8(Field::Tag, kind | flag).svarint(Field::Addr, d);
-                }
-            }
-            Record::Alloc {
-                func,
-                addr,
-                old_addr,
-                size,
-                align,
-                usable,
-                stack,
-            } => self.alloc(func, addr, old_addr, size, align, usable, stack),
-            _ => self.rare_record(rec),
-        }
-    }
-
-    #[inline(never)]
-    fn rare_record(&mut self, rec: &Record) {
-        match *rec {
-            Record::Free { .. } | Record::Alloc { .. } => unreachable!("calls are record's"),
-            Record::StackDef { id, ref frames } => {
-                self.w
-                    .u8(Field::Tag, KIND_STACK)
-                    .varint(Field::Other, id.into());
-                self.w.varint(Field::Other, frames.len() as u64);
-                let mut prev = 0u64;
-                for &ip in frames {
-                    self.w.svarint(Field::Other, ip.wrapping_sub(prev) as i64);
-                    prev = ip;
-                }
-            }
-            Record::Stats { source, ref values } => {
-                let values = &values[..values.len().min(255)];
-                self.w
-                    .u8(Field::Tag, KIND_STATS)
-                    .u8(Field::Other, source.to_u8())
-                    .u8(Field::Other, values.len() as u8);
-                for (name, v) in values {
-                    let name = &name.as_bytes()[..name.len().min(255)];
-                    self.w.u8(Field::Other, name.len() as u8);
-                    self.w.raw(Field::Other, name);
-                    self.w.varint(Field::Other, *v);
-                }
-            }
-            Record::Lost { count } => {
-                self.w.u8(Field::Tag, KIND_LOST).varint(Field::Other, count);
-            }
-            Record::Joined { tid } => {
-                self.w
-                    .u8(Field::Tag, KIND_LOST | FLAG_JOINED)
-                    .varint(Field::Other, tid.into());
-            }
-            Record::Forked { mark } => {
-                self.w
-                    .u8(Field::Tag, KIND_LOST | FLAG_FORKED)
-                    .varint(Field::Other, mark.into());
-            }
-            Record::OwnMemory { bytes } => {
-                self.w
-                    .u8(Field::Tag, KIND_OWN_MEMORY)
-                    .varint(Field::Other, bytes);
-            }
-            Record::Tick { delta } => {
-                self.w.u8(Field::Tag, KIND_TICK).varint(Field::Other, delta);
-            }
-            Record::Order { delta } => {
-                self.w
-                    .u8(Field::Tag, KIND_TICK | FLAG_ORDER)
-                    .varint(Field::Other, delta);
-            }
-            Record::Usable { size, usable } => {
-                self.tables.set_usable(size, usable);
-                self.w
-                    .u8(Field::Tag, KIND_USABLE)
-                    .varint(Field::Other, size)
-                    .varint(Field::Other, usable);
-            }
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    #[inline(always)]
-    fn alloc(
-        &mut self,
-        func: Func,
-        addr: u64,
-        old_addr: u64,
-        size: u64,
-        align: u64,
-        usable: Option<u64>,
-        stack: u32,
-    ) {
-        let small = matches!(func, Func::Malloc | Func::Calloc);
-        let from_table = if addr != 0 && small {
-            self.tables.table_usable(size)
-        } else {
-            None
-        };
-        // The usable size is written unless the reader's table gives it (as the raw form).
-        let explicit = usable.filter(|&u| from_table != Some(u) && u >= size);
-        let usable = explicit.or(from_table);
-        // The tables change in the reader's order: the old block ends, then the new one
-        // is claimed from the thread's frees and takes a slot.
-        let old_slot = if func.takes_old_block() && old_addr != 0 {
-            self.tables.end_block(old_addr, self.tid, false)
-        } else {
-            None
-        };
-        let depth = match (explicit, from_table) {
-            (None, Some(u)) => self.tables.take_if_freed(self.tid, u, addr),
-            _ => None,
-        };
-        let mut tag = func as u8;
-        if stack != 0 {
-            tag |= FLAG_STACK;
-        }
-        if explicit.is_some() || depth.is_some_and(|d| d > 0) {
-            tag |= FLAG_USABLE;
-        }
-        let tag_at = self.w.tags_len();
-        self.w.u8(Field::Tag, tag);
-        if func.takes_old_block() {
-            if old_addr == 0 {
-                self.w.u8(Field::Tag, REALLOC_OLD_NULL);
-            } else if let Some(slot) = old_slot {
-                self.prev_addr = old_addr;
-                self.w
-                    .u8(Field::Tag, REALLOC_OLD_SLOT)
-                    .varint(Field::Slot, slot.into());
-            } else {
-                let (unaligned, d) = self.delta(old_addr);
-                let flag = if unaligned { REALLOC_OLD_UNALIGNED } else { 0 };
-                self.w.u8(Field::Tag, flag).svarint(Field::Addr, d);
-            }
-        }
-        if addr == 0 {
-            self.w.amend_tag(tag_at, FLAG_NULL);
-        } else if depth.is_some() {
-            self.w.amend_tag(tag_at, FLAG_PREDICTED);
-            self.prev_addr = addr;
-        } else {
-            let (unaligned, d) = write_delta(&mut self.prev_alloc, addr);
-            if unaligned {
-                self.w.amend_tag(tag_at, FLAG_UNALIGNED);
-            }
-            self.w.svarint(Field::Addr, d);
-        }
-        self.w.varint(Field::Size, size);
-        if func.takes_alignment() {
-            self.w.varint(Field::Other, align);
-        }
-        if let Some(u) = explicit {
-            self.w.varint(Field::Other, u - size);
-        }
-        if let Some(d) = depth.filter(|&d| d > 0) {
-            self.w.varint(Field::Other, d);
-        }
-        if stack != 0 {
-            self.w.varint(Field::Other, stack.into());
-        }
-        if addr != 0 {
-            self.tables.allocated(addr, usable);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::Writer;
-
-    #[test]
-    fn a_ring_of_freed_blocks_keeps_the_newest_in_order() {
-        // Against a plain list, newest last: pushes past the depth drop the oldest, and a
-        // take from the middle closes the gap.
-        let mut ring = Freed::default();
-        let mut list: Vec<u64> = Vec::new();
-        let mut x = 7u64;
-        for step in 0..2000u64 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            if x >> 62 == 0 && !list.is_empty() {
-                let depth = (x >> 8) as usize % (list.len() + 1);
-                let want = list.len().checked_sub(1 + depth).map(|i| list.remove(i));
-                assert_eq!(ring.take(depth), want, "step {step}");
-            } else {
-                ring.push(step);
-                list.push(step);
-                if list.len() > FREED_DEPTH {
-                    list.remove(0);
-                }
-            }
-            for (depth, &a) in list.iter().rev().enumerate() {
-                assert_eq!(ring.depth_of(a), Some(depth));
-            }
-        }
-    }
+    use crate::format::wire::Writer;
 
     #[test]
     fn decodes_the_interposer_layout() {
@@ -1202,30 +660,6 @@ mod tests {
     }
 
     #[test]
-    fn the_address_index_agrees_with_a_hash_map() {
-        // Few distinct addresses, so the same ones are inserted and removed many times.
-        let mut index = AddrSlots::default();
-        let mut want = std::collections::HashMap::new();
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
-        for step in 0..200_000u32 {
-            crate::xorshift(&mut x);
-            let addr = 0x7f00_0000_0000 + (x % 5000) * 16;
-            match x >> 62 {
-                0 | 1 => {
-                    index.insert(addr, step, step / 3);
-                    want.insert(addr, (step, step / 3));
-                }
-                2 => assert_eq!(index.remove(addr), want.remove(&addr), "step {step}"),
-                _ => assert_eq!(index.get(addr), want.get(&addr).map(|e| e.0), "step {step}"),
-            }
-            assert_eq!(index.len(), want.len());
-        }
-        for (addr, (slot, _)) in want {
-            assert_eq!(index.get(addr), Some(slot));
-        }
-    }
-
-    #[test]
     fn a_packed_chunk_whose_planes_do_not_fit_is_an_error() {
         let mut tables = StreamTables::default();
         // The first plane claims five bytes of a chunk that has one.
@@ -1246,10 +680,10 @@ mod tests {
             while let Ok(Some(_)) = d.next_record() {}
             // Packed: the same bytes cut into planes by a valid directory (a random one
             // would rarely get past the directory).
-            let mut planes = crate::wire::Writer::new();
+            let mut planes = crate::format::wire::Writer::new();
             let mut left = bytes.len() as u64;
-            for i in 0..crate::columns::PLANES {
-                let len = if i + 1 == crate::columns::PLANES {
+            for i in 0..crate::format::columns::PLANES {
+                let len = if i + 1 == crate::format::columns::PLANES {
                     left
                 } else {
                     (x >> (i * 6)) % 16

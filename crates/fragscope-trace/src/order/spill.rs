@@ -15,10 +15,10 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-use crate::event::{Func, StatsSource};
-use crate::merge::{Call, Merged};
-use crate::wire::{Reader, Writer};
-use crate::TraceError;
+use crate::format::event::{Func, StatsSource};
+use crate::format::wire::{Reader, Writer};
+use crate::format::TraceError;
+use crate::order::call::{Call, Merged};
 
 /// Items of one segment: small enough that every thread's head, read back a segment at a
 /// time, fits in memory (1024 threads x 1024 calls x ~80 bytes = 80 MiB at worst).

@@ -14,7 +14,7 @@
 
 use std::io::{self, Read, Write};
 
-use crate::TraceError;
+use crate::format::TraceError;
 
 pub const FILE_MAGIC: &[u8; 8] = b"FRAGSCOP";
 pub const FORMAT_VERSION: u32 = 1;
@@ -42,26 +42,26 @@ pub enum ChunkKind {
     PackedEventsV1 = 11,
     /// Events in the second packed form (rows), since replaced: no longer read.
     PackedEventsV2 = 12,
-    /// Events in the packed form (see [`crate::pack`]).
+    /// Events in the packed form (see [`crate::format::pack`]).
     PackedEvents = 13,
-    /// A GHC program's block census (see [`crate::records::GhcCensus`]).
+    /// A GHC program's block census (see [`crate::format::records::GhcCensus`]).
     GhcCensus = 14,
     /// A process image that could not be traced.
     Untraced = 15,
-    /// A malloc heap read from outside the process (see [`crate::heap_census`]).
+    /// A malloc heap read from outside the process (see [`crate::format::heap_census`]).
     HeapCensus = 16,
-    /// A CPython process's pymalloc census (see [`crate::records::PymallocCensus`]).
+    /// A CPython process's pymalloc census (see [`crate::format::records::PymallocCensus`]).
     PymallocCensus = 17,
     /// A CPython process's sampled objects with Python stacks (see
-    /// [`crate::runtime_samples`]).
+    /// [`crate::format::runtime_samples`]).
     PythonSamples = 18,
-    /// An SBCL process's dynamic space (see [`crate::sbcl_heap`]).
+    /// An SBCL process's dynamic space (see [`crate::format::sbcl_heap`]).
     SbclCensus = 19,
     /// The blocks a running process held when `record -p` attached to it
     /// (`heap_census::StartingHeap`).
     StartingHeap = 21,
     /// An SBCL process's sampled allocation regions with Lisp stacks (chunk 18's
-    /// encoding, see [`crate::runtime_samples`]).
+    /// encoding, see [`crate::format::runtime_samples`]).
     LispSamples = 22,
     /// A forked process's page residency as it started (chunk 7's encoding): the pages it
     /// inherited, against which its later snapshots tell copied pages from new ones.
@@ -226,7 +226,7 @@ impl<W: Write> ChunkWriter<W> {
         }
         self.set_level_for(kind)?;
         let mut compressed = std::mem::take(&mut self.scratch);
-        let mut stored = crate::wire::Writer {
+        let mut stored = crate::format::wire::Writer {
             bytes: std::mem::take(&mut self.sections),
         };
         stored.bytes.clear();
@@ -299,7 +299,7 @@ fn join_sections(
     raw_len: usize,
     raw: &mut Vec<u8>,
 ) -> bool {
-    let mut r = crate::wire::Reader::new(stored);
+    let mut r = crate::format::wire::Reader::new(stored);
     raw.reserve(raw_len);
     while !r.is_empty() {
         let (Ok(len), Ok(stored_len)) = (r.varint(), r.varint()) else {
@@ -572,7 +572,7 @@ mod tests {
     #[test]
     fn sections_that_do_not_add_up_are_damage() {
         // A valid chunk whose sections claim one byte more than the chunk's raw length.
-        let mut stored = crate::wire::Writer::new();
+        let mut stored = crate::format::wire::Writer::new();
         stored.varint(4).varint(4);
         stored.bytes.extend_from_slice(b"abcd");
         let mut w = ChunkWriter::new(Vec::new(), 3).unwrap();

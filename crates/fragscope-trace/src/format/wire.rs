@@ -1,6 +1,6 @@
 //! Little-endian integers and LEB128 varints: the byte-level vocabulary of every record.
 
-use crate::TraceError;
+use crate::format::TraceError;
 
 /// Appends encoded values to a byte vector.
 #[derive(Default, Debug, Clone)]

@@ -2,8 +2,8 @@
 //! snapshot` (glibc's arenas and chunks), or why it could not be (another allocator, a
 //! glibc whose layout fragscope has not verified). docs/trace-format.md, "Heap census".
 
-use crate::wire::{Reader, Writer};
-use crate::TraceError;
+use crate::format::wire::{Reader, Writer};
+use crate::format::TraceError;
 
 /// Chunk 21, StartingHeap: the blocks a running process held when `record -p` attached to
 /// it, read from glibc's heap with the process stopped just before its calls were

@@ -16,7 +16,7 @@ use std::sync::{Arc, OnceLock};
 
 use allocator_api2::alloc::{AllocError, Allocator, Global};
 
-use crate::merge::{addr_hash, AddrSet, FastMap};
+use crate::format::hash::{addr_hash, AddrSet, FastMap};
 
 /// A block that is live after the merged calls so far: what the model needs of it.
 /// Kept small (24 bytes) because a heap can hold hundreds of millions of them.
@@ -47,7 +47,7 @@ impl LiveBlock {
 pub(crate) const INHERITED_STACK: u32 = 1 << 31;
 
 /// Whether `stack` is the stack of a block inherited at a fork (its frames in
-/// [`crate::merge::Merger::stack`] as any other's, but no allocation of this process has
+/// [`crate::order::merge::Merger::stack`] as any other's, but no allocation of this process has
 /// it).
 pub fn is_inherited_stack(stack: u32) -> bool {
     stack & INHERITED_STACK != 0
@@ -576,7 +576,7 @@ impl InheritedStackTable {
 }
 
 /// A process's live blocks at a fork, which its child starts from
-/// ([`crate::merge::Merger::heap_at_fork`], [`crate::merge::Merger::seed_inherited`]):
+/// ([`crate::order::merge::Merger::heap_at_fork`], [`crate::order::merge::Merger::seed_inherited`]):
 /// shared with the parent, not copied.
 #[derive(Default, Clone, Debug)]
 pub struct InheritedHeap {

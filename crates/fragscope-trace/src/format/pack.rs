@@ -8,23 +8,24 @@
 //! usually gets back the block its thread freed last at the same usable size (allocator
 //! thread caches are last-in first-out per size class), which then costs nothing. The
 //! rewrite runs in the recorder, off the program's path; the reader keeps the same tables
-//! ([`crate::event::StreamTables`]) and undoes it. Buffers of one stream must be packed
+//! ([`crate::format::event::StreamTables`]) and undoes it. Buffers of one stream must be packed
 //! in the order they are stored.
 
-use crate::columns::ColumnWriter;
-use crate::event::{ChunkDecoder, PackedWriter, Record, StreamTables};
-use crate::TraceError;
+use crate::format::columns::ColumnWriter;
+use crate::format::event::packed_writer::PackedWriter;
+use crate::format::event::{ChunkDecoder, Record, StreamTables};
+use crate::format::TraceError;
 
 /// A buffer in the packed form: its bytes (the records' planes and their directory) and
 /// where each plane ends, so that the chunk compresses each on its own
-/// ([`crate::ChunkWriter::write_sections`]).
+/// ([`crate::format::chunk::ChunkWriter::write_sections`]).
 #[derive(Default)]
 pub struct PackedBuffer {
     pub bytes: Vec<u8>,
     /// Offsets in `bytes` where the directory and each plane end.
     pub section_ends: Vec<usize>,
     /// The stream's tables of blocks started empty for this buffer: its chunk must be
-    /// flagged so ([`crate::EventsHeader::tables_reset`]).
+    /// flagged so ([`crate::format::records::EventsHeader::tables_reset`]).
     pub tables_reset: bool,
 }
 
@@ -105,9 +106,9 @@ impl Packer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::*;
-    use crate::wire::Writer;
-    use crate::EventsHeader;
+    use crate::format::event::*;
+    use crate::format::records::EventsHeader;
+    use crate::format::wire::Writer;
 
     /// Raw buffers of three threads that free each other's blocks, reuse addresses at
     /// once (last freed, first returned, as thread caches do), realloc, fail, and carry

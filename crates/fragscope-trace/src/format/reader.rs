@@ -4,11 +4,11 @@ use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::Path;
 
-use crate::chunk::{ChunkKind, ChunkReader, Damage};
-use crate::records::*;
-use crate::TraceError;
+use crate::format::chunk::{ChunkKind, ChunkReader, Damage};
+use crate::format::records::*;
+use crate::format::TraceError;
 
-/// One chunk, decoded (event records stay raw: see [`crate::event::ChunkDecoder`]).
+/// One chunk, decoded (event records stay raw: see [`crate::format::event::ChunkDecoder`]).
 #[derive(Debug, Clone)]
 pub enum Chunk {
     Meta(Meta),
@@ -26,12 +26,12 @@ pub enum Chunk {
     End(End),
     GhcCensus(GhcCensus),
     PymallocCensus(PymallocCensus),
-    HeapCensus(crate::heap_census::HeapCensus),
-    PythonSamples(crate::runtime_samples::RuntimeSamples),
-    LispSamples(crate::runtime_samples::RuntimeSamples),
-    SbclCensus(crate::sbcl_heap::SbclCensus),
-    StartingHeap(crate::heap_census::StartingHeap),
-    LinkedAllocator(crate::heap_census::LinkedAllocator),
+    HeapCensus(crate::format::heap_census::HeapCensus),
+    PythonSamples(crate::format::runtime_samples::RuntimeSamples),
+    LispSamples(crate::format::runtime_samples::RuntimeSamples),
+    SbclCensus(crate::format::sbcl_heap::SbclCensus),
+    StartingHeap(crate::format::heap_census::StartingHeap),
+    LinkedAllocator(crate::format::heap_census::LinkedAllocator),
 }
 
 /// Reads a trace chunk by chunk. Damage (a cut or corrupt file) ends the iteration; what
@@ -163,22 +163,22 @@ impl<R: Read> TraceReader<R> {
             ChunkKind::GhcCensus => GhcCensus::decode(data).map(Chunk::GhcCensus),
             ChunkKind::PymallocCensus => PymallocCensus::decode(data).map(Chunk::PymallocCensus),
             ChunkKind::PythonSamples => {
-                crate::runtime_samples::RuntimeSamples::decode(data).map(Chunk::PythonSamples)
+                crate::format::runtime_samples::RuntimeSamples::decode(data)
+                    .map(Chunk::PythonSamples)
             }
             ChunkKind::LispSamples => {
-                crate::runtime_samples::RuntimeSamples::decode(data).map(Chunk::LispSamples)
+                crate::format::runtime_samples::RuntimeSamples::decode(data).map(Chunk::LispSamples)
             }
             ChunkKind::SbclCensus => {
-                crate::sbcl_heap::SbclCensus::decode(data).map(Chunk::SbclCensus)
+                crate::format::sbcl_heap::SbclCensus::decode(data).map(Chunk::SbclCensus)
             }
             ChunkKind::HeapCensus => {
-                crate::heap_census::HeapCensus::decode(data).map(Chunk::HeapCensus)
+                crate::format::heap_census::HeapCensus::decode(data).map(Chunk::HeapCensus)
             }
-            ChunkKind::LinkedAllocator => {
-                crate::heap_census::LinkedAllocator::decode(data).map(Chunk::LinkedAllocator)
-            }
+            ChunkKind::LinkedAllocator => crate::format::heap_census::LinkedAllocator::decode(data)
+                .map(Chunk::LinkedAllocator),
             ChunkKind::StartingHeap => {
-                crate::heap_census::StartingHeap::decode(data).map(Chunk::StartingHeap)
+                crate::format::heap_census::StartingHeap::decode(data).map(Chunk::StartingHeap)
             }
             ChunkKind::PackedEventsV1 | ChunkKind::PackedEventsV2 => Err(TraceError::Malformed(
                 "events packed in the form of an earlier fragscope, which this one no longer \
@@ -187,31 +187,4 @@ impl<R: Read> TraceReader<R> {
             )),
         }
     }
-}
-
-/// Reads every chunk of an in-memory trace and decodes every event record, merging each
-/// process's threads: the whole reading path, for fuzzing. Never panics; returns the
-/// number of calls merged.
-pub fn read_all_from_bytes(data: &[u8]) -> u64 {
-    let Ok(mut r) = TraceReader::<&[u8]>::from_reader(data, data.len() as u64) else {
-        return 0;
-    };
-    let mut mergers: std::collections::HashMap<u32, crate::merge::Merger> = Default::default();
-    let mut calls = 0;
-    while let Some(chunk) = r.next_chunk() {
-        if let Chunk::Events(h, records) = chunk {
-            let m = mergers.entry(h.stream).or_default();
-            let _ = m.push_chunk(&h, &records);
-            while m.pop().is_some() {
-                calls += 1;
-            }
-        }
-    }
-    for m in mergers.values_mut() {
-        m.finish();
-        while m.pop().is_some() {
-            calls += 1;
-        }
-    }
-    calls
 }

@@ -6,7 +6,7 @@
 //! well. The packed form therefore writes each kind of value to a column of its own, and
 //! splits each varint column into two planes, first bytes and continuation bytes (a
 //! 12-bit slot is 7 random bits and a flag, then 5 random bits: two different byte
-//! distributions). The chunk stores each plane as its own zstd frame ([`crate::chunk`],
+//! distributions). The chunk stores each plane as its own zstd frame ([`crate::format::chunk`],
 //! codec 2). Measured on churn.c under glibc: 2.56 bytes per call in rows, 1.86 in planes.
 //!
 //! ```text
@@ -15,8 +15,8 @@
 //! Plane 0 holds the tag of every record (and realloc's flags byte), planes 1-2 the
 //! slots, 3-4 address deltas, 5-6 sizes, 7-8 everything else (first bytes, then the rest).
 
-use crate::wire::{unzigzag, zigzag, Reader};
-use crate::TraceError;
+use crate::format::wire::{unzigzag, zigzag, Reader};
+use crate::format::TraceError;
 
 /// What a value in a record is, which decides its column.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -262,7 +262,7 @@ impl ColumnWriter {
     /// Appends the directory and the planes to `out`, and the end of the directory and
     /// of each plane (offsets in `out`) to `ends`; empties the planes for the next chunk.
     pub fn finish(&mut self, out: &mut Vec<u8>, ends: &mut Vec<usize>) {
-        let mut dir = crate::wire::Writer::new();
+        let mut dir = crate::format::wire::Writer::new();
         for p in &self.planes {
             dir.varint(p.len() as u64);
         }

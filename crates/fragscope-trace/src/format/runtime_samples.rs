@@ -5,8 +5,8 @@
 //! thread's in the order they were taken. Written by the interposer (preload/samples.h,
 //! with preload/cpython.h and preload/sbcl.h) as they are; decoded here.
 
-use crate::wire::{Reader, Writer};
-use crate::TraceError;
+use crate::format::wire::{Reader, Writer};
+use crate::format::TraceError;
 
 /// One buffer of records.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,74 @@
+//! What the merge orders and hands on: a thread's malloc-family calls, and the rare
+//! other items of its buffers that keep their place among them. Kept out of `merge`
+//! because the buffers' decoder and the spill to disk, which the merge uses, make and
+//! read them too.
+
+use crate::format::event::{Func, StatsSource};
+
+/// A malloc-family call in merged order. Addresses are 0 for NULL; `stack` is an index
+/// into [`Merger::stack`](crate::order::merge::Merger::stack) (0: none recorded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Call {
+    pub tick: u64,
+    pub tid: u32,
+    pub func: Func,
+    pub addr: u64,
+    pub old_addr: u64,
+    pub size: u64,
+    /// Usable size when the allocator told us; otherwise 0.
+    pub usable: u64,
+    pub align: u64,
+    pub stack: u32,
+}
+
+impl Call {
+    /// A call of `func` on `addr` with no size, alignment or stack (a free, or a start
+    /// to fill in).
+    pub fn on(tick: u64, tid: u32, func: Func, addr: u64) -> Self {
+        Self {
+            tick,
+            tid,
+            func,
+            addr,
+            old_addr: 0,
+            size: 0,
+            usable: 0,
+            align: 0,
+            stack: 0,
+        }
+    }
+
+    /// The address this call makes live, if any.
+    pub fn allocates(&self) -> Option<u64> {
+        (self.func != Func::Free && self.addr != 0).then_some(self.addr)
+    }
+    /// The address this call ends, if any (a realloc that moved or freed its block).
+    pub fn releases(&self) -> Option<u64> {
+        match self.func {
+            Func::Free => (self.addr != 0).then_some(self.addr),
+            Func::Realloc | Func::Reallocarray => {
+                // realloc(p, 0) may free p and return NULL; a failed realloc keeps p.
+                let freed = self.addr != 0 || self.size == 0;
+                (self.old_addr != 0 && freed).then_some(self.old_addr)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Something the merge hands on, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Merged {
+    Call(Call),
+    /// The allocator's own statistics, answered at this tick.
+    Stats {
+        tick: u64,
+        source: StatsSource,
+        values: Vec<(String, u64)>,
+    },
+    /// The thread forked a child here; the child names `mark` (see [`Merger::heap_at_fork`](crate::order::merge::Merger::heap_at_fork)).
+    Forked {
+        tick: u64,
+        mark: u32,
+    },
+}
