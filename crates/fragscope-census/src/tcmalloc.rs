@@ -273,20 +273,21 @@ impl SpanReader {
                 .map_err(|e| format!("a span at {at:#x} could not be read ({e})"))?;
             return Ok(span);
         }
-        if !self.windows.contains_key(&window) {
-            let mut bytes = vec![0u8; SPAN_WINDOW as usize];
-            if mem.read(window, &mut bytes).is_err() {
-                // The window reaches past a mapping's end: the span alone.
-                let mut span = [0u8; SPAN_SIZE];
-                mem.read(at, &mut span)
-                    .map_err(|e| format!("a span at {at:#x} could not be read ({e})"))?;
-                return Ok(span);
+        let bytes = match self.windows.entry(window) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let mut bytes = vec![0u8; SPAN_WINDOW as usize];
+                if mem.read(window, &mut bytes).is_err() {
+                    // The window reaches past a mapping's end: the span alone.
+                    let mut span = [0u8; SPAN_SIZE];
+                    mem.read(at, &mut span)
+                        .map_err(|e| format!("a span at {at:#x} could not be read ({e})"))?;
+                    return Ok(span);
+                }
+                v.insert(bytes)
             }
-            self.windows.insert(window, bytes);
-        }
-        Ok(self.windows[&window][off..off + SPAN_SIZE]
-            .try_into()
-            .unwrap())
+        };
+        Ok(bytes[off..off + SPAN_SIZE].try_into().unwrap())
     }
 }
 
