@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use fragscope_trace::runtime_samples::RuntimeSamples;
@@ -24,6 +24,7 @@ use fragscope_trace::{
 };
 
 use crate::clock::ClockPage;
+use crate::output::{create_output, meta_now};
 use crate::procfs;
 use crate::protocol::{
     self, ExecTarget, MsgHeader, MsgType, HELLO_ATTACHED, HELLO_FORKED, HELLO_MARKS_IDLE,
@@ -1232,91 +1233,6 @@ fn sweep_stale_rendezvous(parent: &Path) {
     }
 }
 
-/// Creates the trace file, replacing only what is a trace (or, with `force`, anything):
-/// `-o notes.txt` must not destroy notes.txt, and a symbolic link at the path is never
-/// written through (it is refused, or with `force` replaced by the trace). An earlier
-/// trace is unlinked and let go by a thread of its own: truncating it in place frees its
-/// blocks inside the call (25 ms for 37 MiB on ext4), time the recording would otherwise
-/// start late by. A device (/dev/null) is written as it is.
-pub(crate) fn create_output(path: &Path, force: bool) -> Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let shown = path.display();
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(m) => Some(m),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(e).with_context(|| format!("looking at {shown}")),
-    };
-    let is_trace = || {
-        let mut magic = [0u8; 8];
-        std::fs::File::open(path)
-            .and_then(|mut f| f.read_exact(&mut magic))
-            .is_ok_and(|()| &magic == fragscope_trace::chunk::FILE_MAGIC)
-    };
-    match &meta {
-        Some(m) if m.file_type().is_symlink() => {
-            if !force {
-                bail!(
-                    "{shown} is a symbolic link; fragscope does not write through it (it would \
-                     overwrite the file it points to). Name the file itself with -o, or add \
-                     --force to replace the link with the trace."
-                );
-            }
-            std::fs::remove_file(path).with_context(|| format!("removing the link {shown}"))?;
-        }
-        Some(m) if m.file_type().is_file() && m.len() > 0 => {
-            if !force && !is_trace() {
-                bail!(
-                    "{shown} exists and is not a fragscope trace; it is left as it is. Choose \
-                     another name with -o, or add --force to replace it."
-                );
-            }
-            if let Ok(old) = std::fs::File::open(path) {
-                if std::fs::remove_file(path).is_ok() {
-                    let _ = thread::Builder::new()
-                        .name("fragscope-unlink".into())
-                        .spawn(move || drop(old));
-                }
-            }
-        }
-        _ => {}
-    }
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .with_context(|| format!("creating {shown}"))
-}
-
-/// The Meta chunk of a trace that starts now, on this host (no GHC eventlog).
-pub(crate) fn meta_now(
-    page_size: u64,
-    stacks: StackMode,
-    sample_bytes: u64,
-    snapshot_ms: u32,
-    argv: Vec<String>,
-) -> Meta {
-    Meta {
-        fragscope_version: env!("CARGO_PKG_VERSION").into(),
-        start_unix_ns: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0),
-        tick_ns: 1_000_000,
-        page_size: page_size as u32,
-        stacks,
-        sample_bytes,
-        snapshot_ms,
-        argv,
-        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
-        ghc_eventlog: None,
-    }
-}
-
 /// Records `opts.command` into `opts.output`.
 pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let attach_pid = opts.attach.as_ref().map(|a| a.pid);
@@ -1329,7 +1245,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         .ok_or_else(|| anyhow!("no program to record"))?;
     let program_path = match attach_pid {
         Some(pid) => std::fs::read_link(format!("/proc/{pid}/exe"))
-            .map_err(|e| crate::snapshot::access_error(pid, &e))?,
+            .map_err(|e| crate::access::access_error(pid, &e))?,
         None => crate::launch::check_traceable(program)?,
     };
     // Said before the program runs: what the trace will miss.
@@ -1821,11 +1737,11 @@ fn attach_command(pid: u32) -> Result<Vec<OsString>> {
     if pid == std::process::id() {
         bail!("fragscope cannot record itself");
     }
-    if crate::snapshot::gone(pid) {
+    if crate::access::gone(pid) {
         bail!("no process {pid} (it does not exist or has exited)");
     }
     let raw = std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map_err(|e| crate::snapshot::access_error(pid, &e))?;
+        .map_err(|e| crate::access::access_error(pid, &e))?;
     let args: Vec<OsString> = raw
         .split(|&b| b == 0)
         .filter(|a| !a.is_empty())
@@ -1891,7 +1807,7 @@ impl AttachFiles {
         }
         // It holds the recording's token: readable by the process's user alone.
         let target = std::fs::metadata(format!("/proc/{pid}"))
-            .map_err(|e| crate::snapshot::access_error(pid, &e))?;
+            .map_err(|e| crate::access::access_error(pid, &e))?;
         // SAFETY: geteuid cannot fail.
         if target.uid() != unsafe { libc::geteuid() } {
             std::os::unix::fs::chown(&conf, Some(target.uid()), Some(target.gid())).with_context(
@@ -1965,7 +1881,7 @@ fn run_attached(
     // report's live data holds them.
     // (Written while it is stopped: no chunk of its calls can come before this one.)
     let (heap, slots, held) = crate::attach::rebind_library(pid, &files.library, || {
-        crate::snapshot::glibc_live_blocks(pid).map(|blocks| {
+        crate::attach::glibc_live_blocks(pid).map(|blocks| {
             let heap = fragscope_trace::heap_census::StartingHeap {
                 stream,
                 tick: shared.tick(),
@@ -2001,7 +1917,7 @@ fn run_attached(
     let deadline = a.duration.map(|d| Instant::now() + d);
     loop {
         let (connected, all_ended) = registered();
-        if crate::snapshot::gone(pid) || (connected && all_ended) {
+        if crate::access::gone(pid) || (connected && all_ended) {
             // It exited or exec'd: its connection said so.
             return Ok(0);
         }
@@ -2012,7 +1928,7 @@ fn run_attached(
     }
     let detached = crate::attach::detach_library(pid, &files.library);
     let until = Instant::now() + DETACH_WAIT;
-    while Instant::now() < until && !crate::snapshot::gone(pid) {
+    while Instant::now() < until && !crate::access::gone(pid) {
         let (connected, all_ended) = registered();
         if !connected || all_ended {
             break;

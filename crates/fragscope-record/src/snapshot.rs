@@ -18,6 +18,8 @@ use fragscope_trace::records::{
 };
 use fragscope_trace::{ChunkKind, ChunkWriter, End, Origin, StackMode};
 
+use crate::access::{access_error, gone};
+use crate::output::{create_output, meta_now};
 use crate::procfs;
 
 #[derive(Debug, Clone)]
@@ -60,37 +62,6 @@ pub struct SnapshotOutcome {
     pub heap_bytes: u64,
     /// Why the allocator's own metadata was not read, when it was not.
     pub note: Option<String>,
-}
-
-/// Why a snapshot could not be taken, worded for the user.
-pub(crate) fn access_error(pid: u32, e: &std::io::Error) -> anyhow::Error {
-    match e.kind() {
-        std::io::ErrorKind::NotFound => {
-            anyhow::anyhow!("no process {pid} (it does not exist or has exited)")
-        }
-        std::io::ErrorKind::PermissionDenied => anyhow::anyhow!(
-            "not allowed to read the memory of process {pid} ({e}). fragscope snapshot needs \
-             ptrace access to it: run it as the process's user with \
-             /proc/sys/kernel/yama/ptrace_scope at 0 (it is {}), or as root / with \
-             CAP_SYS_PTRACE (e.g. sudo fragscope snapshot {pid})",
-            std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
-                .map_or_else(|_| "absent".into(), |s| s.trim().to_string())
-        ),
-        _ => anyhow::anyhow!("cannot read process {pid}: {e}"),
-    }
-}
-
-pub(crate) fn gone(pid: u32) -> bool {
-    !std::path::Path::new(&format!("/proc/{pid}")).exists()
-        || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| {
-                s.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z')
-            })
-            .unwrap_or(true)
 }
 
 /// Takes the snapshot and writes the trace.
@@ -199,7 +170,7 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
             // Ready before the stop, so that the stop lasts only for the fork.
             let forker =
                 (opts.stop && matches!(layout, Some(Ok(_))) && opts.fork_copy != ForkCopy::Never)
-                    .then(|| crate::attach::Forker::new(pid));
+                    .then(|| crate::fork_copy::Forker::new(pid));
             let mut pause = if opts.stop {
                 Some(Pause::stop(pid).map_err(|e| {
                     if gone(pid) {
@@ -305,12 +276,12 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
     }
     let rollup = procfs::read_rollup(pid);
 
-    let file = crate::session::create_output(&opts.output, opts.force)?;
+    let file = create_output(&opts.output, opts.force)?;
     let mut w = ChunkWriter::new(
         BufWriter::with_capacity(1 << 20, file),
         opts.compression_level,
     )?;
-    let meta = crate::session::meta_now(page, StackMode::None, 0, 0, argv.clone());
+    let meta = meta_now(page, StackMode::None, 0, 0, argv.clone());
     w.write_chunk(ChunkKind::Meta, &meta.encode())?;
     let process = Process {
         stream: 0,
@@ -474,29 +445,4 @@ fn read_residency(
     let heap: Vec<&fragscope_trace::Mapping> =
         maps.iter().filter(|m| procfs::may_hold_heap(m)).collect();
     procfs::read_residency(pid, &heap, page).unwrap_or_default()
-}
-
-/// The blocks glibc's heap of `pid` holds, (address, usable bytes): the heap `record -p`
-/// starts from. The caller holds the process stopped. Err says why they could not be
-/// read (another allocator, a layout not verified, ...).
-pub(crate) fn glibc_live_blocks(pid: u32) -> Result<Vec<(u64, u64)>, String> {
-    let mut mem = ProcessMemory::open(pid).map_err(|e| format!("{:#}", access_error(pid, &e)))?;
-    let mut build_ids = HashMap::new();
-    let maps = procfs::read_maps(pid, &mut build_ids).ok_or("the process exited")?;
-    match allocator_of(&maps) {
-        "glibc" => {}
-        other => {
-            return Err(format!(
-                "it runs on {other}, whose blocks fragscope does not read"
-            ))
-        }
-    }
-    let layout = glibc::locate(pid, &maps, &mut mem)?;
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
-    match glibc::live_blocks(&mut mem, &layout, &maps, page) {
-        Ok(b) => Ok(b),
-        Err(CensusError::NoHeap) => Ok(Vec::new()),
-        Err(e) => Err(format!("glibc's heap did not hold together: {e}")),
-    }
 }
