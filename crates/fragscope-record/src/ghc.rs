@@ -30,7 +30,7 @@ pub struct GhcSetup {
 
 /// The RTS flags fragscope adds (before `-ol<file>`): an eventlog. Its heap, GC and
 /// block figures cost the program nothing measurable; the block census is read from
-/// outside (`crate::census`).
+/// outside (census.rs).
 pub const RTS_FLAGS: &str = "-l";
 
 /// Added on request (`record --ghc-heap-profile`): a heap profile by closure type every

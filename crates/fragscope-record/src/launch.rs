@@ -199,18 +199,8 @@ fn secure_execution(path: &Path, who: &Identity) -> Option<String> {
     })
 }
 
-/// The flags (ST_NOSUID, ST_NOEXEC, ...) of the file system holding `path`.
-pub(crate) fn mount_flags(path: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs writes one struct into `st`.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid C string and out pointer.
-    (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0).then_some(st.f_flag)
-}
-
 fn mounted_nosuid(path: &Path) -> bool {
-    mount_flags(path).is_some_and(|f| f & libc::ST_NOSUID != 0)
+    crate::mounts::mount_flags(path).is_some_and(|f| f & libc::ST_NOSUID != 0)
 }
 
 /// The permitted capabilities a file grants (its `security.capability` attribute, as

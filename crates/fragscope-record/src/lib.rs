@@ -8,14 +8,23 @@
 //! - the writer: compresses chunks and appends them to the trace file;
 //! - the caller's thread: waits for the program and its descendants.
 
+// Each module uses only those below it, never one beside or above it: `session` (record)
+// and `snapshot` at the top; `attach` (record -p) and `fork_copy` (snapshot's copy), both
+// made of `remote_call`; `launch` above `preload` above `mounts`; `census` above `ghc`;
+// `output`, `access`, `procfs`, `clock`, `protocol` at the bottom.
+mod access;
 pub mod attach;
 mod census;
 mod clock;
+pub mod fork_copy;
 pub mod ghc;
 mod launch;
+mod mounts;
+mod output;
 pub mod preload;
 pub mod procfs;
 mod protocol;
+mod remote_call;
 mod session;
 mod snapshot;
 

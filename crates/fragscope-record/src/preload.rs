@@ -139,7 +139,7 @@ fn reachable_by_all(dir: &Path) -> bool {
 }
 
 fn no_executable_mappings(dir: &Path) -> bool {
-    crate::launch::mount_flags(dir).is_some_and(|f| f & libc::ST_NOEXEC != 0)
+    crate::mounts::mount_flags(dir).is_some_and(|f| f & libc::ST_NOEXEC != 0)
 }
 
 #[cfg(test)]

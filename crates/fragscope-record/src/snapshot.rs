@@ -9,15 +9,18 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use fragscope_census::allocators::{allocator_of, linked_allocators};
+use fragscope_census::allocators::{allocator_of, linked_allocators, LinkedAllocator};
 use fragscope_census::ghc::{CensusError, CensusLimits, GhcRts, RtsInfo};
-use fragscope_census::{glibc, Pause, ProcessMemory};
+use fragscope_census::{glibc, tcmalloc, Pause, ProcessMemory};
 use fragscope_trace::heap_census::{AllocatorHeap, HeapCensus};
 use fragscope_trace::records::{
-    GhcCensus, Maps, Pagemap, Process, PymallocCensus, Rollup, RssBatch, SnapshotReason,
+    GhcBlocks, GhcCensus, Maps, Pagemap, Process, PymallocCensus, PymallocPools, Rollup, RssBatch,
+    RssSample, SnapshotReason,
 };
-use fragscope_trace::{ChunkKind, ChunkWriter, End, Origin, StackMode};
+use fragscope_trace::{ChunkKind, ChunkWriter, End, Mapping, Origin, ResidentRange, StackMode};
 
+use crate::access::{access_error, gone};
+use crate::output::{create_output, meta_now};
 use crate::procfs;
 
 #[derive(Debug, Clone)]
@@ -62,37 +65,6 @@ pub struct SnapshotOutcome {
     pub note: Option<String>,
 }
 
-/// Why a snapshot could not be taken, worded for the user.
-pub(crate) fn access_error(pid: u32, e: &std::io::Error) -> anyhow::Error {
-    match e.kind() {
-        std::io::ErrorKind::NotFound => {
-            anyhow::anyhow!("no process {pid} (it does not exist or has exited)")
-        }
-        std::io::ErrorKind::PermissionDenied => anyhow::anyhow!(
-            "not allowed to read the memory of process {pid} ({e}). fragscope snapshot needs \
-             ptrace access to it: run it as the process's user with \
-             /proc/sys/kernel/yama/ptrace_scope at 0 (it is {}), or as root / with \
-             CAP_SYS_PTRACE (e.g. sudo fragscope snapshot {pid})",
-            std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
-                .map_or_else(|_| "absent".into(), |s| s.trim().to_string())
-        ),
-        _ => anyhow::anyhow!("cannot read process {pid}: {e}"),
-    }
-}
-
-pub(crate) fn gone(pid: u32) -> bool {
-    !std::path::Path::new(&format!("/proc/{pid}")).exists()
-        || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| {
-                s.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z')
-            })
-            .unwrap_or(true)
-}
-
 /// Takes the snapshot and writes the trace.
 pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
     let pid = opts.pid;
@@ -102,6 +74,104 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
     if gone(pid) {
         bail!("no process {pid} (it does not exist or has exited)");
     }
+    let (mut mem, mut build_ids, maps) = open_readable(pid)?;
+    let argv: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_default()
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    let heap = HeapReader::find(pid, &maps, &mut mem);
+
+    // A CPython process: its pymalloc pools, read with the program held for their own
+    // short stop, before the residency that splits them.
+    let pymalloc = fragscope_census::pymalloc::Pymalloc::detect(pid).map(|layout| {
+        layout.and_then(|layout| {
+            fragscope_census::pymalloc::census(pid, &layout)
+                .map_err(|e| format!("no pymalloc census: {e}"))
+        })
+    });
+    let reading = match &heap.ghc {
+        Some(rts) => read_ghc(pid, rts, &mut build_ids, maps, page)?,
+        None => read_malloc_heap(opts, &heap, &mut mem, &mut build_ids, page)?,
+    };
+    let resident_heap_bytes = resident_bytes(&reading.residency, page);
+    if gone(pid) && reading.rss.is_none() {
+        bail!("process {pid} exited while it was read");
+    }
+    let rollup = procfs::read_rollup(pid);
+
+    let file = create_output(&opts.output, opts.force)?;
+    let mut w = ChunkWriter::new(
+        BufWriter::with_capacity(1 << 20, file),
+        opts.compression_level,
+    )?;
+    let process = Process {
+        stream: 0,
+        pid,
+        ppid: procfs::parent_pid(pid).unwrap_or(0),
+        origin: Origin::Started,
+        parent_stream: None,
+        start_tick: 0,
+        argv,
+        exe,
+        fork_mark: None,
+    };
+    write_process(&mut w, process, page, heap.linked.as_ref())?;
+    let Reading {
+        stopped_for,
+        maps,
+        residency,
+        rss,
+        census,
+        ghc_census,
+        read_from_copy,
+        copy_note,
+    } = reading;
+    write_readings(&mut w, maps, rss, rollup, pymalloc, residency, page)?;
+    let (heap_bytes, note) = write_censuses(
+        &mut w,
+        opts,
+        heap.allocator,
+        stopped_for,
+        ghc_census,
+        census,
+        resident_heap_bytes,
+    )?;
+    w.write_chunk(
+        ChunkKind::End,
+        &End {
+            tick: 0,
+            event_bytes: 0,
+        }
+        .encode(),
+    )?;
+    w.flush()?;
+    let note = match (note, copy_note) {
+        (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+        (a, b) => a.or(b),
+    };
+    Ok(SnapshotOutcome {
+        file_bytes: w.bytes_written(),
+        allocator: heap.allocator.into(),
+        stopped_for,
+        read_from_copy,
+        heap_bytes,
+        note,
+    })
+}
+
+/// Build-ids by the path of the file mapped (`procfs::read_maps` fills it).
+type BuildIds = HashMap<String, Vec<u8>>;
+
+/// Opens `pid`'s memory, with its build-ids and maps, once a read of a page it maps
+/// succeeded (reading is checked apart from the open).
+fn open_readable(pid: u32) -> Result<(ProcessMemory, BuildIds, Vec<Mapping>)> {
     let mut mem = ProcessMemory::open(pid).map_err(|e| access_error(pid, &e))?;
     // Reading is checked apart from the open: try it on a page we know.
     let mut build_ids = HashMap::new();
@@ -116,215 +186,270 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
             return Err(access_error(pid, &e));
         }
     }
-    let argv: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
-        .unwrap_or_default()
-        .split(|&b| b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect();
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
-        .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    Ok((mem, build_ids, maps))
+}
 
-    // What reads the heap: the GHC RTS's census, glibc's, or none (page level only).
-    let elf = std::fs::read(format!("/proc/{pid}/exe")).unwrap_or_default();
-    let ghc = crate::ghc::inspect(&elf).map(|_| {
-        RtsInfo::query(std::path::Path::new(&format!("/proc/{pid}/exe")), None)
-            .and_then(|info| GhcRts::new(&elf, info, Some(pid)))
-    });
-    // A copy linked into the program (or a library) serves its allocations, whatever
-    // the C library's malloc does beside it.
-    let linked = if ghc.is_some() {
-        None
-    } else {
-        linked_allocators(&maps).into_iter().next()
-    };
-    let allocator = match (&ghc, &linked) {
-        (Some(_), _) => "ghc",
-        (None, Some(l)) => l.allocator,
-        (None, None) => allocator_of(&maps),
-    };
-    let layout = match allocator {
-        "glibc" => Some(glibc::locate(pid, &maps, &mut mem)),
-        _ => None,
-    };
-    // tcmalloc as a shared library (a copy linked into the program is not read yet).
-    let tcmalloc_layout = (allocator == "tcmalloc" && linked.is_none())
-        .then(|| fragscope_census::tcmalloc::locate(pid, &mut mem));
+/// What reads the heap: the GHC RTS's census, glibc's, tcmalloc's, or none (page level
+/// only), found before the process is stopped.
+struct HeapReader {
+    pid: u32,
+    ghc: Option<Result<GhcRts, String>>,
+    /// A copy linked into the program (or a library).
+    linked: Option<LinkedAllocator>,
+    allocator: &'static str,
+    glibc: Option<Result<glibc::GlibcLayout, String>>,
+    tcmalloc: Option<Result<tcmalloc::TcmallocLayout, String>>,
+}
 
-    // A CPython process: its pymalloc pools, read with the program held for their own
-    // short stop, before the residency that splits them.
-    let pymalloc = fragscope_census::pymalloc::Pymalloc::detect(pid).map(|layout| {
-        layout.and_then(|layout| {
-            fragscope_census::pymalloc::census(pid, &layout)
-                .map_err(|e| format!("no pymalloc census: {e}"))
-        })
-    });
-    let mut ghc_census = None;
-    let mut copy_note = None;
-    let mut read_from_copy = false;
-    let (stopped_for, maps, residency, rss, census) = match &ghc {
-        Some(rts) => {
-            // The GHC census holds the program itself (about 1 ms per 50 MiB of heap).
-            let result = match rts {
-                Ok(rts) => match crate::census::ghc_census_outside_collections(
-                    pid,
-                    rts,
-                    CensusLimits::default(),
-                    || (),
-                )
-                .1
-                {
-                    Ok(b) => Ok(b),
-                    Err(CensusError::Unreadable(e)) if gone(pid) => {
-                        bail!("process {pid} exited while it was read ({e})")
-                    }
-                    Err(e) => Err(format!("no block census: {e}")),
-                },
-                Err(why) => Err(why.clone()),
-            };
-            let pause = result
-                .as_ref()
-                .ok()
-                .map(|b| Duration::from_micros(b.pause_us));
-            ghc_census = Some(result);
-            let maps = procfs::read_maps(pid, &mut build_ids).unwrap_or(maps);
-            let residency = read_residency(pid, &maps, page);
-            let rss = procfs::read_rss(pid, 0);
-            (pause, maps, residency, rss, None)
+impl HeapReader {
+    fn find(pid: u32, maps: &[Mapping], mem: &mut ProcessMemory) -> Self {
+        let elf = std::fs::read(format!("/proc/{pid}/exe")).unwrap_or_default();
+        let ghc = crate::ghc::inspect(&elf).map(|_| {
+            RtsInfo::query(std::path::Path::new(&format!("/proc/{pid}/exe")), None)
+                .and_then(|info| GhcRts::new(&elf, info, Some(pid)))
+        });
+        // A copy linked into the program (or a library) serves its allocations, whatever
+        // the C library's malloc does beside it.
+        let linked = if ghc.is_some() {
+            None
+        } else {
+            linked_allocators(maps).into_iter().next()
+        };
+        let allocator = match (&ghc, &linked) {
+            (Some(_), _) => "ghc",
+            (None, Some(l)) => l.allocator,
+            (None, None) => allocator_of(maps),
+        };
+        let glibc = match allocator {
+            "glibc" => Some(glibc::locate(pid, maps, mem)),
+            _ => None,
+        };
+        // tcmalloc as a shared library (a copy linked into the program is not read yet).
+        let tcmalloc =
+            (allocator == "tcmalloc" && linked.is_none()).then(|| tcmalloc::locate(pid, mem));
+        Self {
+            pid,
+            ghc,
+            linked,
+            allocator,
+            glibc,
+            tcmalloc,
         }
-        None => {
-            // Ready before the stop, so that the stop lasts only for the fork.
-            let forker =
-                (opts.stop && matches!(layout, Some(Ok(_))) && opts.fork_copy != ForkCopy::Never)
-                    .then(|| crate::attach::Forker::new(pid));
-            let mut pause = if opts.stop {
-                Some(Pause::stop(pid).map_err(|e| {
-                    if gone(pid) {
-                        anyhow::anyhow!("process {pid} exited before it could be read")
-                    } else {
-                        anyhow::anyhow!(e)
-                    }
-                })?)
-            } else {
-                None
-            };
-            let maps = procfs::read_maps(pid, &mut build_ids)
-                .ok_or_else(|| anyhow::anyhow!("process {pid} exited while it was read"))?;
-            let residency = read_residency(pid, &maps, page);
-            let rss = procfs::read_rss(pid, 0);
-            let wants_copy = match opts.fork_copy {
-                ForkCopy::Always => true,
-                ForkCopy::Never => false,
-                ForkCopy::Auto => resident_bytes(&residency, page) >= FORK_COPY_FROM,
-            };
-            // The heap as it is now, read from a copy while the process runs on.
-            let copy = match forker.as_ref().filter(|_| wants_copy && pause.is_some()) {
-                Some(forker) => match forker
-                    .as_ref()
-                    .map_err(|e| anyhow::anyhow!("{e:#}"))
-                    .and_then(|f| f.fork())
-                {
-                    Ok(c) => Some(c),
-                    Err(e) => {
-                        copy_note = Some(format!(
-                            "the heap was read from the process held stopped, not from a copy \
-                             ({e:#})"
-                        ));
-                        None
-                    }
-                },
-                None => None,
-            };
-            let mut copy_mem = match &copy {
-                Some(c) => Some(ProcessMemory::open(c.pid()).map_err(|e| access_error(pid, &e))?),
-                None => None,
-            };
-            let mut held = None;
-            if copy_mem.is_some() {
-                held = pause.as_ref().map(Pause::held);
-                drop(pause.take());
-            }
-            let census: Result<AllocatorHeap, String> = match layout {
-                Some(Ok(layout)) => {
-                    let reading = copy_mem.as_mut().unwrap_or(&mut mem);
-                    match glibc::census(reading, &layout, &maps, &residency, page) {
-                        Ok(h) => Ok(AllocatorHeap::Glibc(h)),
-                        Err(_) if gone(pid) => bail!("process {pid} exited while it was read"),
-                        Err(CensusError::NoHeap) => {
-                            Err("glibc malloc has not been used yet in this process".into())
-                        }
-                        Err(e) if !opts.stop => Err(format!(
-                            "the heap changed while it was read without stopping the process \
-                             (--no-stop): {e}; take the snapshot without --no-stop"
-                        )),
-                        Err(e) => Err(format!("glibc's heap did not hold together: {e}")),
-                    }
-                }
-                Some(Err(why)) => Err(why),
-                None => match tcmalloc_layout {
-                    Some(Ok(l)) => match fragscope_census::tcmalloc::census(&mut mem, &l) {
-                        Ok(h) => Ok(AllocatorHeap::Tcmalloc(h)),
-                        Err(_) if gone(pid) => bail!("process {pid} exited while it was read"),
-                        Err(e) if !opts.stop => Err(format!(
-                            "the heap changed while it was read without stopping the process \
-                             (--no-stop): {e}; take the snapshot without --no-stop"
-                        )),
-                        Err(e) => Err(format!("tcmalloc's heap did not hold together: {e}")),
-                    },
-                    Some(Err(why)) => Err(why),
-                    None => Err(format!(
-                        "the process runs on {}; fragscope does not read that allocator's own \
-                     metadata yet, so this snapshot gives the page-level picture (RSS, \
-                     resident heap pages, lazily freed pages), not live and free bytes",
-                        match (allocator, &linked) {
-                            (_, Some(l)) => format!(
-                                "a {} linked into {}",
-                                l.allocator,
-                                l.image.rsplit('/').next().unwrap_or(&l.image)
-                            ),
-                            ("unknown", None) => "an allocator fragscope does not recognise".into(),
-                            (a, None) => a.into(),
-                        }
-                    )),
-                },
-            };
-            read_from_copy = copy.is_some();
-            drop(copy_mem);
-            drop(copy);
-            let held = held.or_else(|| pause.as_ref().map(Pause::held));
-            drop(pause);
-            (held, maps, residency, rss, Some(census))
-        }
-    };
-    let resident_heap_bytes = resident_bytes(&residency, page);
-    if gone(pid) && rss.is_none() {
-        bail!("process {pid} exited while it was read");
     }
-    let rollup = procfs::read_rollup(pid);
+}
 
-    let file = crate::session::create_output(&opts.output, opts.force)?;
-    let mut w = ChunkWriter::new(
-        BufWriter::with_capacity(1 << 20, file),
-        opts.compression_level,
-    )?;
-    let meta = crate::session::meta_now(page, StackMode::None, 0, 0, argv.clone());
-    w.write_chunk(ChunkKind::Meta, &meta.encode())?;
-    let process = Process {
-        stream: 0,
-        pid,
-        ppid: procfs::parent_pid(pid).unwrap_or(0),
-        origin: Origin::Started,
-        parent_stream: None,
-        start_tick: 0,
-        argv,
-        exe,
-        fork_mark: None,
+/// What was read of the process.
+struct Reading {
+    /// How long it was held stopped.
+    stopped_for: Option<Duration>,
+    maps: Vec<Mapping>,
+    residency: Vec<ResidentRange>,
+    rss: Option<RssSample>,
+    /// The malloc heap's census (None: a GHC program).
+    census: Option<Result<AllocatorHeap, String>>,
+    ghc_census: Option<Result<GhcBlocks, String>>,
+    read_from_copy: bool,
+    /// Why the heap was not read from a copy when one was wanted.
+    copy_note: Option<String>,
+}
+
+/// A GHC program: its block census, which holds the program itself (about 1 ms per
+/// 50 MiB of heap), then its maps, residency and RSS.
+fn read_ghc(
+    pid: u32,
+    rts: &Result<GhcRts, String>,
+    build_ids: &mut BuildIds,
+    maps: Vec<Mapping>,
+    page: u64,
+) -> Result<Reading> {
+    let result = match rts {
+        Ok(rts) => match crate::census::ghc_census_outside_collections(
+            pid,
+            rts,
+            CensusLimits::default(),
+            || (),
+        )
+        .1
+        {
+            Ok(b) => Ok(b),
+            Err(CensusError::Unreadable(e)) if gone(pid) => {
+                bail!("process {pid} exited while it was read ({e})")
+            }
+            Err(e) => Err(format!("no block census: {e}")),
+        },
+        Err(why) => Err(why.clone()),
     };
+    let pause = result
+        .as_ref()
+        .ok()
+        .map(|b| Duration::from_micros(b.pause_us));
+    let maps = procfs::read_maps(pid, build_ids).unwrap_or(maps);
+    let residency = read_residency(pid, &maps, page);
+    let rss = procfs::read_rss(pid, 0);
+    Ok(Reading {
+        stopped_for: pause,
+        maps,
+        residency,
+        rss,
+        census: None,
+        ghc_census: Some(result),
+        read_from_copy: false,
+        copy_note: None,
+    })
+}
+
+/// A malloc heap: the process held stopped (unless `opts.stop` is off) while its maps,
+/// residency and RSS are read, and its heap too, or only while a copy is forked that the
+/// heap is then read from.
+fn read_malloc_heap(
+    opts: &SnapshotOptions,
+    heap: &HeapReader,
+    mem: &mut ProcessMemory,
+    build_ids: &mut BuildIds,
+    page: u64,
+) -> Result<Reading> {
+    let pid = heap.pid;
+    // Ready before the stop, so that the stop lasts only for the fork.
+    let forker =
+        (opts.stop && matches!(heap.glibc, Some(Ok(_))) && opts.fork_copy != ForkCopy::Never)
+            .then(|| crate::fork_copy::Forker::new(pid));
+    let mut pause = if opts.stop {
+        Some(Pause::stop(pid).map_err(|e| {
+            if gone(pid) {
+                anyhow::anyhow!("process {pid} exited before it could be read")
+            } else {
+                anyhow::anyhow!(e)
+            }
+        })?)
+    } else {
+        None
+    };
+    let maps = procfs::read_maps(pid, build_ids)
+        .ok_or_else(|| anyhow::anyhow!("process {pid} exited while it was read"))?;
+    let residency = read_residency(pid, &maps, page);
+    let rss = procfs::read_rss(pid, 0);
+    let wants_copy = match opts.fork_copy {
+        ForkCopy::Always => true,
+        ForkCopy::Never => false,
+        ForkCopy::Auto => resident_bytes(&residency, page) >= FORK_COPY_FROM,
+    };
+    let mut copy_note = None;
+    // The heap as it is now, read from a copy while the process runs on.
+    let copy = match forker.as_ref().filter(|_| wants_copy && pause.is_some()) {
+        Some(forker) => match forker
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{e:#}"))
+            .and_then(|f| f.fork())
+        {
+            Ok(c) => Some(c),
+            Err(e) => {
+                copy_note = Some(format!(
+                    "the heap was read from the process held stopped, not from a copy \
+                     ({e:#})"
+                ));
+                None
+            }
+        },
+        None => None,
+    };
+    let mut copy_mem = match &copy {
+        Some(c) => Some(ProcessMemory::open(c.pid()).map_err(|e| access_error(pid, &e))?),
+        None => None,
+    };
+    let mut held = None;
+    if copy_mem.is_some() {
+        held = pause.as_ref().map(Pause::held);
+        drop(pause.take());
+    }
+    let census = read_allocator(opts, heap, mem, copy_mem.as_mut(), &maps, &residency, page)?;
+    let read_from_copy = copy.is_some();
+    drop(copy_mem);
+    drop(copy);
+    let held = held.or_else(|| pause.as_ref().map(Pause::held));
+    drop(pause);
+    Ok(Reading {
+        stopped_for: held,
+        maps,
+        residency,
+        rss,
+        census: Some(census),
+        ghc_census: None,
+        read_from_copy,
+        copy_note,
+    })
+}
+/// The census of a malloc heap: glibc's read from the copy when there is one, else from
+/// the process (`mem`); tcmalloc's from the process. Err when the process exited
+/// meanwhile; Ok(Err) says why the heap was not read.
+fn read_allocator(
+    opts: &SnapshotOptions,
+    heap: &HeapReader,
+    mem: &mut ProcessMemory,
+    copy_mem: Option<&mut ProcessMemory>,
+    maps: &[Mapping],
+    residency: &[ResidentRange],
+    page: u64,
+) -> Result<Result<AllocatorHeap, String>> {
+    let pid = heap.pid;
+    Ok(match &heap.glibc {
+        Some(Ok(layout)) => {
+            let reading = copy_mem.unwrap_or(mem);
+            match glibc::census(reading, layout, maps, residency, page) {
+                Ok(h) => Ok(AllocatorHeap::Glibc(h)),
+                Err(_) if gone(pid) => bail!("process {pid} exited while it was read"),
+                Err(CensusError::NoHeap) => {
+                    Err("glibc malloc has not been used yet in this process".into())
+                }
+                Err(e) if !opts.stop => Err(format!(
+                    "the heap changed while it was read without stopping the process \
+                     (--no-stop): {e}; take the snapshot without --no-stop"
+                )),
+                Err(e) => Err(format!("glibc's heap did not hold together: {e}")),
+            }
+        }
+        Some(Err(why)) => Err(why.clone()),
+        None => match &heap.tcmalloc {
+            Some(Ok(l)) => match tcmalloc::census(mem, l) {
+                Ok(h) => Ok(AllocatorHeap::Tcmalloc(h)),
+                Err(_) if gone(pid) => bail!("process {pid} exited while it was read"),
+                Err(e) if !opts.stop => Err(format!(
+                    "the heap changed while it was read without stopping the process \
+                     (--no-stop): {e}; take the snapshot without --no-stop"
+                )),
+                Err(e) => Err(format!("tcmalloc's heap did not hold together: {e}")),
+            },
+            Some(Err(why)) => Err(why.clone()),
+            None => Err(format!(
+                "the process runs on {}; fragscope does not read that allocator's own \
+                 metadata yet, so this snapshot gives the page-level picture (RSS, \
+                 resident heap pages, lazily freed pages), not live and free bytes",
+                match (heap.allocator, &heap.linked) {
+                    (_, Some(l)) => format!(
+                        "a {} linked into {}",
+                        l.allocator,
+                        l.image.rsplit('/').next().unwrap_or(&l.image)
+                    ),
+                    ("unknown", None) => "an allocator fragscope does not recognise".into(),
+                    (a, None) => a.into(),
+                }
+            )),
+        },
+    })
+}
+
+type TraceWriter = ChunkWriter<BufWriter<std::fs::File>>;
+
+/// The trace's Meta, the process, and the allocator linked into it.
+fn write_process(
+    w: &mut TraceWriter,
+    process: Process,
+    page: u64,
+    linked: Option<&LinkedAllocator>,
+) -> Result<()> {
+    let meta = meta_now(page, StackMode::None, 0, 0, process.argv.clone());
+    w.write_chunk(ChunkKind::Meta, &meta.encode())?;
     w.write_chunk(ChunkKind::Process, &process.encode())?;
-    if let Some(l) = &linked {
+    if let Some(l) = linked {
         let chunk = fragscope_trace::heap_census::LinkedAllocator {
             stream: 0,
             allocator: l.allocator.into(),
@@ -334,12 +459,25 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         };
         w.write_chunk(ChunkKind::LinkedAllocator, &chunk.encode())?;
     }
+    Ok(())
+}
+
+/// The process's maps, RSS, smaps_rollup, pymalloc census and residency.
+fn write_readings(
+    w: &mut TraceWriter,
+    maps: Vec<Mapping>,
+    rss: Option<RssSample>,
+    rollup: Option<Vec<(String, u64)>>,
+    pymalloc: Option<Result<PymallocPools, String>>,
+    residency: Vec<ResidentRange>,
+    page: u64,
+) -> Result<()> {
     w.write_chunk(
         ChunkKind::Maps,
         &Maps {
             stream: 0,
             tick: 0,
-            mappings: maps.clone(),
+            mappings: maps,
         }
         .encode(),
     )?;
@@ -387,6 +525,20 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         }
         .encode(),
     )?;
+    Ok(())
+}
+
+/// The GHC block census or the malloc heap's; returns the heap's bytes and why its
+/// allocator's metadata was not read, when it was not.
+fn write_censuses(
+    w: &mut TraceWriter,
+    opts: &SnapshotOptions,
+    allocator: &str,
+    stopped_for: Option<Duration>,
+    ghc_census: Option<Result<GhcBlocks, String>>,
+    census: Option<Result<AllocatorHeap, String>>,
+    resident_heap_bytes: u64,
+) -> Result<(u64, Option<String>)> {
     let mut heap_bytes = 0;
     let mut note = None;
     if let Some(result) = ghc_census {
@@ -438,27 +590,7 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         }
         .encode(),
     )?;
-    w.write_chunk(
-        ChunkKind::End,
-        &End {
-            tick: 0,
-            event_bytes: 0,
-        }
-        .encode(),
-    )?;
-    w.flush()?;
-    let note = match (note, copy_note) {
-        (Some(a), Some(b)) => Some(format!("{a}; {b}")),
-        (a, b) => a.or(b),
-    };
-    Ok(SnapshotOutcome {
-        file_bytes: w.bytes_written(),
-        allocator: allocator.into(),
-        stopped_for,
-        read_from_copy,
-        heap_bytes,
-        note,
-    })
+    Ok((heap_bytes, note))
 }
 
 /// Bytes of the heap's mappings resident, by pagemap.
@@ -474,29 +606,4 @@ fn read_residency(
     let heap: Vec<&fragscope_trace::Mapping> =
         maps.iter().filter(|m| procfs::may_hold_heap(m)).collect();
     procfs::read_residency(pid, &heap, page).unwrap_or_default()
-}
-
-/// The blocks glibc's heap of `pid` holds, (address, usable bytes): the heap `record -p`
-/// starts from. The caller holds the process stopped. Err says why they could not be
-/// read (another allocator, a layout not verified, ...).
-pub(crate) fn glibc_live_blocks(pid: u32) -> Result<Vec<(u64, u64)>, String> {
-    let mut mem = ProcessMemory::open(pid).map_err(|e| format!("{:#}", access_error(pid, &e)))?;
-    let mut build_ids = HashMap::new();
-    let maps = procfs::read_maps(pid, &mut build_ids).ok_or("the process exited")?;
-    match allocator_of(&maps) {
-        "glibc" => {}
-        other => {
-            return Err(format!(
-                "it runs on {other}, whose blocks fragscope does not read"
-            ))
-        }
-    }
-    let layout = glibc::locate(pid, &maps, &mut mem)?;
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
-    match glibc::live_blocks(&mut mem, &layout, &maps, page) {
-        Ok(b) => Ok(b),
-        Err(CensusError::NoHeap) => Ok(Vec::new()),
-        Err(e) => Err(format!("glibc's heap did not hold together: {e}")),
-    }
 }
