@@ -102,25 +102,9 @@ fn a_c_program_linked_with_a_static_jemalloc_takes_every_malloc_call() {
     );
     let dir = tempfile::tempdir().unwrap();
     let exe = dir.path().join("usable_sum_static_jemalloc");
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/c/usable_sum.c");
-    let ok = Command::new("cc")
-        .args(["-O1", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .args([archive, "-lm", "-ldl"])
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    compile_linked(&exe, "usable_sum", &[archive, "-lm", "-ldl"]);
     let trace = dir.path().join("static.fsc");
-    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
-        .args(["record", "-o"])
-        .arg(&trace)
-        .arg("--")
-        .arg(&exe)
-        .arg("20000")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let out = record_usable_sum(&exe, &trace);
     let err = stderr(&out);
     assert!(out.status.success(), "{err}");
     assert!(
@@ -140,15 +124,7 @@ fn a_program_on_glibc_links_no_allocator() {
     let dir = tempfile::tempdir().unwrap();
     let exe = build(dir.path(), "usable_sum", &[]);
     let trace = dir.path().join("glibc.fsc");
-    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
-        .args(["record", "-o"])
-        .arg(&trace)
-        .arg("--")
-        .arg(&exe)
-        .arg("20000")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let out = record_usable_sum(&exe, &trace);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(!stderr(&out).contains("links its own"), "{}", stderr(&out));
     let r = report_json(&trace);
@@ -168,16 +144,7 @@ fn a_program_on_glibc_links_no_allocator() {
 fn a_snapshot_of_a_tcmalloc_program_counts_what_tcmalloc_counts() {
     let dir = tempfile::tempdir().unwrap();
     let exe = dir.path().join("tcmalloc_keep_tenth");
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/c/tcmalloc_keep_tenth.c");
-    let ok = Command::new("cc")
-        .args(["-O1", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg("-ltcmalloc")
-        .status()
-        .unwrap();
-    assert!(ok.success(), "needs Debian's libgoogle-perftools-dev");
+    compile_linked(&exe, "tcmalloc_keep_tenth", &["-ltcmalloc"]);
     let mut cmd = Command::new(&exe);
     cmd.arg("1000000");
     let mut p = Running::start(cmd);
@@ -244,4 +211,33 @@ fn a_snapshot_of_a_tcmalloc_program_counts_what_tcmalloc_counts() {
     assert!(text.contains("in the central free lists"), "{text}");
     assert!(text.contains("size classes by central free list"), "{text}");
     p.send("");
+}
+
+/// Compiles tests/c/`name`.c into `exe`, linked with `libs` (after the source, as the
+/// linker needs them).
+fn compile_linked(exe: &std::path::Path, name: &str, libs: &[&str]) {
+    let src =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/c/{name}.c"));
+    let ok = Command::new("cc")
+        .args(["-O1", "-pthread", "-o"])
+        .arg(exe)
+        .arg(&src)
+        .args(libs)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "cc {name}.c {libs:?} failed");
+}
+
+/// `fragscope record` of tests/c/usable_sum.c's `exe` with 20 000 blocks (stdin closed:
+/// it exits once it has printed its sum).
+fn record_usable_sum(exe: &std::path::Path, trace: &std::path::Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "-o"])
+        .arg(trace)
+        .arg("--")
+        .arg(exe)
+        .arg("20000")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap()
 }
