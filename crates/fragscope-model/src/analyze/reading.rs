@@ -173,7 +173,7 @@ impl Reading<'_> {
                 self.read.seen_end = true;
                 self.read.last_tick = self.read.last_tick.max(e.tick);
             }
-            // Read by the GHC model (`ghc.rs`).
+            // Read by the GHC model (`ghc`).
             Chunk::GhcCensus(_) => {}
             Chunk::PymallocCensus(c) => {
                 let s = self.stream(c.stream);
