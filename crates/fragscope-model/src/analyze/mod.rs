@@ -1,0 +1,99 @@
+//! One pass over a trace: merge each process's threads, follow its live bytes, evaluate
+//! the heap at each page-residency snapshot as the merged calls reach that moment, and
+//! turn it all into a [`Report`]. Memory is bounded by the live blocks (held once, in the
+//! merge) and the /proc samples, never by the number of calls.
+//!
+//! Each process is followed as a `stream::Stream` while the trace is read (`reading`);
+//! the report of the chosen one is put together in `report_assembly`.
+
+mod decomposition;
+mod headline;
+mod reading;
+mod report_assembly;
+mod sites;
+mod stream;
+mod timeline;
+
+use std::path::Path;
+
+use fragscope_trace::TraceError;
+
+use crate::report::Report;
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Analyse this pid (the last image of it, after exec) instead of the largest process.
+    pub pid: Option<u32>,
+    /// Pages under this live occupancy (percent) count as pinned by their objects.
+    pub sparse_pct: u32,
+    /// Rows per site table.
+    pub top: usize,
+    /// Also list every allocation site with its stack (`Report::all_sites`), for flame
+    /// graphs and exports.
+    pub all_sites: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            pid: None,
+            sparse_pct: 10,
+            top: 10,
+            all_sites: false,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AnalysisError {
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    #[error("no process with pid {0} in this trace (see `fragscope info`)")]
+    NoSuchPid(u32),
+    #[error("the trace holds no process (it was cut before the program started)")]
+    Empty,
+    #[error("no process of this trace could be traced: {0}")]
+    NothingTraced(String),
+}
+
+/// Sites kept per snapshot (by live bytes and by pinned waste each).
+const SITES_PER_SNAPSHOT: usize = 64;
+/// Classes kept per snapshot for the history (by usable plus retained bytes).
+const CLASSES_PER_SNAPSHOT: usize = 64;
+/// Points of the timeline in the report.
+const TIMELINE_POINTS: usize = 600;
+/// Allocator statistics further than this from a snapshot describe another moment.
+const STATS_MAX_DISTANCE_TICKS: u64 = 250;
+
+/// Reads and analyses a whole trace. `progress` is told the bytes read so far.
+///
+/// The stages: `reading` merges each process's calls into its live blocks and evaluates
+/// its snapshots as the calls reach them; the report's process is chosen; then
+/// `report_assembly` puts together its `timeline` and phases, its snapshots'
+/// `decomposition`, its `sites` and its `headline`.
+pub fn analyze(
+    path: &Path,
+    opts: &Options,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<Report, AnalysisError> {
+    let mut read = reading::read_trace(path, opts, &mut progress)?;
+    if read.streams.is_empty() {
+        return Err(nothing_traced(&read.untraced));
+    }
+    let chosen = read.chosen(opts)?;
+    // Its snapshots that waited for this choice; the others' are not needed.
+    read.streams[chosen].evaluate_deferred(&read.ctx);
+    Ok(report_assembly::assemble(path, opts, &read, chosen))
+}
+
+/// Why a trace without any process has no report.
+fn nothing_traced(untraced: &[fragscope_trace::Untraced]) -> AnalysisError {
+    if untraced.is_empty() {
+        return AnalysisError::Empty;
+    }
+    let each: Vec<String> = untraced
+        .iter()
+        .map(|u| format!("{}: {}", u.label(), u.reason))
+        .collect();
+    AnalysisError::NothingTraced(each.join("; "))
+}
