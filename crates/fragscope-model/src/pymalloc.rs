@@ -5,7 +5,7 @@
 //! use, empty pools kept by arenas that still hold a pool in use, and arenas with no pool
 //! in use at all.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use fragscope_trace::records::{Pagemap, PymallocPools};
 
@@ -188,7 +188,7 @@ pub struct Split {
     /// for the heap's own count to leave out.
     pub by_range: HashMap<u64, Owners>,
     /// Each arena's figures, by the census's arena number.
-    pub arenas: HashMap<u32, ArenaAcc>,
+    pub arenas: BTreeMap<u32, ArenaAcc>,
 }
 
 /// Splits a census's pools by the residency `pm` read with it.
@@ -216,7 +216,7 @@ pub fn split(pools: &PymallocPools, pm: &Pagemap, fork: Option<&Pagemap>) -> Spl
         pause_ms: pools.pause_us as f64 / 1000.0,
     };
     let mut by_range: HashMap<u64, Owners> = HashMap::new();
-    let mut arenas: HashMap<u32, ArenaAcc> = HashMap::new();
+    let mut arenas: BTreeMap<u32, ArenaAcc> = BTreeMap::new();
     let mut classes: HashMap<u32, PymallocClass> = HashMap::new();
     for p in &pools.pools {
         let (mut bytes, mut copied) = (0, 0);

@@ -8,7 +8,7 @@
 //! are counted apart: a site that pins many arenas with one object each is found only as
 //! often as sampling meets it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use fragscope_trace::records::PymallocPools;
 use fragscope_trace::runtime_samples::{Definitions, RuntimeSamples, SampleRecord};
@@ -142,7 +142,7 @@ pub struct PoolIndex {
     pub copied: u64,
     pool_size: u64,
     pool_arena: HashMap<u64, u32>,
-    arenas: HashMap<u32, ArenaAcc>,
+    arenas: BTreeMap<u32, ArenaAcc>,
 }
 
 impl PoolIndex {
@@ -150,7 +150,7 @@ impl PoolIndex {
         tick: u64,
         waste: u64,
         pools: &PymallocPools,
-        arenas: HashMap<u32, ArenaAcc>,
+        arenas: BTreeMap<u32, ArenaAcc>,
     ) -> Self {
         Self {
             tick,
@@ -259,8 +259,8 @@ struct SiteAcc {
 }
 
 /// The samples of `log` live at `until`: address -> (size, stack).
-fn live_at(log: &PythonLog, until: u64) -> HashMap<u64, (u64, u32)> {
-    let mut live = HashMap::new();
+fn live_at(log: &PythonLog, until: u64) -> BTreeMap<u64, (u64, u32)> {
+    let mut live = BTreeMap::new();
     for e in log.events.iter().filter(|e| e.tick() <= until) {
         match *e {
             Event::Alloc {
@@ -334,8 +334,8 @@ pub fn sites(
     };
     if let Some(index) = index {
         // Each arena's sampled bytes by site.
-        let mut in_arena: HashMap<u32, HashMap<String, f64>> = HashMap::new();
-        let mut stacks_in_arena: HashMap<u32, HashMap<u32, f64>> = HashMap::new();
+        let mut in_arena: BTreeMap<u32, BTreeMap<String, f64>> = BTreeMap::new();
+        let mut stacks_in_arena: BTreeMap<u32, BTreeMap<u32, f64>> = BTreeMap::new();
         for (&address, &(size, stack)) in &live {
             let pool = address - address % index.pool_size;
             let Some(&arena) = index.pool_arena.get(&pool) else {
@@ -378,7 +378,7 @@ pub fn sites(
     }
     if let Some(copies) = copies {
         // Each copied arena's pages go to the sites of the samples in it then.
-        let mut in_arena: HashMap<u32, HashMap<String, f64>> = HashMap::new();
+        let mut in_arena: BTreeMap<u32, BTreeMap<String, f64>> = BTreeMap::new();
         for (&address, &(size, stack)) in &live_at(log, copies.tick) {
             let pool = address - address % copies.pool_size;
             if let Some(&arena) = copies.pool_arena.get(&pool) {
