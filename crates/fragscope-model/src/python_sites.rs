@@ -668,7 +668,7 @@ mod tests {
             free_in_used_pools: 0,
             copied: 0,
         };
-        let arenas = HashMap::from([(0, arena(1000)), (1, arena(2000)), (2, arena(500))]);
+        let arenas = BTreeMap::from([(0, arena(1000)), (1, arena(2000)), (2, arena(500))]);
         let index = PoolIndex::new(5, 3500, &pools, arenas);
         let s = sites(&log, Some(&index), None);
         assert_eq!((s.samples, s.live_samples), (4, 3));
@@ -705,7 +705,7 @@ mod tests {
         let child = child_own.forked_from(&log, 1);
         assert_eq!(child.events.len(), 6, "its parent's five and its own free");
         let copies = |copied: u64| ArenaAcc { copied, ..arena(0) };
-        let arenas = HashMap::from([(0, copies(8192)), (1, copies(4096)), (2, copies(0))]);
+        let arenas = BTreeMap::from([(0, copies(8192)), (1, copies(4096)), (2, copies(0))]);
         let copy_index = PoolIndex::new(6, 0, &pools, arenas);
         let c = sites(&child, None, Some(&copy_index));
         let a = c
