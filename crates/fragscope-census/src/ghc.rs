@@ -28,6 +28,7 @@ use fragscope_trace::records::{
 };
 
 use crate::maps::Mapping;
+use crate::memory::le_u64;
 use crate::{Pause, ProcessMemory, Symbols};
 
 pub const MBLOCK_SIZE: u64 = 1 << 20;
@@ -444,10 +445,6 @@ impl Group {
     fn used_bytes(&self) -> u64 {
         self.free.saturating_sub(self.start).min(self.held_bytes())
     }
-}
-
-fn le_u64(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
 
 fn blocks_to_mblocks(blocks: u64) -> u64 {

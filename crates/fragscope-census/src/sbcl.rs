@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 use fragscope_trace::heap_census::OCCUPANCY_BUCKETS;
 
 use crate::ghc::CensusError;
+use crate::memory::le_u64;
 use crate::{Pause, ProcessMemory, Symbols};
 
 mod mark;
@@ -792,10 +793,6 @@ pub fn census(
         }
     }
     Err(CensusError::Inconsistent(last.unwrap_or_default()))
-}
-
-fn le_u64(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
 
 fn inconsistent(s: String) -> CensusError {

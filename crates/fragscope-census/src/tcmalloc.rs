@@ -34,6 +34,7 @@
 use fragscope_trace::heap_census::{TcmallocClass, TcmallocHeap, OCCUPANCY_BUCKETS};
 
 use crate::maps;
+use crate::memory::{le_u32, le_u64};
 use crate::{ProcessMemory, Symbols};
 
 /// Library releases whose layout is checked: gperftools 2.10 (Debian 12).
@@ -78,14 +79,8 @@ const FREE_LIST_PAIR: u64 = 2 * SPAN_SIZE as u64;
 /// Spans walked at most per list: a list longer than the process could hold is corrupt.
 const MAX_SPANS: u64 = 1 << 26;
 
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
-}
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
-}
 fn i32_at(b: &[u8], at: usize) -> i32 {
-    i32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+    le_u32(b, at) as i32
 }
 
 /// The writable data of the library mapped in the process: its file-backed writable
@@ -234,12 +229,12 @@ fn size_map_at(s: &StaticData, at: usize) -> Option<SizeMap> {
     if count_at + 8 > b.len() {
         return None;
     }
-    let n = u64_at(b, count_at) as usize;
+    let n = le_u64(b, count_at) as usize;
     if !(32..=MAX_CLASSES).contains(&n) {
         return None;
     }
     let sizes: Vec<u64> = (0..n).map(|i| i32_at(b, sizes_at + 4 * i) as u64).collect();
-    let pages: Vec<u64> = (0..n).map(|i| u64_at(b, pages_at + 8 * i)).collect();
+    let pages: Vec<u64> = (0..n).map(|i| le_u64(b, pages_at + 8 * i)).collect();
     let batch: Vec<u64> = (0..n).map(|i| i32_at(b, batch_at + 4 * i) as u64).collect();
     let ordered = sizes.windows(2).all(|w| w[0] < w[1]) && sizes[n - 1] <= 256 << 10;
     let spans_hold = (1..n).all(|i| pages[i] >= 1 && pages[i] * PAGE >= sizes[i] && batch[i] >= 1);
@@ -301,7 +296,7 @@ fn span_list(
     let head = s
         .at(dummy, SPAN_SIZE)
         .ok_or("a list head outside tcmalloc's data")?;
-    let (mut next, prev) = (u64_at(head, SPAN_NEXT), u64_at(head, SPAN_PREV));
+    let (mut next, prev) = (le_u64(head, SPAN_NEXT), le_u64(head, SPAN_PREV));
     if (next == dummy) != (prev == dummy) || next == 0 || prev == 0 {
         return Err(format!("the span list at {dummy:#x} is not a list"));
     }
@@ -314,13 +309,13 @@ fn span_list(
             ));
         }
         let span = reader.read(mem, next)?;
-        if u64_at(&span, SPAN_PREV) != back {
+        if le_u64(&span, SPAN_PREV) != back {
             return Err(format!(
                 "the span at {next:#x} does not point back to its list"
             ));
         }
         back = next;
-        next = u64_at(&span, SPAN_NEXT);
+        next = le_u64(&span, SPAN_NEXT);
         spans.push(span);
     }
     Ok(spans)
@@ -330,7 +325,7 @@ fn span_list(
 fn find_central_cache(s: &StaticData, classes: usize) -> Result<u64, String> {
     let span = |a: u64| {
         s.at(a, SPAN_SIZE)
-            .map(|b| (u64_at(b, SPAN_NEXT), u64_at(b, SPAN_PREV)))
+            .map(|b| (le_u64(b, SPAN_NEXT), le_u64(b, SPAN_PREV)))
     };
     let list_head = |a: u64| {
         span(a).is_some_and(|(n, p)| {
@@ -340,14 +335,14 @@ fn find_central_cache(s: &StaticData, classes: usize) -> Result<u64, String> {
     let entry_ok = |base: u64, i: u64| {
         let e = base + i * CFL_STRIDE;
         s.at(e + CFL_SIZE_CLASS as u64, 8)
-            .is_some_and(|b| u64_at(b, 0) == i)
+            .is_some_and(|b| le_u64(b, 0) == i)
             && list_head(e + CFL_EMPTY)
             && list_head(e + CFL_NONEMPTY)
     };
     let mut found = None;
     // Class 1's entry names the array: its `size_class_` is 1, and the next ones follow.
     for off in (CFL_STRIDE as usize + CFL_SIZE_CLASS..s.bytes.len().saturating_sub(8)).step_by(8) {
-        if u64_at(&s.bytes, off) != 1 {
+        if le_u64(&s.bytes, off) != 1 {
             continue;
         }
         let base = s.base + off as u64 - CFL_SIZE_CLASS as u64 - CFL_STRIDE;
@@ -362,13 +357,13 @@ fn find_central_cache(s: &StaticData, classes: usize) -> Result<u64, String> {
 fn find_page_heap_stats(s: &StaticData) -> Result<u64, String> {
     let dummy = |a: u64| {
         s.at(a, SPAN_SIZE).is_some_and(|b| {
-            let (n, p) = (u64_at(b, SPAN_NEXT), u64_at(b, SPAN_PREV));
+            let (n, p) = (le_u64(b, SPAN_NEXT), le_u64(b, SPAN_PREV));
             (n == a && p == a) || (n != a && p != a && n != 0 && !s.contains(n) && !s.contains(p))
         })
     };
     let self_pointing = |a: u64| {
         s.at(a, SPAN_SIZE)
-            .is_some_and(|b| u64_at(b, SPAN_NEXT) == a)
+            .is_some_and(|b| le_u64(b, SPAN_NEXT) == a)
     };
     let lists = FREE_LISTS * 2;
     let mut found = None;
@@ -395,7 +390,7 @@ fn page_heap_stats(s: &StaticData, at: u64) -> Result<(u64, u64, u64), String> {
     let st = s
         .at(at, 24)
         .ok_or("the page heap lies outside tcmalloc's data")?;
-    let (system, free, unmapped) = (u64_at(st, 0), u64_at(st, 8), u64_at(st, 16));
+    let (system, free, unmapped) = (le_u64(st, 0), le_u64(st, 8), le_u64(st, 16));
     let pages = [system, free, unmapped].iter().all(|v| v % PAGE == 0);
     if pages && system > 0 && free + unmapped <= system {
         Ok((system, free, unmapped))
@@ -413,7 +408,7 @@ fn thread_caches(
 ) -> Result<(Vec<u64>, u64), String> {
     let mut free = vec![0u64; sizes.len()];
     let mut count = 0u64;
-    let word = |at: u64| s.at(at, 8).map(|b| u64_at(b, 0)).unwrap_or(0);
+    let word = |at: u64| s.at(at, 8).map(|b| le_u64(b, 0)).unwrap_or(0);
     let mut at = word(layout.thread_heaps_symbol);
     let heap_count = word(layout.thread_heap_count_symbol) & 0xffff_ffff;
     let mut prev = 0u64;
@@ -424,27 +419,27 @@ fn thread_caches(
         }
         mem.read(at, &mut cache)
             .map_err(|e| format!("a thread cache at {at:#x} could not be read ({e})"))?;
-        if u64_at(&cache, TC_PREV) != prev {
+        if le_u64(&cache, TC_PREV) != prev {
             return Err(format!("the thread cache at {at:#x} does not point back"));
         }
         let mut bytes = 0u64;
         for (cl, &size) in sizes.iter().enumerate().skip(1) {
             let list = cl * TC_FREELIST as usize;
-            if u64::from(u32_at(&cache, list + TC_FREELIST_SIZE)) != size {
+            if u64::from(le_u32(&cache, list + TC_FREELIST_SIZE)) != size {
                 return Err(format!(
                     "the thread cache at {at:#x} does not hold size class {cl} ({size} bytes)"
                 ));
             }
-            let length = u64::from(u32_at(&cache, list + TC_FREELIST_LENGTH));
+            let length = u64::from(le_u32(&cache, list + TC_FREELIST_LENGTH));
             free[cl] += length;
             bytes += length * size;
         }
-        if bytes != u64::from(u32_at(&cache, TC_SIZE)) {
+        if bytes != u64::from(le_u32(&cache, TC_SIZE)) {
             return Err(format!("the thread cache at {at:#x} does not add up"));
         }
         count += 1;
         prev = at;
-        at = u64_at(&cache, TC_NEXT);
+        at = le_u64(&cache, TC_NEXT);
     }
     if count != heap_count {
         return Err(format!(
@@ -482,10 +477,10 @@ pub fn census(mem: &mut ProcessMemory, layout: &TcmallocLayout) -> Result<Tcmall
             .ok_or("a central free list outside tcmalloc's data")?;
         let (size, counter, num_spans) = (
             map.sizes[cl],
-            u64_at(e, CFL_COUNTER),
-            u64_at(e, CFL_NUM_SPANS),
+            le_u64(e, CFL_COUNTER),
+            le_u64(e, CFL_NUM_SPANS),
         );
-        let used_slots = u64::from(u32_at(e, CFL_USED_SLOTS));
+        let used_slots = u64::from(le_u32(e, CFL_USED_SLOTS));
         let mut class = TcmallocClass {
             class: cl as u32,
             size,
@@ -497,11 +492,11 @@ pub fn census(mem: &mut ProcessMemory, layout: &TcmallocLayout) -> Result<Tcmall
         };
         for (list, full) in [(CFL_NONEMPTY, false), (CFL_EMPTY, true)] {
             for span in span_list(mem, &mut spans, s, entry + list, MAX_SPANS)? {
-                let bits = u32_at(&span, SPAN_BITS);
+                let bits = le_u32(&span, SPAN_BITS);
                 let (refcount, sizeclass) = (u64::from(bits & 0xffff), (bits >> 16) & 0xff);
-                let pages = u64_at(&span, SPAN_LENGTH);
+                let pages = le_u64(&span, SPAN_LENGTH);
                 let capacity = pages * PAGE / size.max(1);
-                if sizeclass as usize != cl || refcount > capacity || u64_at(&span, SPAN_START) == 0
+                if sizeclass as usize != cl || refcount > capacity || le_u64(&span, SPAN_START) == 0
                 {
                     return Err(format!("a span of size class {cl} does not hold together"));
                 }
