@@ -96,6 +96,14 @@ impl ProcessMemory {
     }
 }
 
+/// The little-endian words of a buffer read from another process, at byte `at`.
+pub(crate) fn le_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+pub(crate) fn le_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,12 +136,4 @@ mod tests {
         let err = m.read_ranges(&bad, &mut out).unwrap_err();
         assert!(err.to_string().contains("at 0x10"), "{err}");
     }
-}
-
-/// The little-endian words of a buffer read from another process, at byte `at`.
-pub(crate) fn le_u64(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
-}
-pub(crate) fn le_u32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
 }
