@@ -32,6 +32,17 @@ pub struct LinkedAllocator {
 }
 
 impl LinkedAllocator {
+    /// The trace's record of it (chunk 24), for process stream `stream`.
+    pub fn record(&self, stream: u32) -> fragscope_trace::heap_census::LinkedAllocator {
+        fragscope_trace::heap_census::LinkedAllocator {
+            stream,
+            allocator: self.allocator.into(),
+            image: self.image.clone(),
+            evidence: self.evidence.clone(),
+            serves_malloc: self.serves_malloc,
+        }
+    }
+
     /// What a recording misses, in a sentence fit for a note or a warning.
     pub fn consequence(&self) -> String {
         let file = self.image.rsplit('/').next().unwrap_or(&self.image);

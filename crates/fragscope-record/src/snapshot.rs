@@ -450,14 +450,7 @@ fn write_process(
     w.write_chunk(ChunkKind::Meta, &meta.encode())?;
     w.write_chunk(ChunkKind::Process, &process.encode())?;
     if let Some(l) = linked {
-        let chunk = fragscope_trace::heap_census::LinkedAllocator {
-            stream: 0,
-            allocator: l.allocator.into(),
-            image: l.image.clone(),
-            evidence: l.evidence.clone(),
-            serves_malloc: l.serves_malloc,
-        };
-        w.write_chunk(ChunkKind::LinkedAllocator, &chunk.encode())?;
+        w.write_chunk(ChunkKind::LinkedAllocator, &l.record(0).encode())?;
     }
     Ok(())
 }

@@ -42,13 +42,7 @@ pub(super) fn linked_allocators_of_streams(
             .entry(s.exe.clone())
             .or_insert_with(|| fragscope_census::allocators::linked_allocator(Path::new(&s.exe)));
         if let Some(l) = linked {
-            found.push(fragscope_trace::heap_census::LinkedAllocator {
-                stream: stream as u32,
-                allocator: l.allocator.into(),
-                image: l.image.clone(),
-                evidence: l.evidence.clone(),
-                serves_malloc: l.serves_malloc,
-            });
+            found.push(l.record(stream as u32));
         }
     }
     found
