@@ -306,7 +306,7 @@ fn tcmalloc_census(o: &mut String, t: &fragscope_model::report::TcmallocFigures)
         count(h.classes.len() as u64)
     );
     let mut classes: Vec<_> = h.classes.iter().collect();
-    classes.sort_by_key(|k| std::cmp::Reverse(k.central_free * k.size + k.span_tails()));
+    classes.sort_by_key(|k| std::cmp::Reverse(h.central_bytes_of(k)));
     let _ = writeln!(
         o,
         "  size classes by central free list, top 10:\n  {:>5} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10}",
@@ -323,7 +323,7 @@ fn tcmalloc_census(o: &mut String, t: &fragscope_model::report::TcmallocFigures)
             count(k.in_use()),
             count(k.central_free),
             count(k.transfer_free + k.thread_cache_free),
-            bytes(k.central_free * k.size + k.span_tails())
+            bytes(h.central_bytes_of(k))
         );
     }
 }

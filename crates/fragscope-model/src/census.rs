@@ -72,8 +72,8 @@ fn tcmalloc_parts(h: &TcmallocHeap, page: u64) -> (HeapParts, Vec<ClassAtSnapsho
                 usable_bytes: bytes,
                 pages: k.pages * per_span_page,
                 mean_occupancy: (bytes as f64 / (k.pages.max(1) * h.page_size) as f64).min(1.0),
-                retained_free: (k.central_free + k.transfer_free + k.thread_cache_free) * k.size
-                    + k.span_tails(),
+                retained_free: (k.transfer_free + k.thread_cache_free) * k.size
+                    + h.central_bytes_of(k),
             }
         })
         .collect();

@@ -249,9 +249,6 @@ pub struct TcmallocHeap {
     pub bytes_read: u64,
 }
 
-/// tcmalloc's page (kPageSize), which its spans are counted in.
-const PAGE_OF_SPANS: u64 = 8192;
-
 /// One size class of tcmalloc.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct TcmallocClass {
@@ -279,10 +276,6 @@ impl TcmallocClass {
     pub fn in_use(&self) -> u64 {
         self.handed_out - self.transfer_free - self.thread_cache_free
     }
-    /// Bytes at the end of its spans too short for one more object.
-    pub fn span_tails(&self) -> u64 {
-        (self.pages * PAGE_OF_SPANS).saturating_sub(self.objects * self.size)
-    }
 }
 
 impl TcmallocHeap {
@@ -290,10 +283,12 @@ impl TcmallocHeap {
     /// too short for one more object (as tcmalloc counts them,
     /// `tcmalloc.central_cache_free_bytes`).
     pub fn central_bytes(&self) -> u64 {
-        self.classes
-            .iter()
-            .map(|c| c.central_free * c.size + c.span_tails())
-            .sum()
+        self.classes.iter().map(|c| self.central_bytes_of(c)).sum()
+    }
+    /// [`TcmallocHeap::central_bytes`] of one class: its free objects, and the bytes at
+    /// the end of its spans too short for one more object.
+    pub fn central_bytes_of(&self, c: &TcmallocClass) -> u64 {
+        c.central_free * c.size + (c.pages * self.page_size).saturating_sub(c.objects * c.size)
     }
     pub fn transfer_bytes(&self) -> u64 {
         self.classes.iter().map(|c| c.transfer_free * c.size).sum()
