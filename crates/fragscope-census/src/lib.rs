@@ -5,13 +5,16 @@
 //! [`ProcessMemory`] reads another process's memory, [`Pause`] holds it stopped for a
 //! consistent view, [`Symbols`] finds a runtime's variables in its executable (load bias
 //! included). A runtime's census is built on those three: `ghc` (the GHC RTS's block
-//! descriptors), `pymalloc` (CPython's pool headers), `glibc` (malloc's arenas) and
-//! `sbcl` (SBCL's gencgc page table and heap objects). `allocators` names the allocator a
-//! process really uses, a copy linked into the program included.
+//! descriptors), `pymalloc` (CPython's pool headers), `glibc` (malloc's arenas),
+//! `tcmalloc` (gperftools' spans and free lists), `sbcl` (SBCL's gencgc page table and
+//! heap objects) and `golang` (the Go runtime's spans, its layouts from the program's
+//! DWARF). `allocators` names the allocator a process really uses, a copy linked into the
+//! program included.
 
 pub mod allocators;
 pub mod ghc;
 pub mod glibc;
+pub mod golang;
 mod maps;
 mod memory;
 mod pause;

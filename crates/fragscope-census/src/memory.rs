@@ -96,6 +96,65 @@ impl ProcessMemory {
     }
 }
 
+/// Small records (allocator spans, descriptors) scattered over a few regions of another
+/// process, read a 64 KiB window at a time: one read per window instead of one system
+/// call per record.
+#[derive(Default)]
+pub(crate) struct WindowedReader {
+    windows: std::collections::HashMap<u64, Vec<u8>>,
+}
+
+const WINDOW: u64 = 64 << 10;
+
+impl WindowedReader {
+    /// `N` bytes at `at`; `what` names the record in the error.
+    pub(crate) fn read<const N: usize>(
+        &mut self,
+        mem: &mut ProcessMemory,
+        at: u64,
+        what: &str,
+    ) -> Result<[u8; N], String> {
+        let mut record = [0u8; N];
+        self.read_into(mem, at, &mut record, what)?;
+        Ok(record)
+    }
+
+    /// Fills `out` from `at` (a record whose size is known at run time).
+    pub(crate) fn read_into(
+        &mut self,
+        mem: &mut ProcessMemory,
+        at: u64,
+        out: &mut [u8],
+        what: &str,
+    ) -> Result<(), String> {
+        let n = out.len();
+        let window = at & !(WINDOW - 1);
+        let off = (at - window) as usize;
+        let cached = if off + n > WINDOW as usize {
+            // Across a window's end: read on its own.
+            None
+        } else {
+            match self.windows.entry(window) {
+                std::collections::hash_map::Entry::Occupied(e) => Some(e.into_mut()),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    let mut bytes = vec![0u8; WINDOW as usize];
+                    // A window reaching past a mapping's end: the record alone.
+                    mem.read(window, &mut bytes).ok().map(|()| v.insert(bytes))
+                }
+            }
+        };
+        match cached {
+            Some(bytes) => {
+                out.copy_from_slice(&bytes[off..off + n]);
+                Ok(())
+            }
+            None => mem
+                .read(at, out)
+                .map_err(|e| format!("{what} at {at:#x} could not be read ({e})")),
+        }
+    }
+}
+
 /// The little-endian words of a buffer read from another process, at byte `at`.
 pub(crate) fn le_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap())

@@ -34,7 +34,7 @@
 use fragscope_trace::heap_census::{TcmallocClass, TcmallocHeap, OCCUPANCY_BUCKETS};
 
 use crate::maps;
-use crate::memory::{le_u32, le_u64};
+use crate::memory::{le_u32, le_u64, WindowedReader};
 use crate::{ProcessMemory, Symbols};
 
 /// Library releases whose layout is checked: gperftools 2.10 (Debian 12).
@@ -247,48 +247,12 @@ fn size_map_at(s: &StaticData, at: usize) -> Option<SizeMap> {
 
 /// A dummy span at `dummy` heads a list: it points to itself, or to spans that point
 /// back to it. Returns the spans in the list (each span's 48 bytes), at most `limit`.
-/// Spans read a window at a time: tcmalloc allocates them side by side from chunks of
-/// its metadata, so one read of 64 KiB brings over a thousand (one read per span made a
-/// census of 100 000 spans hold the process 4 times longer).
-#[derive(Default)]
-struct SpanReader {
-    windows: std::collections::HashMap<u64, Vec<u8>>,
-}
-
-const SPAN_WINDOW: u64 = 64 << 10;
-
-impl SpanReader {
-    fn read(&mut self, mem: &mut ProcessMemory, at: u64) -> Result<[u8; SPAN_SIZE], String> {
-        let window = at & !(SPAN_WINDOW - 1);
-        let off = (at - window) as usize;
-        if off + SPAN_SIZE > SPAN_WINDOW as usize {
-            // Across a window's end: read on its own.
-            let mut span = [0u8; SPAN_SIZE];
-            mem.read(at, &mut span)
-                .map_err(|e| format!("a span at {at:#x} could not be read ({e})"))?;
-            return Ok(span);
-        }
-        let bytes = match self.windows.entry(window) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => {
-                let mut bytes = vec![0u8; SPAN_WINDOW as usize];
-                if mem.read(window, &mut bytes).is_err() {
-                    // The window reaches past a mapping's end: the span alone.
-                    let mut span = [0u8; SPAN_SIZE];
-                    mem.read(at, &mut span)
-                        .map_err(|e| format!("a span at {at:#x} could not be read ({e})"))?;
-                    return Ok(span);
-                }
-                v.insert(bytes)
-            }
-        };
-        Ok(bytes[off..off + SPAN_SIZE].try_into().unwrap())
-    }
-}
-
+/// Spans are read a window at a time: tcmalloc allocates them side by side from chunks
+/// of its metadata, so one read of 64 KiB brings over a thousand (one read per span made
+/// a census of 100 000 spans hold the process 4 times longer).
 fn span_list(
     mem: &mut ProcessMemory,
-    reader: &mut SpanReader,
+    reader: &mut WindowedReader,
     s: &StaticData,
     dummy: u64,
     limit: u64,
@@ -308,7 +272,7 @@ fn span_list(
                 "the span list at {dummy:#x} is longer than it can be"
             ));
         }
-        let span = reader.read(mem, next)?;
+        let span = reader.read::<SPAN_SIZE>(mem, next, "a span")?;
         if le_u64(&span, SPAN_PREV) != back {
             return Err(format!(
                 "the span at {next:#x} does not point back to its list"
@@ -465,7 +429,7 @@ pub fn census(mem: &mut ProcessMemory, layout: &TcmallocLayout) -> Result<Tcmall
     let (system_bytes, pageheap_free_bytes, unmapped_bytes) =
         page_heap_stats(s, layout.pageheap_stats)?;
     let (in_thread_caches, thread_caches) = thread_caches(mem, s, layout, &map.sizes)?;
-    let mut spans = SpanReader::default();
+    let mut spans = WindowedReader::default();
     let mut classes = Vec::new();
     let mut occupancy_pages = vec![0u64; OCCUPANCY_BUCKETS];
     let mut occupancy_in_use = vec![0u64; OCCUPANCY_BUCKETS];

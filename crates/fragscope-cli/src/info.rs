@@ -245,6 +245,9 @@ fn print_text(path: &std::path::Path, s: &TraceSummary) {
                     h.classes.len(),
                     h.classes.iter().map(|k| k.spans).sum::<u64>()
                 ),
+                Ok(AllocatorHeap::Unused) => {
+                    println!("  snapshot ({how}): no malloc heap (the process maps no C library)")
+                }
                 Err(note) => println!("  snapshot {} ({how}): {note}", c.allocator),
             }
         }

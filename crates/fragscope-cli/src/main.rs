@@ -11,6 +11,7 @@ mod progress;
 mod record;
 mod replay;
 mod report;
+mod report_go;
 mod report_sharing;
 mod snapshot;
 mod units;

@@ -238,6 +238,7 @@ pub fn render(r: &Report, top: usize) -> String {
     crate::report_sharing::section(&mut o, r);
     pymalloc(&mut o, r);
     sbcl(&mut o, r);
+    crate::report_go::section(&mut o, r);
     lisp_sites(&mut o, r);
     phases(&mut o, r);
     timeline(&mut o, r);
@@ -485,7 +486,7 @@ fn headline(o: &mut String, r: &Report) {
 /// not known at that snapshot).
 type PartOf = fn(&Decomposition) -> Option<i64>;
 
-const PARTS: [(&str, PartOf); 12] = [
+const PARTS: [(&str, PartOf); 13] = [
     ("live", |d| malloc_part(d, d.live)),
     ("rounding", |d| malloc_part(d, d.rounding)),
     ("allocator overhead", |d| {
@@ -502,10 +503,21 @@ const PARTS: [(&str, PartOf); 12] = [
     ("SBCL dynamic space", |d| {
         d.sbcl_dynamic_space.map(|v| v as i64)
     }),
+    ("Go heap", |d| d.go_heap.map(|v| v as i64)),
     ("other anonymous", |d| Some(d.other_anon as i64)),
     ("file-backed", |d| Some(d.file as i64)),
     ("fragscope's own", |d| Some(d.fragscope_own as i64)),
     ("unexplained", |d| Some(d.unexplained)),
+];
+
+/// The rows of malloc's heap.
+const MALLOC_PARTS: [&str; 6] = [
+    "live",
+    "rounding",
+    "allocator overhead",
+    "free in used pages",
+    "free resident pages",
+    "lazily freed",
 ];
 
 /// A part of the malloc heap, unknown when a snapshot's census could not read it.
@@ -551,6 +563,7 @@ fn decomposition_table(o: &mut String, r: &Report) {
     add("end", r.end_snapshot);
     add("pymalloc", r.pymalloc_snapshot);
     add("SBCL", r.sbcl_snapshot);
+    add("Go", r.go_snapshot);
     if cols.is_empty() {
         return;
     }
@@ -564,8 +577,18 @@ fn decomposition_table(o: &mut String, r: &Report) {
         let _ = write!(o, "{:>22}", format!("{:.2} s", s.t_ms / 1000.0));
     }
     o.push('\n');
+    // A program whose only heap is a runtime's (a Go program without cgo): no malloc rows.
+    let no_malloc = cols.iter().all(|(_, s)| {
+        s.heaps
+            .iter()
+            .all(|h| h.heap != Heap::Malloc || h.resident == 0)
+            && s.heaps.len() > 1
+    });
     for (name, get) in PARTS {
         let values: Vec<Option<i64>> = cols.iter().map(|(_, s)| get(&s.parts)).collect();
+        if no_malloc && MALLOC_PARTS.contains(&name) {
+            continue;
+        }
         if matches!(
             name,
             "unexplained"
@@ -573,6 +596,7 @@ fn decomposition_table(o: &mut String, r: &Report) {
                 | "fragscope's own"
                 | "pymalloc arenas"
                 | "SBCL dynamic space"
+                | "Go heap"
         ) && values.iter().all(|&v| v == Some(0))
         {
             continue;
@@ -610,11 +634,13 @@ fn decomposition_table(o: &mut String, r: &Report) {
         let _ = write!(o, "{rss:>14} {:>7}", "");
     }
     o.push('\n');
-    let _ = write!(o, "  {:<22}", "(heap resident)");
-    for (_, s) in &cols {
-        let _ = write!(o, "{:>14} {:>7}", bytes(s.parts.heap_resident), "");
+    if !no_malloc {
+        let _ = write!(o, "  {:<22}", "(heap resident)");
+        for (_, s) in &cols {
+            let _ = write!(o, "{:>14} {:>7}", bytes(s.parts.heap_resident), "");
+        }
+        o.push('\n');
     }
-    o.push('\n');
     // A "–" above: say why once, for each runtime heap and the snapshots it is missing at.
     for heap in Heap::ALL {
         let at: Vec<String> = cols
@@ -639,10 +665,8 @@ fn phases(o: &mut String, r: &Report) {
     }
     // A runtime's heap (pymalloc's arenas, SBCL's dynamic space) in a column of its own,
     // "–" where the phase's snapshot had no census of it.
-    let runtime_of = |d: &Decomposition| match (d.pymalloc_arenas, d.sbcl_dynamic_space) {
-        (Some(p), Some(s)) => Some(p + s),
-        _ => None,
-    };
+    let runtime_of =
+        |d: &Decomposition| Some(d.pymalloc_arenas? + d.sbcl_dynamic_space? + d.go_heap?);
     let runtime = r
         .snapshots
         .iter()
@@ -811,7 +835,7 @@ fn pymalloc(o: &mut String, r: &Report) {
 }
 
 /// A runtime heap's pools or pages by fill, one bar per bucket ("pools", "in use").
-fn fill_histogram(o: &mut String, buckets: &[FillBucket], units: &str, used: &str) {
+pub(crate) fn fill_histogram(o: &mut String, buckets: &[FillBucket], units: &str, used: &str) {
     let max = buckets.iter().map(|b| b.count).max().unwrap_or(1).max(1);
     for b in buckets {
         let _ = writeln!(

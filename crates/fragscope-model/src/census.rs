@@ -21,6 +21,7 @@ pub fn heap_parts(c: &HeapCensus, pm: &Pagemap) -> (HeapParts, Vec<ClassAtSnapsh
     match &c.result {
         Ok(AllocatorHeap::Glibc(h)) => glibc_parts(h, page),
         Ok(AllocatorHeap::Tcmalloc(h)) => tcmalloc_parts(h, page),
+        Ok(AllocatorHeap::Unused) => (HeapParts::default(), Vec::new()),
         Err(_) => {
             let resident: u64 = pm.ranges.iter().map(|r| r.resident_pages()).sum();
             let parts = HeapParts {
@@ -206,6 +207,8 @@ pub fn facts(c: &HeapCensus) -> SnapshotFacts {
 pub fn headline(h: &mut Headline, c: &HeapCensus, focus: Option<&Snapshot>) {
     match &c.result {
         Ok(AllocatorHeap::Tcmalloc(heap)) => h.sentence = tcmalloc_sentence(heap),
+        // The runtime's heap told the headline.
+        Ok(AllocatorHeap::Unused) => {}
         Ok(AllocatorHeap::Glibc(heap)) => {
             let trim: u64 = heap.sum(|a| a.trimmable_bytes);
             let free_pages = focus.map_or(0, |f| f.parts.free_resident_pages);

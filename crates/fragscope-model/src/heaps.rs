@@ -1,6 +1,6 @@
 //! The heaps a snapshot can know, in one list: malloc's (from the merged calls or a
 //! census) and the runtime heaps malloc never sees (pymalloc's arenas, SBCL's dynamic
-//! space). The focus snapshot, the headline and the "most waste" line weigh every heap
+//! space, Go's heap). The focus snapshot, the headline and the "most waste" line weigh every heap
 //! through [`Heap::ALL`]; a heap fragscope learns is one more entry there.
 
 use serde::Serialize;
@@ -14,10 +14,11 @@ pub enum Heap {
     Malloc,
     Pymalloc,
     Sbcl,
+    Go,
 }
 
 impl Heap {
-    pub const ALL: [Heap; 3] = [Heap::Malloc, Heap::Pymalloc, Heap::Sbcl];
+    pub const ALL: [Heap; 4] = [Heap::Malloc, Heap::Pymalloc, Heap::Sbcl, Heap::Go];
 
     /// How the text names it.
     pub fn name(self) -> &'static str {
@@ -25,6 +26,7 @@ impl Heap {
             Heap::Malloc => "malloc heap",
             Heap::Pymalloc => "pymalloc arenas",
             Heap::Sbcl => "SBCL dynamic space",
+            Heap::Go => "Go heap",
         }
     }
 
@@ -49,6 +51,7 @@ impl Heap {
                 .as_ref()
                 .map(|p| (p.resident, p.in_use, p.waste()))?,
             Heap::Sbcl => s.sbcl.as_ref().map(|p| (p.resident, p.in_use, p.waste()))?,
+            Heap::Go => s.go.as_ref().map(|p| (p.resident, p.live(), p.waste()))?,
         };
         Some(HeapFigures {
             heap: self,

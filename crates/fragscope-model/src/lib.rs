@@ -13,6 +13,7 @@ pub mod compare;
 pub mod forks;
 pub mod ghc;
 pub mod ghc_blocks;
+pub mod golang;
 pub mod heap;
 pub mod heap_pages;
 pub mod heaps;

@@ -32,6 +32,9 @@ pub struct Decomposition {
     /// SBCL's dynamic space (resident), split in [`Snapshot::sbcl`]; 0 for other
     /// programs; `None` (unknown) at a snapshot of an SBCL process that has no census.
     pub sbcl_dynamic_space: Option<u64>,
+    /// A Go program's heap and stacks (resident), split in [`Snapshot::go`]; 0 for other
+    /// programs; `None` (unknown) at a snapshot of a Go program that has no census.
+    pub go_heap: Option<u64>,
     pub other_anon: u64,
     pub file: u64,
     /// fragscope's own buffers in the traced process: shown, kept out of the other parts.
@@ -50,7 +53,7 @@ impl Serialize for Decomposition {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let malloc = |v: u64| (!self.malloc_unknown).then_some(v);
-        let mut m = s.serialize_struct("Decomposition", 15)?;
+        let mut m = s.serialize_struct("Decomposition", 16)?;
         m.serialize_field("rss", &self.rss)?;
         m.serialize_field("live", &malloc(self.live))?;
         m.serialize_field("rounding", &malloc(self.rounding))?;
@@ -60,6 +63,7 @@ impl Serialize for Decomposition {
         m.serialize_field("lazy_free", &malloc(self.lazy_free))?;
         m.serialize_field("pymalloc_arenas", &self.pymalloc_arenas)?;
         m.serialize_field("sbcl_dynamic_space", &self.sbcl_dynamic_space)?;
+        m.serialize_field("go_heap", &self.go_heap)?;
         m.serialize_field("other_anon", &self.other_anon)?;
         m.serialize_field("file", &self.file)?;
         m.serialize_field("fragscope_own", &self.fragscope_own)?;
@@ -136,6 +140,9 @@ pub struct Snapshot {
     /// An SBCL process's dynamic space, from a census taken with the snapshot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sbcl: Option<crate::sbcl::SbclParts>,
+    /// A Go program's heap, from a census of its spans taken with the snapshot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub go: Option<crate::golang::GoParts>,
     /// Every heap this snapshot has figures for: resident, live and waste of each.
     pub heaps: Vec<crate::heaps::HeapFigures>,
     /// Runtime heaps the process runs (other snapshots have their census) that this
@@ -437,6 +444,12 @@ pub struct Report {
     /// Why an SBCL process has no census.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sbcl_note: Option<String>,
+    /// A Go program: the snapshot whose heap holds the most free space.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub go_snapshot: Option<usize>,
+    /// Why a Go program has no census of its heap.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub go_note: Option<String>,
     /// A `fragscope snapshot` of a running process: the census that stands for the calls
     /// (absent from recordings).
     #[serde(skip_serializing_if = "Option::is_none")]

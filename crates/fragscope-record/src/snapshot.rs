@@ -11,11 +11,13 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use fragscope_census::allocators::{allocator_of, linked_allocators, LinkedAllocator};
 use fragscope_census::ghc::{CensusError, CensusLimits, GhcRts, RtsInfo};
+use fragscope_census::golang::{GoCensusError, GoRuntime};
 use fragscope_census::{glibc, tcmalloc, Pause, ProcessMemory};
+use fragscope_trace::go_heap::GoHeap;
 use fragscope_trace::heap_census::{AllocatorHeap, HeapCensus};
 use fragscope_trace::records::{
-    GhcBlocks, GhcCensus, Maps, Pagemap, Process, PymallocCensus, PymallocPools, Rollup, RssBatch,
-    RssSample, SnapshotReason,
+    Census, CensusBody, GhcBlocks, GhcCensus, Maps, Pagemap, Process, PymallocPools, Rollup,
+    RssBatch, RssSample, SnapshotReason,
 };
 use fragscope_trace::{ChunkKind, ChunkWriter, End, Mapping, Origin, ResidentRange, StackMode};
 
@@ -130,10 +132,19 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         rss,
         census,
         ghc_census,
+        go_census,
         read_from_copy,
         copy_note,
     } = reading;
-    write_readings(&mut w, maps, rss, rollup, pymalloc, residency, page)?;
+    let go_heap = go_census.as_ref().map(|c| match c {
+        Ok(h) => (h.range_bytes(), None),
+        Err(why) => (0, Some(why.clone())),
+    });
+    let runtimes = RuntimeCensuses {
+        pymalloc,
+        go: go_census,
+    };
+    write_readings(&mut w, maps, rss, rollup, runtimes, residency, page)?;
     let (heap_bytes, note) = write_censuses(
         &mut w,
         opts,
@@ -152,6 +163,18 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         .encode(),
     )?;
     w.flush()?;
+    let (heap_bytes, note) = match go_heap {
+        // A Go program without cgo: the Go heap is its only one.
+        Some((bytes, go_note)) if heap.allocator == "go" => (bytes, go_note),
+        Some((_, Some(go_note))) => (
+            heap_bytes,
+            Some(go_note)
+                .into_iter()
+                .chain(note)
+                .reduce(|a, b| format!("{a}; {b}")),
+        ),
+        _ => (heap_bytes, note),
+    };
     let note = match (note, copy_note) {
         (Some(a), Some(b)) => Some(format!("{a}; {b}")),
         (a, b) => a.or(b),
@@ -199,6 +222,8 @@ struct HeapReader {
     allocator: &'static str,
     glibc: Option<Result<glibc::GlibcLayout, String>>,
     tcmalloc: Option<Result<tcmalloc::TcmallocLayout, String>>,
+    /// A Go program: its runtime's heap layout.
+    go: Option<Result<GoRuntime, String>>,
 }
 
 impl HeapReader {
@@ -215,10 +240,19 @@ impl HeapReader {
         } else {
             linked_allocators(maps).into_iter().next()
         };
+        let go = if ghc.is_some() {
+            None
+        } else {
+            GoRuntime::detect(pid)
+        };
         let allocator = match (&ghc, &linked) {
             (Some(_), _) => "ghc",
             (None, Some(l)) => l.allocator,
-            (None, None) => allocator_of(maps),
+            (None, None) => match allocator_of(maps) {
+                // A Go program without cgo: its runtime's heap is the only one.
+                "unknown" if go.is_some() => "go",
+                a => a,
+            },
         };
         let glibc = match allocator {
             "glibc" => Some(glibc::locate(pid, maps, mem)),
@@ -234,6 +268,7 @@ impl HeapReader {
             allocator,
             glibc,
             tcmalloc,
+            go,
         }
     }
 }
@@ -248,6 +283,8 @@ struct Reading {
     /// The malloc heap's census (None: a GHC program).
     census: Option<Result<AllocatorHeap, String>>,
     ghc_census: Option<Result<GhcBlocks, String>>,
+    /// A Go program's heap census.
+    go_census: Option<Result<GoHeap, String>>,
     read_from_copy: bool,
     /// Why the heap was not read from a copy when one was wanted.
     copy_note: Option<String>,
@@ -293,6 +330,7 @@ fn read_ghc(
         rss,
         census: None,
         ghc_census: Some(result),
+        go_census: None,
         read_from_copy: false,
         copy_note: None,
     })
@@ -323,6 +361,11 @@ fn read_malloc_heap(
         })?)
     } else {
         None
+    };
+    let go_census = match &heap.go {
+        Some(Ok(rt)) => Some(go_census_held(pid, rt, mem, &mut pause)?),
+        Some(Err(why)) => Some(Err(why.clone())),
+        None => None,
     };
     let maps = procfs::read_maps(pid, build_ids)
         .ok_or_else(|| anyhow::anyhow!("process {pid} exited while it was read"))?;
@@ -361,7 +404,9 @@ fn read_malloc_heap(
         held = pause.as_ref().map(Pause::held);
         drop(pause.take());
     }
-    let census = read_allocator(opts, heap, mem, copy_mem.as_mut(), &maps, &residency, page)?;
+    let census = (heap.allocator != "go")
+        .then(|| read_allocator(opts, heap, mem, copy_mem.as_mut(), &maps, &residency, page))
+        .transpose()?;
     let read_from_copy = copy.is_some();
     drop(copy_mem);
     drop(copy);
@@ -372,12 +417,52 @@ fn read_malloc_heap(
         maps,
         residency,
         rss,
-        census: Some(census),
+        census,
         ghc_census: None,
+        go_census: go_census.map(|c| {
+            c.map(|mut h| {
+                h.pause_us = held.map_or(0, |d| d.as_micros() as u64);
+                h
+            })
+        }),
         read_from_copy,
         copy_note,
     })
 }
+/// Censuses taken again, 4, 8 and 16 ms later, when the first found the Go runtime
+/// changing a span.
+const GO_RETRIES: u32 = 3;
+
+/// A Go program's heap census, read while `pause` holds it (if it does). A stop that lands
+/// while the runtime is changing a span finds its figures apart: the program is let run
+/// a few milliseconds and held again, a few times, before the census is refused. Err when
+/// the process exited.
+fn go_census_held(
+    pid: u32,
+    rt: &GoRuntime,
+    mem: &mut ProcessMemory,
+    pause: &mut Option<Pause>,
+) -> Result<Result<GoHeap, String>> {
+    let mut attempt = 0;
+    loop {
+        match fragscope_census::golang::census(mem, rt) {
+            Ok(h) => return Ok(Ok(h)),
+            Err(_) if gone(pid) => bail!("process {pid} exited while it was read"),
+            Err(GoCensusError::Inconsistent(_)) if attempt < GO_RETRIES && pause.is_some() => {
+                drop(pause.take());
+                std::thread::sleep(Duration::from_millis(4 << attempt));
+                attempt += 1;
+                *pause = Some(Pause::stop(pid).map_err(|e| anyhow::anyhow!(e))?);
+            }
+            Err(e) => {
+                return Ok(Err(format!(
+                    "no Go heap census: the runtime's spans did not hold together ({e})"
+                )))
+            }
+        }
+    }
+}
+
 /// The census of a malloc heap: glibc's read from the copy when there is one, else from
 /// the process (`mem`); tcmalloc's from the process. Err when the process exited
 /// meanwhile; Ok(Err) says why the heap was not read.
@@ -439,6 +524,13 @@ fn read_allocator(
 
 type TraceWriter = ChunkWriter<BufWriter<std::fs::File>>;
 
+/// The censuses of runtime heaps malloc never sees, taken with the snapshot: written
+/// just before its residency, which splits them.
+struct RuntimeCensuses {
+    pymalloc: Option<Result<PymallocPools, String>>,
+    go: Option<Result<GoHeap, String>>,
+}
+
 /// The trace's Meta, the process, and the allocator linked into it.
 fn write_process(
     w: &mut TraceWriter,
@@ -455,16 +547,17 @@ fn write_process(
     Ok(())
 }
 
-/// The process's maps, RSS, smaps_rollup, pymalloc census and residency.
+/// The process's maps, RSS, smaps_rollup, pymalloc and Go censuses, and residency.
 fn write_readings(
     w: &mut TraceWriter,
     maps: Vec<Mapping>,
     rss: Option<RssSample>,
     rollup: Option<Vec<(String, u64)>>,
-    pymalloc: Option<Result<PymallocPools, String>>,
+    runtimes: RuntimeCensuses,
     residency: Vec<ResidentRange>,
     page: u64,
 ) -> Result<()> {
+    let RuntimeCensuses { pymalloc, go } = runtimes;
     w.write_chunk(
         ChunkKind::Maps,
         &Maps {
@@ -495,18 +588,8 @@ fn write_readings(
             .encode(),
         )?;
     }
-    if let Some(result) = pymalloc {
-        w.write_chunk(
-            ChunkKind::PymallocCensus,
-            &PymallocCensus {
-                stream: 0,
-                tick: 0,
-                reason: SnapshotReason::Periodic,
-                result,
-            }
-            .encode(),
-        )?;
-    }
+    write_runtime_census(w, ChunkKind::PymallocCensus, pymalloc)?;
+    write_runtime_census(w, ChunkKind::GoCensus, go)?;
     w.write_chunk(
         ChunkKind::Pagemap,
         &Pagemap {
@@ -518,6 +601,24 @@ fn write_readings(
         }
         .encode(),
     )?;
+    Ok(())
+}
+
+/// A runtime heap's census of the snapshot's moment, when the process runs that runtime.
+fn write_runtime_census<T: CensusBody>(
+    w: &mut TraceWriter,
+    kind: ChunkKind,
+    result: Option<Result<T, String>>,
+) -> Result<()> {
+    if let Some(result) = result {
+        let census = Census {
+            stream: 0,
+            tick: 0,
+            reason: SnapshotReason::Periodic,
+            result,
+        };
+        w.write_chunk(kind, &census.encode())?;
+    }
     Ok(())
 }
 
@@ -557,6 +658,9 @@ fn write_censuses(
         )?;
     }
     let census = census.unwrap_or_else(|| {
+        if allocator == "go" {
+            return Ok(AllocatorHeap::Unused);
+        }
         Err("a GHC program: its heap is described by the RTS's block census".into())
     });
     if let Ok(h) = &census {
@@ -565,6 +669,7 @@ fn write_censuses(
                 h.arenas.iter().map(|a| a.system_mem).sum::<u64>() + h.mmapped_bytes
             }
             AllocatorHeap::Tcmalloc(h) => h.system_bytes - h.unmapped_bytes,
+            AllocatorHeap::Unused => 0,
         };
     } else if allocator != "ghc" {
         note = census.as_ref().err().cloned();

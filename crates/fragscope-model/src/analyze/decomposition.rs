@@ -63,7 +63,9 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         h.live + h.rounding + h.allocator_overhead + h.free_in_used_pages + h.free_resident_pages;
     let pymalloc = e.pymalloc.as_ref().map_or(0, |p| p.resident);
     let sbcl = e.sbcl.as_ref().map_or(0, |p| p.resident);
-    let other = anon as i64 - heap_total as i64 - own as i64 - pymalloc as i64 - sbcl as i64;
+    let go = e.go.as_ref().map_or(0, |p| p.resident);
+    let runtimes = pymalloc + sbcl + go;
+    let other = anon as i64 - heap_total as i64 - own as i64 - runtimes as i64;
     let parts = Decomposition {
         rss: vm_rss,
         live: h.live,
@@ -74,6 +76,7 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         lazy_free,
         pymalloc_arenas: Some(pymalloc),
         sbcl_dynamic_space: Some(sbcl),
+        go_heap: Some(go),
         other_anon: other.max(0) as u64,
         file,
         fragscope_own: own,
@@ -127,6 +130,7 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         allocator,
         pymalloc: e.pymalloc.clone(),
         sbcl: e.sbcl.clone(),
+        go: e.go.clone(),
         heaps: Vec::new(),
         missing_census: Vec::new(),
         sharing: e.sharing.clone().map(|mut sh| {
@@ -155,6 +159,7 @@ fn mark_missing_censuses(snapshots: &mut [Snapshot]) {
             match h {
                 Heap::Pymalloc => s.parts.pymalloc_arenas = None,
                 Heap::Sbcl => s.parts.sbcl_dynamic_space = None,
+                Heap::Go => s.parts.go_heap = None,
                 Heap::Malloc => {}
             }
         }

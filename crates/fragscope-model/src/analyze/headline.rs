@@ -22,6 +22,7 @@ pub(super) struct Told {
     pub(super) lisp_sites: Option<LispSites>,
     pub(super) lisp_sites_note: Option<String>,
     pub(super) sbcl_snapshot: Option<usize>,
+    pub(super) go_snapshot: Option<usize>,
 }
 
 /// The headline of process `s` at `focus`, its sentence told by the heap that wastes most
@@ -100,6 +101,9 @@ pub(super) fn tell(
         lisp_sites,
         lisp_sites_note,
         sbcl_snapshot,
+        go_snapshot: (0..snapshots.len())
+            .filter(|&i| snapshots[i].go.is_some())
+            .max_by_key(|&i| snapshots[i].go.as_ref().map_or(0, |p| p.waste())),
     }
 }
 
@@ -134,6 +138,7 @@ impl RuntimeSentence<'_> {
         let sentence = match (most_wasteful, self.focus) {
             (Some(Heap::Pymalloc), Some(f)) => f.pymalloc.as_ref().and_then(|p| self.pymalloc(p)),
             (Some(Heap::Sbcl), Some(f)) => f.sbcl.as_ref().and_then(|p| sbcl::headline(p, walked)),
+            (Some(Heap::Go), Some(f)) => f.go.as_ref().and_then(crate::golang::headline),
             _ => None,
         };
         if let Some((dominant, sentence)) = sentence {
@@ -366,6 +371,7 @@ mod tests {
             allocator: None,
             pymalloc: None,
             sbcl: None,
+            go: None,
             heaps,
             missing_census: vec![],
             sharing: None,

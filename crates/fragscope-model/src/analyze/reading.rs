@@ -209,6 +209,15 @@ impl Reading<'_> {
                     }
                 }
             }
+            Chunk::GoCensus(c) => {
+                let s = self.stream(c.stream);
+                match c.result {
+                    Ok(heap) => s.go_pending.push_back((c.tick, heap)),
+                    Err(note) => {
+                        s.go_note.get_or_insert(note);
+                    }
+                }
+            }
             Chunk::PythonSamples(c) => self.stream(c.stream).python.add(&c),
             Chunk::LispSamples(c) => self.stream(c.stream).lisp.add(&c),
         }

@@ -208,6 +208,8 @@ pub(super) fn assemble(path: &Path, opts: &Options, read: &TraceRead, chosen: us
         lisp_sites_note: told.lisp_sites_note,
         sbcl_snapshot: told.sbcl_snapshot,
         sbcl_note: s.sbcl_note.clone(),
+        go_snapshot: told.go_snapshot,
+        go_note: s.go_note.clone(),
         leaks,
         snapshot: s.census.as_ref().map(crate::census::facts),
     }

@@ -12,6 +12,7 @@ use fragscope_trace::records::{
 use fragscope_trace::Func;
 
 use crate::forks::{ForkLink, Forked, Inherited};
+use crate::golang::{self, GoParts};
 use crate::heap::{self, ClassAtSnapshot, HeapHistory, HeapParts, SiteAtSnapshot, SiteWeighting};
 use crate::heap_pages::{Evaluation, HeapPages};
 use crate::lisp_sites::LispLog;
@@ -19,6 +20,7 @@ use crate::pymalloc::{self, PymallocParts};
 use crate::python_sites::{PoolIndex, PythonLog};
 use crate::sbcl::{self, SbclParts};
 use crate::sharing::{self, Owners, PartSharing, RollupSharing, Sharing};
+use fragscope_trace::go_heap::GoHeap;
 use fragscope_trace::sbcl_heap::SbclHeap;
 
 use super::SITES_PER_SNAPSHOT;
@@ -37,6 +39,7 @@ pub(super) struct Evaluated {
     pub(super) own_memory: u64,
     pub(super) pymalloc: Option<PymallocParts>,
     pub(super) sbcl: Option<SbclParts>,
+    pub(super) go: Option<GoParts>,
     /// Pages by owner, when the residency says which are shared (its rollup is joined
     /// when the snapshot is reported).
     pub(super) sharing: Option<Sharing>,
@@ -80,6 +83,10 @@ pub(super) struct Stream {
     pub(super) sbcl_pending: VecDeque<(u64, SbclHeap)>,
     /// Why the process has no SBCL census, when it runs SBCL.
     pub(super) sbcl_note: Option<String>,
+    /// Go heap censuses waiting for the snapshot of their tick (written just before it).
+    pub(super) go_pending: VecDeque<(u64, GoHeap)>,
+    /// Why the process has no Go heap census, when it is a Go program.
+    pub(super) go_note: Option<String>,
     pub(super) evaluated: Vec<Evaluated>,
     /// Snapshots whose evaluation waits until the report knows which process it explains,
     /// each with the live blocks of its moment (see `evaluate_next`).
@@ -351,14 +358,24 @@ impl Stream {
         Some((sbcl::split(&heap, pm), owners))
     }
 
+    /// The Go heap census taken with snapshot `pm`, split by its residency.
+    fn go_at(&mut self, pm: &Pagemap) -> Option<(GoParts, Owners)> {
+        let heap = census_at(&mut self.go_pending, pm.tick)?;
+        let owners = sharing::owners_in(
+            pm,
+            self.fork_residency.as_ref(),
+            heap.ranges.iter().copied(),
+        );
+        Some((golang::split(&heap, pm), owners))
+    }
+
     /// The snapshot's pages by owner, when its residency says which are shared; the
     /// malloc heap's parts when the calls placed them (`heap`), else only its total.
     fn sharing_at(
         &self,
         pm: &Pagemap,
         heap: Option<&HeapParts>,
-        pymalloc: Option<&Owners>,
-        sbcl: Option<&Owners>,
+        runtimes: &[(&str, Option<Owners>)],
     ) -> Option<Sharing> {
         if !sharing::known(pm) {
             return None;
@@ -377,11 +394,10 @@ impl Stream {
             parts.push(part("free_in_used_pages", o.free_in_used_pages));
             parts.push(part("free_resident_pages", o.free_resident_pages));
         }
-        if let Some(o) = pymalloc {
-            parts.push(part("pymalloc_arenas", *o));
-        }
-        if let Some(o) = sbcl {
-            parts.push(part("sbcl_dynamic_space", *o));
+        for (name, owners) in runtimes {
+            if let Some(o) = owners {
+                parts.push(part(name, *o));
+            }
         }
         // Computed as the residency arrived (for the list of processes).
         let anonymous = (self.anonymous_sharing.iter().rev())
@@ -425,8 +441,12 @@ impl Stream {
             self.evaluate_deferred(ctx);
             let (pymalloc, pymalloc_owners) = self.pymalloc_at(&pm, &mut parts).unzip();
             let (sbcl, sbcl_owners) = self.sbcl_at(&pm).unzip();
-            let sharing =
-                self.sharing_at(&pm, None, pymalloc_owners.as_ref(), sbcl_owners.as_ref());
+            let (go, go_owners) = self.go_at(&pm).unzip();
+            let sharing = self.sharing_at(
+                &pm,
+                None,
+                &runtime_owners(pymalloc_owners, sbcl_owners, go_owners),
+            );
             let live = parts.live;
             self.evaluated.push(Evaluated {
                 tick: pm.tick,
@@ -438,6 +458,7 @@ impl Stream {
                 own_memory: 0,
                 pymalloc,
                 sbcl,
+                go,
                 sharing,
             });
             self.peak_live = self.peak_live.max((live, pm.tick));
@@ -448,6 +469,7 @@ impl Stream {
             // Their runtimes' censuses of this moment go unread.
             census_at(&mut self.pymalloc_pending, pm.tick);
             census_at(&mut self.sbcl_pending, pm.tick);
+            census_at(&mut self.go_pending, pm.tick);
             return;
         }
         let at = Moment {
@@ -524,11 +546,11 @@ impl Stream {
         let pm = &at.pm;
         let (pymalloc, pymalloc_owners) = self.pymalloc_at(pm, &mut snap.parts).unzip();
         let (sbcl, sbcl_owners) = self.sbcl_at(pm).unzip();
+        let (go, go_owners) = self.go_at(pm).unzip();
         let sharing = self.sharing_at(
             pm,
             Some(&snap.parts),
-            pymalloc_owners.as_ref(),
-            sbcl_owners.as_ref(),
+            &runtime_owners(pymalloc_owners, sbcl_owners, go_owners),
         );
         // Keep the sites that can make a top list.
         let mut keep: Vec<SiteAtSnapshot> = snap
@@ -555,9 +577,23 @@ impl Stream {
             own_memory: at.own_memory,
             pymalloc,
             sbcl,
+            go,
             sharing,
         });
     }
+}
+
+/// The runtime heaps' pages by owner, as the sharing's parts name them.
+fn runtime_owners(
+    pymalloc: Option<Owners>,
+    sbcl: Option<Owners>,
+    go: Option<Owners>,
+) -> [(&'static str, Option<Owners>); 3] {
+    [
+        ("pymalloc_arenas", pymalloc),
+        ("sbcl_dynamic_space", sbcl),
+        ("go_heap", go),
+    ]
 }
 
 /// A snapshot to evaluate, with what its evaluation reads of the process at its moment.

@@ -69,6 +69,8 @@ pub enum ChunkKind {
     /// An allocator linked into a process's program, whose calls are not traced
     /// (`heap_census::LinkedAllocator`).
     LinkedAllocator = 24,
+    /// A Go program's heap: its spans (see [`crate::format::go_heap`]).
+    GoCensus = 25,
 }
 
 impl ChunkKind {
@@ -98,6 +100,7 @@ impl ChunkKind {
             22 => LispSamples,
             23 => ForkResidency,
             24 => LinkedAllocator,
+            25 => GoCensus,
             _ => return None,
         })
     }
@@ -111,7 +114,7 @@ impl ChunkKind {
         match self {
             Maps | Rss | Rollup | Pagemap | ProcessEnd | WaitStatus | Untraced | GhcCensus
             | HeapCensus | PymallocCensus | PythonSamples | SbclCensus | StartingHeap
-            | LispSamples | ForkResidency | LinkedAllocator => true,
+            | LispSamples | ForkResidency | LinkedAllocator | GoCensus => true,
             Meta | Process | Events | PackedEventsV1 | PackedEventsV2 | PackedEvents | End => false,
         }
     }

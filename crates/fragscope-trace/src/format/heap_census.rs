@@ -224,6 +224,9 @@ pub struct HeapCensus {
 pub enum AllocatorHeap {
     Glibc(GlibcHeap),
     Tcmalloc(TcmallocHeap),
+    /// No malloc heap: the process maps no C library (a Go program without cgo), so its
+    /// runtime's heap is its only one (chunk 25).
+    Unused,
 }
 
 /// tcmalloc's heap (gperftools): its size classes with their spans and free objects
@@ -427,6 +430,9 @@ impl HeapCensus {
                 w.u8(2);
                 h.encode(&mut w);
             }
+            Ok(AllocatorHeap::Unused) => {
+                w.u8(4);
+            }
             Ok(AllocatorHeap::Glibc(h)) => {
                 w.u8(1)
                     .str(&h.version)
@@ -539,6 +545,7 @@ impl HeapCensus {
                 }))
             }
             2 => Ok(AllocatorHeap::Tcmalloc(TcmallocHeap::decode(&mut r)?)),
+            4 => Ok(AllocatorHeap::Unused),
             other => {
                 return Err(TraceError::Malformed(format!(
                     "a heap census with an unknown outcome tag {other}"

@@ -30,6 +30,7 @@ pub enum Chunk {
     PythonSamples(crate::format::runtime_samples::RuntimeSamples),
     LispSamples(crate::format::runtime_samples::RuntimeSamples),
     SbclCensus(crate::format::sbcl_heap::SbclCensus),
+    GoCensus(crate::format::go_heap::GoCensus),
     StartingHeap(crate::format::heap_census::StartingHeap),
     LinkedAllocator(crate::format::heap_census::LinkedAllocator),
 }
@@ -171,6 +172,9 @@ impl<R: Read> TraceReader<R> {
             }
             ChunkKind::SbclCensus => {
                 crate::format::sbcl_heap::SbclCensus::decode(data).map(Chunk::SbclCensus)
+            }
+            ChunkKind::GoCensus => {
+                crate::format::go_heap::GoCensus::decode(data).map(Chunk::GoCensus)
             }
             ChunkKind::HeapCensus => {
                 crate::format::heap_census::HeapCensus::decode(data).map(Chunk::HeapCensus)

@@ -45,6 +45,8 @@ pub struct ProcessSummary {
     /// SBCL censuses taken, and the note of the first that could not be.
     pub sbcl_censuses: u64,
     pub sbcl_census_note: Option<String>,
+    pub go_censuses: u64,
+    pub go_census_note: Option<String>,
     /// The heap census of `fragscope snapshot`, if this is one.
     pub heap_census: Option<crate::format::heap_census::HeapCensus>,
     /// An allocator linked into its program, whose calls are not traced.
@@ -217,6 +219,10 @@ impl Summarizer {
             Chunk::SbclCensus(c) => {
                 let ps = self.process(c.stream);
                 count_census(c.result, &mut ps.sbcl_censuses, &mut ps.sbcl_census_note);
+            }
+            Chunk::GoCensus(c) => {
+                let ps = self.process(c.stream);
+                count_census(c.result, &mut ps.go_censuses, &mut ps.go_census_note);
             }
             Chunk::PythonSamples(c) => self.process(c.stream).python_samples += samples_of(&c),
             Chunk::LispSamples(c) => self.process(c.stream).lisp_samples += samples_of(&c),

@@ -1,0 +1,187 @@
+//! Go's heap, read from outside a running Go program and checked against what its runtime
+//! says of itself at the same quiet moment (runtime.MemStats after runtime.GC()), on the
+//! installed Go and the oldest and newest releases the module proxy serves
+//! (`GOTOOLCHAIN`).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use fragscope_census::golang::{census, GoRuntime, GO_PAGE};
+use fragscope_census::{Pause, ProcessMemory};
+use fragscope_trace::go_heap::{GoHeap, GoSpanKind};
+
+/// The Go releases the census is checked on: the installed one, and the toolchains
+/// `GOTOOLCHAIN` fetches (the oldest release the census reads, and the newest).
+const TOOLCHAINS: [&str; 3] = ["local", "go1.22.12", "go1.27.3"];
+
+fn go() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|d| d.join("go"))
+            .find(|p| p.is_file())
+    });
+    on_path.or_else(|| Some(PathBuf::from("/usr/local/go/bin/go")).filter(|p| p.is_file()))
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// tests/go/NAME built by `toolchain` with `flags`; None (with a note) when Go or the
+/// toolchain cannot be had.
+fn build(name: &str, toolchain: &str, flags: &[&str]) -> Option<PathBuf> {
+    let Some(go) = go() else {
+        eprintln!("skipped: go is not installed (scripts/install-deps.sh installs it)");
+        return None;
+    };
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!(
+            "go-{toolchain}-{}",
+            flags.join("_").replace(['-', '='], "")
+        ))
+        .join(name);
+    let mut c = Command::new(go);
+    c.current_dir(repo().join("tests/go").join(name))
+        .args(["build", "-o"])
+        .arg(&out)
+        .args(flags)
+        .arg(".");
+    if toolchain != "local" {
+        c.env("GOTOOLCHAIN", toolchain);
+    }
+    let built = c.output().unwrap();
+    assert!(
+        built.status.success(),
+        "go build with {toolchain}: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    Some(out)
+}
+
+struct Running {
+    child: Child,
+    stats: serde_json::Value,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs keep_tenth until it is ready, with its MemStats.
+fn run(exe: &Path, args: &[&str]) -> Running {
+    let stats = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "memstats-{}-{}.json",
+        std::process::id(),
+        exe.parent().unwrap().file_name().unwrap().to_string_lossy()
+    ));
+    let mut child = Command::new(exe)
+        .arg(&stats)
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let ready = out
+        .lines()
+        .map_while(Result::ok)
+        .any(|l| l.starts_with("ready"));
+    assert!(ready, "{} never said it was ready", exe.display());
+    let stats = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    Running { child, stats }
+}
+
+fn take(pid: u32) -> GoHeap {
+    let rt = GoRuntime::detect(pid)
+        .expect("a Go program")
+        .expect("a Go program whose heap is read");
+    let _pause = Pause::stop(pid).unwrap();
+    let mut mem = ProcessMemory::open(pid).unwrap();
+    census(&mut mem, &rt).unwrap()
+}
+
+fn within(what: &str, census: u64, runtime: u64, pct: f64) {
+    let diff = (census as f64 - runtime as f64).abs();
+    assert!(
+        diff <= runtime as f64 * pct / 100.0,
+        "{what}: census {census}, the runtime's own {runtime} (more than {pct}% apart)"
+    );
+}
+
+#[test]
+fn the_census_of_a_quiet_go_heap_is_the_runtimes_own_accounting() {
+    for toolchain in TOOLCHAINS {
+        let Some(exe) = build("keep_tenth", toolchain, &[]) else {
+            return;
+        };
+        let running = run(&exe, &["2000000", "50000000"]);
+        let heap = take(running.child.id());
+        let m = &running.stats;
+        let stat = |k: &str| m[k].as_u64().unwrap();
+        let objects = heap.spans.iter().filter(|s| s.kind == GoSpanKind::Objects);
+        let allocated: u64 = objects.clone().map(|s| s.in_use_bytes()).sum();
+        let in_use: u64 = objects.clone().map(|s| s.bytes(GO_PAGE)).sum();
+        let stacks: u64 = heap
+            .spans
+            .iter()
+            .filter(|s| s.kind == GoSpanKind::Stacks)
+            .map(|s| s.bytes(GO_PAGE))
+            .sum();
+        let idle = heap.range_bytes() - in_use - stacks;
+        eprintln!(
+            "{}: HeapAlloc {} census {allocated}; HeapInuse {} census {in_use}; StackInuse \
+             {} census {stacks}; HeapIdle {} census {idle}",
+            heap.go,
+            stat("HeapAlloc"),
+            stat("HeapInuse"),
+            stat("StackInuse"),
+            stat("HeapIdle")
+        );
+        if toolchain != "local" {
+            assert!(heap.go.starts_with(toolchain), "{} {toolchain}", heap.go);
+        }
+        within("HeapAlloc", allocated, stat("HeapAlloc"), 2.0);
+        within("HeapInuse", in_use, stat("HeapInuse"), 2.0);
+        // The program runs on between its own reading and the census: a goroutine may
+        // have taken a stack span (32 KiB) since.
+        let stack_in_use = stat("StackInuse");
+        assert!(
+            stacks.abs_diff(stack_in_use) <= (64 << 10).max(stack_in_use / 50),
+            "StackInuse: census {stacks}, the runtime's own {stack_in_use}"
+        );
+        within("HeapIdle", idle, stat("HeapIdle"), 2.0);
+        // Every tenth record kept: their spans are about a tenth full.
+        let small: Vec<_> = objects
+            .filter(|s| s.class != 0 && s.slots >= 100 && s.slot_bytes == 64)
+            .collect();
+        let (used, slots) = small.iter().fold((0u64, 0u64), |(u, n), s| {
+            (u + u64::from(s.in_use), n + u64::from(s.slots))
+        });
+        assert!(small.len() > 1000, "{} spans of 64-byte slots", small.len());
+        assert!(
+            (0.08..0.15).contains(&(used as f64 / slots as f64)),
+            "{used} of {slots} slots"
+        );
+    }
+}
+
+#[test]
+fn a_go_program_without_dwarf_or_symbols_is_refused_with_the_reason() {
+    for (flags, why) in [
+        (["-ldflags=-w"], "no DWARF"),
+        (["-ldflags=-s"], "no symbol table"),
+    ] {
+        let Some(exe) = build("keep_tenth", "local", &flags) else {
+            return;
+        };
+        let elf = std::fs::read(&exe).unwrap();
+        let err = GoRuntime::of_executable(&elf, None)
+            .expect("still a Go program")
+            .unwrap_err();
+        assert!(err.contains(why), "{flags:?}: {err}");
+        assert!(err.contains("no Go heap census"), "{err}");
+    }
+}

@@ -1,0 +1,84 @@
+//! The report's section on a Go program's heap: its runtime's spans at the snapshot where
+//! they hold the most free space, split into objects, free slots, free pages kept and
+//! stacks, beside the runtime's own figures, with spans by fill and the size classes.
+
+use std::fmt::Write as _;
+
+use fragscope_model::report::Report;
+
+use crate::report::{fill_histogram, pct, secs};
+use crate::units::{bytes, count};
+
+/// Size classes listed: those with the most free bytes in their spans.
+const CLASSES_LISTED: usize = 5;
+
+pub fn section(o: &mut String, r: &Report) {
+    if let Some(note) = &r.go_note {
+        let _ = writeln!(o, "\nnote: {note}");
+    }
+    let Some((s, p)) = r
+        .go_snapshot
+        .and_then(|i| r.snapshots[i].go.as_ref().map(|p| (&r.snapshots[i], p)))
+    else {
+        return;
+    };
+    let _ = writeln!(
+        o,
+        "\nGo heap ({}) at {}: {} resident, {} spans in use",
+        p.go,
+        secs(s.t_ms),
+        bytes(p.resident),
+        count(p.spans_in_use)
+    );
+    for (name, v) in [
+        ("objects", p.objects),
+        ("free slots in spans in use", p.free_slots),
+        ("free pages kept", p.idle_kept),
+        ("goroutine stacks", p.stacks),
+    ] {
+        let _ = writeln!(o, "  {name:<30} {:>10} {:>7}", bytes(v), pct(v, p.resident));
+    }
+    let _ = writeln!(
+        o,
+        "  (released to the kernel, not in RSS: {})",
+        bytes(p.released)
+    );
+    let _ = writeln!(
+        o,
+        "  as runtime.MemStats counts them: HeapAlloc {}, HeapInuse {}, HeapIdle {}, \
+         StackInuse {}",
+        bytes(p.heap_alloc),
+        bytes(p.heap_in_use),
+        bytes(p.heap_idle),
+        bytes(p.stack_in_use)
+    );
+    if p.unswept_spans > 0 {
+        let _ = writeln!(
+            o,
+            "  {} spans were not swept since the last collection: their slots still count \
+             the objects it found dead",
+            count(p.unswept_spans)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "  spans of small objects by slots in use (census paused the program {:.1} ms)",
+        p.pause_ms
+    );
+    fill_histogram(o, &p.span_fill, "spans", "in use");
+    let _ = writeln!(o, "  size classes with the most free bytes in their spans");
+    for c in p.classes.iter().take(CLASSES_LISTED) {
+        let slot = if c.class == 0 {
+            "large objects".to_string()
+        } else {
+            format!("{} B slots", c.slot_bytes)
+        };
+        let _ = writeln!(
+            o,
+            "    {slot:>14} {:>9} spans {:>11} in use {:>11} free",
+            count(c.spans),
+            bytes(c.in_use_bytes),
+            bytes(c.free_bytes())
+        );
+    }
+}

@@ -1,0 +1,124 @@
+//! Go programs: `fragscope snapshot PID` of a running Go program reads its runtime's
+//! spans, and the report splits RSS by them, against the program's own runtime.MemStats.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use common::{fragscope, report_json, stderr};
+
+/// tests/go/NAME built with the installed Go into `dir` (None when Go is not installed).
+fn build_go(dir: &Path, name: &str) -> Option<PathBuf> {
+    let Some(go) = common::go() else {
+        eprintln!("skipped: go is not installed (scripts/install-deps.sh installs it)");
+        return None;
+    };
+    let out = dir.join(name);
+    let built = Command::new(go)
+        .current_dir(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../tests/go")
+                .join(name),
+        )
+        .args(["build", "-o"])
+        .arg(&out)
+        .arg(".")
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    Some(out)
+}
+
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// keep_tenth, once it says it is ready, with its runtime.MemStats.
+fn keep_tenth(dir: &Path, exe: &Path) -> (Running, serde_json::Value) {
+    let stats = dir.join("memstats.json");
+    let mut child = Command::new(exe)
+        .arg(&stats)
+        .args(["2000000", "30000000"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let ready = out
+        .lines()
+        .map_while(Result::ok)
+        .any(|l| l.starts_with("ready"));
+    assert!(ready, "keep_tenth never said it was ready");
+    let stats = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    (Running(child), stats)
+}
+
+fn within(what: &str, ours: u64, theirs: u64, pct: f64) {
+    assert!(
+        (ours as f64 - theirs as f64).abs() <= theirs as f64 * pct / 100.0,
+        "{what}: fragscope {ours}, the runtime's own {theirs}"
+    );
+}
+
+#[test]
+fn a_snapshot_of_a_go_program_splits_its_heap_by_span_as_its_runtime_counts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_go(dir.path(), "keep_tenth") else {
+        return;
+    };
+    let (running, m) = keep_tenth(dir.path(), &exe);
+    let trace = dir.path().join("go.fsc");
+    let out = fragscope(&[
+        "snapshot".as_ref(),
+        running.0.id().to_string().as_ref(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+    ]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("(go) was stopped for"), "{err}");
+
+    let r = report_json(&trace);
+    let s = &r["snapshots"][r["go_snapshot"].as_u64().unwrap() as usize];
+    let go = &s["go"];
+    let field = |k: &str| go[k].as_u64().unwrap();
+    let stat = |k: &str| m[k].as_u64().unwrap();
+    within("HeapAlloc", field("heap_alloc"), stat("HeapAlloc"), 2.0);
+    within("HeapInuse", field("heap_in_use"), stat("HeapInuse"), 2.0);
+    within("HeapIdle", field("heap_idle"), stat("HeapIdle"), 2.0);
+    // The parts add up to the heap's resident bytes, which are the decomposition's row.
+    let parts = ["objects", "free_slots", "idle_kept", "stacks"];
+    assert_eq!(
+        parts.iter().map(|k| field(k)).sum::<u64>(),
+        field("resident")
+    );
+    assert_eq!(s["go_heap"].as_u64(), Some(field("resident")));
+    // Nine records in ten died: most of the heap in use is free slots of sparse spans.
+    assert!(field("free_slots") > field("objects"), "{go:#}");
+    assert!(field("sparse_spans") * 2 > field("spans_in_use"), "{go:#}");
+    // Every byte of RSS is named: the runtime's own structures are all that is left.
+    let (other, rss) = (
+        s["other_anon"].as_u64().unwrap(),
+        s["rss"].as_u64().unwrap(),
+    );
+    assert!(other * 10 < rss, "other anonymous {other} of RSS {rss}");
+    assert_eq!(r["headline"]["heap"], "go", "{:#}", r["headline"]);
+    assert_eq!(r["headline"]["dominant"], "go_free_slots");
+    assert!(s["missing_census"].as_array().unwrap().is_empty());
+
+    let text = common::report_text(&trace);
+    assert!(text.contains("Go heap (go1."), "{text}");
+    assert!(text.contains("HeapAlloc"), "{text}");
+    assert!(text.contains("64 B slots"), "{text}");
+    assert!(!text.contains("free resident pages"), "{text}");
+}

@@ -1,0 +1,3 @@
+module keep_tenth
+
+go 1.22
