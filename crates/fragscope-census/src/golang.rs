@@ -531,6 +531,39 @@ pub fn census(mem: &mut ProcessMemory, rt: &GoRuntime) -> Result<GoHeap, GoCensu
     })
 }
 
+/// Censuses taken again, 4, 8 and 16 ms later, when the first found the runtime changing
+/// a span.
+const RETRIES: u32 = 3;
+
+/// The census of process `pid`, read while `pause` holds it (the caller's stop, which may
+/// cover other readings of the same moment; None: not held, as `--no-stop` asks). A stop
+/// that lands while the runtime is changing a span finds its figures apart: the program
+/// is let run a few milliseconds and held again, a few times, before the census is
+/// refused. `pause_us` is how long the last stop had held it when the census was read.
+pub fn census_held(
+    pid: u32,
+    rt: &GoRuntime,
+    mem: &mut ProcessMemory,
+    pause: &mut Option<crate::Pause>,
+) -> Result<GoHeap, GoCensusError> {
+    let mut attempt = 0;
+    loop {
+        match census(mem, rt) {
+            Ok(mut heap) => {
+                heap.pause_us = pause.as_ref().map_or(0, |p| p.held().as_micros() as u64);
+                return Ok(heap);
+            }
+            Err(GoCensusError::Inconsistent(_)) if attempt < RETRIES && pause.is_some() => {
+                drop(pause.take());
+                std::thread::sleep(std::time::Duration::from_millis(4 << attempt));
+                attempt += 1;
+                *pause = Some(crate::Pause::stop(pid).map_err(GoCensusError::Unreadable)?);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// A span's own fields agree with each other.
 fn check_span(s: &GoSpan, at: u64) -> Result<(), GoCensusError> {
     let bytes = s.pages.checked_mul(GO_PAGE);

@@ -223,11 +223,13 @@ pub fn run(a: RecordArgs) -> Result<ExitCode> {
         );
     }
     for p in warned {
-        if p.go {
+        if p.go_heap_read {
+            // Its heap was read by census: the report has it.
+        } else if p.go {
             eprintln!(
                 "fragscope: warning: {} made no malloc-family call: it is a Go program, whose \
-                 runtime takes its heap from the kernel without malloc, so its heap is invisible \
-                 to fragscope; its RSS was still recorded.",
+                 runtime takes its heap from the kernel without malloc, and no census of its \
+                 heap was taken (see the report's note); its RSS was still recorded.",
                 p.label
             );
         } else {

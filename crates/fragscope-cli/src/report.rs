@@ -253,6 +253,12 @@ pub fn render(r: &Report, top: usize) -> String {
             "\nAllocation sites: none (a snapshot has no history; `fragscope record` the \
              program to see who allocates)"
         );
+    } else if r.calls == 0 && r.go_snapshot.is_some() {
+        let _ = writeln!(
+            o,
+            "\nAllocation sites: none (a Go program without cgo makes no malloc call; its \
+             heap above is read by census)"
+        );
     } else {
         sites(&mut o, r);
         leaks_and_temporaries(&mut o, r);
@@ -765,7 +771,7 @@ fn timeline(o: &mut String, r: &Report) {
         let mut heap = vec![' '; rss.len()];
         for s in &r.snapshots {
             let i = ((s.t_ms / t_end) * (rss.len() - 1) as f64).round() as usize;
-            let v = s.parts.live + s.parts.heap_waste();
+            let v = heaps::resident(s);
             heap[i.min(rss.len() - 1)] = BARS[((v as f64 / max.max(1) as f64) * 7.0)
                 .round()
                 .clamp(0.0, 7.0) as usize];

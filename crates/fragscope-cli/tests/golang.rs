@@ -122,3 +122,73 @@ fn a_snapshot_of_a_go_program_splits_its_heap_by_span_as_its_runtime_counts_it()
     assert!(text.contains("64 B slots"), "{text}");
     assert!(!text.contains("free resident pages"), "{text}");
 }
+
+#[test]
+fn a_go_program_without_cgo_is_recorded_with_a_census_of_its_heap_at_every_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_go(dir.path(), "keep_tenth") else {
+        return;
+    };
+    let stats = dir.path().join("memstats.json");
+    let trace = dir.path().join("go.fsc");
+    let out = fragscope(&[
+        "record".as_ref(),
+        "--snapshot-ms".as_ref(),
+        "250".as_ref(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+        "--".as_ref(),
+        exe.as_os_str(),
+        stats.as_os_str(),
+        "2000000".as_ref(),
+        "0".as_ref(),
+        "1.5".as_ref(),
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("is a Go program without cgo"), "{err}");
+    assert!(!err.contains("warning"), "{err}");
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+
+    let r = report_json(&trace);
+    let snapshots = r["snapshots"].as_array().unwrap();
+    let censused = snapshots.iter().filter(|s| s["go"].is_object()).count();
+    assert!(censused >= 3, "{censused} of {} snapshots", snapshots.len());
+    // Held still after its collection: the last census is the runtime's own accounting.
+    let last = snapshots
+        .iter()
+        .rev()
+        .find(|s| s["go"].is_object())
+        .unwrap();
+    let go = &last["go"];
+    within(
+        "HeapAlloc",
+        go["heap_alloc"].as_u64().unwrap(),
+        m["HeapAlloc"].as_u64().unwrap(),
+        2.0,
+    );
+    within(
+        "HeapInuse",
+        go["heap_in_use"].as_u64().unwrap(),
+        m["HeapInuse"].as_u64().unwrap(),
+        2.0,
+    );
+    assert_eq!(r["headline"]["heap"], "go", "{:#}", r["headline"]);
+    // Peak live is the censuses': the program made no malloc call.
+    assert_eq!(r["calls"], 0);
+    let peak_live = r["headline"]["peak_live"].as_u64().unwrap();
+    assert!(
+        peak_live as f64 >= 0.98 * m["HeapAlloc"].as_u64().unwrap() as f64,
+        "{peak_live}"
+    );
+    let (other, rss) = (
+        last["other_anon"].as_u64().unwrap(),
+        last["rss"].as_u64().unwrap(),
+    );
+    assert!(other * 10 < rss, "other anonymous {other} of RSS {rss}");
+    let text = common::report_text(&trace);
+    assert!(
+        text.contains("a Go program without cgo makes no malloc call"),
+        "{text}"
+    );
+}

@@ -10,8 +10,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fragscope_census::ghc::{census, CensusError, CensusLimits, GhcRts, RtsInfo};
+use fragscope_census::golang::{GoCensusError, GoRuntime};
 use fragscope_census::pymalloc::{self, Pymalloc};
 use fragscope_census::sbcl::{self, SbclRuntime};
+use fragscope_census::{Pause, ProcessMemory};
+use fragscope_trace::go_heap::GoCensus;
 use fragscope_trace::records::{GhcBlocks, GhcCensus, PymallocCensus, SnapshotReason};
 use fragscope_trace::sbcl_heap::SbclCensus;
 
@@ -31,6 +34,11 @@ enum Target {
         walked: Duration,
         /// What the next walk is expected to cost (none before a first census).
         next_walk: Option<Duration>,
+    },
+    /// A Go program: its runtime's spans.
+    Go {
+        runtime: Box<GoRuntime>,
+        refused: u32,
     },
     Ready {
         rts: Arc<GhcRts>,
@@ -101,6 +109,8 @@ pub struct Censuses {
     targets: Mutex<HashMap<u32, Target>>,
     /// Streams found not to run SBCL (its detection reads the executable).
     not_sbcl: Mutex<std::collections::HashSet<u32>>,
+    /// Streams found not to run Go (its detection reads the executable too).
+    not_go: Mutex<std::collections::HashSet<u32>>,
 }
 
 impl Censuses {
@@ -110,6 +120,7 @@ impl Censuses {
             rts_info: Mutex::default(),
             targets: Mutex::default(),
             not_sbcl: Mutex::default(),
+            not_go: Mutex::default(),
         }
     }
 
@@ -150,7 +161,9 @@ impl Censuses {
         // A long stop is allowed when none was made lately, up to the heap size of the
         // census before (a heap that grows is being built, and its scan would be stale).
         let (rts, stop_when_spoilt) = match targets.get(&stream) {
-            Some(Target::None | Target::Python { .. } | Target::Sbcl { .. }) => return None,
+            Some(
+                Target::None | Target::Python { .. } | Target::Sbcl { .. } | Target::Go { .. },
+            ) => return None,
             Some(Target::Ready {
                 rts,
                 last_long_stop,
@@ -418,6 +431,90 @@ impl Censuses {
                 refusal(refused, "SBCL", &why).map(|n| note(Err(n)))
             }
         }
+    }
+
+    /// A census of the Go heap of stream `stream` (process `pid`) if it is a Go program,
+    /// or a note saying why it has none (the first time, or after a few refusals in a
+    /// row). It holds the program for about 65 ms per GiB of heap.
+    pub fn take_go(
+        &self,
+        stream: u32,
+        pid: u32,
+        tick: u64,
+        reason: SnapshotReason,
+    ) -> Option<GoCensus> {
+        // At exit the runtime may be tearing its heap down: no moment of the run.
+        if !self.enabled || reason == SnapshotReason::Exit {
+            return None;
+        }
+        let note = |result| GoCensus {
+            stream,
+            tick,
+            reason,
+            result,
+        };
+        let known = match self.targets.lock().unwrap().get(&stream) {
+            Some(Target::Go { runtime, .. }) => Some(Some(runtime.clone())),
+            Some(_) => Some(None),
+            None => None,
+        };
+        let runtime = match known {
+            Some(Some(runtime)) => runtime,
+            Some(None) => return None,
+            None => {
+                if self.not_go.lock().unwrap().contains(&stream) {
+                    return None;
+                }
+                match GoRuntime::detect(pid) {
+                    None => {
+                        self.not_go.lock().unwrap().insert(stream);
+                        return None;
+                    }
+                    Some(Err(why)) => {
+                        self.targets.lock().unwrap().insert(stream, Target::None);
+                        return Some(note(Err(why)));
+                    }
+                    Some(Ok(runtime)) => {
+                        let runtime = Box::new(runtime);
+                        let target = Target::Go {
+                            runtime: runtime.clone(),
+                            refused: 0,
+                        };
+                        self.targets.lock().unwrap().insert(stream, target);
+                        runtime
+                    }
+                }
+            }
+        };
+        let result = match (ProcessMemory::open(pid), Pause::stop(pid)) {
+            (Ok(mut mem), Ok(pause)) => {
+                fragscope_census::golang::census_held(pid, &runtime, &mut mem, &mut Some(pause))
+            }
+            // Gone, or not ours to read: nothing to say at this moment.
+            _ => return None,
+        };
+        let mut targets = self.targets.lock().unwrap();
+        let Some(Target::Go { refused, .. }) = targets.get_mut(&stream) else {
+            return None;
+        };
+        match result {
+            Ok(heap) => {
+                *refused = 0;
+                Some(note(Ok(heap)))
+            }
+            Err(GoCensusError::Unreadable(_)) => None,
+            Err(GoCensusError::Inconsistent(why)) => {
+                refusal(refused, "Go heap", &why).map(|n| note(Err(n)))
+            }
+        }
+    }
+
+    /// Whether stream `stream` is a Go program whose heap the census reads.
+    pub fn reads_go_heap(&self, stream: u32) -> bool {
+        matches!(
+            self.targets.lock().unwrap().get(&stream),
+            Some(Target::Go { .. })
+        )
     }
 
     /// `None`: not a GHC program. Err: a GHC program whose RTS the census cannot read.

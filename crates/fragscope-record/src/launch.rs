@@ -133,17 +133,10 @@ fn check_traceable_as(program: &OsStr, who: &Identity) -> Result<PathBuf, NotTra
             check_traceable_as(OsStr::new(&interp), who).map(|_| path)
         };
     }
-    use object::read::elf::{ElfFile64, ProgramHeader};
-    use object::Endianness;
-    let Ok(elf) = ElfFile64::<Endianness>::parse(&*data) else {
+    let Some(dynamic) = dynamically_linked(&data) else {
         return Err(not("it is not a 64-bit ELF executable or a script".into()));
     };
-    let endian = elf.endian();
-    let has_interp = elf
-        .elf_program_headers()
-        .iter()
-        .any(|ph| ph.p_type(endian) == object::elf::PT_INTERP);
-    if !has_interp {
+    if !dynamic {
         return Err(not(
             "it is statically linked, so the dynamic loader never runs and LD_PRELOAD cannot \
              interpose its malloc. Rebuild it dynamically linked (e.g. without -static; for Go, \
@@ -152,6 +145,28 @@ fn check_traceable_as(program: &OsStr, who: &Identity) -> Result<PathBuf, NotTra
         ));
     }
     Ok(path)
+}
+
+/// Whether an ELF executable names a dynamic loader (None: not a 64-bit ELF file).
+fn dynamically_linked(data: &[u8]) -> Option<bool> {
+    use object::read::elf::{ElfFile64, ProgramHeader};
+    use object::Endianness;
+    let elf = ElfFile64::<Endianness>::parse(data).ok()?;
+    let endian = elf.endian();
+    Some(
+        elf.elf_program_headers()
+            .iter()
+            .any(|ph| ph.p_type(endian) == object::elf::PT_INTERP),
+    )
+}
+
+/// `program`'s path when it is a statically linked Go program (built without cgo): it
+/// makes no malloc call to interpose, and its heap is the Go runtime's, which the census
+/// reads from outside at every snapshot.
+pub fn static_go_program(program: &OsStr) -> Option<PathBuf> {
+    let path = resolve_program(program)?;
+    let data = std::fs::read(&path).ok()?;
+    (dynamically_linked(&data) == Some(false) && is_go_program(&path)).then_some(path)
 }
 
 /// Why `who` exec'ing `path` would run it in secure-execution mode (it gains a user, group

@@ -419,47 +419,26 @@ fn read_malloc_heap(
         rss,
         census,
         ghc_census: None,
-        go_census: go_census.map(|c| {
-            c.map(|mut h| {
-                h.pause_us = held.map_or(0, |d| d.as_micros() as u64);
-                h
-            })
-        }),
+        go_census,
         read_from_copy,
         copy_note,
     })
 }
-/// Censuses taken again, 4, 8 and 16 ms later, when the first found the Go runtime
-/// changing a span.
-const GO_RETRIES: u32 = 3;
-
-/// A Go program's heap census, read while `pause` holds it (if it does). A stop that lands
-/// while the runtime is changing a span finds its figures apart: the program is let run
-/// a few milliseconds and held again, a few times, before the census is refused. Err when
-/// the process exited.
+/// A Go program's heap census, read while `pause` holds it (if it does). Err when the
+/// process exited.
 fn go_census_held(
     pid: u32,
     rt: &GoRuntime,
     mem: &mut ProcessMemory,
     pause: &mut Option<Pause>,
 ) -> Result<Result<GoHeap, String>> {
-    let mut attempt = 0;
-    loop {
-        match fragscope_census::golang::census(mem, rt) {
-            Ok(h) => return Ok(Ok(h)),
-            Err(_) if gone(pid) => bail!("process {pid} exited while it was read"),
-            Err(GoCensusError::Inconsistent(_)) if attempt < GO_RETRIES && pause.is_some() => {
-                drop(pause.take());
-                std::thread::sleep(Duration::from_millis(4 << attempt));
-                attempt += 1;
-                *pause = Some(Pause::stop(pid).map_err(|e| anyhow::anyhow!(e))?);
-            }
-            Err(e) => {
-                return Ok(Err(format!(
-                    "no Go heap census: the runtime's spans did not hold together ({e})"
-                )))
-            }
-        }
+    match fragscope_census::golang::census_held(pid, rt, mem, pause) {
+        Ok(h) => Ok(Ok(h)),
+        Err(_) if gone(pid) => bail!("process {pid} exited while it was read"),
+        Err(GoCensusError::Unreadable(e)) => Err(anyhow::anyhow!(e)),
+        Err(GoCensusError::Inconsistent(e)) => Ok(Err(format!(
+            "no Go heap census: the runtime's spans did not hold together ({e})"
+        ))),
     }
 }
 

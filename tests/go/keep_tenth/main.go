@@ -1,9 +1,10 @@
 // keep_tenth allocates many small records, keeps every tenth, collects, and then holds
 // still: every span of its size class is pinned by the tenth of its objects that
 // survived. It writes the runtime's own accounting (runtime.MemStats, as JSON) to the
-// file named by its first argument, prints "ready PID" and sleeps until killed.
+// file named by its first argument, prints "ready PID" and holds still for HOLD_SECONDS
+// (an hour by default) before it exits.
 //
-//	keep_tenth STATS [RECORDS] [BIG_BYTES]
+//	keep_tenth STATS [RECORDS] [BIG_BYTES] [HOLD_SECONDS]
 package main
 
 import (
@@ -29,6 +30,10 @@ func main() {
 	big := 0
 	if len(os.Args) > 3 {
 		big, _ = strconv.Atoi(os.Args[3])
+	}
+	hold := 3600.0
+	if len(os.Args) > 4 {
+		hold, _ = strconv.ParseFloat(os.Args[4], 64)
 	}
 	all := make([]*record, n)
 	for i := range all {
@@ -56,7 +61,7 @@ func main() {
 		panic(err)
 	}
 	fmt.Println("ready", os.Getpid())
-	time.Sleep(time.Hour)
+	time.Sleep(time.Duration(hold * float64(time.Second)))
 	runtime.KeepAlive(kept)
 	runtime.KeepAlive(blob)
 }

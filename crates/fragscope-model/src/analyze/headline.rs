@@ -39,7 +39,7 @@ pub(super) fn tell(
     let peak_rss = timeline_full.iter().max_by_key(|p| p.1).map(|p| (p.0, p.1));
     let mut headline = headline(
         peak_rss,
-        (!s.heap_unread()).then_some((s.peak_live.0, s.peak_live.1 as f64 * tick_ms)),
+        peak_live(s, snapshots, tick_ms),
         focus_snapshot.map(|i| &snapshots[i]),
     );
     if focus_snapshot.is_none() && !snapshots.is_empty() {
@@ -105,6 +105,23 @@ pub(super) fn tell(
             .filter(|&i| snapshots[i].go.is_some())
             .max_by_key(|&i| snapshots[i].go.as_ref().map_or(0, |p| p.waste())),
     }
+}
+
+/// The peak of live bytes and its time: the merged calls' (None when a snapshot could not
+/// read the malloc heap), or, for a process that made no malloc call and has a runtime's
+/// heap (a Go program without cgo), the most the censuses found live.
+fn peak_live(s: &Stream, snapshots: &[Snapshot], tick_ms: f64) -> Option<(u64, f64)> {
+    let runtime_only = s.calls == 0
+        && snapshots
+            .iter()
+            .any(|x| x.heaps.iter().any(|h| h.heap != Heap::Malloc));
+    if runtime_only {
+        return snapshots
+            .iter()
+            .max_by_key(|x| heaps::live(x))
+            .map(|x| (heaps::live(x), x.t_ms));
+    }
+    (!s.heap_unread()).then_some((s.peak_live.0, s.peak_live.1 as f64 * tick_ms))
 }
 
 fn no_focus_sentence(snapshots: usize) -> String {

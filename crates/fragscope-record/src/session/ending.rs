@@ -23,6 +23,7 @@ pub(super) fn silent_processes(shared: &Shared) -> (u32, Vec<SilentProcess>) {
         .map(|(i, s)| SilentProcess {
             label: s.label.clone(),
             go: crate::launch::is_go_program(Path::new(&s.exe)),
+            go_heap_read: shared.censuses.reads_go_heap(i as u32),
             main: i == 0,
             peak_rss_kib: s.peak_rss_at_snapshot,
         })

@@ -30,18 +30,34 @@ extern "C" fn forward_signal(sig: libc::c_int) {
     }
 }
 
+/// How the program is started besides its command.
+pub(super) struct Launch<'a> {
+    pub(super) preload: &'a Path,
+    pub(super) rendezvous: &'a Rendezvous,
+    pub(super) token: &'a str,
+    /// The GHC RTS flags asked for.
+    pub(super) ghcrts: Option<&'a OsString>,
+    /// A program that will never connect (a Go program without cgo: the dynamic loader
+    /// never runs): its stream is opened as it starts, and its heap read by census.
+    pub(super) unconnected: bool,
+}
+
 /// Starts `command` with the interposer preloaded and the recording's settings in its
-/// environment (`ghcrts`: the GHC RTS flags asked for), and waits for it and its
-/// descendants. Returns its exit code (None: not seen) and pid.
+/// environment, and waits for it and its descendants. Returns its exit code (None: not
+/// seen) and pid.
 pub(super) fn run_program(
     shared: &Shared,
     command: &[OsString],
-    preload: &Path,
-    rendezvous: &Rendezvous,
+    launch: &Launch,
     opts: &RecordOptions,
-    token: &str,
-    ghcrts: Option<&OsString>,
 ) -> Result<(Option<i32>, u32)> {
+    let Launch {
+        preload,
+        rendezvous,
+        token,
+        ghcrts,
+        unconnected,
+    } = *launch;
     // Orphaned descendants are re-parented to us, so their exit status is ours to read.
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
@@ -78,6 +94,13 @@ pub(super) fn run_program(
         .with_context(|| format!("starting {}", program.to_string_lossy()))?;
     let child_pid = child.id();
     CHILD_PID.store(u64::from(child_pid), Ordering::Relaxed);
+    if unconnected {
+        let argv = command.iter().map(|a| a.to_string_lossy().into_owned());
+        let exe = std::fs::read_link(format!("/proc/{child_pid}/exe"))
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        shared.open_unconnected_stream(child_pid, argv.collect(), exe);
+    }
     // The terminal's ^C reaches the program directly (same process group); we stay to
     // finish the trace. SIGTERM and SIGHUP sent to us are passed on.
     // SAFETY: installing handlers that only call kill.

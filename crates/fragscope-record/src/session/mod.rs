@@ -53,10 +53,29 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let program = command
         .first()
         .ok_or_else(|| anyhow!("no program to record"))?;
-    let program_path = match attach_pid {
-        Some(pid) => std::fs::read_link(format!("/proc/{pid}/exe"))
-            .map_err(|e| crate::access::access_error(pid, &e))?,
-        None => crate::launch::check_traceable(program)?,
+    // A Go program without cgo never connects: its stream is opened as it starts.
+    let (program_path, unconnected) = match attach_pid {
+        Some(pid) => (
+            std::fs::read_link(format!("/proc/{pid}/exe"))
+                .map_err(|e| crate::access::access_error(pid, &e))?,
+            false,
+        ),
+        None => match crate::launch::check_traceable(program) {
+            Ok(path) => (path, false),
+            Err(e) => match crate::launch::static_go_program(program) {
+                Some(path) => {
+                    eprintln!(
+                        "fragscope: {} is a Go program without cgo: it makes no malloc call \
+                         to trace. Its Go heap is read from outside at every snapshot \
+                         (spans, size classes, free pages kept and released) and its RSS \
+                         sampled; build it with cgo to trace its C allocations too.",
+                        path.display()
+                    );
+                    (path, true)
+                }
+                None => return Err(e.into()),
+            },
+        },
     };
     // Said before the program runs: what the trace will miss.
     if let Some(l) = fragscope_census::allocators::linked_allocator(&program_path) {
@@ -126,16 +145,14 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             (Some(attached?), a.pid)
         }
         None => {
-            let ghcrts = ghc.as_ref().and_then(|g| g.ghcrts.as_ref());
-            launched::run_program(
-                &shared,
-                &command,
-                &preload,
-                &rendezvous,
-                opts,
-                &token,
-                ghcrts,
-            )?
+            let launch = launched::Launch {
+                preload: &preload,
+                rendezvous: &rendezvous,
+                token: &token,
+                ghcrts: ghc.as_ref().and_then(|g| g.ghcrts.as_ref()),
+                unconnected,
+            };
+            launched::run_program(&shared, &command, &launch, opts)?
         }
     };
 

@@ -59,6 +59,8 @@ pub struct SilentProcess {
     pub label: String,
     /// Its executable is a Go program (whose runtime does not allocate through malloc).
     pub go: bool,
+    /// Its Go heap was read by census at the snapshots: nothing was missed.
+    pub go_heap_read: bool,
     /// The program fragscope started (its first image), rather than one it ran.
     pub main: bool,
     /// Its highest VmRSS at a snapshot, in KiB: a small tool that needs no malloc (true,

@@ -198,6 +198,9 @@ impl Shared {
         if let Some(census) = self.censuses.take_sbcl(stream, pid, tick, reason) {
             self.send(ChunkKind::SbclCensus, census.encode());
         }
+        if let Some(census) = self.censuses.take_go(stream, pid, tick, reason) {
+            self.send(ChunkKind::GoCensus, census.encode());
+        }
         let Some(mappings) = self.write_maps(stream, pid) else {
             return;
         };
@@ -282,6 +285,49 @@ impl Shared {
         }
     }
 
+    /// A process that will never connect (the program itself, when it is a Go program
+    /// without cgo): a stream of its own, sampled and censused like any other, which ends
+    /// when the process is gone.
+    pub(super) fn open_unconnected_stream(&self, pid: u32, argv: Vec<String>, exe: String) {
+        let mut procs = self.procs.lock().unwrap();
+        let stream = procs.streams.len() as u32;
+        procs.streams.push(self.new_stream(pid, 0, &argv, &exe));
+        drop(procs);
+        let process = Process {
+            stream,
+            pid,
+            ppid: std::process::id(),
+            origin: Origin::Started,
+            parent_stream: None,
+            start_tick: self.tick(),
+            argv,
+            exe,
+            fork_mark: None,
+        };
+        self.send(ChunkKind::Process, process.encode());
+    }
+
+    fn new_stream(&self, pid: u32, connections: u32, argv: &[String], exe: &str) -> ProcState {
+        ProcState {
+            pid,
+            connections,
+            ended: false,
+            end: None,
+            rss: Vec::new(),
+            last_maps: Vec::new(),
+            peak_rss_at_snapshot: 0,
+            last_snapshot: None,
+            event_bytes: 0,
+            label: format!("{} (pid {pid})", argv.join(" ")),
+            exe: exe.to_string(),
+            packer: Arc::default(),
+            packing: self.pack != PackMode::Never,
+            resume_after: FIRST_RESUME_AFTER,
+            quiet_raw: 0,
+            packed_run: 0,
+        }
+    }
+
     /// A new process image, or a known one reconnecting.
     pub(super) fn register(&self, hello: &protocol::Hello) -> u32 {
         let mut procs = self.procs.lock().unwrap();
@@ -305,25 +351,8 @@ impl Shared {
             )
         };
         let stream = procs.streams.len() as u32;
-        let label = format!("{} (pid {})", hello.argv.join(" "), hello.pid);
-        procs.streams.push(ProcState {
-            pid: hello.pid,
-            connections: 1,
-            ended: false,
-            end: None,
-            rss: Vec::new(),
-            last_maps: Vec::new(),
-            peak_rss_at_snapshot: 0,
-            last_snapshot: None,
-            event_bytes: 0,
-            label,
-            exe: hello.exe.clone(),
-            packer: Arc::default(),
-            packing: self.pack != PackMode::Never,
-            resume_after: FIRST_RESUME_AFTER,
-            quiet_raw: 0,
-            packed_run: 0,
-        });
+        let state = self.new_stream(hello.pid, 1, &hello.argv, &hello.exe);
+        procs.streams.push(state);
         drop(procs);
         let process = Process {
             stream,
