@@ -18,7 +18,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use fragscope_trace::go_heap::{GoHeap, GoSpan, GoSpanKind};
+use fragscope_trace::go_heap::{GoBucket, GoHeap, GoProfile, GoSpan, GoSpanKind};
 use object::{Object, ObjectSection};
 
 use crate::memory::{le_u64, WindowedReader};
@@ -81,6 +81,8 @@ pub struct GoRuntime {
     mheap: u64,
     heap: HeapLayout,
     span: SpanLayout,
+    /// The heap profile's layout, or why it cannot be read.
+    profile: Result<ProfileLayout, String>,
 }
 
 impl GoRuntime {
@@ -106,7 +108,14 @@ impl GoRuntime {
         pid: Option<u32>,
     ) -> Result<Self, String> {
         let refuse = |why: String| format!("no Go heap census of this {version} program: {why}");
-        let symbols = Symbols::resolve(elf, &["runtime.mheap_"], pid).map_err(refuse)?;
+        let names = [
+            "runtime.mheap_",
+            "runtime.mbuckets",
+            "runtime.mProfCycle",
+            "runtime.MemProfileRate",
+            "runtime.disableMemoryProfiling",
+        ];
+        let symbols = Symbols::resolve(elf, &names, pid).map_err(refuse)?;
         let mheap = symbols.need("runtime.mheap_").map_err(|_| {
             refuse(
                 "it has no symbol table (built with -ldflags=-s); fragscope finds the \
@@ -114,7 +123,7 @@ impl GoRuntime {
                     .into(),
             )
         })?;
-        let structs = dwarf_structs(
+        let (structs, constants) = dwarf_types(
             file,
             &[
                 "runtime.mspan",
@@ -122,16 +131,27 @@ impl GoRuntime {
                 "runtime.pageAlloc",
                 "runtime.addrRanges",
                 "runtime.addrRange",
+                "runtime.bucket",
+                "runtime.memRecord",
+                "runtime.memRecordCycle",
+                "runtime.special",
+                "runtime.specialprofile",
             ],
+            &["runtime._KindSpecialProfile"],
         )
         .map_err(refuse)?;
         let heap = heap_layout(&structs).map_err(refuse)?;
         let span = span_layout(&structs).map_err(refuse)?;
+        let profile = get(&structs, "runtime.mspan")
+            .and_then(|s| sized(s, "runtime.mspan", "specials", &[8]))
+            .and_then(|specials| ProfileLayout::new(&symbols, &structs, &constants, specials))
+            .map_err(|why| format!("its heap profile cannot be read: {why}"));
         Ok(Self {
             version,
             mheap,
             heap,
             span,
+            profile,
         })
     }
 }
@@ -184,8 +204,16 @@ impl Struct {
     }
 }
 
-/// The structs named `wanted` in the executable's DWARF.
-fn dwarf_structs(file: &object::File, wanted: &[&str]) -> Result<HashMap<String, Struct>, String> {
+/// Structs and constants found by name in the executable's DWARF.
+type DwarfTypes = (HashMap<String, Struct>, HashMap<String, u64>);
+
+/// The structs named `wanted` and the constants named `constants` in the executable's
+/// DWARF.
+fn dwarf_types(
+    file: &object::File,
+    wanted: &[&str],
+    constants: &[&str],
+) -> Result<DwarfTypes, String> {
     let no_dwarf = || {
         "it has no DWARF (built with -ldflags=-w or -s); fragscope reads the runtime's \
          layouts from it"
@@ -206,6 +234,7 @@ fn dwarf_structs(file: &object::File, wanted: &[&str]) -> Result<HashMap<String,
     let dwarf = sections.borrow(|s| gimli::EndianSlice::new(s, gimli::LittleEndian));
     let bad = |e: gimli::Error| format!("its DWARF does not read ({e})");
     let mut found: HashMap<String, Struct> = HashMap::new();
+    let mut values: HashMap<String, u64> = HashMap::new();
     let mut headers = Vec::new();
     let mut iter = dwarf.units();
     while let Some(header) = iter.next().map_err(bad)? {
@@ -239,6 +268,19 @@ fn dwarf_structs(file: &object::File, wanted: &[&str]) -> Result<HashMap<String,
                         current = Some((name, depth));
                     }
                 }
+                gimli::DW_TAG_constant => {
+                    let Some(name) = attr_string(&dwarf, &unit, entry) else {
+                        continue;
+                    };
+                    if constants.contains(&name.as_str()) {
+                        let value = entry.attr_value(gimli::DW_AT_const_value).ok().flatten();
+                        if let Some(v) = value
+                            .and_then(|v| v.udata_value().or(v.sdata_value().map(|s| s as u64)))
+                        {
+                            values.insert(name, v);
+                        }
+                    }
+                }
                 gimli::DW_TAG_member => {
                     let Some((owner, d)) = &current else { continue };
                     if depth != d + 1 {
@@ -264,14 +306,14 @@ fn dwarf_structs(file: &object::File, wanted: &[&str]) -> Result<HashMap<String,
                 _ => {}
             }
         }
-        if found.len() == wanted.len() && current.is_none() {
+        if found.len() == wanted.len() && values.len() == constants.len() && current.is_none() {
             break;
         }
     }
     if found.is_empty() {
         return Err(no_dwarf());
     }
-    Ok(found)
+    Ok((found, values))
 }
 
 type Slice<'a> = gimli::EndianSlice<'a, gimli::LittleEndian>;
@@ -314,7 +356,12 @@ fn member_size(
             };
             let owner = entry_unit.as_ref().unwrap_or(current);
             let entry = owner.entry(offset).ok()?;
-            let size = udata(&entry, gimli::DW_AT_byte_size);
+            // A pointer is a word, whatever it points to (Go's pointer types may carry
+            // no size of their own).
+            let size = match entry.tag() {
+                gimli::DW_TAG_pointer_type => Some(8),
+                _ => udata(&entry, gimli::DW_AT_byte_size),
+            };
             let next = entry.attr_value(gimli::DW_AT_type).ok()?;
             if entry_unit.is_some() {
                 here = entry_unit;
@@ -422,6 +469,222 @@ fn read_field(b: &[u8], f: Field) -> u64 {
     u64::from_le_bytes(word)
 }
 
+/// Where the heap profile's records are: the sampled allocations' buckets
+/// (runtime/mprof.go) and the specials that tie each sampled object still live to its
+/// bucket (mheap.go's `specialprofile`).
+#[derive(Debug, Clone)]
+struct ProfileLayout {
+    mbuckets: u64,
+    cycle: u64,
+    rate: u64,
+    disabled: Option<u64>,
+    bucket_size: usize,
+    allnext: Field,
+    typ: Field,
+    nstk: Field,
+    record_size: usize,
+    active: Field,
+    future: Field,
+    cycle_size: usize,
+    allocs: Field,
+    frees: Field,
+    /// The bucket's object size: its bytes are its counts times this (Go 1.27 keeps no
+    /// byte counts; before, they were the same product).
+    size: Field,
+    specials: Field,
+    special_next: Field,
+    special_offset: Field,
+    special_kind: Field,
+    special_bucket: Field,
+    kind_profile: u64,
+}
+
+/// `memProfile`'s value of `bucket.typ` (bucketType's first value, 1, since Go 1.1).
+const MEM_PROFILE: u64 = 1;
+/// Buckets past this many are not a profile a census can hold.
+const MAX_BUCKETS: usize = 1 << 20;
+/// `maxProfStackDepth`, the deepest stack a bucket holds (1024 since Go 1.23).
+const MAX_STACK: u64 = 1024;
+
+impl ProfileLayout {
+    /// The heap profile's layout, from the program's symbols, DWARF structs and
+    /// constants; Err says which part is missing.
+    fn new(
+        symbols: &Symbols,
+        structs: &HashMap<String, Struct>,
+        constants: &HashMap<String, u64>,
+        specials: Field,
+    ) -> Result<Self, String> {
+        let b = "runtime.bucket";
+        let bucket = get(structs, b)?;
+        let r = "runtime.memRecord";
+        let record = get(structs, r)?;
+        let c = "runtime.memRecordCycle";
+        let cycle = get(structs, c)?;
+        let s = "runtime.special";
+        let special = get(structs, s)?;
+        let p = "runtime.specialprofile";
+        let profile = get(structs, p)?;
+        let kind_profile = *constants
+            .get("runtime._KindSpecialProfile")
+            .ok_or("its DWARF has no constant runtime._KindSpecialProfile")?;
+        Ok(Self {
+            mbuckets: symbols.need("runtime.mbuckets")?,
+            cycle: symbols.need("runtime.mProfCycle")?,
+            rate: symbols.need("runtime.MemProfileRate")?,
+            disabled: symbols.get("runtime.disableMemoryProfiling"),
+            bucket_size: bucket.size,
+            allnext: sized(bucket, b, "allnext", &[8])?,
+            typ: sized(bucket, b, "typ", &[8, 4])?,
+            nstk: sized(bucket, b, "nstk", &[8])?,
+            record_size: record.size,
+            active: sized(record, r, "active", &[cycle.size])?,
+            future: sized(record, r, "future", &[3 * cycle.size])?,
+            cycle_size: cycle.size,
+            allocs: sized(cycle, c, "allocs", &[8])?,
+            frees: sized(cycle, c, "frees", &[8])?,
+            size: sized(bucket, b, "size", &[8])?,
+            specials,
+            special_next: sized(special, s, "next", &[8])?,
+            special_offset: sized(special, s, "offset", &[2, 8])?,
+            special_kind: sized(special, s, "kind", &[1])?,
+            special_bucket: sized(profile, p, "b", &[8])?,
+            kind_profile,
+        })
+    }
+}
+
+/// A bucket's allocations and frees in one profile cycle (`memRecordCycle`).
+fn cycle_counts(l: &ProfileLayout, b: &[u8]) -> [u64; 2] {
+    [read_field(b, l.allocs), read_field(b, l.frees)]
+}
+
+fn add_counts(a: &mut [u64; 2], b: [u64; 2]) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x = x.wrapping_add(y);
+    }
+}
+
+/// The heap profile as `runtime.MemProfile` would return it now: each bucket's published
+/// cycle plus the one waiting to be flushed into it (`mProf_FlushLocked`), or, before any
+/// collection published one, every cycle.
+fn read_profile(
+    mem: &mut ProcessMemory,
+    reader: &mut WindowedReader,
+    l: &ProfileLayout,
+    span_specials: &[(u64, u64)],
+) -> Result<Result<GoProfile, String>, GoCensusError> {
+    use GoCensusError::*;
+    let unreadable = |e: std::io::Error| Unreadable(e.to_string());
+    if let Some(at) = l.disabled {
+        if mem.read_u8(at).map_err(unreadable)? != 0 {
+            return Ok(Err(
+                "the program keeps no heap profile: it was linked without \
+                 the heap profiler (it imports neither runtime/pprof nor net/http/pprof)"
+                    .into(),
+            ));
+        }
+    }
+    let rate = mem.read_u64(l.rate).map_err(unreadable)?;
+    if rate == 0 {
+        return Ok(Err(
+            "the program keeps no heap profile: it set runtime.MemProfileRate to 0".into(),
+        ));
+    }
+    let index = ((mem.read_u32(l.cycle).map_err(unreadable)? >> 1) % 3) as usize;
+    let mut buckets = Vec::new();
+    let mut futures = Vec::new();
+    let mut by_address = HashMap::new();
+    let mut at = mem.read_u64(l.mbuckets).map_err(unreadable)?;
+    let mut header = vec![0u8; l.bucket_size];
+    while at != 0 {
+        if buckets.len() >= MAX_BUCKETS {
+            return Err(Inconsistent(
+                "the heap profile's bucket list does not end".into(),
+            ));
+        }
+        reader
+            .read_into(mem, at, &mut header, "a profile bucket")
+            .map_err(Unreadable)?;
+        let nstk = read_field(&header, l.nstk);
+        if read_field(&header, l.typ) != MEM_PROFILE || nstk > MAX_STACK {
+            return Err(Inconsistent(format!(
+                "a heap profile bucket at {at:#x} is not one"
+            )));
+        }
+        let mut rest = vec![0u8; nstk as usize * 8 + l.record_size];
+        let rest_at = at + l.bucket_size as u64;
+        reader
+            .read_into(mem, rest_at, &mut rest, "a profile bucket")
+            .map_err(Unreadable)?;
+        let (stack, record) = rest.split_at(nstk as usize * 8);
+        let cycle = |i: usize| {
+            let from = l.future.offset + i * l.cycle_size;
+            cycle_counts(l, &record[from..from + l.cycle_size])
+        };
+        let mut counts = cycle_counts(l, &record[l.active.offset..l.active.offset + l.cycle_size]);
+        add_counts(&mut counts, cycle(index));
+        futures.push([cycle(0), cycle(1), cycle(2)]);
+        by_address.insert(at, buckets.len() as u32);
+        let size = read_field(&header, l.size);
+        let stack: Vec<u64> = stack.chunks_exact(8).map(|w| le_u64(w, 0)).collect();
+        buckets.push((stack, size, counts));
+        at = read_field(&header, l.allnext);
+    }
+    // No collection has published a cycle yet: the runtime then counts every cycle.
+    if buckets.iter().all(|(_, _, c)| c[0] == 0 && c[1] == 0) {
+        for ((_, _, counts), f) in buckets.iter_mut().zip(&futures) {
+            for (i, c) in f.iter().enumerate() {
+                if i != index {
+                    add_counts(counts, *c);
+                }
+            }
+        }
+    }
+    let buckets = buckets
+        .into_iter()
+        .map(|(stack, size, [allocs, frees])| GoBucket {
+            stack,
+            allocs,
+            frees,
+            alloc_bytes: allocs.wrapping_mul(size),
+            free_bytes: frees.wrapping_mul(size),
+        })
+        .collect();
+    let mut objects = Vec::new();
+    let mut special = [0u8; 64];
+    let special_bytes = (l.special_bucket.offset + 8).max(l.special_kind.offset + 1);
+    for &(span_start, mut at) in span_specials {
+        let mut seen = 0;
+        while at != 0 {
+            seen += 1;
+            if seen > 1 << 20 {
+                return Err(Inconsistent(format!(
+                    "the specials of the span at {span_start:#x} do not end"
+                )));
+            }
+            let s = &mut special[..special_bytes];
+            reader
+                .read_into(mem, at, s, "a span special")
+                .map_err(Unreadable)?;
+            if read_field(s, l.special_kind) == l.kind_profile {
+                let bucket = read_field(s, l.special_bucket);
+                let index = by_address.get(&bucket).copied().ok_or_else(|| {
+                    Inconsistent(format!("a profile special at {at:#x} names no bucket"))
+                })?;
+                objects.push((span_start + read_field(s, l.special_offset), index));
+            }
+            at = read_field(s, l.special_next);
+        }
+    }
+    objects.sort_unstable();
+    Ok(Ok(GoProfile {
+        rate,
+        buckets,
+        objects,
+    }))
+}
+
 /// Why a census was not taken.
 #[derive(Debug)]
 pub enum GoCensusError {
@@ -487,6 +750,9 @@ pub fn census(mem: &mut ProcessMemory, rt: &GoRuntime) -> Result<GoHeap, GoCensu
     let mut spans = Vec::new();
     let l = &rt.span;
     let mut bytes = vec![0u8; l.size];
+    // (start, first special) of every span of objects with specials.
+    let mut span_specials = Vec::new();
+    let specials = rt.profile.as_ref().ok().map(|p| p.specials);
     for p in pointers.chunks_exact(8) {
         let at = le_u64(p, 0);
         reader
@@ -517,10 +783,20 @@ pub fn census(mem: &mut ProcessMemory, rt: &GoRuntime) -> Result<GoHeap, GoCensu
                     || span_sweepgen == heap_sweepgen.wrapping_sub(1)),
         };
         check_span(&span, at)?;
+        if let Some(f) = specials.filter(|_| kind == GoSpanKind::Objects) {
+            let first = field(f);
+            if first != 0 {
+                span_specials.push((span.start, first));
+            }
+        }
         spans.push(span);
     }
     spans.sort_by_key(|s| s.start);
     check_spans(&spans, &ranges, pages_in_use)?;
+    let profile = match &rt.profile {
+        Ok(l) => read_profile(mem, &mut reader, l, &span_specials)?,
+        Err(why) => Err(why.clone()),
+    };
     Ok(GoHeap {
         go: rt.version.clone(),
         page_size: GO_PAGE as u32,
@@ -528,6 +804,7 @@ pub fn census(mem: &mut ProcessMemory, rt: &GoRuntime) -> Result<GoHeap, GoCensu
         spans,
         pages_in_use,
         pause_us: 0,
+        profile,
     })
 }
 

@@ -185,3 +185,54 @@ fn a_go_program_without_dwarf_or_symbols_is_refused_with_the_reason() {
         assert!(err.contains("no Go heap census"), "{err}");
     }
 }
+
+#[test]
+fn the_heap_profile_is_read_with_its_sampled_objects_on_every_release() {
+    for toolchain in TOOLCHAINS {
+        let Some(exe) = build("sites", toolchain, &[]) else {
+            return;
+        };
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let profile = dir.join(format!("heap-{}-{toolchain}.pprof", std::process::id()));
+        let mut child = Command::new(&exe)
+            .arg(dir.join(format!("sites-{}-{toolchain}.json", std::process::id())))
+            .arg(&profile)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let running = Running {
+            child,
+            stats: serde_json::Value::Null,
+        };
+        assert!(out
+            .lines()
+            .map_while(Result::ok)
+            .any(|l| l.starts_with("ready")));
+        let heap = take(running.child.id());
+        let p = heap
+            .profile
+            .as_ref()
+            .unwrap_or_else(|e| panic!("{toolchain}: {e}"));
+        assert_eq!(p.rate, 512 * 1024, "{toolchain}");
+        // The index's and the cache's samples, each with a stack and still live.
+        let live: Vec<_> = (p.buckets.iter())
+            .filter(|b| b.allocs > b.frees && !b.stack.is_empty())
+            .collect();
+        assert!(live.len() >= 2, "{toolchain}: {:?}", p.buckets);
+        let sampled_live: u64 = live.iter().map(|b| b.allocs - b.frees).sum();
+        // Every sampled object still live has its special in its span; the published
+        // profile is the last collection's, so objects sampled since have one too.
+        let found = p.objects.len() as u64;
+        assert!(
+            found >= sampled_live && found <= sampled_live + sampled_live / 10 + 4,
+            "{toolchain}: {found} specials, {sampled_live} sampled live"
+        );
+        let in_spans = (p.objects.iter())
+            .filter(|(a, _)| {
+                (heap.spans.iter()).any(|s| s.start <= *a && *a < s.start + s.bytes(GO_PAGE))
+            })
+            .count();
+        assert_eq!(in_spans, p.objects.len(), "{toolchain}");
+    }
+}

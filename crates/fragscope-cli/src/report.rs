@@ -468,6 +468,10 @@ fn headline(o: &mut String, r: &Report) {
     let (Some(peak_live), Some(peak_live_t_ms)) = (h.peak_live, h.peak_live_t_ms) else {
         return;
     };
+    // Without calls, the peak is a census's: of a snapshot, not between two calls.
+    if r.calls == 0 {
+        return;
+    }
     if let Some(s) = shown
         .into_iter()
         .flatten()

@@ -81,4 +81,50 @@ pub fn section(o: &mut String, r: &Report) {
             bytes(c.free_bytes())
         );
     }
+    sites(o, r);
+}
+
+/// The Go heap profile's stacks, as `go tool pprof` scales them, beside what their
+/// sampled objects keep of sparse spans.
+fn sites(o: &mut String, r: &Report) {
+    let Some(g) = &r.go_sites else {
+        if let Some(note) = &r.go_sites_note {
+            let _ = writeln!(o, "  Go allocation sites: none: {note}");
+        }
+        return;
+    };
+    let _ = writeln!(
+        o,
+        "\nGo allocation sites at {} (the runtime's heap profile, one sample per {} \
+         allocated, scaled as go tool pprof does; {} sampled objects live, {} of them in \
+         spans at most 25% full)",
+        secs(g.t_ms),
+        bytes(g.rate),
+        count(g.sampled_live),
+        count(g.sampled_in_sparse_spans)
+    );
+    let _ = writeln!(
+        o,
+        "  {:>11} {:>11} {:>11} {:>13}  site",
+        "in use", "objects", "allocated", "sparse spans"
+    );
+    for s in &g.sites {
+        let pinned = if s.sampled_in_sparse_spans > 0 {
+            format!("{} kept", bytes(s.pinned_free_bytes))
+        } else {
+            "-".into()
+        };
+        let _ = writeln!(
+            o,
+            "  {:>11} {:>11} {:>11} {:>13}  {}",
+            bytes(s.in_use_bytes),
+            count(s.in_use_objects),
+            bytes(s.allocated_bytes),
+            pinned,
+            s.stack.first().map_or("?", String::as_str)
+        );
+        for caller in s.stack.iter().skip(1).take(2) {
+            let _ = writeln!(o, "  {:>50}  <- {caller}", "");
+        }
+    }
 }

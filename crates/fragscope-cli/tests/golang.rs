@@ -192,3 +192,125 @@ fn a_go_program_without_cgo_is_recorded_with_a_census_of_its_heap_at_every_snaps
         "{text}"
     );
 }
+
+/// `go tool pprof -top` of a heap profile's in-use bytes: (flat bytes, function) rows.
+fn pprof_in_use_by_function(go: &Path, exe: &Path, profile: &Path) -> Vec<(u64, String)> {
+    let out = Command::new(go)
+        .args(["tool", "pprof", "-top", "-nodecount=100", "-unit=B"])
+        .arg("-sample_index=inuse_space")
+        .arg(exe)
+        .arg(profile)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.lines()
+        .skip_while(|l| !l.trim_start().starts_with("flat"))
+        .skip(1)
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            let bytes = cols.first()?.trim_end_matches('B').parse().ok()?;
+            (cols.len() >= 6).then(|| (bytes, cols[5..].join(" ")))
+        })
+        .collect()
+}
+
+#[test]
+fn the_go_allocation_sites_are_the_heap_profiles_and_name_who_keeps_sparse_spans() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_go(dir.path(), "sites") else {
+        return;
+    };
+    let (stats, profile) = (
+        dir.path().join("memstats.json"),
+        dir.path().join("heap.pprof"),
+    );
+    let mut child = Command::new(&exe)
+        .arg(&stats)
+        .arg(&profile)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let running = Running(child);
+    let ready = out
+        .lines()
+        .map_while(Result::ok)
+        .any(|l| l.starts_with("ready"));
+    assert!(ready, "sites never said it was ready");
+    let trace = dir.path().join("go.fsc");
+    let snap = fragscope(&[
+        "snapshot".as_ref(),
+        running.0.id().to_string().as_ref(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+    ]);
+    assert!(snap.status.success(), "{}", stderr(&snap));
+    let r = report_json(&trace);
+    let sites = r["go_sites"]["sites"].as_array().unwrap();
+    // Ours by function, as pprof's -top sums them (flat: the stack's first frame).
+    let mut ours: std::collections::HashMap<String, u64> = Default::default();
+    for s in sites {
+        let label = s["stack"][0].as_str().unwrap();
+        let function = label.split(" (").next().unwrap().to_string();
+        *ours.entry(function).or_default() += s["in_use_bytes"].as_u64().unwrap();
+    }
+    let theirs = pprof_in_use_by_function(&common::go().unwrap(), &exe, &profile);
+    let top: Vec<&(u64, String)> = theirs.iter().filter(|r| r.0 > 0).take(2).collect();
+    assert_eq!(
+        top.iter().map(|r| r.1.as_str()).collect::<Vec<_>>(),
+        ["main.fillCache", "main.buildIndex"],
+        "{theirs:?}"
+    );
+    for (bytes, function) in top {
+        let mine = ours.get(function).copied().unwrap_or(0);
+        within(function, mine, *bytes, 1.0);
+    }
+    // The index's survivors, one in ten, are what the sparse spans hold.
+    let index = sites
+        .iter()
+        .find(|s| {
+            s["stack"][0]
+                .as_str()
+                .unwrap()
+                .starts_with("main.buildIndex")
+        })
+        .unwrap();
+    assert!(
+        index["sampled_in_sparse_spans"].as_u64().unwrap() > 0,
+        "{index:#}"
+    );
+    assert!(
+        r["go_sites"]["sampled_live"].as_u64().unwrap() > 10,
+        "{:#}",
+        r["go_sites"]
+    );
+    let text = common::report_text(&trace);
+    assert!(text.contains("Go allocation sites"), "{text}");
+    assert!(text.contains("main.buildIndex (main.go:"), "{text}");
+}
+
+#[test]
+fn a_go_program_without_the_heap_profiler_says_why_it_has_no_sites() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_go(dir.path(), "keep_tenth") else {
+        return;
+    };
+    let (running, _) = keep_tenth(dir.path(), &exe);
+    let trace = dir.path().join("go.fsc");
+    let out = fragscope(&[
+        "snapshot".as_ref(),
+        running.0.id().to_string().as_ref(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r = report_json(&trace);
+    assert!(r["go_sites"].is_null(), "{:#}", r["go_sites"]);
+    let note = r["go_sites_note"].as_str().unwrap();
+    assert!(note.contains("linked without the heap profiler"), "{note}");
+}

@@ -3,7 +3,9 @@
 //! free pages kept and stacks; with the runtime's own figures as runtime.MemStats names
 //! them, spans by fill, the size classes, and the headline in Go's terms.
 
-use fragscope_trace::go_heap::{GoHeap, GoSpanKind};
+use std::collections::HashMap;
+
+use fragscope_trace::go_heap::{GoHeap, GoProfile, GoSpan, GoSpanKind};
 use fragscope_trace::records::Pagemap;
 use serde::Serialize;
 
@@ -238,6 +240,154 @@ pub fn headline(p: &GoParts) -> Option<(&'static str, String)> {
     }
 }
 
+/// Sites listed: the stacks holding the most live bytes.
+const SITES_LISTED: usize = 10;
+
+/// Where the objects of a Go heap were allocated, from the runtime's own heap profile (a
+/// sample per `rate` bytes allocated, scaled as `go tool pprof` scales them), joined with
+/// the spans its sampled objects lie in.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GoSites {
+    pub rate: u64,
+    /// The census's time, in ms.
+    pub t_ms: f64,
+    /// Sampled objects still live that the census found in spans (their profile
+    /// specials), and those of them in spans at most a quarter full.
+    pub sampled_live: u64,
+    pub sampled_in_sparse_spans: u64,
+    pub sites: Vec<GoSite>,
+}
+
+/// One allocation stack of the heap profile.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GoSite {
+    /// The function that allocated (the stack's innermost frame), then its callers.
+    pub stack: Vec<String>,
+    pub in_use_bytes: u64,
+    pub in_use_objects: u64,
+    pub allocated_bytes: u64,
+    pub allocated_objects: u64,
+    /// Its sampled objects in spans at most a quarter full, and the free bytes of those
+    /// spans they keep (each span's shared among the sampled objects in it).
+    pub sampled_in_sparse_spans: u64,
+    pub pinned_free_bytes: u64,
+}
+
+/// A return address's innermost frame: its function's name (None: unknown) and its label.
+pub type GoFrame = (Option<String>, String);
+
+/// The heap profile of `heap` by stack, its frames named by `symbolize`; None when the
+/// program keeps no profile. As runtime/pprof writes a heap profile, the runtime's own
+/// frames at the top of a stack (mallocgc, newobject, makeslice ...) are left out unless
+/// nothing else is left, and the buckets of one stack are merged (they differ by size).
+pub fn sites(
+    heap: &GoHeap,
+    t_ms: f64,
+    mut symbolize: impl FnMut(u64) -> GoFrame,
+) -> Option<GoSites> {
+    let profile = heap.profile.as_ref().ok()?;
+    let stacks: Vec<Vec<String>> = (profile.buckets.iter())
+        .map(|b| shown_stack(&b.stack, &mut symbolize))
+        .collect();
+    let mut by_stack: HashMap<&[String], GoSite> = HashMap::new();
+    for (b, stack) in profile.buckets.iter().zip(&stacks) {
+        let (in_use_objects, in_use_bytes) = b.in_use_estimate(profile.rate);
+        let (allocated_objects, allocated_bytes) = b.allocated_estimate(profile.rate);
+        let site = by_stack.entry(stack).or_insert_with(|| GoSite {
+            stack: stack.iter().take(STACK_SHOWN).cloned().collect(),
+            in_use_bytes: 0,
+            in_use_objects: 0,
+            allocated_bytes: 0,
+            allocated_objects: 0,
+            sampled_in_sparse_spans: 0,
+            pinned_free_bytes: 0,
+        });
+        site.in_use_bytes += in_use_bytes as u64;
+        site.in_use_objects += in_use_objects as u64;
+        site.allocated_bytes += allocated_bytes as u64;
+        site.allocated_objects += allocated_objects as u64;
+    }
+    let (sampled_live, sampled_in_sparse) = pin_sparse_spans(heap, profile, &stacks, &mut by_stack);
+    let mut sites: Vec<(&[String], GoSite)> = (by_stack.into_iter())
+        .filter(|(_, s)| s.in_use_bytes > 0 || s.allocated_bytes > 0)
+        .collect();
+    sites.sort_by(|a, b| {
+        (b.1.in_use_bytes, b.1.allocated_bytes, a.0).cmp(&(
+            a.1.in_use_bytes,
+            a.1.allocated_bytes,
+            b.0,
+        ))
+    });
+    Some(GoSites {
+        rate: profile.rate,
+        t_ms,
+        sampled_live,
+        sampled_in_sparse_spans: sampled_in_sparse,
+        sites: sites
+            .into_iter()
+            .take(SITES_LISTED)
+            .map(|(_, s)| s)
+            .collect(),
+    })
+}
+
+/// Charges each sparse span's free bytes to the stacks of the sampled objects in it, in
+/// equal shares; returns the sampled objects found in spans, and those in sparse ones.
+fn pin_sparse_spans(
+    heap: &GoHeap,
+    profile: &GoProfile,
+    stacks: &[Vec<String>],
+    by_stack: &mut HashMap<&[String], GoSite>,
+) -> (u64, u64) {
+    let mut spans: Vec<&GoSpan> = (heap.spans.iter())
+        .filter(|s| s.kind == GoSpanKind::Objects)
+        .collect();
+    spans.sort_by_key(|s| s.start);
+    let page = u64::from(heap.page_size);
+    let span_of = |address: u64| {
+        let i = spans
+            .partition_point(|s| s.start <= address)
+            .checked_sub(1)?;
+        (address < spans[i].start + spans[i].bytes(page)).then_some(i)
+    };
+    let located: Vec<(usize, u32)> = (profile.objects.iter())
+        .filter_map(|&(address, bucket)| span_of(address).map(|i| (i, bucket)))
+        .collect();
+    let mut per_span: HashMap<usize, u64> = HashMap::new();
+    for &(i, _) in &located {
+        *per_span.entry(i).or_default() += 1;
+    }
+    let mut in_sparse = 0;
+    for &(i, bucket) in &located {
+        let s = spans[i];
+        let sparse = s.class != 0 && u64::from(s.in_use) * 100 <= u64::from(s.slots) * SPARSE_PCT;
+        if !sparse {
+            continue;
+        }
+        in_sparse += 1;
+        if let Some(site) = by_stack.get_mut(stacks[bucket as usize].as_slice()) {
+            site.sampled_in_sparse_spans += 1;
+            site.pinned_free_bytes += (s.bytes(page) - s.in_use_bytes()) / per_span[&i];
+        }
+    }
+    (located.len() as u64, in_sparse)
+}
+
+/// Frames of a site's stack shown.
+const STACK_SHOWN: usize = 6;
+
+/// A bucket's stack as labels, without the runtime's frames at its top (unless it has no
+/// other).
+fn shown_stack(stack: &[u64], symbolize: &mut impl FnMut(u64) -> GoFrame) -> Vec<String> {
+    let frames: Vec<GoFrame> = stack.iter().map(|&pc| symbolize(pc)).collect();
+    let runtime = |f: &GoFrame| {
+        f.0.as_deref()
+            .is_some_and(|n| n.starts_with("runtime.") || n.starts_with("internal/runtime/"))
+    };
+    let first = frames.iter().position(|f| !runtime(f)).unwrap_or(0);
+    frames[first..].iter().map(|f| f.1.clone()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,6 +422,7 @@ mod tests {
             ],
             pages_in_use: 2,
             pause_us: 1500,
+            profile: Err("not kept".into()),
         };
         // The first 16 runtime pages resident (32 OS pages), the rest released.
         let pm = Pagemap {
@@ -301,5 +452,65 @@ mod tests {
         assert_eq!(p.span_fill[9].count, 1);
         assert_eq!(p.classes.len(), 1);
         assert_eq!(p.classes[0].free_bytes(), 2 * 8192 - 141 * 64);
+    }
+
+    #[test]
+    fn sites_leave_the_runtimes_frames_out_and_charge_sparse_spans_to_their_objects() {
+        use fragscope_trace::go_heap::{GoBucket, GoProfile};
+        let base = 0xc000000000u64;
+        let bucket = |stack: Vec<u64>, allocs| GoBucket {
+            stack,
+            allocs,
+            frees: 0,
+            alloc_bytes: allocs * 64,
+            free_bytes: 0,
+        };
+        let heap = GoHeap {
+            go: "go1.26.8".into(),
+            page_size: 8192,
+            ranges: vec![(base, base + 4 * 8192)],
+            // A span a tenth full, and a full one.
+            spans: vec![
+                span(base, 1, GoSpanKind::Objects, 13),
+                span(base + 8192, 1, GoSpanKind::Objects, 128),
+            ],
+            pages_in_use: 2,
+            pause_us: 0,
+            profile: Ok(GoProfile {
+                rate: 1,
+                buckets: vec![bucket(vec![1, 2, 4], 2), bucket(vec![3, 4], 1)],
+                // Two of the sparse span's objects are the first stack's.
+                objects: vec![(base + 64, 0), (base + 640, 0), (base + 8192 + 64, 1)],
+            }),
+        };
+        let names = |pc: u64| {
+            let f = [
+                "?",
+                "runtime.mallocgc",
+                "main.keep",
+                "main.other",
+                "main.main",
+            ][pc as usize];
+            (Some(f.to_string()), format!("{f} (x.go:{pc})"))
+        };
+        let g = sites(&heap, 5.0, names).unwrap();
+        assert_eq!(g.sampled_live, 3);
+        assert_eq!(g.sampled_in_sparse_spans, 2);
+        let keep = &g.sites[0];
+        assert_eq!(keep.stack, ["main.keep (x.go:2)", "main.main (x.go:4)"]);
+        assert_eq!(keep.in_use_bytes, 128);
+        assert_eq!(keep.sampled_in_sparse_spans, 2);
+        assert_eq!(keep.pinned_free_bytes, 8192 - 13 * 64);
+        assert_eq!(g.sites[1].pinned_free_bytes, 0);
+        // Only the runtime's frames: they are shown rather than nothing.
+        let mut only_runtime = heap.clone();
+        if let Ok(p) = only_runtime.profile.as_mut() {
+            p.buckets[0].stack = vec![1];
+        }
+        let g = sites(&only_runtime, 5.0, names).unwrap();
+        assert!(g
+            .sites
+            .iter()
+            .any(|s| s.stack == ["runtime.mallocgc (x.go:1)"]));
     }
 }

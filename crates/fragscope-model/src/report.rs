@@ -450,6 +450,13 @@ pub struct Report {
     /// Why a Go program has no census of its heap.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub go_note: Option<String>,
+    /// A Go program that keeps a heap profile: its allocation stacks at the census with
+    /// the most waste, joined with the spans their sampled objects lie in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub go_sites: Option<crate::golang::GoSites>,
+    /// A Go program whose heap profile was not read: why (linked without the profiler).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub go_sites_note: Option<String>,
     /// A `fragscope snapshot` of a running process: the census that stands for the calls
     /// (absent from recordings).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -581,7 +581,7 @@
     // A snapshot of the same moment (to 10 ms) that saw far less live data was read after
     // the frees that followed the peak: both times to the millisecond, as in the text.
     const S = R.snapshots, pl = R.headline.peak_live, pt = R.headline.peak_live_t_ms;
-    const near = pl === null ? -1 : S.t_ms.findIndex((t, i) => Math.abs(t - pt) < 10 && S.parts.live[i] !== null && S.parts.live[i] < 0.9 * pl);
+    const near = pl === null || R.calls === 0 ? -1 : S.t_ms.findIndex((t, i) => Math.abs(t - pt) < 10 && S.parts.live[i] !== null && S.parts.live[i] < 0.9 * pl);
     if (near >= 0) h.append(el("p", { class: "note" }, "Live data peaked at " + bytes(pl) + " at " + (pt / 1000).toFixed(3) + " s, between two calls; the snapshot at " + (S.t_ms[near] / 1000).toFixed(3) + " s was read after the calls of its millisecond, " + bytes(S.parts.live[near]) + " live."));
     if (R.snapshot) snapshotSection(main, R.snapshot);
     const d = section(main, "Where the RSS went", "decomposition");

@@ -34,6 +34,19 @@ fn python_log(streams: &[Stream], i: usize) -> std::borrow::Cow<'_, PythonLog> {
     }
 }
 
+/// The Go heap profile of the census with the most waste, its stacks named from the
+/// program's own symbols and DWARF.
+fn go_sites(s: &Stream, tick_ms: f64) -> Option<crate::golang::GoSites> {
+    let (tick, _, heap) = s.go_census.as_ref()?;
+    let mut symbolizer = crate::symbols::Symbolizer::new(s.code_maps.clone());
+    crate::golang::sites(heap, *tick as f64 * tick_ms, |pc| {
+        symbolizer.frames(pc).first().map_or_else(
+            || (None, format!("{pc:#x}")),
+            |f| (f.function.clone(), f.label()),
+        )
+    })
+}
+
 /// A line of the list of processes.
 fn brief(s: &Stream, streams: &[Stream], tick_ms: f64) -> ProcessBrief {
     // Its sharing at its last snapshot that read it, before its exit when it can (a
@@ -210,6 +223,8 @@ pub(super) fn assemble(path: &Path, opts: &Options, read: &TraceRead, chosen: us
         sbcl_note: s.sbcl_note.clone(),
         go_snapshot: told.go_snapshot,
         go_note: s.go_note.clone(),
+        go_sites: go_sites(s, tick_ms),
+        go_sites_note: (s.go_census.as_ref()).and_then(|c| c.2.profile.as_ref().err().cloned()),
         leaks,
         snapshot: s.census.as_ref().map(crate::census::facts),
     }

@@ -87,6 +87,9 @@ pub(super) struct Stream {
     pub(super) go_pending: VecDeque<(u64, GoHeap)>,
     /// Why the process has no Go heap census, when it is a Go program.
     pub(super) go_note: Option<String>,
+    /// The Go heap census with the most waste so far, with its tick (the one whose heap
+    /// profile the report joins with its spans).
+    pub(super) go_census: Option<(u64, u64, GoHeap)>,
     pub(super) evaluated: Vec<Evaluated>,
     /// Snapshots whose evaluation waits until the report knows which process it explains,
     /// each with the live blocks of its moment (see `evaluate_next`).
@@ -366,7 +369,12 @@ impl Stream {
             self.fork_residency.as_ref(),
             heap.ranges.iter().copied(),
         );
-        Some((golang::split(&heap, pm), owners))
+        let parts = golang::split(&heap, pm);
+        // As the report picks its Go snapshot: the most waste, the latest of equals.
+        if self.go_census.as_ref().is_none_or(|c| parts.waste() >= c.1) {
+            self.go_census = Some((pm.tick, parts.waste(), heap));
+        }
+        Some((parts, owners))
     }
 
     /// The snapshot's pages by owner, when its residency says which are shared; the

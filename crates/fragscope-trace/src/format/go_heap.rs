@@ -49,9 +49,66 @@ impl GoSpan {
     }
 }
 
+/// One stack of the runtime's heap profile (a `memProfile` bucket): the sampled
+/// allocations made there and those of them freed since, as `runtime.MemProfile` would
+/// return them (unscaled).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GoBucket {
+    /// Return addresses, innermost first (inlined calls already expanded by the runtime).
+    pub stack: Vec<u64>,
+    pub allocs: u64,
+    pub frees: u64,
+    pub alloc_bytes: u64,
+    pub free_bytes: u64,
+}
+
+impl GoBucket {
+    /// The bucket's sampled objects still live and their bytes, scaled to estimates of
+    /// every object as `go tool pprof` scales them (`scaleHeapSample`).
+    pub fn in_use_estimate(&self, rate: u64) -> (f64, f64) {
+        scale_heap_sample(
+            self.allocs.saturating_sub(self.frees),
+            self.alloc_bytes.saturating_sub(self.free_bytes),
+            rate,
+        )
+    }
+
+    /// Every sampled allocation and its bytes, scaled the same way.
+    pub fn allocated_estimate(&self, rate: u64) -> (f64, f64) {
+        scale_heap_sample(self.allocs, self.alloc_bytes, rate)
+    }
+}
+
+/// runtime/pprof's scaleHeapSample: a sample of `count` objects of `size` bytes in all,
+/// taken one per `rate` bytes on average, stands for count and size divided by the chance
+/// that an object of their mean size was sampled.
+pub fn scale_heap_sample(count: u64, size: u64, rate: u64) -> (f64, f64) {
+    if count == 0 || size == 0 {
+        return (0.0, 0.0);
+    }
+    if rate <= 1 {
+        return (count as f64, size as f64);
+    }
+    let mean = size as f64 / count as f64;
+    let scale = 1.0 / (1.0 - (-mean / rate as f64).exp());
+    (count as f64 * scale, size as f64 * scale)
+}
+
+/// The runtime's heap profile at a census: its buckets, and where each sampled object
+/// still live lies (its span's profile special).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GoProfile {
+    /// `runtime.MemProfileRate`: one sample per this many bytes allocated, on average.
+    pub rate: u64,
+    pub buckets: Vec<GoBucket>,
+    /// (address, index into `buckets`) of every sampled object still live, in address
+    /// order.
+    pub objects: Vec<(u64, u32)>,
+}
+
 /// The census: the heap's address ranges and every span in use or holding stacks, in
 /// address order.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GoHeap {
     /// The runtime's version, as "go1.26.8".
     pub go: String,
@@ -66,6 +123,22 @@ pub struct GoHeap {
     pub pages_in_use: u64,
     /// How long the program was stopped for the census, in microseconds.
     pub pause_us: u64,
+    /// The runtime's heap profile, when the program keeps one; else why not.
+    pub profile: Result<GoProfile, String>,
+}
+
+impl Default for GoHeap {
+    fn default() -> Self {
+        Self {
+            go: String::new(),
+            page_size: 8192,
+            ranges: Vec::new(),
+            spans: Vec::new(),
+            pages_in_use: 0,
+            pause_us: 0,
+            profile: Err("not read".into()),
+        }
+    }
 }
 
 impl GoHeap {
@@ -101,6 +174,30 @@ impl CensusBody for GoHeap {
                 .varint(s.in_use.into())
                 .varint(s.slot_bytes);
             prev = s.start;
+        }
+        match &self.profile {
+            Err(why) => {
+                w.u8(0).str(why);
+            }
+            Ok(p) => {
+                w.u8(1).varint(p.rate).varint(p.buckets.len() as u64);
+                for b in &p.buckets {
+                    w.varint(b.allocs)
+                        .varint(b.frees)
+                        .varint(b.alloc_bytes)
+                        .varint(b.free_bytes)
+                        .varint(b.stack.len() as u64);
+                    for &pc in &b.stack {
+                        w.varint(pc);
+                    }
+                }
+                w.varint(p.objects.len() as u64);
+                let mut prev = 0u64;
+                for &(address, bucket) in &p.objects {
+                    w.varint(address.wrapping_sub(prev)).varint(bucket.into());
+                    prev = address;
+                }
+            }
         }
     }
 
@@ -149,6 +246,52 @@ impl CensusBody for GoHeap {
             });
             prev = start;
         }
+        let profile = match r.u8()? {
+            0 => Err(r.string()?),
+            1 => {
+                let rate = r.varint()?;
+                let n = r.count(5)?;
+                let mut buckets = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let (allocs, frees, alloc_bytes, free_bytes) =
+                        (r.varint()?, r.varint()?, r.varint()?, r.varint()?);
+                    let depth = r.count(1)?;
+                    let stack = (0..depth).map(|_| r.varint()).collect::<Result<_, _>>()?;
+                    buckets.push(GoBucket {
+                        stack,
+                        allocs,
+                        frees,
+                        alloc_bytes,
+                        free_bytes,
+                    });
+                }
+                let n = r.count(2)?;
+                let mut objects = Vec::with_capacity(n);
+                let mut prev = 0u64;
+                for _ in 0..n {
+                    let address = prev.wrapping_add(r.varint()?);
+                    let bucket = r.varint()?;
+                    if bucket >= buckets.len() as u64 {
+                        return Err(TraceError::Malformed(format!(
+                            "a sampled Go object of bucket {bucket}, of {} buckets",
+                            buckets.len()
+                        )));
+                    }
+                    objects.push((address, bucket as u32));
+                    prev = address;
+                }
+                Ok(GoProfile {
+                    rate,
+                    buckets,
+                    objects,
+                })
+            }
+            k => {
+                return Err(TraceError::Malformed(format!(
+                    "a Go heap profile of unknown outcome {k}"
+                )))
+            }
+        };
         Ok(GoHeap {
             go,
             page_size,
@@ -156,6 +299,7 @@ impl CensusBody for GoHeap {
             spans,
             pages_in_use,
             pause_us,
+            profile,
         })
     }
 }
@@ -194,6 +338,20 @@ mod tests {
                 ],
                 pages_in_use: 42,
                 pause_us: 900,
+                profile: Ok(GoProfile {
+                    rate: 512 * 1024,
+                    buckets: vec![
+                        GoBucket {
+                            stack: vec![0x401234, 0x402000],
+                            allocs: 10,
+                            frees: 3,
+                            alloc_bytes: 640,
+                            free_bytes: 192,
+                        },
+                        GoBucket::default(),
+                    ],
+                    objects: vec![(0xc000000040, 0), (0xc000100000, 1)],
+                }),
             }),
         };
         let bytes = taken.encode();
@@ -206,5 +364,20 @@ mod tests {
             ..taken.clone()
         };
         assert_eq!(GoCensus::decode(&refused.encode()).unwrap(), refused);
+        let mut unprofiled = taken.clone();
+        if let Ok(h) = unprofiled.result.as_mut() {
+            h.profile = Err("linked without the heap profiler".into());
+        }
+        assert_eq!(GoCensus::decode(&unprofiled.encode()).unwrap(), unprofiled);
+    }
+
+    #[test]
+    fn heap_samples_are_scaled_as_pprof_scales_them() {
+        // One sample of a 512 KiB object at the default rate: 1 / (1 - e^-1).
+        let (n, b) = scale_heap_sample(1, 512 << 10, 512 << 10);
+        assert!((n - 1.582).abs() < 0.001, "{n}");
+        assert!((b - 1.582 * 524288.0).abs() < 600.0, "{b}");
+        assert_eq!(scale_heap_sample(0, 10, 512), (0.0, 0.0));
+        assert_eq!(scale_heap_sample(3, 30, 1), (3.0, 30.0));
     }
 }

@@ -1,0 +1,3 @@
+module sites
+
+go 1.22
