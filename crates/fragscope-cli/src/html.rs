@@ -34,7 +34,7 @@ const TABLE_CLASSES: usize = 50;
 const FLAME_MIN_SHARE: f64 = 1e-4;
 
 /// The malloc report's parts, in stacking order, with their names in the page.
-pub const PARTS: [(&str, &str); 11] = [
+pub const PARTS: [(&str, &str); 12] = [
     ("live", "live"),
     ("rounding", "rounding"),
     ("allocator_overhead", "allocator overhead"),
@@ -43,6 +43,7 @@ pub const PARTS: [(&str, &str); 11] = [
     ("lazy_free", "lazily freed"),
     ("pymalloc_arenas", "pymalloc arenas"),
     ("sbcl_dynamic_space", "SBCL dynamic space"),
+    ("go_heap", "Go heap"),
     ("other_anon", "other anonymous"),
     ("file", "file-backed"),
     ("fragscope_own", "fragscope's buffers"),
@@ -149,6 +150,7 @@ fn malloc_data(r: &Report) -> Value {
                     "lazy_free" => malloc(d.lazy_free),
                     "pymalloc_arenas" => d.pymalloc_arenas,
                     "sbcl_dynamic_space" => d.sbcl_dynamic_space,
+                    "go_heap" => d.go_heap,
                     "other_anon" => Some(d.other_anon),
                     "file" => Some(d.file),
                     _ => Some(d.fragscope_own),
@@ -174,6 +176,7 @@ fn malloc_data(r: &Report) -> Value {
         // The runtime heaps' own fill buckets (pools, pages), null without a census.
         "pymalloc_fill": snaps.iter().map(|s| s.pymalloc.as_ref().map(|p| json!({"unit": "pools", "unit_bytes": p.pool_size, "buckets": p.pool_fill}))).collect::<Vec<_>>(),
         "sbcl_fill": snaps.iter().map(|s| s.sbcl.as_ref().map(|p| json!({"unit": "pages", "unit_bytes": p.page_bytes, "buckets": p.page_fill}))).collect::<Vec<_>>(),
+        "go_fill": snaps.iter().map(|s| s.go.as_ref().map(|p| json!({"unit": "spans", "unit_bytes": 8192, "buckets": p.span_fill}))).collect::<Vec<_>>(),
     });
     let tl = &r.timeline;
     let timeline = json!({
@@ -292,6 +295,10 @@ fn malloc_data(r: &Report) -> Value {
         "python_sites": r.python_sites,
         "python_sites_note": r.python_sites_note,
         "lisp_sites": r.lisp_sites,
+        "go": r.go_snapshot.and_then(|i| r.snapshots.get(i)).and_then(|s| s.go.as_ref().map(|g| json!({"t_ms": s.t_ms, "census": g}))),
+        "go_note": r.go_note,
+        "go_sites": r.go_sites,
+        "go_sites_note": r.go_sites_note,
     })
 }
 

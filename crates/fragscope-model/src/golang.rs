@@ -267,8 +267,8 @@ pub struct GoSite {
     pub in_use_objects: u64,
     pub allocated_bytes: u64,
     pub allocated_objects: u64,
-    /// Its sampled objects in spans at most a quarter full, and the free bytes of those
-    /// spans they keep (each span's shared among the sampled objects in it).
+    /// Its sampled objects in spans at most a quarter full, and its share of those spans'
+    /// free bytes (the share of the sampled objects in them that are its own).
     pub sampled_in_sparse_spans: u64,
     pub pinned_free_bytes: u64,
 }
@@ -331,8 +331,8 @@ pub fn sites(
     })
 }
 
-/// Charges each sparse span's free bytes to the stacks of the sampled objects in it, in
-/// equal shares; returns the sampled objects found in spans, and those in sparse ones.
+/// Charges the sparse spans' free bytes to the stacks whose sampled objects lie in them;
+/// returns the sampled objects found in spans, and those in sparse ones.
 fn pin_sparse_spans(
     heap: &GoHeap,
     profile: &GoProfile,
@@ -353,24 +353,29 @@ fn pin_sparse_spans(
     let located: Vec<(usize, u32)> = (profile.objects.iter())
         .filter_map(|&(address, bucket)| span_of(address).map(|i| (i, bucket)))
         .collect();
-    let mut per_span: HashMap<usize, u64> = HashMap::new();
-    for &(i, _) in &located {
-        *per_span.entry(i).or_default() += 1;
-    }
-    let mut in_sparse = 0;
-    for &(i, bucket) in &located {
-        let s = spans[i];
-        let sparse = s.class != 0 && u64::from(s.in_use) * 100 <= u64::from(s.slots) * SPARSE_PCT;
-        if !sparse {
-            continue;
-        }
-        in_sparse += 1;
+    let sparse =
+        |s: &GoSpan| s.class != 0 && u64::from(s.in_use) * 100 <= u64::from(s.slots) * SPARSE_PCT;
+    // The sparse spans' free bytes, shared among the stacks in proportion to their
+    // sampled objects in sparse spans: each sample stands for the objects allocated with
+    // it, most of which lie in spans no sample fell in.
+    let sparse_free: u64 = (spans.iter())
+        .filter(|s| sparse(s))
+        .map(|s| s.bytes(page) - s.in_use_bytes())
+        .sum();
+    let in_sparse: Vec<u32> = (located.iter())
+        .filter(|(i, _)| sparse(spans[*i]))
+        .map(|&(_, bucket)| bucket)
+        .collect();
+    for &bucket in &in_sparse {
         if let Some(site) = by_stack.get_mut(stacks[bucket as usize].as_slice()) {
             site.sampled_in_sparse_spans += 1;
-            site.pinned_free_bytes += (s.bytes(page) - s.in_use_bytes()) / per_span[&i];
         }
     }
-    (located.len() as u64, in_sparse)
+    for site in by_stack.values_mut() {
+        site.pinned_free_bytes =
+            sparse_free * site.sampled_in_sparse_spans / (in_sparse.len() as u64).max(1);
+    }
+    (located.len() as u64, in_sparse.len() as u64)
 }
 
 /// Frames of a site's stack shown.

@@ -75,7 +75,7 @@
   const PALETTE = ["#3b82f6", "#10b981", "#f59e0b", "#ef4444", "#8b5cf6", "#06b6d4", "#84cc16", "#ec4899", "#64748b", "#f97316", "#14b8a6", "#a855f7"];
   const PART_COLORS = {
     live: "#3b82f6", rounding: "#a855f7", allocator_overhead: "#6366f1", free_in_used_pages: "#ef4444", free_resident_pages: "#f59e0b",
-    lazy_free: "#fde68a", pymalloc_arenas: "#14b8a6", sbcl_dynamic_space: "#0d9488", other_anon: "#94a3b8", file: "#cbd5e1", fragscope_own: "#4b5563",
+    lazy_free: "#fde68a", pymalloc_arenas: "#14b8a6", sbcl_dynamic_space: "#0d9488", go_heap: "#0891b2", other_anon: "#94a3b8", file: "#cbd5e1", fragscope_own: "#4b5563",
   };
 
   const tip = el("div", { class: "tip" });
@@ -313,7 +313,7 @@
     const heapName = (h) => R.heap_names[h] || h;
     let chosen = R.focus_snapshot ?? S.t_ms.length - 1;
     // The heap the headline is about first; the others the process has after it.
-    const heaps = ["malloc"].concat(["pymalloc", "sbcl"].filter((h) => S[h + "_fill"].some((f) => f)));
+    const heaps = ["malloc"].concat(["pymalloc", "sbcl", "go"].filter((h) => S[h + "_fill"].some((f) => f)));
     let heap = heaps.includes(R.headline.heap) ? R.headline.heap : "malloc";
     const holder = el("div");
     const opts = S.t_ms.map((t, i) => {
@@ -413,6 +413,32 @@
     if (Y.problem) s.append(el("p", { class: "warn" }, Y.problem));
   }
 
+  // A Go program's heap: its spans split by residency, the runtime's own figures, the
+  // size classes keeping the most free bytes, and the heap profile's stacks.
+  function goSection(main, R) {
+    if (!R.go && !R.go_note) return;
+    const s = section(main, "Go heap", "go");
+    if (R.go_note) s.append(el("p", { class: "note" }, R.go_note));
+    if (!R.go) return;
+    const G = R.go.census;
+    s.append(el("p", { class: "note" }, "Go heap (" + G.go + ") at " + secs(R.go.t_ms) + ": " + bytes(G.resident) + " resident, " + count(G.spans_in_use) + " spans in use; " +
+      bytes(G.released) + " released to the kernel (not in RSS). As runtime.MemStats counts them: HeapAlloc " + bytes(G.heap_alloc) + ", HeapInuse " + bytes(G.heap_in_use) +
+      ", HeapIdle " + bytes(G.heap_idle) + ", StackInuse " + bytes(G.stack_in_use) + ". The census paused the program " + G.pause_ms.toFixed(1) + " ms."));
+    s.append(table(["part", "bytes", "of the heap"], [
+      ["objects", G.objects], ["free slots in spans in use", G.free_slots], ["free pages kept", G.idle_kept], ["goroutine stacks", G.stacks],
+    ].map(([name, v]) => [name, bytes(v), pct(v, G.resident)]), "go-parts"));
+    s.append(el("h3", {}, "Size classes with the most free bytes in their spans"));
+    s.append(table(["slots", "spans", "in use", "free"], G.classes.slice(0, 8).map((c) => [c.class === 0 ? "large objects" : bytes(c.slot_bytes), count(c.spans), bytes(c.in_use_bytes), bytes(c.span_bytes - c.in_use_bytes)]), "go-classes"));
+    if (R.go_sites_note) s.append(el("p", { class: "note" }, "No Go allocation sites: " + R.go_sites_note + "."));
+    const Y = R.go_sites;
+    if (!Y) return;
+    s.append(el("h3", {}, "Go allocation sites"));
+    s.append(el("p", { class: "note" }, "The runtime's heap profile at " + secs(Y.t_ms) + ", one sample per " + bytes(Y.rate) + " allocated, scaled as go tool pprof does; " + count(Y.sampled_live) +
+      " sampled objects live, " + count(Y.sampled_in_sparse_spans) + " of them in spans at most 25% full. Expand a site for its callers."));
+    const site = (y) => (y.stack.length > 1 ? el("details", {}, el("summary", {}, y.stack[0]), ...y.stack.slice(1).map((c) => el("div", { class: "caller" }, "\u2190 " + c))) : y.stack[0] || "?");
+    s.append(table(["site", "in use", "objects", "allocated", "sparse spans kept"], Y.sites.map((y) => [site(y), bytes(y.in_use_bytes), count(y.in_use_objects), bytes(y.allocated_bytes), y.sampled_in_sparse_spans ? bytes(y.pinned_free_bytes) : "-"]), "go-sites"));
+  }
+
   // Pages shared with other processes and the process's own (after fork: copied since or
   // made), by part; then every process of the trace, workers under their parent.
   function sharingSection(main, R) {
@@ -426,7 +452,7 @@
         (ru ? " smaps_rollup: RSS " + bytes(ru.rss) + " = shared " + bytes(ru.shared) + " + private " + bytes(ru.private) + "; PSS " + bytes(ru.pss) + "." : "") +
         (S.inherited !== null ? " It started with " + bytes(S.inherited) + " of heap memory shared with its parent: " + bytes(S.anonymous.copied) + " (" + pct(S.anonymous.copied, S.inherited) + ") copied since." : "")));
       const name = Object.fromEntries(R.parts_names);
-      const label = (p) => name[p] || { malloc_heap: "malloc heap", pymalloc_arenas: "pymalloc arenas", sbcl_dynamic_space: "SBCL dynamic space", other_anon: "other anonymous" }[p] || p;
+      const label = (p) => name[p] || { malloc_heap: "malloc heap", pymalloc_arenas: "pymalloc arenas", sbcl_dynamic_space: "SBCL dynamic space", go_heap: "Go heap", other_anon: "other anonymous" }[p] || p;
       const row = (n, o) => [n, bytes(o.resident), bytes(o.shared), bytes(o.resident - o.shared)].concat(S.forked ? [bytes(o.copied)] : []);
       s.append(table(["part", "resident", "shared", "private"].concat(S.forked ? ["of it copied"] : []),
         S.parts.filter((p) => p.resident > 0).map((p) => row(label(p.part), p)).concat([row("all heap mappings", S.anonymous)]), "sharing-parts"));
@@ -590,7 +616,10 @@
     sharingSection(main, R);
     occupancySection(main, R);
     pymallocSection(main, R);
+    goSection(main, R);
     lispSection(main, R);
+    // A Go program without cgo made no malloc call: malloc's classes and sites are empty.
+    if (R.calls === 0 && R.go) return;
     sizeClassSection(main, R);
     sitesSection(main, R);
   }

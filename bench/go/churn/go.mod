@@ -1,0 +1,3 @@
+module churn
+
+go 1.22
