@@ -96,6 +96,51 @@ impl ProcessMemory {
     }
 }
 
+/// Small records (tcmalloc's spans, jemalloc's extent descriptors) read a window at a
+/// time: allocators carve them side by side from chunks of their metadata, so one read
+/// of 64 KiB brings over a thousand (one read per span made a census of 100 000 spans
+/// hold the process 4 times longer). Each window is read once: the process is held.
+#[derive(Default)]
+pub(crate) struct RecordReader {
+    windows: std::collections::HashMap<u64, Vec<u8>>,
+}
+
+const RECORD_WINDOW: u64 = 64 << 10;
+
+impl RecordReader {
+    /// The `N` bytes at `at`.
+    pub fn read<const N: usize>(
+        &mut self,
+        mem: &mut ProcessMemory,
+        at: u64,
+    ) -> Result<[u8; N], String> {
+        let alone = |mem: &mut ProcessMemory| {
+            let mut record = [0u8; N];
+            mem.read(at, &mut record)
+                .map(|_| record)
+                .map_err(|e| format!("a record at {at:#x} could not be read ({e})"))
+        };
+        let window = at & !(RECORD_WINDOW - 1);
+        let off = (at - window) as usize;
+        if off + N > RECORD_WINDOW as usize {
+            // Across a window's end: read on its own.
+            return alone(mem);
+        }
+        let bytes = match self.windows.entry(window) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let mut bytes = vec![0u8; RECORD_WINDOW as usize];
+                if mem.read(window, &mut bytes).is_err() {
+                    // The window reaches past a mapping's end: the record alone.
+                    return alone(mem);
+                }
+                v.insert(bytes)
+            }
+        };
+        Ok(bytes[off..off + N].try_into().unwrap())
+    }
+}
+
 /// The little-endian words of a buffer read from another process, at byte `at`.
 pub(crate) fn le_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
