@@ -12,6 +12,7 @@
 pub mod allocators;
 pub mod ghc;
 pub mod glibc;
+pub mod jemalloc;
 mod library;
 mod maps;
 mod memory;

@@ -148,15 +148,7 @@ fn a_snapshot_of_a_tcmalloc_program_counts_what_tcmalloc_counts() {
     let mut cmd = Command::new(&exe);
     cmd.arg("1000000");
     let mut p = Running::start(cmd);
-    let mut own = std::collections::HashMap::new();
-    loop {
-        let line = p.line();
-        let (name, value) = line.trim().split_once('=').unwrap();
-        if name == "kept" {
-            break;
-        }
-        own.insert(name.to_string(), value.parse::<u64>().unwrap());
-    }
+    let own = figures_until_kept(&mut p);
     let trace = dir.path().join("tcmalloc.fsc");
     let out = fragscope(&[
         "snapshot".as_ref(),
@@ -171,13 +163,7 @@ fn a_snapshot_of_a_tcmalloc_program_counts_what_tcmalloc_counts() {
     assert!(s["note"].is_null(), "{s}");
     let t = &s["tcmalloc"];
     let figure = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("{t}"));
-    let within = |ours: u64, theirs: &str, share: f64| {
-        let theirs = own[theirs];
-        assert!(
-            (ours as f64 - theirs as f64).abs() <= share * theirs as f64,
-            "{theirs}: tcmalloc {theirs}, census {ours}"
-        );
-    };
+    let within = |ours: u64, name: &str, share: f64| assert_within(&own, ours, name, share);
     within(
         figure(&t["in_use_bytes"]),
         "generic.current_allocated_bytes",
@@ -211,6 +197,109 @@ fn a_snapshot_of_a_tcmalloc_program_counts_what_tcmalloc_counts() {
     assert!(text.contains("in the central free lists"), "{text}");
     assert!(text.contains("size classes by central free list"), "{text}");
     p.send("");
+}
+
+/// A running program on Debian's libjemalloc, a tenth of its blocks kept: `snapshot PID`
+/// reads jemalloc's own metadata from outside and counts what its `stats.*` count —
+/// allocated within 2%, free regions in slabs within 5%, the bins' regions and slabs, the
+/// dirty and muzzy pages and the threads' caches exactly — and the headline names where
+/// the resident bytes wait.
+#[test]
+fn a_snapshot_of_a_jemalloc_program_counts_what_jemalloc_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("jemalloc_keep_tenth");
+    compile_linked(&exe, "jemalloc_keep_tenth", &["-ljemalloc"]);
+    let mut cmd = Command::new(&exe);
+    cmd.arg("1000000");
+    let mut p = Running::start(cmd);
+    assert_eq!(p.line().trim(), "start");
+    let own = figures_until_kept(&mut p);
+    let trace = dir.path().join("jemalloc.fsc");
+    let out = fragscope(&[
+        "snapshot".as_ref(),
+        p.pid().to_string().as_ref(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r = report_json(&trace);
+    let s = &r["snapshot"];
+    assert_eq!(s["allocator"], "jemalloc");
+    assert!(s["note"].is_null(), "{s}");
+    let j = &s["jemalloc"];
+    let figure = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("{j}"));
+    let within = |ours: u64, name: &str, share: f64| assert_within(&own, ours, name, share);
+    within(figure(&j["allocated_bytes"]), "stats.allocated", 0.02);
+    within(figure(&j["active_bytes"]), "stats.active", 0.02);
+    within(figure(&j["resident_bytes"]), "stats.resident", 0.05);
+    within(figure(&j["mapped_bytes"]), "stats.mapped", 0.05);
+    within(
+        figure(&j["tcache_bytes"]),
+        "stats.arenas.4096.tcache_bytes",
+        0.0,
+    );
+    let bins = j["heap"]["bins"].as_array().unwrap();
+    let sum = |field: &str| bins.iter().map(|b| figure(&b[field])).sum::<u64>();
+    within(sum("free_regions"), "bins.free_regions", 0.05);
+    within(sum("regions_in_use"), "bins.curregs", 0.0);
+    within(sum("slabs"), "bins.curslabs", 0.0);
+    within(sum("nonfull_slabs"), "bins.nonfull_slabs", 0.0);
+    let arenas = j["heap"]["arenas"].as_array().unwrap();
+    let pages = |field: &str| arenas.iter().map(|a| figure(&a[field])).sum::<u64>();
+    within(pages("dirty_pages"), "stats.arenas.4096.pdirty", 0.0);
+    within(pages("muzzy_pages"), "stats.arenas.4096.pmuzzy", 0.0);
+    let large: u64 = j["heap"]["large"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| figure(&l["extents"]) * figure(&l["size"]))
+        .sum();
+    within(large, "stats.arenas.4096.large.allocated", 0.0);
+    // The decomposition is the census's: live is what the program holds, the free
+    // regions are inside pages in use, the dirty pages are free resident pages, and
+    // together with the metadata they are jemalloc's resident bytes.
+    let d = &r["snapshots"][0];
+    assert_eq!(d["live"], j["in_use_bytes"]);
+    assert!(
+        figure(&d["free_in_used_pages"]) > 4 * figure(&d["live"]),
+        "{d}"
+    );
+    assert_eq!(d["free_resident_pages"], j["dirty_bytes"]);
+    let headline = r["headline"]["sentence"].as_str().unwrap();
+    assert!(headline.starts_with("jemalloc "), "{headline}");
+    assert!(
+        headline.contains("dirty") || headline.contains("slabs"),
+        "{headline}"
+    );
+    let text = report_text(&trace);
+    assert!(text.contains("free regions inside slabs"), "{text}");
+    assert!(
+        text.contains("size classes by free bytes in slabs"),
+        "{text}"
+    );
+    p.send("");
+}
+
+/// The census's figure `ours` is within `share` of the allocator's own figure `name`.
+fn assert_within(own: &std::collections::HashMap<String, u64>, ours: u64, name: &str, share: f64) {
+    let theirs = own[name];
+    assert!(
+        (ours as f64 - theirs as f64).abs() <= share * theirs as f64,
+        "{name}: the allocator's {theirs}, the census's {ours}"
+    );
+}
+
+/// Lines NAME=VALUE a program prints of its allocator's own figures, up to `kept=`.
+fn figures_until_kept(p: &mut Running) -> std::collections::HashMap<String, u64> {
+    let mut own = std::collections::HashMap::new();
+    loop {
+        let line = p.line();
+        let (name, value) = line.trim().split_once('=').unwrap();
+        if name == "kept" {
+            return own;
+        }
+        own.insert(name.to_string(), value.parse::<u64>().unwrap());
+    }
 }
 
 /// Compiles tests/c/`name`.c into `exe`, linked with `libs` (after the source, as the
