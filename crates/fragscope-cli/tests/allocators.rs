@@ -280,6 +280,107 @@ fn a_snapshot_of_a_jemalloc_program_counts_what_jemalloc_counts() {
     p.send("");
 }
 
+/// Debian's redis-server (on Debian's libjemalloc, with its background thread), a tenth of
+/// a million keys kept: the census counts what jemalloc's own statistics print (MEMORY
+/// MALLOC-STATS, read just before) — allocated within 2%, resident within 5% — names the
+/// free regions in slabs that the survivors keep, and the server answers after.
+#[test]
+fn a_snapshot_of_redis_server_counts_what_its_jemalloc_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    // A port of our own: from the test's pid, apart from the snapshot tests' ones.
+    let port = (40000 + std::process::id() % 20000).to_string();
+    let Some((mut server, cli)) =
+        start_redis(dir.path(), &port, &["--enable-debug-command", "yes"])
+    else {
+        return;
+    };
+    assert_eq!(cli(&["DEBUG", "POPULATE", "1000000", "k", "100"]), "OK");
+    let keep_tenth = "for i = 0, 999999 do if i % 10 ~= 0 then redis.call('DEL', 'k:' .. i) \
+                      end end return 1";
+    assert_eq!(cli(&["EVAL", keep_tenth, "0"]), "1");
+    // "Allocated: 20255480, active: 178868224, metadata: 5345408 (n_thp 0), resident: ..."
+    let stats = cli(&["MEMORY", "MALLOC-STATS"]);
+    let line = stats
+        .lines()
+        .find(|l| l.starts_with("Allocated: "))
+        .unwrap_or_else(|| panic!("{stats}"));
+    let own: std::collections::HashMap<String, u64> = line
+        .split(", ")
+        .filter_map(|part| {
+            let (name, value) = part.split_once(": ")?;
+            let number = value.split_whitespace().next()?.parse().ok()?;
+            Some((name.to_lowercase(), number))
+        })
+        .collect();
+    let trace = dir.path().join("redis.fsc");
+    let out = fragscope(&[
+        "snapshot".as_ref(),
+        server.id().to_string().as_ref(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r = report_json(&trace);
+    let s = &r["snapshot"];
+    assert!(s["note"].is_null(), "{s}");
+    let j = &s["jemalloc"];
+    let figure = |name: &str| j[name].as_u64().unwrap_or_else(|| panic!("{j}"));
+    assert_within(&own, figure("allocated_bytes"), "allocated", 0.02);
+    assert_within(&own, figure("active_bytes"), "active", 0.02);
+    assert_within(&own, figure("resident_bytes"), "resident", 0.05);
+    let headline = r["headline"]["sentence"].as_str().unwrap();
+    assert!(headline.starts_with("jemalloc's slabs hold"), "{headline}");
+    assert_eq!(cli(&["PING"]), "PONG");
+    assert_eq!(cli(&["DBSIZE"]), "100000");
+    let _ = cli(&["SHUTDOWN", "NOSAVE"]);
+    let _ = server.wait();
+}
+
+/// A jemalloc build other than the one whose layout was verified (here Debian's library
+/// with its version string changed) is refused with a note, never read blind.
+#[test]
+fn a_snapshot_of_another_jemalloc_build_is_refused_with_a_note() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("jemalloc_keep_tenth");
+    compile_linked(&exe, "jemalloc_keep_tenth", &["-ljemalloc"]);
+    let lib = std::fs::read("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2").unwrap();
+    let (verified, other) = (b"5.3.0-0-g54eaed1d8b56", b"5.3.9-0-g54eaed1d8b56");
+    let mut patched = lib.clone();
+    let mut found = 0;
+    for at in 0..lib.len() - verified.len() {
+        if &lib[at..at + verified.len()] == verified {
+            patched[at..at + other.len()].copy_from_slice(other);
+            found += 1;
+        }
+    }
+    assert!(
+        found > 0,
+        "Debian's libjemalloc.so.2 carries no 5.3.0 version string"
+    );
+    std::fs::write(dir.path().join("libjemalloc.so.2"), patched).unwrap();
+    let mut cmd = Command::new(&exe);
+    cmd.arg("10000").env("LD_LIBRARY_PATH", dir.path());
+    let mut p = Running::start(cmd);
+    assert_eq!(p.line().trim(), "start");
+    figures_until_kept(&mut p);
+    let trace = dir.path().join("other.fsc");
+    let out = fragscope(&[
+        "snapshot".as_ref(),
+        p.pid().to_string().as_ref(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r = report_json(&trace);
+    let note = r["snapshot"]["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("a jemalloc build whose layout fragscope has not verified"),
+        "{note}"
+    );
+    assert!(r["snapshot"].get("jemalloc").is_none());
+    p.send("");
+}
+
 /// The census's figure `ours` is within `share` of the allocator's own figure `name`.
 fn assert_within(own: &std::collections::HashMap<String, u64>, ours: u64, name: &str, share: f64) {
     let theirs = own[name];
