@@ -6,8 +6,9 @@
 //! consistent view, [`Symbols`] finds a runtime's variables in its executable (load bias
 //! included). A runtime's census is built on those three: `ghc` (the GHC RTS's block
 //! descriptors), `pymalloc` (CPython's pool headers), `glibc` (malloc's arenas) and
-//! `sbcl` (SBCL's gencgc page table and heap objects). `allocators` names the allocator a
-//! process really uses, a copy linked into the program included.
+//! `sbcl` (SBCL's gencgc page table and heap objects); `tcmalloc` and `jemalloc` read
+//! those allocators' metadata, found by its shape in their library's data. `allocators`
+//! names the allocator a process really uses, a copy linked into the program included.
 
 pub mod allocators;
 pub mod ghc;
