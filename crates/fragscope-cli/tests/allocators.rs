@@ -203,18 +203,24 @@ fn a_snapshot_of_a_tcmalloc_program_counts_what_tcmalloc_counts() {
 /// reads jemalloc's own metadata from outside and counts what its `stats.*` count —
 /// allocated within 2%, free regions in slabs within 5%, the bins' regions and slabs, the
 /// dirty and muzzy pages and the threads' caches exactly — and the headline names where
-/// the resident bytes wait.
+/// the resident bytes wait. One thread, then four (several arenas and caches).
 #[test]
 fn a_snapshot_of_a_jemalloc_program_counts_what_jemalloc_counts() {
     let dir = tempfile::tempdir().unwrap();
     let exe = dir.path().join("jemalloc_keep_tenth");
     compile_linked(&exe, "jemalloc_keep_tenth", &["-ljemalloc"]);
-    let mut cmd = Command::new(&exe);
-    cmd.arg("1000000");
+    for threads in [1, 4] {
+        snapshot_of_jemalloc_keep_tenth(&exe, dir.path(), threads);
+    }
+}
+
+fn snapshot_of_jemalloc_keep_tenth(exe: &std::path::Path, dir: &std::path::Path, threads: u64) {
+    let mut cmd = Command::new(exe);
+    cmd.args(["1000000", &threads.to_string()]);
     let mut p = Running::start(cmd);
     assert_eq!(p.line().trim(), "start");
     let own = figures_until_kept(&mut p);
-    let trace = dir.path().join("jemalloc.fsc");
+    let trace = dir.join(format!("jemalloc-{threads}.fsc"));
     let out = fragscope(&[
         "snapshot".as_ref(),
         p.pid().to_string().as_ref(),
@@ -248,6 +254,11 @@ fn a_snapshot_of_a_jemalloc_program_counts_what_jemalloc_counts() {
     let pages = |field: &str| arenas.iter().map(|a| figure(&a[field])).sum::<u64>();
     within(pages("dirty_pages"), "stats.arenas.4096.pdirty", 0.0);
     within(pages("muzzy_pages"), "stats.arenas.4096.pmuzzy", 0.0);
+    // Each thread's cache is found, in the arena it is bound to.
+    assert!(pages("thread_caches") >= threads, "{}", j["heap"]["arenas"]);
+    if threads > 1 {
+        assert!(arenas.len() > 1, "{}", j["heap"]["arenas"]);
+    }
     let large: u64 = j["heap"]["large"]
         .as_array()
         .unwrap()
