@@ -19,6 +19,7 @@ mod maps;
 mod memory;
 mod pause;
 pub mod pymalloc;
+mod residency;
 pub mod sbcl;
 mod symbols;
 pub mod tcmalloc;
