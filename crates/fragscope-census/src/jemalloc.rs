@@ -35,8 +35,11 @@ use fragscope_trace::heap_census::{
     JemallocArena, JemallocBin, JemallocHeap, JemallocLarge, OCCUPANCY_BUCKETS,
 };
 
+use fragscope_trace::ResidentRange;
+
 use crate::library::{MappedLibrary, StaticData};
 use crate::memory::{le_u32, le_u64, RecordReader};
+use crate::residency::Residency;
 use crate::ProcessMemory;
 
 /// The release whose layout is checked, by the version string its library carries.
@@ -97,6 +100,7 @@ const EDATA_LRU_NEXT: usize = 64;
 
 // base_t.
 const BASE_SIZE: usize = 3912;
+const BASE_BLOCKS: usize = 160;
 const BASE_ALLOCATED: usize = 3880;
 const BASE_RESIDENT: usize = 3888;
 const BASE_MAPPED: usize = 3896;
@@ -323,8 +327,14 @@ impl Tally {
 }
 
 /// Reads the heap: every arena's bins and slabs, large classes, page caches and threads'
-/// caches. The caller holds the process stopped.
-pub fn census(mem: &mut ProcessMemory, layout: &JemallocLayout) -> Result<JemallocHeap, String> {
+/// caches. The caller holds the process stopped; `residency`: its pagemap, read meanwhile,
+/// which says how much of the dirty pages and metadata jemalloc counts is resident.
+pub fn census(
+    mem: &mut ProcessMemory,
+    layout: &JemallocLayout,
+    residency: &[ResidentRange],
+) -> Result<JemallocHeap, String> {
+    let residency = &Residency::new(residency, PAGE);
     let start_read = mem.bytes_read();
     let sizes = size_classes();
     let mut table = vec![0u8; MAX_ARENAS * 8];
@@ -358,7 +368,13 @@ pub fn census(mem: &mut ProcessMemory, layout: &JemallocLayout) -> Result<Jemall
     for i in 0..MAX_ARENAS {
         let at = le_u64(&table, 8 * i);
         if at != 0 {
-            arenas.push(arena(mem, &mut extents, layout, &mut tally, i, at)?);
+            let reading = ArenaReading {
+                mem: &mut *mem,
+                extents: &mut extents,
+                residency,
+                layout,
+            };
+            arenas.push(arena(reading, &mut tally, i, at)?);
         }
     }
     if arenas.is_empty() {
@@ -382,16 +398,28 @@ pub fn census(mem: &mut ProcessMemory, layout: &JemallocLayout) -> Result<Jemall
     Ok(heap)
 }
 
+/// What an arena is read with.
+struct ArenaReading<'a> {
+    mem: &'a mut ProcessMemory,
+    extents: &'a mut RecordReader,
+    residency: &'a Residency<'a>,
+    layout: &'a JemallocLayout,
+}
+
 /// One arena: its bins, large classes, page caches and threads' caches, added to
 /// `tally`; its pages returned.
 fn arena(
-    mem: &mut ProcessMemory,
-    extents: &mut RecordReader,
-    layout: &JemallocLayout,
+    reading: ArenaReading,
     tally: &mut Tally,
     index: usize,
     at: u64,
 ) -> Result<JemallocArena, String> {
+    let ArenaReading {
+        mem,
+        extents,
+        residency,
+        layout,
+    } = reading;
     let bins_end =
         layout.bin_offsets[BINS - 1] as usize + layout.bins[BINS - 1].shards as usize * BIN_SIZE;
     let mut a = vec![0u8; bins_end];
@@ -505,8 +533,12 @@ fn arena(
             + word(ecache(k, ECACHE_GUARDED_ESET + ESET_NPAGES))
     };
     let (dirty_pages, muzzy_pages, retained_pages) = (pages_of(0), pages_of(1), pages_of(2));
-    let (dirty_extents, dirty_listed) =
-        extent_list(mem, extents, word(ecache(0, ECACHE_ESET + ESET_LRU)), 1)?;
+    let (dirty_extents, dirty_listed, dirty_by_pagemap) = extent_list(
+        mem,
+        extents,
+        residency,
+        word(ecache(0, ECACHE_ESET + ESET_LRU)),
+    )?;
     let guarded_dirty = word(ecache(0, ECACHE_GUARDED_ESET + ESET_NPAGES));
     if dirty_listed + guarded_dirty != dirty_pages {
         return Err(format!(
@@ -526,9 +558,15 @@ fn arena(
         le_u64(&base, BASE_RESIDENT),
         le_u64(&base, BASE_MAPPED),
     );
-    if metadata_allocated > metadata_mapped || metadata_resident > metadata_mapped {
+    let (blocks_bytes, metadata_by_pagemap) =
+        base_blocks(mem, residency, le_u64(&base, BASE_BLOCKS))?;
+    if metadata_allocated > metadata_mapped
+        || metadata_resident > metadata_mapped
+        || blocks_bytes != metadata_mapped
+    {
         return Err(format!(
-            "arena {index}'s metadata counts do not hold together"
+            "arena {index}'s metadata counts do not hold together ({metadata_mapped} bytes \
+             mapped, its blocks {blocks_bytes})"
         ));
     }
     let thread_caches = thread_caches(mem, tally, word(ARENA_TCACHE_DESCRIPTORS), index)?;
@@ -539,12 +577,39 @@ fn arena(
         muzzy_pages,
         retained_pages,
         dirty_extents,
+        dirty_by_pagemap,
         mapped_bytes,
         metadata_allocated,
         metadata_resident,
         metadata_mapped,
+        metadata_by_pagemap,
         thread_caches,
     })
+}
+
+/// The blocks of an arena's base (its metadata), each `size, next` at its start, from
+/// `first`: their bytes, and those resident by pagemap.
+fn base_blocks(
+    mem: &mut ProcessMemory,
+    residency: &Residency,
+    first: u64,
+) -> Result<(u64, u64), String> {
+    let (mut bytes, mut resident, mut walked) = (0u64, 0u64, 0u64);
+    let mut at = first;
+    while at != 0 {
+        walked += 1;
+        if walked > MAX_WALK {
+            return Err("the list of jemalloc's metadata blocks does not end".into());
+        }
+        let mut block = [0u8; 16];
+        mem.read(at, &mut block)
+            .map_err(|e| format!("a metadata block at {at:#x} could not be read ({e})"))?;
+        let size = le_u64(&block, 0);
+        bytes += size;
+        resident += residency.resident_bytes(at, at.saturating_add(size));
+        at = le_u64(&block, 8);
+    }
+    Ok((bytes, resident))
 }
 
 /// The extents of a pairing heap (a bin's non-full slabs) from its root: each node's
@@ -576,15 +641,16 @@ fn heap_nodes(
     Ok(nodes)
 }
 
-/// A ring of free extents (an extent cache's LRU) from its first: (extents, pages). Each
-/// must be in `state` (1 dirty, 2 muzzy).
+/// The ring of dirty extents (the dirty cache's LRU) from its first: (extents, pages,
+/// bytes resident by pagemap).
 fn extent_list(
     mem: &mut ProcessMemory,
     extents: &mut RecordReader,
+    residency: &Residency,
     first: u64,
-    state: u64,
-) -> Result<(u64, u64), String> {
-    let (mut count, mut pages) = (0u64, 0u64);
+) -> Result<(u64, u64, u64), String> {
+    const DIRTY: u64 = 1;
+    let (mut count, mut pages, mut resident) = (0u64, 0u64, 0u64);
     let mut at = first;
     while at != 0 {
         if count >= MAX_WALK {
@@ -593,17 +659,18 @@ fn extent_list(
         let e: [u8; EDATA_SIZE] = extents.read(mem, at)?;
         let x = Extent::of(&e);
         // A freed slab keeps its slab bit (jemalloc no longer reads it).
-        if x.state != state || x.bytes == 0 {
+        if x.state != DIRTY || x.bytes == 0 {
             return Err(format!("a free extent at {at:#x} does not hold together"));
         }
         count += 1;
         pages += x.bytes / PAGE;
+        resident += residency.resident_bytes(x.addr, x.addr.saturating_add(x.bytes));
         at = le_u64(&e, EDATA_LRU_NEXT);
         if at == first {
             break;
         }
     }
-    Ok((count, pages))
+    Ok((count, pages, resident))
 }
 
 /// The threads' caches bound to an arena (a ring of their bin arrays' descriptors from

@@ -86,14 +86,15 @@ fn tcmalloc_parts(h: &TcmallocHeap, page: u64) -> (HeapParts, Vec<ClassAtSnapsho
 /// jemalloc's heap as the parts: regions and large extents the program holds at their
 /// class size (rounding inside `live`), free space inside active pages (free regions of
 /// slabs in use, slab tails, threads' caches, large extents' first-page offset), the
-/// dirty pages it keeps, and its metadata. Their sum is jemalloc's `stats.resident`.
+/// dirty pages it keeps, and its metadata, those two as pagemap finds them resident
+/// (jemalloc's `stats.resident` counts every page of them).
 fn jemalloc_parts(h: &JemallocHeap, page: u64) -> (HeapParts, Vec<ClassAtSnapshot>) {
     let per_jemalloc_page = (h.page_size / page).max(1);
     let mut parts = HeapParts {
         live: h.in_use_bytes(),
         free_in_used_pages: h.active_bytes().saturating_sub(h.in_use_bytes()),
-        free_resident_pages: h.dirty_bytes(),
-        allocator_overhead: h.metadata_resident(),
+        free_resident_pages: h.dirty_by_pagemap(),
+        allocator_overhead: h.metadata_by_pagemap(),
         ..HeapParts::default()
     };
     for b in 0..OCCUPANCY_BUCKETS {
@@ -567,8 +568,10 @@ mod tests {
                 // 100 slabs of one page, a 20 KiB extent and its first-page offset.
                 active_pages: 100 + 5 + 1,
                 dirty_pages: 300,
+                dirty_by_pagemap: 290 * 4096,
                 mapped_bytes: 1 << 22,
                 metadata_resident: 8192,
+                metadata_by_pagemap: 4096,
                 ..Default::default()
             }],
             bins: vec![JemallocBin {
@@ -603,9 +606,10 @@ mod tests {
         let (p, classes) = heap_parts(&c, &pagemap());
         assert_eq!(p.live, (800 - 30) * 64 + 20480);
         assert_eq!(p.free_in_used_pages, 106 * 4096 - p.live);
-        assert_eq!(p.free_resident_pages, 300 * 4096);
-        assert_eq!(p.allocator_overhead, 8192);
-        assert_eq!(p.heap_resident, h.resident_bytes());
+        // Dirty pages and metadata as pagemap finds them resident.
+        assert_eq!(p.free_resident_pages, 290 * 4096);
+        assert_eq!(p.allocator_overhead, 4096);
+        assert_eq!(p.heap_resident, h.resident_bytes() - 10 * 4096 - 4096);
         assert_eq!((p.empty_pages, p.used_pages), (300, 106));
         assert_eq!(classes[0].objects, 770);
         assert_eq!(classes[0].retained_free, (100 * 56 + 30) * 64);

@@ -418,7 +418,7 @@ fn read_allocator(
                 tcmalloc::census(mem, l).map(AllocatorHeap::Tcmalloc)
             })?,
             (_, Some(Ok(l))) => allocator_census(opts, pid, "jemalloc", || {
-                jemalloc::census(mem, l).map(AllocatorHeap::Jemalloc)
+                jemalloc::census(mem, l, residency).map(AllocatorHeap::Jemalloc)
             })?,
             (Some(Err(why)), _) | (_, Some(Err(why))) => Err(why.clone()),
             (None, None) => Err(format!(

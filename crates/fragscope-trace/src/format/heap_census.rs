@@ -445,14 +445,18 @@ pub struct JemallocArena {
     pub dirty_pages: u64,
     pub muzzy_pages: u64,
     pub retained_pages: u64,
-    /// Free extents in the dirty cache.
+    /// Free extents in the dirty cache, and the bytes of its pages that are resident by
+    /// pagemap (jemalloc counts them all resident).
     pub dirty_extents: u64,
+    pub dirty_by_pagemap: u64,
     /// Bytes the arena maps for extents (`pac_mapped`), and its metadata (its base):
-    /// allocated, resident and mapped.
+    /// allocated, resident (as jemalloc counts it: every page it handed out of its
+    /// blocks), mapped, and resident by pagemap.
     pub mapped_bytes: u64,
     pub metadata_allocated: u64,
     pub metadata_resident: u64,
     pub metadata_mapped: u64,
+    pub metadata_by_pagemap: u64,
     /// Threads' caches bound to it.
     pub thread_caches: u64,
 }
@@ -539,6 +543,13 @@ impl JemallocHeap {
     pub fn metadata_resident(&self) -> u64 {
         self.arenas.iter().map(|a| a.metadata_resident).sum()
     }
+    /// Of the dirty pages and the metadata, the bytes resident by pagemap.
+    pub fn dirty_by_pagemap(&self) -> u64 {
+        self.arenas.iter().map(|a| a.dirty_by_pagemap).sum()
+    }
+    pub fn metadata_by_pagemap(&self) -> u64 {
+        self.arenas.iter().map(|a| a.metadata_by_pagemap).sum()
+    }
     /// `stats.resident`: metadata resident, active and dirty pages (muzzy ones are not
     /// counted: the kernel may have taken them).
     pub fn resident_bytes(&self) -> u64 {
@@ -570,10 +581,12 @@ impl JemallocHeap {
                 a.muzzy_pages,
                 a.retained_pages,
                 a.dirty_extents,
+                a.dirty_by_pagemap,
                 a.mapped_bytes,
                 a.metadata_allocated,
                 a.metadata_resident,
                 a.metadata_mapped,
+                a.metadata_by_pagemap,
                 a.thread_caches,
             ] {
                 w.varint(v);
@@ -613,15 +626,15 @@ impl JemallocHeap {
             *list = (0..n).map(|_| r.varint()).collect::<Result<_, _>>()?;
         }
         let [occupancy_pages, occupancy_in_use] = lists;
-        let n = r.count(11)?;
+        let n = r.count(13)?;
         let mut arenas = Vec::with_capacity(n);
         for _ in 0..n {
             let index = r.varint()? as u32;
-            let mut f = [0u64; 10];
+            let mut f = [0u64; 12];
             for x in &mut f {
                 *x = r.varint()?;
             }
-            let [active_pages, dirty_pages, muzzy_pages, retained_pages, dirty_extents, mapped_bytes, metadata_allocated, metadata_resident, metadata_mapped, thread_caches] =
+            let [active_pages, dirty_pages, muzzy_pages, retained_pages, dirty_extents, dirty_by_pagemap, mapped_bytes, metadata_allocated, metadata_resident, metadata_mapped, metadata_by_pagemap, thread_caches] =
                 f;
             arenas.push(JemallocArena {
                 index,
@@ -630,10 +643,12 @@ impl JemallocHeap {
                 muzzy_pages,
                 retained_pages,
                 dirty_extents,
+                dirty_by_pagemap,
                 mapped_bytes,
                 metadata_allocated,
                 metadata_resident,
                 metadata_mapped,
+                metadata_by_pagemap,
                 thread_caches,
             });
         }
@@ -1016,8 +1031,10 @@ mod tests {
                     active_pages: 30,
                     dirty_pages: 4,
                     dirty_extents: 2,
+                    dirty_by_pagemap: 3 * 4096,
                     mapped_bytes: 1 << 20,
                     metadata_resident: 8192,
+                    metadata_by_pagemap: 4096,
                     thread_caches: 1,
                     ..Default::default()
                 }],
