@@ -380,6 +380,24 @@ pub fn census(
     if arenas.is_empty() {
         return Err("jemalloc has no arena".into());
     }
+    // A thread's cache fills from its arena, but may have moved to another since: the
+    // caches are checked against the classes over every arena.
+    for b in &tally.bins {
+        if b.tcache_regions > b.regions_in_use {
+            return Err(format!(
+                "threads' caches hold more regions of {} bytes than the bins handed out",
+                b.size
+            ));
+        }
+    }
+    for l in &tally.large {
+        if l.tcache_extents > l.extents {
+            return Err(format!(
+                "threads' caches hold more large extents of {} bytes than were handed out",
+                l.size
+            ));
+        }
+    }
     let mut heap = JemallocHeap {
         release: layout.release.into(),
         library: layout.library.clone(),
@@ -506,14 +524,15 @@ fn arena(
     for (j, large) in tally.large.iter_mut().enumerate() {
         let l = ARENA_LSTATS + j * LSTATS_SIZE;
         let count = word(l).wrapping_sub(word(l + LSTATS_NDALLOC));
-        if count > MAX_WALK {
-            return Err(format!("arena {index}'s large class {j} does not add up"));
-        }
+        let bytes = count
+            .checked_mul(large.size)
+            .filter(|&b| b < 1 << 48)
+            .ok_or_else(|| format!("arena {index}'s large class {j} does not add up"))?;
         large.extents += count;
-        large_pages += count * large.size / PAGE;
+        large_pages += bytes / PAGE;
         large_extents += count;
-        tally.occupancy_pages[OCCUPANCY_BUCKETS - 1] += count * large.size / PAGE;
-        tally.occupancy_in_use[OCCUPANCY_BUCKETS - 1] += count * large.size;
+        tally.occupancy_pages[OCCUPANCY_BUCKETS - 1] += bytes / PAGE;
+        tally.occupancy_in_use[OCCUPANCY_BUCKETS - 1] += bytes;
     }
     let active_pages = word(ARENA_NACTIVE);
     let pad = active_pages
@@ -719,14 +738,6 @@ fn thread_caches(
         at = le_u64(&descriptor, 0);
         if at == first {
             break;
-        }
-    }
-    for b in &tally.bins {
-        if b.tcache_regions > b.regions_in_use {
-            return Err(format!(
-                "threads' caches hold more regions of {} bytes than the bins handed out",
-                b.size
-            ));
         }
     }
     Ok(count)
