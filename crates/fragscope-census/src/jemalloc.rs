@@ -461,10 +461,10 @@ fn arena(
             let mut walked = Vec::new();
             let current = word(bin + BIN_SLABCUR);
             if current != 0 {
-                walked.push((current, true));
+                walked.push((current, Extent::of(&extents.read(mem, current)?), true));
             }
-            for e in heap_nodes(mem, extents, word(bin + BIN_HEAP_ROOT), nonfull)? {
-                walked.push((e, false));
+            for (at, e) in heap_nodes(mem, extents, word(bin + BIN_HEAP_ROOT), nonfull)? {
+                walked.push((at, e, false));
             }
             if walked.len() as u64 - u64::from(current != 0) != nonfull {
                 return Err(format!(
@@ -473,8 +473,8 @@ fn arena(
                 ));
             }
             let mut free = 0u64;
-            for &(e, is_current) in &walked {
-                let slab = Extent::of(&extents.read(mem, e)?);
+            for (e, slab, is_current) in &walked {
+                let (e, is_current) = (*e, *is_current);
                 let holds = slab.slab
                     && slab.arena as usize == index
                     && slab.state == 0
@@ -633,21 +633,20 @@ fn base_blocks(
 
 /// The extents of a pairing heap (a bin's non-full slabs) from its root: each node's
 /// first child and next sibling (the root's siblings are the heap's auxiliary list).
-/// More than `count` nodes is an error.
+/// More than `count` nodes (a cycle among them too) is an error.
 fn heap_nodes(
     mem: &mut ProcessMemory,
     extents: &mut RecordReader,
     root: u64,
     count: u64,
-) -> Result<Vec<u64>, String> {
+) -> Result<Vec<(u64, Extent)>, String> {
     let mut nodes = Vec::new();
-    let mut seen = std::collections::HashSet::new();
     let mut stack = vec![root];
     while let Some(at) = stack.pop() {
         if at == 0 {
             continue;
         }
-        if nodes.len() as u64 >= count.min(MAX_WALK) || !seen.insert(at) {
+        if nodes.len() as u64 >= count.min(MAX_WALK) {
             return Err(format!(
                 "a heap of non-full slabs holds more than the {count} its bin counts"
             ));
@@ -655,7 +654,7 @@ fn heap_nodes(
         let e: [u8; EDATA_SIZE] = extents.read(mem, at)?;
         stack.push(le_u64(&e, EDATA_HEAP_NEXT));
         stack.push(le_u64(&e, EDATA_HEAP_LCHILD));
-        nodes.push(at);
+        nodes.push((at, Extent::of(&e)));
     }
     Ok(nodes)
 }
