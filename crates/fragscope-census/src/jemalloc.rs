@@ -497,14 +497,16 @@ fn arena(
                     info.slab_bytes / PAGE,
                 );
             }
-            if slabs * info.regions != in_use + free {
+            if slabs.checked_mul(info.regions) != in_use.checked_add(free) {
                 return Err(format!(
                     "arena {index}'s bin {b} counts {in_use} regions in use in {slabs} slabs \
                      of {}, its slabs hold {free} free: the heap changed while it was read",
                     info.regions
                 ));
             }
-            let full = slabs - walked.len() as u64;
+            let full = slabs
+                .checked_sub(walked.len() as u64)
+                .ok_or_else(|| format!("arena {index}'s bin {b} has fewer slabs than it lists"))?;
             tally.occupancy_pages[OCCUPANCY_BUCKETS - 1] += full * info.slab_bytes / PAGE;
             tally.occupancy_in_use[OCCUPANCY_BUCKETS - 1] += full * info.regions * info.size;
             slab_pages += slabs * info.slab_bytes / PAGE;
@@ -549,7 +551,7 @@ fn arena(
     let ecache = |k: usize, part: usize| PAC_ECACHE_DIRTY + k * ECACHE_SIZE + part;
     let pages_of = |k: usize| {
         word(ecache(k, ECACHE_ESET + ESET_NPAGES))
-            + word(ecache(k, ECACHE_GUARDED_ESET + ESET_NPAGES))
+            .saturating_add(word(ecache(k, ECACHE_GUARDED_ESET + ESET_NPAGES)))
     };
     let (dirty_pages, muzzy_pages, retained_pages) = (pages_of(0), pages_of(1), pages_of(2));
     let (dirty_extents, dirty_listed, dirty_by_pagemap) = extent_list(
@@ -559,14 +561,17 @@ fn arena(
         word(ecache(0, ECACHE_ESET + ESET_LRU)),
     )?;
     let guarded_dirty = word(ecache(0, ECACHE_GUARDED_ESET + ESET_NPAGES));
-    if dirty_listed + guarded_dirty != dirty_pages {
+    if dirty_listed.checked_add(guarded_dirty) != Some(dirty_pages) {
         return Err(format!(
             "arena {index}'s dirty extents hold {dirty_listed} pages, it counts {dirty_pages}"
         ));
     }
     tally.occupancy_pages[0] += dirty_pages;
     let mapped_bytes = word(ARENA_PAC_MAPPED);
-    if mapped_bytes < (active_pages + dirty_pages + muzzy_pages) * PAGE {
+    let held_pages = active_pages
+        .saturating_add(dirty_pages)
+        .saturating_add(muzzy_pages);
+    if mapped_bytes / PAGE < held_pages {
         return Err(format!("arena {index} maps fewer pages than it holds"));
     }
     let mut base = [0u8; BASE_SIZE];

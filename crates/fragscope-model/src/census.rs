@@ -121,7 +121,7 @@ fn jemalloc_parts(h: &JemallocHeap, page: u64) -> (HeapParts, Vec<ClassAtSnapsho
                 pages: k.slabs * k.slab_bytes / page,
                 mean_occupancy: (bytes as f64 / (k.slabs * k.slab_bytes).max(1) as f64).min(1.0),
                 retained_free: (k.free_regions + k.tcache_regions) * k.size
-                    + k.slabs * (k.slab_bytes - k.regions_per_slab * k.size),
+                    + k.slabs * k.slab_bytes.saturating_sub(k.regions_per_slab * k.size),
             }
         })
         .chain(h.large.iter().map(|l| {
@@ -389,7 +389,7 @@ fn jemalloc_sentence(h: &JemallocHeap) -> String {
             crate::mib(in_use),
             k.bin,
             k.size,
-            k.slabs - k.full_slabs,
+            k.slabs.saturating_sub(k.full_slabs),
             k.slabs,
             k.program_regions(),
             k.free_regions
