@@ -35,6 +35,7 @@ use fragscope_trace::heap_census::{GlibcArena, GlibcClass, GlibcHeap, OCCUPANCY_
 use fragscope_trace::{Mapping, ResidentRange};
 
 use crate::ghc::CensusError;
+use crate::residency::Residency;
 use crate::{ProcessMemory, Symbols};
 
 /// The releases whose layouts are checked.
@@ -279,37 +280,6 @@ fn list_comes_back(mem: &mut ProcessMemory, addr: u64) -> bool {
 
 fn le(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
-}
-
-/// Page residency by address, from pagemap ranges.
-struct Residency<'a> {
-    ranges: Vec<&'a ResidentRange>,
-    page: u64,
-}
-
-impl<'a> Residency<'a> {
-    fn new(ranges: &'a [ResidentRange], page: u64) -> Self {
-        let mut ranges: Vec<&ResidentRange> = ranges.iter().collect();
-        ranges.sort_by_key(|r| r.start);
-        Self { ranges, page }
-    }
-    fn resident(&self, addr: u64) -> bool {
-        let i = self.ranges.partition_point(|r| r.start <= addr);
-        i.checked_sub(1).is_some_and(|i| {
-            let r = self.ranges[i];
-            r.is_resident((addr - r.start) / self.page)
-        })
-    }
-    /// Resident bytes of the whole pages in [lo, hi).
-    fn resident_bytes(&self, lo: u64, hi: u64) -> u64 {
-        let lo = lo.next_multiple_of(self.page);
-        let hi = hi / self.page * self.page;
-        (lo..hi.max(lo))
-            .step_by(self.page as usize)
-            .filter(|&p| self.resident(p))
-            .count() as u64
-            * self.page
-    }
 }
 
 /// A run of memory whose pages are counted: a heap of an arena, or mmapped chunks.

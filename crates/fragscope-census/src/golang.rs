@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use fragscope_trace::go_heap::{GoBucket, GoHeap, GoProfile, GoSpan, GoSpanKind};
 use object::{Object, ObjectSection};
 
-use crate::memory::{le_u64, WindowedReader};
+use crate::memory::{le_u64, RecordReader};
 use crate::{ProcessMemory, Symbols};
 
 /// The runtime's page (`_PageSize`), the same on every platform and release.
@@ -570,7 +570,7 @@ fn add_counts(a: &mut [u64; 2], b: [u64; 2]) {
 /// collection published one, every cycle.
 fn read_profile(
     mem: &mut ProcessMemory,
-    reader: &mut WindowedReader,
+    reader: &mut RecordReader,
     l: &ProfileLayout,
     span_specials: &[(u64, u64)],
 ) -> Result<Result<GoProfile, String>, GoCensusError> {
@@ -746,7 +746,7 @@ pub fn census(mem: &mut ProcessMemory, rt: &GoRuntime) -> Result<GoHeap, GoCensu
     }
     let mut pointers = vec![0u8; n_spans as usize * 8];
     mem.read(spans_at, &mut pointers).map_err(unreadable)?;
-    let mut reader = WindowedReader::default();
+    let mut reader = RecordReader::default();
     let mut spans = Vec::new();
     let l = &rt.span;
     let mut bytes = vec![0u8; l.size];

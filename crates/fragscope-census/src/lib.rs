@@ -6,19 +6,22 @@
 //! consistent view, [`Symbols`] finds a runtime's variables in its executable (load bias
 //! included). A runtime's census is built on those three: `ghc` (the GHC RTS's block
 //! descriptors), `pymalloc` (CPython's pool headers), `glibc` (malloc's arenas),
-//! `tcmalloc` (gperftools' spans and free lists), `sbcl` (SBCL's gencgc page table and
-//! heap objects) and `golang` (the Go runtime's spans, its layouts from the program's
-//! DWARF). `allocators` names the allocator a process really uses, a copy linked into the
-//! program included.
+//! `sbcl` (SBCL's gencgc page table and heap objects) and `golang` (the Go runtime's
+//! spans, its layouts from the program's DWARF); `tcmalloc` and `jemalloc` read those
+//! allocators' metadata, found by its shape in their library's data. `allocators` names
+//! the allocator a process really uses, a copy linked into the program included.
 
 pub mod allocators;
 pub mod ghc;
 pub mod glibc;
 pub mod golang;
+pub mod jemalloc;
+mod library;
 mod maps;
 mod memory;
 mod pause;
 pub mod pymalloc;
+mod residency;
 pub mod sbcl;
 mod symbols;
 pub mod tcmalloc;

@@ -96,31 +96,32 @@ impl ProcessMemory {
     }
 }
 
-/// Small records (allocator spans, descriptors) scattered over a few regions of another
-/// process, read a 64 KiB window at a time: one read per window instead of one system
-/// call per record.
+/// Small records (tcmalloc's spans, jemalloc's extent descriptors, Go's spans) read a
+/// window at a time: allocators carve them side by side from chunks of their metadata, so
+/// one read of 64 KiB brings over a thousand (one read per span made a census of 100 000
+/// spans hold the process 4 times longer). Each window is read once: the process is held.
 #[derive(Default)]
-pub(crate) struct WindowedReader {
+pub(crate) struct RecordReader {
     windows: std::collections::HashMap<u64, Vec<u8>>,
 }
 
-const WINDOW: u64 = 64 << 10;
+const RECORD_WINDOW: u64 = 64 << 10;
 
-impl WindowedReader {
-    /// `N` bytes at `at`; `what` names the record in the error.
-    pub(crate) fn read<const N: usize>(
+impl RecordReader {
+    /// The `N` bytes at `at`.
+    pub fn read<const N: usize>(
         &mut self,
         mem: &mut ProcessMemory,
         at: u64,
-        what: &str,
     ) -> Result<[u8; N], String> {
         let mut record = [0u8; N];
-        self.read_into(mem, at, &mut record, what)?;
+        self.read_into(mem, at, &mut record, "a record")?;
         Ok(record)
     }
 
-    /// Fills `out` from `at` (a record whose size is known at run time).
-    pub(crate) fn read_into(
+    /// Fills `out` from `at` (a record whose size is known at run time); `what` names it
+    /// in the error.
+    pub fn read_into(
         &mut self,
         mem: &mut ProcessMemory,
         at: u64,
@@ -128,16 +129,16 @@ impl WindowedReader {
         what: &str,
     ) -> Result<(), String> {
         let n = out.len();
-        let window = at & !(WINDOW - 1);
+        let window = at & !(RECORD_WINDOW - 1);
         let off = (at - window) as usize;
-        let cached = if off + n > WINDOW as usize {
+        let cached = if off + n > RECORD_WINDOW as usize {
             // Across a window's end: read on its own.
             None
         } else {
             match self.windows.entry(window) {
                 std::collections::hash_map::Entry::Occupied(e) => Some(e.into_mut()),
                 std::collections::hash_map::Entry::Vacant(v) => {
-                    let mut bytes = vec![0u8; WINDOW as usize];
+                    let mut bytes = vec![0u8; RECORD_WINDOW as usize];
                     // A window reaching past a mapping's end: the record alone.
                     mem.read(window, &mut bytes).ok().map(|()| v.insert(bytes))
                 }

@@ -33,8 +33,8 @@
 
 use fragscope_trace::heap_census::{TcmallocClass, TcmallocHeap, OCCUPANCY_BUCKETS};
 
-use crate::maps;
-use crate::memory::{le_u32, le_u64, WindowedReader};
+use crate::library::{MappedLibrary, StaticData};
+use crate::memory::{le_u32, le_u64, RecordReader};
 use crate::{ProcessMemory, Symbols};
 
 /// Library releases whose layout is checked: gperftools 2.10 (Debian 12).
@@ -83,23 +83,6 @@ fn i32_at(b: &[u8], at: usize) -> i32 {
     le_u32(b, at) as i32
 }
 
-/// The writable data of the library mapped in the process: its file-backed writable
-/// mapping and the anonymous one that follows (.bss), as (address, bytes).
-struct StaticData {
-    base: u64,
-    bytes: Vec<u8>,
-}
-
-impl StaticData {
-    fn contains(&self, addr: u64) -> bool {
-        addr >= self.base && addr < self.base + self.bytes.len() as u64
-    }
-    fn at(&self, addr: u64, len: usize) -> Option<&[u8]> {
-        let off = usize::try_from(addr.checked_sub(self.base)?).ok()?;
-        self.bytes.get(off..off.checked_add(len)?)
-    }
-}
-
 /// Where a process's tcmalloc keeps its state.
 pub struct TcmallocLayout {
     /// The library's file and the gperftools release its layout is.
@@ -120,56 +103,25 @@ pub struct TcmallocLayout {
 /// Finds the tcmalloc library in `pid`'s mappings and its exported anchors. Err: why
 /// this process's tcmalloc cannot be read (none, another release).
 pub fn locate(pid: u32, mem: &mut ProcessMemory) -> Result<TcmallocLayout, String> {
-    let text = maps::read(pid).map_err(|e| format!("its maps cannot be read ({e})"))?;
-    let all: Vec<maps::Mapping> = maps::parse(&text).collect();
-    let file = |m: &maps::Mapping| m.path.rsplit('/').next().unwrap_or("").to_string();
-    let Some(lib) = all.iter().find(|m| file(m).starts_with("libtcmalloc")) else {
+    let Some(lib) = MappedLibrary::find(pid, "libtcmalloc")? else {
         return Err(
             "no tcmalloc library is mapped (a copy linked into the program is not read yet)".into(),
         );
     };
-    let name = file(lib);
-    let Some(&(_, release)) = VERIFIED.iter().find(|(f, _)| *f == name) else {
+    let name = &lib.name;
+    let Some(&(_, release)) = VERIFIED.iter().find(|(f, _)| f == name) else {
         return Err(format!(
             "the process runs on {name}, whose layout fragscope has not verified (it reads \
              gperftools 2.10's, libtcmalloc.so.4.5.10)"
         ));
     };
-    let path = lib.path.to_string();
-    let base = all
-        .iter()
-        .filter(|m| m.path == path)
-        .map(|m| m.lo - m.offset)
-        .min()
-        .unwrap_or(lib.lo);
-    // The library's writable mappings and the anonymous one right after them.
-    let mut ranges: Vec<(u64, u64)> = Vec::new();
-    for (i, m) in all.iter().enumerate() {
-        if m.path == path && m.perms.starts_with("rw") {
-            ranges.push((m.lo, m.hi));
-            if let Some(next) = all.get(i + 1).filter(|n| n.lo == m.hi && n.anonymous()) {
-                ranges.push((next.lo, next.hi));
-            }
-        }
-    }
-    let (Some(lo), Some(hi)) = (
-        ranges.iter().map(|r| r.0).min(),
-        ranges.iter().map(|r| r.1).max(),
-    ) else {
-        return Err(format!("{name} has no writable data mapped"));
-    };
-    let mut bytes = vec![0u8; (hi - lo) as usize];
-    mem.read(lo, &mut bytes)
-        .map_err(|e| format!("tcmalloc's data could not be read ({e})"))?;
-    let elf = std::fs::read(format!("/proc/{pid}/map_files/{:x}-{:x}", lib.lo, lib.hi))
-        .or_else(|_| std::fs::read(&path))
-        .map_err(|e| format!("{path} cannot be read ({e})"))?;
+    let statics = StaticData::read(mem, lib.data, "tcmalloc")?;
+    let elf = lib.elf(pid)?;
     let names = [
         "_ZN8tcmalloc11ThreadCache13thread_heaps_E",
         "_ZN8tcmalloc11ThreadCache18thread_heap_count_E",
     ];
-    let symbols = Symbols::resolve_at(&elf, &names, base)?;
-    let statics = StaticData { base: lo, bytes };
+    let symbols = Symbols::resolve_at(&elf, &names, lib.base)?;
     let (size_map, map) = find_size_map(&statics)?;
     let central_cache = find_central_cache(&statics, map.sizes.len())?;
     let pageheap_stats = find_page_heap_stats(&statics)?;
@@ -181,9 +133,9 @@ pub fn locate(pid: u32, mem: &mut ProcessMemory) -> Result<TcmallocLayout, Strin
             .ok_or_else(|| format!("{name} lies outside tcmalloc's data"))
     };
     Ok(TcmallocLayout {
-        library: path,
+        library: lib.path,
         release,
-        statics: (lo, statics.bytes.len()),
+        statics: lib.data,
         size_map,
         central_cache,
         pageheap_stats,
@@ -247,12 +199,9 @@ fn size_map_at(s: &StaticData, at: usize) -> Option<SizeMap> {
 
 /// A dummy span at `dummy` heads a list: it points to itself, or to spans that point
 /// back to it. Returns the spans in the list (each span's 48 bytes), at most `limit`.
-/// Spans are read a window at a time: tcmalloc allocates them side by side from chunks
-/// of its metadata, so one read of 64 KiB brings over a thousand (one read per span made
-/// a census of 100 000 spans hold the process 4 times longer).
 fn span_list(
     mem: &mut ProcessMemory,
-    reader: &mut WindowedReader,
+    reader: &mut RecordReader,
     s: &StaticData,
     dummy: u64,
     limit: u64,
@@ -272,7 +221,7 @@ fn span_list(
                 "the span list at {dummy:#x} is longer than it can be"
             ));
         }
-        let span = reader.read::<SPAN_SIZE>(mem, next, "a span")?;
+        let span: [u8; SPAN_SIZE] = reader.read(mem, next)?;
         if le_u64(&span, SPAN_PREV) != back {
             return Err(format!(
                 "the span at {next:#x} does not point back to its list"
@@ -418,18 +367,14 @@ fn thread_caches(
 pub fn census(mem: &mut ProcessMemory, layout: &TcmallocLayout) -> Result<TcmallocHeap, String> {
     let start_read = mem.bytes_read();
     // The data as it is now, the process stopped: where things are was found before.
-    let (base, len) = layout.statics;
-    let mut bytes = vec![0u8; len];
-    mem.read(base, &mut bytes)
-        .map_err(|e| format!("tcmalloc's data could not be read ({e})"))?;
-    let s = &StaticData { base, bytes };
+    let s = &StaticData::read(mem, layout.statics, "tcmalloc")?;
     let map = size_map_at(s, layout.size_map).ok_or("tcmalloc's size classes changed")?;
     let n = map.sizes.len();
     let central = layout.central_cache;
     let (system_bytes, pageheap_free_bytes, unmapped_bytes) =
         page_heap_stats(s, layout.pageheap_stats)?;
     let (in_thread_caches, thread_caches) = thread_caches(mem, s, layout, &map.sizes)?;
-    let mut spans = WindowedReader::default();
+    let mut spans = RecordReader::default();
     let mut classes = Vec::new();
     let mut occupancy_pages = vec![0u64; OCCUPANCY_BUCKETS];
     let mut occupancy_in_use = vec![0u64; OCCUPANCY_BUCKETS];

@@ -245,6 +245,14 @@ fn print_text(path: &std::path::Path, s: &TraceSummary) {
                     h.classes.len(),
                     h.classes.iter().map(|k| k.spans).sum::<u64>()
                 ),
+                Ok(AllocatorHeap::Jemalloc(h)) => println!(
+                    "  snapshot jemalloc {} heap census ({how}): {} arenas, {} size classes, \
+                     {} slabs",
+                    h.release,
+                    h.arenas.len(),
+                    h.bins.len(),
+                    h.bins.iter().map(|k| k.slabs).sum::<u64>()
+                ),
                 Ok(AllocatorHeap::Unused) => {
                     println!("  snapshot ({how}): no malloc heap (the process maps no C library)")
                 }

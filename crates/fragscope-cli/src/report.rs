@@ -335,6 +335,67 @@ fn tcmalloc_census(o: &mut String, t: &fragscope_model::report::TcmallocFigures)
     }
 }
 
+/// jemalloc's heap as its own statistics count it (`stats.*`), then its size classes by
+/// the free bytes their slabs hold.
+fn jemalloc_census(o: &mut String, j: &fragscope_model::report::JemallocFigures) {
+    let h = &j.heap;
+    let _ = writeln!(
+        o,
+        "jemalloc {} ({}), as its own statistics count it:\n  \
+         {:>10} allocated ({} in use by the program, {} in {} threads' caches)\n  \
+         {:>10} active: {} of free regions inside slabs, in {} slabs ({} not full)\n  \
+         {:>10} resident: {} of dirty pages, {} of metadata ({} muzzy, not counted)\n  \
+         {:>10} mapped, in {} arenas",
+        h.release,
+        h.library,
+        bytes(j.allocated_bytes),
+        bytes(j.in_use_bytes),
+        bytes(j.tcache_bytes),
+        count(h.arenas.iter().map(|a| a.thread_caches).sum()),
+        bytes(j.active_bytes),
+        bytes(j.slab_free_bytes),
+        count(j.slabs),
+        count(j.nonfull_slabs),
+        bytes(j.resident_bytes),
+        bytes(j.dirty_bytes),
+        bytes(j.metadata_resident),
+        bytes(j.muzzy_bytes),
+        bytes(j.mapped_bytes),
+        count(h.arenas.len() as u64)
+    );
+    let mut bins: Vec<_> = h.bins.iter().collect();
+    bins.sort_by_key(|k| std::cmp::Reverse(k.free_regions * k.size));
+    let _ = writeln!(
+        o,
+        "  size classes by free bytes in slabs, top 10:\n  {:>5} {:>8} {:>9} {:>9} {:>10} {:>10} {:>9} {:>10}",
+        "bin", "size", "slabs", "full", "in use", "free", "cached", "free bytes"
+    );
+    for k in bins.iter().take(10) {
+        let _ = writeln!(
+            o,
+            "  {:>5} {:>8} {:>9} {:>9} {:>10} {:>10} {:>9} {:>10}",
+            k.bin,
+            bytes(k.size),
+            count(k.slabs),
+            count(k.full_slabs),
+            count(k.program_regions()),
+            count(k.free_regions),
+            count(k.tcache_regions),
+            bytes(k.free_regions * k.size)
+        );
+    }
+    let large: u64 = h.large.iter().map(|l| l.extents).sum();
+    if large > 0 {
+        let _ = writeln!(
+            o,
+            "  large extents: {} in {} size classes, {}",
+            count(large),
+            count(h.large.len() as u64),
+            bytes(h.large.iter().map(|l| l.extents * l.size).sum())
+        );
+    }
+}
+
 /// How a snapshot was taken, and the allocator's heap as its own metadata tells it.
 fn snapshot_census(o: &mut String, s: &SnapshotFacts) {
     let how = if s.stopped {
@@ -355,6 +416,9 @@ fn snapshot_census(o: &mut String, s: &SnapshotFacts) {
     }
     if let Some(t) = &s.tcmalloc {
         tcmalloc_census(o, t);
+    }
+    if let Some(j) = &s.jemalloc {
+        jemalloc_census(o, j);
     }
     let Some(g) = &s.glibc else { return };
     let _ = writeln!(

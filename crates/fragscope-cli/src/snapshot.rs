@@ -20,8 +20,11 @@ use crate::units;
 /// --fork-copy). The stop then lasts as long as the fork, a few ms per GiB.
 /// glibc malloc: every arena, chunk, thread cache and fastbin, the mmapped chunks, and
 /// what malloc_trim would return (predicted; nothing is done to the process). A GHC 9.0
-/// program: the RTS's block census. Other allocators (jemalloc, tcmalloc, mimalloc): the
-/// page-level picture. A snapshot has no history, so no allocation sites.
+/// program: the RTS's block census. Debian's tcmalloc (gperftools 2.10): its size
+/// classes, spans, free lists and page heap. Debian's jemalloc (5.3.0): its arenas, bins
+/// and slabs, large extents, dirty and muzzy pages and threads' caches. Other allocators
+/// (mimalloc, other builds, copies linked into the program): the page-level picture. A
+/// snapshot has no history, so no allocation sites.
 ///
 /// Needs ptrace access to the process: its user with /proc/sys/kernel/yama/ptrace_scope
 /// at 0, or root / CAP_SYS_PTRACE.

@@ -5,13 +5,15 @@
 //! trace, plus the census's own figures ([`SnapshotFacts`]).
 
 use fragscope_trace::heap_census::{
-    AllocatorHeap, GlibcArena, GlibcHeap, HeapCensus, TcmallocHeap, OCCUPANCY_BUCKETS,
+    AllocatorHeap, GlibcArena, GlibcHeap, HeapCensus, JemallocHeap, TcmallocHeap, OCCUPANCY_BUCKETS,
 };
 use fragscope_trace::reader::{Chunk, TraceReader};
 use fragscope_trace::records::Pagemap;
 
 use crate::heap::{ClassAtSnapshot, HeapParts};
-use crate::report::{GlibcFigures, Headline, Snapshot, SnapshotFacts, TcmallocFigures};
+use crate::report::{
+    GlibcFigures, Headline, JemallocFigures, Snapshot, SnapshotFacts, TcmallocFigures,
+};
 
 /// The heap's parts and size classes at the snapshot. A census that could not read the
 /// allocator leaves only the resident heap pages, which then count as other anonymous
@@ -21,6 +23,7 @@ pub fn heap_parts(c: &HeapCensus, pm: &Pagemap) -> (HeapParts, Vec<ClassAtSnapsh
     match &c.result {
         Ok(AllocatorHeap::Glibc(h)) => glibc_parts(h, page),
         Ok(AllocatorHeap::Tcmalloc(h)) => tcmalloc_parts(h, page),
+        Ok(AllocatorHeap::Jemalloc(h)) => jemalloc_parts(h, page),
         Ok(AllocatorHeap::Unused) => (HeapParts::default(), Vec::new()),
         Err(_) => {
             let resident: u64 = pm.ranges.iter().map(|r| r.resident_pages()).sum();
@@ -77,6 +80,67 @@ fn tcmalloc_parts(h: &TcmallocHeap, page: u64) -> (HeapParts, Vec<ClassAtSnapsho
                     + h.central_bytes_of(k),
             }
         })
+        .collect();
+    (parts, classes)
+}
+
+/// jemalloc's heap as the parts: regions and large extents the program holds at their
+/// class size (rounding inside `live`), free space inside active pages (free regions of
+/// slabs in use, slab tails, threads' caches, large extents' first-page offset), the
+/// dirty pages it keeps, and its metadata, those two as pagemap finds them resident
+/// (jemalloc's `stats.resident` counts every page of them).
+fn jemalloc_parts(h: &JemallocHeap, page: u64) -> (HeapParts, Vec<ClassAtSnapshot>) {
+    let per_jemalloc_page = (h.page_size / page).max(1);
+    let mut parts = HeapParts {
+        live: h.in_use_bytes(),
+        free_in_used_pages: h.active_bytes().saturating_sub(h.in_use_bytes()),
+        free_resident_pages: h.dirty_by_pagemap(),
+        allocator_overhead: h.metadata_by_pagemap(),
+        ..HeapParts::default()
+    };
+    for b in 0..OCCUPANCY_BUCKETS {
+        parts.occupancy_pages[b] =
+            h.occupancy_pages.get(b).copied().unwrap_or(0) * per_jemalloc_page;
+        parts.occupancy_live[b] = h.occupancy_in_use.get(b).copied().unwrap_or(0);
+    }
+    parts.empty_pages = parts.occupancy_pages[0];
+    parts.used_pages = parts.occupancy_pages[1..].iter().sum();
+    parts.heap_resident = parts.live
+        + parts.free_in_used_pages
+        + parts.free_resident_pages
+        + parts.allocator_overhead;
+    let classes = h
+        .bins
+        .iter()
+        .map(|k| {
+            let bytes = k.program_regions() * k.size;
+            ClassAtSnapshot {
+                usable: k.size,
+                objects: k.program_regions(),
+                live_bytes: bytes,
+                usable_bytes: bytes,
+                pages: k.slabs * k.slab_bytes / page,
+                mean_occupancy: (bytes as f64 / (k.slabs * k.slab_bytes).max(1) as f64).min(1.0),
+                retained_free: (k.free_regions + k.tcache_regions) * k.size
+                    + k.slabs * k.slab_bytes.saturating_sub(k.regions_per_slab * k.size),
+            }
+        })
+        .chain(h.large.iter().map(|l| {
+            let bytes = (l.extents - l.tcache_extents) * l.size;
+            ClassAtSnapshot {
+                usable: l.size,
+                objects: l.extents - l.tcache_extents,
+                live_bytes: bytes,
+                usable_bytes: bytes,
+                pages: l.extents * l.size / page,
+                mean_occupancy: if l.extents > 0 {
+                    (l.extents - l.tcache_extents) as f64 / l.extents as f64
+                } else {
+                    0.0
+                },
+                retained_free: l.tcache_extents * l.size,
+            }
+        }))
         .collect();
     (parts, classes)
 }
@@ -168,6 +232,24 @@ pub fn facts(c: &HeapCensus) -> SnapshotFacts {
         }),
         _ => None,
     };
+    let jemalloc = match &c.result {
+        Ok(AllocatorHeap::Jemalloc(h)) => Some(JemallocFigures {
+            allocated_bytes: h.allocated_bytes(),
+            active_bytes: h.active_bytes(),
+            resident_bytes: h.resident_bytes(),
+            mapped_bytes: h.mapped_bytes(),
+            in_use_bytes: h.in_use_bytes(),
+            tcache_bytes: h.tcache_bytes(),
+            slab_free_bytes: h.slab_free_bytes(),
+            dirty_bytes: h.dirty_bytes(),
+            muzzy_bytes: h.muzzy_bytes(),
+            metadata_resident: h.metadata_resident(),
+            slabs: h.bins.iter().map(|b| b.slabs).sum(),
+            nonfull_slabs: h.bins.iter().map(|b| b.nonfull_slabs).sum(),
+            heap: h.clone(),
+        }),
+        _ => None,
+    };
     let heap = glibc.map(|h| GlibcFigures {
         version: h.version.clone(),
         layout_source: h.layout_source.clone(),
@@ -199,6 +281,7 @@ pub fn facts(c: &HeapCensus) -> SnapshotFacts {
         note: c.result.as_ref().err().cloned(),
         glibc: heap,
         tcmalloc,
+        jemalloc,
     }
 }
 
@@ -207,6 +290,7 @@ pub fn facts(c: &HeapCensus) -> SnapshotFacts {
 pub fn headline(h: &mut Headline, c: &HeapCensus, focus: Option<&Snapshot>) {
     match &c.result {
         Ok(AllocatorHeap::Tcmalloc(heap)) => h.sentence = tcmalloc_sentence(heap),
+        Ok(AllocatorHeap::Jemalloc(heap)) => h.sentence = jemalloc_sentence(heap),
         // The runtime's heap told the headline.
         Ok(AllocatorHeap::Unused) => {}
         Ok(AllocatorHeap::Glibc(heap)) => {
@@ -279,6 +363,57 @@ fn tcmalloc_sentence(h: &TcmallocHeap) -> String {
             crate::mib(in_use),
             crate::mib(central),
             crate::mib(h.pageheap_free_bytes)
+        ),
+    }
+}
+
+/// What jemalloc's heap holds, in one sentence: where its resident bytes wait beside what
+/// the program holds. Free regions in slabs that survivors keep (the size class that
+/// keeps most, how many of its slabs are not full), or dirty pages the decay has not
+/// purged yet, each with what returns them.
+fn jemalloc_sentence(h: &JemallocHeap) -> String {
+    let resident = h.resident_bytes();
+    let in_use = h.in_use_bytes();
+    let in_slabs = h.slab_free_bytes();
+    let dirty = h.dirty_bytes();
+    let share = |b: u64| 100 * b / resident.max(1);
+    let worst = h.bins.iter().max_by_key(|k| k.free_regions * k.size);
+    match worst {
+        Some(k) if in_slabs >= dirty && in_slabs * 4 >= resident => format!(
+            "jemalloc's slabs hold {} of free regions ({}% of its {} resident, {} in use by \
+             the program): free space inside slabs that survivors keep, which jemalloc gives \
+             back only when a slab is wholly free. Most are in size class {} ({} bytes): {} \
+             of its {} slabs have free regions, {} regions in use for {} free. No decay or \
+             purge (arena.<i>.purge) returns them; only not mixing long- and short-lived \
+             objects of one size (or freeing the survivors) does.",
+            crate::mib(in_slabs),
+            share(in_slabs),
+            crate::mib(resident),
+            crate::mib(in_use),
+            k.bin,
+            k.size,
+            k.slabs.saturating_sub(k.full_slabs),
+            k.slabs,
+            k.program_regions(),
+            k.free_regions
+        ),
+        _ if dirty * 4 >= resident => format!(
+            "jemalloc keeps {} of dirty pages ({}% of its {} resident): free pages it has not \
+             purged yet. They go back as dirty_decay_ms elapses, but only while the program \
+             calls into jemalloc (or with background_thread:true); mallctl \"arena.<i>.purge\" \
+             returns them at once, and a shorter dirty_decay_ms (MALLOC_CONF) sooner.",
+            crate::mib(dirty),
+            share(dirty),
+            crate::mib(resident)
+        ),
+        _ => format!(
+            "jemalloc holds {} resident, {} of it in use by the program; the rest is {} of \
+             free regions in slabs, {} of dirty pages and {} of its own metadata.",
+            crate::mib(resident),
+            crate::mib(in_use),
+            crate::mib(in_slabs),
+            crate::mib(dirty),
+            crate::mib(h.metadata_resident())
         ),
     }
 }
@@ -423,6 +558,87 @@ mod tests {
             headline.sentence
         );
         assert!(headline.sentence.contains("size class 5 (64 bytes)"));
+    }
+
+    /// Survivors in one size class's slabs, one large extent, dirty pages and metadata.
+    #[test]
+    fn jemallocs_parts_add_up_to_its_resident_bytes() {
+        use fragscope_trace::heap_census::{JemallocArena, JemallocBin, JemallocLarge};
+        let h = JemallocHeap {
+            release: "5.3.0".into(),
+            page_size: 4096,
+            arenas: vec![JemallocArena {
+                // 100 slabs of one page, a 20 KiB extent and its first-page offset.
+                active_pages: 100 + 5 + 1,
+                dirty_pages: 300,
+                dirty_by_pagemap: 290 * 4096,
+                mapped_bytes: 1 << 22,
+                metadata_resident: 8192,
+                metadata_by_pagemap: 4096,
+                ..Default::default()
+            }],
+            bins: vec![JemallocBin {
+                bin: 4,
+                size: 64,
+                slab_bytes: 4096,
+                regions_per_slab: 64,
+                slabs: 100,
+                nonfull_slabs: 100,
+                regions_in_use: 100 * 8,
+                free_regions: 100 * 56,
+                tcache_regions: 30,
+                ..Default::default()
+            }],
+            large: vec![JemallocLarge {
+                size: 20480,
+                extents: 1,
+                tcache_extents: 0,
+            }],
+            occupancy_pages: vec![300, 0, 100, 0, 0, 0, 0, 0, 0, 0, 6],
+            occupancy_in_use: vec![0, 0, 800 * 64, 0, 0, 0, 0, 0, 0, 0, 20480],
+            ..Default::default()
+        };
+        let c = HeapCensus {
+            stream: 0,
+            tick: 1,
+            allocator: "jemalloc".into(),
+            stopped: true,
+            pause_us: 1,
+            result: Ok(AllocatorHeap::Jemalloc(h.clone())),
+        };
+        let (p, classes) = heap_parts(&c, &pagemap());
+        assert_eq!(p.live, (800 - 30) * 64 + 20480);
+        assert_eq!(p.free_in_used_pages, 106 * 4096 - p.live);
+        // Dirty pages and metadata as pagemap finds them resident.
+        assert_eq!(p.free_resident_pages, 290 * 4096);
+        assert_eq!(p.allocator_overhead, 4096);
+        assert_eq!(p.heap_resident, h.resident_bytes() - 10 * 4096 - 4096);
+        assert_eq!((p.empty_pages, p.used_pages), (300, 106));
+        assert_eq!(classes[0].objects, 770);
+        assert_eq!(classes[0].retained_free, (100 * 56 + 30) * 64);
+        let f = facts(&c).jemalloc.unwrap();
+        assert_eq!(f.slab_free_bytes, 100 * 56 * 64);
+        let mut headline = Headline {
+            peak_rss: None,
+            peak_rss_t_ms: None,
+            peak_live: None,
+            peak_live_t_ms: None,
+            focus_t_ms: None,
+            fragmentation_ratio: None,
+            heap: None,
+            dominant: None,
+            sentence: String::new(),
+        };
+        headline_of(&mut headline, &c);
+        // Dirty pages are most of what it holds: the decay and purge are the advice.
+        assert!(
+            headline
+                .sentence
+                .starts_with("jemalloc keeps 1.2 MiB of dirty pages"),
+            "{}",
+            headline.sentence
+        );
+        assert!(headline.sentence.contains("dirty_decay_ms"));
     }
 
     fn headline_of(h: &mut Headline, c: &HeapCensus) {

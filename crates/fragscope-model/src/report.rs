@@ -476,6 +476,35 @@ pub struct SnapshotFacts {
     pub glibc: Option<GlibcFigures>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tcmalloc: Option<TcmallocFigures>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jemalloc: Option<JemallocFigures>,
+}
+
+/// jemalloc's heap as its own statistics count it (`mallctl`'s `stats.*`), with the
+/// census behind them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JemallocFigures {
+    /// `stats.allocated`, `stats.active`, `stats.resident`, `stats.mapped`.
+    pub allocated_bytes: u64,
+    pub active_bytes: u64,
+    pub resident_bytes: u64,
+    pub mapped_bytes: u64,
+    /// Allocated less the threads' caches: what the program holds.
+    pub in_use_bytes: u64,
+    /// Regions waiting in threads' caches (`tcache_bytes`).
+    pub tcache_bytes: u64,
+    /// Free regions inside slabs in use.
+    pub slab_free_bytes: u64,
+    /// Free pages kept: dirty (resident) and muzzy (`pdirty`, `pmuzzy` in bytes).
+    pub dirty_bytes: u64,
+    pub muzzy_bytes: u64,
+    /// The allocator's metadata, resident.
+    pub metadata_resident: u64,
+    /// Slabs of the small size classes, and those with a free region.
+    pub slabs: u64,
+    pub nonfull_slabs: u64,
+    /// The census: every arena, small size class and large class in use.
+    pub heap: fragscope_trace::heap_census::JemallocHeap,
 }
 
 /// tcmalloc's heap as its own statistics count it (MallocExtension's properties), with

@@ -12,7 +12,7 @@ use anyhow::{bail, Result};
 use fragscope_census::allocators::{allocator_of, linked_allocators, LinkedAllocator};
 use fragscope_census::ghc::{CensusError, CensusLimits, GhcRts, RtsInfo};
 use fragscope_census::golang::{GoCensusError, GoRuntime};
-use fragscope_census::{glibc, tcmalloc, Pause, ProcessMemory};
+use fragscope_census::{glibc, jemalloc, tcmalloc, Pause, ProcessMemory};
 use fragscope_trace::go_heap::GoHeap;
 use fragscope_trace::heap_census::{AllocatorHeap, HeapCensus};
 use fragscope_trace::records::{
@@ -212,8 +212,8 @@ fn open_readable(pid: u32) -> Result<(ProcessMemory, BuildIds, Vec<Mapping>)> {
     Ok((mem, build_ids, maps))
 }
 
-/// What reads the heap: the GHC RTS's census, glibc's, tcmalloc's, or none (page level
-/// only), found before the process is stopped.
+/// What reads the heap: the GHC RTS's census, glibc's, tcmalloc's, jemalloc's, or none
+/// (page level only), found before the process is stopped.
 struct HeapReader {
     pid: u32,
     ghc: Option<Result<GhcRts, String>>,
@@ -222,6 +222,7 @@ struct HeapReader {
     allocator: &'static str,
     glibc: Option<Result<glibc::GlibcLayout, String>>,
     tcmalloc: Option<Result<tcmalloc::TcmallocLayout, String>>,
+    jemalloc: Option<Result<jemalloc::JemallocLayout, String>>,
     /// A Go program: its runtime's heap layout.
     go: Option<Result<GoRuntime, String>>,
 }
@@ -258,9 +259,12 @@ impl HeapReader {
             "glibc" => Some(glibc::locate(pid, maps, mem)),
             _ => None,
         };
-        // tcmalloc as a shared library (a copy linked into the program is not read yet).
+        // tcmalloc and jemalloc as shared libraries (a copy linked into the program is not
+        // read yet).
         let tcmalloc =
             (allocator == "tcmalloc" && linked.is_none()).then(|| tcmalloc::locate(pid, mem));
+        let jemalloc =
+            (allocator == "jemalloc" && linked.is_none()).then(|| jemalloc::locate(pid, mem));
         Self {
             pid,
             ghc,
@@ -268,6 +272,7 @@ impl HeapReader {
             allocator,
             glibc,
             tcmalloc,
+            jemalloc,
             go,
         }
     }
@@ -443,7 +448,7 @@ fn go_census_held(
 }
 
 /// The census of a malloc heap: glibc's read from the copy when there is one, else from
-/// the process (`mem`); tcmalloc's from the process. Err when the process exited
+/// the process (`mem`); tcmalloc's and jemalloc's from the process. Err when the process exited
 /// meanwhile; Ok(Err) says why the heap was not read.
 fn read_allocator(
     opts: &SnapshotOptions,
@@ -472,18 +477,15 @@ fn read_allocator(
             }
         }
         Some(Err(why)) => Err(why.clone()),
-        None => match &heap.tcmalloc {
-            Some(Ok(l)) => match tcmalloc::census(mem, l) {
-                Ok(h) => Ok(AllocatorHeap::Tcmalloc(h)),
-                Err(_) if gone(pid) => bail!("process {pid} exited while it was read"),
-                Err(e) if !opts.stop => Err(format!(
-                    "the heap changed while it was read without stopping the process \
-                     (--no-stop): {e}; take the snapshot without --no-stop"
-                )),
-                Err(e) => Err(format!("tcmalloc's heap did not hold together: {e}")),
-            },
-            Some(Err(why)) => Err(why.clone()),
-            None => Err(format!(
+        None => match (&heap.tcmalloc, &heap.jemalloc) {
+            (Some(Ok(l)), _) => allocator_census(opts, pid, "tcmalloc", || {
+                tcmalloc::census(mem, l).map(AllocatorHeap::Tcmalloc)
+            })?,
+            (_, Some(Ok(l))) => allocator_census(opts, pid, "jemalloc", || {
+                jemalloc::census(mem, l, residency).map(AllocatorHeap::Jemalloc)
+            })?,
+            (Some(Err(why)), _) | (_, Some(Err(why))) => Err(why.clone()),
+            (None, None) => Err(format!(
                 "the process runs on {}; fragscope does not read that allocator's own \
                  metadata yet, so this snapshot gives the page-level picture (RSS, \
                  resident heap pages, lazily freed pages), not live and free bytes",
@@ -498,6 +500,25 @@ fn read_allocator(
                 }
             )),
         },
+    })
+}
+
+/// The census of an allocator read from the process itself (tcmalloc, jemalloc): Err
+/// when the process exited meanwhile; Ok(Err) says why the heap was not read.
+fn allocator_census(
+    opts: &SnapshotOptions,
+    pid: u32,
+    name: &str,
+    read: impl FnOnce() -> Result<AllocatorHeap, String>,
+) -> Result<Result<AllocatorHeap, String>> {
+    Ok(match read() {
+        Ok(h) => Ok(h),
+        Err(_) if gone(pid) => bail!("process {pid} exited while it was read"),
+        Err(e) if !opts.stop => Err(format!(
+            "the heap changed while it was read without stopping the process \
+             (--no-stop): {e}; take the snapshot without --no-stop"
+        )),
+        Err(e) => Err(format!("{name}'s heap did not hold together: {e}")),
     })
 }
 
@@ -648,6 +669,7 @@ fn write_censuses(
                 h.arenas.iter().map(|a| a.system_mem).sum::<u64>() + h.mmapped_bytes
             }
             AllocatorHeap::Tcmalloc(h) => h.system_bytes - h.unmapped_bytes,
+            AllocatorHeap::Jemalloc(h) => h.mapped_bytes(),
             AllocatorHeap::Unused => 0,
         };
     } else if allocator != "ghc" {

@@ -224,6 +224,7 @@ pub struct HeapCensus {
 pub enum AllocatorHeap {
     Glibc(GlibcHeap),
     Tcmalloc(TcmallocHeap),
+    Jemalloc(JemallocHeap),
     /// No malloc heap: the process maps no C library (a Go program without cgo), so its
     /// runtime's heap is its only one (chunk 25).
     Unused,
@@ -414,6 +415,303 @@ impl TcmallocHeap {
     }
 }
 
+/// jemalloc's heap (5.x): each arena's pages, each small size class's slabs (over every
+/// arena), the large extents by size class, and what the threads' caches hold. Bytes are
+/// jemalloc's own (regions at their class size), as its `stats.*` count them.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+pub struct JemallocHeap {
+    /// The jemalloc release whose layout was read, and the library.
+    pub release: String,
+    pub library: String,
+    pub page_size: u64,
+    pub arenas: Vec<JemallocArena>,
+    /// Small size classes that hold a slab or a cached region.
+    pub bins: Vec<JemallocBin>,
+    /// Large size classes with extents in use.
+    pub large: Vec<JemallocLarge>,
+    /// Slab and large-extent pages by regions in use / regions in the slab (none, then
+    /// [0, 10%) ... [90%, 100%]; a large extent is one region), and the bytes in use in
+    /// them.
+    pub occupancy_pages: Vec<u64>,
+    pub occupancy_in_use: Vec<u64>,
+    pub bytes_read: u64,
+}
+
+/// One jemalloc arena's pages.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+pub struct JemallocArena {
+    pub index: u32,
+    /// Pages of extents in use, slabs and large extents (`stats.arenas.<i>.pactive`).
+    pub active_pages: u64,
+    /// Free pages it keeps: dirty (resident, until `dirty_decay_ms` purges them), muzzy
+    /// (MADV_FREE'd, until `muzzy_decay_ms`), and retained (virtual memory only).
+    pub dirty_pages: u64,
+    pub muzzy_pages: u64,
+    pub retained_pages: u64,
+    /// Free extents in the dirty cache, and the bytes of its pages that are resident by
+    /// pagemap (jemalloc counts them all resident).
+    pub dirty_extents: u64,
+    pub dirty_by_pagemap: u64,
+    /// Bytes the arena maps for extents (`pac_mapped`), and its metadata (its base):
+    /// allocated, resident (as jemalloc counts it: every page it handed out of its
+    /// blocks), mapped, and resident by pagemap.
+    pub mapped_bytes: u64,
+    pub metadata_allocated: u64,
+    pub metadata_resident: u64,
+    pub metadata_mapped: u64,
+    pub metadata_by_pagemap: u64,
+    /// Threads' caches bound to it.
+    pub thread_caches: u64,
+}
+
+/// One small size class of jemalloc, over every arena.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+pub struct JemallocBin {
+    pub bin: u32,
+    /// Its regions' size, and the bytes and regions of each slab.
+    pub size: u64,
+    pub slab_bytes: u64,
+    pub regions_per_slab: u64,
+    /// Slabs (`curslabs`), those with a free region in the bins' heaps (`nonfull_slabs`),
+    /// and those with none.
+    pub slabs: u64,
+    pub nonfull_slabs: u64,
+    pub full_slabs: u64,
+    /// Regions handed out of the slabs (`curregs`: to the program or to threads' caches),
+    /// regions free inside them, and regions waiting in threads' caches.
+    pub regions_in_use: u64,
+    pub free_regions: u64,
+    pub tcache_regions: u64,
+}
+
+impl JemallocBin {
+    /// Regions the program holds.
+    pub fn program_regions(&self) -> u64 {
+        self.regions_in_use - self.tcache_regions
+    }
+}
+
+/// Large extents of one size class.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+pub struct JemallocLarge {
+    pub size: u64,
+    /// Extents handed out (to the program or to threads' caches), and those cached.
+    pub extents: u64,
+    pub tcache_extents: u64,
+}
+
+impl JemallocHeap {
+    /// What jemalloc counts as allocated (`stats.allocated`): regions and large extents
+    /// handed out, at their class size, threads' caches included.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.bins
+            .iter()
+            .map(|b| b.regions_in_use * b.size)
+            .sum::<u64>()
+            + self.large.iter().map(|l| l.extents * l.size).sum::<u64>()
+    }
+    /// Bytes waiting in threads' caches (`stats.arenas.<i>.tcache_bytes`).
+    pub fn tcache_bytes(&self) -> u64 {
+        self.bins
+            .iter()
+            .map(|b| b.tcache_regions * b.size)
+            .sum::<u64>()
+            + self
+                .large
+                .iter()
+                .map(|l| l.tcache_extents * l.size)
+                .sum::<u64>()
+    }
+    /// What the program holds: allocated, less the threads' caches.
+    pub fn in_use_bytes(&self) -> u64 {
+        self.allocated_bytes() - self.tcache_bytes()
+    }
+    /// Free regions inside slabs in use.
+    pub fn slab_free_bytes(&self) -> u64 {
+        self.bins.iter().map(|b| b.free_regions * b.size).sum()
+    }
+    fn pages(&self, f: impl Fn(&JemallocArena) -> u64) -> u64 {
+        self.arenas.iter().map(f).sum::<u64>() * self.page_size
+    }
+    /// `stats.active`: pages of extents in use.
+    pub fn active_bytes(&self) -> u64 {
+        self.pages(|a| a.active_pages)
+    }
+    pub fn dirty_bytes(&self) -> u64 {
+        self.pages(|a| a.dirty_pages)
+    }
+    pub fn muzzy_bytes(&self) -> u64 {
+        self.pages(|a| a.muzzy_pages)
+    }
+    pub fn metadata_resident(&self) -> u64 {
+        self.arenas.iter().map(|a| a.metadata_resident).sum()
+    }
+    /// Of the dirty pages and the metadata, the bytes resident by pagemap.
+    pub fn dirty_by_pagemap(&self) -> u64 {
+        self.arenas.iter().map(|a| a.dirty_by_pagemap).sum()
+    }
+    pub fn metadata_by_pagemap(&self) -> u64 {
+        self.arenas.iter().map(|a| a.metadata_by_pagemap).sum()
+    }
+    /// `stats.resident`: metadata resident, active and dirty pages (muzzy ones are not
+    /// counted: the kernel may have taken them).
+    pub fn resident_bytes(&self) -> u64 {
+        self.metadata_resident() + self.active_bytes() + self.dirty_bytes()
+    }
+    /// `stats.mapped`: the extents' mappings and the metadata's.
+    pub fn mapped_bytes(&self) -> u64 {
+        self.arenas
+            .iter()
+            .map(|a| a.mapped_bytes + a.metadata_mapped)
+            .sum()
+    }
+
+    fn encode(&self, w: &mut Writer) {
+        w.str(&self.release).str(&self.library);
+        w.varint(self.page_size).varint(self.bytes_read);
+        for list in [&self.occupancy_pages, &self.occupancy_in_use] {
+            w.varint(list.len() as u64);
+            for &v in list {
+                w.varint(v);
+            }
+        }
+        w.varint(self.arenas.len() as u64);
+        for a in &self.arenas {
+            w.varint(a.index.into());
+            for v in [
+                a.active_pages,
+                a.dirty_pages,
+                a.muzzy_pages,
+                a.retained_pages,
+                a.dirty_extents,
+                a.dirty_by_pagemap,
+                a.mapped_bytes,
+                a.metadata_allocated,
+                a.metadata_resident,
+                a.metadata_mapped,
+                a.metadata_by_pagemap,
+                a.thread_caches,
+            ] {
+                w.varint(v);
+            }
+        }
+        w.varint(self.bins.len() as u64);
+        for b in &self.bins {
+            w.varint(b.bin.into());
+            for v in [
+                b.size,
+                b.slab_bytes,
+                b.regions_per_slab,
+                b.slabs,
+                b.nonfull_slabs,
+                b.full_slabs,
+                b.regions_in_use,
+                b.free_regions,
+                b.tcache_regions,
+            ] {
+                w.varint(v);
+            }
+        }
+        w.varint(self.large.len() as u64);
+        for l in &self.large {
+            w.varint(l.size).varint(l.extents).varint(l.tcache_extents);
+        }
+    }
+
+    fn decode(r: &mut Reader) -> Result<Self, TraceError> {
+        let release = r.string()?;
+        let library = r.string()?;
+        let page_size = r.varint()?;
+        let bytes_read = r.varint()?;
+        let mut lists = [Vec::new(), Vec::new()];
+        for list in &mut lists {
+            let n = r.count(1)?;
+            *list = (0..n).map(|_| r.varint()).collect::<Result<_, _>>()?;
+        }
+        let [occupancy_pages, occupancy_in_use] = lists;
+        let n = r.count(13)?;
+        let mut arenas = Vec::with_capacity(n);
+        for _ in 0..n {
+            let index = r.varint()? as u32;
+            let mut f = [0u64; 12];
+            for x in &mut f {
+                *x = r.varint()?;
+            }
+            let [active_pages, dirty_pages, muzzy_pages, retained_pages, dirty_extents, dirty_by_pagemap, mapped_bytes, metadata_allocated, metadata_resident, metadata_mapped, metadata_by_pagemap, thread_caches] =
+                f;
+            arenas.push(JemallocArena {
+                index,
+                active_pages,
+                dirty_pages,
+                muzzy_pages,
+                retained_pages,
+                dirty_extents,
+                dirty_by_pagemap,
+                mapped_bytes,
+                metadata_allocated,
+                metadata_resident,
+                metadata_mapped,
+                metadata_by_pagemap,
+                thread_caches,
+            });
+        }
+        let n = r.count(10)?;
+        let mut bins = Vec::with_capacity(n);
+        for _ in 0..n {
+            let bin = r.varint()? as u32;
+            let mut f = [0u64; 9];
+            for x in &mut f {
+                *x = r.varint()?;
+            }
+            let [size, slab_bytes, regions_per_slab, slabs, nonfull_slabs, full_slabs, regions_in_use, free_regions, tcache_regions] =
+                f;
+            if tcache_regions > regions_in_use {
+                return Err(TraceError::Malformed(format!(
+                    "jemalloc bin {bin} caches more regions than it handed out"
+                )));
+            }
+            bins.push(JemallocBin {
+                bin,
+                size,
+                slab_bytes,
+                regions_per_slab,
+                slabs,
+                nonfull_slabs,
+                full_slabs,
+                regions_in_use,
+                free_regions,
+                tcache_regions,
+            });
+        }
+        let n = r.count(3)?;
+        let mut large = Vec::with_capacity(n);
+        for _ in 0..n {
+            let (size, extents, tcache_extents) = (r.varint()?, r.varint()?, r.varint()?);
+            if tcache_extents > extents {
+                return Err(TraceError::Malformed(format!(
+                    "jemalloc's large class of {size} bytes caches more extents than it has"
+                )));
+            }
+            large.push(JemallocLarge {
+                size,
+                extents,
+                tcache_extents,
+            });
+        }
+        Ok(Self {
+            release,
+            library,
+            page_size,
+            arenas,
+            bins,
+            large,
+            occupancy_pages,
+            occupancy_in_use,
+            bytes_read,
+        })
+    }
+}
+
 impl HeapCensus {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::new();
@@ -428,6 +726,10 @@ impl HeapCensus {
             }
             Ok(AllocatorHeap::Tcmalloc(h)) => {
                 w.u8(2);
+                h.encode(&mut w);
+            }
+            Ok(AllocatorHeap::Jemalloc(h)) => {
+                w.u8(3);
                 h.encode(&mut w);
             }
             Ok(AllocatorHeap::Unused) => {
@@ -545,6 +847,7 @@ impl HeapCensus {
                 }))
             }
             2 => Ok(AllocatorHeap::Tcmalloc(TcmallocHeap::decode(&mut r)?)),
+            3 => Ok(AllocatorHeap::Jemalloc(JemallocHeap::decode(&mut r)?)),
             4 => Ok(AllocatorHeap::Unused),
             other => {
                 return Err(TraceError::Malformed(format!(
@@ -724,9 +1027,58 @@ mod tests {
             })),
             ..glibc.clone()
         };
-        let bytes = tcmalloc.encode();
-        assert_eq!(HeapCensus::decode(&bytes).unwrap(), tcmalloc);
-        assert!((0..bytes.len()).all(|cut| HeapCensus::decode(&bytes[..cut]).is_err()));
+        let jemalloc = HeapCensus {
+            allocator: "jemalloc".into(),
+            result: Ok(AllocatorHeap::Jemalloc(JemallocHeap {
+                release: "5.3.0".into(),
+                library: "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2".into(),
+                page_size: 4096,
+                arenas: vec![JemallocArena {
+                    index: 0,
+                    active_pages: 30,
+                    dirty_pages: 4,
+                    dirty_extents: 2,
+                    dirty_by_pagemap: 3 * 4096,
+                    mapped_bytes: 1 << 20,
+                    metadata_resident: 8192,
+                    metadata_by_pagemap: 4096,
+                    thread_caches: 1,
+                    ..Default::default()
+                }],
+                bins: vec![JemallocBin {
+                    bin: 2,
+                    size: 32,
+                    slab_bytes: 4096,
+                    regions_per_slab: 128,
+                    slabs: 3,
+                    nonfull_slabs: 2,
+                    full_slabs: 1,
+                    regions_in_use: 200,
+                    free_regions: 184,
+                    tcache_regions: 7,
+                }],
+                large: vec![JemallocLarge {
+                    size: 20480,
+                    extents: 4,
+                    tcache_extents: 1,
+                }],
+                occupancy_pages: vec![1; OCCUPANCY_BUCKETS],
+                occupancy_in_use: vec![64; OCCUPANCY_BUCKETS],
+                bytes_read: 77,
+            })),
+            ..glibc.clone()
+        };
+        for c in [&tcmalloc, &jemalloc] {
+            let bytes = c.encode();
+            assert_eq!(&HeapCensus::decode(&bytes).unwrap(), c);
+            assert!((0..bytes.len()).all(|cut| HeapCensus::decode(&bytes[..cut]).is_err()));
+        }
+        let Ok(AllocatorHeap::Jemalloc(j)) = &jemalloc.result else {
+            unreachable!()
+        };
+        assert_eq!(j.allocated_bytes(), 200 * 32 + 4 * 20480);
+        assert_eq!(j.in_use_bytes(), 193 * 32 + 3 * 20480);
+        assert_eq!(j.resident_bytes(), 8192 + 34 * 4096);
         for c in [
             glibc.clone(),
             HeapCensus {
