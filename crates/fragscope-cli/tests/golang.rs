@@ -337,3 +337,115 @@ fn a_go_program_without_the_heap_profiler_says_why_it_has_no_sites() {
     let note = r["go_sites_note"].as_str().unwrap();
     assert!(note.contains("linked without the heap profiler"), "{note}");
 }
+
+/// One HTTP/1.0 GET to 127.0.0.1:`port`: the response's body.
+fn get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut response = String::new();
+    s.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{head}"
+    );
+    body.to_string()
+}
+
+/// tests/go/server started by `command` (the program itself, or fragscope recording it):
+/// its port, once it listens.
+fn start_server(mut command: Command) -> (Running, u16) {
+    let mut child = command.stdout(Stdio::piped()).spawn().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let port = (line.strip_prefix("listening "))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the server said {line:?}"));
+    (Running(child), port)
+}
+
+/// Two clients putting sessions at once, `requests` requests in all.
+fn load(port: u16, requests: usize) {
+    let clients: Vec<_> = (0..2)
+        .map(|_| {
+            std::thread::spawn(move || {
+                (0..requests / 2).for_each(|_| drop(get(port, "/put?n=4000")))
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+}
+
+#[test]
+fn a_go_http_server_after_load_is_read_as_its_runtime_counts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_go(dir.path(), "server") else {
+        return;
+    };
+    let (server, port) = start_server(Command::new(&exe));
+    load(port, 150);
+    // A quiet moment: the server collects and says what it holds.
+    let m: serde_json::Value = serde_json::from_str(&get(port, "/stats")).unwrap();
+    let trace = dir.path().join("server.fsc");
+    let out = fragscope(&[
+        "snapshot".as_ref(),
+        server.0.id().to_string().as_ref(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Still serving after the stop.
+    assert!(get(port, "/put?n=1").trim().parse::<u64>().is_ok());
+    let r = report_json(&trace);
+    let go = &r["snapshots"][0]["go"];
+    let field = |k: &str| go[k].as_u64().unwrap();
+    let stat = |k: &str| m[k].as_u64().unwrap();
+    within("HeapAlloc", field("heap_alloc"), stat("HeapAlloc"), 2.0);
+    within("HeapInuse", field("heap_in_use"), stat("HeapInuse"), 2.0);
+    within("HeapIdle", field("heap_idle"), stat("HeapIdle"), 2.0);
+    assert_eq!(r["headline"]["heap"], "go", "{:#}", r["headline"]);
+    // net/http/pprof is linked in: the sessions' stack holds most of the heap.
+    let top = &r["go_sites"]["sites"][0];
+    assert!(
+        top["stack"][0].as_str().unwrap().starts_with("main.put"),
+        "{top:#}"
+    );
+}
+
+#[test]
+fn a_cgo_server_is_recorded_with_its_malloc_calls_and_its_go_heap() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_go(dir.path(), "server") else {
+        return;
+    };
+    let trace = dir.path().join("server.fsc");
+    let mut record = Command::new(env!("CARGO_BIN_EXE_fragscope"));
+    record
+        .args(["record", "--snapshot-ms", "200", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&exe);
+    let (recorder, port) = start_server(record);
+    load(port, 60);
+    get(port, "/stats");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // The server ends on SIGTERM, passed on by the recorder.
+    let pid = recorder.0.id() as libc::pid_t;
+    // SAFETY: kill with a pid we started.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let mut recorder = recorder;
+    let status = recorder.0.wait().unwrap();
+    assert!(status.code().is_some(), "{status:?}");
+    let r = report_json(&trace);
+    // The C side's calls (the resolver, cgo's threads) are traced, and the Go heap read.
+    assert!(r["calls"].as_u64().unwrap() > 0, "{}", r["calls"]);
+    let censused = (r["snapshots"].as_array().unwrap().iter())
+        .filter(|s| s["go"].is_object())
+        .count();
+    assert!(censused >= 2, "{censused}");
+    assert_eq!(r["headline"]["heap"], "go", "{:#}", r["headline"]);
+}

@@ -295,6 +295,12 @@ pub fn headline(h: &mut Headline, c: &HeapCensus, focus: Option<&Snapshot>) {
         Ok(AllocatorHeap::Unused) => {}
         Ok(AllocatorHeap::Glibc(heap)) => {
             let trim: u64 = heap.sum(|a| a.trimmable_bytes);
+            // A runtime's heap told the headline (a cgo program's Go heap): the trim
+            // prediction only when it would give something back.
+            let runtime_told = h.heap.is_some_and(|x| x != crate::heaps::Heap::Malloc);
+            if runtime_told && trim < 1 << 20 {
+                return;
+            }
             let free_pages = focus.map_or(0, |f| f.parts.free_resident_pages);
             h.sentence = format!(
                 "{} malloc_trim(0) would give back {} of resident memory now (predicted from \
