@@ -20,6 +20,7 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema};
 use clap::{Args, ValueEnum};
 use fragscope_model::calls::{self, Row};
+use fragscope_model::golang::GoSite;
 use fragscope_model::lisp_sites::{LispStack, NO_LISP_FRAME};
 use fragscope_model::pymalloc::PymallocParts;
 use fragscope_model::python_sites::{PythonFrame, PythonStack};
@@ -56,7 +57,10 @@ use crate::progress;
 /// of the arenas' free space; `go tool pprof -lines` names their lines), and Parquet a
 /// python_sites table and the pymalloc parts in snapshots. For an SBCL program, the
 /// sampled Lisp stacks with their estimated bytes allocated (pprof: labelled kind=lisp,
-/// alloc_space only), and Parquet a lisp_sites table.
+/// alloc_space only), and Parquet a lisp_sites table. For a Go program that keeps a heap
+/// profile, its stacks as `go tool pprof` would show them (pprof: labelled kind=go,
+/// inuse_* and alloc_* scaled as pprof scales them, pinned_waste their share of the
+/// sparse spans' free bytes).
 /// The formats and the Parquet schema are described in docs/export.md.
 #[derive(Args)]
 #[command(verbatim_doc_comment)]
@@ -148,6 +152,19 @@ impl Value {
         match self {
             Value::AllocSpace => s.allocated_bytes.round() as u64,
             _ => 0,
+        }
+    }
+
+    /// The figure of a Go heap profile's stack (estimates, scaled as pprof scales them);
+    /// leaks and temporary objects are not followed (0).
+    fn of_go(self, s: &GoSite) -> u64 {
+        match self {
+            Value::AllocSpace => s.allocated_bytes,
+            Value::AllocObjects => s.allocated_objects,
+            Value::InuseSpace => s.in_use_bytes,
+            Value::InuseObjects => s.in_use_objects,
+            Value::PinnedWaste => s.pinned_free_bytes,
+            Value::LeakedSpace | Value::TemporaryObjects => 0,
         }
     }
 
@@ -374,7 +391,29 @@ fn sampled_stacks(r: &Report, for_pprof: bool) -> Vec<SampledStack> {
         frames: s.frames.iter().map(|f| named_frame(f)).collect(),
         values: Value::ALL.iter().map(|v| v.of_lisp(s)).collect(),
     });
-    python.chain(lisp).collect()
+    // A Go site's frames are labels, "function (file:line)": the function names the
+    // frame, the line its location.
+    let go = (r.go_sites.iter().flat_map(|g| &g.sites)).map(|s| SampledStack {
+        kind: "go",
+        none: "(no Go frame)",
+        frames: s.stack.iter().map(|label| go_frame(label)).collect(),
+        values: Value::ALL.iter().map(|v| v.of_go(s)).collect(),
+    });
+    python.chain(lisp).chain(go).collect()
+}
+
+/// A Go site's frame from its label, "function (file.go:12)".
+fn go_frame(label: &str) -> Frame {
+    let (function, location) = label.split_once(" (").unwrap_or((label, ""));
+    let (file, line) = location
+        .trim_end_matches(')')
+        .rsplit_once(':')
+        .map_or((None, None), |(f, l)| (Some(f.to_string()), l.parse().ok()));
+    Frame {
+        file,
+        line,
+        ..named_frame(function)
+    }
 }
 
 /// Folded stacks, root first, one line per distinct stack (sites whose frames read the

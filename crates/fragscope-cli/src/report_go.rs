@@ -12,6 +12,9 @@ use crate::units::{bytes, count};
 /// Size classes listed: those with the most free bytes in their spans.
 const CLASSES_LISTED: usize = 5;
 
+/// Allocation sites shown: those holding the most live bytes.
+const SITES_SHOWN: usize = 10;
+
 pub fn section(o: &mut String, r: &Report) {
     if let Some(note) = &r.go_note {
         let _ = writeln!(o, "\nnote: {note}");
@@ -108,7 +111,7 @@ fn sites(o: &mut String, r: &Report) {
         "  {:>11} {:>11} {:>11} {:>13}  site",
         "in use", "objects", "allocated", "sparse spans"
     );
-    for s in &g.sites {
+    for s in g.sites.iter().take(SITES_SHOWN) {
         let pinned = if s.sampled_in_sparse_spans > 0 {
             format!("{} kept", bytes(s.pinned_free_bytes))
         } else {

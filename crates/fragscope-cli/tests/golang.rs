@@ -194,10 +194,16 @@ fn a_go_program_without_cgo_is_recorded_with_a_census_of_its_heap_at_every_snaps
 }
 
 /// `go tool pprof -top` of a heap profile's in-use bytes: (flat bytes, function) rows.
-fn pprof_in_use_by_function(go: &Path, exe: &Path, profile: &Path) -> Vec<(u64, String)> {
+fn pprof_in_use_by_function(
+    go: &Path,
+    exe: &Path,
+    profile: &Path,
+    options: &[&str],
+) -> Vec<(u64, String)> {
     let out = Command::new(go)
         .args(["tool", "pprof", "-top", "-nodecount=100", "-unit=B"])
         .arg("-sample_index=inuse_space")
+        .args(options)
         .arg(exe)
         .arg(profile)
         .output()
@@ -259,7 +265,7 @@ fn the_go_allocation_sites_are_the_heap_profiles_and_name_who_keeps_sparse_spans
         let function = label.split(" (").next().unwrap().to_string();
         *ours.entry(function).or_default() += s["in_use_bytes"].as_u64().unwrap();
     }
-    let theirs = pprof_in_use_by_function(&common::go().unwrap(), &exe, &profile);
+    let theirs = pprof_in_use_by_function(&common::go().unwrap(), &exe, &profile, &[]);
     let top: Vec<&(u64, String)> = theirs.iter().filter(|r| r.0 > 0).take(2).collect();
     assert_eq!(
         top.iter().map(|r| r.1.as_str()).collect::<Vec<_>>(),
@@ -292,6 +298,27 @@ fn the_go_allocation_sites_are_the_heap_profiles_and_name_who_keeps_sparse_spans
     let text = common::report_text(&trace);
     assert!(text.contains("Go allocation sites"), "{text}");
     assert!(text.contains("main.buildIndex (main.go:"), "{text}");
+
+    // The export carries them for pprof, labelled kind=go, and pprof reads them back.
+    let pb = dir.path().join("go.pb.gz");
+    let out = fragscope(&[
+        "export".as_ref(),
+        trace.as_os_str(),
+        "--format".as_ref(),
+        "pprof".as_ref(),
+        "-o".as_ref(),
+        pb.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let exported =
+        pprof_in_use_by_function(&common::go().unwrap(), &exe, &pb, &["-tagfocus=kind=go"]);
+    assert_eq!(
+        exported.first().map(|r| r.1.as_str()),
+        Some("main.fillCache"),
+        "{exported:?}"
+    );
+    let theirs_cache = theirs.iter().find(|r| r.1 == "main.fillCache").unwrap().0;
+    within("exported main.fillCache", exported[0].0, theirs_cache, 1.0);
 
     // The page shows the same section.
     let page = dir.path().join("go.html");

@@ -240,8 +240,9 @@ pub fn headline(p: &GoParts) -> Option<(&'static str, String)> {
     }
 }
 
-/// Sites listed: the stacks holding the most live bytes.
-const SITES_LISTED: usize = 10;
+/// Sites kept: the stacks holding the most live bytes (the text and the page show the
+/// first ten; exports take them all).
+const SITES_LISTED: usize = 200;
 
 /// Where the objects of a Go heap were allocated, from the runtime's own heap profile (a
 /// sample per `rate` bytes allocated, scaled as `go tool pprof` scales them), joined with

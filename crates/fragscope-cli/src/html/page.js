@@ -436,7 +436,7 @@
     s.append(el("p", { class: "note" }, "The runtime's heap profile at " + secs(Y.t_ms) + ", one sample per " + bytes(Y.rate) + " allocated, scaled as go tool pprof does; " + count(Y.sampled_live) +
       " sampled objects live, " + count(Y.sampled_in_sparse_spans) + " of them in spans at most 25% full. Expand a site for its callers."));
     const site = (y) => (y.stack.length > 1 ? el("details", {}, el("summary", {}, y.stack[0]), ...y.stack.slice(1).map((c) => el("div", { class: "caller" }, "\u2190 " + c))) : y.stack[0] || "?");
-    s.append(table(["site", "in use", "objects", "allocated", "sparse spans kept"], Y.sites.map((y) => [site(y), bytes(y.in_use_bytes), count(y.in_use_objects), bytes(y.allocated_bytes), y.sampled_in_sparse_spans ? bytes(y.pinned_free_bytes) : "-"]), "go-sites"));
+    s.append(table(["site", "in use", "objects", "allocated", "sparse spans kept"], Y.sites.slice(0, 10).map((y) => [site(y), bytes(y.in_use_bytes), count(y.in_use_objects), bytes(y.allocated_bytes), y.sampled_in_sparse_spans ? bytes(y.pinned_free_bytes) : "-"]), "go-sites"));
   }
 
   // Pages shared with other processes and the process's own (after fork: copied since or
