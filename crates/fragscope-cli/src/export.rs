@@ -20,7 +20,7 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema};
 use clap::{Args, ValueEnum};
 use fragscope_model::calls::{self, Row};
-use fragscope_model::golang::GoSite;
+use fragscope_model::golang::{GoParts, GoSite};
 use fragscope_model::lisp_sites::{LispStack, NO_LISP_FRAME};
 use fragscope_model::pymalloc::PymallocParts;
 use fragscope_model::python_sites::{PythonFrame, PythonStack};
@@ -940,6 +940,9 @@ fn parquet_tables(
     if r.lisp_sites.is_some() {
         done.push(w.write("lisp_sites", lisp_sites_batch(lisp_stacks(r))?)?);
     }
+    if let Some(g) = &r.go_sites {
+        done.push(w.write("go_sites", go_sites_batch(&g.sites)?)?);
+    }
     done.extend(raw_tables(&w, trace, r.stream, events, trace_bytes)?);
     Ok(done)
 }
@@ -1078,6 +1081,53 @@ fn python_sites_batch(stacks: &[PythonStack]) -> Result<RecordBatch> {
 }
 
 /// One row per sampled Lisp stack of an SBCL process.
+fn go_sites_batch(sites: &[GoSite]) -> Result<RecordBatch> {
+    let mut frames = ListBuilder::new(StringBuilder::new());
+    for s in sites {
+        for f in &s.stack {
+            frames.values().append_value(f);
+        }
+        frames.append(true);
+    }
+    let frames = frames.finish();
+    let first = |s: &GoSite| s.stack.first().map(|l| go_frame(l));
+    batch(vec![
+        str_col(
+            "function",
+            sites.iter().map(|s| first(s)?.function).collect(),
+        ),
+        str_col("file", sites.iter().map(|s| first(s)?.file).collect()),
+        (
+            Field::new("frames", frames.data_type().clone(), false),
+            Arc::new(frames),
+        ),
+        u64_col(
+            "in_use_bytes",
+            sites.iter().map(|s| s.in_use_bytes).collect(),
+        ),
+        u64_col(
+            "in_use_objects",
+            sites.iter().map(|s| s.in_use_objects).collect(),
+        ),
+        u64_col(
+            "allocated_bytes",
+            sites.iter().map(|s| s.allocated_bytes).collect(),
+        ),
+        u64_col(
+            "allocated_objects",
+            sites.iter().map(|s| s.allocated_objects).collect(),
+        ),
+        u64_col(
+            "sampled_in_sparse_spans",
+            sites.iter().map(|s| s.sampled_in_sparse_spans).collect(),
+        ),
+        u64_col(
+            "pinned_free_bytes",
+            sites.iter().map(|s| s.pinned_free_bytes).collect(),
+        ),
+    ])
+}
+
 fn lisp_sites_batch(stacks: &[LispStack]) -> Result<RecordBatch> {
     let mut frames = ListBuilder::new(StringBuilder::new());
     for s in stacks {
@@ -1137,6 +1187,15 @@ fn snapshots_batch(r: &Report) -> Result<RecordBatch> {
             )),
         )
     };
+    // The split of a Go heap: null where no census came with the snapshot.
+    let go = |name: &str, f: fn(&GoParts) -> u64| -> (Field, ArrayRef) {
+        (
+            Field::new(name, DataType::UInt64, true),
+            Arc::new(UInt64Array::from(
+                s.iter().map(|x| x.go.as_ref().map(f)).collect::<Vec<_>>(),
+            )),
+        )
+    };
     batch(vec![
         u32_col("snapshot", (0..s.len() as u32).collect()),
         f64_col("t_ms", s.iter().map(|x| x.t_ms).collect()),
@@ -1162,6 +1221,7 @@ fn snapshots_batch(r: &Report) -> Result<RecordBatch> {
         }),
         unknown_or_u64("pymalloc_arenas", |x| x.parts.pymalloc_arenas),
         unknown_or_u64("sbcl_dynamic_space", |x| x.parts.sbcl_dynamic_space),
+        unknown_or_u64("go_heap", |x| x.parts.go_heap),
         u("other_anon", |x| x.parts.other_anon),
         u("file", |x| x.parts.file),
         u("fragscope_own", |x| x.parts.fragscope_own),
@@ -1181,6 +1241,10 @@ fn snapshots_batch(r: &Report) -> Result<RecordBatch> {
         pm("pymalloc_free_in_used_pools", |p| p.free_in_used_pools),
         pm("pymalloc_free_pools", |p| p.free_pools),
         pm("pymalloc_empty_arenas", |p| p.empty_arenas),
+        go("go_objects", |p| p.objects),
+        go("go_free_slots", |p| p.free_slots),
+        go("go_idle_kept", |p| p.idle_kept),
+        go("go_stacks", |p| p.stacks),
     ])
 }
 

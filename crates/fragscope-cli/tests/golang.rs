@@ -95,7 +95,13 @@ fn a_snapshot_of_a_go_program_splits_its_heap_by_span_as_its_runtime_counts_it()
     let stat = |k: &str| m[k].as_u64().unwrap();
     within("HeapAlloc", field("heap_alloc"), stat("HeapAlloc"), 2.0);
     within("HeapInuse", field("heap_in_use"), stat("HeapInuse"), 2.0);
-    within("HeapIdle", field("heap_idle"), stat("HeapIdle"), 2.0);
+    // Idle pages are what is left: what the program allocated since its own reading
+    // came out of them, so they are held to 2% of the heap, not of themselves.
+    let idle_apart = field("heap_idle").abs_diff(stat("HeapIdle"));
+    assert!(
+        idle_apart * 50 <= stat("HeapSys"),
+        "HeapIdle {go:#} against {m:#}"
+    );
     // The parts add up to the heap's resident bytes, which are the decomposition's row.
     let parts = ["objects", "free_slots", "idle_kept", "stacks"];
     assert_eq!(
@@ -266,12 +272,11 @@ fn the_go_allocation_sites_are_the_heap_profiles_and_name_who_keeps_sparse_spans
         *ours.entry(function).or_default() += s["in_use_bytes"].as_u64().unwrap();
     }
     let theirs = pprof_in_use_by_function(&common::go().unwrap(), &exe, &profile, &[]);
+    // The two that keep memory, in either order (sampling decides which looks larger).
     let top: Vec<&(u64, String)> = theirs.iter().filter(|r| r.0 > 0).take(2).collect();
-    assert_eq!(
-        top.iter().map(|r| r.1.as_str()).collect::<Vec<_>>(),
-        ["main.fillCache", "main.buildIndex"],
-        "{theirs:?}"
-    );
+    let mut names: Vec<&str> = top.iter().map(|r| r.1.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["main.buildIndex", "main.fillCache"], "{theirs:?}");
     for (bytes, function) in top {
         let mine = ours.get(function).copied().unwrap_or(0);
         within(function, mine, *bytes, 1.0);
@@ -312,13 +317,36 @@ fn the_go_allocation_sites_are_the_heap_profiles_and_name_who_keeps_sparse_spans
     assert!(out.status.success(), "{}", stderr(&out));
     let exported =
         pprof_in_use_by_function(&common::go().unwrap(), &exe, &pb, &["-tagfocus=kind=go"]);
-    assert_eq!(
-        exported.first().map(|r| r.1.as_str()),
-        Some("main.fillCache"),
-        "{exported:?}"
-    );
-    let theirs_cache = theirs.iter().find(|r| r.1 == "main.fillCache").unwrap().0;
-    within("exported main.fillCache", exported[0].0, theirs_cache, 1.0);
+    for function in ["main.fillCache", "main.buildIndex"] {
+        let bytes_of = |rows: &[(u64, String)]| rows.iter().find(|r| r.1 == function).map(|r| r.0);
+        let mine = bytes_of(&exported).unwrap_or_else(|| panic!("{exported:?}"));
+        within(function, mine, bytes_of(&theirs).unwrap(), 1.0);
+    }
+    // And as Parquet: a go_sites table, and the Go heap in the snapshots' parts.
+    let tables = dir.path().join("go.parquet");
+    let out = fragscope(&[
+        "export".as_ref(),
+        trace.as_os_str(),
+        "--format".as_ref(),
+        "parquet".as_ref(),
+        "-o".as_ref(),
+        tables.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let columns = |table: &str| -> (i64, Vec<String>) {
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        let file = std::fs::File::open(tables.join(table)).unwrap();
+        let meta = SerializedFileReader::new(file).unwrap().metadata().clone();
+        let schema = meta.file_metadata().schema_descr();
+        let names = schema.columns().iter().map(|c| c.path().string()).collect();
+        (meta.file_metadata().num_rows(), names)
+    };
+    let (rows, names) = columns("go_sites.parquet");
+    assert_eq!(rows as usize, sites.len());
+    assert!(names.iter().any(|n| n == "pinned_free_bytes"), "{names:?}");
+    let (_, names) = columns("snapshots.parquet");
+    assert!(names.iter().any(|n| n == "go_heap"), "{names:?}");
+    assert!(names.iter().any(|n| n == "go_free_slots"), "{names:?}");
 
     // The page shows the same section.
     let page = dir.path().join("go.html");
@@ -433,7 +461,13 @@ fn a_go_http_server_after_load_is_read_as_its_runtime_counts_it() {
     let stat = |k: &str| m[k].as_u64().unwrap();
     within("HeapAlloc", field("heap_alloc"), stat("HeapAlloc"), 2.0);
     within("HeapInuse", field("heap_in_use"), stat("HeapInuse"), 2.0);
-    within("HeapIdle", field("heap_idle"), stat("HeapIdle"), 2.0);
+    // Idle pages are what is left: what the program allocated since its own reading
+    // came out of them, so they are held to 2% of the heap, not of themselves.
+    let idle_apart = field("heap_idle").abs_diff(stat("HeapIdle"));
+    assert!(
+        idle_apart * 50 <= stat("HeapSys"),
+        "HeapIdle {go:#} against {m:#}"
+    );
     assert_eq!(r["headline"]["heap"], "go", "{:#}", r["headline"]);
     // net/http/pprof is linked in: the sessions' stack holds most of the heap.
     let top = &r["go_sites"]["sites"][0];
