@@ -7,7 +7,7 @@
 #    snapshotted ROUNDS times: the stop as fragscope reports it, and HeapAlloc, HeapInuse
 #    and HeapIdle as the census counts them against the program's own.
 # 2. bench/go/churn (rounds of mixed allocations with a rolling window of survivors):
-#    bare against `fragscope record` (a census every second), interleaved rounds.
+#    bare against `fragscope record` (a census at every snapshot), interleaved rounds.
 #
 # usage: bench/go_census.sh ["2000000 8000000 16000000"] [rounds=3] [churn rounds=10]
 # needs: go (1.22 or newer), a release build (cargo build --release).

@@ -35,6 +35,19 @@ fn build_go(dir: &Path, name: &str) -> Option<PathBuf> {
     Some(out)
 }
 
+/// `fragscope snapshot PID -o trace`, which must succeed: its stderr.
+fn snapshot(pid: u32, trace: &Path) -> String {
+    let out = fragscope(&[
+        "snapshot".as_ref(),
+        pid.to_string().as_ref(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+    ]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    err
+}
+
 struct Running(Child);
 
 impl Drop for Running {
@@ -78,14 +91,7 @@ fn a_snapshot_of_a_go_program_splits_its_heap_by_span_as_its_runtime_counts_it()
     };
     let (running, m) = keep_tenth(dir.path(), &exe);
     let trace = dir.path().join("go.fsc");
-    let out = fragscope(&[
-        "snapshot".as_ref(),
-        running.0.id().to_string().as_ref(),
-        "-o".as_ref(),
-        trace.as_os_str(),
-    ]);
-    let err = stderr(&out);
-    assert!(out.status.success(), "{err}");
+    let err = snapshot(running.0.id(), &trace);
     assert!(err.contains("(go) was stopped for"), "{err}");
 
     let r = report_json(&trace);
@@ -255,13 +261,7 @@ fn the_go_allocation_sites_are_the_heap_profiles_and_name_who_keeps_sparse_spans
         .any(|l| l.starts_with("ready"));
     assert!(ready, "sites never said it was ready");
     let trace = dir.path().join("go.fsc");
-    let snap = fragscope(&[
-        "snapshot".as_ref(),
-        running.0.id().to_string().as_ref(),
-        "-o".as_ref(),
-        trace.as_os_str(),
-    ]);
-    assert!(snap.status.success(), "{}", stderr(&snap));
+    snapshot(running.0.id(), &trace);
     let r = report_json(&trace);
     let sites = r["go_sites"]["sites"].as_array().unwrap();
     // Ours by function, as pprof's -top sums them (flat: the stack's first frame).
@@ -380,13 +380,7 @@ fn a_go_program_without_the_heap_profiler_says_why_it_has_no_sites() {
     };
     let (running, _) = keep_tenth(dir.path(), &exe);
     let trace = dir.path().join("go.fsc");
-    let out = fragscope(&[
-        "snapshot".as_ref(),
-        running.0.id().to_string().as_ref(),
-        "-o".as_ref(),
-        trace.as_os_str(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    snapshot(running.0.id(), &trace);
     let r = report_json(&trace);
     assert!(r["go_sites"].is_null(), "{:#}", r["go_sites"]);
     let note = r["go_sites_note"].as_str().unwrap();
@@ -446,13 +440,7 @@ fn a_go_http_server_after_load_is_read_as_its_runtime_counts_it() {
     // A quiet moment: the server collects and says what it holds.
     let m: serde_json::Value = serde_json::from_str(&get(port, "/stats")).unwrap();
     let trace = dir.path().join("server.fsc");
-    let out = fragscope(&[
-        "snapshot".as_ref(),
-        server.0.id().to_string().as_ref(),
-        "-o".as_ref(),
-        trace.as_os_str(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    snapshot(server.0.id(), &trace);
     // Still serving after the stop.
     assert!(get(port, "/put?n=1").trim().parse::<u64>().is_ok());
     let r = report_json(&trace);

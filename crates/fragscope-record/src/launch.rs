@@ -166,7 +166,7 @@ fn dynamically_linked(data: &[u8]) -> Option<bool> {
 pub fn static_go_program(program: &OsStr) -> Option<PathBuf> {
     let path = resolve_program(program)?;
     let data = std::fs::read(&path).ok()?;
-    (dynamically_linked(&data) == Some(false) && is_go_program(&path)).then_some(path)
+    (dynamically_linked(&data) == Some(false) && is_go_image(&data)).then_some(path)
 }
 
 /// Why `who` exec'ing `path` would run it in secure-execution mode (it gains a user, group
@@ -252,11 +252,13 @@ fn own_permitted_capabilities() -> u64 {
 /// Whether `exe` is a program built by Go's toolchain (its build information section, or
 /// its runtime's entry point in the symbol table).
 pub fn is_go_program(exe: &Path) -> bool {
+    std::fs::read(exe).is_ok_and(|data| is_go_image(&data))
+}
+
+/// Whether an executable's bytes are a program Go's toolchain built.
+fn is_go_image(data: &[u8]) -> bool {
     use object::{Object, ObjectSymbol};
-    let Ok(data) = std::fs::read(exe) else {
-        return false;
-    };
-    let Ok(obj) = object::File::parse(&*data) else {
+    let Ok(obj) = object::File::parse(data) else {
         return false;
     };
     obj.section_by_name(".go.buildinfo").is_some()
