@@ -9,12 +9,13 @@
 # server on jemalloc, snapshot while it runs), SBCL (the tests read a running Lisp's
 # dynamic space), CPython's debug build (a CPython whose Python lines are not sampled),
 # PostgreSQL (a real forking server recorded under pgbench; postgresql-15 holds initdb,
-# postgres and pgbench).
+# postgres and pgbench), OpenJDK (the tests read a running JVM's heap and compare it with
+# jcmd; the JDK brings javac and jcmd).
 # With --bench, also heaptrack and hyperfine (the benchmark's reference points).
 set -euo pipefail
 pkgs=(build-essential pkg-config libunwind8 libunwind-dev libjemalloc2 libjemalloc-dev
       libgoogle-perftools-dev libmimalloc-dev ghc chromium python3-venv libc6-dbg util-linux
-      redis-server sbcl python3-dbg postgresql)
+      redis-server sbcl python3-dbg postgresql openjdk-17-jdk-headless)
 command -v go >/dev/null || [[ -x /usr/local/go/bin/go ]] || pkgs+=(golang-go)
 [[ "${1:-}" == "--bench" ]] && pkgs+=(heaptrack hyperfine time)
 missing=()

@@ -808,10 +808,6 @@ pub fn census(mem: &mut ProcessMemory, rt: &GoRuntime) -> Result<GoHeap, GoCensu
     })
 }
 
-/// Censuses taken again, 4, 8 and 16 ms later, when the first found the runtime changing
-/// a span.
-const RETRIES: u32 = 3;
-
 /// The census of process `pid`, read while `pause` holds it (the caller's stop, which may
 /// cover other readings of the same moment; None: not held, as `--no-stop` asks). A stop
 /// that lands while the runtime is changing a span finds its figures apart: the program
@@ -823,22 +819,17 @@ pub fn census_held(
     mem: &mut ProcessMemory,
     pause: &mut Option<crate::Pause>,
 ) -> Result<GoHeap, GoCensusError> {
-    let mut attempt = 0;
-    loop {
-        match census(mem, rt) {
-            Ok(mut heap) => {
-                heap.pause_us = pause.as_ref().map_or(0, |p| p.held().as_micros() as u64);
-                return Ok(heap);
-            }
-            Err(GoCensusError::Inconsistent(_)) if attempt < RETRIES && pause.is_some() => {
-                drop(pause.take());
-                std::thread::sleep(std::time::Duration::from_millis(4 << attempt));
-                attempt += 1;
-                *pause = Some(crate::Pause::stop(pid).map_err(GoCensusError::Unreadable)?);
-            }
-            Err(e) => return Err(e),
-        }
-    }
+    crate::pause::retrying(
+        pid,
+        pause,
+        || census(mem, rt),
+        |e| matches!(e, GoCensusError::Inconsistent(_)),
+    )
+    .map_err(|e| e.unwrap_or_else(GoCensusError::Unreadable))
+    .map(|mut heap| {
+        heap.pause_us = pause.as_ref().map_or(0, |p| p.held().as_micros() as u64);
+        heap
+    })
 }
 
 /// A span's own fields agree with each other.

@@ -59,6 +59,35 @@ impl Pause {
     }
 }
 
+/// How often a census that found the runtime mid-change is taken again, after letting the
+/// process run 4, 8 and 16 ms.
+const RETRIES: u32 = 3;
+
+/// `census()`, taken again while it fails with an error `retryable` accepts (a stop that
+/// landed while the runtime changed what the census reads) and the process is held by
+/// `pause`, which is let go between tries. Err(Err(why)): the process could not be
+/// stopped again.
+pub(crate) fn retrying<T, E>(
+    pid: u32,
+    pause: &mut Option<Pause>,
+    mut census: impl FnMut() -> Result<T, E>,
+    retryable: impl Fn(&E) -> bool,
+) -> Result<T, Result<E, String>> {
+    let mut attempt = 0;
+    loop {
+        match census() {
+            Ok(t) => return Ok(t),
+            Err(e) if attempt < RETRIES && pause.is_some() && retryable(&e) => {
+                drop(pause.take());
+                std::thread::sleep(Duration::from_millis(4 << attempt));
+                attempt += 1;
+                *pause = Some(Pause::stop(pid).map_err(Err)?);
+            }
+            Err(e) => return Err(Ok(e)),
+        }
+    }
+}
+
 impl Drop for Pause {
     fn drop(&mut self) {
         if self.stopped_by_us {

@@ -15,7 +15,7 @@
 //!                         └─────> live
 //!   ─────────────────────────────────────────────────────────────────────────────
 //!   format/   summary ──> reader ──> chunk, records, heap_census, runtime_samples,
-//!                                    sbcl_heap, go_heap ──> wire
+//!                                    sbcl_heap, go_heap, jvm_heap ──> wire
 //!             pack ──> event ──> event/tables ──> hash;   event ──> columns ──> wire
 //! ```
 //!
@@ -27,8 +27,8 @@ mod format;
 mod order;
 
 pub use format::{
-    chunk, event, go_heap, hash, heap_census, pack, reader, records, runtime_samples, sbcl_heap,
-    summary, wire, TraceError,
+    chunk, event, go_heap, hash, heap_census, jvm_heap, pack, reader, records, runtime_samples,
+    sbcl_heap, summary, wire, TraceError,
 };
 pub use order::{ahead, call, live, merge, stream_decoder};
 

@@ -71,6 +71,8 @@ pub enum ChunkKind {
     LinkedAllocator = 24,
     /// A Go program's heap: its spans (see [`crate::format::go_heap`]).
     GoCensus = 25,
+    /// A HotSpot JVM's Java heap and runtime areas (see [`crate::format::jvm_heap`]).
+    JvmCensus = 26,
 }
 
 impl ChunkKind {
@@ -101,6 +103,7 @@ impl ChunkKind {
             23 => ForkResidency,
             24 => LinkedAllocator,
             25 => GoCensus,
+            26 => JvmCensus,
             _ => return None,
         })
     }
@@ -114,7 +117,7 @@ impl ChunkKind {
         match self {
             Maps | Rss | Rollup | Pagemap | ProcessEnd | WaitStatus | Untraced | GhcCensus
             | HeapCensus | PymallocCensus | PythonSamples | SbclCensus | StartingHeap
-            | LispSamples | ForkResidency | LinkedAllocator | GoCensus => true,
+            | LispSamples | ForkResidency | LinkedAllocator | GoCensus | JvmCensus => true,
             Meta | Process | Events | PackedEventsV1 | PackedEventsV2 | PackedEvents | End => false,
         }
     }

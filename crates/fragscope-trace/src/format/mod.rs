@@ -1,5 +1,5 @@
 //! The lower layer: the trace format and reading a chunk stream. Framing ([`chunk`]),
-//! payloads ([`records`], [`heap_census`], [`runtime_samples`], [`sbcl_heap`], [`go_heap`]), a
+//! payloads ([`records`], [`heap_census`], [`runtime_samples`], [`sbcl_heap`], [`go_heap`], [`jvm_heap`]), a
 //! thread buffer's event records ([`event`]) and their packed form ([`pack`], on
 //! [`columns`]), typed chunks from a file ([`reader`]) and a summary ([`summary`]).
 //! Nothing here orders calls or depends on `crate::order`, so the recorder writes
@@ -11,6 +11,7 @@ pub mod event;
 pub mod go_heap;
 pub mod hash;
 pub mod heap_census;
+pub mod jvm_heap;
 pub mod pack;
 pub mod reader;
 pub mod records;

@@ -31,6 +31,7 @@ pub enum Chunk {
     LispSamples(crate::format::runtime_samples::RuntimeSamples),
     SbclCensus(crate::format::sbcl_heap::SbclCensus),
     GoCensus(crate::format::go_heap::GoCensus),
+    JvmCensus(crate::format::jvm_heap::JvmCensus),
     StartingHeap(crate::format::heap_census::StartingHeap),
     LinkedAllocator(crate::format::heap_census::LinkedAllocator),
 }
@@ -175,6 +176,9 @@ impl<R: Read> TraceReader<R> {
             }
             ChunkKind::GoCensus => {
                 crate::format::go_heap::GoCensus::decode(data).map(Chunk::GoCensus)
+            }
+            ChunkKind::JvmCensus => {
+                crate::format::jvm_heap::JvmCensus::decode(data).map(Chunk::JvmCensus)
             }
             ChunkKind::HeapCensus => {
                 crate::format::heap_census::HeapCensus::decode(data).map(Chunk::HeapCensus)

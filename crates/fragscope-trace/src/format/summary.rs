@@ -47,6 +47,8 @@ pub struct ProcessSummary {
     pub sbcl_census_note: Option<String>,
     pub go_censuses: u64,
     pub go_census_note: Option<String>,
+    pub jvm_censuses: u64,
+    pub jvm_census_note: Option<String>,
     /// The heap census of `fragscope snapshot`, if this is one.
     pub heap_census: Option<crate::format::heap_census::HeapCensus>,
     /// An allocator linked into its program, whose calls are not traced.
@@ -223,6 +225,10 @@ impl Summarizer {
             Chunk::GoCensus(c) => {
                 let ps = self.process(c.stream);
                 count_census(c.result, &mut ps.go_censuses, &mut ps.go_census_note);
+            }
+            Chunk::JvmCensus(c) => {
+                let ps = self.process(c.stream);
+                count_census(c.result, &mut ps.jvm_censuses, &mut ps.jvm_census_note);
             }
             Chunk::PythonSamples(c) => self.process(c.stream).python_samples += samples_of(&c),
             Chunk::LispSamples(c) => self.process(c.stream).lisp_samples += samples_of(&c),
