@@ -438,6 +438,12 @@ pub fn census(mem: &mut ProcessMemory, jvm: &HotSpot) -> Result<JvmHeap, CensusE
     areas.extend(code_cache(mem, vm)?);
     areas.extend(java_thread_stacks(mem, vm)?);
     areas.extend(card_table(mem, vm)?);
+    let archive = class_data_archive(mem, vm)?;
+    let archive_copied = match archive {
+        Some((_, lo, hi)) => copied_bytes(mem.pid(), lo, hi)?,
+        None => 0,
+    };
+    areas.extend(archive);
     Ok(JvmHeap {
         jvm: jvm.release.clone(),
         collector,
@@ -445,6 +451,7 @@ pub fn census(mem: &mut ProcessMemory, jvm: &HotSpot) -> Result<JvmHeap, CensusE
         region_bytes,
         spaces,
         areas,
+        archive_copied,
         committed,
         used,
         max_heap: jvm.max_heap,
@@ -796,6 +803,47 @@ fn card_table(
         map,
         map + size,
     )))
+}
+
+/// The class data sharing archive's range, when the JVM mapped one.
+fn class_data_archive(
+    mem: &mut ProcessMemory,
+    vm: &VmStructs,
+) -> Result<Option<(JvmAreaKind, u64, u64)>, CensusError> {
+    let (Ok(base), Ok(top)) = (
+        vm.address("MetaspaceObj", "_shared_metaspace_base"),
+        vm.address("MetaspaceObj", "_shared_metaspace_top"),
+    ) else {
+        return Ok(None);
+    };
+    let (base, top) = (mem.read_u64(base)?, mem.read_u64(top)?);
+    Ok((base != 0 && base < top && top - base < 1 << 34)
+        .then_some((JvmAreaKind::ClassDataArchive, base, top)))
+}
+
+/// Bytes of the resident pages of [lo, hi) in `pid` that are its own anonymous copies
+/// (pagemap: present, not a page of a file or of shared memory).
+fn copied_bytes(pid: u32, lo: u64, hi: u64) -> Result<u64, CensusError> {
+    use std::os::unix::fs::FileExt;
+    const PRESENT: u64 = 1 << 63;
+    const FILE_OR_SHARED: u64 = 1 << 61;
+    // SAFETY: sysconf has no memory effects.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let pagemap = std::fs::File::open(format!("/proc/{pid}/pagemap"))?;
+    let (first, last) = (lo / page, hi.div_ceil(page));
+    let mut entries = vec![0u8; 8 * (last - first).min(1 << 16) as usize];
+    let mut copied = 0;
+    let mut at = first;
+    while at < last {
+        let n = ((last - at) as usize).min(entries.len() / 8);
+        pagemap.read_exact_at(&mut entries[..n * 8], at * 8)?;
+        copied += (entries[..n * 8].chunks_exact(8))
+            .map(|e| u64::from_le_bytes(e.try_into().unwrap()))
+            .filter(|e| e & PRESENT != 0 && e & FILE_OR_SHARED == 0)
+            .count() as u64;
+        at += n as u64;
+    }
+    Ok(copied * page)
 }
 
 /// The census of process `pid`, read while `pause` holds it (None: not held), taken again

@@ -1222,6 +1222,8 @@ fn snapshots_batch(r: &Report) -> Result<RecordBatch> {
         unknown_or_u64("pymalloc_arenas", |x| x.parts.pymalloc_arenas),
         unknown_or_u64("sbcl_dynamic_space", |x| x.parts.sbcl_dynamic_space),
         unknown_or_u64("go_heap", |x| x.parts.go_heap),
+        unknown_or_u64("jvm_heap", |x| x.parts.jvm_heap),
+        unknown_or_u64("jvm_runtime", |x| x.parts.jvm_runtime),
         u("other_anon", |x| x.parts.other_anon),
         u("file", |x| x.parts.file),
         u("fragscope_own", |x| x.parts.fragscope_own),

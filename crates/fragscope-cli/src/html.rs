@@ -34,7 +34,7 @@ const TABLE_CLASSES: usize = 50;
 const FLAME_MIN_SHARE: f64 = 1e-4;
 
 /// The malloc report's parts, in stacking order, with their names in the page.
-pub const PARTS: [(&str, &str); 12] = [
+pub const PARTS: [(&str, &str); 14] = [
     ("live", "live"),
     ("rounding", "rounding"),
     ("allocator_overhead", "allocator overhead"),
@@ -44,6 +44,8 @@ pub const PARTS: [(&str, &str); 12] = [
     ("pymalloc_arenas", "pymalloc arenas"),
     ("sbcl_dynamic_space", "SBCL dynamic space"),
     ("go_heap", "Go heap"),
+    ("jvm_heap", "Java heap"),
+    ("jvm_runtime", "JVM runtime areas"),
     ("other_anon", "other anonymous"),
     ("file", "file-backed"),
     ("fragscope_own", "fragscope's buffers"),
@@ -151,6 +153,8 @@ fn malloc_data(r: &Report) -> Value {
                     "pymalloc_arenas" => d.pymalloc_arenas,
                     "sbcl_dynamic_space" => d.sbcl_dynamic_space,
                     "go_heap" => d.go_heap,
+                    "jvm_heap" => d.jvm_heap,
+                    "jvm_runtime" => d.jvm_runtime,
                     "other_anon" => Some(d.other_anon),
                     "file" => Some(d.file),
                     _ => Some(d.fragscope_own),

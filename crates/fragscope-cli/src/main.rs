@@ -12,6 +12,7 @@ mod record;
 mod replay;
 mod report;
 mod report_go;
+mod report_jvm;
 mod report_sharing;
 mod snapshot;
 mod units;

@@ -239,6 +239,7 @@ pub fn render(r: &Report, top: usize) -> String {
     pymalloc(&mut o, r);
     sbcl(&mut o, r);
     crate::report_go::section(&mut o, r);
+    crate::report_jvm::section(&mut o, r);
     lisp_sites(&mut o, r);
     phases(&mut o, r);
     timeline(&mut o, r);
@@ -560,7 +561,7 @@ fn headline(o: &mut String, r: &Report) {
 /// not known at that snapshot).
 type PartOf = fn(&Decomposition) -> Option<i64>;
 
-const PARTS: [(&str, PartOf); 13] = [
+const PARTS: [(&str, PartOf); 15] = [
     ("live", |d| malloc_part(d, d.live)),
     ("rounding", |d| malloc_part(d, d.rounding)),
     ("allocator overhead", |d| {
@@ -578,6 +579,8 @@ const PARTS: [(&str, PartOf); 13] = [
         d.sbcl_dynamic_space.map(|v| v as i64)
     }),
     ("Go heap", |d| d.go_heap.map(|v| v as i64)),
+    ("Java heap", |d| d.jvm_heap.map(|v| v as i64)),
+    ("JVM runtime areas", |d| d.jvm_runtime.map(|v| v as i64)),
     ("other anonymous", |d| Some(d.other_anon as i64)),
     ("file-backed", |d| Some(d.file as i64)),
     ("fragscope's own", |d| Some(d.fragscope_own as i64)),
@@ -740,7 +743,7 @@ fn phases(o: &mut String, r: &Report) {
     // A runtime's heap (pymalloc's arenas, SBCL's dynamic space) in a column of its own,
     // "–" where the phase's snapshot had no census of it.
     let runtime_of =
-        |d: &Decomposition| Some(d.pymalloc_arenas? + d.sbcl_dynamic_space? + d.go_heap?);
+        |d: &Decomposition| Some(d.pymalloc_arenas? + d.sbcl_dynamic_space? + d.go_heap? + d.jvm_heap?);
     let runtime = r
         .snapshots
         .iter()

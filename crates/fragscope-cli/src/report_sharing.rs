@@ -89,6 +89,9 @@ fn part_name(part: &str) -> &str {
         "free_resident_pages" => "free pages kept",
         "pymalloc_arenas" => "pymalloc arenas",
         "sbcl_dynamic_space" => "SBCL dynamic space",
+        "go_heap" => "Go heap",
+        "jvm_heap" => "Java heap",
+        "jvm_runtime" => "JVM runtime areas",
         "other_anon" => "other anonymous",
         other => other,
     }

@@ -295,11 +295,16 @@ pub fn headline(h: &mut Headline, c: &HeapCensus, focus: Option<&Snapshot>) {
         Ok(AllocatorHeap::Unused) => {}
         Ok(AllocatorHeap::Glibc(heap)) => {
             let trim: u64 = heap.sum(|a| a.trimmable_bytes);
-            // A runtime's heap told the headline (a cgo program's Go heap): the trim
-            // prediction only when it would give something back.
-            let runtime_told = h.heap.is_some_and(|x| x != crate::heaps::Heap::Malloc);
-            if runtime_told && trim < 1 << 20 {
-                return;
+            // A runtime's heap told the headline (a cgo program's Go heap, a JVM's Java
+            // heap): malloc's trim is said beside it only when it would give back at
+            // least a MiB and a quarter of what that heap wastes.
+            if let Some(told) = h.heap.filter(|x| *x != crate::heaps::Heap::Malloc) {
+                let told_waste = (focus.into_iter().flat_map(|f| &f.heaps))
+                    .find(|x| x.heap == told)
+                    .map_or(0, |x| x.waste);
+                if trim < 1 << 20 || trim * 4 < told_waste {
+                    return;
+                }
             }
             let free_pages = focus.map_or(0, |f| f.parts.free_resident_pages);
             h.sentence = format!(

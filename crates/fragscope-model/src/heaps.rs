@@ -1,6 +1,6 @@
 //! The heaps a snapshot can know, in one list: malloc's (from the merged calls or a
 //! census) and the runtime heaps malloc never sees (pymalloc's arenas, SBCL's dynamic
-//! space, Go's heap). The focus snapshot, the headline and the "most waste" line weigh every heap
+//! space, Go's heap, a JVM's Java heap). The focus snapshot, the headline and the "most waste" line weigh every heap
 //! through [`Heap::ALL`]; a heap fragscope learns is one more entry there.
 
 use serde::Serialize;
@@ -15,10 +15,11 @@ pub enum Heap {
     Pymalloc,
     Sbcl,
     Go,
+    Jvm,
 }
 
 impl Heap {
-    pub const ALL: [Heap; 4] = [Heap::Malloc, Heap::Pymalloc, Heap::Sbcl, Heap::Go];
+    pub const ALL: [Heap; 5] = [Heap::Malloc, Heap::Pymalloc, Heap::Sbcl, Heap::Go, Heap::Jvm];
 
     /// How the text names it.
     pub fn name(self) -> &'static str {
@@ -27,6 +28,7 @@ impl Heap {
             Heap::Pymalloc => "pymalloc arenas",
             Heap::Sbcl => "SBCL dynamic space",
             Heap::Go => "Go heap",
+            Heap::Jvm => "Java heap",
         }
     }
 
@@ -52,6 +54,7 @@ impl Heap {
                 .map(|p| (p.resident, p.in_use, p.waste()))?,
             Heap::Sbcl => s.sbcl.as_ref().map(|p| (p.resident, p.in_use, p.waste()))?,
             Heap::Go => s.go.as_ref().map(|p| (p.resident, p.live(), p.waste()))?,
+            Heap::Jvm => s.jvm.as_ref().map(|p| (p.resident, p.objects, p.waste()))?,
         };
         Some(HeapFigures {
             heap: self,

@@ -17,6 +17,7 @@ pub mod golang;
 pub mod heap;
 pub mod heap_pages;
 pub mod heaps;
+pub mod jvm;
 pub mod linked_allocator;
 pub mod lisp_sites;
 pub mod phases;

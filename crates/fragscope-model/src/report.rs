@@ -35,6 +35,12 @@ pub struct Decomposition {
     /// A Go program's heap and stacks (resident), split in [`Snapshot::go`]; 0 for other
     /// programs; `None` (unknown) at a snapshot of a Go program that has no census.
     pub go_heap: Option<u64>,
+    /// A JVM's Java heap (resident), split in [`Snapshot::jvm`]; 0 for other programs;
+    /// `None` (unknown) at a snapshot of a JVM that has no census.
+    pub jvm_heap: Option<u64>,
+    /// A JVM's runtime areas its tables locate (code cache, Java thread stacks, card
+    /// table; resident), with the same zero and `None`.
+    pub jvm_runtime: Option<u64>,
     pub other_anon: u64,
     pub file: u64,
     /// fragscope's own buffers in the traced process: shown, kept out of the other parts.
@@ -53,7 +59,7 @@ impl Serialize for Decomposition {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let malloc = |v: u64| (!self.malloc_unknown).then_some(v);
-        let mut m = s.serialize_struct("Decomposition", 16)?;
+        let mut m = s.serialize_struct("Decomposition", 18)?;
         m.serialize_field("rss", &self.rss)?;
         m.serialize_field("live", &malloc(self.live))?;
         m.serialize_field("rounding", &malloc(self.rounding))?;
@@ -64,6 +70,8 @@ impl Serialize for Decomposition {
         m.serialize_field("pymalloc_arenas", &self.pymalloc_arenas)?;
         m.serialize_field("sbcl_dynamic_space", &self.sbcl_dynamic_space)?;
         m.serialize_field("go_heap", &self.go_heap)?;
+        m.serialize_field("jvm_heap", &self.jvm_heap)?;
+        m.serialize_field("jvm_runtime", &self.jvm_runtime)?;
         m.serialize_field("other_anon", &self.other_anon)?;
         m.serialize_field("file", &self.file)?;
         m.serialize_field("fragscope_own", &self.fragscope_own)?;
@@ -143,6 +151,9 @@ pub struct Snapshot {
     /// A Go program's heap, from a census of its spans taken with the snapshot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub go: Option<crate::golang::GoParts>,
+    /// A JVM's Java heap, from a census of its regions or spaces taken with the snapshot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jvm: Option<crate::jvm::JvmParts>,
     /// Every heap this snapshot has figures for: resident, live and waste of each.
     pub heaps: Vec<crate::heaps::HeapFigures>,
     /// Runtime heaps the process runs (other snapshots have their census) that this
@@ -450,6 +461,12 @@ pub struct Report {
     /// Why a Go program has no census of its heap.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub go_note: Option<String>,
+    /// A JVM: the snapshot whose Java heap holds the most free space.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jvm_snapshot: Option<usize>,
+    /// Why a JVM has no census of its heap.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jvm_note: Option<String>,
     /// A Go program that keeps a heap profile: its allocation stacks at the census with
     /// the most waste, joined with the spans their sampled objects lie in.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -11,10 +11,12 @@ use std::time::{Duration, Instant};
 
 use fragscope_census::ghc::{census, CensusError, CensusLimits, GhcRts, RtsInfo};
 use fragscope_census::golang::{GoCensusError, GoRuntime};
+use fragscope_census::jvm::HotSpot;
 use fragscope_census::pymalloc::{self, Pymalloc};
 use fragscope_census::sbcl::{self, SbclRuntime};
 use fragscope_census::{Pause, ProcessMemory};
 use fragscope_trace::go_heap::GoCensus;
+use fragscope_trace::jvm_heap::JvmCensus;
 use fragscope_trace::records::{GhcBlocks, GhcCensus, PymallocCensus, SnapshotReason};
 use fragscope_trace::sbcl_heap::SbclCensus;
 
@@ -40,6 +42,8 @@ enum Target {
         runtime: Box<GoRuntime>,
         refused: u32,
     },
+    /// A JVM: its collector's regions or spaces.
+    Jvm { jvm: Box<HotSpot>, refused: u32 },
     Ready {
         rts: Arc<GhcRts>,
         last_long_stop: Option<Instant>,
@@ -111,6 +115,8 @@ pub struct Censuses {
     not_sbcl: Mutex<std::collections::HashSet<u32>>,
     /// Streams found not to run Go (its detection reads the executable too).
     not_go: Mutex<std::collections::HashSet<u32>>,
+    /// Streams running a JVM whose tables could not be read (noted once).
+    jvm_unreadable: Mutex<std::collections::HashSet<u32>>,
 }
 
 impl Censuses {
@@ -121,6 +127,7 @@ impl Censuses {
             targets: Mutex::default(),
             not_sbcl: Mutex::default(),
             not_go: Mutex::default(),
+            jvm_unreadable: Mutex::default(),
         }
     }
 
@@ -162,7 +169,11 @@ impl Censuses {
         // census before (a heap that grows is being built, and its scan would be stale).
         let (rts, stop_when_spoilt) = match targets.get(&stream) {
             Some(
-                Target::None | Target::Python { .. } | Target::Sbcl { .. } | Target::Go { .. },
+                Target::None
+                | Target::Python { .. }
+                | Target::Sbcl { .. }
+                | Target::Go { .. }
+                | Target::Jvm { .. },
             ) => return None,
             Some(Target::Ready {
                 rts,
@@ -505,6 +516,76 @@ impl Censuses {
             Err(GoCensusError::Unreadable(_)) => None,
             Err(GoCensusError::Inconsistent(why)) => {
                 refusal(refused, "Go heap", &why).map(|n| note(Err(n)))
+            }
+        }
+    }
+
+    /// A census of the Java heap of stream `stream` (process `pid`) if it runs a JVM, or
+    /// a note saying why it has none (the first time, or after a few refusals in a row).
+    /// A process is looked at again at every snapshot until it maps libjvm.so: the java
+    /// launcher loads it after it starts.
+    pub fn take_jvm(
+        &self,
+        stream: u32,
+        pid: u32,
+        tick: u64,
+        reason: SnapshotReason,
+    ) -> Option<JvmCensus> {
+        // At exit the JVM may be tearing its heap down: no moment of the run.
+        if !self.enabled || reason == SnapshotReason::Exit {
+            return None;
+        }
+        let note = |result| JvmCensus {
+            stream,
+            tick,
+            reason,
+            result,
+        };
+        // Another census's "not mine" (`Target::None`) does not say it is not a JVM.
+        let known = match self.targets.lock().unwrap().get(&stream) {
+            Some(Target::Jvm { jvm, .. }) => Some(jvm.clone()),
+            Some(Target::None) | None => None,
+            Some(_) => return None,
+        };
+        let jvm = match known {
+            Some(jvm) => jvm,
+            None if self.jvm_unreadable.lock().unwrap().contains(&stream) => return None,
+            None => match HotSpot::detect(pid)? {
+                Err(why) => {
+                    self.jvm_unreadable.lock().unwrap().insert(stream);
+                    return Some(note(Err(why)));
+                }
+                Ok(jvm) => {
+                    let jvm = Box::new(jvm);
+                    let target = Target::Jvm {
+                        jvm: jvm.clone(),
+                        refused: 0,
+                    };
+                    self.targets.lock().unwrap().insert(stream, target);
+                    jvm
+                }
+            },
+        };
+        let result = match (ProcessMemory::open(pid), Pause::stop(pid)) {
+            (Ok(mut mem), Ok(pause)) => {
+                fragscope_census::jvm::census_held(pid, &jvm, &mut mem, &mut Some(pause))
+            }
+            // Gone, or not ours to read: nothing to say at this moment.
+            _ => return None,
+        };
+        let mut targets = self.targets.lock().unwrap();
+        let Some(Target::Jvm { refused, .. }) = targets.get_mut(&stream) else {
+            return None;
+        };
+        match result {
+            Ok(heap) => {
+                *refused = 0;
+                Some(note(Ok(heap)))
+            }
+            // Starting: no heap yet.
+            Err(CensusError::NoHeap | CensusError::Unreadable(_)) => None,
+            Err(CensusError::Inconsistent(why)) => {
+                refusal(refused, "JVM heap", &why).map(|n| note(Err(n)))
             }
         }
     }

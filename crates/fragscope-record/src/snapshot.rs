@@ -12,8 +12,10 @@ use anyhow::{bail, Result};
 use fragscope_census::allocators::{allocator_of, linked_allocators, LinkedAllocator};
 use fragscope_census::ghc::{CensusError, CensusLimits, GhcRts, RtsInfo};
 use fragscope_census::golang::{GoCensusError, GoRuntime};
+use fragscope_census::jvm::HotSpot;
 use fragscope_census::{glibc, jemalloc, tcmalloc, Pause, ProcessMemory};
 use fragscope_trace::go_heap::GoHeap;
+use fragscope_trace::jvm_heap::JvmHeap;
 use fragscope_trace::heap_census::{AllocatorHeap, HeapCensus};
 use fragscope_trace::records::{
     Census, CensusBody, GhcBlocks, GhcCensus, Maps, Pagemap, Process, PymallocPools, Rollup,
@@ -133,6 +135,7 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         census,
         ghc_census,
         go_census,
+        jvm_census,
         read_from_copy,
         copy_note,
     } = reading;
@@ -143,6 +146,7 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
     let runtimes = RuntimeCensuses {
         pymalloc,
         go: go_census,
+        jvm: jvm_census,
     };
     write_readings(&mut w, maps, rss, rollup, runtimes, residency, page)?;
     let (heap_bytes, note) = write_censuses(
@@ -225,6 +229,8 @@ struct HeapReader {
     jemalloc: Option<Result<jemalloc::JemallocLayout, String>>,
     /// A Go program: its runtime's heap layout.
     go: Option<Result<GoRuntime, String>>,
+    /// A JVM: its tables and collector.
+    jvm: Option<Result<HotSpot, String>>,
 }
 
 impl HeapReader {
@@ -245,6 +251,11 @@ impl HeapReader {
             None
         } else {
             GoRuntime::detect(pid)
+        };
+        let jvm = if ghc.is_some() {
+            None
+        } else {
+            HotSpot::detect(pid)
         };
         let allocator = match (&ghc, &linked) {
             (Some(_), _) => "ghc",
@@ -274,6 +285,7 @@ impl HeapReader {
             tcmalloc,
             jemalloc,
             go,
+            jvm,
         }
     }
 }
@@ -290,6 +302,8 @@ struct Reading {
     ghc_census: Option<Result<GhcBlocks, String>>,
     /// A Go program's heap census.
     go_census: Option<Result<GoHeap, String>>,
+    /// A JVM's heap census.
+    jvm_census: Option<Result<JvmHeap, String>>,
     read_from_copy: bool,
     /// Why the heap was not read from a copy when one was wanted.
     copy_note: Option<String>,
@@ -336,6 +350,7 @@ fn read_ghc(
         census: None,
         ghc_census: Some(result),
         go_census: None,
+        jvm_census: None,
         read_from_copy: false,
         copy_note: None,
     })
@@ -369,6 +384,11 @@ fn read_malloc_heap(
     };
     let go_census = match &heap.go {
         Some(Ok(rt)) => Some(go_census_held(pid, rt, mem, &mut pause)?),
+        Some(Err(why)) => Some(Err(why.clone())),
+        None => None,
+    };
+    let jvm_census = match &heap.jvm {
+        Some(Ok(jvm)) => Some(jvm_census_held(pid, jvm, mem, &mut pause)?),
         Some(Err(why)) => Some(Err(why.clone())),
         None => None,
     };
@@ -425,6 +445,7 @@ fn read_malloc_heap(
         census,
         ghc_census: None,
         go_census,
+        jvm_census,
         read_from_copy,
         copy_note,
     })
@@ -444,6 +465,25 @@ fn go_census_held(
         Err(GoCensusError::Inconsistent(e)) => Ok(Err(format!(
             "no Go heap census: the runtime's spans did not hold together ({e})"
         ))),
+    }
+}
+
+/// A JVM's heap census, read while `pause` holds it (if it does). Err when the process
+/// exited.
+fn jvm_census_held(
+    pid: u32,
+    jvm: &HotSpot,
+    mem: &mut ProcessMemory,
+    pause: &mut Option<Pause>,
+) -> Result<Result<JvmHeap, String>> {
+    match fragscope_census::jvm::census_held(pid, jvm, mem, pause) {
+        Ok(h) => Ok(Ok(h)),
+        Err(_) if gone(pid) => bail!("process {pid} exited while it was read"),
+        Err(CensusError::Unreadable(e)) => Err(anyhow::anyhow!(e)),
+        Err(CensusError::NoHeap) => Ok(Err(
+            "no JVM heap census: the JVM has not made its heap yet".into(),
+        )),
+        Err(CensusError::Inconsistent(e)) => Ok(Err(format!("no JVM heap census: {e}"))),
     }
 }
 
@@ -529,6 +569,7 @@ type TraceWriter = ChunkWriter<BufWriter<std::fs::File>>;
 struct RuntimeCensuses {
     pymalloc: Option<Result<PymallocPools, String>>,
     go: Option<Result<GoHeap, String>>,
+    jvm: Option<Result<JvmHeap, String>>,
 }
 
 /// The trace's Meta, the process, and the allocator linked into it.
@@ -547,7 +588,7 @@ fn write_process(
     Ok(())
 }
 
-/// The process's maps, RSS, smaps_rollup, pymalloc and Go censuses, and residency.
+/// The process's maps, RSS, smaps_rollup, pymalloc, Go and JVM censuses, and residency.
 fn write_readings(
     w: &mut TraceWriter,
     maps: Vec<Mapping>,
@@ -557,7 +598,7 @@ fn write_readings(
     residency: Vec<ResidentRange>,
     page: u64,
 ) -> Result<()> {
-    let RuntimeCensuses { pymalloc, go } = runtimes;
+    let RuntimeCensuses { pymalloc, go, jvm } = runtimes;
     w.write_chunk(
         ChunkKind::Maps,
         &Maps {
@@ -590,6 +631,7 @@ fn write_readings(
     }
     write_runtime_census(w, ChunkKind::PymallocCensus, pymalloc)?;
     write_runtime_census(w, ChunkKind::GoCensus, go)?;
+    write_runtime_census(w, ChunkKind::JvmCensus, jvm)?;
     w.write_chunk(
         ChunkKind::Pagemap,
         &Pagemap {

@@ -75,7 +75,7 @@
   const PALETTE = ["#3b82f6", "#10b981", "#f59e0b", "#ef4444", "#8b5cf6", "#06b6d4", "#84cc16", "#ec4899", "#64748b", "#f97316", "#14b8a6", "#a855f7"];
   const PART_COLORS = {
     live: "#3b82f6", rounding: "#a855f7", allocator_overhead: "#6366f1", free_in_used_pages: "#ef4444", free_resident_pages: "#f59e0b",
-    lazy_free: "#fde68a", pymalloc_arenas: "#14b8a6", sbcl_dynamic_space: "#0d9488", go_heap: "#0891b2", other_anon: "#94a3b8", file: "#cbd5e1", fragscope_own: "#4b5563",
+    lazy_free: "#fde68a", pymalloc_arenas: "#14b8a6", sbcl_dynamic_space: "#0d9488", go_heap: "#0891b2", jvm_heap: "#0e7490", jvm_runtime: "#155e75", other_anon: "#94a3b8", file: "#cbd5e1", fragscope_own: "#4b5563",
   };
 
   const tip = el("div", { class: "tip" });
@@ -452,7 +452,7 @@
         (ru ? " smaps_rollup: RSS " + bytes(ru.rss) + " = shared " + bytes(ru.shared) + " + private " + bytes(ru.private) + "; PSS " + bytes(ru.pss) + "." : "") +
         (S.inherited !== null ? " It started with " + bytes(S.inherited) + " of heap memory shared with its parent: " + bytes(S.anonymous.copied) + " (" + pct(S.anonymous.copied, S.inherited) + ") copied since." : "")));
       const name = Object.fromEntries(R.parts_names);
-      const label = (p) => name[p] || { malloc_heap: "malloc heap", pymalloc_arenas: "pymalloc arenas", sbcl_dynamic_space: "SBCL dynamic space", go_heap: "Go heap", other_anon: "other anonymous" }[p] || p;
+      const label = (p) => name[p] || { malloc_heap: "malloc heap", pymalloc_arenas: "pymalloc arenas", sbcl_dynamic_space: "SBCL dynamic space", go_heap: "Go heap", jvm_heap: "Java heap", jvm_runtime: "JVM runtime areas", other_anon: "other anonymous" }[p] || p;
       const row = (n, o) => [n, bytes(o.resident), bytes(o.shared), bytes(o.resident - o.shared)].concat(S.forked ? [bytes(o.copied)] : []);
       s.append(table(["part", "resident", "shared", "private"].concat(S.forked ? ["of it copied"] : []),
         S.parts.filter((p) => p.resident > 0).map((p) => row(label(p.part), p)).concat([row("all heap mappings", S.anonymous)]), "sharing-parts"));

@@ -64,7 +64,8 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
     let pymalloc = e.pymalloc.as_ref().map_or(0, |p| p.resident);
     let sbcl = e.sbcl.as_ref().map_or(0, |p| p.resident);
     let go = e.go.as_ref().map_or(0, |p| p.resident);
-    let runtimes = pymalloc + sbcl + go;
+    let (jvm, jvm_runtime) = e.jvm.as_ref().map_or((0, 0), |p| (p.resident, p.runtime));
+    let runtimes = pymalloc + sbcl + go + jvm + jvm_runtime;
     let other = anon as i64 - heap_total as i64 - own as i64 - runtimes as i64;
     let parts = Decomposition {
         rss: vm_rss,
@@ -77,6 +78,8 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         pymalloc_arenas: Some(pymalloc),
         sbcl_dynamic_space: Some(sbcl),
         go_heap: Some(go),
+        jvm_heap: Some(jvm),
+        jvm_runtime: Some(jvm_runtime),
         other_anon: other.max(0) as u64,
         file,
         fragscope_own: own,
@@ -131,6 +134,7 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         pymalloc: e.pymalloc.clone(),
         sbcl: e.sbcl.clone(),
         go: e.go.clone(),
+        jvm: e.jvm.clone(),
         heaps: Vec::new(),
         missing_census: Vec::new(),
         sharing: e.sharing.clone().map(|mut sh| {
@@ -160,6 +164,10 @@ fn mark_missing_censuses(snapshots: &mut [Snapshot]) {
                 Heap::Pymalloc => s.parts.pymalloc_arenas = None,
                 Heap::Sbcl => s.parts.sbcl_dynamic_space = None,
                 Heap::Go => s.parts.go_heap = None,
+                Heap::Jvm => {
+                    s.parts.jvm_heap = None;
+                    s.parts.jvm_runtime = None;
+                }
                 Heap::Malloc => {}
             }
         }

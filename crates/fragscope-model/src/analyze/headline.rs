@@ -23,6 +23,7 @@ pub(super) struct Told {
     pub(super) lisp_sites_note: Option<String>,
     pub(super) sbcl_snapshot: Option<usize>,
     pub(super) go_snapshot: Option<usize>,
+    pub(super) jvm_snapshot: Option<usize>,
 }
 
 /// The headline of process `s` at `focus`, its sentence told by the heap that wastes most
@@ -104,17 +105,30 @@ pub(super) fn tell(
         go_snapshot: (0..snapshots.len())
             .filter(|&i| snapshots[i].go.is_some())
             .max_by_key(|&i| snapshots[i].go.as_ref().map_or(0, |p| p.waste())),
+        jvm_snapshot: (0..snapshots.len())
+            .filter(|&i| snapshots[i].jvm.is_some())
+            .max_by_key(|&i| snapshots[i].jvm.as_ref().map_or(0, |p| p.waste())),
     }
 }
 
 /// The peak of live bytes and its time: the merged calls' (None when a snapshot could not
 /// read the malloc heap), or, for a process that made no malloc call and has a runtime's
-/// heap (a Go program without cgo), the most the censuses found live.
+/// heap (a Go program without cgo), the most the censuses found live; for a JVM, the
+/// most live over every heap a snapshot knows when that is more than malloc's own peak.
 fn peak_live(s: &Stream, snapshots: &[Snapshot], tick_ms: f64) -> Option<(u64, f64)> {
     let runtime_only = s.calls == 0
         && snapshots
             .iter()
             .any(|x| x.heaps.iter().any(|h| h.heap != Heap::Malloc));
+    // A JVM's malloc calls are its native memory; its objects are the Java heap's.
+    let jvm = snapshots.iter().any(|x| x.jvm.is_some());
+    if jvm && !s.heap_unread() {
+        let censuses = (snapshots.iter())
+            .map(|x| (heaps::live(x), x.t_ms))
+            .max_by_key(|x| x.0);
+        let calls = (s.peak_live.0, s.peak_live.1 as f64 * tick_ms);
+        return censuses.filter(|c| c.0 > calls.0).or(Some(calls));
+    }
     if runtime_only {
         return snapshots
             .iter()
@@ -156,6 +170,7 @@ impl RuntimeSentence<'_> {
             (Some(Heap::Pymalloc), Some(f)) => f.pymalloc.as_ref().and_then(|p| self.pymalloc(p)),
             (Some(Heap::Sbcl), Some(f)) => f.sbcl.as_ref().and_then(|p| sbcl::headline(p, walked)),
             (Some(Heap::Go), Some(f)) => f.go.as_ref().and_then(crate::golang::headline),
+            (Some(Heap::Jvm), Some(f)) => f.jvm.as_ref().and_then(crate::jvm::headline),
             _ => None,
         };
         if let Some((dominant, sentence)) = sentence {
@@ -389,6 +404,7 @@ mod tests {
             pymalloc: None,
             sbcl: None,
             go: None,
+            jvm: None,
             heaps,
             missing_census: vec![],
             sharing: None,

@@ -218,6 +218,15 @@ impl Reading<'_> {
                     }
                 }
             }
+            Chunk::JvmCensus(c) => {
+                let s = self.stream(c.stream);
+                match c.result {
+                    Ok(heap) => s.jvm_pending.push_back((c.tick, heap)),
+                    Err(note) => {
+                        s.jvm_note.get_or_insert(note);
+                    }
+                }
+            }
             Chunk::PythonSamples(c) => self.stream(c.stream).python.add(&c),
             Chunk::LispSamples(c) => self.stream(c.stream).lisp.add(&c),
         }

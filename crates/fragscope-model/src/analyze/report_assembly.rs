@@ -223,6 +223,8 @@ pub(super) fn assemble(path: &Path, opts: &Options, read: &TraceRead, chosen: us
         sbcl_note: s.sbcl_note.clone(),
         go_snapshot: told.go_snapshot,
         go_note: s.go_note.clone(),
+        jvm_snapshot: told.jvm_snapshot,
+        jvm_note: s.jvm_note.clone(),
         go_sites: go_sites(s, tick_ms),
         go_sites_note: (s.go_census.as_ref()).and_then(|c| c.2.profile.as_ref().err().cloned()),
         leaks,

@@ -13,6 +13,7 @@ use fragscope_trace::Func;
 
 use crate::forks::{ForkLink, Forked, Inherited};
 use crate::golang::{self, GoParts};
+use crate::jvm::{self, JvmParts};
 use crate::heap::{self, ClassAtSnapshot, HeapHistory, HeapParts, SiteAtSnapshot, SiteWeighting};
 use crate::heap_pages::{Evaluation, HeapPages};
 use crate::lisp_sites::LispLog;
@@ -21,6 +22,7 @@ use crate::python_sites::{PoolIndex, PythonLog};
 use crate::sbcl::{self, SbclParts};
 use crate::sharing::{self, Owners, PartSharing, RollupSharing, Sharing};
 use fragscope_trace::go_heap::GoHeap;
+use fragscope_trace::jvm_heap::{JvmAreaKind, JvmHeap};
 use fragscope_trace::sbcl_heap::SbclHeap;
 
 use super::SITES_PER_SNAPSHOT;
@@ -40,6 +42,7 @@ pub(super) struct Evaluated {
     pub(super) pymalloc: Option<PymallocParts>,
     pub(super) sbcl: Option<SbclParts>,
     pub(super) go: Option<GoParts>,
+    pub(super) jvm: Option<JvmParts>,
     /// Pages by owner, when the residency says which are shared (its rollup is joined
     /// when the snapshot is reported).
     pub(super) sharing: Option<Sharing>,
@@ -90,6 +93,10 @@ pub(super) struct Stream {
     /// The Go heap census with the most waste so far, with its tick (the one whose heap
     /// profile the report joins with its spans).
     pub(super) go_census: Option<(u64, u64, GoHeap)>,
+    /// JVM heap censuses waiting for the snapshot of their tick (written just before it).
+    pub(super) jvm_pending: VecDeque<(u64, JvmHeap)>,
+    /// Why the process has no JVM heap census, when it runs a JVM.
+    pub(super) jvm_note: Option<String>,
     pub(super) evaluated: Vec<Evaluated>,
     /// Snapshots whose evaluation waits until the report knows which process it explains,
     /// each with the live blocks of its moment (see `evaluate_next`).
@@ -377,6 +384,45 @@ impl Stream {
         Some((parts, owners))
     }
 
+    /// Every runtime's census taken with snapshot `pm`, split by its residency (`parts`:
+    /// the malloc heap's, which pymalloc's arenas are taken out of).
+    fn runtimes_at(&mut self, pm: &Pagemap, parts: &mut HeapParts) -> RuntimeParts {
+        let (pymalloc, pymalloc_owners) = self.pymalloc_at(pm, parts).unzip();
+        let (sbcl, sbcl_owners) = self.sbcl_at(pm).unzip();
+        let (go, go_owners) = self.go_at(pm).unzip();
+        let (jvm, jvm_owners) = self.jvm_at(pm).unzip();
+        let (jvm_owners, jvm_runtime_owners) = jvm_owners.unzip();
+        RuntimeParts {
+            pymalloc,
+            sbcl,
+            go,
+            jvm,
+            owners: [
+                ("pymalloc_arenas", pymalloc_owners),
+                ("sbcl_dynamic_space", sbcl_owners),
+                ("go_heap", go_owners),
+                ("jvm_heap", jvm_owners),
+                ("jvm_runtime", jvm_runtime_owners),
+            ],
+        }
+    }
+
+    /// The JVM heap census taken with snapshot `pm`, split by its residency.
+    /// Its pages by owner: the heap's, and the runtime areas' the residency reads.
+    fn jvm_at(&mut self, pm: &Pagemap) -> Option<(JvmParts, (Owners, Owners))> {
+        let heap = census_at(&mut self.jvm_pending, pm.tick)?;
+        let fork = self.fork_residency.as_ref();
+        let spaces = heap.spaces.iter().map(|s| (s.bottom, s.end));
+        let areas = (heap.areas.iter())
+            .filter(|a| a.0 != JvmAreaKind::ClassDataArchive)
+            .map(|a| (a.1, a.2));
+        let owners = (
+            sharing::owners_in(pm, fork, spaces),
+            sharing::owners_in(pm, fork, areas),
+        );
+        Some((jvm::split(&heap, pm), owners))
+    }
+
     /// The snapshot's pages by owner, when its residency says which are shared; the
     /// malloc heap's parts when the calls placed them (`heap`), else only its total.
     fn sharing_at(
@@ -447,14 +493,8 @@ impl Stream {
             .map(|c| crate::census::heap_parts(c, &pm));
         if let Some((mut parts, classes)) = census {
             self.evaluate_deferred(ctx);
-            let (pymalloc, pymalloc_owners) = self.pymalloc_at(&pm, &mut parts).unzip();
-            let (sbcl, sbcl_owners) = self.sbcl_at(&pm).unzip();
-            let (go, go_owners) = self.go_at(&pm).unzip();
-            let sharing = self.sharing_at(
-                &pm,
-                None,
-                &runtime_owners(pymalloc_owners, sbcl_owners, go_owners),
-            );
+            let runtimes = self.runtimes_at(&pm, &mut parts);
+            let sharing = self.sharing_at(&pm, None, &runtimes.owners);
             let live = parts.live;
             self.evaluated.push(Evaluated {
                 tick: pm.tick,
@@ -464,9 +504,10 @@ impl Stream {
                 classes,
                 sites: Vec::new(),
                 own_memory: 0,
-                pymalloc,
-                sbcl,
-                go,
+                pymalloc: runtimes.pymalloc,
+                sbcl: runtimes.sbcl,
+                go: runtimes.go,
+                jvm: runtimes.jvm,
                 sharing,
             });
             self.peak_live = self.peak_live.max((live, pm.tick));
@@ -478,6 +519,7 @@ impl Stream {
             census_at(&mut self.pymalloc_pending, pm.tick);
             census_at(&mut self.sbcl_pending, pm.tick);
             census_at(&mut self.go_pending, pm.tick);
+            census_at(&mut self.jvm_pending, pm.tick);
             return;
         }
         let at = Moment {
@@ -552,14 +594,8 @@ impl Stream {
     /// `at`, and keeps it.
     fn add_evaluated(&mut self, at: Moment, mut snap: heap::HeapSnapshot) {
         let pm = &at.pm;
-        let (pymalloc, pymalloc_owners) = self.pymalloc_at(pm, &mut snap.parts).unzip();
-        let (sbcl, sbcl_owners) = self.sbcl_at(pm).unzip();
-        let (go, go_owners) = self.go_at(pm).unzip();
-        let sharing = self.sharing_at(
-            pm,
-            Some(&snap.parts),
-            &runtime_owners(pymalloc_owners, sbcl_owners, go_owners),
-        );
+        let runtimes = self.runtimes_at(pm, &mut snap.parts);
+        let sharing = self.sharing_at(pm, Some(&snap.parts), &runtimes.owners);
         // Keep the sites that can make a top list.
         let mut keep: Vec<SiteAtSnapshot> = snap
             .sites
@@ -583,25 +619,23 @@ impl Stream {
             classes: snap.classes,
             sites: keep,
             own_memory: at.own_memory,
-            pymalloc,
-            sbcl,
-            go,
+            pymalloc: runtimes.pymalloc,
+            sbcl: runtimes.sbcl,
+            go: runtimes.go,
+            jvm: runtimes.jvm,
             sharing,
         });
     }
 }
 
-/// The runtime heaps' pages by owner, as the sharing's parts name them.
-fn runtime_owners(
-    pymalloc: Option<Owners>,
-    sbcl: Option<Owners>,
-    go: Option<Owners>,
-) -> [(&'static str, Option<Owners>); 3] {
-    [
-        ("pymalloc_arenas", pymalloc),
-        ("sbcl_dynamic_space", sbcl),
-        ("go_heap", go),
-    ]
+/// The runtimes' censuses taken with one snapshot, split by its residency, and their
+/// pages by owner as the sharing's parts name them.
+struct RuntimeParts {
+    pymalloc: Option<PymallocParts>,
+    sbcl: Option<SbclParts>,
+    go: Option<GoParts>,
+    jvm: Option<JvmParts>,
+    owners: [(&'static str, Option<Owners>); 5],
 }
 
 /// A snapshot to evaluate, with what its evaluation reads of the process at its moment.

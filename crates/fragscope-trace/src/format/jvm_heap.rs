@@ -98,13 +98,19 @@ pub enum JvmAreaKind {
     ThreadStack = 2,
     /// The collector's card table (one byte per 512 bytes of heap).
     CardTable = 3,
+    /// The class data sharing archive: classes mapped from the JDK's classes.jsa, a file
+    /// mapping whose pages the JVM writes to become its own copies (anonymous memory the
+    /// snapshot's residency, which reads anonymous mappings, does not see:
+    /// [`JvmHeap::archive_copied`] counts them).
+    ClassDataArchive = 4,
 }
 
 impl JvmAreaKind {
-    pub const ALL: [JvmAreaKind; 3] = [
+    pub const ALL: [JvmAreaKind; 4] = [
         JvmAreaKind::CodeCache,
         JvmAreaKind::ThreadStack,
         JvmAreaKind::CardTable,
+        JvmAreaKind::ClassDataArchive,
     ];
 
     pub fn name(self) -> &'static str {
@@ -112,6 +118,7 @@ impl JvmAreaKind {
             JvmAreaKind::CodeCache => "code cache",
             JvmAreaKind::ThreadStack => "Java thread stacks",
             JvmAreaKind::CardTable => "card table",
+            JvmAreaKind::ClassDataArchive => "class data archive (copied pages)",
         }
     }
 
@@ -133,6 +140,9 @@ pub struct JvmHeap {
     pub region_bytes: u64,
     pub spaces: Vec<JvmSpace>,
     pub areas: Vec<(JvmAreaKind, u64, u64)>,
+    /// Resident pages of the class data archive that the JVM wrote to (its own copies of
+    /// the file's pages), in bytes, read from pagemap with the census.
+    pub archive_copied: u64,
     /// The collector's own figures of the heap: committed and used (as `jcmd GC.heap_info`
     /// and jstat give them).
     pub committed: u64,
@@ -177,6 +187,7 @@ impl CensusBody for JvmHeap {
         for &(kind, lo, hi) in &self.areas {
             w.u8(kind as u8).varint(lo).varint(hi.wrapping_sub(lo));
         }
+        w.varint(self.archive_copied);
     }
 
     fn decode_body(r: &mut Reader) -> Result<Self, TraceError> {
@@ -230,6 +241,7 @@ impl CensusBody for JvmHeap {
                 .ok_or_else(|| malformed(format!("a JVM area of {len} bytes at {lo:#x}")))?;
             areas.push((kind, lo, hi));
         }
+        let archive_copied = r.varint()?;
         Ok(JvmHeap {
             jvm,
             collector,
@@ -237,6 +249,7 @@ impl CensusBody for JvmHeap {
             region_bytes,
             spaces,
             areas,
+            archive_copied,
             committed,
             used,
             max_heap,
@@ -283,6 +296,7 @@ mod tests {
                     (JvmAreaKind::CodeCache, 0x7f00_0000_0000, 0x7f00_0f00_0000),
                     (JvmAreaKind::ThreadStack, 0x7f10_0000_0000, 0x7f10_0010_0000),
                 ],
+                archive_copied: 9 << 20,
                 committed: 40 * region,
                 used: 3 * region,
                 max_heap: 6 << 30,
