@@ -1,7 +1,8 @@
-// Allocates N small records, keeps every tenth, collects, says "ready" and waits for
-// its standard input to close: a Java heap whose survivors are spread over every region
-// the records filled. With "humongous", it also keeps arrays of 2.2 regions' worth of
-// G1's smallest region size (1 MiB), which G1 places in regions of their own.
+// Allocates N small records, keeps every tenth, collects, says "ready", waits MS
+// milliseconds and then for its standard input to close: a Java heap whose survivors are
+// spread over every region the records filled. With "humongous", it also keeps 16 arrays
+// of 2.2 MiB, which G1 with regions of 1 MiB places in regions of their own.
+// Usage: KeepTenth [N [plain|humongous [MS]]]
 import java.io.InputStream;
 import java.util.ArrayList;
 
@@ -40,6 +41,7 @@ public class KeepTenth {
         System.out.println("ready " + ProcessHandle.current().pid() + " kept " + kept.size()
                 + " humongous " + big.size());
         System.out.flush();
+        Thread.sleep(args.length > 2 ? Long.parseLong(args[2]) : 0);
         InputStream in = System.in;
         while (in.read() >= 0) {
         }

@@ -817,8 +817,13 @@ fn class_data_archive(
         return Ok(None);
     };
     let (base, top) = (mem.read_u64(base)?, mem.read_u64(top)?);
-    Ok((base != 0 && base < top && top - base < 1 << 34)
-        .then_some((JvmAreaKind::ClassDataArchive, base, top)))
+    Ok(
+        (base != 0 && base < top && top - base < 1 << 34).then_some((
+            JvmAreaKind::ClassDataArchive,
+            base,
+            top,
+        )),
+    )
 }
 
 /// Bytes of the resident pages of [lo, hi) in `pid` that are its own anonymous copies

@@ -742,8 +742,9 @@ fn phases(o: &mut String, r: &Report) {
     }
     // A runtime's heap (pymalloc's arenas, SBCL's dynamic space) in a column of its own,
     // "–" where the phase's snapshot had no census of it.
-    let runtime_of =
-        |d: &Decomposition| Some(d.pymalloc_arenas? + d.sbcl_dynamic_space? + d.go_heap? + d.jvm_heap?);
+    let runtime_of = |d: &Decomposition| {
+        Some(d.pymalloc_arenas? + d.sbcl_dynamic_space? + d.go_heap? + d.jvm_heap?)
+    };
     let runtime = r
         .snapshots
         .iter()

@@ -49,9 +49,11 @@ pub fn section(o: &mut String, r: &Report) {
     if p.humongous_objects > 0 {
         let _ = writeln!(
             o,
-            "  {} humongous objects leave {} free in the tails of their regions",
+            "  {} humongous objects take {} regions ({} resident): committed heap that \
+             counts against -Xmx",
             count(p.humongous_objects),
-            bytes(p.humongous_free)
+            count(p.humongous_regions),
+            bytes(p.humongous_resident)
         );
     }
     let _ = writeln!(

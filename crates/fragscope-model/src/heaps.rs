@@ -19,7 +19,13 @@ pub enum Heap {
 }
 
 impl Heap {
-    pub const ALL: [Heap; 5] = [Heap::Malloc, Heap::Pymalloc, Heap::Sbcl, Heap::Go, Heap::Jvm];
+    pub const ALL: [Heap; 5] = [
+        Heap::Malloc,
+        Heap::Pymalloc,
+        Heap::Sbcl,
+        Heap::Go,
+        Heap::Jvm,
+    ];
 
     /// How the text names it.
     pub fn name(self) -> &'static str {

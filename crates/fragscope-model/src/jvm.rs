@@ -65,8 +65,14 @@ pub struct JvmParts {
     pub old_free: u64,
     /// Resident bytes of committed G1 regions with nothing in them.
     pub free_regions: u64,
-    /// Humongous objects (each in regions of its own) and the free tails of their regions.
+    /// Humongous objects (each in regions of its own: committed heap that counts against
+    /// -Xmx), their regions, and the resident bytes of those regions. The rest of an
+    /// object's last region holds a filler object the JVM writes only the header of: its
+    /// pages stay untouched, committed but not resident.
     pub humongous_objects: u64,
+    pub humongous_regions: u64,
+    pub humongous_resident: u64,
+    /// Resident bytes of humongous regions beyond their tops (none under G1's fillers).
     pub humongous_free: u64,
     /// Old regions (G1) by the share of their bytes used: 0-10%, ..., 90-100%.
     pub region_fill: Vec<FillBucket>,
@@ -115,6 +121,8 @@ pub fn split(heap: &JvmHeap, pm: &Pagemap) -> JvmParts {
         old_free: 0,
         free_regions: 0,
         humongous_objects: 0,
+        humongous_regions: 0,
+        humongous_resident: 0,
         humongous_free: 0,
         region_fill: fill_buckets(),
         spaces: Vec::new(),
@@ -146,6 +154,8 @@ pub fn split(heap: &JvmHeap, pm: &Pagemap) -> JvmParts {
                 JvmSpaceKind::HumongousStart | JvmSpaceKind::HumongousContinues => {
                     p.old_free += free;
                     p.humongous_free += free;
+                    p.humongous_regions += 1;
+                    p.humongous_resident += resident;
                     p.humongous_objects += u64::from(kind == JvmSpaceKind::HumongousStart);
                 }
             }
@@ -211,21 +221,6 @@ pub fn headline(p: &JvmParts) -> Option<(&'static str, String)> {
         .into_iter()
         .max()
         .unwrap_or(0);
-    if p.humongous_free * 2 >= p.waste() && p.humongous_free > 0 {
-        return Some((
-            "jvm_humongous",
-            format!(
-                "{held}: {} is the unused tails of the regions of {} humongous objects. G1 \
-                 gives an object of at least half a region ({}) regions of its own, and \
-                 the rest of its last region holds nothing else. A larger \
-                 -XX:G1HeapRegionSize (a power of two up to 32 MiB) makes such objects \
-                 ordinary; so do smaller arrays (chunked buffers).",
-                crate::mib(p.humongous_free),
-                p.humongous_objects,
-                crate::mib(p.region_bytes / 2)
-            ),
-        ));
-    }
     if largest == p.free_regions {
         return Some((
             "jvm_free_regions",
@@ -348,10 +343,17 @@ mod tests {
         assert_eq!(p.free_regions, mib / 2);
         assert_eq!(p.humongous_objects, 1);
         assert_eq!(p.humongous_free, mib - mib / 4);
+        assert_eq!((p.humongous_regions, p.humongous_resident), (2, 2 * mib));
         assert_eq!(p.old_free, mib - mib / 10 + mib - mib / 4);
-        assert_eq!(p.objects + p.young_free + p.old_free + p.free_regions, p.resident);
+        assert_eq!(
+            p.objects + p.young_free + p.old_free + p.free_regions,
+            p.resident
+        );
         assert_eq!(p.runtime, mib);
-        assert_eq!(p.region_fill[1].count, 1, "the old region is 10% used");
+        assert_eq!(
+            p.region_fill[0].count, 1,
+            "the old region is just under 10% used"
+        );
         let (part, _) = headline(&p).unwrap();
         assert_eq!(part, "jvm_old_free");
     }

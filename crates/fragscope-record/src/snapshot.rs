@@ -15,8 +15,8 @@ use fragscope_census::golang::{GoCensusError, GoRuntime};
 use fragscope_census::jvm::HotSpot;
 use fragscope_census::{glibc, jemalloc, tcmalloc, Pause, ProcessMemory};
 use fragscope_trace::go_heap::GoHeap;
-use fragscope_trace::jvm_heap::JvmHeap;
 use fragscope_trace::heap_census::{AllocatorHeap, HeapCensus};
+use fragscope_trace::jvm_heap::JvmHeap;
 use fragscope_trace::records::{
     Census, CensusBody, GhcBlocks, GhcCensus, Maps, Pagemap, Process, PymallocPools, Rollup,
     RssBatch, RssSample, SnapshotReason,

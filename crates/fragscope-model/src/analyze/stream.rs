@@ -13,9 +13,9 @@ use fragscope_trace::Func;
 
 use crate::forks::{ForkLink, Forked, Inherited};
 use crate::golang::{self, GoParts};
-use crate::jvm::{self, JvmParts};
 use crate::heap::{self, ClassAtSnapshot, HeapHistory, HeapParts, SiteAtSnapshot, SiteWeighting};
 use crate::heap_pages::{Evaluation, HeapPages};
+use crate::jvm::{self, JvmParts};
 use crate::lisp_sites::LispLog;
 use crate::pymalloc::{self, PymallocParts};
 use crate::python_sites::{PoolIndex, PythonLog};
