@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use fragscope_trace::jvm_heap::{JvmAreaKind, JvmCollector, JvmHeap, JvmSpace, JvmSpaceKind};
 
 use crate::ghc::CensusError;
+use crate::jvm_attach::NativeCategory;
 use crate::library::MappedLibrary;
 use crate::memory::le_u64;
 use crate::{ProcessMemory, Symbols};
@@ -246,10 +247,15 @@ pub struct HotSpot {
     initial_heap: u64,
     min_free_ratio: u8,
     max_free_ratio: u8,
+    /// -XX:NativeMemoryTracking ("off", "summary", "detail").
+    pub native_memory_tracking: String,
+    /// The JVM handles SIGQUIT and keeps its attach mechanism (neither -Xrs nor
+    /// -XX:+DisableAttachMechanism): `jvm_attach` may ask it.
+    pub attach_allowed: bool,
 }
 
 /// The flags the census reads: the collector's and the heap's sizing.
-const FLAGS: [&str; 10] = [
+const FLAGS: [&str; 13] = [
     "UseG1GC",
     "UseParallelGC",
     "UseSerialGC",
@@ -260,6 +266,9 @@ const FLAGS: [&str; 10] = [
     "InitialHeapSize",
     "MinHeapFreeRatio",
     "MaxHeapFreeRatio",
+    "ReduceSignalUsage",
+    "DisableAttachMechanism",
+    "NativeMemoryTracking",
 ];
 
 impl HotSpot {
@@ -309,8 +318,45 @@ impl HotSpot {
             initial_heap: flag("InitialHeapSize").unwrap_or(0),
             min_free_ratio: flag("MinHeapFreeRatio").map_or(0, |v| v.min(100) as u8),
             max_free_ratio: flag("MaxHeapFreeRatio").map_or(0, |v| v.min(100) as u8),
+            native_memory_tracking: match flag("NativeMemoryTracking") {
+                Some(at) if at != 0 => Strings::default().get(&mut mem, at)?,
+                _ => "off".into(),
+            },
+            attach_allowed: !on("ReduceSignalUsage") && !on("DisableAttachMechanism"),
             vm,
         })
+    }
+
+    /// The JVM's own account of its memory by category (`VM.native_memory summary`, asked
+    /// through its attach mechanism while it runs), when native memory tracking is on;
+    /// None when it is off.
+    pub fn native_memory(&self, pid: u32) -> Option<Result<Vec<NativeCategory>, String>> {
+        if self.native_memory_tracking == "off" || self.native_memory_tracking.is_empty() {
+            return None;
+        }
+        if !self.attach_allowed {
+            return Some(Err(
+                "native memory tracking is on, but the JVM runs with -Xrs or \
+                 -XX:+DisableAttachMechanism: it cannot be asked"
+                    .into(),
+            ));
+        }
+        let answer = crate::jvm_attach::jcmd(
+            pid,
+            "VM.native_memory summary",
+            std::time::Duration::from_secs(2),
+        );
+        Some(answer.and_then(|text| {
+            let categories = crate::jvm_attach::parse_native_memory(&text);
+            if categories.is_empty() {
+                Err(format!(
+                    "VM.native_memory answered without categories: {}",
+                    text.trim()
+                ))
+            } else {
+                Ok(categories)
+            }
+        }))
     }
 }
 
@@ -452,6 +498,7 @@ pub fn census(mem: &mut ProcessMemory, jvm: &HotSpot) -> Result<JvmHeap, CensusE
         spaces,
         areas,
         archive_copied,
+        native_memory: None,
         committed,
         used,
         max_heap: jvm.max_heap,

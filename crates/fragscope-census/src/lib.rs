@@ -18,6 +18,7 @@ pub mod glibc;
 pub mod golang;
 pub mod jemalloc;
 pub mod jvm;
+pub mod jvm_attach;
 mod library;
 mod maps;
 mod memory;

@@ -303,6 +303,8 @@ fn malloc_data(r: &Report) -> Value {
         "go_note": r.go_note,
         "go_sites": r.go_sites,
         "go_sites_note": r.go_sites_note,
+        "jvm": r.jvm_snapshot.and_then(|i| r.snapshots.get(i)).and_then(|s| s.jvm.as_ref().map(|j| json!({"t_ms": s.t_ms, "census": j}))),
+        "jvm_note": r.jvm_note,
     })
 }
 

@@ -84,6 +84,24 @@ pub fn section(o: &mut String, r: &Report) {
         let _ = writeln!(o, "  old regions by bytes used");
         fill_histogram(o, &p.region_fill, "regions", "used");
     }
+    if let Some(note) = &p.native_memory_note {
+        let _ = writeln!(o, "  no native memory tracking figures: {note}");
+    }
+    if !p.native_memory.is_empty() {
+        let _ = writeln!(
+            o,
+            "  as the JVM's native memory tracking counts it (committed, not all resident)"
+        );
+        for c in &p.native_memory {
+            let _ = writeln!(
+                o,
+                "    {:<36} {:>11} committed {:>11} reserved",
+                c.category,
+                bytes(c.committed),
+                bytes(c.reserved)
+            );
+        }
+    }
     if !p.areas.is_empty() {
         let _ = writeln!(
             o,

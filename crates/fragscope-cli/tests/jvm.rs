@@ -1,7 +1,8 @@
 //! JVM programs: `fragscope snapshot PID` of a running JVM and `fragscope record` of one
 //! read its Java heap from outside, and the report splits RSS by it: the Java heap
 //! against `jcmd GC.heap_info`, the runtime areas beside it, little left as "other
-//! anonymous", and a headline in the JVM's terms rather than malloc's.
+//! anonymous", a headline in the JVM's terms rather than malloc's, and the JVM's native
+//! memory tracking by category when it is on.
 
 mod common;
 
@@ -149,6 +150,29 @@ fn snapshot_of_a_running_jvm_splits_rss_by_its_java_heap() {
     let text = report_text(&trace);
     assert!(text.contains("Java heap (JDK "), "{text}");
     assert!(text.contains("code cache"), "{text}");
+
+    // The page shows the same section.
+    let page = dir.path().join("jvm.html");
+    let out = fragscope(&[
+        "report".as_ref(),
+        trace.as_os_str(),
+        "--html".as_ref(),
+        page.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let Some(browser) = common::chromium() else {
+        eprintln!("skipped the browser checks: chromium is not installed");
+        return;
+    };
+    let dom = common::load_page(&browser, &page, &common::artefacts().join("jvm.png"));
+    assert!(
+        dom.contains("data-rendered=\"ok\""),
+        "the script did not finish"
+    );
+    assert!(!dom.contains("data-errors"), "the page reported errors");
+    assert!(dom.contains("Java heap (JDK "), "{dom}");
+    assert!(dom.contains("free regions kept"), "{dom}");
+    assert!(dom.contains("Java thread stacks"), "{dom}");
 }
 
 #[test]
@@ -161,7 +185,9 @@ fn record_of_a_jvm_takes_its_heap_census_at_its_snapshots() {
     let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
         .args(["record", "--stacks", "none", "--snapshot-ms", "250", "-o"])
         .arg(&trace)
-        .args(["--", "java", "-XX:+UseParallelGC", "-Xmx512m", "-cp"])
+        .args(["--", "java", "-XX:+UseParallelGC", "-Xmx512m"])
+        .arg("-XX:NativeMemoryTracking=summary")
+        .arg("-cp")
         .arg(&classes)
         .args(["KeepTenth", "1000000", "plain", "1500"])
         .stdin(Stdio::null())
@@ -187,7 +213,21 @@ fn record_of_a_jvm_takes_its_heap_census_at_its_snapshots() {
             other * 10 < rss,
             "other anonymous {other} of RSS {rss}: {d}"
         );
-        assert_eq!(s["jvm"]["collector"], "Parallel");
+        let jvm = &s["jvm"];
+        assert_eq!(jvm["collector"], "Parallel");
+        // Native memory tracking is on: the JVM's own categories, asked through its
+        // attach mechanism, beside the census; its Java heap is the census's.
+        let nmt = jvm["native_memory"].as_array().unwrap();
+        let heap = (nmt.iter())
+            .find(|c| c["category"] == "Java Heap")
+            .unwrap_or_else(|| panic!("{jvm}"));
+        within(
+            jvm["committed"].as_u64().unwrap(),
+            heap["committed"].as_u64().unwrap(),
+            2.0,
+            "committed against native memory tracking",
+        );
+        assert!(nmt.iter().any(|c| c["category"] == "GC"), "{nmt:?}");
     }
     // The malloc calls are traced beside the census: the JVM's native memory.
     assert!(r["calls"].as_u64().unwrap() > 1000, "{}", r["calls"]);

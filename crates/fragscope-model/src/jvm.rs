@@ -32,6 +32,14 @@ pub struct JvmArea {
     pub resident: u64,
 }
 
+/// One category of the JVM's native memory tracking: what it reserved and committed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NativeMemory {
+    pub category: String,
+    pub reserved: u64,
+    pub committed: u64,
+}
+
 /// The split of a Java heap's resident bytes at one snapshot: `objects + young_free +
 /// old_free + free_regions == resident`. `committed` and `used` are the census's;
 /// `*_reported` the collector's own counters of the same (jstat's).
@@ -80,6 +88,10 @@ pub struct JvmParts {
     pub areas: Vec<JvmArea>,
     /// Resident bytes of the runtime areas.
     pub runtime: u64,
+    /// The JVM's own account by category when native memory tracking is on
+    /// (`VM.native_memory summary`), and why it is missing when it could not be asked.
+    pub native_memory: Vec<NativeMemory>,
+    pub native_memory_note: Option<String>,
     pub pause_ms: f64,
 }
 
@@ -128,8 +140,23 @@ pub fn split(heap: &JvmHeap, pm: &Pagemap) -> JvmParts {
         spaces: Vec::new(),
         areas: Vec::new(),
         runtime: 0,
+        native_memory: Vec::new(),
+        native_memory_note: None,
         pause_ms: heap.pause_us as f64 / 1000.0,
     };
+    match &heap.native_memory {
+        Some(Ok(categories)) => {
+            p.native_memory = (categories.iter())
+                .map(|(category, reserved, committed)| NativeMemory {
+                    category: category.clone(),
+                    reserved: *reserved,
+                    committed: *committed,
+                })
+                .collect();
+        }
+        Some(Err(why)) => p.native_memory_note = Some(why.clone()),
+        None => {}
+    }
     for kind in JvmSpaceKind::ALL {
         let mut k = JvmSpaces {
             kind: kind.name(),
@@ -301,6 +328,7 @@ mod tests {
             ],
             areas: vec![(JvmAreaKind::ThreadStack, 0x7000_0000, 0x7000_0000 + mib)],
             archive_copied: 0,
+            native_memory: None,
             committed: 4 * mib,
             used: mib + mib / 4 + mib / 10,
             max_heap: 64 * mib,

@@ -578,8 +578,11 @@ impl Censuses {
             return None;
         };
         match result {
-            Ok(heap) => {
+            Ok(mut heap) => {
                 *refused = 0;
+                drop(targets);
+                // Asked of the JVM once it runs again: it answers on a thread of its own.
+                heap.native_memory = jvm.native_memory(pid);
                 Some(note(Ok(heap)))
             }
             // Starting: no heap yet.

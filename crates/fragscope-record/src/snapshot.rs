@@ -437,6 +437,11 @@ fn read_malloc_heap(
     drop(copy);
     let held = held.or_else(|| pause.as_ref().map(Pause::held));
     drop(pause);
+    // Asked of the JVM once it runs again: it answers on a thread of its own.
+    let mut jvm_census = jvm_census;
+    if let (Some(Ok(jvm)), Some(Ok(h))) = (&heap.jvm, jvm_census.as_mut()) {
+        h.native_memory = jvm.native_memory(pid);
+    }
     Ok(Reading {
         stopped_for: held,
         maps,

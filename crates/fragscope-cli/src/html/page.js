@@ -439,6 +439,28 @@
     s.append(table(["site", "in use", "objects", "allocated", "sparse spans kept"], Y.sites.slice(0, 10).map((y) => [site(y), bytes(y.in_use_bytes), count(y.in_use_objects), bytes(y.allocated_bytes), y.sampled_in_sparse_spans ? bytes(y.pinned_free_bytes) : "-"]), "go-sites"));
   }
 
+  // A JVM's Java heap: its regions or spaces split by residency, the collector's own
+  // figures, the spaces by kind and the runtime areas the JVM's tables locate.
+  function jvmSection(main, R) {
+    if (!R.jvm && !R.jvm_note) return;
+    const s = section(main, "Java heap", "jvm");
+    if (R.jvm_note) s.append(el("p", { class: "note" }, R.jvm_note));
+    if (!R.jvm) return;
+    const J = R.jvm.census;
+    s.append(el("p", { class: "note" }, "Java heap (JDK " + J.jvm + ", " + J.collector + " collector" + (J.region_bytes ? ", regions of " + bytes(J.region_bytes) : "") + ") at " + secs(R.jvm.t_ms) + ": " +
+      bytes(J.resident) + " resident of " + bytes(J.committed) + " committed, " + bytes(J.reserved) + " reserved (-Xmx " + bytes(J.max_heap) + ", -Xms " + bytes(J.initial_heap) +
+      "). As the collector counts them: " + bytes(J.committed_reported) + " committed, " + bytes(J.used_reported) + " used. The census paused the JVM " + J.pause_ms.toFixed(1) + " ms."));
+    s.append(table(["part", "bytes", "of the heap"], [
+      ["objects (live or not yet collected)", J.objects], ["young generation's free room", J.young_free], ["free space among old objects", J.old_free], ["free regions kept", J.free_regions],
+    ].map(([name, v]) => [name, bytes(v), pct(v, J.resident)]), "jvm-parts"));
+    s.append(table(["spaces", "count", "bytes", "used", "resident"], J.spaces.map((k) => [k.kind, count(k.spaces), bytes(k.bytes), bytes(k.used), bytes(k.resident)]), "jvm-spaces"));
+    if (J.humongous_objects > 0) s.append(el("p", { class: "note" }, count(J.humongous_objects) + " humongous objects take " + count(J.humongous_regions) + " regions (" + bytes(J.humongous_resident) + " resident): committed heap that counts against -Xmx."));
+    if (J.areas.length) {
+      s.append(el("h3", {}, "Runtime areas outside the heap"));
+      s.append(table(["area", "count", "mapped", "resident"], J.areas.map((a) => [a.area, count(a.count), bytes(a.bytes), bytes(a.resident)]), "jvm-areas"));
+    }
+  }
+
   // Pages shared with other processes and the process's own (after fork: copied since or
   // made), by part; then every process of the trace, workers under their parent.
   function sharingSection(main, R) {
@@ -617,6 +639,7 @@
     occupancySection(main, R);
     pymallocSection(main, R);
     goSection(main, R);
+    jvmSection(main, R);
     lispSection(main, R);
     // A Go program without cgo made no malloc call: malloc's classes and sites are empty.
     if (R.calls === 0 && R.go) return;

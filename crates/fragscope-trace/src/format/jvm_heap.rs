@@ -143,6 +143,10 @@ pub struct JvmHeap {
     /// Resident pages of the class data archive that the JVM wrote to (its own copies of
     /// the file's pages), in bytes, read from pagemap with the census.
     pub archive_copied: u64,
+    /// The JVM's own account by category (`VM.native_memory summary`: name, reserved and
+    /// committed bytes), asked just after the census when native memory tracking is on;
+    /// None when it is off, Err why it could not be asked.
+    pub native_memory: Option<Result<Vec<(String, u64, u64)>, String>>,
     /// The collector's own figures of the heap: committed and used (as `jcmd GC.heap_info`
     /// and jstat give them).
     pub committed: u64,
@@ -188,6 +192,20 @@ impl CensusBody for JvmHeap {
             w.u8(kind as u8).varint(lo).varint(hi.wrapping_sub(lo));
         }
         w.varint(self.archive_copied);
+        match &self.native_memory {
+            None => {
+                w.u8(0);
+            }
+            Some(Err(why)) => {
+                w.u8(2).str(why);
+            }
+            Some(Ok(categories)) => {
+                w.u8(1).varint(categories.len() as u64);
+                for (name, reserved, committed) in categories {
+                    w.str(name).varint(*reserved).varint(*committed);
+                }
+            }
+        }
     }
 
     fn decode_body(r: &mut Reader) -> Result<Self, TraceError> {
@@ -242,6 +260,23 @@ impl CensusBody for JvmHeap {
             areas.push((kind, lo, hi));
         }
         let archive_copied = r.varint()?;
+        let native_memory = match r.u8()? {
+            0 => None,
+            1 => {
+                let n = r.count(3)?;
+                let mut categories = Vec::with_capacity(n);
+                for _ in 0..n {
+                    categories.push((r.string()?, r.varint()?, r.varint()?));
+                }
+                Some(Ok(categories))
+            }
+            2 => Some(Err(r.string()?)),
+            k => {
+                return Err(malformed(format!(
+                    "JVM native memory of unknown outcome {k}"
+                )))
+            }
+        };
         Ok(JvmHeap {
             jvm,
             collector,
@@ -250,6 +285,7 @@ impl CensusBody for JvmHeap {
             spaces,
             areas,
             archive_copied,
+            native_memory,
             committed,
             used,
             max_heap,
@@ -297,6 +333,7 @@ mod tests {
                     (JvmAreaKind::ThreadStack, 0x7f10_0000_0000, 0x7f10_0010_0000),
                 ],
                 archive_copied: 9 << 20,
+                native_memory: Some(Ok(vec![("Java Heap".into(), 6 << 30, 160 << 20)])),
                 committed: 40 * region,
                 used: 3 * region,
                 max_heap: 6 << 30,
