@@ -81,8 +81,7 @@ fn start_listener(pid: u32, ns: u32, socket: &PathBuf, wait: Duration) -> Result
     }
 }
 
-/// One category of `VM.native_memory summary`: (name, reserved, committed) in bytes.
-pub type NativeCategory = (String, u64, u64);
+pub use fragscope_trace::jvm_heap::NativeCategory;
 
 /// The categories of a `VM.native_memory summary` answer, as "- Java Heap (reserved=
 /// 4194304KB, committed=262144KB)" lines give them.

@@ -8,6 +8,9 @@ use crate::format::TraceError;
 
 pub type JvmCensus = Census<JvmHeap>;
 
+/// One category of the JVM's native memory tracking: name, reserved and committed bytes.
+pub type NativeCategory = (String, u64, u64);
+
 /// The collector whose heap the census read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum JvmCollector {
@@ -146,7 +149,7 @@ pub struct JvmHeap {
     /// The JVM's own account by category (`VM.native_memory summary`: name, reserved and
     /// committed bytes), asked just after the census when native memory tracking is on;
     /// None when it is off, Err why it could not be asked.
-    pub native_memory: Option<Result<Vec<(String, u64, u64)>, String>>,
+    pub native_memory: Option<Result<Vec<NativeCategory>, String>>,
     /// The collector's own figures of the heap: committed and used (as `jcmd GC.heap_info`
     /// and jstat give them).
     pub committed: u64,
