@@ -12,7 +12,7 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// The pid of `pid` in its own namespace (the last of /proc/PID/status's NSpid).
@@ -55,7 +55,7 @@ pub fn jcmd(pid: u32, command: &str, wait: Duration) -> Result<String, String> {
 }
 
 /// Asks the JVM to start its attach listener and waits for its socket.
-fn start_listener(pid: u32, ns: u32, socket: &PathBuf, wait: Duration) -> Result<(), String> {
+fn start_listener(pid: u32, ns: u32, socket: &Path, wait: Duration) -> Result<(), String> {
     let candidates = [
         PathBuf::from(format!("/proc/{pid}/cwd/.attach_pid{ns}")),
         PathBuf::from(format!("/proc/{pid}/root/tmp/.attach_pid{ns}")),
