@@ -1224,6 +1224,7 @@ fn snapshots_batch(r: &Report) -> Result<RecordBatch> {
         unknown_or_u64("go_heap", |x| x.parts.go_heap),
         unknown_or_u64("jvm_heap", |x| x.parts.jvm_heap),
         unknown_or_u64("jvm_runtime", |x| x.parts.jvm_runtime),
+        unknown_or_u64("v8_heap", |x| x.parts.v8_heap),
         u("other_anon", |x| x.parts.other_anon),
         u("file", |x| x.parts.file),
         u("fragscope_own", |x| x.parts.fragscope_own),

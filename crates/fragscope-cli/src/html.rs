@@ -34,7 +34,7 @@ const TABLE_CLASSES: usize = 50;
 const FLAME_MIN_SHARE: f64 = 1e-4;
 
 /// The malloc report's parts, in stacking order, with their names in the page.
-pub const PARTS: [(&str, &str); 14] = [
+pub const PARTS: [(&str, &str); 15] = [
     ("live", "live"),
     ("rounding", "rounding"),
     ("allocator_overhead", "allocator overhead"),
@@ -46,6 +46,7 @@ pub const PARTS: [(&str, &str); 14] = [
     ("go_heap", "Go heap"),
     ("jvm_heap", "Java heap"),
     ("jvm_runtime", "JVM runtime areas"),
+    ("v8_heap", "V8 heap"),
     ("other_anon", "other anonymous"),
     ("file", "file-backed"),
     ("fragscope_own", "fragscope's buffers"),
@@ -155,6 +156,7 @@ fn malloc_data(r: &Report) -> Value {
                     "go_heap" => d.go_heap,
                     "jvm_heap" => d.jvm_heap,
                     "jvm_runtime" => d.jvm_runtime,
+                    "v8_heap" => d.v8_heap,
                     "other_anon" => Some(d.other_anon),
                     "file" => Some(d.file),
                     _ => Some(d.fragscope_own),
@@ -305,6 +307,7 @@ fn malloc_data(r: &Report) -> Value {
         "go_sites_note": r.go_sites_note,
         "jvm": r.jvm_snapshot.and_then(|i| r.snapshots.get(i)).and_then(|s| s.jvm.as_ref().map(|j| json!({"t_ms": s.t_ms, "census": j}))),
         "jvm_note": r.jvm_note,
+        "v8": r.v8_snapshot.and_then(|i| r.snapshots.get(i)).and_then(|s| s.v8.as_ref().map(|v| json!({"t_ms": s.t_ms, "census": v}))),
     })
 }
 

@@ -240,6 +240,7 @@ pub fn render(r: &Report, top: usize) -> String {
     sbcl(&mut o, r);
     crate::report_go::section(&mut o, r);
     crate::report_jvm::section(&mut o, r);
+    crate::report_jvm::v8_section(&mut o, r);
     lisp_sites(&mut o, r);
     phases(&mut o, r);
     timeline(&mut o, r);
@@ -561,7 +562,7 @@ fn headline(o: &mut String, r: &Report) {
 /// not known at that snapshot).
 type PartOf = fn(&Decomposition) -> Option<i64>;
 
-const PARTS: [(&str, PartOf); 15] = [
+const PARTS: [(&str, PartOf); 16] = [
     ("live", |d| malloc_part(d, d.live)),
     ("rounding", |d| malloc_part(d, d.rounding)),
     ("allocator overhead", |d| {
@@ -581,6 +582,7 @@ const PARTS: [(&str, PartOf); 15] = [
     ("Go heap", |d| d.go_heap.map(|v| v as i64)),
     ("Java heap", |d| d.jvm_heap.map(|v| v as i64)),
     ("JVM runtime areas", |d| d.jvm_runtime.map(|v| v as i64)),
+    ("V8 heap", |d| d.v8_heap.map(|v| v as i64)),
     ("other anonymous", |d| Some(d.other_anon as i64)),
     ("file-backed", |d| Some(d.file as i64)),
     ("fragscope's own", |d| Some(d.fragscope_own as i64)),
@@ -641,6 +643,8 @@ fn decomposition_table(o: &mut String, r: &Report) {
     add("pymalloc", r.pymalloc_snapshot);
     add("SBCL", r.sbcl_snapshot);
     add("Go", r.go_snapshot);
+    add("JVM", r.jvm_snapshot);
+    add("V8", r.v8_snapshot);
     if cols.is_empty() {
         return;
     }
@@ -674,6 +678,9 @@ fn decomposition_table(o: &mut String, r: &Report) {
                 | "pymalloc arenas"
                 | "SBCL dynamic space"
                 | "Go heap"
+                | "Java heap"
+                | "JVM runtime areas"
+                | "V8 heap"
         ) && values.iter().all(|&v| v == Some(0))
         {
             continue;
@@ -743,7 +750,7 @@ fn phases(o: &mut String, r: &Report) {
     // A runtime's heap (pymalloc's arenas, SBCL's dynamic space) in a column of its own,
     // "–" where the phase's snapshot had no census of it.
     let runtime_of = |d: &Decomposition| {
-        Some(d.pymalloc_arenas? + d.sbcl_dynamic_space? + d.go_heap? + d.jvm_heap?)
+        Some(d.pymalloc_arenas? + d.sbcl_dynamic_space? + d.go_heap? + d.jvm_heap? + d.v8_heap?)
     };
     let runtime = r
         .snapshots

@@ -1,6 +1,6 @@
 //! The heaps a snapshot can know, in one list: malloc's (from the merged calls or a
 //! census) and the runtime heaps malloc never sees (pymalloc's arenas, SBCL's dynamic
-//! space, Go's heap, a JVM's Java heap). The focus snapshot, the headline and the "most waste" line weigh every heap
+//! space, Go's heap, a JVM's Java heap, Node's V8 heap). The focus snapshot, the headline and the "most waste" line weigh every heap
 //! through [`Heap::ALL`]; a heap fragscope learns is one more entry there.
 
 use serde::Serialize;
@@ -16,15 +16,17 @@ pub enum Heap {
     Sbcl,
     Go,
     Jvm,
+    V8,
 }
 
 impl Heap {
-    pub const ALL: [Heap; 5] = [
+    pub const ALL: [Heap; 6] = [
         Heap::Malloc,
         Heap::Pymalloc,
         Heap::Sbcl,
         Heap::Go,
         Heap::Jvm,
+        Heap::V8,
     ];
 
     /// How the text names it.
@@ -35,6 +37,7 @@ impl Heap {
             Heap::Sbcl => "SBCL dynamic space",
             Heap::Go => "Go heap",
             Heap::Jvm => "Java heap",
+            Heap::V8 => "V8 heap",
         }
     }
 
@@ -61,6 +64,7 @@ impl Heap {
             Heap::Sbcl => s.sbcl.as_ref().map(|p| (p.resident, p.in_use, p.waste()))?,
             Heap::Go => s.go.as_ref().map(|p| (p.resident, p.live(), p.waste()))?,
             Heap::Jvm => s.jvm.as_ref().map(|p| (p.resident, p.objects, p.waste()))?,
+            Heap::V8 => s.v8.as_ref().map(|p| (p.physical, p.objects, p.waste()))?,
         };
         Some(HeapFigures {
             heap: self,

@@ -28,6 +28,7 @@ pub mod report;
 pub mod sbcl;
 pub mod sharing;
 pub mod symbols;
+pub mod v8;
 
 pub use analyze::{analyze, AnalysisError, Options};
 pub use report::Report;

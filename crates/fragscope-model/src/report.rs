@@ -41,6 +41,10 @@ pub struct Decomposition {
     /// A JVM's runtime areas its tables locate (code cache, Java thread stacks, card
     /// table; resident), with the same zero and `None`.
     pub jvm_runtime: Option<u64>,
+    /// A Node.js process's V8 heap (its spaces' physical bytes, as V8 counts them), split
+    /// in [`Snapshot::v8`]; 0 for other programs; `None` at a snapshot of a Node.js
+    /// process without its figures.
+    pub v8_heap: Option<u64>,
     pub other_anon: u64,
     pub file: u64,
     /// fragscope's own buffers in the traced process: shown, kept out of the other parts.
@@ -59,7 +63,7 @@ impl Serialize for Decomposition {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let malloc = |v: u64| (!self.malloc_unknown).then_some(v);
-        let mut m = s.serialize_struct("Decomposition", 18)?;
+        let mut m = s.serialize_struct("Decomposition", 19)?;
         m.serialize_field("rss", &self.rss)?;
         m.serialize_field("live", &malloc(self.live))?;
         m.serialize_field("rounding", &malloc(self.rounding))?;
@@ -72,6 +76,7 @@ impl Serialize for Decomposition {
         m.serialize_field("go_heap", &self.go_heap)?;
         m.serialize_field("jvm_heap", &self.jvm_heap)?;
         m.serialize_field("jvm_runtime", &self.jvm_runtime)?;
+        m.serialize_field("v8_heap", &self.v8_heap)?;
         m.serialize_field("other_anon", &self.other_anon)?;
         m.serialize_field("file", &self.file)?;
         m.serialize_field("fragscope_own", &self.fragscope_own)?;
@@ -154,6 +159,9 @@ pub struct Snapshot {
     /// A JVM's Java heap, from a census of its regions or spaces taken with the snapshot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub jvm: Option<crate::jvm::JvmParts>,
+    /// A Node.js process's V8 heap, as its isolates last counted it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub v8: Option<crate::v8::V8Parts>,
     /// Every heap this snapshot has figures for: resident, live and waste of each.
     pub heaps: Vec<crate::heaps::HeapFigures>,
     /// Runtime heaps the process runs (other snapshots have their census) that this
@@ -467,6 +475,9 @@ pub struct Report {
     /// Why a JVM has no census of its heap.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub jvm_note: Option<String>,
+    /// A Node.js process: the snapshot whose V8 heap holds the most free space.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub v8_snapshot: Option<usize>,
     /// A Go program that keeps a heap profile: its allocation stacks at the census with
     /// the most waste, joined with the spans their sampled objects lie in.
     #[serde(skip_serializing_if = "Option::is_none")]

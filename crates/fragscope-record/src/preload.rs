@@ -16,18 +16,31 @@ use anyhow::{bail, Context, Result};
 
 static PRELOAD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libfragscope_preload.so"));
 
-/// FNV-1a of the interposer, computed when fragscope is built (not at every run).
-const PRELOAD_HASH: u64 = {
-    let mut h = 0xcbf29ce484222325u64;
+/// The module Node.js processes load to hand the recorder their V8 heap's figures.
+static V8_MODULE: &[u8] = include_bytes!("../runtime/v8_heap.js");
+
+/// FNV-1a of `bytes` from `h`, for the hash below.
+const fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
     let mut i = 0;
-    while i < PRELOAD.len() {
-        h = (h ^ PRELOAD[i] as u64).wrapping_mul(0x100000001b3);
+    while i < bytes.len() {
+        h = (h ^ bytes[i] as u64).wrapping_mul(0x100000001b3);
         i += 1;
     }
     h
-};
+}
+
+/// FNV-1a of the interposer and the Node module, computed when fragscope is built (not
+/// at every run): the name of the directory that holds this build's copies.
+const PRELOAD_HASH: u64 = fnv1a(fnv1a(0xcbf29ce484222325, PRELOAD), V8_MODULE);
 
 const LIBRARY_NAME: &str = "libfragscope_preload.so";
+const V8_MODULE_NAME: &str = "fragscope_v8_heap.js";
+
+/// The Node module written beside the interposer at `preload`, when it is there (an
+/// interposer given by FRAGSCOPE_PRELOAD may have none beside it).
+pub fn v8_module(preload: &Path) -> Option<PathBuf> {
+    Some(preload.with_file_name(V8_MODULE_NAME)).filter(|p| p.is_file())
+}
 
 /// The path of the interposer on disk, writing it out if this build's copy is missing.
 /// `FRAGSCOPE_PRELOAD` overrides it (for testing another build of the interposer).
@@ -96,22 +109,30 @@ fn write_into(base: &Path, uid: u32) -> Result<PathBuf> {
     if no_executable_mappings(&dir) {
         bail!("mounted noexec");
     }
-    // The directory is named by the library's hash and the file is renamed into place
+    write_whole(&path, PRELOAD)?;
+    write_whole(&dir.join(V8_MODULE_NAME), V8_MODULE)?;
+    Ok(path)
+}
+
+/// Writes `bytes` to `path`, readable by all, unless it holds them already.
+fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
+    // The directory is named by the files' hash and each file is renamed into place
     // whole, so a file of the right length is the right file (no need to read it).
     // Copies by older versions were readable by their user only.
-    if fs::symlink_metadata(&path)
-        .is_ok_and(|m| m.is_file() && m.len() == PRELOAD.len() as u64 && m.mode() & 0o444 == 0o444)
+    if fs::symlink_metadata(path)
+        .is_ok_and(|m| m.is_file() && m.len() == bytes.len() as u64 && m.mode() & 0o444 == 0o444)
     {
-        return Ok(path);
+        return Ok(());
     }
     // Written under a temporary name and renamed, so a concurrent run never loads half a file.
-    let mut tmp = tempfile::NamedTempFile::new_in(&dir)?;
-    tmp.write_all(PRELOAD)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
     tmp.as_file()
         .set_permissions(fs::Permissions::from_mode(0o644))?;
-    tmp.persist(&path)
+    tmp.persist(path)
         .with_context(|| format!("writing {}", path.display()))?;
-    Ok(path)
+    Ok(())
 }
 
 /// Refuses a directory another user could change (or a symlink to one): what is in it

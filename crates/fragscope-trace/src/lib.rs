@@ -15,7 +15,7 @@
 //!                         └─────> live
 //!   ─────────────────────────────────────────────────────────────────────────────
 //!   format/   summary ──> reader ──> chunk, records, heap_census, runtime_samples,
-//!                                    sbcl_heap, go_heap, jvm_heap ──> wire
+//!                                    sbcl_heap, go_heap, jvm_heap, v8_heap ──> wire
 //!             pack ──> event ──> event/tables ──> hash;   event ──> columns ──> wire
 //! ```
 //!
@@ -28,7 +28,7 @@ mod order;
 
 pub use format::{
     chunk, event, go_heap, hash, heap_census, jvm_heap, pack, reader, records, runtime_samples,
-    sbcl_heap, summary, wire, TraceError,
+    sbcl_heap, summary, v8_heap, wire, TraceError,
 };
 pub use order::{ahead, call, live, merge, stream_decoder};
 

@@ -75,7 +75,7 @@
   const PALETTE = ["#3b82f6", "#10b981", "#f59e0b", "#ef4444", "#8b5cf6", "#06b6d4", "#84cc16", "#ec4899", "#64748b", "#f97316", "#14b8a6", "#a855f7"];
   const PART_COLORS = {
     live: "#3b82f6", rounding: "#a855f7", allocator_overhead: "#6366f1", free_in_used_pages: "#ef4444", free_resident_pages: "#f59e0b",
-    lazy_free: "#fde68a", pymalloc_arenas: "#14b8a6", sbcl_dynamic_space: "#0d9488", go_heap: "#0891b2", jvm_heap: "#0e7490", jvm_runtime: "#155e75", other_anon: "#94a3b8", file: "#cbd5e1", fragscope_own: "#4b5563",
+    lazy_free: "#fde68a", pymalloc_arenas: "#14b8a6", sbcl_dynamic_space: "#0d9488", go_heap: "#0891b2", jvm_heap: "#0e7490", jvm_runtime: "#155e75", v8_heap: "#65a30d", other_anon: "#94a3b8", file: "#cbd5e1", fragscope_own: "#4b5563",
   };
 
   const tip = el("div", { class: "tip" });
@@ -461,6 +461,18 @@
     }
   }
 
+  // A Node.js process's V8 heap as V8 counts it: its spaces' physical bytes split into
+  // objects and free space.
+  function v8Section(main, R) {
+    if (!R.v8) return;
+    const s = section(main, "V8 heap", "v8");
+    const V = R.v8.census;
+    s.append(el("p", { class: "note" }, "V8 heap (Node " + V.node + ", " + count(V.isolates) + " isolates) at " + secs(R.v8.t_ms) + ": " + bytes(V.physical) + " physical of " +
+      bytes(V.committed) + " committed, " + bytes(V.objects) + " of objects, " + bytes(V.free) + " free; old generation limit " + bytes(V.heap_size_limit) + ", external memory " +
+      bytes(V.external_memory) + " (ArrayBuffers' backing stores, in malloc's heap). Figures as V8 counted them " + V.age_ms + " ms before the snapshot."));
+    s.append(table(["space", "committed", "used", "available", "physical"], V.spaces.map((x) => [x.space, bytes(x.size), bytes(x.used), bytes(x.available), bytes(x.physical)]), "v8-spaces"));
+  }
+
   // Pages shared with other processes and the process's own (after fork: copied since or
   // made), by part; then every process of the trace, workers under their parent.
   function sharingSection(main, R) {
@@ -640,6 +652,7 @@
     pymallocSection(main, R);
     goSection(main, R);
     jvmSection(main, R);
+    v8Section(main, R);
     lispSection(main, R);
     // A Go program without cgo made no malloc call: malloc's classes and sites are empty.
     if (R.calls === 0 && R.go) return;

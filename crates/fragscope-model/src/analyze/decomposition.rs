@@ -65,7 +65,8 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
     let sbcl = e.sbcl.as_ref().map_or(0, |p| p.resident);
     let go = e.go.as_ref().map_or(0, |p| p.resident);
     let (jvm, jvm_runtime) = e.jvm.as_ref().map_or((0, 0), |p| (p.resident, p.runtime));
-    let runtimes = pymalloc + sbcl + go + jvm + jvm_runtime;
+    let v8 = e.v8.as_ref().map_or(0, |p| p.physical);
+    let runtimes = pymalloc + sbcl + go + jvm + jvm_runtime + v8;
     let other = anon as i64 - heap_total as i64 - own as i64 - runtimes as i64;
     let parts = Decomposition {
         rss: vm_rss,
@@ -80,6 +81,7 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         go_heap: Some(go),
         jvm_heap: Some(jvm),
         jvm_runtime: Some(jvm_runtime),
+        v8_heap: Some(v8),
         other_anon: other.max(0) as u64,
         file,
         fragscope_own: own,
@@ -135,6 +137,7 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         sbcl: e.sbcl.clone(),
         go: e.go.clone(),
         jvm: e.jvm.clone(),
+        v8: e.v8.clone(),
         heaps: Vec::new(),
         missing_census: Vec::new(),
         sharing: e.sharing.clone().map(|mut sh| {
@@ -168,6 +171,7 @@ fn mark_missing_censuses(snapshots: &mut [Snapshot]) {
                     s.parts.jvm_heap = None;
                     s.parts.jvm_runtime = None;
                 }
+                Heap::V8 => s.parts.v8_heap = None,
                 Heap::Malloc => {}
             }
         }

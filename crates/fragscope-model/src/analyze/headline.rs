@@ -24,6 +24,7 @@ pub(super) struct Told {
     pub(super) sbcl_snapshot: Option<usize>,
     pub(super) go_snapshot: Option<usize>,
     pub(super) jvm_snapshot: Option<usize>,
+    pub(super) v8_snapshot: Option<usize>,
 }
 
 /// The headline of process `s` at `focus`, its sentence told by the heap that wastes most
@@ -108,6 +109,9 @@ pub(super) fn tell(
         jvm_snapshot: (0..snapshots.len())
             .filter(|&i| snapshots[i].jvm.is_some())
             .max_by_key(|&i| snapshots[i].jvm.as_ref().map_or(0, |p| p.waste())),
+        v8_snapshot: (0..snapshots.len())
+            .filter(|&i| snapshots[i].v8.is_some())
+            .max_by_key(|&i| snapshots[i].v8.as_ref().map_or(0, |p| p.waste())),
     }
 }
 
@@ -120,8 +124,9 @@ fn peak_live(s: &Stream, snapshots: &[Snapshot], tick_ms: f64) -> Option<(u64, f
         && snapshots
             .iter()
             .any(|x| x.heaps.iter().any(|h| h.heap != Heap::Malloc));
-    // A JVM's malloc calls are its native memory; its objects are the Java heap's.
-    let jvm = snapshots.iter().any(|x| x.jvm.is_some());
+    // A JVM's or Node's malloc calls are its native memory; its objects are the Java or
+    // V8 heap's.
+    let jvm = (snapshots.iter()).any(|x| x.jvm.is_some() || x.v8.is_some());
     if jvm && !s.heap_unread() {
         let censuses = (snapshots.iter())
             .map(|x| (heaps::live(x), x.t_ms))
@@ -171,6 +176,7 @@ impl RuntimeSentence<'_> {
             (Some(Heap::Sbcl), Some(f)) => f.sbcl.as_ref().and_then(|p| sbcl::headline(p, walked)),
             (Some(Heap::Go), Some(f)) => f.go.as_ref().and_then(crate::golang::headline),
             (Some(Heap::Jvm), Some(f)) => f.jvm.as_ref().and_then(crate::jvm::headline),
+            (Some(Heap::V8), Some(f)) => f.v8.as_ref().and_then(crate::v8::headline),
             _ => None,
         };
         if let Some((dominant, sentence)) = sentence {
@@ -405,6 +411,7 @@ mod tests {
             sbcl: None,
             go: None,
             jvm: None,
+            v8: None,
             heaps,
             missing_census: vec![],
             sharing: None,

@@ -227,6 +227,11 @@ impl Reading<'_> {
                     }
                 }
             }
+            Chunk::V8Census(c) => {
+                if let Ok(heap) = c.result {
+                    self.stream(c.stream).v8_pending.push_back((c.tick, heap));
+                }
+            }
             Chunk::PythonSamples(c) => self.stream(c.stream).python.add(&c),
             Chunk::LispSamples(c) => self.stream(c.stream).lisp.add(&c),
         }

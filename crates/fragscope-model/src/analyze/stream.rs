@@ -21,9 +21,11 @@ use crate::pymalloc::{self, PymallocParts};
 use crate::python_sites::{PoolIndex, PythonLog};
 use crate::sbcl::{self, SbclParts};
 use crate::sharing::{self, Owners, PartSharing, RollupSharing, Sharing};
+use crate::v8::{self, V8Parts};
 use fragscope_trace::go_heap::GoHeap;
 use fragscope_trace::jvm_heap::{JvmAreaKind, JvmHeap};
 use fragscope_trace::sbcl_heap::SbclHeap;
+use fragscope_trace::v8_heap::V8Heap;
 
 use super::SITES_PER_SNAPSHOT;
 
@@ -43,6 +45,7 @@ pub(super) struct Evaluated {
     pub(super) sbcl: Option<SbclParts>,
     pub(super) go: Option<GoParts>,
     pub(super) jvm: Option<JvmParts>,
+    pub(super) v8: Option<V8Parts>,
     /// Pages by owner, when the residency says which are shared (its rollup is joined
     /// when the snapshot is reported).
     pub(super) sharing: Option<Sharing>,
@@ -97,6 +100,8 @@ pub(super) struct Stream {
     pub(super) jvm_pending: VecDeque<(u64, JvmHeap)>,
     /// Why the process has no JVM heap census, when it runs a JVM.
     pub(super) jvm_note: Option<String>,
+    /// V8 heap figures waiting for the snapshot of their tick (written just before it).
+    pub(super) v8_pending: VecDeque<(u64, V8Heap)>,
     pub(super) evaluated: Vec<Evaluated>,
     /// Snapshots whose evaluation waits until the report knows which process it explains,
     /// each with the live blocks of its moment (see `evaluate_next`).
@@ -392,11 +397,14 @@ impl Stream {
         let (go, go_owners) = self.go_at(pm).unzip();
         let (jvm, jvm_owners) = self.jvm_at(pm).unzip();
         let (jvm_owners, jvm_runtime_owners) = jvm_owners.unzip();
+        // V8's figures are its own counts, not pages: it has no part in the sharing.
+        let v8 = census_at(&mut self.v8_pending, pm.tick).map(|h| v8::split(&h));
         RuntimeParts {
             pymalloc,
             sbcl,
             go,
             jvm,
+            v8,
             owners: [
                 ("pymalloc_arenas", pymalloc_owners),
                 ("sbcl_dynamic_space", sbcl_owners),
@@ -508,6 +516,7 @@ impl Stream {
                 sbcl: runtimes.sbcl,
                 go: runtimes.go,
                 jvm: runtimes.jvm,
+                v8: runtimes.v8,
                 sharing,
             });
             self.peak_live = self.peak_live.max((live, pm.tick));
@@ -520,6 +529,7 @@ impl Stream {
             census_at(&mut self.sbcl_pending, pm.tick);
             census_at(&mut self.go_pending, pm.tick);
             census_at(&mut self.jvm_pending, pm.tick);
+            census_at(&mut self.v8_pending, pm.tick);
             return;
         }
         let at = Moment {
@@ -623,6 +633,7 @@ impl Stream {
             sbcl: runtimes.sbcl,
             go: runtimes.go,
             jvm: runtimes.jvm,
+            v8: runtimes.v8,
             sharing,
         });
     }
@@ -635,6 +646,7 @@ struct RuntimeParts {
     sbcl: Option<SbclParts>,
     go: Option<GoParts>,
     jvm: Option<JvmParts>,
+    v8: Option<V8Parts>,
     owners: [(&'static str, Option<Owners>); 5],
 }
 

@@ -80,6 +80,20 @@ pub(super) fn run_program(
     if let Some(ghcrts) = ghcrts {
         cmd.env("GHCRTS", ghcrts);
     }
+    // Node.js processes load the module that hands over their V8 heap's figures.
+    if let Some(module) = crate::preload::v8_module(preload) {
+        let mut node_options = std::ffi::OsString::from("--require \"");
+        node_options.push(&module);
+        node_options.push("\"");
+        if let Some(theirs) = std::env::var_os("NODE_OPTIONS").filter(|v| !v.is_empty()) {
+            node_options.push(" ");
+            node_options.push(theirs);
+        }
+        let every = super::v8_interval_ms(opts.snapshot_ms);
+        cmd.env("NODE_OPTIONS", node_options)
+            .env("FRAGSCOPE_V8_DIR", &rendezvous.v8_dir)
+            .env("FRAGSCOPE_V8_MS", every.to_string());
+    }
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(|| {

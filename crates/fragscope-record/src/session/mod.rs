@@ -100,6 +100,8 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let preload = crate::preload::preload_library()?;
     let started = Instant::now();
     let (rendezvous, listener) = Rendezvous::open()?;
+    let mut censuses = censuses;
+    censuses.watch_v8(rendezvous.v8_dir.clone(), v8_interval_ms(opts.snapshot_ms));
     let clock = ClockPage::create(&rendezvous.clock_path)?;
     let token = server::recording_token()?;
 
@@ -293,4 +295,10 @@ fn open_trace(
     };
     writer.write_chunk(ChunkKind::Meta, &meta.encode())?;
     Ok(writer)
+}
+
+/// How often a Node.js process writes its V8 heap's figures: twice a snapshot interval,
+/// at most 10 times a second.
+fn v8_interval_ms(snapshot_ms: u32) -> u64 {
+    u64::from(snapshot_ms / 2).clamp(20, 100)
 }

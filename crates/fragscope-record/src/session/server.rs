@@ -21,6 +21,9 @@ pub(super) struct Rendezvous {
     _dir: tempfile::TempDir,
     pub(super) sock_path: PathBuf,
     pub(super) clock_path: PathBuf,
+    /// Where Node.js processes write their V8 heap's figures (`runtime/v8_heap.js`): any
+    /// user may add a file (mode 1733, sticky), none may list or replace another's.
+    pub(super) v8_dir: PathBuf,
 }
 
 impl Rendezvous {
@@ -39,10 +42,22 @@ impl Rendezvous {
                     format!("opening {} to the program's users", sock_path.display())
                 })?;
         }
+        let v8_dir = dir.path().join("v8");
+        {
+            use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+            std::fs::DirBuilder::new()
+                .mode(0o1733)
+                .create(&v8_dir)
+                .with_context(|| format!("creating {}", v8_dir.display()))?;
+            // The umask may have taken bits from what we asked for.
+            std::fs::set_permissions(&v8_dir, std::fs::Permissions::from_mode(0o1733))
+                .with_context(|| format!("opening {} to the program's users", v8_dir.display()))?;
+        }
         let rendezvous = Self {
             _dir: dir,
             sock_path,
             clock_path,
+            v8_dir,
         };
         Ok((rendezvous, listener))
     }

@@ -204,6 +204,9 @@ impl Shared {
         if let Some(census) = self.censuses.take_jvm(stream, pid, tick, reason) {
             self.send(ChunkKind::JvmCensus, census.encode());
         }
+        if let Some(census) = self.censuses.take_v8(stream, pid, tick, reason) {
+            self.send(ChunkKind::V8Census, census.encode());
+        }
         let Some(mappings) = self.write_maps(stream, pid) else {
             return;
         };

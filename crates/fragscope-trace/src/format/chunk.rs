@@ -73,6 +73,8 @@ pub enum ChunkKind {
     GoCensus = 25,
     /// A HotSpot JVM's Java heap and runtime areas (see [`crate::format::jvm_heap`]).
     JvmCensus = 26,
+    /// A Node.js process's V8 heap as V8 counts it (see [`crate::format::v8_heap`]).
+    V8Census = 27,
 }
 
 impl ChunkKind {
@@ -104,6 +106,7 @@ impl ChunkKind {
             24 => LinkedAllocator,
             25 => GoCensus,
             26 => JvmCensus,
+            27 => V8Census,
             _ => return None,
         })
     }
@@ -117,7 +120,9 @@ impl ChunkKind {
         match self {
             Maps | Rss | Rollup | Pagemap | ProcessEnd | WaitStatus | Untraced | GhcCensus
             | HeapCensus | PymallocCensus | PythonSamples | SbclCensus | StartingHeap
-            | LispSamples | ForkResidency | LinkedAllocator | GoCensus | JvmCensus => true,
+            | LispSamples | ForkResidency | LinkedAllocator | GoCensus | JvmCensus | V8Census => {
+                true
+            }
             Meta | Process | Events | PackedEventsV1 | PackedEventsV2 | PackedEvents | End => false,
         }
     }

@@ -1,5 +1,5 @@
 //! The lower layer: the trace format and reading a chunk stream. Framing ([`chunk`]),
-//! payloads ([`records`], [`heap_census`], [`runtime_samples`], [`sbcl_heap`], [`go_heap`], [`jvm_heap`]), a
+//! payloads ([`records`], [`heap_census`], [`runtime_samples`], [`sbcl_heap`], [`go_heap`], [`jvm_heap`], [`v8_heap`]), a
 //! thread buffer's event records ([`event`]) and their packed form ([`pack`], on
 //! [`columns`]), typed chunks from a file ([`reader`]) and a summary ([`summary`]).
 //! Nothing here orders calls or depends on `crate::order`, so the recorder writes
@@ -18,6 +18,7 @@ pub mod records;
 pub mod runtime_samples;
 pub mod sbcl_heap;
 pub mod summary;
+pub mod v8_heap;
 pub mod wire;
 
 /// Why a trace could not be read (or read further).

@@ -32,6 +32,7 @@ pub enum Chunk {
     SbclCensus(crate::format::sbcl_heap::SbclCensus),
     GoCensus(crate::format::go_heap::GoCensus),
     JvmCensus(crate::format::jvm_heap::JvmCensus),
+    V8Census(crate::format::v8_heap::V8Census),
     StartingHeap(crate::format::heap_census::StartingHeap),
     LinkedAllocator(crate::format::heap_census::LinkedAllocator),
 }
@@ -179,6 +180,9 @@ impl<R: Read> TraceReader<R> {
             }
             ChunkKind::JvmCensus => {
                 crate::format::jvm_heap::JvmCensus::decode(data).map(Chunk::JvmCensus)
+            }
+            ChunkKind::V8Census => {
+                crate::format::v8_heap::V8Census::decode(data).map(Chunk::V8Census)
             }
             ChunkKind::HeapCensus => {
                 crate::format::heap_census::HeapCensus::decode(data).map(Chunk::HeapCensus)

@@ -49,6 +49,8 @@ pub struct ProcessSummary {
     pub go_census_note: Option<String>,
     pub jvm_censuses: u64,
     pub jvm_census_note: Option<String>,
+    pub v8_censuses: u64,
+    pub v8_census_note: Option<String>,
     /// The heap census of `fragscope snapshot`, if this is one.
     pub heap_census: Option<crate::format::heap_census::HeapCensus>,
     /// An allocator linked into its program, whose calls are not traced.
@@ -229,6 +231,10 @@ impl Summarizer {
             Chunk::JvmCensus(c) => {
                 let ps = self.process(c.stream);
                 count_census(c.result, &mut ps.jvm_censuses, &mut ps.jvm_census_note);
+            }
+            Chunk::V8Census(c) => {
+                let ps = self.process(c.stream);
+                count_census(c.result, &mut ps.v8_censuses, &mut ps.v8_census_note);
             }
             Chunk::PythonSamples(c) => self.process(c.stream).python_samples += samples_of(&c),
             Chunk::LispSamples(c) => self.process(c.stream).lisp_samples += samples_of(&c),

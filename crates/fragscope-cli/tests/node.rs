@@ -1,0 +1,95 @@
+//! Node.js programs: `fragscope record` of a Node program gets its V8 heap as V8 counts it
+//! at each snapshot (a module the recorder has Node load, NODE_OPTIONS=--require), and
+//! the report splits RSS by it: the V8 heap beside malloc's, little left as "other
+//! anonymous", and a headline in V8's terms rather than malloc's.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::{report_json, report_text, stderr};
+
+fn within(ours: u64, theirs: u64, pct: f64, what: &str) {
+    let d = (ours as f64 - theirs as f64).abs() / theirs.max(1) as f64 * 100.0;
+    assert!(
+        d <= pct,
+        "{what}: fragscope {ours}, V8 {theirs} ({d:.2}% apart)"
+    );
+}
+
+#[test]
+fn record_of_a_node_program_splits_rss_by_its_v8_heap() {
+    if Command::new("node").arg("--version").output().is_err() {
+        eprintln!("skipped: node is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("node.fsc");
+    let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/node/keep_tenth.js");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["record", "--stacks", "none", "--snapshot-ms", "250", "-o"])
+        .arg(&trace)
+        .args(["--", "node", "--expose-gc"])
+        .arg(&program)
+        .args(["1000000", "1500"])
+        .env("NODE_OPTIONS", "--max-old-space-size=2048")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    // The program's own view of its heap once it settled, as its first line says it.
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    let own: serde_json::Value =
+        serde_json::from_str(said.lines().find(|l| l.contains("\"ready\"")).unwrap()).unwrap();
+    let own_space = |name: &str, key: &str| -> u64 {
+        (own["spaces"].as_array().unwrap().iter())
+            .find(|s| s["space_name"] == name)
+            .map_or(0, |s| s[key].as_u64().unwrap())
+    };
+    let r = report_json(&trace);
+    let snapshots = r["snapshots"].as_array().unwrap();
+    // The last snapshot of the idle stretch: the heap as the program printed it.
+    let idle = (snapshots.iter().rev())
+        .find(|s| !s["v8"].is_null())
+        .unwrap_or_else(|| panic!("no V8 census: {}", stderr(&out)));
+    let v8 = &idle["v8"];
+    let space = (v8["spaces"].as_array().unwrap().iter())
+        .find(|s| s["space"] == "old_space")
+        .unwrap();
+    within(
+        space["used"].as_u64().unwrap(),
+        own_space("old_space", "space_used_size"),
+        2.0,
+        "old space used",
+    );
+    within(
+        space["size"].as_u64().unwrap(),
+        own_space("old_space", "space_size"),
+        2.0,
+        "old space committed",
+    );
+    within(
+        v8["heap_size_limit"].as_u64().unwrap() >> 20,
+        2048 + 48,
+        5.0,
+        "the old generation's limit (--max-old-space-size, which Node's own NODE_OPTIONS kept)",
+    );
+    let (rss, other) = (
+        idle["rss"].as_u64().unwrap(),
+        idle["other_anon"].as_u64().unwrap(),
+    );
+    assert!(other * 10 < rss, "other anonymous {other} of RSS {rss}");
+    assert_eq!(idle["v8_heap"], v8["physical"]);
+    // Its malloc calls are traced beside it.
+    assert!(r["calls"].as_u64().unwrap() > 1000);
+    let h = &r["headline"];
+    assert_eq!(h["heap"], "v8", "{h}");
+    let sentence = h["sentence"].as_str().unwrap();
+    assert!(sentence.contains("V8 heap"), "{sentence}");
+    assert!(
+        !sentence.contains("purge/trim"),
+        "malloc advice: {sentence}"
+    );
+    assert!(report_text(&trace).contains("V8 heap (Node v"));
+}
