@@ -127,6 +127,9 @@ const RELEASES: [Release; 2] = [
     },
 ];
 
+/// What a census of a build without statistics is refused with: it never will be read.
+pub const NO_STATISTICS: &str = "was built without statistics";
+
 const PAGE: u64 = 4096;
 /// Small size classes (`SC_NBINS`), large ones (`SC_NSIZES - SC_NBINS`), arenas
 /// (`MALLOCX_ARENA_LIMIT`).
@@ -643,9 +646,9 @@ fn arena(
     }) || (0..LARGE_CLASSES).any(|j| word(build.lstats + j * build.lstats_size) != 0);
     if active_pages > 0 && !counted {
         return Err(format!(
-            "{} was built without statistics (--disable-stats; tikv-jemallocator without \
-             its \"stats\" feature): jemalloc then counts neither its slabs nor its large \
-             extents, which the census needs",
+            "{} {NO_STATISTICS} (--disable-stats; tikv-jemallocator without its \"stats\" \
+             feature): jemalloc then counts neither its slabs nor its large extents, which \
+             the census needs",
             layout.library.rsplit('/').next().unwrap_or(&layout.library)
         ));
     }
