@@ -103,10 +103,11 @@ fn a_snapshot_names_the_allocator_linked_into_a_running_program() {
 }
 
 /// A Rust program on tikv-jemallocator built with jemalloc's statistics, a tenth of its
-/// boxes kept: `snapshot PID` reads the jemalloc linked into it — by its symbols, and
-/// stripped by the shape of its statics — and counts what the program holds (the usable
-/// sizes of its boxes and of the vector of them) within 5%, jemalloc's own `stats.*`
-/// within 2% (resident 5%), and leaves under 10% of RSS to "other anonymous".
+/// boxes kept: `snapshot PID` reads the jemalloc linked into it — by its symbols (one
+/// thread, then four: several arenas), and stripped by the shape of its statics — and
+/// counts what the program holds (the usable sizes of its boxes and of the vectors of
+/// them) within 5%, jemalloc's own `stats.*` within 2% (resident 5%; its threads' caches
+/// and dirty pages exactly), and leaves under 10% of RSS to "other anonymous".
 #[test]
 fn a_snapshot_reads_the_jemalloc_linked_into_a_rust_program() {
     let dir = tempfile::tempdir().unwrap();
@@ -119,9 +120,14 @@ fn a_snapshot_reads_the_jemalloc_linked_into_a_rust_program() {
         .status()
         .unwrap();
     assert!(ok.success(), "strip failed");
-    for (program, found_by) in [(&exe, "symbols"), (&stripped, "shape")] {
+    for (program, found_by, threads) in [
+        (&exe, "symbols", 1),
+        (&exe, "symbols", 4),
+        (&stripped, "shape", 1),
+    ] {
+        let found_by = format!("{found_by}, {threads} threads");
         let mut cmd = Command::new(program);
-        cmd.args(["400000", "10", "stdin"]);
+        cmd.args(["400000", "10", "stdin", &threads.to_string()]);
         let mut p = Running::start(cmd);
         assert!(p.line().starts_with("holding 40000 boxes"));
         let own = figures_until_kept(&mut p);
@@ -145,6 +151,28 @@ fn a_snapshot_reads_the_jemalloc_linked_into_a_rust_program() {
         within(figure(&j["active_bytes"]), "stats.active", 0.02);
         within(figure(&j["resident_bytes"]), "stats.resident", 0.05);
         within(figure(&j["mapped_bytes"]), "stats.mapped", 0.05);
+        within(
+            figure(&j["tcache_bytes"]),
+            "stats.arenas.4096.tcache_bytes",
+            0.0,
+        );
+        let h = &j["heap"];
+        let arenas = h["arenas"].as_array().unwrap();
+        let pages = |field: &str| arenas.iter().map(|a| figure(&a[field])).sum::<u64>();
+        within(pages("dirty_pages"), "stats.arenas.4096.pdirty", 0.0);
+        within(pages("muzzy_pages"), "stats.arenas.4096.pmuzzy", 0.0);
+        assert!(own["stats.arenas.4096.pdirty"] > 0, "{own:?}");
+        if threads > 1 {
+            assert!(arenas.len() > 1, "{found_by}: {h}");
+        }
+        // This jemalloc rounds large requests to pages: each class at its extents' mean.
+        let large: u64 = h["large"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| figure(&l["extents"]) * figure(&l["size"]))
+            .sum();
+        within(large, "stats.arenas.4096.large.allocated", 0.001);
         let d = &r["snapshots"][0];
         within(figure(&d["live"]) + figure(&d["rounding"]), "usable", 0.05);
         let rss = figure(&d["rss"]);
