@@ -37,20 +37,104 @@ use fragscope_trace::heap_census::{
 
 use fragscope_trace::ResidentRange;
 
+use crate::allocators::LinkedAllocator;
 use crate::library::{MappedLibrary, StaticData};
 use crate::memory::{le_u32, le_u64, RecordReader};
 use crate::residency::Residency;
-use crate::ProcessMemory;
+use crate::{ProcessMemory, Symbols};
 
-/// The release whose layout is checked, by the version string its library carries.
-const VERIFIED: (&str, &str) = ("5.3.0-0-g54eaed1d8b56b1aa528be3bdd1877e59c56fa90c", "5.3.0");
+/// One build whose layout is verified: the version string its image carries, the
+/// release named in the census, and where its structures keep the fields read (those
+/// that differ between the builds; the others are the constants below).
+struct Release {
+    version: &'static str,
+    name: &'static str,
+    /// `arena_t`: its large classes' statistics, their size, `pac_mapped`, the threads'
+    /// caches' descriptors, the page allocator shard, its dirty extent cache (`pac_t`'s
+    /// first), the shard's index and base, the arena's, and `sizeof(arena_t)` (the bins
+    /// follow).
+    lstats: usize,
+    lstats_size: usize,
+    /// Where a large class's bytes are counted (`active_bytes`): None when its extents
+    /// are all of the class's size.
+    lstats_active_bytes: Option<usize>,
+    pac_mapped: usize,
+    tcache_descriptors: usize,
+    pa_shard: usize,
+    ecache_dirty: usize,
+    pa_shard_ind: usize,
+    pa_shard_base: usize,
+    arena_ind: usize,
+    arena_base: usize,
+    arena_bins: usize,
+    /// `base_t`: its size and its allocated, resident and mapped counts.
+    base_size: usize,
+    base_allocated: usize,
+    base_resident: usize,
+    base_mapped: usize,
+    /// Bins in a thread's cache (`TCACHE_NBINS_MAX`).
+    tcache_bins: usize,
+}
+
+/// The builds read: Debian 12's libjemalloc2 (5.3.0, `--enable-prof`; also its static
+/// libjemalloc_pic.a), and the 5.3.1 snapshot that tikv-jemalloc-sys 0.7 vendors (with
+/// or without `--enable-stats`, which leaves the layout alone), built as its build script
+/// builds it. Offsets from each source so configured (`offsetof`, x86-64).
+const RELEASES: [Release; 2] = [
+    Release {
+        version: "5.3.0-0-g54eaed1d8b56b1aa528be3bdd1877e59c56fa90c",
+        name: "5.3.0",
+        lstats: 24 + 952,
+        lstats_size: 48,
+        lstats_active_bytes: None,
+        pac_mapped: 24 + 88 + 8 + 56,
+        tcache_descriptors: 10400,
+        pa_shard: 10648,
+        ecache_dirty: 10648 + 24 + 56,
+        pa_shard_ind: 10648 + 68240,
+        pa_shard_base: 10648 + 68272,
+        arena_ind: 78928,
+        arena_base: 78936,
+        arena_bins: 78952,
+        base_size: 3912,
+        base_allocated: 3880,
+        base_resident: 3888,
+        base_mapped: 3896,
+        tcache_bins: 73,
+    },
+    // Rounds large requests to whole pages (`opt_disable_large_size_classes`), so a
+    // large class's bytes are its `active_bytes`, not its count times its size.
+    Release {
+        version: "5.3.1-0-g81034ce1f1373e37dc865038e1bc8eeecf559ce8",
+        name: "5.3.1-0-g81034ce1 (tikv-jemalloc-sys 0.7)",
+        lstats: 24 + 968,
+        lstats_size: 56,
+        lstats_active_bytes: Some(16),
+        pac_mapped: 192,
+        tcache_descriptors: 11984,
+        pa_shard: 12288,
+        ecache_dirty: 12352,
+        pa_shard_ind: 80592,
+        pa_shard_base: 80624,
+        arena_ind: 80640,
+        arena_base: 80648,
+        arena_bins: 80704,
+        base_size: 3944,
+        base_allocated: 3896,
+        base_resident: 3920,
+        base_mapped: 3928,
+        tcache_bins: 41,
+    },
+];
+
+/// What a census of a build without statistics is refused with: it never will be read.
+pub const NO_STATISTICS: &str = "was built without statistics";
 
 const PAGE: u64 = 4096;
-/// Small size classes (`SC_NBINS`), large ones (`SC_NSIZES - SC_NBINS`), bins in a
-/// thread's cache (`TCACHE_NBINS_MAX`), arenas (`MALLOCX_ARENA_LIMIT`).
+/// Small size classes (`SC_NBINS`), large ones (`SC_NSIZES - SC_NBINS`), arenas
+/// (`MALLOCX_ARENA_LIMIT`).
 const BINS: usize = 36;
 const LARGE_CLASSES: usize = 196;
-const TCACHE_BINS: usize = 73;
 const MAX_ARENAS: usize = 4095;
 
 // bin_info_t.
@@ -59,28 +143,14 @@ const BIN_INFO_SLAB_SIZE: usize = 8;
 const BIN_INFO_NREGS: usize = 16;
 const BIN_INFO_SHARDS: usize = 20;
 
-// arena_t.
-const ARENA_STATS: usize = 24;
-const ARENA_LSTATS: usize = ARENA_STATS + 952;
-const LSTATS_SIZE: usize = 48;
+// arena_stats_large_t, pa_shard_t, ecache_t, eset_t.
 const LSTATS_NDALLOC: usize = 8;
-const ARENA_PAC_MAPPED: usize = ARENA_STATS + 88 + 8 + 56;
-const ARENA_TCACHE_DESCRIPTORS: usize = 10400;
-const ARENA_PA_SHARD: usize = 10648;
-const ARENA_NACTIVE: usize = ARENA_PA_SHARD + 8;
-const ARENA_PAC: usize = ARENA_PA_SHARD + 24;
-const PAC_ECACHE_DIRTY: usize = ARENA_PAC + 56;
+const PA_SHARD_NACTIVE: usize = 8;
 const ECACHE_SIZE: usize = 19440;
 const ECACHE_ESET: usize = 112;
 const ECACHE_GUARDED_ESET: usize = 9768;
 const ESET_LRU: usize = 9632;
 const ESET_NPAGES: usize = 9640;
-const PA_SHARD_IND: usize = ARENA_PA_SHARD + 68240;
-const PA_SHARD_BASE: usize = ARENA_PA_SHARD + 68272;
-const ARENA_IND: usize = 78928;
-const ARENA_BASE: usize = 78936;
-/// `sizeof(arena_t)`: the bins follow.
-const ARENA_BINS: usize = 78952;
 
 // bin_t.
 const BIN_SIZE: usize = 224;
@@ -99,11 +169,7 @@ const EDATA_HEAP_LCHILD: usize = 56;
 const EDATA_LRU_NEXT: usize = 64;
 
 // base_t.
-const BASE_SIZE: usize = 3912;
 const BASE_BLOCKS: usize = 160;
-const BASE_ALLOCATED: usize = 3880;
-const BASE_RESIDENT: usize = 3888;
-const BASE_MAPPED: usize = 3896;
 
 // cache_bin_t and its array's descriptor.
 const CACHE_BIN_SIZE: usize = 24;
@@ -139,8 +205,11 @@ struct BinInfo {
 
 /// Where a process's jemalloc keeps its state.
 pub struct JemallocLayout {
+    /// The image that carries it: its shared library, or the program (or a library) it
+    /// is linked into.
     pub library: String,
     pub release: &'static str,
+    build: &'static Release,
     bins: Vec<BinInfo>,
     /// Each bin's offset in `arena_t` (`arena_bin_offsets`).
     bin_offsets: Vec<u64>,
@@ -148,96 +217,199 @@ pub struct JemallocLayout {
     arenas: u64,
 }
 
-/// Finds jemalloc's library in `pid`'s mappings and its hidden statics. Err: why this
-/// process's jemalloc cannot be read (none, another build).
-pub fn locate(pid: u32, mem: &mut ProcessMemory) -> Result<JemallocLayout, String> {
-    let Some(lib) = MappedLibrary::find(pid, "libjemalloc")? else {
-        return Err(
-            "no jemalloc library is mapped (a copy linked into the program is not read yet)".into(),
-        );
+/// Finds the jemalloc `pid` runs on and its statics: its shared library, or, when
+/// `linked` names a copy linked into the program (or into a library), that image. Err:
+/// why this process's jemalloc cannot be read (none, another build, its statics not
+/// found).
+pub fn locate(
+    pid: u32,
+    mem: &mut ProcessMemory,
+    linked: Option<&LinkedAllocator>,
+) -> Result<JemallocLayout, String> {
+    let lib = match linked {
+        Some(l) => MappedLibrary::find_path(pid, &l.image)?
+            .ok_or_else(|| format!("{} is not mapped (the process exited?)", l.image))?,
+        None => MappedLibrary::find(pid, "libjemalloc")?
+            .ok_or_else(|| "no jemalloc library is mapped".to_string())?,
     };
     let elf = lib.elf(pid)?;
-    let (version, release) = VERIFIED;
-    if memchr::memmem::find(&elf, version.as_bytes()).is_none() {
+    let Some(build) = RELEASES
+        .iter()
+        .find(|r| memchr::memmem::find(&elf, r.version.as_bytes()).is_some())
+    else {
+        let read: Vec<&str> = RELEASES.iter().map(|r| r.name).collect();
         return Err(format!(
             "the process runs on {}, a jemalloc build whose layout fragscope has not \
-             verified (it reads {release} as Debian 12 builds it)",
-            lib.path
+             verified (it reads {})",
+            lib.path,
+            read.join(" and ")
         ));
-    }
-    let statics = StaticData::read(mem, lib.data, "jemalloc")?;
-    let bins = find_bin_infos(&statics)?;
-    let bin_offsets = find_bin_offsets(&statics, &bins)?;
-    let arenas = find_arenas(mem, &statics)?;
+    };
+    let (bins, bin_offsets, arenas) = match by_symbols(mem, &elf, &lib, build)? {
+        Some(found) => found,
+        // Stripped (a shared library keeps only its API): the statics by their shape.
+        None => {
+            let statics = StaticData::read(mem, lib.data, "jemalloc")?;
+            let bins = find_bin_infos(&statics)?;
+            let bin_offsets = find_bin_offsets(&statics, &bins, build)?;
+            let arenas = find_arenas(mem, &statics, build)?;
+            (bins, bin_offsets, arenas)
+        }
+    };
     Ok(JemallocLayout {
         library: lib.path,
-        release,
+        release: build.name,
+        build,
         bins,
         bin_offsets,
         arenas,
     })
 }
 
-/// `bin_infos`: 36 entries whose region sizes are jemalloc's small classes, each slab
-/// whole pages carved into as many regions as fit.
+/// The small classes, each bin's offset in an arena, and where `arenas[]` lies.
+type Statics = (Vec<BinInfo>, Vec<u64>, u64);
+
+/// The statics by their names, in an image that keeps its symbol table (a copy linked
+/// into a Rust program: `_rjem_je_arenas`, ...), each checked as the shape search checks
+/// it. None when the image does not name them.
+fn by_symbols(
+    mem: &mut ProcessMemory,
+    elf: &[u8],
+    lib: &MappedLibrary,
+    build: &'static Release,
+) -> Result<Option<Statics>, String> {
+    // jemalloc's private names carry the prefix it was configured with (`je_`,
+    // `_rjem_je_`): the one its bin offsets are defined under.
+    let Some(prefix) = private_prefix(elf) else {
+        return Ok(None);
+    };
+    let names = ["bin_infos", "arena_bin_offsets", "arenas"].map(|n| format!("{prefix}{n}"));
+    let wanted: Vec<&str> = names.iter().map(String::as_str).collect();
+    let symbols = Symbols::resolve_at(elf, &wanted, lib.base)?;
+    let (Some(infos), Some(offsets), Some(arenas)) = (
+        symbols.get(&names[0]),
+        symbols.get(&names[1]),
+        symbols.get(&names[2]),
+    ) else {
+        return Ok(None);
+    };
+    let mut table = vec![0u8; BINS * BIN_INFO_SIZE];
+    mem.read(infos, &mut table)
+        .map_err(|e| format!("jemalloc's bin_infos could not be read ({e})"))?;
+    let bins = bin_table(&table, 0)
+        .ok_or_else(|| format!("{} does not hold jemalloc's size classes", names[0]))?;
+    let expected = bin_offsets(&bins, build);
+    let mut found = vec![0u8; 4 * BINS];
+    mem.read(offsets, &mut found)
+        .map_err(|e| format!("jemalloc's arena_bin_offsets could not be read ({e})"))?;
+    if found != offsets_pattern(&expected) {
+        return Err(format!(
+            "jemalloc's bins are not where its {} layout puts them",
+            build.name
+        ));
+    }
+    let first = mem
+        .read_u64(arenas)
+        .map_err(|e| format!("jemalloc's arenas could not be read ({e})"))?;
+    if first != 0 && !names_itself(mem, first, 0, build) {
+        return Err(format!("{}[0] is not jemalloc's first arena", names[2]));
+    }
+    Ok(Some((bins, expected, arenas)))
+}
+
+/// The prefix of jemalloc's private names in `elf`'s symbol table, by the name its bin
+/// offsets are defined under.
+fn private_prefix(elf: &[u8]) -> Option<String> {
+    use object::{Object, ObjectSymbol};
+    let file = object::File::parse(elf).ok()?;
+    let found = file.symbols().find_map(|s| {
+        let name = s.name().ok()?;
+        (s.is_definition() && name.ends_with("je_arena_bin_offsets"))
+            .then(|| name.trim_end_matches("arena_bin_offsets").to_string())
+    });
+    found
+}
+
+/// The 36 entries of `bin_infos` at `at` in `bytes`, when their region sizes are
+/// jemalloc's small classes, each slab whole pages carved into as many regions as fit.
+fn bin_table(bytes: &[u8], at: usize) -> Option<Vec<BinInfo>> {
+    if at + BINS * BIN_INFO_SIZE > bytes.len() {
+        return None;
+    }
+    let entry = |i: usize| {
+        let e = at + i * BIN_INFO_SIZE;
+        BinInfo {
+            size: le_u64(bytes, e),
+            slab_bytes: le_u64(bytes, e + BIN_INFO_SLAB_SIZE),
+            regions: u64::from(le_u32(bytes, e + BIN_INFO_NREGS)),
+            shards: u64::from(le_u32(bytes, e + BIN_INFO_SHARDS)),
+        }
+    };
+    let table: Vec<BinInfo> = (0..BINS).map(entry).collect();
+    let holds = table.iter().zip(&size_classes()).all(|(b, &size)| {
+        b.size == size
+            && b.slab_bytes > 0
+            && b.slab_bytes.is_multiple_of(PAGE)
+            && b.regions == b.slab_bytes / size
+            && (1..=64).contains(&b.shards)
+    });
+    holds.then_some(table)
+}
+
+/// `bin_infos` found by its shape in the image's data.
 fn find_bin_infos(s: &StaticData) -> Result<Vec<BinInfo>, String> {
-    let sizes = size_classes();
     let first: Vec<u8> = 8u64.to_le_bytes().to_vec();
     let mut found = None;
     for at in memchr::memmem::find_iter(&s.bytes, &first) {
-        if !at.is_multiple_of(8) || at + BINS * BIN_INFO_SIZE > s.bytes.len() {
+        if !at.is_multiple_of(8) {
             continue;
         }
-        let entry = |i: usize| {
-            let e = at + i * BIN_INFO_SIZE;
-            BinInfo {
-                size: le_u64(&s.bytes, e),
-                slab_bytes: le_u64(&s.bytes, e + BIN_INFO_SLAB_SIZE),
-                regions: u64::from(le_u32(&s.bytes, e + BIN_INFO_NREGS)),
-                shards: u64::from(le_u32(&s.bytes, e + BIN_INFO_SHARDS)),
+        if let Some(table) = bin_table(&s.bytes, at) {
+            if found.replace(table).is_some() {
+                return Err("two tables look like jemalloc's bins".into());
             }
-        };
-        let table: Vec<BinInfo> = (0..BINS).map(entry).collect();
-        let holds = table.iter().zip(&sizes).all(|(b, &size)| {
-            b.size == size
-                && b.slab_bytes > 0
-                && b.slab_bytes.is_multiple_of(PAGE)
-                && b.regions == b.slab_bytes / size
-                && (1..=64).contains(&b.shards)
-        });
-        if holds && found.replace(table).is_some() {
-            return Err("two tables look like jemalloc's bins".into());
         }
     }
     found.ok_or_else(|| "jemalloc's size classes were not found in its data".into())
 }
 
-/// `arena_bin_offsets`: the bins' offsets in an arena, `sizeof(arena_t)` and then one
-/// `bin_t` per shard. Found only when the library's arena and bin sizes are those read.
-fn find_bin_offsets(s: &StaticData, bins: &[BinInfo]) -> Result<Vec<u64>, String> {
+/// The bins' offsets in an arena, as `arena_bin_offsets` must hold them:
+/// `sizeof(arena_t)`, then one `bin_t` per shard.
+fn bin_offsets(bins: &[BinInfo], build: &Release) -> Vec<u64> {
     let mut offsets = Vec::with_capacity(bins.len());
-    let mut at = ARENA_BINS as u64;
+    let mut at = build.arena_bins as u64;
     for b in bins {
         offsets.push(at);
         at += b.shards * BIN_SIZE as u64;
     }
-    let pattern: Vec<u8> = offsets
+    offsets
+}
+
+fn offsets_pattern(offsets: &[u64]) -> Vec<u8> {
+    offsets
         .iter()
         .flat_map(|&o| (o as u32).to_le_bytes())
-        .collect();
-    match memchr::memmem::find_iter(&s.bytes, &pattern).count() {
+        .collect()
+}
+
+/// `arena_bin_offsets` found in the image's data: only when the build's arena and bin
+/// sizes are those read.
+fn find_bin_offsets(s: &StaticData, bins: &[BinInfo], build: &Release) -> Result<Vec<u64>, String> {
+    let offsets = bin_offsets(bins, build);
+    match memchr::memmem::find_iter(&s.bytes, &offsets_pattern(&offsets)).count() {
         1 => Ok(offsets),
-        0 => {
-            Err("jemalloc's bins are not where its 5.3.0 layout puts them (another build?)".into())
-        }
+        0 => Err(format!(
+            "jemalloc's bins are not where its {} layout puts them (another build?)",
+            build.name
+        )),
         _ => Err("two tables look like jemalloc's bin offsets".into()),
     }
 }
 
 /// `arenas[]`: 4095 pointers, the first set, each either null or an arena (allocated on
-/// a cache line, outside the library) that names itself: its `ind` and its page
+/// a cache line, outside the image's data) that names itself: its `ind` and its page
 /// allocator's are its index, and both name the same base.
-fn find_arenas(mem: &mut ProcessMemory, s: &StaticData) -> Result<u64, String> {
+fn find_arenas(mem: &mut ProcessMemory, s: &StaticData, build: &Release) -> Result<u64, String> {
     let len = MAX_ARENAS * 8;
     let pointer = |w: u64| w.is_multiple_of(64) && w > 0xffff && !s.contains(w) && w < 1 << 47;
     let mut found = None;
@@ -253,7 +425,7 @@ fn find_arenas(mem: &mut ProcessMemory, s: &StaticData) -> Result<u64, String> {
             let named_by_index = words
                 .enumerate()
                 .filter(|&(_, w)| w != 0)
-                .all(|(i, w)| names_itself(mem, w, i));
+                .all(|(i, w)| names_itself(mem, w, i, build));
             if named_by_index && found.replace(s.base + off as u64).is_some() {
                 return Err("two arrays look like jemalloc's arenas".into());
             }
@@ -264,17 +436,17 @@ fn find_arenas(mem: &mut ProcessMemory, s: &StaticData) -> Result<u64, String> {
 }
 
 /// The arena at `at` carries `index` as its own and its page allocator's, with one base.
-fn names_itself(mem: &mut ProcessMemory, at: u64, index: usize) -> bool {
-    let mut tail = [0u8; ARENA_BINS - ARENA_PA_SHARD];
-    if mem.read(at + ARENA_PA_SHARD as u64, &mut tail).is_err() {
+fn names_itself(mem: &mut ProcessMemory, at: u64, index: usize, build: &Release) -> bool {
+    let mut tail = vec![0u8; build.arena_bins - build.pa_shard];
+    if mem.read(at + build.pa_shard as u64, &mut tail).is_err() {
         return false;
     }
-    let field = |off: usize| off - ARENA_PA_SHARD;
-    let base = le_u64(&tail, field(ARENA_BASE));
-    le_u32(&tail, field(ARENA_IND)) as usize == index
-        && le_u32(&tail, field(PA_SHARD_IND)) as usize == index
+    let field = |off: usize| off - build.pa_shard;
+    let base = le_u64(&tail, field(build.arena_base));
+    le_u32(&tail, field(build.arena_ind)) as usize == index
+        && le_u32(&tail, field(build.pa_shard_ind)) as usize == index
         && base != 0
-        && le_u64(&tail, field(PA_SHARD_BASE)) == base
+        && le_u64(&tail, field(build.pa_shard_base)) == base
 }
 
 /// An extent descriptor's fields (`edata_t`'s `e_bits`).
@@ -310,6 +482,8 @@ impl Extent {
 struct Tally {
     bins: Vec<JemallocBin>,
     large: Vec<JemallocLarge>,
+    /// Bytes of each large class's extents.
+    large_bytes: Vec<u64>,
     occupancy_pages: Vec<u64>,
     occupancy_in_use: Vec<u64>,
 }
@@ -360,6 +534,7 @@ pub fn census(
                 ..JemallocLarge::default()
             })
             .collect(),
+        large_bytes: vec![0; LARGE_CLASSES],
         occupancy_pages: vec![0; OCCUPANCY_BUCKETS],
         occupancy_in_use: vec![0; OCCUPANCY_BUCKETS],
     };
@@ -396,6 +571,13 @@ pub fn census(
                 "threads' caches hold more large extents of {} bytes than were handed out",
                 l.size
             ));
+        }
+    }
+    // A build that rounds large requests to whole pages: each class's extents at their
+    // mean size, so that their sum is the bytes jemalloc counts.
+    for (l, &bytes) in tally.large.iter_mut().zip(&tally.large_bytes) {
+        if let Some(mean) = (bytes + l.extents / 2).checked_div(l.extents) {
+            l.size = mean;
         }
     }
     let mut heap = JemallocHeap {
@@ -443,14 +625,33 @@ fn arena(
     let mut a = vec![0u8; bins_end];
     mem.read(at, &mut a)
         .map_err(|e| format!("arena {index} could not be read ({e})"))?;
+    let build = layout.build;
     let names_itself = |off: usize| le_u32(&a, off) as usize == index;
-    if !names_itself(ARENA_IND)
-        || !names_itself(PA_SHARD_IND)
-        || le_u64(&a, ARENA_BASE) != le_u64(&a, PA_SHARD_BASE)
+    if !names_itself(build.arena_ind)
+        || !names_itself(build.pa_shard_ind)
+        || le_u64(&a, build.arena_base) != le_u64(&a, build.pa_shard_base)
     {
         return Err(format!("arena {index} does not carry its index"));
     }
     let word = |off: usize| le_u64(&a, off);
+    let active_pages = word(build.pa_shard + PA_SHARD_NACTIVE);
+    // A build configured with --disable-stats (tikv-jemallocator without its `stats`
+    // feature) keeps pages in use but no count of its slabs or large extents, which are
+    // what the census is checked against: it cannot be read.
+    let counted = layout.bins.iter().enumerate().any(|(b, info)| {
+        (0..info.shards).any(|shard| {
+            let bin = layout.bin_offsets[b] as usize + shard as usize * BIN_SIZE;
+            word(bin + BIN_CURSLABS) != 0
+        })
+    }) || (0..LARGE_CLASSES).any(|j| word(build.lstats + j * build.lstats_size) != 0);
+    if active_pages > 0 && !counted {
+        return Err(format!(
+            "{} {NO_STATISTICS} (--disable-stats; tikv-jemallocator without its \"stats\" \
+             feature): jemalloc then counts neither its slabs nor its large extents, which \
+             the census needs",
+            layout.library.rsplit('/').next().unwrap_or(&layout.library)
+        ));
+    }
     let mut slab_pages = 0u64;
     for (b, info) in layout.bins.iter().enumerate() {
         for shard in 0..info.shards {
@@ -523,20 +724,28 @@ fn arena(
     // (`cache_oblivious`, on by default).
     let mut large_pages = 0u64;
     let mut large_extents = 0u64;
-    for (j, large) in tally.large.iter_mut().enumerate() {
-        let l = ARENA_LSTATS + j * LSTATS_SIZE;
+    for j in 0..tally.large.len() {
+        let size = tally.large[j].size;
+        let l = build.lstats + j * build.lstats_size;
         let count = word(l).wrapping_sub(word(l + LSTATS_NDALLOC));
-        let bytes = count
-            .checked_mul(large.size)
-            .filter(|&b| b < 1 << 48)
-            .ok_or_else(|| format!("arena {index}'s large class {j} does not add up"))?;
-        large.extents += count;
+        let bytes = match build.lstats_active_bytes {
+            // Whole pages each, up to the class's size.
+            Some(field) => Some(word(l + field)).filter(|&b| {
+                b.is_multiple_of(PAGE)
+                    && count.checked_mul(size).is_some_and(|most| b <= most)
+                    && b >= count.saturating_mul(size / 2)
+            }),
+            None => count.checked_mul(size),
+        }
+        .filter(|&b| b < 1 << 48)
+        .ok_or_else(|| format!("arena {index}'s large class {j} does not add up"))?;
+        tally.large[j].extents += count;
+        tally.large_bytes[j] += bytes;
         large_pages += bytes / PAGE;
         large_extents += count;
         tally.occupancy_pages[OCCUPANCY_BUCKETS - 1] += bytes / PAGE;
         tally.occupancy_in_use[OCCUPANCY_BUCKETS - 1] += bytes;
     }
-    let active_pages = word(ARENA_NACTIVE);
     let pad = active_pages
         .checked_sub(slab_pages + large_pages)
         .filter(|&p| p == 0 || p == large_extents)
@@ -548,7 +757,7 @@ fn arena(
             )
         })?;
     tally.occupancy_pages[OCCUPANCY_BUCKETS - 1] += pad;
-    let ecache = |k: usize, part: usize| PAC_ECACHE_DIRTY + k * ECACHE_SIZE + part;
+    let ecache = |k: usize, part: usize| build.ecache_dirty + k * ECACHE_SIZE + part;
     let pages_of = |k: usize| {
         word(ecache(k, ECACHE_ESET + ESET_NPAGES))
             .saturating_add(word(ecache(k, ECACHE_GUARDED_ESET + ESET_NPAGES)))
@@ -567,20 +776,20 @@ fn arena(
         ));
     }
     tally.occupancy_pages[0] += dirty_pages;
-    let mapped_bytes = word(ARENA_PAC_MAPPED);
+    let mapped_bytes = word(build.pac_mapped);
     let held_pages = active_pages
         .saturating_add(dirty_pages)
         .saturating_add(muzzy_pages);
     if mapped_bytes / PAGE < held_pages {
         return Err(format!("arena {index} maps fewer pages than it holds"));
     }
-    let mut base = [0u8; BASE_SIZE];
-    mem.read(word(ARENA_BASE), &mut base)
+    let mut base = vec![0u8; build.base_size];
+    mem.read(word(build.arena_base), &mut base)
         .map_err(|e| format!("arena {index}'s metadata could not be read ({e})"))?;
     let (metadata_allocated, metadata_resident, metadata_mapped) = (
-        le_u64(&base, BASE_ALLOCATED),
-        le_u64(&base, BASE_RESIDENT),
-        le_u64(&base, BASE_MAPPED),
+        le_u64(&base, build.base_allocated),
+        le_u64(&base, build.base_resident),
+        le_u64(&base, build.base_mapped),
     );
     let (blocks_bytes, metadata_by_pagemap) =
         base_blocks(mem, residency, le_u64(&base, BASE_BLOCKS))?;
@@ -593,7 +802,7 @@ fn arena(
              mapped, its blocks {blocks_bytes})"
         ));
     }
-    let thread_caches = thread_caches(mem, tally, word(ARENA_TCACHE_DESCRIPTORS), index)?;
+    let thread_caches = thread_caches(mem, tally, word(build.tcache_descriptors), index, build)?;
     Ok(JemallocArena {
         index: index as u32,
         active_pages,
@@ -704,10 +913,11 @@ fn thread_caches(
     tally: &mut Tally,
     first: u64,
     index: usize,
+    build: &Release,
 ) -> Result<u64, String> {
     let mut count = 0u64;
     let mut at = first;
-    let mut bins = vec![0u8; TCACHE_BINS * CACHE_BIN_SIZE];
+    let mut bins = vec![0u8; build.tcache_bins * CACHE_BIN_SIZE];
     while at != 0 {
         if count >= MAX_WALK {
             return Err(format!(
@@ -719,7 +929,7 @@ fn thread_caches(
             .map_err(|e| format!("a thread cache at {at:#x} could not be read ({e})"))?;
         mem.read(le_u64(&descriptor, DESCRIPTOR_BINS), &mut bins)
             .map_err(|e| format!("a thread cache's bins could not be read ({e})"))?;
-        for i in 0..TCACHE_BINS {
+        for i in 0..build.tcache_bins {
             let c = i * CACHE_BIN_SIZE;
             let head = le_u64(&bins, c) as u16;
             let full = le_u32(&bins, c + CACHE_BIN_LOW_BITS_FULL) as u16;

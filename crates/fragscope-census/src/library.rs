@@ -1,7 +1,7 @@
-//! An allocator's shared library as a process maps it: its file, where it is loaded and
-//! its writable data (the file-backed writable mapping and the anonymous one after it,
-//! .bss), for the censuses that find hidden statics by their shape in that data
-//! (`tcmalloc`, `jemalloc`).
+//! An allocator's shared library (or the program an allocator is linked into) as a
+//! process maps it: its file, where it is loaded and its writable data (the file-backed
+//! writable mapping and the anonymous one after it, .bss), for the censuses that find
+//! hidden statics by their shape in that data (`tcmalloc`, `jemalloc`).
 
 use crate::maps;
 use crate::ProcessMemory;
@@ -50,10 +50,24 @@ impl MappedLibrary {
     /// The first library of `pid` whose file name starts with `prefix`; None when it maps
     /// none.
     pub fn find(pid: u32, prefix: &str) -> Result<Option<Self>, String> {
+        Self::find_by(pid, |path| {
+            path.rsplit('/')
+                .next()
+                .is_some_and(|file| file.starts_with(prefix))
+        })
+    }
+
+    /// The image of `pid` mapped from `path` (a program or library that links an
+    /// allocator into itself); None when it maps no such file.
+    pub fn find_path(pid: u32, path: &str) -> Result<Option<Self>, String> {
+        Self::find_by(pid, |p| p == path)
+    }
+
+    fn find_by(pid: u32, wanted: impl Fn(&str) -> bool) -> Result<Option<Self>, String> {
         let text = maps::read(pid).map_err(|e| format!("its maps cannot be read ({e})"))?;
         let all: Vec<maps::Mapping> = maps::parse(&text).collect();
         let file = |m: &maps::Mapping| m.path.rsplit('/').next().unwrap_or("").to_string();
-        let Some(lib) = all.iter().find(|m| file(m).starts_with(prefix)) else {
+        let Some(lib) = all.iter().find(|m| wanted(m.path)) else {
             return Ok(None);
         };
         let name = file(lib);

@@ -232,7 +232,7 @@ pub fn render(r: &Report, top: usize) -> String {
     }
     headline(&mut o, r);
     if let Some(s) = &r.snapshot {
-        snapshot_census(&mut o, s);
+        snapshot_census(&mut o, s, r.duration_ms > 0.0);
     }
     decomposition_table(&mut o, r);
     crate::report_sharing::section(&mut o, r);
@@ -399,7 +399,9 @@ fn jemalloc_census(o: &mut String, j: &fragscope_model::report::JemallocFigures)
 }
 
 /// How a snapshot was taken, and the allocator's heap as its own metadata tells it.
-fn snapshot_census(o: &mut String, s: &SnapshotFacts) {
+/// `recorded`: a recording's census (an allocator linked into the program, read at each
+/// snapshot), of which the report shows the one with the most waste.
+fn snapshot_census(o: &mut String, s: &SnapshotFacts, recorded: bool) {
     let how = if s.stopped {
         format!(
             "the process was stopped for {:.1} ms while it was read",
@@ -408,11 +410,12 @@ fn snapshot_census(o: &mut String, s: &SnapshotFacts) {
     } else {
         "read without stopping the process (--no-stop): the figures may not hold together".into()
     };
-    let _ = writeln!(
-        o,
-        "\nSnapshot of a running process ({}): {how}",
-        s.allocator
-    );
+    let what = if recorded {
+        "Census of the allocator's own metadata at the snapshot with the most waste"
+    } else {
+        "Snapshot of a running process"
+    };
+    let _ = writeln!(o, "\n{what} ({}): {how}", s.allocator);
     if let Some(note) = &s.note {
         let _ = writeln!(o, "note: {note}");
     }

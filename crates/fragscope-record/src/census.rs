@@ -9,13 +9,16 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use fragscope_census::allocators::LinkedAllocator;
 use fragscope_census::ghc::{census, CensusError, CensusLimits, GhcRts, RtsInfo};
 use fragscope_census::golang::{GoCensusError, GoRuntime};
+use fragscope_census::jemalloc::{self, JemallocLayout};
 use fragscope_census::jvm::HotSpot;
 use fragscope_census::pymalloc::{self, Pymalloc};
 use fragscope_census::sbcl::{self, SbclRuntime};
 use fragscope_census::{Pause, ProcessMemory};
 use fragscope_trace::go_heap::GoCensus;
+use fragscope_trace::heap_census::{AllocatorHeap, HeapCensus};
 use fragscope_trace::jvm_heap::JvmCensus;
 use fragscope_trace::records::{GhcBlocks, GhcCensus, PymallocCensus, SnapshotReason};
 use fragscope_trace::sbcl_heap::SbclCensus;
@@ -45,6 +48,12 @@ enum Target {
     },
     /// A JVM: its collector's regions or spaces.
     Jvm { jvm: Box<HotSpot>, refused: u32 },
+    /// A program with a jemalloc linked into it (its calls never reach the interposer):
+    /// jemalloc's own metadata.
+    Jemalloc {
+        layout: Arc<JemallocLayout>,
+        refused: u32,
+    },
     Ready {
         rts: Arc<GhcRts>,
         last_long_stop: Option<Instant>,
@@ -123,6 +132,10 @@ pub struct Censuses {
     v8_dir: Option<PathBuf>,
     /// How often they write them, in ms.
     v8_every_ms: u64,
+    /// Streams found to have no jemalloc linked into their program.
+    not_jemalloc: Mutex<std::collections::HashSet<u32>>,
+    /// The allocator linked into each program seen, by its path.
+    linked_programs: Mutex<HashMap<PathBuf, Option<LinkedAllocator>>>,
 }
 
 impl Censuses {
@@ -136,6 +149,8 @@ impl Censuses {
             jvm_unreadable: Mutex::default(),
             v8_dir: None,
             v8_every_ms: 100,
+            not_jemalloc: Mutex::default(),
+            linked_programs: Mutex::default(),
         }
     }
 
@@ -233,7 +248,8 @@ impl Censuses {
                 | Target::Python { .. }
                 | Target::Sbcl { .. }
                 | Target::Go { .. }
-                | Target::Jvm { .. },
+                | Target::Jvm { .. }
+                | Target::Jemalloc { .. },
             ) => return None,
             Some(Target::Ready {
                 rts,
@@ -501,6 +517,107 @@ impl Censuses {
             Err(CensusError::Inconsistent(why)) => {
                 refusal(refused, "SBCL", &why).map(|n| note(Err(n)))
             }
+        }
+    }
+
+    /// A census of the jemalloc linked into stream `stream`'s program (process `pid`),
+    /// whose calls the interposer never sees, or a note saying why it has none (the first
+    /// time, or after a few refusals in a row). The program is held while jemalloc's
+    /// metadata and its heap's residency are read (a few milliseconds per 100 MiB).
+    pub fn take_jemalloc(&self, stream: u32, pid: u32, tick: u64) -> Option<HeapCensus> {
+        // At exit too: jemalloc's heap is whatever the program left in it (a census that
+        // lands inside jemalloc is refused).
+        if !self.enabled {
+            return None;
+        }
+        let note = |result, pause: Option<Duration>| HeapCensus {
+            stream,
+            tick,
+            allocator: "jemalloc".into(),
+            stopped: pause.is_some(),
+            pause_us: pause.map_or(0, |d| d.as_micros() as u64),
+            result,
+        };
+        let known = match self.targets.lock().unwrap().get(&stream) {
+            Some(Target::Jemalloc { layout, .. }) => Some(Some(layout.clone())),
+            Some(_) => Some(None),
+            None => None,
+        };
+        let layout = match known {
+            Some(Some(layout)) => layout,
+            Some(None) => return None,
+            None => {
+                if self.not_jemalloc.lock().unwrap().contains(&stream) {
+                    return None;
+                }
+                // The program's own file, read once per program: a pre-fork server's
+                // workers share it.
+                let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+                let linked = self
+                    .linked_programs
+                    .lock()
+                    .unwrap()
+                    .entry(exe.clone())
+                    .or_insert_with(|| fragscope_census::allocators::linked_allocator(&exe))
+                    .clone()
+                    .filter(|l| l.allocator == "jemalloc");
+                let Some(linked) = linked else {
+                    self.not_jemalloc.lock().unwrap().insert(stream);
+                    return None;
+                };
+                let found = ProcessMemory::open(pid)
+                    .map_err(|e| e.to_string())
+                    .and_then(|mut mem| jemalloc::locate(pid, &mut mem, Some(&linked)));
+                match found {
+                    Err(why) => {
+                        self.targets.lock().unwrap().insert(stream, Target::None);
+                        return Some(note(Err(why), None));
+                    }
+                    Ok(layout) => {
+                        let layout = Arc::new(layout);
+                        let target = Target::Jemalloc {
+                            layout: layout.clone(),
+                            refused: 0,
+                        };
+                        self.targets.lock().unwrap().insert(stream, target);
+                        layout
+                    }
+                }
+            }
+        };
+        let (Ok(mut mem), Ok(pause)) = (ProcessMemory::open(pid), Pause::stop(pid)) else {
+            // Gone, or not ours to read: nothing to say at this moment.
+            return None;
+        };
+        // The residency that tells which of jemalloc's dirty pages and metadata are
+        // resident, read while the program is held.
+        let residency = crate::procfs::read_maps(pid, &mut HashMap::new()).and_then(|maps| {
+            let heap: Vec<_> = maps
+                .iter()
+                .filter(|m| crate::procfs::may_hold_heap(m))
+                .collect();
+            crate::procfs::read_residency(pid, &heap, 4096)
+        });
+        let result = residency
+            .ok_or_else(|| "its residency could not be read".to_string())
+            .and_then(|r| jemalloc::census(&mut mem, &layout, &r));
+        let held = pause.held();
+        drop(pause);
+        let mut targets = self.targets.lock().unwrap();
+        let Some(Target::Jemalloc { refused, .. }) = targets.get_mut(&stream) else {
+            return None;
+        };
+        match result {
+            Ok(heap) => {
+                *refused = 0;
+                Some(note(Ok(AllocatorHeap::Jemalloc(heap)), Some(held)))
+            }
+            // No later census would be read: said at once, and not tried again.
+            Err(why) if why.contains(jemalloc::NO_STATISTICS) => {
+                targets.insert(stream, Target::None);
+                Some(note(Err(why), Some(held)))
+            }
+            Err(why) => refusal(refused, "jemalloc", &why).map(|n| note(Err(n), Some(held))),
         }
     }
 

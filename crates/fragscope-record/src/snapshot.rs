@@ -270,12 +270,12 @@ impl HeapReader {
             "glibc" => Some(glibc::locate(pid, maps, mem)),
             _ => None,
         };
-        // tcmalloc and jemalloc as shared libraries (a copy linked into the program is not
-        // read yet).
+        // tcmalloc as a shared library (a copy linked into the program is not read yet);
+        // jemalloc as a shared library or linked into the program.
         let tcmalloc =
             (allocator == "tcmalloc" && linked.is_none()).then(|| tcmalloc::locate(pid, mem));
         let jemalloc =
-            (allocator == "jemalloc" && linked.is_none()).then(|| jemalloc::locate(pid, mem));
+            (allocator == "jemalloc").then(|| jemalloc::locate(pid, mem, linked.as_ref()));
         Self {
             pid,
             ghc,

@@ -82,11 +82,22 @@ pub(super) fn tell(
     if let Some(clause) = lisp_sites.as_ref().and_then(lisp_sites::headline_clause) {
         headline.sentence = format!("{} Here {clause}.", headline.sentence);
     }
-    if let Some(c) = &s.census {
-        crate::census::headline(&mut headline, c, focus);
-    } else if let Some(l) = &s.linked_allocator {
-        // A snapshot's census note already names it.
-        linked_allocator::headline(&mut headline, l, snapshots);
+    let census = s.census_shown(focus_snapshot);
+    match (census, &s.linked_allocator) {
+        // A census of the allocator linked into the program that was refused: the
+        // headline says what the trace misses, and why its metadata was not read.
+        (Some(c), Some(l)) if c.result.is_err() => {
+            linked_allocator::headline(&mut headline, l, snapshots);
+            if let Err(why) = &c.result {
+                headline.sentence = format!(
+                    "{} Its own metadata was not read: {why}.",
+                    headline.sentence
+                );
+            }
+        }
+        (Some(c), _) => crate::census::headline(&mut headline, c, focus),
+        (None, Some(l)) => linked_allocator::headline(&mut headline, l, snapshots),
+        (None, None) => {}
     }
     tell_copies(
         &mut headline,

@@ -186,7 +186,12 @@ impl Reading<'_> {
             }
             Chunk::HeapCensus(c) => {
                 let i = self.index(c.stream);
-                self.read.streams[i].census = Some(c);
+                let s = &mut self.read.streams[i];
+                // Until its snapshot is evaluated, the first says whether the heap was read.
+                if s.census.is_none() {
+                    s.census = Some(c.clone());
+                }
+                s.census_pending.push_back((c.tick, c));
             }
             Chunk::LinkedAllocator(l) => {
                 let i = self.index(l.stream);

@@ -229,6 +229,6 @@ pub(super) fn assemble(path: &Path, opts: &Options, read: &TraceRead, chosen: us
         go_sites: go_sites(s, tick_ms),
         go_sites_note: (s.go_census.as_ref()).and_then(|c| c.2.profile.as_ref().err().cloned()),
         leaks,
-        snapshot: s.census.as_ref().map(crate::census::facts),
+        snapshot: s.census_shown(focus_snapshot).map(crate::census::facts),
     }
 }

@@ -23,6 +23,7 @@ use crate::sbcl::{self, SbclParts};
 use crate::sharing::{self, Owners, PartSharing, RollupSharing, Sharing};
 use crate::v8::{self, V8Parts};
 use fragscope_trace::go_heap::GoHeap;
+use fragscope_trace::heap_census::HeapCensus;
 use fragscope_trace::jvm_heap::{JvmAreaKind, JvmHeap};
 use fragscope_trace::sbcl_heap::SbclHeap;
 use fragscope_trace::v8_heap::V8Heap;
@@ -142,8 +143,16 @@ pub(super) struct Stream {
     pub(super) end: Option<ProcessEnd>,
     pub(super) wait: Option<WaitStatus>,
     pub(super) allocator: Option<&'static str>,
-    /// The heap census of a snapshot, which stands for the calls it has not.
-    pub(super) census: Option<fragscope_trace::heap_census::HeapCensus>,
+    /// The process's first heap census (a snapshot trace's one), which says whether its
+    /// allocator could be read. A census stands for the calls the trace has not.
+    pub(super) census: Option<HeapCensus>,
+    /// Heap censuses waiting for the snapshot of their tick.
+    pub(super) census_pending: VecDeque<(u64, HeapCensus)>,
+    /// The heap censuses read, with their snapshot's tick and waste (free bytes in used
+    /// pages and free pages): a recording takes one at each snapshot of a program whose
+    /// allocator is linked into it. At most [`CENSUSES_KEPT`], the least wasteful
+    /// dropped first: the report shows the focus snapshot's.
+    pub(super) censuses: Vec<(u64, u64, HeapCensus)>,
     /// An allocator linked into its program, whose calls the trace does not hold.
     pub(super) linked_allocator: Option<fragscope_trace::heap_census::LinkedAllocator>,
 }
@@ -212,6 +221,17 @@ impl Stream {
             fork: ForkLink::new(stream),
             ..Default::default()
         }
+    }
+
+    /// The heap census the report shows: the focus snapshot's (`focus`, an index into
+    /// the evaluated snapshots), else the most wasteful kept, else the first (a refusal).
+    pub(super) fn census_shown(&self, focus: Option<usize>) -> Option<&HeapCensus> {
+        let tick = focus.and_then(|f| self.evaluated.get(f)).map(|e| e.tick);
+        let shown = self.censuses.iter().find(|c| Some(c.0) == tick);
+        shown
+            .or_else(|| self.censuses.iter().max_by_key(|c| c.1))
+            .map(|c| &c.2)
+            .or(self.census.as_ref())
     }
 
     /// The malloc heap is unknown: the only view of it, a snapshot's census, could not
@@ -495,10 +515,18 @@ impl Stream {
         let Some(pm) = self.pending.pop_front() else {
             return;
         };
-        let census = self
-            .census
-            .as_ref()
-            .map(|c| crate::census::heap_parts(c, &pm));
+        let census = census_at(&mut self.census_pending, pm.tick).map(|c| {
+            let (parts, classes) = crate::census::heap_parts(&c, &pm);
+            if c.result.is_ok() {
+                let waste = parts.free_in_used_pages + parts.free_resident_pages;
+                self.censuses.push((pm.tick, waste, c));
+                if self.censuses.len() > CENSUSES_KEPT {
+                    let least = (0..self.censuses.len()).min_by_key(|&i| self.censuses[i].1);
+                    self.censuses.remove(least.unwrap_or(0));
+                }
+            }
+            (parts, classes)
+        });
         if let Some((mut parts, classes)) = census {
             self.evaluate_deferred(ctx);
             let runtimes = self.runtimes_at(&pm, &mut parts);
@@ -736,6 +764,9 @@ impl Forked for Stream {
 
 /// The runtime census taken with the snapshot of `tick`, from censuses queued by tick;
 /// those older than it never met their snapshot (a pagemap not read) and go.
+/// Heap censuses a stream keeps for its report (see `Stream::censuses`).
+const CENSUSES_KEPT: usize = 64;
+
 fn census_at<T>(pending: &mut VecDeque<(u64, T)>, tick: u64) -> Option<T> {
     while pending.front().is_some_and(|(t, _)| *t < tick) {
         pending.pop_front();

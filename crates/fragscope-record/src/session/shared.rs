@@ -207,6 +207,9 @@ impl Shared {
         if let Some(census) = self.censuses.take_v8(stream, pid, tick, reason) {
             self.send(ChunkKind::V8Census, census.encode());
         }
+        if let Some(census) = self.censuses.take_jemalloc(stream, pid, tick) {
+            self.send(ChunkKind::HeapCensus, census.encode());
+        }
         let Some(mappings) = self.write_maps(stream, pid) else {
             return;
         };

@@ -494,6 +494,8 @@ impl JemallocBin {
 /// Large extents of one size class.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct JemallocLarge {
+    /// The bytes each extent takes: the class's size, or, for a jemalloc that rounds large
+    /// requests to whole pages (5.3.1), the mean of the class's extents.
     pub size: u64,
     /// Extents handed out (to the program or to threads' caches), and those cached.
     pub extents: u64,
@@ -502,7 +504,8 @@ pub struct JemallocLarge {
 
 impl JemallocHeap {
     /// What jemalloc counts as allocated (`stats.allocated`): regions and large extents
-    /// handed out, at their class size, threads' caches included.
+    /// handed out, at their class size (large ones at `JemallocLarge::size`), threads'
+    /// caches included.
     pub fn allocated_bytes(&self) -> u64 {
         self.bins
             .iter()

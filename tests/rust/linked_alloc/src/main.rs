@@ -1,9 +1,12 @@
 //! A program whose allocator is linked into it, as Rust services link theirs
 //! (`--features tikv-jemallocator` or `--features mimalloc`): it makes COUNT boxes of 64 to
-//! 200 bytes, keeps every KEEP-th, prints the boxes it holds and their usable bytes (the
-//! allocator's own sizes), then waits for a line on stdin (WAIT = `stdin`) or SECONDS.
+//! 200 bytes (every thousandth of 20 to 28 KiB), shared among THREADS threads (1), keeps
+//! every KEEP-th, frees one block of 4 MiB, prints the boxes it holds and their usable
+//! bytes (the allocator's own sizes), then waits for a line on stdin (WAIT = `stdin`) or
+//! SECONDS. With `--features jemalloc-stats` (jemalloc built with its statistics) it also
+//! prints jemalloc's own figures, NAME=VALUE, after that line.
 //!
-//!   linked_alloc COUNT KEEP stdin|SECONDS
+//!   linked_alloc COUNT KEEP stdin|SECONDS [THREADS]
 
 #[cfg(feature = "tikv-jemallocator")]
 #[global_allocator]
@@ -28,33 +31,100 @@ fn usable(p: *const u8) -> usize {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [count, keep, wait] = &args[..] else {
-        eprintln!("usage: linked_alloc COUNT KEEP stdin|SECONDS");
-        std::process::exit(2);
-    };
-    let (count, keep): (usize, usize) = match (count.parse(), keep.parse()) {
-        (Ok(c), Ok(k)) if k > 0 => (c, k),
+    let (count, keep, wait, threads) = match &args[..] {
+        [c, k, w] => (c, k, w, "1"),
+        [c, k, w, t] => (c, k, w, t.as_str()),
         _ => {
-            eprintln!("linked_alloc: COUNT and KEEP are positive numbers");
+            eprintln!("usage: linked_alloc COUNT KEEP stdin|SECONDS [THREADS]");
             std::process::exit(2);
         }
     };
-    let all: Vec<Box<[u8]>> = (0..count)
-        .map(|i| vec![i as u8; 64 + i % 137].into_boxed_slice())
+    let (count, keep, threads): (usize, usize, usize) =
+        match (count.parse(), keep.parse(), threads.parse()) {
+            (Ok(c), Ok(k), Ok(t)) if k > 0 && t > 0 => (c, k, t),
+            _ => {
+                eprintln!("linked_alloc: COUNT, KEEP and THREADS are positive numbers");
+                std::process::exit(2);
+            }
+        };
+    // Each thread makes its share of the boxes (in its own arena, with several) and hands
+    // the ones it keeps to the main thread.
+    let others: Vec<_> = (1..threads)
+        .map(|t| std::thread::spawn(move || make(count / threads, keep, t)))
         .collect();
-    let kept: Vec<Box<[u8]>> = all
-        .into_iter()
-        .enumerate()
-        .filter_map(|(i, b)| (i % keep == 0).then_some(b))
-        .collect();
-    let held: usize = kept.iter().map(|b| usable(b.as_ptr())).sum();
-    println!("holding {} boxes, {held} usable bytes", kept.len());
+    let mut kept = vec![make(count - count / threads * (threads - 1), keep, 0)];
+    kept.extend(others.into_iter().map(|h| h.join().unwrap()));
+    // What waiting on stdin allocates (its buffer, the line), allocated before jemalloc's
+    // figures are read: a first allocation of a size fills the thread's cache with more.
+    let stdin = std::io::stdin();
+    let mut line = String::with_capacity(64);
+    // A block freed whole: its pages wait dirty until jemalloc's decay returns them.
+    drop(std::hint::black_box(vec![1u8; 4 << 20]));
+    // The boxes and the vectors that hold them.
+    let held: usize = kept
+        .iter()
+        .map(|v| v.iter().map(|b| usable(b.as_ptr())).sum::<usize>() + usable(v.as_ptr().cast()))
+        .sum::<usize>()
+        + usable(kept.as_ptr().cast());
+    let boxes: usize = kept.iter().map(Vec::len).sum();
+    println!("holding {boxes} boxes, {held} usable bytes");
+    #[cfg(feature = "jemalloc-stats")]
+    jemalloc_figures(held);
     if wait == "stdin" {
-        let mut line = String::new();
-        let _ = std::io::stdin().read_line(&mut line);
+        let _ = stdin.read_line(&mut line);
     } else {
         let seconds: f64 = wait.parse().unwrap_or(0.0);
         std::thread::sleep(std::time::Duration::from_secs_f64(seconds));
     }
     std::hint::black_box(&kept);
+}
+
+/// COUNT boxes, every KEEP-th kept (the vector of them collected in place: the buffer of
+/// all); `seed` varies the sizes between threads.
+fn make(count: usize, keep: usize, seed: usize) -> Vec<Box<[u8]>> {
+    let all: Vec<Box<[u8]>> = (0..count)
+        .map(|i| {
+            let len = if i % 1000 == 0 {
+                20_000 + (i + seed) % 8191
+            } else {
+                64 + (i + seed) % 137
+            };
+            vec![i as u8; len].into_boxed_slice()
+        })
+        .collect();
+    all.into_iter()
+        .enumerate()
+        .filter_map(|(i, b)| (i % keep == 0).then_some(b))
+        .collect()
+}
+
+/// jemalloc's own figures as its statistics give them (refreshed by a new epoch), and
+/// the bytes the program holds, NAME=VALUE, ending with `kept=`.
+#[cfg(feature = "jemalloc-stats")]
+fn jemalloc_figures(held: usize) {
+    use tikv_jemalloc_ctl::{epoch, stats};
+    epoch::advance().unwrap();
+    for (name, value) in [
+        ("stats.allocated", stats::allocated::read().unwrap()),
+        ("stats.active", stats::active::read().unwrap()),
+        ("stats.resident", stats::resident::read().unwrap()),
+        ("stats.mapped", stats::mapped::read().unwrap()),
+        ("stats.metadata", stats::metadata::read().unwrap()),
+    ] {
+        println!("{name}={value}");
+    }
+    // Over every arena (MALLCTL_ARENAS_ALL); names spelt out, so that reading them
+    // allocates nothing (a freed string would change the threads' caches).
+    for key in [
+        &b"stats.arenas.4096.pdirty\0"[..],
+        b"stats.arenas.4096.pmuzzy\0",
+        b"stats.arenas.4096.tcache_bytes\0",
+        b"stats.arenas.4096.large.allocated\0",
+    ] {
+        let value: usize = unsafe { tikv_jemalloc_ctl::raw::read(key) }.unwrap();
+        let name = std::str::from_utf8(&key[..key.len() - 1]).unwrap();
+        println!("{name}={value}");
+    }
+    println!("usable={held}");
+    println!("kept=1");
 }
