@@ -28,6 +28,7 @@ mod residency;
 pub mod sbcl;
 mod symbols;
 pub mod tcmalloc;
+pub mod v8_inspector;
 
 pub use memory::ProcessMemory;
 pub use pause::Pause;

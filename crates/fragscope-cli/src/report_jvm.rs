@@ -124,6 +124,9 @@ pub fn section(o: &mut String, r: &Report) {
 
 /// A Node.js process's V8 heap at the snapshot where it holds the most free space.
 pub fn v8_section(o: &mut String, r: &Report) {
+    if let Some(note) = &r.v8_note {
+        let _ = writeln!(o, "\nnote: {note}");
+    }
     let Some((s, p)) = r
         .v8_snapshot
         .and_then(|i| r.snapshots[i].v8.as_ref().map(|p| (&r.snapshots[i], p)))

@@ -478,6 +478,9 @@ pub struct Report {
     /// A Node.js process: the snapshot whose V8 heap holds the most free space.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub v8_snapshot: Option<usize>,
+    /// Why a Node.js process has no V8 heap figures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub v8_note: Option<String>,
     /// A Go program that keeps a heap profile: its allocation stacks at the census with
     /// the most waste, joined with the spans their sampled objects lie in.
     #[serde(skip_serializing_if = "Option::is_none")]

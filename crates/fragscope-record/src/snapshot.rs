@@ -17,6 +17,7 @@ use fragscope_census::{glibc, jemalloc, tcmalloc, Pause, ProcessMemory};
 use fragscope_trace::go_heap::GoHeap;
 use fragscope_trace::heap_census::{AllocatorHeap, HeapCensus};
 use fragscope_trace::jvm_heap::JvmHeap;
+use fragscope_trace::v8_heap::V8Heap;
 use fragscope_trace::records::{
     Census, CensusBody, GhcBlocks, GhcCensus, Maps, Pagemap, Process, PymallocPools, Rollup,
     RssBatch, RssSample, SnapshotReason,
@@ -100,6 +101,11 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
                 .map_err(|e| format!("no pymalloc census: {e}"))
         })
     });
+    // A Node.js process: its V8 heap as V8 counts it, asked through its inspector while
+    // it runs (it answers on its own main thread), just before the stop.
+    let v8 = fragscope_census::v8_inspector::is_node(pid).then(|| {
+        fragscope_census::v8_inspector::heap_of(pid).map_err(|e| format!("no V8 heap figures: {e}"))
+    });
     let reading = match &heap.ghc {
         Some(rts) => read_ghc(pid, rts, &mut build_ids, maps, page)?,
         None => read_malloc_heap(opts, &heap, &mut mem, &mut build_ids, page)?,
@@ -147,6 +153,7 @@ pub fn snapshot(opts: &SnapshotOptions) -> Result<SnapshotOutcome> {
         pymalloc,
         go: go_census,
         jvm: jvm_census,
+        v8,
     };
     write_readings(&mut w, maps, rss, rollup, runtimes, residency, page)?;
     let (heap_bytes, note) = write_censuses(
@@ -575,6 +582,7 @@ struct RuntimeCensuses {
     pymalloc: Option<Result<PymallocPools, String>>,
     go: Option<Result<GoHeap, String>>,
     jvm: Option<Result<JvmHeap, String>>,
+    v8: Option<Result<V8Heap, String>>,
 }
 
 /// The trace's Meta, the process, and the allocator linked into it.
@@ -603,7 +611,12 @@ fn write_readings(
     residency: Vec<ResidentRange>,
     page: u64,
 ) -> Result<()> {
-    let RuntimeCensuses { pymalloc, go, jvm } = runtimes;
+    let RuntimeCensuses {
+        pymalloc,
+        go,
+        jvm,
+        v8,
+    } = runtimes;
     w.write_chunk(
         ChunkKind::Maps,
         &Maps {
@@ -637,6 +650,7 @@ fn write_readings(
     write_runtime_census(w, ChunkKind::PymallocCensus, pymalloc)?;
     write_runtime_census(w, ChunkKind::GoCensus, go)?;
     write_runtime_census(w, ChunkKind::JvmCensus, jvm)?;
+    write_runtime_census(w, ChunkKind::V8Census, v8)?;
     w.write_chunk(
         ChunkKind::Pagemap,
         &Pagemap {

@@ -233,8 +233,12 @@ impl Reading<'_> {
                 }
             }
             Chunk::V8Census(c) => {
-                if let Ok(heap) = c.result {
-                    self.stream(c.stream).v8_pending.push_back((c.tick, heap));
+                let s = self.stream(c.stream);
+                match c.result {
+                    Ok(heap) => s.v8_pending.push_back((c.tick, heap)),
+                    Err(note) => {
+                        s.v8_note.get_or_insert(note);
+                    }
                 }
             }
             Chunk::PythonSamples(c) => self.stream(c.stream).python.add(&c),

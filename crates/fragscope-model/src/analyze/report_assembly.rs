@@ -226,6 +226,7 @@ pub(super) fn assemble(path: &Path, opts: &Options, read: &TraceRead, chosen: us
         jvm_snapshot: told.jvm_snapshot,
         jvm_note: s.jvm_note.clone(),
         v8_snapshot: told.v8_snapshot,
+        v8_note: s.v8_note.clone(),
         go_sites: go_sites(s, tick_ms),
         go_sites_note: (s.go_census.as_ref()).and_then(|c| c.2.profile.as_ref().err().cloned()),
         leaks,

@@ -103,6 +103,8 @@ pub(super) struct Stream {
     pub(super) jvm_note: Option<String>,
     /// V8 heap figures waiting for the snapshot of their tick (written just before it).
     pub(super) v8_pending: VecDeque<(u64, V8Heap)>,
+    /// Why a Node.js process has no V8 figures (a snapshot whose inspector did not answer).
+    pub(super) v8_note: Option<String>,
     pub(super) evaluated: Vec<Evaluated>,
     /// Snapshots whose evaluation waits until the report knows which process it explains,
     /// each with the live blocks of its moment (see `evaluate_next`).
