@@ -1,14 +1,36 @@
 //! Node.js programs: `fragscope record` of a Node program gets its V8 heap as V8 counts it
 //! at each snapshot (a module the recorder has Node load, NODE_OPTIONS=--require), and
-//! the report splits RSS by it: the V8 heap beside malloc's, little left as "other
-//! anonymous", and a headline in V8's terms rather than malloc's.
+//! `fragscope snapshot PID` of a running one asks it through Node's inspector; the report
+//! splits RSS by it: the V8 heap beside malloc's, little left as "other anonymous", and a
+//! headline in V8's terms rather than malloc's.
 
 mod common;
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{report_json, report_text, stderr};
+use common::{fragscope, report_json, report_text, stderr};
+
+fn node_installed() -> bool {
+    let there = Command::new("node").arg("--version").output().is_ok();
+    if !there {
+        eprintln!("skipped: node is not installed");
+    }
+    there
+}
+
+fn keep_tenth() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/node/keep_tenth.js")
+}
+
+/// `node`'s own old space figure `key` in the JSON line keep_tenth.js printed.
+fn own_old_space(line: &str, key: &str) -> u64 {
+    let own: serde_json::Value = serde_json::from_str(line).unwrap();
+    (own["spaces"].as_array().unwrap().iter())
+        .find(|s| s["space_name"] == "old_space")
+        .map_or(0, |s| s[key].as_u64().unwrap())
+}
 
 fn within(ours: u64, theirs: u64, pct: f64, what: &str) {
     let d = (ours as f64 - theirs as f64).abs() / theirs.max(1) as f64 * 100.0;
@@ -20,13 +42,12 @@ fn within(ours: u64, theirs: u64, pct: f64, what: &str) {
 
 #[test]
 fn record_of_a_node_program_splits_rss_by_its_v8_heap() {
-    if Command::new("node").arg("--version").output().is_err() {
-        eprintln!("skipped: node is not installed");
+    if !node_installed() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("node.fsc");
-    let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/node/keep_tenth.js");
+    let program = keep_tenth();
     let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
         .args(["record", "--stacks", "none", "--snapshot-ms", "250", "-o"])
         .arg(&trace)
@@ -92,4 +113,63 @@ fn record_of_a_node_program_splits_rss_by_its_v8_heap() {
         "malloc advice: {sentence}"
     );
     assert!(report_text(&trace).contains("V8 heap (Node v"));
+}
+
+#[test]
+fn snapshot_of_a_running_node_program_asks_its_inspector() {
+    if !node_installed() {
+        return;
+    }
+    let mut child = Command::new("node")
+        .arg("--expose-gc")
+        .arg(keep_tenth())
+        .args(["1000000", "60000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut ready = String::new();
+    out.read_line(&mut ready).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("snap.fsc");
+    let snap = fragscope(&[
+        "snapshot".as_ref(),
+        pid.to_string().as_ref(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+    ]);
+    let still_running = child.try_wait().unwrap().is_none();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(snap.status.success(), "{}", stderr(&snap));
+    assert!(still_running, "the program ended");
+    let r = report_json(&trace);
+    let s = &r["snapshots"][0];
+    let v8 = &s["v8"];
+    let old = (v8["spaces"].as_array().unwrap().iter())
+        .find(|x| x["space"] == "old_space")
+        .unwrap_or_else(|| panic!("{r}"));
+    within(
+        old["used"].as_u64().unwrap(),
+        own_old_space(&ready, "space_used_size"),
+        2.0,
+        "old space used",
+    );
+    let (rss, other) = (s["rss"].as_u64().unwrap(), s["other_anon"].as_u64().unwrap());
+    assert!(other * 10 < rss, "other anonymous {other} of RSS {rss}");
+    assert_eq!(r["headline"]["heap"], "v8", "{}", r["headline"]);
+    // The inspector it opened is closed again.
+    let list = std::net::TcpStream::connect("127.0.0.1:9229").ok().map(|mut c| {
+        use std::io::{Read, Write};
+        let _ = c.write_all(b"GET /json/list HTTP/1.0\r\n\r\n");
+        let mut text = String::new();
+        let _ = c.read_to_string(&mut text);
+        text
+    });
+    assert!(
+        list.is_none_or(|t| !t.contains(&format!("[{pid}]"))),
+        "the inspector of {pid} is still open"
+    );
 }
