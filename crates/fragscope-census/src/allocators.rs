@@ -68,11 +68,12 @@ impl LinkedAllocator {
 }
 
 /// Defined symbols that only a copy of each allocator carries, by allocator.
-fn allocator_by_symbol(name: &str) -> Option<&'static str> {
+fn allocator_by_symbol(name: &str, function: bool) -> Option<&'static str> {
     // jemalloc's control entry, with or without a prefix (`je_`, `_rjem_`), and its
-    // private namespace's functions (`je_arena_boot`, `_rjem_je_arena_boot`).
-    let jemalloc =
-        name == "mallctl" || name.ends_with("_mallctl") || name.ends_with("je_arena_boot");
+    // private namespace's functions (`je_arena_boot`, `_rjem_je_arena_boot`): functions,
+    // not a program's pointer to the mallctl it looks up (`static void *je_mallctl`).
+    let jemalloc = function
+        && (name == "mallctl" || name.ends_with("_mallctl") || name.ends_with("je_arena_boot"));
     // mimalloc's entries, or its page allocation and main heap, as 1.x-2.x (`_mi_heap_main`)
     // and 3.x (`__mi_theap_main`, `_mi_page_malloc_zero`) name them: a program that
     // links it whole keeps these even when the entries it does not call are dropped.
@@ -120,7 +121,8 @@ pub fn linked_allocator_in(data: &[u8], image: &str) -> Option<LinkedAllocator> 
         let Ok(name) = s.name() else { continue };
         serves_malloc |= name == "malloc" && s.kind() == object::SymbolKind::Text;
         if found.is_none() {
-            found = allocator_by_symbol(name).map(|a| (a, format!("symbol {name}")));
+            let function = s.kind() == object::SymbolKind::Text;
+            found = allocator_by_symbol(name, function).map(|a| (a, format!("symbol {name}")));
         }
     }
     // Stripped of its symbol table (the dynamic one lists what it imports): the messages.
@@ -243,8 +245,11 @@ mod tests {
             ("my_mallctl_wrapper", None),
             ("emi_malloc", None),
         ] {
-            assert_eq!(allocator_by_symbol(name), allocator, "{name}");
+            assert_eq!(allocator_by_symbol(name, true), allocator, "{name}");
         }
+        // A program's own pointer to the mallctl it looks up with dlsym is no jemalloc.
+        assert_eq!(allocator_by_symbol("je_mallctl", false), None);
+        assert_eq!(allocator_by_symbol("je_mallctl", true), Some("jemalloc"));
     }
 
     /// The system's own programs and libraries are on glibc's malloc: none is named.
