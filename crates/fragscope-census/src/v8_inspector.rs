@@ -4,7 +4,9 @@
 //! inspector closed again when it was not open before.
 //!
 //! Side effects, said where they are asked for: Node prints "Debugger listening on ..."
-//! on its standard error and listens on 127.0.0.1:9229 while it is asked; a process whose
+//! on its standard error and listens on 127.0.0.1 (port 9229 unless --inspect-port says
+//! otherwise) while it is asked; the port it listens on is found among its own sockets,
+//! so another process's inspector is never asked; a process whose
 //! SIGUSR1 is not caught (`--disable-sigusr1`) would die of it and is never sent one. A
 //! worker thread's isolate is not reached (the inspector's main session sees the main
 //! thread's).
@@ -15,9 +17,6 @@ use std::time::{Duration, Instant};
 
 use fragscope_trace::v8_heap::{V8Heap, V8Space};
 use serde_json::Value;
-
-/// Where Node's inspector listens unless told otherwise (`--inspect-port`).
-const INSPECTOR: &str = "127.0.0.1:9229";
 
 /// How long Node may take to open its inspector, and to answer.
 const WAIT: Duration = Duration::from_secs(3);
@@ -56,8 +55,8 @@ pub fn heap_of(pid: u32) -> Result<V8Heap, String> {
         }
         if started.elapsed() > WAIT {
             return Err(format!(
-                "Node's inspector did not answer on {INSPECTOR} as process {pid} within {} s \
-                 (another process may hold the port, or it listens on another)",
+                "Node's inspector did not open within {} s (another process may hold its \
+                 port, 9229 unless --inspect-port says otherwise)",
                 WAIT.as_secs()
             ));
         }
@@ -77,29 +76,77 @@ fn catches_sigusr1(pid: u32) -> bool {
         .is_some_and(|mask| mask & (1 << (libc::SIGUSR1 - 1)) != 0)
 }
 
-/// The WebSocket address of `pid`'s inspector when it listens on [`INSPECTOR`]: None when
-/// nothing answers there, or another process does.
+/// The TCP ports process `pid` listens on at 127.0.0.1: its sockets (/proc/PID/fd) among
+/// the listening ones of its network namespace (/proc/PID/net/tcp).
+fn listening_ports(pid: u32) -> Vec<u16> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (local, state, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
+            let (addr, port) = local.split_once(':')?;
+            // 0A: listening; 0100007F: 127.0.0.1 as the kernel prints it.
+            (*state == "0A" && addr == "0100007F" && inodes.contains(*inode))
+                .then(|| u16::from_str_radix(port, 16).ok())
+                .flatten()
+        })
+        .collect()
+}
+
+/// The WebSocket address of `pid`'s inspector when it listens: the first of its
+/// listening ports that answers as an inspector does.
 fn inspector_of(pid: u32) -> Result<Option<String>, String> {
-    let Ok(mut s) = TcpStream::connect_timeout(&INSPECTOR.parse().unwrap(), WAIT) else {
-        return Ok(None);
-    };
+    Ok(listening_ports(pid).into_iter().find_map(inspector_at))
+}
+
+/// The WebSocket address of the inspector at 127.0.0.1:`port`, if one answers there.
+fn inspector_at(port: u16) -> Option<String> {
+    let at = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut s = TcpStream::connect_timeout(&at, WAIT).ok()?;
     s.set_read_timeout(Some(WAIT)).ok();
-    let asked = s.write_all(b"GET /json/list HTTP/1.0\r\nHost: 127.0.0.1:9229\r\n\r\n");
-    let mut answer = String::new();
-    if asked.is_err() || s.read_to_string(&mut answer).is_err() {
-        return Ok(None);
-    }
-    let body = answer.split_once("\r\n\r\n").map_or("", |x| x.1);
-    let Ok(Value::Array(targets)) = serde_json::from_str::<Value>(body) else {
-        return Ok(None);
+    let ask = format!("GET /json/list HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+    s.write_all(ask.as_bytes()).ok()?;
+    // Node's inspector keeps the connection open: read to the end of the body its
+    // Content-Length gives.
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    let body = loop {
+        let n = s.read(&mut buf).ok().filter(|&n| n > 0)?;
+        answer.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&answer);
+        let Some((head, body)) = text.split_once("\r\n\r\n") else {
+            continue;
+        };
+        let length = head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse::<usize>().ok())
+                .flatten()
+        })?;
+        if body.len() >= length {
+            break body.to_string();
+        }
     };
-    // Node names its target "node[PID]".
-    let mine = format!("[{pid}]");
-    Ok(targets
+    let Ok(Value::Array(targets)) = serde_json::from_str::<Value>(&body) else {
+        return None;
+    };
+    // One target per process: its main thread.
+    targets
         .iter()
-        .find(|t| t["title"].as_str().is_some_and(|x| x.ends_with(&mine)))
-        .and_then(|t| t["webSocketDebuggerUrl"].as_str())
-        .map(str::to_string))
+        .find_map(|t| t["webSocketDebuggerUrl"].as_str())
+        .map(str::to_string)
 }
 
 /// What the inspector session at `url` evaluates the heap's figures to; the inspector is
@@ -134,7 +181,9 @@ fn evaluate(url: &str, leave_open: bool) -> Result<Value, String> {
         let message = ws
             .read()
             .map_err(|e| format!("Node's inspector did not answer ({e})"))?;
-        let Ok(text) = message.to_text() else { continue };
+        let Ok(text) = message.to_text() else {
+            continue;
+        };
         let Ok(v) = serde_json::from_str::<Value>(text) else {
             continue;
         };

@@ -17,11 +17,11 @@ use fragscope_census::{glibc, jemalloc, tcmalloc, Pause, ProcessMemory};
 use fragscope_trace::go_heap::GoHeap;
 use fragscope_trace::heap_census::{AllocatorHeap, HeapCensus};
 use fragscope_trace::jvm_heap::JvmHeap;
-use fragscope_trace::v8_heap::V8Heap;
 use fragscope_trace::records::{
     Census, CensusBody, GhcBlocks, GhcCensus, Maps, Pagemap, Process, PymallocPools, Rollup,
     RssBatch, RssSample, SnapshotReason,
 };
+use fragscope_trace::v8_heap::V8Heap;
 use fragscope_trace::{ChunkKind, ChunkWriter, End, Mapping, Origin, ResidentRange, StackMode};
 
 use crate::access::{access_error, gone};
