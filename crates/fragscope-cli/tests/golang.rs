@@ -349,24 +349,9 @@ fn the_go_allocation_sites_are_the_heap_profiles_and_name_who_keeps_sparse_spans
     assert!(names.iter().any(|n| n == "go_free_slots"), "{names:?}");
 
     // The page shows the same section.
-    let page = dir.path().join("go.html");
-    let out = fragscope(&[
-        "report".as_ref(),
-        trace.as_os_str(),
-        "--html".as_ref(),
-        page.as_os_str(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let Some(browser) = common::chromium() else {
-        eprintln!("skipped the browser checks: chromium is not installed");
+    let Some(dom) = common::rendered_page(&trace, dir.path(), "go") else {
         return;
     };
-    let dom = common::load_page(&browser, &page, &common::artefacts().join("go.png"));
-    assert!(
-        dom.contains("data-rendered=\"ok\""),
-        "the script did not finish"
-    );
-    assert!(!dom.contains("data-errors"), "the page reported errors");
     assert!(dom.contains("Go heap (go1."), "{dom}");
     assert!(dom.contains("main.fillCache (main.go:"), "{dom}");
     assert!(dom.contains("free slots in spans in use"), "{dom}");

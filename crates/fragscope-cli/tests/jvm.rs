@@ -152,24 +152,9 @@ fn snapshot_of_a_running_jvm_splits_rss_by_its_java_heap() {
     assert!(text.contains("code cache"), "{text}");
 
     // The page shows the same section.
-    let page = dir.path().join("jvm.html");
-    let out = fragscope(&[
-        "report".as_ref(),
-        trace.as_os_str(),
-        "--html".as_ref(),
-        page.as_os_str(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let Some(browser) = common::chromium() else {
-        eprintln!("skipped the browser checks: chromium is not installed");
+    let Some(dom) = common::rendered_page(&trace, dir.path(), "jvm") else {
         return;
     };
-    let dom = common::load_page(&browser, &page, &common::artefacts().join("jvm.png"));
-    assert!(
-        dom.contains("data-rendered=\"ok\""),
-        "the script did not finish"
-    );
-    assert!(!dom.contains("data-errors"), "the page reported errors");
     assert!(dom.contains("Java heap (JDK "), "{dom}");
     assert!(dom.contains("free regions kept"), "{dom}");
     assert!(dom.contains("Java thread stacks"), "{dom}");

@@ -491,6 +491,31 @@ pub fn artefacts() -> PathBuf {
 
 /// Loads `page` in headless Chromium; returns the DOM after the script ran. Fails on any
 /// console message (errors, policy violations) and writes a screenshot to `shot`.
+/// `fragscope report TRACE --html` into `dir`, loaded in a headless browser (its
+/// screenshot kept as artefacts/NAME.png): its DOM once the page's script finished
+/// without errors; None (with a note) without a browser.
+pub fn rendered_page(trace: &Path, dir: &Path, name: &str) -> Option<String> {
+    let page = dir.join(format!("{name}.html"));
+    let out = fragscope(&[
+        "report".as_ref(),
+        trace.as_os_str(),
+        "--html".as_ref(),
+        page.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let Some(browser) = chromium() else {
+        eprintln!("skipped the browser checks: chromium is not installed");
+        return None;
+    };
+    let dom = load_page(&browser, &page, &artefacts().join(format!("{name}.png")));
+    assert!(
+        dom.contains("data-rendered=\"ok\""),
+        "the script did not finish"
+    );
+    assert!(!dom.contains("data-errors"), "the page reported errors");
+    Some(dom)
+}
+
 pub fn load_page(browser: &Path, page: &Path, shot: &Path) -> String {
     let profile = tempfile::tempdir().unwrap();
     let url = format!("file://{}", page.display());
