@@ -14,22 +14,29 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// tests/java/KeepTenth.java compiled once; None (with a note) without a JDK.
+/// tests/java/KeepTenth.java compiled once for every test (tests run at once: one
+/// compiling while another starts a JVM on the class gave it half a file); None (with a
+/// note) without a JDK.
 fn classes() -> Option<PathBuf> {
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("java-classes");
-    let javac = Command::new("javac")
-        .arg("-d")
-        .arg(&out)
-        .arg(repo().join("tests/java/KeepTenth.java"))
-        .output();
-    match javac {
-        Ok(o) if o.status.success() => Some(out),
-        Ok(o) => panic!("javac: {}", String::from_utf8_lossy(&o.stderr)),
-        Err(_) => {
-            eprintln!("skipped: no JDK (scripts/install-deps.sh installs one)");
-            None
-        }
-    }
+    static CLASSES: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    CLASSES
+        .get_or_init(|| {
+            let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("java-classes");
+            let javac = Command::new("javac")
+                .arg("-d")
+                .arg(&out)
+                .arg(repo().join("tests/java/KeepTenth.java"))
+                .output();
+            match javac {
+                Ok(o) if o.status.success() => Some(out),
+                Ok(o) => panic!("javac: {}", String::from_utf8_lossy(&o.stderr)),
+                Err(_) => {
+                    eprintln!("skipped: no JDK (scripts/install-deps.sh installs one)");
+                    None
+                }
+            }
+        })
+        .clone()
 }
 
 struct Running {
