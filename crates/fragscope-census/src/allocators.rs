@@ -104,7 +104,7 @@ const MESSAGES: [(&str, &str); 3] = [
 /// The allocator linked into the image at `path`, if one is. None when the file cannot
 /// be read or is not an ELF image: nothing is claimed.
 pub fn linked_allocator(path: &Path) -> Option<LinkedAllocator> {
-    let data = std::fs::read(path).ok()?;
+    let data = crate::image::map(path).ok()?;
     linked_allocator_in(&data, &path.to_string_lossy())
 }
 

@@ -89,7 +89,7 @@ impl GoRuntime {
     /// Whether process `pid` runs a Go program: `None` for another program, `Some(Err)`
     /// for a Go program whose heap the census cannot read (why, in a sentence).
     pub fn detect(pid: u32) -> Option<Result<Self, String>> {
-        let elf = std::fs::read(format!("/proc/{pid}/exe")).ok()?;
+        let elf = crate::image::map(format!("/proc/{pid}/exe")).ok()?;
         Self::of_executable(&elf, Some(pid))
     }
 

@@ -16,6 +16,7 @@ pub mod allocators;
 pub mod ghc;
 pub mod glibc;
 pub mod golang;
+pub mod image;
 pub mod jemalloc;
 pub mod jvm;
 pub mod jvm_attach;

@@ -248,7 +248,7 @@ impl SbclRuntime {
     /// page table); else its runtime, or why its census cannot be read.
     pub fn detect(pid: u32) -> Option<Result<Self, String>> {
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-        let elf = std::fs::read(&exe).ok()?;
+        let elf = crate::image::map(&exe).ok()?;
         let exported = Symbols::resolve(&elf, &SYMBOLS, None).ok()?;
         if ["page_table", "next_free_page", "DYNAMIC_SPACE_START"]
             .iter()

@@ -781,7 +781,7 @@ impl Censuses {
     /// `None`: not a GHC program. Err: a GHC program whose RTS the census cannot read.
     fn resolve(&self, pid: u32) -> Option<Result<GhcRts, String>> {
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-        let elf = std::fs::read(&exe).ok()?;
+        let elf = fragscope_census::image::map(&exe).ok()?;
         crate::ghc::inspect(&elf)?;
         let info = {
             let mut known = self.rts_info.lock().unwrap();

@@ -73,8 +73,10 @@ pub fn inspect(data: &[u8]) -> Option<GhcBinary> {
     })
 }
 
+/// Whether `needle` occurs in `haystack` (an executable: Node's is 98 MB, where a byte by
+/// byte comparison took a third of a second).
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+    memchr::memmem::find(haystack, needle).is_some()
 }
 
 /// Words a wrapper's command line and scripts may name a program by, at most this many.

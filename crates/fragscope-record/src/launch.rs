@@ -117,7 +117,8 @@ fn check_traceable_as(program: &OsStr, who: &Identity) -> Result<PathBuf, NotTra
     if let Some(reason) = secure_execution(&path, who) {
         return Err(not(reason));
     }
-    let data = std::fs::read(&path).map_err(|e| not(format!("cannot read it: {e}")))?;
+    let data =
+        fragscope_census::image::map(&path).map_err(|e| not(format!("cannot read it: {e}")))?;
     if data.starts_with(b"#!") {
         let line = data.split(|&b| b == b'\n').next().unwrap_or(&[]);
         let interp = String::from_utf8_lossy(&line[2..])
@@ -165,7 +166,7 @@ fn dynamically_linked(data: &[u8]) -> Option<bool> {
 /// reads from outside at every snapshot.
 pub fn static_go_program(program: &OsStr) -> Option<PathBuf> {
     let path = resolve_program(program)?;
-    let data = std::fs::read(&path).ok()?;
+    let data = fragscope_census::image::map(&path).ok()?;
     (dynamically_linked(&data) == Some(false) && is_go_image(&data)).then_some(path)
 }
 
@@ -252,7 +253,7 @@ fn own_permitted_capabilities() -> u64 {
 /// Whether `exe` is a program built by Go's toolchain (its build information section, or
 /// its runtime's entry point in the symbol table).
 pub fn is_go_program(exe: &Path) -> bool {
-    std::fs::read(exe).is_ok_and(|data| is_go_image(&data))
+    fragscope_census::image::map(exe).is_ok_and(|data| is_go_image(&data))
 }
 
 /// Whether an executable's bytes are a program Go's toolchain built.

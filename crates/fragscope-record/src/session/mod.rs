@@ -219,7 +219,7 @@ fn ghc_setup(
     command: &[OsString],
     attach_pid: Option<u32>,
 ) -> (Option<GhcProgram>, Option<GhcSetup>) {
-    let ghc_program = match std::fs::read(program_path)
+    let ghc_program = match fragscope_census::image::map(program_path)
         .ok()
         .filter(|_| attach_pid.is_none())
         .and_then(|data| crate::ghc::inspect(&data))
