@@ -447,9 +447,10 @@ pub fn live_blocks(
     mem: &mut ProcessMemory,
     layout: &GlibcLayout,
     maps: &[Mapping],
+    residency: &[ResidentRange],
     page: u64,
 ) -> Result<Vec<(u64, u64)>, CensusError> {
-    let (_, blocks) = census_walk(mem, layout, maps, &[], page, true)?;
+    let (_, blocks) = census_walk(mem, layout, maps, residency, page, true)?;
     Ok(blocks)
 }
 
@@ -931,12 +932,21 @@ impl Walk<'_> {
                     && p + csize <= end)
                     .then_some(csize)
             };
+            // Only pages the snapshot found resident are read: a chunk's header page was
+            // written by malloc. Reading a page never touched would map the kernel's zero
+            // page there, which pagemap then shows present (a JVM's committed, untouched
+            // heap regions and thread stacks looked resident after a snapshot read them).
+            let residency = &self.residency;
+            let readable = |a: u64| !residency.covers(a) || residency.resident(a);
             // A mapping the memory read does not have (a forked copy lacks those marked
             // MADV_DONTFORK, as Node's V8 marks its heap) holds no chunk of glibc's, which
             // never marks its own: passed over. glibc's count of its mmapped chunks, checked
             // below, still catches one missed.
             let mut first = [0u8; 16];
-            if m.start + 2 * SIZE_SZ <= end && self.mem.read(m.start, &mut first).is_err() {
+            if m.start + 2 * SIZE_SZ <= end
+                && readable(m.start)
+                && self.mem.read(m.start, &mut first).is_err()
+            {
                 continue;
             }
             // Runs of chunks one after another: each becomes a region of counted pages.
@@ -944,19 +954,27 @@ impl Walk<'_> {
             let mut p = m.start;
             while p + 2 * SIZE_SZ <= end {
                 let mut h = [0u8; 16];
-                self.mem.read(p, &mut h)?;
-                let found = match chunk_at(&h, p) {
+                let here = if readable(p) {
+                    self.mem.read(p, &mut h)?;
+                    chunk_at(&h, p)
+                } else {
+                    None
+                };
+                let found = match here {
                     Some(csize) => Some((p, csize)),
                     None => {
-                        // Not a chunk: the next page that starts one, if any.
-                        let batch: Vec<(u64, usize)> = (1..=MMAPPED_SCAN_BATCH)
+                        // Not a chunk: the next resident page that starts one, if any.
+                        let pages: Vec<u64> = (1..=MMAPPED_SCAN_BATCH)
                             .map(|i| p + i * page)
                             .take_while(|&a| a + 2 * SIZE_SZ <= end)
-                            .map(|a| (a, 16))
                             .collect();
-                        let Some(&(last, _)) = batch.last() else {
+                        let Some(&last) = pages.last() else {
                             break;
                         };
+                        let batch: Vec<(u64, usize)> = (pages.into_iter())
+                            .filter(|&a| readable(a))
+                            .map(|a| (a, 16))
+                            .collect();
                         self.mem.read_ranges(&batch, &mut headers)?;
                         match batch.iter().enumerate().find_map(|(i, &(a, _))| {
                             chunk_at(&headers[i * 16..][..16], a).map(|c| (a, c))

@@ -15,6 +15,12 @@ impl<'a> Residency<'a> {
         ranges.sort_by_key(|r| r.start);
         Self { ranges, page }
     }
+    /// Whether the pagemap read covers `addr` at all (its residency is then known).
+    pub fn covers(&self, addr: u64) -> bool {
+        let i = self.ranges.partition_point(|r| r.start <= addr);
+        i.checked_sub(1)
+            .is_some_and(|i| addr < self.ranges[i].start + self.ranges[i].pages * self.page)
+    }
     pub fn resident(&self, addr: u64) -> bool {
         let i = self.ranges.partition_point(|r| r.start <= addr);
         i.checked_sub(1).is_some_and(|i| {

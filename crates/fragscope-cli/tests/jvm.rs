@@ -151,6 +151,29 @@ fn snapshot_of_a_running_jvm_splits_rss_by_its_java_heap() {
     assert!(text.contains("Java heap (JDK "), "{text}");
     assert!(text.contains("code cache"), "{text}");
 
+    // The snapshot left the JVM's memory as it found it: reading a page never touched
+    // maps the kernel's zero page there, which pagemap shows present from then on (the
+    // glibc census's search for mmapped chunks once made 16 MiB of untouched regions and
+    // thread stacks look resident to the next snapshot).
+    let again = dir.path().join("again.fsc");
+    let out = fragscope(&[
+        "snapshot".as_ref(),
+        pid.to_string().as_ref(),
+        "-o".as_ref(),
+        again.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let second = report_json(&again);
+    let resident = |r: &serde_json::Value| -> u64 {
+        r["snapshots"][0]["jvm_heap"].as_u64().unwrap()
+            + r["snapshots"][0]["jvm_runtime"].as_u64().unwrap()
+    };
+    let (first, then) = (resident(&r), resident(&second));
+    assert!(
+        then <= first + first / 50,
+        "the JVM's heap and areas went from {first} to {then} resident bytes between two snapshots"
+    );
+
     // The page shows the same section.
     let Some(dom) = common::rendered_page(&trace, dir.path(), "jvm") else {
         return;

@@ -130,7 +130,12 @@ pub(crate) fn glibc_live_blocks(pid: u32) -> Result<Vec<(u64, u64)>, String> {
     let layout = glibc::locate(pid, &maps, &mut mem)?;
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
-    match glibc::live_blocks(&mut mem, &layout, &maps, page) {
+    // Which pages are resident, so that only those are read: a page never touched that
+    // is read gets the kernel's zero page mapped, present from then on in pagemap.
+    let heap: Vec<&fragscope_trace::Mapping> =
+        maps.iter().filter(|m| procfs::may_hold_heap(m)).collect();
+    let residency = procfs::read_residency(pid, &heap, page).unwrap_or_default();
+    match glibc::live_blocks(&mut mem, &layout, &maps, &residency, page) {
         Ok(b) => Ok(b),
         Err(CensusError::NoHeap) => Ok(Vec::new()),
         Err(e) => Err(format!("glibc's heap did not hold together: {e}")),
