@@ -10,13 +10,16 @@
 # dynamic space), CPython's debug build (a CPython whose Python lines are not sampled),
 # PostgreSQL (a real forking server recorded under pgbench; postgresql-15 holds initdb,
 # postgres and pgbench), OpenJDK (the tests read a running JVM's heap and compare it with
-# jcmd; the JDK brings javac and jcmd).
+# jcmd; the JDK brings javac and jcmd), Node.js when none is installed (the tests read a
+# Node program's V8 heap).
 # With --bench, also heaptrack and hyperfine (the benchmark's reference points).
 set -euo pipefail
 pkgs=(build-essential pkg-config libunwind8 libunwind-dev libjemalloc2 libjemalloc-dev
       libgoogle-perftools-dev libmimalloc-dev ghc chromium python3-venv libc6-dbg util-linux
       redis-server sbcl python3-dbg postgresql openjdk-17-jdk-headless)
 command -v go >/dev/null || [[ -x /usr/local/go/bin/go ]] || pkgs+=(golang-go)
+# Node.js: the tests record a Node program and snapshot a running one (its V8 heap).
+command -v node >/dev/null || pkgs+=(nodejs)
 [[ "${1:-}" == "--bench" ]] && pkgs+=(heaptrack hyperfine time)
 missing=()
 for p in "${pkgs[@]}"; do
