@@ -88,21 +88,12 @@ impl GoParts {
     }
 }
 
-/// Resident bytes of [lo, hi) as `res` shows them.
-fn resident_bytes(res: &mut Residency, os_page: u64, lo: u64, hi: u64) -> u64 {
-    (lo / os_page..hi.div_ceil(os_page))
-        .filter(|&p| res.is_resident(p).is_some())
-        .count() as u64
-        * os_page
-}
-
 /// `heap` split by the residency of its snapshot.
 pub fn split(heap: &GoHeap, pm: &Pagemap) -> GoParts {
-    let os_page = u64::from(pm.page_size.max(1));
     let go_page = u64::from(heap.page_size);
     let mut res = Residency::new(pm);
     let resident: u64 = (heap.ranges.iter())
-        .map(|&(lo, hi)| resident_bytes(&mut res, os_page, lo, hi))
+        .map(|&(lo, hi)| res.resident_bytes(lo, hi))
         .sum();
     let mut p = GoParts {
         go: heap.go.clone(),
@@ -129,7 +120,7 @@ pub fn split(heap: &GoHeap, pm: &Pagemap) -> GoParts {
     let mut in_spans = 0;
     for s in &heap.spans {
         let bytes = s.bytes(go_page);
-        let span_resident = resident_bytes(&mut res, os_page, s.start, s.start + bytes);
+        let span_resident = res.resident_bytes(s.start, s.start + bytes);
         in_spans += span_resident;
         match s.kind {
             GoSpanKind::Stacks => {

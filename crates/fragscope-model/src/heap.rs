@@ -268,6 +268,15 @@ impl<'a> Residency<'a> {
         }
     }
 
+    /// Resident bytes of the pages that [lo, hi) touches.
+    pub(crate) fn resident_bytes(&mut self, lo: u64, hi: u64) -> u64 {
+        let page = 1u64 << self.shift;
+        (lo >> self.shift..hi.div_ceil(page))
+            .filter(|&p| self.is_resident(p).is_some())
+            .count() as u64
+            * page
+    }
+
     /// With the residency the process had as it started from its parent's memory.
     pub(crate) fn with_fork(mut self, fork: Option<&'a Pagemap>) -> Self {
         self.fork = fork.map(|f| Box::new(Residency::new(f)));

@@ -102,17 +102,8 @@ impl JvmParts {
     }
 }
 
-/// Resident bytes of [lo, hi) as `res` shows them.
-pub(crate) fn resident_bytes(res: &mut Residency, os_page: u64, lo: u64, hi: u64) -> u64 {
-    (lo / os_page..hi.div_ceil(os_page))
-        .filter(|&p| res.is_resident(p).is_some())
-        .count() as u64
-        * os_page
-}
-
 /// `heap` split by the residency of its snapshot.
 pub fn split(heap: &JvmHeap, pm: &Pagemap) -> JvmParts {
-    let os_page = u64::from(pm.page_size.max(1));
     let mut res = Residency::new(pm);
     let mut p = JvmParts {
         jvm: heap.jvm.clone(),
@@ -166,7 +157,7 @@ pub fn split(heap: &JvmHeap, pm: &Pagemap) -> JvmParts {
             resident: 0,
         };
         for s in heap.spaces.iter().filter(|s| s.kind == kind) {
-            let resident = resident_bytes(&mut res, os_page, s.bottom, s.end);
+            let resident = res.resident_bytes(s.bottom, s.end);
             let objects = s.used().min(resident);
             k.spaces += 1;
             k.bytes += s.bytes();
@@ -210,7 +201,7 @@ pub fn split(heap: &JvmHeap, pm: &Pagemap) -> JvmParts {
             a.resident += match kind {
                 // A file mapping: its copied pages were counted by the census.
                 JvmAreaKind::ClassDataArchive => 0,
-                _ => resident_bytes(&mut res, os_page, lo, hi),
+                _ => res.resident_bytes(lo, hi),
             };
         }
         if kind == JvmAreaKind::ClassDataArchive {
