@@ -108,6 +108,7 @@ static char lisp_unsampled[200];
 /* Return address -> frame id, valid while no collection ran since (`n_gcs`): a
  * collection may move code. Under lisp_lock. */
 #define LISP_PC_SLOTS 4096
+#define LISP_PC_PROBES 8
 static struct { uintptr_t pc; int gcs; uint32_t frame; } lisp_pcs[LISP_PC_SLOTS];
 
 static char *lisp_thread(void) {
@@ -268,8 +269,19 @@ static int lisp_function_name(uintptr_t pc, struct lisp_name *o) {
 /* The frame id of a return address (0: not a function's). Under lisp_lock. */
 static uint32_t lisp_frame_id(uintptr_t ret) {
     int gcs = lisp_n_gcs ? *lisp_n_gcs : 0;
-    uint32_t cached = (uint32_t)((ret * 0x9E3779B97F4A7C15ULL) >> 52) & (LISP_PC_SLOTS - 1);
-    if (lisp_pcs[cached].pc == ret && lisp_pcs[cached].gcs == gcs) return lisp_pcs[cached].frame;
+    /* Open addressing over a few slots: two hot return addresses in one slot would
+     * otherwise evict each other at every sample (seen: a name resolved twice a sample). A
+     * slot of an earlier collection is free. */
+    uint32_t first = (uint32_t)((ret * 0x9E3779B97F4A7C15ULL) >> 52) & (LISP_PC_SLOTS - 1);
+    uint32_t cached = first;
+    for (uint32_t probe = 0; probe < LISP_PC_PROBES; probe++) {
+        uint32_t s = (first + probe) & (LISP_PC_SLOTS - 1);
+        if (lisp_pcs[s].gcs == gcs && lisp_pcs[s].pc == ret) return lisp_pcs[s].frame;
+        if (lisp_pcs[s].gcs != gcs || !lisp_pcs[s].pc) {
+            cached = s;
+            break;
+        }
+    }
     char buf[LISP_NAME_CAP];
     struct lisp_name name = {buf, 0, sizeof buf};
     /* The return address may be just past the function's last instruction. */
@@ -288,6 +300,34 @@ static uint32_t lisp_frame_id(uintptr_t ret) {
     lisp_pcs[cached].gcs = gcs;
     lisp_pcs[cached].frame = id;
     return id;
+}
+
+/* Return addresses -> stack id, valid while no collection ran since, as lisp_pcs: a
+ * refill's stack is most often one seen before, and this spares naming its frames one by
+ * one. Stack ids stay valid when the log forgets its table (the reader keeps them). */
+#define LISP_STACK_SLOTS 1024
+static struct { uint64_t hash; int gcs; uint32_t stack; } lisp_stacks[LISP_STACK_SLOTS];
+
+/* The stack id of return addresses `pcs` (innermost first; 0: none is a function's).
+ * Under lisp_lock. */
+static uint32_t lisp_stack_id(const uintptr_t *pcs, int n) {
+    int gcs = lisp_n_gcs ? *lisp_n_gcs : 0;
+    uint64_t h = 0xCBF29CE484222325ULL ^ (uint64_t)n;
+    for (int i = 0; i < n; i++) h = stack_hash_step(h, pcs[i]);
+    if (!h) h = 1;
+    uint32_t slot = (uint32_t)(h >> 20) & (LISP_STACK_SLOTS - 1);
+    if (lisp_stacks[slot].hash == h && lisp_stacks[slot].gcs == gcs) return lisp_stacks[slot].stack;
+    uint32_t ids[LISP_MAX_FRAMES];
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        uint32_t id = lisp_frame_id(pcs[i]);
+        if (id) ids[k++] = id;
+    }
+    uint32_t stack = k ? log_stack_id(&lisp_log, ids, k) : 0;
+    lisp_stacks[slot].hash = h;
+    lisp_stacks[slot].gcs = gcs;
+    lisp_stacks[slot].stack = stack;
+    return stack;
 }
 
 /* ---- sampling ---- */
@@ -370,15 +410,9 @@ static __attribute__((noinline)) void lisp_sample(uintptr_t *fp, int site) {
     } else if (region == LISP_LARGE && requested) {
         bytes = requested;
     }
-    uint32_t ids[LISP_MAX_FRAMES];
     int saved_errno = errno;
     pthread_mutex_lock(&lisp_lock);
-    int k = 0;
-    for (int i = 0; i < n; i++) {
-        uint32_t id = lisp_frame_id(pcs[i]);
-        if (id) ids[k++] = id;
-    }
-    uint32_t stack = k ? log_stack_id(&lisp_log, ids, k) : 0;
+    uint32_t stack = lisp_stack_id(pcs, n);
     uint8_t *o = log_reserve(&lisp_log, 40);
     if (o) {
         *o++ = LISP_REC_SAMPLE;
