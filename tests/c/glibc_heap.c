@@ -9,16 +9,23 @@
 // the mallinfo2 line again ("trim" first calls malloc_trim(0) and prints
 // "trimmed RSS_BEFORE_KIB RSS_AFTER_KIB"; "sigchld" prints "sigchld N", the SIGCHLDs it
 // has received, instead); it exits at the end of stdin.
+// With the argument "noncontiguous", a mapping is put where the brk heap would grow once
+// it holds a few blocks: glibc then extends its main arena with mmapped segments of its
+// own, each ending in fenceposts (a "non-contiguous" main arena, as in a process whose
+// other mappings crowd its break, such as Node's).
 #define _GNU_SOURCE
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #define THREADS 3
 
@@ -89,8 +96,23 @@ static void allow_all_under_seccomp(void) {
     }
 }
 
+/* The brk heap holds a few blocks, then cannot grow: the page after its top is mapped. */
+static void crowd_the_break(void) {
+    static void *kept;
+    for (int i = 0; i < 64; i++) free(malloc(64 + 16 * i));
+    kept = malloc(1000);
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t end = ((uintptr_t)sbrk(0) + page - 1) & ~(uintptr_t)(page - 1);
+    if (mmap((void *)end, page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1,
+             0) == MAP_FAILED) {
+        perror("mmap at the break");
+        exit(1);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "seccomp") == 0) allow_all_under_seccomp();
+    if (argc > 1 && strcmp(argv[1], "noncontiguous") == 0) crowd_the_break();
     // stdio's buffers are static: glibc would otherwise malloc them at the first read and
     // write, after mallinfo2 is taken, and the heap the census reads would not be the one
     // printed.

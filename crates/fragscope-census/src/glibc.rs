@@ -18,6 +18,12 @@
 //! are `mp_.n_mmaps` and `mp_.mmapped_mem`; a census that does not hold together is
 //! refused, never patched.
 //!
+//! A main arena whose brk heap could not grow (another mapping at the break, as a Node or
+//! JVM process's many mappings can put there) grows by mmap instead, for good: glibc marks
+//! it non-contiguous, ends each segment with two fenceposts, and keeps no list of the
+//! segments. The census finds them by the chunk each begins with, in the anonymous
+//! mappings' resident pages, and checks their sizes against the arena's `system_mem`.
+//!
 //! Layouts are glibc 2.36's for x86-64 (`malloc_state` 2200 bytes, `malloc_par` 136,
 //! `heap_info` 48, `tcache_perthread_struct` 640, checked with the debug information of
 //! Debian's 2.36). The arena is found by name in libc's separate debug file (libc6-dbg,
@@ -43,6 +49,10 @@ const VERIFIED: [&str; 1] = ["2.36"];
 
 // struct malloc_state (2.36, x86-64).
 const MS_SIZE: usize = 2200;
+const MS_FLAGS: usize = 4;
+/// In `flags`: the main arena grew by mmap once its brk heap could not (sysmalloc's
+/// "non-contiguous" main arena).
+const NONCONTIGUOUS_BIT: u64 = 2;
 const MS_FASTBINS: usize = 16;
 const NFASTBINS: usize = 10;
 const MS_TOP: usize = 96;
@@ -74,6 +84,10 @@ const ALIGN: u64 = 16;
 const MINSIZE: u64 = 32;
 const PREV_INUSE: u64 = 1;
 const IS_MMAPPED: u64 = 2;
+const NON_MAIN_ARENA: u64 = 4;
+/// A fencepost's header: sysmalloc ends a segment of a non-contiguous main arena with two
+/// (the first one's PREV_INUSE as the chunk before it).
+const FENCEPOST: u64 = 2 * SIZE_SZ | PREV_INUSE;
 /// Pages whose first bytes are read at once when looking for the next mmapped chunk.
 const MMAPPED_SCAN_BATCH: u64 = 1024;
 const SIZE_BITS: u64 = 7;
@@ -210,7 +224,7 @@ fn scan_for_main_arena(
         let mut off = 0usize;
         while off + MS_SIZE <= data.len() {
             let addr = start + off as u64;
-            if looks_like_main_arena(&data[off..off + MS_SIZE], addr, heap)
+            if looks_like_main_arena(&data[off..off + MS_SIZE], addr, heap, maps)
                 && list_comes_back(mem, addr)
             {
                 found.push(addr);
@@ -236,15 +250,22 @@ fn scan_for_main_arena(
 
 /// Whether `b`, read at `addr`, is a main arena: each bin empty (pointing at itself) or
 /// holding 16-byte aligned chunks and marked in the binmap (glibc marks a bin there when
-/// it puts a chunk in it), the top chunk in the brk heap.
-fn looks_like_main_arena(b: &[u8], addr: u64, heap: Option<&Mapping>) -> bool {
+/// it puts a chunk in it), the top chunk in the brk heap (or, once the arena grew by mmap,
+/// in an anonymous mapping of `anonymous_maps`).
+fn looks_like_main_arena(
+    b: &[u8],
+    addr: u64,
+    heap: Option<&Mapping>,
+    anonymous_maps: &[Mapping],
+) -> bool {
     let next = le(b, MS_NEXT);
     let top = le(b, MS_TOP);
-    if next == 0
-        || top == 0
-        || !next.is_multiple_of(8)
-        || !heap.is_some_and(|h| h.start <= top && top < h.end)
-    {
+    let in_heap = |h: &Mapping| h.start <= top && top < h.end;
+    // The top of a main arena that grew by mmap may be in one of its mappings.
+    let top_placed = heap.is_some_and(in_heap)
+        || (le(b, MS_FLAGS) & NONCONTIGUOUS_BIT != 0
+            && anonymous_maps.iter().any(|m| anonymous(m) && in_heap(m)));
+    if next == 0 || top == 0 || !next.is_multiple_of(8) || !top_placed {
         return false;
     }
     let marked = |bin: usize| {
@@ -276,6 +297,15 @@ fn list_comes_back(mem: &mut ProcessMemory, addr: u64) -> bool {
         }
     }
     false
+}
+
+/// An anonymous, writable mapping: where glibc's mmapped chunks and a main arena's mmapped
+/// segments are (never fragscope's own).
+fn anonymous(m: &Mapping) -> bool {
+    m.inode == 0
+        && m.perms.starts_with("rw")
+        && (m.path.is_empty() || m.path.starts_with("[anon:"))
+        && m.path != "[anon:fragscope]"
 }
 
 fn le(b: &[u8], at: usize) -> u64 {
@@ -539,31 +569,42 @@ fn census_walk(
         let top_end = top + top_size;
         w.arenas.push(GlibcArena::default());
         if i == 0 {
-            let start = match &mp {
-                Some(mp) => le(mp, MP_SBRK_BASE),
-                None => maps
-                    .iter()
-                    .find(|m| m.path == "[heap]")
-                    .map(|m| m.start)
-                    .ok_or_else(|| {
-                        CensusError::Inconsistent("the main arena's top is not in [heap]".into())
-                    })?,
+            let brk_start = match &mp {
+                Some(mp) => Some(le(mp, MP_SBRK_BASE)).filter(|&a| a != 0),
+                None => maps.iter().find(|m| m.path == "[heap]").map(|m| m.start),
             };
-            let first = start.next_multiple_of(ALIGN);
-            if top < first || top_end.abs_diff(start + arena.system_mem) > ALIGN {
+            let segments = if le(b, MS_FLAGS) & NONCONTIGUOUS_BIT != 0 {
+                w.main_arena_segments(maps, brk_start, top, top_end)?
+            } else {
+                let start = brk_start.ok_or_else(|| {
+                    CensusError::Inconsistent("the main arena's top is not in [heap]".into())
+                })?;
+                vec![(start, top_end)]
+            };
+            let span: u64 = segments.iter().map(|&(lo, hi)| hi - lo).sum();
+            let (start, end) = *segments.last().expect("the top's segment");
+            if top < start.next_multiple_of(ALIGN)
+                || end != top_end
+                || span.abs_diff(arena.system_mem) > ALIGN * segments.len() as u64
+            {
                 return Err(CensusError::Inconsistent(format!(
                     "the main arena's top chunk ({top:#x}, {top_size} bytes) is not the end of \
-                     its brk heap from {start:#x} ({} bytes by its own count): the heap is not \
-                     contiguous",
+                     its heap from {start:#x}, or its {} segments of {span} bytes are not the \
+                     {} bytes it counts: the heap is not contiguous, and its other segments \
+                     were not all found",
+                    segments.len(),
                     arena.system_mem
                 )));
             }
-            arena.heaps = 1;
-            w.regions.push(Region::new(start, top_end, Some(i), page));
-            let r = w.regions.len() - 1;
-            // The alignment before the first chunk and its unused prev_size field.
-            w.regions[r].add(start, first + SIZE_SZ, page, 1, true);
-            w.walk(r, &mut arena, first, top, top_end, true)?;
+            arena.heaps = segments.len() as u64;
+            for &(lo, hi) in &segments {
+                let first = lo.next_multiple_of(ALIGN);
+                w.regions.push(Region::new(lo, hi, Some(i), page));
+                let r = w.regions.len() - 1;
+                // The alignment before the first chunk and its unused prev_size field.
+                w.regions[r].add(lo, first + SIZE_SZ, page, 1, true);
+                w.walk(r, &mut arena, first, top, hi, hi == top_end)?;
+            }
         } else {
             // The heap holding the top, then each one before it.
             let mut h = top & !(HEAP_MAX - 1);
@@ -899,95 +940,44 @@ impl Walk<'_> {
     /// next one is looked for page by page, in batches.
     fn mmapped(&mut self, maps: &[Mapping]) -> Result<(u64, u64), CensusError> {
         let page = self.page;
-        let heaps: Vec<(u64, u64)> = self
-            .regions
-            .iter()
-            .map(|r| (r.start, r.start + r.in_use.len() as u64 * page))
-            .collect();
+        let heaps = self.heap_ranges();
         let (mut chunks, mut bytes) = (0, 0);
-        let mut headers = Vec::new();
-        for m in maps {
-            let anon = m.inode == 0
-                && m.perms.starts_with("rw")
-                && (m.path.is_empty() || m.path.starts_with("[anon:"))
-                && m.path != "[anon:fragscope]";
-            if !anon || heaps.iter().any(|&(lo, hi)| lo <= m.start && m.start < hi) {
-                continue;
-            }
-            // Mmapped chunks may run into an arena's heap, where they end.
-            let end = heaps
-                .iter()
-                .map(|&(lo, _)| lo)
-                .filter(|&lo| lo > m.start)
-                .min()
-                .unwrap_or(m.end)
-                .min(m.end);
-            let chunk_at = |h: &[u8], p: u64| {
-                let (prev, size) = (le(h, 0), le(h, 8));
-                let csize = size & !SIZE_BITS;
-                (size & IS_MMAPPED != 0
-                    && prev == 0
-                    && csize != 0
-                    && csize.is_multiple_of(page)
-                    && p + csize <= end)
-                    .then_some(csize)
-            };
-            // Only pages the snapshot found resident are read: a chunk's header page was
-            // written by malloc. Reading a page never touched would map the kernel's zero
-            // page there, which pagemap then shows present (a JVM's committed, untouched
-            // heap regions and thread stacks looked resident after a snapshot read them).
-            let residency = &self.residency;
-            let readable = |a: u64| !residency.covers(a) || residency.resident(a);
-            // A mapping the memory read does not have (a forked copy lacks those marked
-            // MADV_DONTFORK, as Node's V8 marks its heap) holds no chunk of glibc's, which
-            // never marks its own: passed over. glibc's count of its mmapped chunks, checked
-            // below, still catches one missed.
-            let mut first = [0u8; 16];
-            if m.start + 2 * SIZE_SZ <= end
-                && readable(m.start)
-                && self.mem.read(m.start, &mut first).is_err()
-            {
+        for m in maps.iter().filter(|m| anonymous(m)) {
+            if !self.mapping_readable(m) {
                 continue;
             }
             // Runs of chunks one after another: each becomes a region of counted pages.
             let mut runs: Vec<(u64, Vec<(u64, u64)>)> = Vec::new();
             let mut p = m.start;
-            while p + 2 * SIZE_SZ <= end {
-                let mut h = [0u8; 16];
-                let here = if readable(p) {
-                    self.mem.read(p, &mut h)?;
-                    chunk_at(&h, p)
-                } else {
-                    None
+            while p + 2 * SIZE_SZ <= m.end {
+                // A main arena's segment or a thread arena's heap inside the mapping.
+                if let Some(&(_, hi)) = heaps.iter().find(|&&(lo, hi)| lo <= p && p < hi) {
+                    p = hi;
+                    continue;
+                }
+                // Mmapped chunks may run into an arena's heap, where they end.
+                let end = (heaps.iter().map(|&(lo, _)| lo))
+                    .filter(|&lo| lo > p)
+                    .min()
+                    .unwrap_or(m.end)
+                    .min(m.end);
+                let chunk_at = |h: &[u8], p: u64| {
+                    let (prev, size) = (le(h, 0), le(h, 8));
+                    let csize = size & !SIZE_BITS;
+                    (size & IS_MMAPPED != 0
+                        && prev == 0
+                        && csize != 0
+                        && csize.is_multiple_of(page)
+                        && p + csize <= end)
+                        .then_some(csize)
                 };
-                let found = match here {
-                    Some(csize) => Some((p, csize)),
-                    None => {
-                        // Not a chunk: the next resident page that starts one, if any.
-                        let pages: Vec<u64> = (1..=MMAPPED_SCAN_BATCH)
-                            .map(|i| p + i * page)
-                            .take_while(|&a| a + 2 * SIZE_SZ <= end)
-                            .collect();
-                        let Some(&last) = pages.last() else {
-                            break;
-                        };
-                        let batch: Vec<(u64, usize)> = (pages.into_iter())
-                            .filter(|&a| readable(a))
-                            .map(|a| (a, 16))
-                            .collect();
-                        self.mem.read_ranges(&batch, &mut headers)?;
-                        match batch.iter().enumerate().find_map(|(i, &(a, _))| {
-                            chunk_at(&headers[i * 16..][..16], a).map(|c| (a, c))
-                        }) {
-                            Some(f) => Some(f),
-                            None => {
-                                p = last + page;
-                                continue;
-                            }
-                        }
-                    }
+                let Some((at, header)) =
+                    self.next_page_header(p, end, |h, a| chunk_at(h, a).is_some())?
+                else {
+                    p = end;
+                    continue;
                 };
-                let Some((at, csize)) = found else { break };
+                let csize = chunk_at(&header, at).expect("the header found");
                 match runs.last_mut() {
                     Some((_, run)) if run.last().is_some_and(|&(a, c)| a + c == at) => {
                         run.push((at, csize))
@@ -1014,6 +1004,182 @@ impl Walk<'_> {
             }
         }
         Ok((chunks, bytes))
+    }
+
+    /// The address ranges of the arenas' heaps walked so far.
+    fn heap_ranges(&self) -> Vec<(u64, u64)> {
+        (self.regions.iter())
+            .map(|r| (r.start, r.start + r.in_use.len() as u64 * self.page))
+            .collect()
+    }
+
+    /// Whether a page may be read: only pages the snapshot found resident are. Reading a
+    /// page never touched would map the kernel's zero page there, which pagemap then shows
+    /// present (a JVM's committed, untouched heap regions and thread stacks looked
+    /// resident after a snapshot read them). A header glibc wrote is on a resident page.
+    fn readable(&self, at: u64) -> bool {
+        !self.residency.covers(at) || self.residency.resident(at)
+    }
+
+    /// Whether the memory read has mapping `m`: a forked copy lacks those marked
+    /// MADV_DONTFORK, as Node's V8 marks its heap. Such a mapping holds nothing of glibc's,
+    /// which never marks its own; glibc's own counts, checked after, still catch a chunk
+    /// or segment missed.
+    fn mapping_readable(&mut self, m: &Mapping) -> bool {
+        let mut first = [0u8; 16];
+        m.start + 2 * SIZE_SZ > m.end
+            || !self.readable(m.start)
+            || self.mem.read(m.start, &mut first).is_ok()
+    }
+
+    /// The first page from `from` (a page's start) whose first 16 bytes, `wanted` at
+    /// their address, start within `end`, with those bytes; resident pages only, read
+    /// many at once: one page first (what is looked for often follows what was found),
+    /// then batches growing to MMAPPED_SCAN_BATCH pages.
+    fn next_page_header(
+        &mut self,
+        from: u64,
+        end: u64,
+        wanted: impl Fn(&[u8], u64) -> bool,
+    ) -> Result<Option<(u64, [u8; 16])>, CensusError> {
+        let page = self.page;
+        let mut headers = Vec::new();
+        let mut p = from;
+        let mut batch_pages = 1;
+        while p + 2 * SIZE_SZ <= end {
+            let pages = (0..batch_pages)
+                .map(|i| p + i * page)
+                .take_while(|&a| a + 2 * SIZE_SZ <= end);
+            let batch: Vec<(u64, usize)> = pages
+                .filter(|&a| self.readable(a))
+                .map(|a| (a, 16))
+                .collect();
+            self.mem.read_ranges(&batch, &mut headers)?;
+            let found = batch.iter().enumerate().find_map(|(i, &(a, _))| {
+                let h = &headers[i * 16..][..16];
+                wanted(h, a).then(|| (a, h.try_into().expect("16 bytes")))
+            });
+            if found.is_some() {
+                return Ok(found);
+            }
+            p += batch_pages * page;
+            batch_pages = (batch_pages * 16).min(MMAPPED_SCAN_BATCH);
+        }
+        Ok(None)
+    }
+
+    /// The segments of a main arena that grew by mmap once its brk heap could not grow
+    /// (sysmalloc then sets NONCONTIGUOUS_BIT and never relies on contiguity again): the
+    /// brk heap from `brk_start`, and each mapping glibc took for the arena, found by the
+    /// chunk it begins with; every segment but the top's ends with two fenceposts. glibc
+    /// keeps no list of them; their sizes are checked against the arena's count after.
+    /// The top's segment comes last.
+    fn main_arena_segments(
+        &mut self,
+        maps: &[Mapping],
+        brk_start: Option<u64>,
+        top: u64,
+        top_end: u64,
+    ) -> Result<Vec<(u64, u64)>, CensusError> {
+        let page = self.page;
+        let mut found = Vec::new();
+        let brk_heap = maps.iter().find(|m| m.path == "[heap]");
+        if let (Some(start), Some(heap)) = (brk_start, brk_heap) {
+            if heap.start <= start && start < heap.end {
+                let end =
+                    self.segment_end(start.next_multiple_of(ALIGN), heap.end, top, top_end)?;
+                found.push((
+                    start,
+                    end.ok_or_else(|| {
+                        CensusError::Inconsistent(
+                            "the brk heap of a main arena that also grew by mmap does not end as \
+                         glibc ends it (two fenceposts or the top chunk)"
+                                .into(),
+                        )
+                    })?,
+                ));
+            }
+        }
+        // A segment's first chunk: prev_size never written, nothing in use before it,
+        // the main arena's.
+        let first_chunk = |h: &[u8], _: u64| {
+            let (prev, size) = (le(h, 0), le(h, 8));
+            let csize = size & !SIZE_BITS;
+            prev == 0
+                && size & (PREV_INUSE | IS_MMAPPED | NON_MAIN_ARENA) == PREV_INUSE
+                && csize >= MINSIZE
+                && csize.is_multiple_of(ALIGN)
+        };
+        for m in maps.iter().filter(|m| anonymous(m)) {
+            if !self.mapping_readable(m) {
+                continue;
+            }
+            let mut p = m.start;
+            while let Some((at, _)) = self.next_page_header(p, m.end, first_chunk)? {
+                match self.segment_end(at, m.end, top, top_end)? {
+                    Some(end) => {
+                        found.push((at, end));
+                        p = end.next_multiple_of(page);
+                    }
+                    None => p = at + page,
+                }
+            }
+        }
+        found.sort_by_key(|&(lo, hi)| (hi == top_end, lo));
+        if found.iter().filter(|&&(_, hi)| hi == top_end).count() != 1 {
+            return Err(CensusError::Inconsistent(format!(
+                "the main arena grew by mmap, and its top chunk ({top:#x}) is not in exactly one \
+                 of the {} segments found",
+                found.len()
+            )));
+        }
+        Ok(found)
+    }
+
+    /// Where the segment of the main arena whose first chunk is at `first` ends, walking
+    /// its chunk headers no further than `bound`: after two fenceposts, or at the end of
+    /// the top chunk. None: the chunks there do not hold together as such a segment (or
+    /// lie on pages not resident, which are not read).
+    fn segment_end(
+        &mut self,
+        first: u64,
+        bound: u64,
+        top: u64,
+        top_end: u64,
+    ) -> Result<Option<u64>, CensusError> {
+        let mut p = first;
+        loop {
+            if p == top {
+                return Ok((top_end <= bound).then_some(top_end));
+            }
+            if p + 2 * SIZE_SZ > bound || !self.readable(p + SIZE_SZ) {
+                return Ok(None);
+            }
+            let size = self.size_at(p, bound)?;
+            // Fenceposts, after what was the top, freed when the segment ended (a top
+            // of 48 bytes became one more 16-byte chunk before them). The next segment
+            // cannot start with one: its first chunk was a top.
+            if size & !PREV_INUSE == FENCEPOST & !PREV_INUSE {
+                let (mut at, mut last, mut count) = (p + 2 * SIZE_SZ, size, 1);
+                while at + 2 * SIZE_SZ <= bound && self.readable(at + SIZE_SZ) {
+                    let next = self.size_at(at, bound)?;
+                    if next & !PREV_INUSE != FENCEPOST & !PREV_INUSE {
+                        break;
+                    }
+                    (at, last, count) = (at + 2 * SIZE_SZ, next, count + 1);
+                }
+                return Ok((count >= 2 && last == FENCEPOST).then_some(at));
+            }
+            let csize = size & !SIZE_BITS;
+            if size & (IS_MMAPPED | NON_MAIN_ARENA) != 0
+                || csize < MINSIZE
+                || !csize.is_multiple_of(ALIGN)
+                || p + csize > bound
+            {
+                return Ok(None);
+            }
+            p += csize;
+        }
     }
 
     fn finish(

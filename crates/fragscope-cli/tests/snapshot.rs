@@ -211,6 +211,48 @@ fn assert_adds_up(s: &Value) {
 /// bytes are the program's own sum of malloc_usable_size, the recording's live +
 /// rounding the same bytes, and glibc's chunk headers are the allocator's overhead in
 /// both.
+/// A main arena whose brk heap could not grow (a mapping sits at the break, as other
+/// mappings crowd a Node process's): glibc extends it with mappings of its own, each
+/// ending in fenceposts, and keeps no list of them. The census finds every one, from a
+/// copy and from the process held stopped, and agrees with mallinfo2 to the byte.
+#[test]
+fn a_main_arena_that_grew_by_mmap_is_read_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut p, before) = start_helper(dir.path(), &["noncontiguous"]);
+    let n = |v: &Value| v.as_u64().unwrap();
+    let mut seen = Vec::new();
+    for fork_copy in ["always", "never"] {
+        let trace = dir.path().join(format!("{fork_copy}.fsc"));
+        let out = snapshot(p.pid(), &trace, &["--fork-copy", fork_copy]);
+        let err = common::stderr(&out);
+        assert!(out.status.success() && !err.contains("note:"), "{err}");
+        let r = report_json(&trace);
+        let g = r["snapshot"]["glibc"].clone();
+        assert_eq!(
+            n(&g["mallinfo_in_use"]),
+            before["uordblks"] + before["hblkhd"],
+            "{g}"
+        );
+        assert_eq!(n(&g["mallinfo_free"]), before["fordblks"], "{g}");
+        assert_eq!(n(&g["mmapped_chunks"]), before["hblks"], "{g}");
+        assert_eq!(n(&g["mmapped_bytes"]), before["hblkhd"], "{g}");
+        let main = &g["arenas"][0];
+        assert!(
+            main["main"].as_bool().unwrap() && n(&main["heaps"]) > 10,
+            "{main}"
+        );
+        let snap = &r["snapshots"][0];
+        assert!(
+            n(&snap["other_anon"]) < n(&snap["rss"]) / 10,
+            "the segments' pages are the heap's: {snap}"
+        );
+        seen.push(g);
+    }
+    assert_eq!(seen[0], seen[1]);
+    p.send("");
+    assert!(p.line().starts_with("mallinfo2 "), "the process runs on");
+}
+
 #[test]
 fn snapshot_and_recording_of_one_program_agree_on_live_bytes() {
     use std::io::{BufRead, BufReader};
