@@ -87,7 +87,7 @@ const IS_MMAPPED: u64 = 2;
 const NON_MAIN_ARENA: u64 = 4;
 /// A fencepost's header: sysmalloc ends a segment of a non-contiguous main arena with two
 /// (the first one's PREV_INUSE as the chunk before it).
-const FENCEPOST: u64 = 2 * SIZE_SZ | PREV_INUSE;
+const FENCEPOST: u64 = (2 * SIZE_SZ) | PREV_INUSE;
 /// Pages whose first bytes are read at once when looking for the next mmapped chunk.
 const MMAPPED_SCAN_BATCH: u64 = 1024;
 const SIZE_BITS: u64 = 7;
