@@ -1,7 +1,8 @@
 //! A running Node.js process's V8 heap, asked through the inspector Node opens on SIGUSR1
 //! (what `node inspect -p PID` and Chrome's DevTools use): one `Runtime.evaluate` of
 //! `v8.getHeapSpaceStatistics()` and `v8.getHeapStatistics()` in its main isolate, and the
-//! inspector closed again when it was not open before.
+//! inspector closed again when it was not open before (`snapshot PID`); or one session
+//! asked at each snapshot of a recording (`record -p PID`).
 //!
 //! Side effects, said where they are asked for: Node prints "Debugger listening on ..."
 //! on its standard error and listens on 127.0.0.1 (port 9229 unless --inspect-port says
@@ -29,41 +30,123 @@ pub fn is_node(pid: u32) -> bool {
     })
 }
 
-/// The V8 heap of Node.js process `pid`, asked through its inspector.
+/// The V8 heap of Node.js process `pid`, asked through its inspector once (closed again
+/// unless it was open before).
 pub fn heap_of(pid: u32) -> Result<V8Heap, String> {
-    let already_open = inspector_of(pid)?.is_some();
-    if !already_open {
-        if !catches_sigusr1(pid) {
-            return Err(
-                "Node does not catch SIGUSR1 in this process (--disable-sigusr1 or a handler \
-                 of its own): its inspector cannot be opened without ending it"
-                    .into(),
-            );
+    V8Inspector::open(pid)?.heap()
+}
+
+/// A session with a Node.js process's inspector, kept for as many askings as a recording
+/// makes; dropped, it closes the inspector again unless it was open before.
+pub struct V8Inspector {
+    ws: tungstenite::WebSocket<TcpStream>,
+    leave_open: bool,
+    next_id: u32,
+}
+
+impl V8Inspector {
+    /// Opens `pid`'s inspector (SIGUSR1, when it is not open) and a session with it.
+    pub fn open(pid: u32) -> Result<Self, String> {
+        let already_open = inspector_of(pid)?.is_some();
+        if !already_open {
+            if !catches_sigusr1(pid) {
+                return Err(
+                    "Node does not catch SIGUSR1 in this process (--disable-sigusr1 or a \
+                     handler of its own): its inspector cannot be opened without ending it"
+                        .into(),
+                );
+            }
+            // SAFETY: kill has no memory effects; Node catches the signal (checked above).
+            if unsafe { libc::kill(pid as libc::pid_t, libc::SIGUSR1) } != 0 {
+                return Err(format!(
+                    "cannot signal process {pid}: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
         }
-        // SAFETY: kill has no memory effects; Node catches the signal (checked above).
-        if unsafe { libc::kill(pid as libc::pid_t, libc::SIGUSR1) } != 0 {
-            return Err(format!(
-                "cannot signal process {pid}: {}",
-                std::io::Error::last_os_error()
-            ));
+        let started = Instant::now();
+        let url = loop {
+            if let Some(url) = inspector_of(pid)? {
+                break url;
+            }
+            if started.elapsed() > WAIT {
+                return Err(format!(
+                    "Node's inspector did not open within {} s (another process may hold its \
+                     port, 9229 unless --inspect-port says otherwise)",
+                    WAIT.as_secs()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let host = url
+            .strip_prefix("ws://")
+            .and_then(|r| r.split('/').next())
+            .ok_or_else(|| format!("an inspector address {url:?}"))?;
+        let stream = TcpStream::connect(host).map_err(|e| format!("Node's inspector: {e}"))?;
+        stream.set_read_timeout(Some(WAIT)).ok();
+        let (ws, _) = tungstenite::client(url.as_str(), stream)
+            .map_err(|e| format!("Node's inspector refused the session ({e})"))?;
+        Ok(Self {
+            ws,
+            leave_open: already_open,
+            next_id: 1,
+        })
+    }
+
+    /// The heap's figures now: `v8.getHeapSpaceStatistics()` and `v8.getHeapStatistics()`
+    /// of the main isolate, evaluated in it (V8 interrupts a busy event loop for it).
+    pub fn heap(&mut self) -> Result<V8Heap, String> {
+        let value = self.evaluate(
+            "JSON.stringify({node: process.version, \
+             spaces: require('v8').getHeapSpaceStatistics(), \
+             heap: require('v8').getHeapStatistics()})",
+        )?;
+        let text = value
+            .as_str()
+            .ok_or_else(|| format!("Node's inspector answered {value}"))?;
+        let v = serde_json::from_str(text).map_err(|e| format!("Node answered {text:?} ({e})"))?;
+        parse(&v)
+    }
+
+    /// What `expression` evaluates to in the main isolate.
+    fn evaluate(&mut self, expression: &str) -> Result<Value, String> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let ask = serde_json::json!({
+            "id": id,
+            "method": "Runtime.evaluate",
+            "params": {"expression": expression, "includeCommandLineAPI": true,
+                       "returnByValue": true},
+        });
+        self.ws
+            .send(tungstenite::Message::text(ask.to_string()))
+            .map_err(|e| format!("Node's inspector: {e}"))?;
+        loop {
+            let message = self
+                .ws
+                .read()
+                .map_err(|e| format!("Node's inspector did not answer ({e})"))?;
+            let Ok(text) = message.to_text() else {
+                continue;
+            };
+            let Ok(v) = serde_json::from_str::<Value>(text) else {
+                continue;
+            };
+            // Events (console messages, ...) may come before the answer.
+            if v["id"] == id {
+                return Ok(v["result"]["result"]["value"].clone());
+            }
         }
     }
-    let started = Instant::now();
-    let url = loop {
-        if let Some(url) = inspector_of(pid)? {
-            break url;
+}
+
+impl Drop for V8Inspector {
+    fn drop(&mut self) {
+        if !self.leave_open {
+            // Closes the inspector's server and this session with it.
+            let _ = self.evaluate("require('inspector').close()");
         }
-        if started.elapsed() > WAIT {
-            return Err(format!(
-                "Node's inspector did not open within {} s (another process may hold its \
-                 port, 9229 unless --inspect-port says otherwise)",
-                WAIT.as_secs()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let heap = evaluate(&url, already_open);
-    heap.and_then(|v| parse(&v))
+    }
 }
 
 /// SIGUSR1 is caught by the process: Node's own handler, which opens the inspector.
@@ -147,60 +230,6 @@ fn inspector_at(port: u16) -> Option<String> {
         .iter()
         .find_map(|t| t["webSocketDebuggerUrl"].as_str())
         .map(str::to_string)
-}
-
-/// What the inspector session at `url` evaluates the heap's figures to; the inspector is
-/// closed after unless it was open before.
-fn evaluate(url: &str, leave_open: bool) -> Result<Value, String> {
-    let host = url
-        .strip_prefix("ws://")
-        .and_then(|r| r.split('/').next())
-        .ok_or_else(|| format!("an inspector address {url:?}"))?;
-    let stream = TcpStream::connect(host).map_err(|e| format!("Node's inspector: {e}"))?;
-    stream.set_read_timeout(Some(WAIT)).ok();
-    let (mut ws, _) = tungstenite::client(url, stream)
-        .map_err(|e| format!("Node's inspector refused the session ({e})"))?;
-    let expression = "JSON.stringify({node: process.version, \
-                      spaces: require('v8').getHeapSpaceStatistics(), \
-                      heap: require('v8').getHeapStatistics()})";
-    let ask = |id: u32, expression: &str| {
-        serde_json::json!({
-            "id": id,
-            "method": "Runtime.evaluate",
-            "params": {"expression": expression, "includeCommandLineAPI": true,
-                       "returnByValue": true},
-        })
-        .to_string()
-    };
-    let send = |ws: &mut tungstenite::WebSocket<TcpStream>, text: String| {
-        ws.send(tungstenite::Message::text(text))
-            .map_err(|e| format!("Node's inspector: {e}"))
-    };
-    send(&mut ws, ask(1, expression))?;
-    let answer = loop {
-        let message = ws
-            .read()
-            .map_err(|e| format!("Node's inspector did not answer ({e})"))?;
-        let Ok(text) = message.to_text() else {
-            continue;
-        };
-        let Ok(v) = serde_json::from_str::<Value>(text) else {
-            continue;
-        };
-        // Events (console messages, ...) may come before the answer.
-        if v["id"] == 1 {
-            break v;
-        }
-    };
-    if !leave_open {
-        // Closes the inspector's server and this session with it.
-        let _ = send(&mut ws, ask(2, "require('inspector').close()"));
-        let _ = ws.read();
-    }
-    let value = answer["result"]["result"]["value"]
-        .as_str()
-        .ok_or_else(|| format!("Node's inspector answered {answer}"))?;
-    serde_json::from_str(value).map_err(|e| format!("Node answered {value:?} ({e})"))
 }
 
 /// The figures as `v8_heap.js` would have written them for the recorder.

@@ -189,3 +189,86 @@ fn snapshot_of_a_running_node_program_asks_its_inspector() {
         "the inspector of {pid} is still open"
     );
 }
+
+/// The TCP ports process `pid` listens on (its sockets among its namespace's listening
+/// ones).
+fn listening_ports(pid: u32) -> Vec<String> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap();
+    (table.lines().skip(1))
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            (f[3] == "0A" && inodes.iter().any(|i| i == f[9])).then(|| f[1].to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn record_p_of_a_running_node_program_asks_its_inspector_at_each_snapshot() {
+    if !node_installed() {
+        return;
+    }
+    // Its own port, so that the other test's inspector on 9229 is not in its way.
+    let mut child = Command::new("node")
+        .args(["--inspect-port=0", "--expose-gc"])
+        .arg(keep_tenth())
+        .args(["1000000", "60000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut ready = String::new();
+    out.read_line(&mut ready).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("attached.fsc");
+    let rec = fragscope(&[
+        "record".as_ref(),
+        "-p".as_ref(),
+        pid.to_string().as_ref(),
+        "--duration".as_ref(),
+        "2".as_ref(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+    ]);
+    let still_running = child.try_wait().unwrap().is_none();
+    let ports = listening_ports(pid);
+    let _ = child.kill();
+    let _ = child.wait();
+    let err = stderr(&rec);
+    assert!(rec.status.success(), "{err}");
+    assert!(err.contains("asked through its"), "{err}");
+    assert!(still_running, "the program ended");
+    assert!(ports.is_empty(), "the inspector still listens: {ports:?}");
+    let r = report_json(&trace);
+    let asked: Vec<&serde_json::Value> = (r["snapshots"].as_array().unwrap().iter())
+        .filter(|s| s["v8"].is_object())
+        .collect();
+    assert!(!asked.is_empty(), "no snapshot has V8 figures: {r}");
+    for s in asked {
+        let old = (s["v8"]["spaces"].as_array().unwrap().iter())
+            .find(|x| x["space"] == "old_space")
+            .unwrap();
+        within(
+            old["size"].as_u64().unwrap(),
+            own_old_space(&ready, "space_size"),
+            2.0,
+            "old space committed",
+        );
+        let (rss, other) = (
+            s["rss"].as_u64().unwrap(),
+            s["other_anon"].as_u64().unwrap(),
+        );
+        assert!(other * 10 < rss, "other anonymous {other} of RSS {rss}");
+    }
+    assert_eq!(r["headline"]["heap"], "v8", "{}", r["headline"]);
+}

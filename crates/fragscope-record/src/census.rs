@@ -16,6 +16,7 @@ use fragscope_census::jemalloc::{self, JemallocLayout};
 use fragscope_census::jvm::HotSpot;
 use fragscope_census::pymalloc::{self, Pymalloc};
 use fragscope_census::sbcl::{self, SbclRuntime};
+use fragscope_census::v8_inspector::V8Inspector;
 use fragscope_census::{Pause, ProcessMemory};
 use fragscope_trace::go_heap::GoCensus;
 use fragscope_trace::heap_census::{AllocatorHeap, HeapCensus};
@@ -132,6 +133,9 @@ pub struct Censuses {
     v8_dir: Option<PathBuf>,
     /// How often they write them, in ms.
     v8_every_ms: u64,
+    /// Node.js processes asked through their inspector instead (`record -p`: the module
+    /// cannot be loaded into a running process), by stream; None once it failed.
+    v8_inspectors: Mutex<HashMap<u32, Option<V8Inspector>>>,
     /// Streams found to have no jemalloc linked into their program.
     not_jemalloc: Mutex<std::collections::HashSet<u32>>,
     /// The allocator linked into each program seen, by its path.
@@ -149,6 +153,7 @@ impl Censuses {
             jvm_unreadable: Mutex::default(),
             v8_dir: None,
             v8_every_ms: 100,
+            v8_inspectors: Mutex::default(),
             not_jemalloc: Mutex::default(),
             linked_programs: Mutex::default(),
         }
@@ -160,8 +165,26 @@ impl Censuses {
         self.v8_every_ms = every_ms;
     }
 
+    /// Asks stream `stream`'s V8 heap of its Node.js process through its inspector at each
+    /// snapshot (see [`V8Inspector`]), opened at the first.
+    pub fn ask_v8_by_inspector(&self, stream: u32, pid: u32) {
+        let session = V8Inspector::open(pid).map_err(|why| {
+            eprintln!("fragscope: note: process {pid}'s V8 heap will not be read: {why}");
+        });
+        self.v8_inspectors
+            .lock()
+            .unwrap()
+            .insert(stream, session.ok());
+    }
+
+    /// Closes the inspectors opened for the recording (those open before stay open).
+    pub fn close_v8_inspectors(&self) {
+        self.v8_inspectors.lock().unwrap().clear();
+    }
+
     /// The V8 heap of stream `stream` (process `pid`) as its isolates last wrote it, when
-    /// it is a Node.js process that loaded the recording's module; their figures summed.
+    /// it is a Node.js process that loaded the recording's module, their figures summed;
+    /// or as its inspector gives it now, when it is asked so.
     pub fn take_v8(
         &self,
         stream: u32,
@@ -171,10 +194,23 @@ impl Censuses {
     ) -> Option<V8Census> {
         // At exit the isolate's heap is being torn down: its last figures are no moment
         // of the run.
-        if reason == SnapshotReason::Exit {
+        if reason == SnapshotReason::Exit || !self.enabled {
             return None;
         }
-        let dir = self.v8_dir.as_ref().filter(|_| self.enabled)?;
+        if let Some(session) = self.v8_inspectors.lock().unwrap().get_mut(&stream) {
+            let asked = session.as_mut()?.heap();
+            if asked.is_err() {
+                // Said once: the session is not asked again.
+                *session = None;
+            }
+            return Some(V8Census {
+                stream,
+                tick,
+                reason,
+                result: asked.map_err(|e| format!("no V8 heap figures: {e}")),
+            });
+        }
+        let dir = self.v8_dir.as_ref()?;
         let prefix = format!("{pid}-");
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

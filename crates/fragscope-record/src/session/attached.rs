@@ -181,6 +181,15 @@ pub(super) fn run_attached(
              allocated from now on"
         );
     }
+    if fragscope_census::v8_inspector::is_node(pid) {
+        // The module `record` has Node load cannot be loaded into a running process.
+        eprintln!(
+            "fragscope: process {pid} runs Node.js: its V8 heap is asked through its \
+             inspector at each snapshot (opened with SIGUSR1 unless it is open: Node prints \
+             \"Debugger listening\" and listens on 127.0.0.1 until the recording ends)"
+        );
+        shared.censuses.ask_v8_by_inspector(stream, pid);
+    }
     eprintln!(
         "fragscope: recording process {pid}{} (held {:.1} ms while its heap was read and \
          {slots} call slots rebound); Ctrl-C stops the recording and leaves the process \
@@ -219,6 +228,7 @@ pub(super) fn run_attached(
         }
         thread::sleep(Duration::from_millis(5));
     }
+    shared.censuses.close_v8_inspectors();
     detached.map(|_| 0).with_context(|| {
         format!(
             "process {pid} still runs with fragscope's interposer recording into a closed \
