@@ -133,8 +133,13 @@ const RELEASES: [Release; 2] = [
     },
 ];
 
-/// What a census of a build without statistics is refused with: it never will be read.
+/// What a census of a build without statistics is refused with when its extent map was
+/// not found: it never will be read.
 pub const NO_STATISTICS: &str = "was built without statistics";
+
+/// What the release read is named with when it keeps no statistics: its slabs and large
+/// extents come from its extent map, and its threads' caches are on no list.
+pub const UNCOUNTED: &str = "built without statistics (threads' caches not seen)";
 
 const PAGE: u64 = 4096;
 /// Small size classes (`SC_NBINS`), large ones (`SC_NSIZES - SC_NBINS`), arenas
@@ -553,6 +558,8 @@ struct Tally {
     large_bytes: Vec<u64>,
     occupancy_pages: Vec<u64>,
     occupancy_in_use: Vec<u64>,
+    /// An arena was read without jemalloc's statistics (from its extent map alone).
+    uncounted: bool,
 }
 
 impl Tally {
@@ -604,31 +611,46 @@ pub fn census(
         large_bytes: vec![0; LARGE_CLASSES],
         occupancy_pages: vec![0; OCCUPANCY_BUCKETS],
         occupancy_in_use: vec![0; OCCUPANCY_BUCKETS],
+        uncounted: false,
     };
+    let bins_end =
+        layout.bin_offsets[BINS - 1] as usize + layout.bins[BINS - 1].shards as usize * BIN_SIZE;
+    let mut listed = Vec::new();
+    for i in 0..MAX_ARENAS {
+        let at = le_u64(&table, 8 * i);
+        if at != 0 {
+            let mut a = vec![0u8; bins_end];
+            mem.read(at, &mut a)
+                .map_err(|e| format!("arena {i} could not be read ({e})"))?;
+            listed.push((i, a));
+        }
+    }
     let mut extents = RecordReader::default();
     // Every extent, from jemalloc's extent map: what a build without statistics is read
-    // by, and what a build with them is checked against.
+    // by. A build with them is read by them (the map's walk made a census of 750 MiB
+    // hold the program 40% longer), and checked against the map on request
+    // (`FRAGSCOPE_JEMALLOC_MAP=always`, for the test that compares them).
+    let uncounted = listed.iter().any(|(_, a)| !keeps_counts(a, layout));
+    let always = std::env::var_os("FRAGSCOPE_JEMALLOC_MAP").is_some_and(|v| v == "always");
     let map = match &layout.emap {
+        _ if !uncounted && !always => Err("not needed"),
         Ok(root) => Ok(emap::read(mem, &mut extents, residency, *root)?),
         Err(why) => Err(why.as_str()),
     };
     let none = emap::ArenaExtents::default();
     let mut arenas = Vec::new();
-    for i in 0..MAX_ARENAS {
-        let at = le_u64(&table, 8 * i);
-        if at != 0 {
-            let reading = ArenaReading {
-                mem: &mut *mem,
-                extents: &mut extents,
-                residency,
-                layout,
-                map: map.as_ref().map_err(|why| *why).map(|m| Mapped {
-                    arena: m.arenas.get(&(i as u64)).unwrap_or(&none),
-                    slabs: &m.slabs,
-                }),
-            };
-            arenas.push(arena(reading, &mut tally, i, at)?);
-        }
+    for (i, a) in &listed {
+        let reading = ArenaReading {
+            mem: &mut *mem,
+            extents: &mut extents,
+            residency,
+            layout,
+            map: map.as_ref().map_err(|why| *why).map(|m| Mapped {
+                arena: m.arenas.get(&(*i as u64)).unwrap_or(&none),
+                slabs: &m.slabs,
+            }),
+        };
+        arenas.push(arena(reading, &mut tally, *i, a)?);
     }
     if arenas.is_empty() {
         return Err("jemalloc has no arena".into());
@@ -670,7 +692,11 @@ pub fn census(
         }
     }
     let mut heap = JemallocHeap {
-        release: layout.release.into(),
+        release: if tally.uncounted {
+            format!("{}, {UNCOUNTED}", layout.release)
+        } else {
+            layout.release.into()
+        },
         library: layout.library.clone(),
         page_size: PAGE,
         arenas,
@@ -709,7 +735,7 @@ fn arena(
     reading: ArenaReading,
     tally: &mut Tally,
     index: usize,
-    at: u64,
+    a: &[u8],
 ) -> Result<JemallocArena, String> {
     let ArenaReading {
         mem,
@@ -718,32 +744,22 @@ fn arena(
         layout,
         map,
     } = reading;
-    let bins_end =
-        layout.bin_offsets[BINS - 1] as usize + layout.bins[BINS - 1].shards as usize * BIN_SIZE;
-    let mut a = vec![0u8; bins_end];
-    mem.read(at, &mut a)
-        .map_err(|e| format!("arena {index} could not be read ({e})"))?;
     let build = layout.build;
-    let names_itself = |off: usize| le_u32(&a, off) as usize == index;
+    let names_itself = |off: usize| le_u32(a, off) as usize == index;
     if !names_itself(build.arena_ind)
         || !names_itself(build.pa_shard_ind)
-        || le_u64(&a, build.arena_base) != le_u64(&a, build.pa_shard_base)
+        || le_u64(a, build.arena_base) != le_u64(a, build.pa_shard_base)
     {
         return Err(format!("arena {index} does not carry its index"));
     }
-    let word = |off: usize| le_u64(&a, off);
+    let word = |off: usize| le_u64(a, off);
     let active_pages = word(build.pa_shard + PA_SHARD_NACTIVE);
     // A build configured with --disable-stats (tikv-jemallocator without its `stats`
-    // feature, its default) keeps pages in use but no count of its slabs or large
-    // extents, nor of its metadata or threads' caches: its slabs and large extents are
-    // then those of jemalloc's extent map, and it is refused when the map was not found.
-    let counted = layout.bins.iter().enumerate().any(|(b, info)| {
-        (0..info.shards).any(|shard| {
-            let bin = layout.bin_offsets[b] as usize + shard as usize * BIN_SIZE;
-            word(bin + BIN_CURSLABS) != 0
-        })
-    }) || (0..LARGE_CLASSES).any(|j| word(build.lstats + j * build.lstats_size) != 0);
-    let stats = counted || active_pages == 0;
+    // feature, its default) keeps no count of its slabs, large extents, metadata or
+    // threads' caches: its slabs and large extents are then those of jemalloc's extent
+    // map, and it is refused when the map was not found.
+    let stats = keeps_counts(a, layout);
+    tally.uncounted |= !stats;
     let map = match map {
         Ok(m) => Some(m),
         Err(_) if stats => None,
@@ -1036,6 +1052,19 @@ fn arena(
         metadata_by_pagemap,
         thread_caches,
     })
+}
+
+/// Whether the arena `a` (its bytes, bins included) keeps jemalloc's statistics: pages in
+/// use and not one slab or large extent counted is a build configured without them.
+fn keeps_counts(a: &[u8], layout: &JemallocLayout) -> bool {
+    let (build, word) = (layout.build, |off: usize| le_u64(a, off));
+    let counted = layout.bins.iter().enumerate().any(|(b, info)| {
+        (0..info.shards).any(|shard| {
+            let bin = layout.bin_offsets[b] as usize + shard as usize * BIN_SIZE;
+            word(bin + BIN_CURSLABS) != 0
+        })
+    }) || (0..LARGE_CLASSES).any(|j| word(build.lstats + j * build.lstats_size) != 0);
+    counted || word(build.pa_shard + PA_SHARD_NACTIVE) == 0
 }
 
 /// Each large class's extents and usable bytes, from the extent map's large extents

@@ -119,6 +119,8 @@ pub(super) fn read(
     read_resident(mem, residency, root, &mut nodes)?;
     let mut map = ExtentMap::default();
     let mut leaf = vec![0u8; ELEMENTS * 8];
+    // The extent of the element before: a slab's pages follow each other, each naming it.
+    let mut last: Option<(u64, u64, u64)> = None;
     for i in 0..ELEMENTS {
         let child = le_u64(&nodes, 8 * i);
         if child == 0 {
@@ -137,8 +139,14 @@ pub(super) fn read(
                 continue;
             }
             let page = ((i as u64) << (LEVEL_BITS + 12)) | ((j as u64) << 12);
+            if let Some((at, first, bytes)) = last {
+                if at == edata && page > first && page < first.saturating_add(bytes) {
+                    continue;
+                }
+            }
             let e = Extent::of(&records.read::<EDATA_SIZE>(mem, edata)?);
             let first = e.addr & !(PAGE - 1);
+            last = Some((edata, first, e.bytes));
             if page < first || page >= first.saturating_add(e.bytes) {
                 return Err(format!(
                     "jemalloc's extent map names the extent at {edata:#x} for page {page:#x}, \
