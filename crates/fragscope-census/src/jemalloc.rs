@@ -39,7 +39,7 @@ use fragscope_trace::ResidentRange;
 
 use crate::allocators::LinkedAllocator;
 use crate::library::{MappedLibrary, StaticData};
-use crate::memory::{le_u32, le_u64, RecordReader};
+use crate::memory::{le_u32, le_u64};
 use crate::residency::Residency;
 use crate::{ProcessMemory, Symbols};
 
@@ -625,7 +625,7 @@ pub fn census(
             listed.push((i, a));
         }
     }
-    let mut extents = RecordReader::default();
+    let mut extents = emap::Descriptors::new(residency);
     // Every extent, from jemalloc's extent map: what a build without statistics is read
     // by. A build with them is read by them (the map's walk made a census of 750 MiB
     // hold the program 40% longer), and checked against the map on request
@@ -714,9 +714,9 @@ pub fn census(
 }
 
 /// What an arena is read with.
-struct ArenaReading<'a> {
+struct ArenaReading<'a, 'r> {
     mem: &'a mut ProcessMemory,
-    extents: &'a mut RecordReader,
+    extents: &'a mut emap::Descriptors<'r>,
     residency: &'a Residency<'a>,
     layout: &'a JemallocLayout,
     /// Its extents in jemalloc's extent map, or why the map was not found.
@@ -732,7 +732,7 @@ struct Mapped<'a> {
 /// One arena: its bins, large classes, page caches and threads' caches, added to
 /// `tally`; its pages returned.
 fn arena(
-    reading: ArenaReading,
+    reading: ArenaReading<'_, '_>,
     tally: &mut Tally,
     index: usize,
     a: &[u8],
@@ -1134,7 +1134,7 @@ fn base_blocks(
 /// More than `count` nodes (a cycle among them too) is an error.
 fn heap_nodes(
     mem: &mut ProcessMemory,
-    extents: &mut RecordReader,
+    extents: &mut emap::Descriptors,
     root: u64,
     count: u64,
 ) -> Result<Vec<(u64, Extent)>, String> {
@@ -1149,7 +1149,7 @@ fn heap_nodes(
                 "a heap of non-full slabs holds more than the {count} its bin counts"
             ));
         }
-        let e: [u8; EDATA_SIZE] = extents.read(mem, at)?;
+        let e = extents.read(mem, at)?;
         stack.push(le_u64(&e, EDATA_HEAP_NEXT));
         stack.push(le_u64(&e, EDATA_HEAP_LCHILD));
         nodes.push((at, Extent::of(&e)));
@@ -1161,7 +1161,7 @@ fn heap_nodes(
 /// bytes resident by pagemap).
 fn extent_list(
     mem: &mut ProcessMemory,
-    extents: &mut RecordReader,
+    extents: &mut emap::Descriptors,
     residency: &Residency,
     first: u64,
 ) -> Result<(u64, u64, u64), String> {
@@ -1172,7 +1172,7 @@ fn extent_list(
         if count >= MAX_WALK {
             return Err("a list of free extents does not end".into());
         }
-        let e: [u8; EDATA_SIZE] = extents.read(mem, at)?;
+        let e = extents.read(mem, at)?;
         let x = Extent::of(&e);
         // A freed slab keeps its slab bit (jemalloc no longer reads it).
         if x.state != DIRTY || x.bytes == 0 {

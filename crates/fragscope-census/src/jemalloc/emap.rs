@@ -111,7 +111,7 @@ pub(super) fn by_shape(s: &StaticData, root_offset: usize, base0: u64) -> Result
 /// are read (reading a page never touched would make the kernel map one).
 pub(super) fn read(
     mem: &mut ProcessMemory,
-    records: &mut RecordReader,
+    records: &mut Descriptors,
     residency: &Residency,
     root: u64,
 ) -> Result<ExtentMap, String> {
@@ -144,7 +144,7 @@ pub(super) fn read(
                     continue;
                 }
             }
-            let e = Extent::of(&records.read::<EDATA_SIZE>(mem, edata)?);
+            let e = Extent::of(&records.read(mem, edata)?);
             let first = e.addr & !(PAGE - 1);
             last = Some((edata, first, e.bytes));
             if page < first || page >= first.saturating_add(e.bytes) {
@@ -195,6 +195,45 @@ pub(super) fn read(
         }
     }
     Ok(map)
+}
+
+/// Extent descriptors read from the process: with the others of their window (64 KiB)
+/// when the snapshot found every page of that window resident, alone otherwise (reading
+/// a page of jemalloc's metadata never touched would make the kernel map one, which the
+/// next snapshot would count as resident).
+pub(super) struct Descriptors<'a> {
+    records: RecordReader,
+    residency: &'a Residency<'a>,
+    /// Each window's answer.
+    whole: HashMap<u64, bool>,
+}
+
+impl<'a> Descriptors<'a> {
+    pub fn new(residency: &'a Residency<'a>) -> Self {
+        Self {
+            records: RecordReader::default(),
+            residency,
+            whole: HashMap::new(),
+        }
+    }
+
+    /// The descriptor at `at`.
+    pub fn read(&mut self, mem: &mut ProcessMemory, at: u64) -> Result<[u8; EDATA_SIZE], String> {
+        let window = at & !(RecordReader::WINDOW - 1);
+        let residency = self.residency;
+        let resident = *self.whole.entry(window).or_insert_with(|| {
+            !residency.covers(window)
+                || residency.resident_bytes(window, window + RecordReader::WINDOW)
+                    == RecordReader::WINDOW
+        });
+        if resident {
+            return self.records.read(mem, at);
+        }
+        let mut e = [0u8; EDATA_SIZE];
+        mem.read(at, &mut e)
+            .map_err(|err| format!("an extent descriptor at {at:#x} could not be read ({err})"))?;
+        Ok(e)
+    }
 }
 
 /// Fills `out` from `at`, the pages the snapshot found not resident left zero (those it
