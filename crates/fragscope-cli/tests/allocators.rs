@@ -236,25 +236,28 @@ fn recording_of_linked_alloc(feature: &str) {
     let r = report_json(&trace);
     assert_eq!(r["linked_allocator"]["allocator"], "jemalloc");
     let snapshots = r["snapshots"].as_array().unwrap();
-    // A census at every snapshot while the program holds its boxes.
-    let censused = snapshots
+    // A census at every snapshot while the program holds its boxes (the focus may be its
+    // end, after it dropped them, its dirty pages then the most waste): three at least
+    // within 5% of what it holds, each leaving under 10% of RSS to "other anonymous".
+    let figure = |d: &serde_json::Value, f: &str| d[f].as_u64().unwrap_or_else(|| panic!("{d}"));
+    let holding: Vec<_> = snapshots
         .iter()
-        .filter(|d| d["live"].as_u64().unwrap() >= usable * 95 / 100)
-        .count();
-    assert!(censused >= 3, "{}", r["snapshots"]);
-    // A snapshot while the program holds its boxes, the one with the most live bytes (the
-    // focus may be its end, after it dropped them, its dirty pages then the most waste).
-    let d = snapshots
-        .iter()
-        .max_by_key(|d| d["live"].as_u64().unwrap())
-        .unwrap();
-    let figure = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("{d}"));
-    let held = figure(&d["live"]) + figure(&d["rounding"]);
+        .filter(|d| {
+            let held = figure(d, "live") + figure(d, "rounding");
+            held.abs_diff(usable) * 20 <= usable
+        })
+        .collect();
     assert!(
-        held.abs_diff(usable) * 20 <= usable,
-        "{feature}: the program holds {usable}, the census {held}"
+        holding.len() >= 3,
+        "{feature}: the program holds {usable}: {}",
+        r["snapshots"]
     );
-    assert!(figure(&d["other_anon"]) * 10 < figure(&d["rss"]), "{d}");
+    for d in holding {
+        assert!(
+            figure(d, "other_anon") * 10 < figure(d, "rss"),
+            "{feature}: {d}"
+        );
+    }
     let s = &r["snapshot"];
     assert_eq!(s["allocator"], "jemalloc", "{s}");
     assert!(s["note"].is_null(), "{s}");
