@@ -1,34 +1,38 @@
 #!/usr/bin/env bash
-# The census of a jemalloc linked into a Rust program (tikv-jemallocator with jemalloc's
-# statistics, tests/rust/linked_alloc --features jemalloc-stats): N boxes of 64-200
+# The census of a jemalloc linked into a Rust program (tests/rust/linked_alloc: FEATURE
+# jemalloc-stats, tikv-jemallocator with jemalloc's statistics, whose own figures the
+# program prints; or tikv-jemallocator, its default build without them): N boxes of 64-200
 # bytes (one in a thousand of 20-28 KiB), a tenth kept. `fragscope snapshot` takes it
 # ROUNDS times; each round prints the stop as fragscope reports it and the census's
-# allocated, resident and in-use figures against jemalloc's own stats and the usable
-# bytes the program holds, and the program's state after it (never left stopped). Then
+# allocated, resident and in-use figures against jemalloc's own stats (when it keeps them)
+# and the usable bytes the program holds, and the program's state after it (never left stopped). Then
 # `fragscope record` runs the program to its end with a snapshot every 200 ms (a census
 # at each): its run time against the program alone, and the recording's census stops.
 #
-# usage: bench/jemalloc_linked.sh [N=4000000] [rounds=5]
+# usage: bench/jemalloc_linked.sh [N=4000000] [rounds=5] [FEATURE=jemalloc-stats]
 # needs: a release build (cargo build --release), cargo (crates.io reachable once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-4000000}
 rounds=${2:-5}
-out=bench/out/jemalloc_linked
+feature=${3:-jemalloc-stats}
+out=bench/out/jemalloc_linked-$feature
 mkdir -p "$out"
-cargo build --release --locked --quiet --features jemalloc-stats \
+cargo build --release --locked --quiet --features "$feature" \
   --manifest-path tests/rust/linked_alloc/Cargo.toml --target-dir "$out/target"
 prog=$out/target/release/linked_alloc
 fs=${FRAGSCOPE:-$PWD/target/release/fragscope}
 coproc PROG { exec "$prog" "$n" 10 stdin; }
 declare -A own
-while read -r line <&"${PROG[0]}"; do
+read -r line <&"${PROG[0]}"
+usable=$(echo "$line" | sed -E 's/.*, ([0-9]+) usable bytes/\1/')
+while [[ $feature == jemalloc-stats ]] && read -r line <&"${PROG[0]}"; do
   [[ $line == kept=* ]] && break
   [[ $line == *=* ]] && own[${line%%=*}]=${line#*=}
 done
 pid=$PROG_PID
-echo "## $n boxes, a tenth kept, pid $pid, $(grep VmRSS /proc/$pid/status)"
-echo "jemalloc: allocated ${own[stats.allocated]}, resident ${own[stats.resident]}; the program holds ${own[usable]} usable bytes"
+echo "## $feature: $n boxes, a tenth kept, pid $pid, $(grep VmRSS /proc/$pid/status)"
+echo "jemalloc: allocated ${own[stats.allocated]:-(no statistics)}, resident ${own[stats.resident]:-(no statistics)}; the program holds $usable usable bytes"
 for _ in $(seq 1 "$rounds"); do
   line=$("$fs" snapshot "$pid" -o "$out/snap.fsc" --force 2>&1 | grep 'was stopped for')
   figures=$("$fs" report "$out/snap.fsc" --json | python3 -c '
@@ -44,7 +48,7 @@ done
 exec {PROG[1]}>&-
 wait "$pid" || true
 
-echo "## recorded: $n boxes, a tenth kept, held 2 s, a snapshot every 200 ms"
+echo "## $feature recorded: $n boxes, a tenth kept, held 2 s, a snapshot every 200 ms"
 start=$(date +%s.%N)
 "$prog" "$n" 10 2 > /dev/null
 alone=$(echo "$(date +%s.%N) - $start" | bc)

@@ -39,9 +39,11 @@ use fragscope_trace::ResidentRange;
 
 use crate::allocators::LinkedAllocator;
 use crate::library::{MappedLibrary, StaticData};
-use crate::memory::{le_u32, le_u64, RecordReader};
+use crate::memory::{le_u32, le_u64};
 use crate::residency::Residency;
 use crate::{ProcessMemory, Symbols};
+
+mod emap;
 
 /// One build whose layout is verified: the version string its image carries, the
 /// release named in the census, and where its structures keep the fields read (those
@@ -74,6 +76,8 @@ struct Release {
     base_mapped: usize,
     /// Bins in a thread's cache (`TCACHE_NBINS_MAX`).
     tcache_bins: usize,
+    /// `rtree_t`: where its root follows its base and lock (the extent map's).
+    emap_root: usize,
 }
 
 /// The builds read: Debian 12's libjemalloc2 (5.3.0, `--enable-prof`; also its static
@@ -101,6 +105,7 @@ const RELEASES: [Release; 2] = [
         base_resident: 3888,
         base_mapped: 3896,
         tcache_bins: 73,
+        emap_root: 120,
     },
     // Rounds large requests to whole pages (`opt_disable_large_size_classes`), so a
     // large class's bytes are its `active_bytes`, not its count times its size.
@@ -124,11 +129,17 @@ const RELEASES: [Release; 2] = [
         base_resident: 3920,
         base_mapped: 3928,
         tcache_bins: 41,
+        emap_root: 120,
     },
 ];
 
-/// What a census of a build without statistics is refused with: it never will be read.
+/// What a census of a build without statistics is refused with when its extent map was
+/// not found: it never will be read.
 pub const NO_STATISTICS: &str = "was built without statistics";
+
+/// What the release read is named with when it keeps no statistics: its slabs and large
+/// extents come from its extent map, and its threads' caches are on no list.
+pub const UNCOUNTED: &str = "built without statistics (threads' caches not seen)";
 
 const PAGE: u64 = 4096;
 /// Small size classes (`SC_NBINS`), large ones (`SC_NSIZES - SC_NBINS`), arenas
@@ -215,6 +226,11 @@ pub struct JemallocLayout {
     bin_offsets: Vec<u64>,
     /// `arenas[]`: its address.
     arenas: u64,
+    /// The extent map's root (`arena_emap_global`), or why it was not found.
+    emap: Result<u64, String>,
+    /// The page jemalloc adds to each large extent (`sz_large_pad`), when its symbol
+    /// names it.
+    large_pad: Option<u64>,
 }
 
 /// Finds the jemalloc `pid` runs on and its statics: its shared library, or, when
@@ -245,29 +261,57 @@ pub fn locate(
             read.join(" and ")
         ));
     };
-    let (bins, bin_offsets, arenas) = match by_symbols(mem, &elf, &lib, build)? {
+    let statics = match by_symbols(mem, &elf, &lib, build)? {
         Some(found) => found,
         // Stripped (a shared library keeps only its API): the statics by their shape.
         None => {
-            let statics = StaticData::read(mem, lib.data, "jemalloc")?;
-            let bins = find_bin_infos(&statics)?;
-            let bin_offsets = find_bin_offsets(&statics, &bins, build)?;
-            let arenas = find_arenas(mem, &statics, build)?;
-            (bins, bin_offsets, arenas)
+            let data = StaticData::read(mem, lib.data, "jemalloc")?;
+            let bins = find_bin_infos(&data)?;
+            let bin_offsets = find_bin_offsets(&data, &bins, build)?;
+            let arenas = find_arenas(mem, &data, build)?;
+            let emap = first_base(mem, arenas, build)
+                .and_then(|base0| emap::by_shape(&data, build.emap_root, base0));
+            Statics {
+                bins,
+                bin_offsets,
+                arenas,
+                emap,
+                large_pad: None,
+            }
         }
     };
     Ok(JemallocLayout {
         library: lib.path,
         release: build.name,
         build,
-        bins,
-        bin_offsets,
-        arenas,
+        bins: statics.bins,
+        bin_offsets: statics.bin_offsets,
+        arenas: statics.arenas,
+        emap: statics.emap,
+        large_pad: statics.large_pad,
     })
 }
 
-/// The small classes, each bin's offset in an arena, and where `arenas[]` lies.
-type Statics = (Vec<BinInfo>, Vec<u64>, u64);
+/// The small classes, each bin's offset in an arena, where `arenas[]` lies, the extent
+/// map's root (or why it was not found) and the large extents' offset page.
+struct Statics {
+    bins: Vec<BinInfo>,
+    bin_offsets: Vec<u64>,
+    arenas: u64,
+    emap: Result<u64, String>,
+    large_pad: Option<u64>,
+}
+
+/// The base of arena 0 (`b0`), which the extent map's nodes are carved from.
+fn first_base(mem: &mut ProcessMemory, arenas: u64, build: &Release) -> Result<u64, String> {
+    let unread = |e: std::io::Error| format!("jemalloc's first arena could not be read ({e})");
+    let first = mem.read_u64(arenas).map_err(unread)?;
+    if first == 0 {
+        return Err("jemalloc has no first arena yet".into());
+    }
+    mem.read_u64(first + build.arena_base as u64)
+        .map_err(unread)
+}
 
 /// The statics by their names, in an image that keeps its symbol table (a copy linked
 /// into a Rust program: `_rjem_je_arenas`, ...), each checked as the shape search checks
@@ -283,7 +327,14 @@ fn by_symbols(
     let Some(prefix) = private_prefix(elf) else {
         return Ok(None);
     };
-    let names = ["bin_infos", "arena_bin_offsets", "arenas"].map(|n| format!("{prefix}{n}"));
+    let names = [
+        "bin_infos",
+        "arena_bin_offsets",
+        "arenas",
+        "arena_emap_global",
+        "sz_large_pad",
+    ]
+    .map(|n| format!("{prefix}{n}"));
     let wanted: Vec<&str> = names.iter().map(String::as_str).collect();
     let symbols = Symbols::resolve_at(elf, &wanted, lib.base)?;
     let (Some(infos), Some(offsets), Some(arenas)) = (
@@ -314,7 +365,24 @@ fn by_symbols(
     if first != 0 && !names_itself(mem, first, 0, build) {
         return Err(format!("{}[0] is not jemalloc's first arena", names[2]));
     }
-    Ok(Some((bins, expected, arenas)))
+    let emap = symbols
+        .get(&names[3])
+        .ok_or_else(|| format!("{} is not named", names[3]))
+        .and_then(|at| {
+            let base0 = first_base(mem, arenas, build)?;
+            emap::by_symbol(mem, at, build.emap_root, base0)
+        });
+    let large_pad = symbols
+        .get(&names[4])
+        .and_then(|at| mem.read_u64(at).ok())
+        .filter(|&p| p == 0 || p == PAGE);
+    Ok(Some(Statics {
+        bins,
+        bin_offsets: expected,
+        arenas,
+        emap,
+        large_pad,
+    }))
 }
 
 /// The prefix of jemalloc's private names in `elf`'s symbol table, by the name its bin
@@ -453,7 +521,10 @@ fn names_itself(mem: &mut ProcessMemory, at: u64, index: usize, build: &Release)
 struct Extent {
     arena: u64,
     slab: bool,
+    /// Served by the huge-page allocator (`pai`).
+    pai: bool,
     state: u64,
+    /// Its size class (a slab's bin).
     bin: u64,
     free: u64,
     shard: u64,
@@ -468,6 +539,7 @@ impl Extent {
         Self {
             arena: field(0, 12),
             slab: field(12, 1) == 1,
+            pai: field(14, 1) == 1,
             state: field(17, 3),
             bin: field(20, 8),
             free: field(28, 10),
@@ -486,6 +558,8 @@ struct Tally {
     large_bytes: Vec<u64>,
     occupancy_pages: Vec<u64>,
     occupancy_in_use: Vec<u64>,
+    /// An arena was read without jemalloc's statistics (from its extent map alone).
+    uncounted: bool,
 }
 
 impl Tally {
@@ -537,23 +611,60 @@ pub fn census(
         large_bytes: vec![0; LARGE_CLASSES],
         occupancy_pages: vec![0; OCCUPANCY_BUCKETS],
         occupancy_in_use: vec![0; OCCUPANCY_BUCKETS],
+        uncounted: false,
     };
-    let mut extents = RecordReader::default();
-    let mut arenas = Vec::new();
+    let bins_end =
+        layout.bin_offsets[BINS - 1] as usize + layout.bins[BINS - 1].shards as usize * BIN_SIZE;
+    let mut listed = Vec::new();
     for i in 0..MAX_ARENAS {
         let at = le_u64(&table, 8 * i);
         if at != 0 {
-            let reading = ArenaReading {
-                mem: &mut *mem,
-                extents: &mut extents,
-                residency,
-                layout,
-            };
-            arenas.push(arena(reading, &mut tally, i, at)?);
+            let mut a = vec![0u8; bins_end];
+            mem.read(at, &mut a)
+                .map_err(|e| format!("arena {i} could not be read ({e})"))?;
+            listed.push((i, a));
         }
+    }
+    let mut extents = emap::Descriptors::new(residency);
+    // Every extent, from jemalloc's extent map: what a build without statistics is read
+    // by. A build with them is read by them (the map's walk made a census of 750 MiB
+    // hold the program 40% longer), and checked against the map on request
+    // (`FRAGSCOPE_JEMALLOC_MAP=always`, for the test that compares them).
+    let uncounted = listed.iter().any(|(_, a)| !keeps_counts(a, layout));
+    let always = std::env::var_os("FRAGSCOPE_JEMALLOC_MAP").is_some_and(|v| v == "always");
+    let map = match &layout.emap {
+        _ if !uncounted && !always => Err("not needed"),
+        Ok(root) => Ok(emap::read(mem, &mut extents, residency, *root)?),
+        Err(why) => Err(why.as_str()),
+    };
+    let none = emap::ArenaExtents::default();
+    let mut arenas = Vec::new();
+    for (i, a) in &listed {
+        let reading = ArenaReading {
+            mem: &mut *mem,
+            extents: &mut extents,
+            residency,
+            layout,
+            map: map.as_ref().map_err(|why| *why).map(|m| Mapped {
+                arena: m.arenas.get(&(*i as u64)).unwrap_or(&none),
+                slabs: &m.slabs,
+            }),
+        };
+        arenas.push(arena(reading, &mut tally, *i, a)?);
     }
     if arenas.is_empty() {
         return Err("jemalloc has no arena".into());
+    }
+    if let Ok(m) = &map {
+        if let Some(i) = m
+            .arenas
+            .keys()
+            .find(|&&i| le_u64(&table, 8 * i as usize) == 0)
+        {
+            return Err(format!(
+                "jemalloc's extent map names arena {i}, which jemalloc does not list"
+            ));
+        }
     }
     // A thread's cache fills from its arena, but may have moved to another since: the
     // caches are checked against the classes over every arena.
@@ -581,7 +692,11 @@ pub fn census(
         }
     }
     let mut heap = JemallocHeap {
-        release: layout.release.into(),
+        release: if tally.uncounted {
+            format!("{}, {UNCOUNTED}", layout.release)
+        } else {
+            layout.release.into()
+        },
         library: layout.library.clone(),
         page_size: PAGE,
         arenas,
@@ -599,68 +714,95 @@ pub fn census(
 }
 
 /// What an arena is read with.
-struct ArenaReading<'a> {
+struct ArenaReading<'a, 'r> {
     mem: &'a mut ProcessMemory,
-    extents: &'a mut RecordReader,
+    extents: &'a mut emap::Descriptors<'r>,
     residency: &'a Residency<'a>,
     layout: &'a JemallocLayout,
+    /// Its extents in jemalloc's extent map, or why the map was not found.
+    map: Result<Mapped<'a>, &'a str>,
+}
+
+/// An arena's extents in the extent map, and every slab the map names.
+struct Mapped<'a> {
+    arena: &'a emap::ArenaExtents,
+    slabs: &'a std::collections::HashSet<u64>,
 }
 
 /// One arena: its bins, large classes, page caches and threads' caches, added to
 /// `tally`; its pages returned.
 fn arena(
-    reading: ArenaReading,
+    reading: ArenaReading<'_, '_>,
     tally: &mut Tally,
     index: usize,
-    at: u64,
+    a: &[u8],
 ) -> Result<JemallocArena, String> {
     let ArenaReading {
         mem,
         extents,
         residency,
         layout,
+        map,
     } = reading;
-    let bins_end =
-        layout.bin_offsets[BINS - 1] as usize + layout.bins[BINS - 1].shards as usize * BIN_SIZE;
-    let mut a = vec![0u8; bins_end];
-    mem.read(at, &mut a)
-        .map_err(|e| format!("arena {index} could not be read ({e})"))?;
     let build = layout.build;
-    let names_itself = |off: usize| le_u32(&a, off) as usize == index;
+    let names_itself = |off: usize| le_u32(a, off) as usize == index;
     if !names_itself(build.arena_ind)
         || !names_itself(build.pa_shard_ind)
-        || le_u64(&a, build.arena_base) != le_u64(&a, build.pa_shard_base)
+        || le_u64(a, build.arena_base) != le_u64(a, build.pa_shard_base)
     {
         return Err(format!("arena {index} does not carry its index"));
     }
-    let word = |off: usize| le_u64(&a, off);
+    let word = |off: usize| le_u64(a, off);
     let active_pages = word(build.pa_shard + PA_SHARD_NACTIVE);
     // A build configured with --disable-stats (tikv-jemallocator without its `stats`
-    // feature) keeps pages in use but no count of its slabs or large extents, which are
-    // what the census is checked against: it cannot be read.
-    let counted = layout.bins.iter().enumerate().any(|(b, info)| {
-        (0..info.shards).any(|shard| {
-            let bin = layout.bin_offsets[b] as usize + shard as usize * BIN_SIZE;
-            word(bin + BIN_CURSLABS) != 0
-        })
-    }) || (0..LARGE_CLASSES).any(|j| word(build.lstats + j * build.lstats_size) != 0);
-    if active_pages > 0 && !counted {
-        return Err(format!(
-            "{} {NO_STATISTICS} (--disable-stats; tikv-jemallocator without its \"stats\" \
-             feature): jemalloc then counts neither its slabs nor its large extents, which \
-             the census needs",
-            layout.library.rsplit('/').next().unwrap_or(&layout.library)
-        ));
-    }
+    // feature, its default) keeps no count of its slabs, large extents, metadata or
+    // threads' caches: its slabs and large extents are then those of jemalloc's extent
+    // map, and it is refused when the map was not found.
+    let stats = keeps_counts(a, layout);
+    tally.uncounted |= !stats;
+    let map = match map {
+        Ok(m) => Some(m),
+        Err(_) if stats => None,
+        Err(why) => {
+            return Err(format!(
+                "{} {NO_STATISTICS} (--disable-stats; tikv-jemallocator without its \"stats\" \
+                 feature), so the census reads jemalloc's extent map instead, which was not \
+                 found: {why}",
+                layout.library.rsplit('/').next().unwrap_or(&layout.library)
+            ))
+        }
+    };
     let mut slab_pages = 0u64;
     for (b, info) in layout.bins.iter().enumerate() {
         for shard in 0..info.shards {
             let bin = layout.bin_offsets[b] as usize + shard as usize * BIN_SIZE;
-            let in_use = word(bin + BIN_CURREGS);
-            let slabs = word(bin + BIN_CURSLABS);
-            let nonfull = word(bin + BIN_NONFULL);
-            let mut walked = Vec::new();
             let current = word(bin + BIN_SLABCUR);
+            // The bin's slabs in the extent map: its counts when jemalloc keeps none.
+            let listed = map.as_ref().map(|m| {
+                m.arena
+                    .slabs
+                    .get(&(b as u64, shard))
+                    .map_or(&[][..], Vec::as_slice)
+            });
+            let (in_use, slabs, nonfull) = match listed {
+                Some(l) if !stats => {
+                    let free: u64 = l.iter().map(|s| s.free).sum();
+                    let nonfull = l.iter().filter(|s| s.free > 0 && s.at != current).count();
+                    let slabs = l.len() as u64;
+                    let in_use = (slabs * info.regions).checked_sub(free).ok_or_else(|| {
+                        format!(
+                            "a slab of arena {index}'s bin {b} holds more free regions than it can"
+                        )
+                    })?;
+                    (in_use, slabs, nonfull as u64)
+                }
+                _ => (
+                    word(bin + BIN_CURREGS),
+                    word(bin + BIN_CURSLABS),
+                    word(bin + BIN_NONFULL),
+                ),
+            };
+            let mut walked = Vec::new();
             if current != 0 {
                 walked.push((current, Extent::of(&extents.read(mem, current)?), true));
             }
@@ -684,19 +826,49 @@ fn arena(
                     && slab.addr != 0
                     && slab.bytes == info.slab_bytes
                     && slab.free < info.regions
-                    && (is_current || slab.free > 0);
+                    && (is_current || slab.free > 0)
+                    && map.as_ref().is_none_or(|m| m.slabs.contains(&e));
                 if !holds {
                     return Err(format!(
                         "a slab of arena {index}'s bin {b} at {e:#x} does not hold together"
                     ));
                 }
                 free += slab.free;
-                tally.slab(
-                    info.regions,
-                    info.regions - slab.free,
-                    info.size,
-                    info.slab_bytes / PAGE,
-                );
+                if listed.is_none() {
+                    tally.slab(
+                        info.regions,
+                        info.regions - slab.free,
+                        info.size,
+                        info.slab_bytes / PAGE,
+                    );
+                }
+            }
+            if let Some(l) = listed {
+                // Every slab of the bin, full ones included; those with free regions are
+                // the ones walked.
+                for s in l {
+                    if s.free >= info.regions || s.bytes != info.slab_bytes {
+                        return Err(format!(
+                            "a slab of arena {index}'s bin {b} at {:#x} does not hold together",
+                            s.at
+                        ));
+                    }
+                    tally.slab(
+                        info.regions,
+                        info.regions - s.free,
+                        info.size,
+                        info.slab_bytes / PAGE,
+                    );
+                }
+                let listed_free: u64 = l.iter().map(|s| s.free).sum();
+                if l.len() as u64 != slabs || listed_free != free {
+                    return Err(format!(
+                        "arena {index}'s bin {b} has {slabs} slabs, {free} regions free in \
+                         those it lists; jemalloc's extent map names {} slabs with \
+                         {listed_free} free: the heap changed while it was read",
+                        l.len()
+                    ));
+                }
             }
             if slabs.checked_mul(info.regions) != in_use.checked_add(free) {
                 return Err(format!(
@@ -708,8 +880,10 @@ fn arena(
             let full = slabs
                 .checked_sub(walked.len() as u64)
                 .ok_or_else(|| format!("arena {index}'s bin {b} has fewer slabs than it lists"))?;
-            tally.occupancy_pages[OCCUPANCY_BUCKETS - 1] += full * info.slab_bytes / PAGE;
-            tally.occupancy_in_use[OCCUPANCY_BUCKETS - 1] += full * info.regions * info.size;
+            if listed.is_none() {
+                tally.occupancy_pages[OCCUPANCY_BUCKETS - 1] += full * info.slab_bytes / PAGE;
+                tally.occupancy_in_use[OCCUPANCY_BUCKETS - 1] += full * info.regions * info.size;
+            }
             slab_pages += slabs * info.slab_bytes / PAGE;
             let t = &mut tally.bins[b];
             t.slabs += slabs;
@@ -721,24 +895,51 @@ fn arena(
     }
     // Large extents: allocations less deallocations per class; each takes its size in
     // pages, and one more when jemalloc offsets large objects within their first page
-    // (`cache_oblivious`, on by default).
+    // (`cache_oblivious`, on by default). Or, from the extent map, each extent.
+    let mapped_large = match &map {
+        Some(m) => Some(large_from_map(
+            &m.arena.large,
+            build,
+            layout.large_pad,
+            index,
+        )?),
+        None => None,
+    };
     let mut large_pages = 0u64;
     let mut large_extents = 0u64;
     for j in 0..tally.large.len() {
         let size = tally.large[j].size;
         let l = build.lstats + j * build.lstats_size;
         let count = word(l).wrapping_sub(word(l + LSTATS_NDALLOC));
-        let bytes = match build.lstats_active_bytes {
-            // Whole pages each, up to the class's size.
-            Some(field) => Some(word(l + field)).filter(|&b| {
-                b.is_multiple_of(PAGE)
-                    && count.checked_mul(size).is_some_and(|most| b <= most)
-                    && b >= count.saturating_mul(size / 2)
-            }),
-            None => count.checked_mul(size),
-        }
-        .filter(|&b| b < 1 << 48)
-        .ok_or_else(|| format!("arena {index}'s large class {j} does not add up"))?;
+        let counted_bytes = || {
+            match build.lstats_active_bytes {
+                // Whole pages each, up to the class's size.
+                Some(field) => Some(word(l + field)).filter(|&b| {
+                    b.is_multiple_of(PAGE)
+                        && count.checked_mul(size).is_some_and(|most| b <= most)
+                        && b >= count.saturating_mul(size / 2)
+                }),
+                None => count.checked_mul(size),
+            }
+            .filter(|&b| b < 1 << 48)
+            .ok_or_else(|| format!("arena {index}'s large class {j} does not add up"))
+        };
+        let (count, bytes) = match &mapped_large {
+            Some(m) if !stats => m[j],
+            Some(m) => {
+                let bytes = counted_bytes()?;
+                if m[j] != (count, bytes) {
+                    return Err(format!(
+                        "arena {index}'s large class {j} counts {count} extents of {bytes} \
+                         bytes; jemalloc's extent map names {} of {}: the heap changed while \
+                         it was read",
+                        m[j].0, m[j].1
+                    ));
+                }
+                (count, bytes)
+            }
+            None => (count, counted_bytes()?),
+        };
         tally.large[j].extents += count;
         tally.large_bytes[j] += bytes;
         large_pages += bytes / PAGE;
@@ -749,6 +950,13 @@ fn arena(
     let pad = active_pages
         .checked_sub(slab_pages + large_pages)
         .filter(|&p| p == 0 || p == large_extents)
+        .filter(|_| {
+            // The map's extents, their offset pages included, are every active page.
+            map.as_ref().is_none_or(|m| {
+                let pages: u64 = m.arena.large.iter().map(|l| l.1 / PAGE).sum();
+                slab_pages + pages == active_pages
+            })
+        })
         .ok_or_else(|| {
             format!(
                 "arena {index} counts {active_pages} active pages; its slabs take {slab_pages} \
@@ -775,24 +983,50 @@ fn arena(
             "arena {index}'s dirty extents hold {dirty_listed} pages, it counts {dirty_pages}"
         ));
     }
+    if let Some(m) = &map {
+        let listed = [
+            m.arena.dirty_pages,
+            m.arena.muzzy_pages,
+            m.arena.retained_pages,
+        ];
+        if listed != [dirty_pages, muzzy_pages, retained_pages] {
+            return Err(format!(
+                "arena {index} counts {dirty_pages} dirty, {muzzy_pages} muzzy and \
+                 {retained_pages} retained pages; jemalloc's extent map names {}, {} and {}: \
+                 the heap changed while it was read",
+                listed[0], listed[1], listed[2]
+            ));
+        }
+    }
     tally.occupancy_pages[0] += dirty_pages;
-    let mapped_bytes = word(build.pac_mapped);
     let held_pages = active_pages
         .saturating_add(dirty_pages)
         .saturating_add(muzzy_pages);
+    // Without statistics jemalloc counts no mapped bytes: those of the pages it holds.
+    let mapped_bytes = if stats {
+        word(build.pac_mapped)
+    } else {
+        held_pages * PAGE
+    };
     if mapped_bytes / PAGE < held_pages {
         return Err(format!("arena {index} maps fewer pages than it holds"));
     }
     let mut base = vec![0u8; build.base_size];
     mem.read(word(build.arena_base), &mut base)
         .map_err(|e| format!("arena {index}'s metadata could not be read ({e})"))?;
-    let (metadata_allocated, metadata_resident, metadata_mapped) = (
-        le_u64(&base, build.base_allocated),
-        le_u64(&base, build.base_resident),
-        le_u64(&base, build.base_mapped),
-    );
     let (blocks_bytes, metadata_by_pagemap) =
         base_blocks(mem, residency, le_u64(&base, BASE_BLOCKS))?;
+    // Without statistics the base counts nothing: its blocks are what it maps, pagemap
+    // what is resident, and what it handed out is not known.
+    let (metadata_allocated, metadata_resident, metadata_mapped) = if stats {
+        (
+            le_u64(&base, build.base_allocated),
+            le_u64(&base, build.base_resident),
+            le_u64(&base, build.base_mapped),
+        )
+    } else {
+        (0, metadata_by_pagemap, blocks_bytes)
+    };
     if metadata_allocated > metadata_mapped
         || metadata_resident > metadata_mapped
         || blocks_bytes != metadata_mapped
@@ -818,6 +1052,56 @@ fn arena(
         metadata_by_pagemap,
         thread_caches,
     })
+}
+
+/// Whether the arena `a` (its bytes, bins included) keeps jemalloc's statistics: pages in
+/// use and not one slab or large extent counted is a build configured without them.
+fn keeps_counts(a: &[u8], layout: &JemallocLayout) -> bool {
+    let (build, word) = (layout.build, |off: usize| le_u64(a, off));
+    let counted = layout.bins.iter().enumerate().any(|(b, info)| {
+        (0..info.shards).any(|shard| {
+            let bin = layout.bin_offsets[b] as usize + shard as usize * BIN_SIZE;
+            word(bin + BIN_CURSLABS) != 0
+        })
+    }) || (0..LARGE_CLASSES).any(|j| word(build.lstats + j * build.lstats_size) != 0);
+    counted || word(build.pa_shard + PA_SHARD_NACTIVE) == 0
+}
+
+/// Each large class's extents and usable bytes, from the extent map's large extents
+/// (size class, bytes): a class's size each, or, in a build that rounds large requests to
+/// whole pages, the extent's bytes less the page jemalloc adds to each when it offsets
+/// large objects in their first page (`sz_large_pad`: its symbol's value, else the one
+/// that puts every extent in its class, the page first, `cache_oblivious` being the
+/// default).
+fn large_from_map(
+    large: &[(u64, u64)],
+    build: &Release,
+    known_pad: Option<u64>,
+    index: usize,
+) -> Result<Vec<(u64, u64)>, String> {
+    let sizes = size_classes();
+    let usable = |class: u64, bytes: u64, pad: u64| {
+        let c = usize::try_from(class)
+            .ok()
+            .filter(|c| (BINS..BINS + LARGE_CLASSES).contains(c))?;
+        let u = bytes.checked_sub(pad)?;
+        let fits = match build.lstats_active_bytes {
+            Some(_) => u > sizes[c - 1] && u <= sizes[c] && u.is_multiple_of(PAGE),
+            None => u == sizes[c],
+        };
+        fits.then_some((c - BINS, u))
+    };
+    let pads = known_pad.map_or(vec![PAGE, 0], |p| vec![p]);
+    let fitting = |&p: &u64| large.iter().all(|&(c, b)| usable(c, b, p).is_some());
+    let pad = pads.into_iter().find(fitting).ok_or_else(|| {
+        format!("arena {index}'s large extents are not the sizes of their classes")
+    })?;
+    let mut classes = vec![(0u64, 0u64); LARGE_CLASSES];
+    for (j, u) in large.iter().filter_map(|&(c, b)| usable(c, b, pad)) {
+        classes[j].0 += 1;
+        classes[j].1 += u;
+    }
+    Ok(classes)
 }
 
 /// The blocks of an arena's base (its metadata), each `size, next` at its start, from
@@ -850,7 +1134,7 @@ fn base_blocks(
 /// More than `count` nodes (a cycle among them too) is an error.
 fn heap_nodes(
     mem: &mut ProcessMemory,
-    extents: &mut RecordReader,
+    extents: &mut emap::Descriptors,
     root: u64,
     count: u64,
 ) -> Result<Vec<(u64, Extent)>, String> {
@@ -865,7 +1149,7 @@ fn heap_nodes(
                 "a heap of non-full slabs holds more than the {count} its bin counts"
             ));
         }
-        let e: [u8; EDATA_SIZE] = extents.read(mem, at)?;
+        let e = extents.read(mem, at)?;
         stack.push(le_u64(&e, EDATA_HEAP_NEXT));
         stack.push(le_u64(&e, EDATA_HEAP_LCHILD));
         nodes.push((at, Extent::of(&e)));
@@ -877,7 +1161,7 @@ fn heap_nodes(
 /// bytes resident by pagemap).
 fn extent_list(
     mem: &mut ProcessMemory,
-    extents: &mut RecordReader,
+    extents: &mut emap::Descriptors,
     residency: &Residency,
     first: u64,
 ) -> Result<(u64, u64, u64), String> {
@@ -888,7 +1172,7 @@ fn extent_list(
         if count >= MAX_WALK {
             return Err("a list of free extents does not end".into());
         }
-        let e: [u8; EDATA_SIZE] = extents.read(mem, at)?;
+        let e = extents.read(mem, at)?;
         let x = Extent::of(&e);
         // A freed slab keeps its slab bit (jemalloc no longer reads it).
         if x.state != DIRTY || x.bytes == 0 {

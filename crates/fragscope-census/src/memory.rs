@@ -108,6 +108,9 @@ pub(crate) struct RecordReader {
 const RECORD_WINDOW: u64 = 64 << 10;
 
 impl RecordReader {
+    /// The bytes read at once around a record, from a multiple of them.
+    pub const WINDOW: u64 = RECORD_WINDOW;
+
     /// The `N` bytes at `at`.
     pub fn read<const N: usize>(
         &mut self,
