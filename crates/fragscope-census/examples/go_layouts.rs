@@ -1,12 +1,16 @@
-//! Prints the Go release table's entry (crates/fragscope-census/src/golang/releases.rs)
-//! for each program named, from its own DWARF: build a program with the release's
-//! toolchain without -ldflags=-w or -s, and paste the entry into the table.
+//! Prints the Go release table (crates/fragscope-census/src/golang/releases.tsv): its
+//! header, then a line for each program named, from the program's own DWARF. Build a
+//! program with each release's toolchain without -ldflags=-w or -s; the table holds the
+//! newest patch release of each series.
 //!
 //!     GOTOOLCHAIN=go1.24.13 go build -o /tmp/prog ./tests/go/keep_tenth
 //!     cargo run -p fragscope-census --example go_layouts -- /tmp/prog
+//!
+//! Whether the table already holds the same goes to stderr.
 
 fn main() {
     let mut failed = false;
+    println!("{}", fragscope_census::golang::release_table_header());
     for path in std::env::args().skip(1) {
         let entry = std::fs::read(&path)
             .map_err(|e| e.to_string())
@@ -15,10 +19,11 @@ fn main() {
             Ok(entry) => {
                 let state = match entry.agrees {
                     None => "not in the table".to_string(),
-                    Some((true, from)) => format!("the table's entry (from {from}) is the same"),
-                    Some((false, from)) => format!("the table's entry (from {from}) differs"),
+                    Some((true, from)) => format!("the table's line (from {from}) is the same"),
+                    Some((false, from)) => format!("the table's line (from {from}) differs"),
                 };
-                println!("// {path}: {}, {state}\n{}", entry.version, entry.source);
+                eprintln!("{path}: {}, {state}", entry.version);
+                println!("{}", entry.line);
             }
             Err(e) => {
                 eprintln!("{path}: {e}");

@@ -121,16 +121,21 @@ const VARIABLES: [&str; 5] = [
 ];
 
 /// The table's entry for the release that built an executable, as its own DWARF gives
-/// the layouts (`releases.rs`'s source), and whether the table holds the same.
+/// the layouts (a line of `releases.tsv`), and whether the table holds the same.
 #[derive(Debug)]
 pub struct ReleaseEntry {
     /// "go1.22.12".
     pub version: String,
-    /// The entry as Rust source, for `releases.rs`.
-    pub source: String,
+    /// The entry as a line of `releases.tsv` (its columns: [`release_table_header`]).
+    pub line: String,
     /// None: the table has no entry for the release's series; else whether its entry
     /// is the DWARF's, and the release whose DWARF the entry was made from.
-    pub agrees: Option<(bool, &'static str)>,
+    pub agrees: Option<(bool, String)>,
+}
+
+/// The header of the release table (`releases.tsv`): its columns' names.
+pub fn release_table_header() -> String {
+    layout::Release::header()
 }
 
 /// The table's entry for the Go release that built `elf` (an executable with DWARF).
@@ -139,24 +144,18 @@ pub fn release_entry(elf: &[u8]) -> Result<ReleaseEntry, String> {
     let version = go_version(&file).ok_or("not a Go program")?;
     let series =
         layout::release_series(&version).ok_or_else(|| format!("{version} is not a release"))?;
-    let layouts = Layouts::from_dwarf(&file)?;
-    let agrees = releases::RELEASES
-        .iter()
-        .find(|r| r.series == series)
-        .map(|r| (r.layouts == layouts, r.derived_from));
-    let source = format!(
-        "{:#?},\n",
-        layout::Release {
-            series: "SERIES",
-            derived_from: "VERSION",
-            layouts,
-        }
-    )
-    .replace("\"SERIES\"", &format!("{series:?}"))
-    .replace("\"VERSION\"", &format!("{version:?}"));
+    let release = layout::Release {
+        series: series.to_string(),
+        derived_from: version.clone(),
+        layouts: Layouts::from_dwarf(&file)?,
+    };
+    let agrees = (releases::releases().ok())
+        .and_then(|table| table.iter().find(|r| r.series == series))
+        .map(|r| (r.layouts == release.layouts, r.derived_from.clone()));
+    let line = release.row()?;
     Ok(ReleaseEntry {
         version,
-        source,
+        line,
         agrees,
     })
 }

@@ -292,13 +292,13 @@ fn the_release_table_is_each_releases_dwarf() {
             Some((true, _)) => checked.push(entry.version),
             Some((false, _)) => panic!(
                 "the table's entry for {} is not its DWARF's; the DWARF gives:\n{}",
-                entry.version, entry.source
+                entry.version, entry.line
             ),
             None => assert!(
                 before_go_1_22(&entry.version),
                 "{} is not in the table; its DWARF gives:\n{}",
                 entry.version,
-                entry.source
+                entry.line
             ),
         }
     }

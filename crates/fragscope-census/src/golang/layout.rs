@@ -1,33 +1,20 @@
 //! Where the fields are that the census reads in the Go runtime's structs, in the
 //! program's release: from its own DWARF when it has one, else from the table of releases
-//! (`releases.rs`) made from each release's DWARF by the same code.
+//! (`releases.tsv`) made from each release's DWARF by the same code.
 
 use std::collections::HashMap;
 
 use super::dwarf::{dwarf_types, Struct};
 
 /// A field of a runtime struct: where it is and how many bytes it takes.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Field {
     pub offset: usize,
     pub size: usize,
 }
 
-/// A field at `offset` of `size` bytes: the table's shorthand.
-pub(super) const fn f(offset: usize, size: usize) -> Field {
-    Field { offset, size }
-}
-
-/// Written as the table writes it (`f(offset, size)`), so that a layout printed with
-/// `{:#?}` is the table's source.
-impl std::fmt::Debug for Field {
-    fn fmt(&self, out: &mut std::fmt::Formatter) -> std::fmt::Result {
-        write!(out, "f({}, {})", self.offset, self.size)
-    }
-}
-
 /// Where `runtime.mspan`'s fields are, in the program's release.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct SpanLayout {
     pub size: usize,
     pub start_addr: Field,
@@ -42,7 +29,7 @@ pub struct SpanLayout {
 
 /// Where `mheap_`'s fields are: the span table, the page allocator's ranges and the
 /// runtime's counters the census is checked against.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct HeapLayout {
     /// Bytes of `mheap_` the census reads: up to the last field it needs.
     pub read: usize,
@@ -57,7 +44,7 @@ pub struct HeapLayout {
 /// Where the heap profile's records are: the sampled allocations' buckets
 /// (runtime/mprof.go) and the specials that tie each sampled object still live to its
 /// bucket (mheap.go's `specialprofile`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ProfileStructs {
     pub bucket_size: usize,
     pub allnext: Field,
@@ -95,9 +82,165 @@ pub struct Layouts {
 /// layouts ("go1.22.12"), and the layouts.
 #[derive(Debug)]
 pub struct Release {
-    pub series: &'static str,
-    pub derived_from: &'static str,
+    pub series: String,
+    pub derived_from: String,
     pub layouts: Layouts,
+}
+
+/// A number of the table: a size, a field (written `offset+size`) or a constant.
+pub(super) enum Cell<'a> {
+    Size(&'a mut usize),
+    Field(&'a mut Field),
+    Constant(&'a mut u64),
+}
+
+impl Cell<'_> {
+    fn write(&self) -> String {
+        match self {
+            Cell::Size(n) => n.to_string(),
+            Cell::Field(f) => format!("{}+{}", f.offset, f.size),
+            Cell::Constant(c) => c.to_string(),
+        }
+    }
+
+    fn read(&mut self, text: &str) -> Option<()> {
+        match self {
+            Cell::Size(n) => **n = text.parse().ok()?,
+            Cell::Field(f) => {
+                let (offset, size) = text.split_once('+')?;
+                **f = Field {
+                    offset: offset.parse().ok()?,
+                    size: size.parse().ok()?,
+                };
+            }
+            Cell::Constant(c) => **c = text.parse().ok()?,
+        }
+        Some(())
+    }
+}
+
+impl Layouts {
+    /// Layouts of zeros, to read a table's line into.
+    fn zero() -> Self {
+        Self {
+            heap: HeapLayout::default(),
+            span: SpanLayout::default(),
+            profile: Ok(ProfileStructs::default()),
+        }
+    }
+
+    /// Every number of the layouts, named as the table's columns are: the one list the
+    /// table is read and written by. Without the profile's structs, theirs are left out.
+    pub(super) fn cells(&mut self) -> Vec<(&'static str, Cell<'_>)> {
+        use Cell::{Constant, Field as F, Size};
+        let (h, s) = (&mut self.heap, &mut self.span);
+        let mut cells = vec![
+            ("heap.read", Size(&mut h.read)),
+            ("heap.sweepgen", F(&mut h.sweepgen)),
+            ("heap.allspans", F(&mut h.allspans)),
+            ("heap.pagesInUse", F(&mut h.pages_in_use)),
+            ("heap.pages.inUse.ranges", F(&mut h.in_use_ranges)),
+            ("heap.pages.inUse.totalBytes", F(&mut h.in_use_total)),
+            ("mspan", Size(&mut s.size)),
+            ("mspan.startAddr", F(&mut s.start_addr)),
+            ("mspan.npages", F(&mut s.npages)),
+            ("mspan.nelems", F(&mut s.nelems)),
+            ("mspan.allocCount", F(&mut s.alloc_count)),
+            ("mspan.spanclass", F(&mut s.spanclass)),
+            ("mspan.state", F(&mut s.state)),
+            ("mspan.elemsize", F(&mut s.elemsize)),
+            ("mspan.sweepgen", F(&mut s.sweepgen)),
+        ];
+        if let Ok(p) = &mut self.profile {
+            cells.extend([
+                ("mspan.specials", F(&mut p.specials)),
+                ("bucket", Size(&mut p.bucket_size)),
+                ("bucket.allnext", F(&mut p.allnext)),
+                ("bucket.typ", F(&mut p.typ)),
+                ("bucket.nstk", F(&mut p.nstk)),
+                ("bucket.size", F(&mut p.size)),
+                ("memRecord", Size(&mut p.record_size)),
+                ("memRecord.active", F(&mut p.active)),
+                ("memRecord.future", F(&mut p.future)),
+                ("memRecordCycle", Size(&mut p.cycle_size)),
+                ("memRecordCycle.allocs", F(&mut p.allocs)),
+                ("memRecordCycle.frees", F(&mut p.frees)),
+                ("special.next", F(&mut p.special_next)),
+                ("special.offset", F(&mut p.special_offset)),
+                ("special.kind", F(&mut p.special_kind)),
+                ("specialprofile.b", F(&mut p.special_bucket)),
+                ("_KindSpecialProfile", Constant(&mut p.kind_profile)),
+            ]);
+        }
+        cells
+    }
+}
+
+impl Release {
+    /// The table's header line.
+    pub fn header() -> String {
+        let mut l = Layouts::zero();
+        let names = l.cells().into_iter().map(|(name, _)| name);
+        ["release", "from"]
+            .into_iter()
+            .chain(names)
+            .collect::<Vec<_>>()
+            .join("\t")
+    }
+
+    /// The release as a line of the table: Err when its DWARF lacks the profile's
+    /// structs, which every release of the table has.
+    pub fn row(&self) -> Result<String, String> {
+        let mut l = self.layouts.clone();
+        if let Err(why) = &l.profile {
+            return Err(why.clone());
+        }
+        let cells = l.cells().into_iter().map(|(_, c)| c.write());
+        let first = [self.series.clone(), self.derived_from.clone()];
+        Ok(first
+            .into_iter()
+            .chain(cells)
+            .collect::<Vec<_>>()
+            .join("\t"))
+    }
+
+    /// The releases of a table (`releases.tsv`): a header naming the columns, then one
+    /// line per release; lines starting with `#` are comments.
+    pub fn read_table(text: &str) -> Result<Vec<Release>, String> {
+        let mut lines = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty());
+        if lines.next() != Some(Self::header().as_str()) {
+            return Err("its header is not the columns fragscope reads".into());
+        }
+        lines
+            .map(|line| {
+                let mut words = line.split('\t');
+                let (Some(series), Some(from)) = (words.next(), words.next()) else {
+                    return Err(format!("a line is cut: {line}"));
+                };
+                let mut layouts = Layouts::zero();
+                let mut cells = layouts.cells();
+                let mut words = words.fuse();
+                for (name, cell) in &mut cells {
+                    let word = words
+                        .next()
+                        .ok_or_else(|| format!("{series} has no {name}"))?;
+                    cell.read(word)
+                        .ok_or_else(|| format!("{series}'s {name} is not a number: {word}"))?;
+                }
+                if words.next().is_some() {
+                    return Err(format!("{series} has more columns than the header"));
+                }
+                drop(cells);
+                Ok(Release {
+                    series: series.to_string(),
+                    derived_from: from.to_string(),
+                    layouts,
+                })
+            })
+            .collect()
+    }
 }
 
 /// The structs the census reads, by their DWARF names.
@@ -130,8 +273,9 @@ impl Layouts {
     /// The layouts of Go release `version` ("go1.22.12") from the table, for a program
     /// without DWARF: Err names the release when the table does not hold it.
     pub fn of_release(version: &str) -> Result<Self, String> {
+        let releases = super::releases::releases()?;
         let known = || {
-            let series: Vec<&str> = super::releases::RELEASES.iter().map(|r| r.series).collect();
+            let series: Vec<&str> = releases.iter().map(|r| r.series.as_str()).collect();
             series.join(", ")
         };
         let unknown = |what: String| {
@@ -150,7 +294,7 @@ impl Layouts {
         }
         let series = release_series(version)
             .ok_or_else(|| unknown(format!("{version} is not a release the table holds")))?;
-        super::releases::RELEASES
+        releases
             .iter()
             .find(|r| r.series == series)
             .map(|r| r.layouts.clone())

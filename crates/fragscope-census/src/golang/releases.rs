@@ -1,274 +1,36 @@
 //! The layouts of the Go runtime's structs the census reads, per release, for programs
-//! built without DWARF (`-ldflags=-w` or `-s`). Made from each release's own DWARF, never
-//! by hand: `cargo run --example go_layouts -- PROGRAM...` prints an entry from an
-//! unstripped program that release built, and crates/fragscope-census/tests/golang.rs
-//! checks every entry against the DWARF of every toolchain on the machine.
+//! built without DWARF (`-ldflags=-w` or `-s`): `releases.tsv`, one line per release
+//! series, its columns the fields of `Layouts::cells` (a size, or a field as
+//! `offset+size`). Made from each release's own DWARF, never by hand: `cargo run -p
+//! fragscope-census --example go_layouts -- PROGRAM...` prints the header and a line for
+//! each unstripped program, and crates/fragscope-census/tests/golang.rs checks every line
+//! against the DWARF of every toolchain on the machine.
 
-use super::layout::{f, HeapLayout, Layouts, ProfileStructs, Release, SpanLayout};
+use std::sync::OnceLock;
 
-pub(super) const RELEASES: &[Release] = &[
-    Release {
-        series: "go1.22",
-        derived_from: "go1.22.12",
-        layouts: Layouts {
-            heap: HeapLayout {
-                read: 65896,
-                sweepgen: f(65856, 4),
-                allspans: f(65864, 24),
-                pages_in_use: f(65888, 8),
-                in_use_ranges: f(65688, 24),
-                in_use_total: f(65712, 8),
-            },
-            span: SpanLayout {
-                size: 160,
-                start_addr: f(24, 8),
-                npages: f(32, 8),
-                nelems: f(50, 2),
-                alloc_count: f(96, 2),
-                spanclass: f(98, 1),
-                state: f(99, 1),
-                elemsize: f(104, 8),
-                sweepgen: f(88, 4),
-            },
-            profile: Ok(ProfileStructs {
-                bucket_size: 48,
-                allnext: f(8, 8),
-                typ: f(16, 8),
-                nstk: f(40, 8),
-                record_size: 128,
-                active: f(0, 32),
-                future: f(32, 96),
-                cycle_size: 32,
-                allocs: f(0, 8),
-                frees: f(8, 8),
-                size: f(32, 8),
-                specials: f(128, 8),
-                special_next: f(0, 8),
-                special_offset: f(8, 2),
-                special_kind: f(10, 1),
-                special_bucket: f(16, 8),
-                kind_profile: 2,
-            }),
-        },
-    },
-    Release {
-        series: "go1.23",
-        derived_from: "go1.23.12",
-        layouts: Layouts {
-            heap: HeapLayout {
-                read: 65896,
-                sweepgen: f(65856, 4),
-                allspans: f(65864, 24),
-                pages_in_use: f(65888, 8),
-                in_use_ranges: f(65688, 24),
-                in_use_total: f(65712, 8),
-            },
-            span: SpanLayout {
-                size: 160,
-                start_addr: f(24, 8),
-                npages: f(32, 8),
-                nelems: f(50, 2),
-                alloc_count: f(96, 2),
-                spanclass: f(98, 1),
-                state: f(99, 1),
-                elemsize: f(104, 8),
-                sweepgen: f(88, 4),
-            },
-            profile: Ok(ProfileStructs {
-                bucket_size: 48,
-                allnext: f(8, 8),
-                typ: f(16, 8),
-                nstk: f(40, 8),
-                record_size: 128,
-                active: f(0, 32),
-                future: f(32, 96),
-                cycle_size: 32,
-                allocs: f(0, 8),
-                frees: f(8, 8),
-                size: f(32, 8),
-                specials: f(128, 8),
-                special_next: f(0, 8),
-                special_offset: f(8, 2),
-                special_kind: f(10, 1),
-                special_bucket: f(16, 8),
-                kind_profile: 3,
-            }),
-        },
-    },
-    Release {
-        series: "go1.24",
-        derived_from: "go1.24.13",
-        layouts: Layouts {
-            heap: HeapLayout {
-                read: 65896,
-                sweepgen: f(65856, 4),
-                allspans: f(65864, 24),
-                pages_in_use: f(65888, 8),
-                in_use_ranges: f(65688, 24),
-                in_use_total: f(65712, 8),
-            },
-            span: SpanLayout {
-                size: 160,
-                start_addr: f(24, 8),
-                npages: f(32, 8),
-                nelems: f(50, 2),
-                alloc_count: f(96, 2),
-                spanclass: f(98, 1),
-                state: f(99, 1),
-                elemsize: f(104, 8),
-                sweepgen: f(88, 4),
-            },
-            profile: Ok(ProfileStructs {
-                bucket_size: 48,
-                allnext: f(8, 8),
-                typ: f(16, 8),
-                nstk: f(40, 8),
-                record_size: 128,
-                active: f(0, 32),
-                future: f(32, 96),
-                cycle_size: 32,
-                allocs: f(0, 8),
-                frees: f(8, 8),
-                size: f(32, 8),
-                specials: f(128, 8),
-                special_next: f(0, 8),
-                special_offset: f(8, 8),
-                special_kind: f(16, 1),
-                special_bucket: f(24, 8),
-                kind_profile: 3,
-            }),
-        },
-    },
-    Release {
-        series: "go1.25",
-        derived_from: "go1.25.14",
-        layouts: Layouts {
-            heap: HeapLayout {
-                read: 65896,
-                sweepgen: f(65856, 4),
-                allspans: f(65864, 24),
-                pages_in_use: f(65888, 8),
-                in_use_ranges: f(65688, 24),
-                in_use_total: f(65712, 8),
-            },
-            span: SpanLayout {
-                size: 160,
-                start_addr: f(24, 8),
-                npages: f(32, 8),
-                nelems: f(50, 2),
-                alloc_count: f(96, 2),
-                spanclass: f(98, 1),
-                state: f(99, 1),
-                elemsize: f(104, 8),
-                sweepgen: f(88, 4),
-            },
-            profile: Ok(ProfileStructs {
-                bucket_size: 48,
-                allnext: f(8, 8),
-                typ: f(16, 8),
-                nstk: f(40, 8),
-                record_size: 128,
-                active: f(0, 32),
-                future: f(32, 96),
-                cycle_size: 32,
-                allocs: f(0, 8),
-                frees: f(8, 8),
-                size: f(32, 8),
-                specials: f(128, 8),
-                special_next: f(0, 8),
-                special_offset: f(8, 8),
-                special_kind: f(16, 1),
-                special_bucket: f(24, 8),
-                kind_profile: 4,
-            }),
-        },
-    },
-    Release {
-        series: "go1.26",
-        derived_from: "go1.26.8",
-        layouts: Layouts {
-            heap: HeapLayout {
-                read: 65896,
-                sweepgen: f(65856, 4),
-                allspans: f(65864, 24),
-                pages_in_use: f(65888, 8),
-                in_use_ranges: f(65688, 24),
-                in_use_total: f(65712, 8),
-            },
-            span: SpanLayout {
-                size: 160,
-                start_addr: f(24, 8),
-                npages: f(32, 8),
-                nelems: f(50, 2),
-                alloc_count: f(96, 2),
-                spanclass: f(98, 1),
-                state: f(99, 1),
-                elemsize: f(104, 8),
-                sweepgen: f(88, 4),
-            },
-            profile: Ok(ProfileStructs {
-                bucket_size: 48,
-                allnext: f(8, 8),
-                typ: f(16, 8),
-                nstk: f(40, 8),
-                record_size: 128,
-                active: f(0, 32),
-                future: f(32, 96),
-                cycle_size: 32,
-                allocs: f(0, 8),
-                frees: f(8, 8),
-                size: f(32, 8),
-                specials: f(128, 8),
-                special_next: f(0, 8),
-                special_offset: f(8, 8),
-                special_kind: f(16, 1),
-                special_bucket: f(24, 8),
-                kind_profile: 4,
-            }),
-        },
-    },
-    Release {
-        series: "go1.27",
-        derived_from: "go1.27.4",
-        layouts: Layouts {
-            heap: HeapLayout {
-                read: 65896,
-                sweepgen: f(65856, 4),
-                allspans: f(65864, 24),
-                pages_in_use: f(65888, 8),
-                in_use_ranges: f(65688, 24),
-                in_use_total: f(65712, 8),
-            },
-            span: SpanLayout {
-                size: 160,
-                start_addr: f(24, 8),
-                npages: f(32, 8),
-                nelems: f(50, 2),
-                alloc_count: f(96, 2),
-                spanclass: f(98, 1),
-                state: f(99, 1),
-                elemsize: f(104, 8),
-                sweepgen: f(88, 4),
-            },
-            profile: Ok(ProfileStructs {
-                bucket_size: 48,
-                allnext: f(8, 8),
-                typ: f(16, 8),
-                nstk: f(40, 8),
-                record_size: 64,
-                active: f(0, 16),
-                future: f(16, 48),
-                cycle_size: 16,
-                allocs: f(0, 8),
-                frees: f(8, 8),
-                size: f(32, 8),
-                specials: f(128, 8),
-                special_next: f(0, 8),
-                special_offset: f(8, 8),
-                special_kind: f(16, 1),
-                special_bucket: f(24, 8),
-                kind_profile: 4,
-            }),
-        },
-    },
-];
+use super::layout::Release;
+
+const TABLE: &str = include_str!("releases.tsv");
+
+/// The table's releases, read once.
+pub(super) fn releases() -> Result<&'static [Release], String> {
+    static READ: OnceLock<Result<Vec<Release>, String>> = OnceLock::new();
+    READ.get_or_init(|| Release::read_table(TABLE))
+        .as_deref()
+        .map_err(|e| format!("fragscope's table of Go releases does not read: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_reads_and_writes_back_as_it_is() {
+        let releases = releases().unwrap();
+        assert!(releases.iter().any(|r| r.series == "go1.22"));
+        let rows: Vec<String> = releases.iter().map(|r| r.row().unwrap()).collect();
+        let written = format!("{}\n{}\n", Release::header(), rows.join("\n"));
+        let kept: Vec<&str> = TABLE.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(written, format!("{}\n", kept.join("\n")));
+    }
+}
