@@ -54,6 +54,10 @@ impl<'a> Functions<'a> {
             .section_by_name(".gopclntab")
             .ok_or_else(|| "it has no function table (.gopclntab)".to_string())?;
         let data = section.data().map_err(|_| bad("does not read"))?;
+        // The header: 8 bytes, then 8 words.
+        if data.len() < 72 {
+            return Err(bad("is cut"));
+        }
         let magic = half(data, 0).ok_or_else(|| bad("is cut"))?;
         if magic != MAGIC_GO118 && magic != MAGIC_GO120 {
             return Err(bad(&format!(
@@ -324,4 +328,29 @@ pub(super) fn runtime_variables(file: &object::File) -> Result<HashMap<String, u
         }
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_program_without_a_go_function_table_is_refused_and_the_search_stays_in_the_function() {
+        let me = std::fs::read("/proc/self/exe").unwrap();
+        let file = object::File::parse(&*me).unwrap();
+        let err = runtime_variables(&file).unwrap_err();
+        assert!(err.contains("no function table"), "{err}");
+        // A code search never reads past the function's end.
+        let code = Code {
+            entry: 0x1000,
+            bytes: &[0x48, 0x8d, 0x05, 1, 0, 0],
+        };
+        assert!(rip_uses(&code, Use::Word).is_empty());
+        let code = Code {
+            entry: 0x1000,
+            bytes: &[0x48, 0x8d, 0x05, 0x10, 0, 0, 0],
+        };
+        assert_eq!(rip_uses(&code, Use::Word), [0x1000 + 7 + 0x10]);
+        assert!(rip_uses(&code, Use::Load32).is_empty());
+    }
 }
