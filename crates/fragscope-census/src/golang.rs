@@ -11,7 +11,9 @@
 //! read from the executable's own DWARF (which `go build` writes unless `-ldflags=-w` or
 //! `-s`): the offsets of `runtime.mspan`'s and `runtime.mheap`'s fields, and their sizes.
 //! A field the census needs that the DWARF does not describe refuses the census rather
-//! than guess. The figures are checked against the runtime's own count of pages in object
+//! than guess. A program built without DWARF gets the layouts of its release from a table
+//! made from each release's DWARF (`releases`), and one without a symbol table has the
+//! runtime's variables found in its code (`pclntab`). The figures are checked against the runtime's own count of pages in object
 //! spans (`mheap_.pagesInUse`) before they are kept: a stop that lands while the runtime
 //! is changing a span finds them apart, and the census is taken again.
 
