@@ -342,14 +342,22 @@ fn the_runtimes_variables_found_in_the_code_are_those_its_symbols_name() {
 
 #[test]
 fn the_heap_profile_is_read_with_its_sampled_objects_on_every_release() {
-    for toolchain in TOOLCHAINS {
-        let Some(exe) = build("sites", toolchain, &[]) else {
+    // Stripped too: the profile's variables found in the code.
+    let stripped = ["go1.22.12", "go1.27.3"].map(|t| (t, &["-ldflags=-s -w"][..]));
+    for (toolchain, flags) in TOOLCHAINS.map(|t| (t, &[][..])).into_iter().chain(stripped) {
+        let Some(exe) = build("sites", toolchain, flags) else {
             return;
         };
+        let toolchain = &format!("{toolchain} {flags:?}");
+        let tag = format!(
+            "{}-{}",
+            std::process::id(),
+            toolchain.replace(['"', ' ', '[', ']'], "")
+        );
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        let profile = dir.join(format!("heap-{}-{toolchain}.pprof", std::process::id()));
+        let profile = dir.join(format!("heap-{tag}.pprof"));
         let mut child = Command::new(&exe)
-            .arg(dir.join(format!("sites-{}-{toolchain}.json", std::process::id())))
+            .arg(dir.join(format!("sites-{tag}.json")))
             .arg(&profile)
             .stdout(Stdio::piped())
             .spawn()
