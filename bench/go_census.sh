@@ -10,6 +10,8 @@
 #    bare against `fragscope record` (a census at every snapshot), interleaved rounds.
 #
 # usage: bench/go_census.sh ["2000000 8000000 16000000"] [rounds=3] [churn rounds=10]
+# GO_BUILD_FLAGS (e.g. '-ldflags=-s -w', as programs are shipped: no symbol table, no
+# DWARF) is passed to go build of both programs; GOTOOLCHAIN chooses the release.
 # needs: go (1.22 or newer), a release build (cargo build --release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,11 +22,13 @@ churn_rounds=${3:-10}
 out=bench/out/go_census
 mkdir -p "$out"
 fs=$root/target/release/fragscope
-(cd tests/go/keep_tenth && go build -o "$root/$out/keep_tenth" .)
-(cd bench/go/churn && go build -o "$root/$out/churn" .)
+flags=()
+[[ -n ${GO_BUILD_FLAGS:-} ]] && flags=("$GO_BUILD_FLAGS")
+(cd tests/go/keep_tenth && go build -o "$root/$out/keep_tenth" "${flags[@]}" .)
+(cd bench/go/churn && go build -o "$root/$out/churn" "${flags[@]}" .)
 cd "$out"
-echo "| records | heap (HeapSys) | stop | stop per GiB | HeapAlloc census / own | HeapInuse census / own | HeapIdle census / own |"
-echo "|---|---|---|---|---|---|---|"
+echo "| records | heap (HeapSys) | snapshot, whole command | stop | stop per GiB | HeapAlloc census / own | HeapInuse census / own | HeapIdle census / own |"
+echo "|---|---|---|---|---|---|---|---|"
 for n in $sizes; do
   rm -f stats.json
   coproc PROG { exec ./keep_tenth stats.json "$n"; }
@@ -33,7 +37,9 @@ for n in $sizes; do
   done
   pid=$PROG_PID
   for _ in $(seq 1 "$rounds"); do
+    start=$(date +%s%N)
     "$fs" snapshot "$pid" -o snap.fsc --force 2>stop.txt
+    wall_ms=$(( ($(date +%s%N) - start) / 1000000 ))
     "$fs" report snap.fsc --json | python3 -c '
 import json, re, sys
 own = json.load(open("stats.json"))
@@ -41,9 +47,9 @@ go = json.load(sys.stdin)["snapshots"][0]["go"]
 stop = re.search(r"stopped for ([0-9.]+) ms", open("stop.txt").read()).group(1)
 gib = own["HeapSys"] / 2**30
 r = lambda k, o: "%.4f" % (go[k] / own[o])
-print("| %s | %.0f MiB | %s ms | %.0f ms | %s | %s | %s |" % (sys.argv[1], own["HeapSys"] / 2**20,
-      stop, float(stop) / gib, r("heap_alloc", "HeapAlloc"), r("heap_in_use", "HeapInuse"),
-      r("heap_idle", "HeapIdle")))' "$n"
+print("| %s | %.0f MiB | %s ms | %s ms | %.0f ms | %s | %s | %s |" % (sys.argv[1], own["HeapSys"] / 2**20,
+      sys.argv[2], stop, float(stop) / gib, r("heap_alloc", "HeapAlloc"), r("heap_in_use", "HeapInuse"),
+      r("heap_idle", "HeapIdle")))' "$n" "$wall_ms"
     state=$(awk '{print $3}' "/proc/$pid/stat")
     [[ $state == T ]] && { echo "process $pid left stopped" >&2; exit 1; }
   done

@@ -11,11 +11,12 @@
 //! read from the executable's own DWARF (which `go build` writes unless `-ldflags=-w` or
 //! `-s`): the offsets of `runtime.mspan`'s and `runtime.mheap`'s fields, and their sizes.
 //! A field the census needs that the DWARF does not describe refuses the census rather
-//! than guess. The figures are checked against the runtime's own count of pages in object
+//! than guess. A program built without DWARF gets the layouts of its release from a table
+//! made from each release's DWARF (`releases`), and one without a symbol table has the
+//! runtime's variables found in its code (`pclntab`). The figures are checked against the runtime's own count of pages in object
 //! spans (`mheap_.pagesInUse`) before they are kept: a stop that lands while the runtime
 //! is changing a span finds them apart, and the census is taken again.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 
 use fragscope_trace::go_heap::{GoBucket, GoHeap, GoProfile, GoSpan, GoSpanKind};
@@ -23,6 +24,13 @@ use object::{Object, ObjectSection};
 
 use crate::memory::{le_u64, RecordReader};
 use crate::{ProcessMemory, Symbols};
+
+mod dwarf;
+mod layout;
+mod pclntab;
+mod releases;
+
+use layout::{Field, HeapLayout, Layouts, ProfileStructs, SpanLayout};
 
 /// The runtime's page (`_PageSize`), the same on every platform and release.
 pub const GO_PAGE: u64 = 8192;
@@ -36,41 +44,6 @@ const SPAN_MANUAL: u8 = 2;
 /// can hold: corrupt pointers rather than a program.
 const MAX_SPANS: u64 = 64 << 20;
 const MAX_RANGES: u64 = 1 << 20;
-
-/// A field of a runtime struct: where it is and how many bytes it takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Field {
-    offset: usize,
-    size: usize,
-}
-
-/// Where `runtime.mspan`'s fields are, in the program's release.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct SpanLayout {
-    size: usize,
-    start_addr: Field,
-    npages: Field,
-    nelems: Field,
-    alloc_count: Field,
-    spanclass: Field,
-    state: Field,
-    elemsize: Field,
-    sweepgen: Field,
-}
-
-/// Where `mheap_`'s fields are: the span table, the page allocator's ranges and the
-/// runtime's counters the census is checked against.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct HeapLayout {
-    /// Bytes of `mheap_` the census reads: up to the last field it needs.
-    read: usize,
-    sweepgen: Field,
-    allspans: Field,
-    pages_in_use: Field,
-    /// `pages.inUse.ranges`: a slice of `addrRange{base, limit}`.
-    in_use_ranges: Field,
-    in_use_total: Field,
-}
 
 /// A Go program's runtime, as far as the census reads it.
 #[derive(Debug, Clone)]
@@ -108,52 +81,112 @@ impl GoRuntime {
         pid: Option<u32>,
     ) -> Result<Self, String> {
         let refuse = |why: String| format!("no Go heap census of this {version} program: {why}");
-        let names = [
-            "runtime.mheap_",
-            "runtime.mbuckets",
-            "runtime.mProfCycle",
-            "runtime.MemProfileRate",
-            "runtime.disableMemoryProfiling",
-        ];
-        let symbols = Symbols::resolve(elf, &names, pid).map_err(refuse)?;
-        let mheap = symbols.need("runtime.mheap_").map_err(|_| {
-            refuse(
-                "it has no symbol table (built with -ldflags=-s); fragscope finds the \
-                 runtime's heap by its symbol"
-                    .into(),
-            )
-        })?;
-        let (structs, constants) = dwarf_types(
-            file,
-            &[
-                "runtime.mspan",
-                "runtime.mheap",
-                "runtime.pageAlloc",
-                "runtime.addrRanges",
-                "runtime.addrRange",
-                "runtime.bucket",
-                "runtime.memRecord",
-                "runtime.memRecordCycle",
-                "runtime.special",
-                "runtime.specialprofile",
-            ],
-            &["runtime._KindSpecialProfile"],
-        )
+        let layouts = if file.section_by_name(".debug_info").is_some() {
+            Layouts::from_dwarf(file)
+        } else {
+            Layouts::of_release(&version)
+        }
         .map_err(refuse)?;
-        let heap = heap_layout(&structs).map_err(refuse)?;
-        let span = span_layout(&structs).map_err(refuse)?;
-        let profile = get(&structs, "runtime.mspan")
-            .and_then(|s| sized(s, "runtime.mspan", "specials", &[8]))
-            .and_then(|specials| ProfileLayout::new(&symbols, &structs, &constants, specials))
-            .map_err(|why| format!("its heap profile cannot be read: {why}"));
+        let mut symbols = Symbols::resolve(elf, &VARIABLES, pid).map_err(refuse)?;
+        if symbols.get("runtime.mheap_").is_none() {
+            let found = pclntab::runtime_variables(file).map_err(|why| {
+                refuse(format!(
+                    "it has no symbol table (built with -ldflags=-s), and {why}"
+                ))
+            })?;
+            symbols = Symbols::place(elf, found, pid).map_err(refuse)?;
+        }
+        let mheap = symbols.need("runtime.mheap_").map_err(refuse)?;
+        let profile = layouts.profile.and_then(|structs| {
+            let variables = ProfileVariables::new(&symbols)
+                .map_err(|why| format!("its heap profile cannot be read: {why}"))?;
+            Ok(ProfileLayout { variables, structs })
+        });
         Ok(Self {
             version,
             mheap,
-            heap,
-            span,
+            heap: layouts.heap,
+            span: layouts.span,
             profile,
         })
     }
+}
+
+/// The runtime's variables the census reads, by their names in the symbol table (which
+/// `pclntab::runtime_variables` gives too, from the code, for a program without one).
+const VARIABLES: [&str; 5] = [
+    "runtime.mheap_",
+    "runtime.mbuckets",
+    "runtime.mProfCycle",
+    "runtime.MemProfileRate",
+    "runtime.disableMemoryProfiling",
+];
+
+/// The table's entry for the release that built an executable, as its own DWARF gives
+/// the layouts (a line of `releases.tsv`), and whether the table holds the same.
+#[derive(Debug)]
+pub struct ReleaseEntry {
+    /// "go1.22.12".
+    pub version: String,
+    /// The entry as a line of `releases.tsv` (its columns: [`release_table_header`]).
+    pub line: String,
+    /// None: the table has no entry for the release's series; else whether its entry
+    /// is the DWARF's, and the release whose DWARF the entry was made from.
+    pub agrees: Option<(bool, String)>,
+}
+
+/// The header of the release table (`releases.tsv`): its columns' names.
+pub fn release_table_header() -> String {
+    layout::Release::header()
+}
+
+/// The table's entry for the Go release that built `elf` (an executable with DWARF).
+pub fn release_entry(elf: &[u8]) -> Result<ReleaseEntry, String> {
+    let file = object::File::parse(elf).map_err(|e| format!("not an ELF file ({e})"))?;
+    let version = go_version(&file).ok_or("not a Go program")?;
+    let series =
+        layout::release_series(&version).ok_or_else(|| format!("{version} is not a release"))?;
+    let release = layout::Release {
+        series: series.to_string(),
+        derived_from: version.clone(),
+        layouts: Layouts::from_dwarf(&file)?,
+    };
+    let agrees = (releases::releases().ok())
+        .and_then(|table| table.iter().find(|r| r.series == series))
+        .map(|r| (r.layouts == release.layouts, r.derived_from.clone()));
+    let line = release.row()?;
+    Ok(ReleaseEntry {
+        version,
+        line,
+        agrees,
+    })
+}
+
+/// A runtime variable the census reads, found in the code of a program as it is for one
+/// without a symbol table, beside its symbol.
+#[derive(Debug)]
+pub struct FoundVariable {
+    pub name: &'static str,
+    /// Its address as linked, found in the code.
+    pub in_code: Option<u64>,
+    /// Its symbol's address (the linker leaves some out).
+    pub symbol: Option<u64>,
+}
+
+/// Each runtime variable the census reads, as the search in the code finds it in `elf`
+/// (the search a program without a symbol table gets), beside its symbol.
+pub fn variables_found_in_code(elf: &[u8]) -> Result<Vec<FoundVariable>, String> {
+    let file = object::File::parse(elf).map_err(|e| format!("not an ELF file ({e})"))?;
+    let found = pclntab::runtime_variables(&file)?;
+    let symbols = Symbols::resolve(elf, &VARIABLES, None)?;
+    Ok(VARIABLES
+        .iter()
+        .map(|&name| FoundVariable {
+            name,
+            in_code: found.get(name).copied(),
+            symbol: symbols.get(name),
+        })
+        .collect())
 }
 
 /// The Go release that built the executable, from its `.go.buildinfo` section: None for
@@ -187,316 +220,38 @@ fn uvarint(b: &[u8]) -> Option<(u64, usize)> {
     None
 }
 
-/// A struct as the DWARF describes it: its size and its members by name (a name Go uses
-/// twice, such as `_` for padding, keeps its first).
-#[derive(Debug, Default)]
-struct Struct {
-    size: usize,
-    members: HashMap<String, Field>,
-}
-
-impl Struct {
-    fn field(&self, owner: &str, name: &str) -> Result<Field, String> {
-        self.members
-            .get(name)
-            .copied()
-            .ok_or_else(|| format!("its DWARF has no field {owner}.{name}"))
-    }
-}
-
-/// Structs and constants found by name in the executable's DWARF.
-type DwarfTypes = (HashMap<String, Struct>, HashMap<String, u64>);
-
-/// The structs named `wanted` and the constants named `constants` in the executable's
-/// DWARF.
-fn dwarf_types(
-    file: &object::File,
-    wanted: &[&str],
-    constants: &[&str],
-) -> Result<DwarfTypes, String> {
-    let no_dwarf = || {
-        "it has no DWARF (built with -ldflags=-w or -s); fragscope reads the runtime's \
-         layouts from it"
-            .to_string()
-    };
-    if file.section_by_name(".debug_info").is_none() {
-        return Err(no_dwarf());
-    }
-    let load = |id: gimli::SectionId| -> Result<Cow<[u8]>, String> {
-        Ok(match file.section_by_name(id.name()) {
-            Some(s) => s
-                .uncompressed_data()
-                .map_err(|e| format!("its {} does not decompress ({e})", id.name()))?,
-            None => Cow::Borrowed(&[][..]),
-        })
-    };
-    let sections = gimli::DwarfSections::load(load)?;
-    let dwarf = sections.borrow(|s| gimli::EndianSlice::new(s, gimli::LittleEndian));
-    let bad = |e: gimli::Error| format!("its DWARF does not read ({e})");
-    let mut found: HashMap<String, Struct> = HashMap::new();
-    let mut values: HashMap<String, u64> = HashMap::new();
-    let mut headers = Vec::new();
-    let mut iter = dwarf.units();
-    while let Some(header) = iter.next().map_err(bad)? {
-        headers.push(header);
-    }
-    for &header in &headers {
-        let unit = dwarf.unit(header).map_err(bad)?;
-        let mut entries = unit.entries();
-        // The struct being read, at which depth its members are.
-        let mut current: Option<(String, isize)> = None;
-        let mut depth = 0isize;
-        while let Some((delta, entry)) = entries.next_dfs().map_err(bad)? {
-            depth += delta;
-            if current.as_ref().is_some_and(|(_, d)| depth <= *d) {
-                current = None;
-            }
-            match entry.tag() {
-                gimli::DW_TAG_structure_type => {
-                    let Some(name) = attr_string(&dwarf, &unit, entry) else {
-                        continue;
-                    };
-                    if wanted.contains(&name.as_str()) && !found.contains_key(&name) {
-                        let size = udata(entry, gimli::DW_AT_byte_size).unwrap_or(0) as usize;
-                        found.insert(
-                            name.clone(),
-                            Struct {
-                                size,
-                                members: HashMap::new(),
-                            },
-                        );
-                        current = Some((name, depth));
-                    }
-                }
-                gimli::DW_TAG_constant => {
-                    let Some(name) = attr_string(&dwarf, &unit, entry) else {
-                        continue;
-                    };
-                    if constants.contains(&name.as_str()) {
-                        let value = entry.attr_value(gimli::DW_AT_const_value).ok().flatten();
-                        if let Some(v) = value
-                            .and_then(|v| v.udata_value().or(v.sdata_value().map(|s| s as u64)))
-                        {
-                            values.insert(name, v);
-                        }
-                    }
-                }
-                gimli::DW_TAG_member => {
-                    let Some((owner, d)) = &current else { continue };
-                    if depth != d + 1 {
-                        continue;
-                    }
-                    let (Some(name), Some(offset)) = (
-                        attr_string(&dwarf, &unit, entry),
-                        udata(entry, gimli::DW_AT_data_member_location),
-                    ) else {
-                        continue;
-                    };
-                    let size = member_size(&dwarf, &headers, &unit, entry).unwrap_or(0);
-                    found
-                        .get_mut(owner)
-                        .unwrap()
-                        .members
-                        .entry(name)
-                        .or_insert(Field {
-                            offset: offset as usize,
-                            size,
-                        });
-                }
-                _ => {}
-            }
-        }
-        if found.len() == wanted.len() && values.len() == constants.len() && current.is_none() {
-            break;
-        }
-    }
-    if found.is_empty() {
-        return Err(no_dwarf());
-    }
-    Ok((found, values))
-}
-
-type Slice<'a> = gimli::EndianSlice<'a, gimli::LittleEndian>;
-
-fn attr_string(
-    dwarf: &gimli::Dwarf<Slice>,
-    unit: &gimli::Unit<Slice>,
-    entry: &gimli::DebuggingInformationEntry<Slice>,
-) -> Option<String> {
-    let value = entry.attr_value(gimli::DW_AT_name).ok()??;
-    let s = dwarf.attr_string(unit, value).ok()?;
-    Some(s.to_string_lossy().into_owned())
-}
-
-fn udata(entry: &gimli::DebuggingInformationEntry<Slice>, at: gimli::DwAt) -> Option<u64> {
-    entry.attr_value(at).ok()??.udata_value()
-}
-
-/// Bytes of a member's type (following typedefs), wherever in the DWARF the type is.
-fn member_size(
-    dwarf: &gimli::Dwarf<Slice>,
-    units: &[gimli::UnitHeader<Slice>],
-    unit: &gimli::Unit<Slice>,
-    member: &gimli::DebuggingInformationEntry<Slice>,
-) -> Option<usize> {
-    let mut at = member.attr_value(gimli::DW_AT_type).ok()??;
-    let mut here: Option<gimli::Unit<Slice>> = None;
-    for _ in 0..8 {
-        let (size, next) = {
-            let current = here.as_ref().unwrap_or(unit);
-            let (entry_unit, offset) = match at {
-                gimli::AttributeValue::UnitRef(off) => (None, off),
-                gimli::AttributeValue::DebugInfoRef(off) => {
-                    let header = units.iter().find(|h| off.to_unit_offset(h).is_some())?;
-                    let other = dwarf.unit(*header).ok()?;
-                    let off = off.to_unit_offset(header)?;
-                    (Some(other), off)
-                }
-                _ => return None,
-            };
-            let owner = entry_unit.as_ref().unwrap_or(current);
-            let entry = owner.entry(offset).ok()?;
-            // A pointer is a word, whatever it points to (Go's pointer types may carry
-            // no size of their own).
-            let size = match entry.tag() {
-                gimli::DW_TAG_pointer_type => Some(8),
-                _ => udata(&entry, gimli::DW_AT_byte_size),
-            };
-            let next = entry.attr_value(gimli::DW_AT_type).ok()?;
-            if entry_unit.is_some() {
-                here = entry_unit;
-            }
-            (size, next)
-        };
-        if let Some(size) = size {
-            return Some(size as usize);
-        }
-        at = next?;
-    }
-    None
-}
-
-fn get<'a>(structs: &'a HashMap<String, Struct>, name: &str) -> Result<&'a Struct, String> {
-    structs
-        .get(name)
-        .ok_or_else(|| format!("its DWARF does not describe {name}"))
-}
-
-/// A field that must be `sizes` bytes (one of them) to be read as the census reads it.
-fn sized(s: &Struct, owner: &str, name: &str, sizes: &[usize]) -> Result<Field, String> {
-    let f = s.field(owner, name)?;
-    if !sizes.contains(&f.size) {
-        return Err(format!(
-            "{owner}.{name} is {} bytes, which fragscope does not read",
-            f.size
-        ));
-    }
-    Ok(f)
-}
-
-fn span_layout(structs: &HashMap<String, Struct>) -> Result<SpanLayout, String> {
-    let o = "runtime.mspan";
-    let s = get(structs, o)?;
-    let layout = SpanLayout {
-        size: s.size,
-        start_addr: sized(s, o, "startAddr", &[8])?,
-        npages: sized(s, o, "npages", &[8])?,
-        nelems: sized(s, o, "nelems", &[2, 8])?,
-        alloc_count: sized(s, o, "allocCount", &[2])?,
-        spanclass: sized(s, o, "spanclass", &[1])?,
-        state: sized(s, o, "state", &[1])?,
-        elemsize: sized(s, o, "elemsize", &[8])?,
-        sweepgen: sized(s, o, "sweepgen", &[4])?,
-    };
-    if layout.size == 0 || layout.size > 1024 {
-        return Err(format!("{o} is {} bytes", layout.size));
-    }
-    Ok(layout)
-}
-
-fn heap_layout(structs: &HashMap<String, Struct>) -> Result<HeapLayout, String> {
-    let o = "runtime.mheap";
-    let heap = get(structs, o)?;
-    let pages = sized(heap, o, "pages", &[get(structs, "runtime.pageAlloc")?.size])?;
-    let page_alloc = get(structs, "runtime.pageAlloc")?;
-    let ranges_type = get(structs, "runtime.addrRanges")?;
-    let in_use = sized(
-        page_alloc,
-        "runtime.pageAlloc",
-        "inUse",
-        &[ranges_type.size],
-    )?;
-    let ranges = sized(ranges_type, "runtime.addrRanges", "ranges", &[24])?;
-    let total = sized(ranges_type, "runtime.addrRanges", "totalBytes", &[8])?;
-    let range = get(structs, "runtime.addrRange")?;
-    let (base, limit) = (
-        range.field("runtime.addrRange", "base")?,
-        range.field("runtime.addrRange", "limit")?,
-    );
-    if range.size != 16 || base.offset != 0 || limit.offset != 8 {
-        return Err("runtime.addrRange is not {base, limit} of a word each".into());
-    }
-    let nested = |f: Field| Field {
-        offset: pages.offset + in_use.offset + f.offset,
-        size: f.size,
-    };
-    // `pagesInUse` is an atomic.Uintptr (a struct of one word) since 1.20.
-    let layout = HeapLayout {
-        read: 0,
-        sweepgen: sized(heap, o, "sweepgen", &[4])?,
-        allspans: sized(heap, o, "allspans", &[24])?,
-        pages_in_use: sized(heap, o, "pagesInUse", &[8])?,
-        in_use_ranges: nested(ranges),
-        in_use_total: nested(total),
-    };
-    let read = [
-        layout.sweepgen,
-        layout.allspans,
-        layout.pages_in_use,
-        layout.in_use_ranges,
-        layout.in_use_total,
-    ]
-    .iter()
-    .map(|f| f.offset + f.size)
-    .max()
-    .unwrap_or(0);
-    Ok(HeapLayout { read, ..layout })
-}
-
 fn read_field(b: &[u8], f: Field) -> u64 {
     let mut word = [0u8; 8];
     word[..f.size].copy_from_slice(&b[f.offset..f.offset + f.size]);
     u64::from_le_bytes(word)
 }
 
-/// Where the heap profile's records are: the sampled allocations' buckets
-/// (runtime/mprof.go) and the specials that tie each sampled object still live to its
-/// bucket (mheap.go's `specialprofile`).
+/// Where the heap profile's variables are in the process.
 #[derive(Debug, Clone)]
-struct ProfileLayout {
+struct ProfileVariables {
     mbuckets: u64,
     cycle: u64,
     rate: u64,
+    /// `disableMemoryProfiling`, which the linker may leave out of the symbol table.
     disabled: Option<u64>,
-    bucket_size: usize,
-    allnext: Field,
-    typ: Field,
-    nstk: Field,
-    record_size: usize,
-    active: Field,
-    future: Field,
-    cycle_size: usize,
-    allocs: Field,
-    frees: Field,
-    /// The bucket's object size: its bytes are its counts times this (Go 1.27 keeps no
-    /// byte counts; before, they were the same product).
-    size: Field,
-    specials: Field,
-    special_next: Field,
-    special_offset: Field,
-    special_kind: Field,
-    special_bucket: Field,
-    kind_profile: u64,
+}
+
+impl ProfileVariables {
+    fn new(symbols: &Symbols) -> Result<Self, String> {
+        Ok(Self {
+            mbuckets: symbols.need("runtime.mbuckets")?,
+            cycle: symbols.need("runtime.mProfCycle")?,
+            rate: symbols.need("runtime.MemProfileRate")?,
+            disabled: symbols.get("runtime.disableMemoryProfiling"),
+        })
+    }
+}
+
+/// The heap profile: where its variables are, and its structs' layouts.
+#[derive(Debug, Clone)]
+struct ProfileLayout {
+    variables: ProfileVariables,
+    structs: ProfileStructs,
 }
 
 /// `memProfile`'s value of `bucket.typ` (bucketType's first value, 1, since Go 1.1).
@@ -506,56 +261,8 @@ const MAX_BUCKETS: usize = 1 << 20;
 /// `maxProfStackDepth`, the deepest stack a bucket holds (1024 since Go 1.23).
 const MAX_STACK: u64 = 1024;
 
-impl ProfileLayout {
-    /// The heap profile's layout, from the program's symbols, DWARF structs and
-    /// constants; Err says which part is missing.
-    fn new(
-        symbols: &Symbols,
-        structs: &HashMap<String, Struct>,
-        constants: &HashMap<String, u64>,
-        specials: Field,
-    ) -> Result<Self, String> {
-        let b = "runtime.bucket";
-        let bucket = get(structs, b)?;
-        let r = "runtime.memRecord";
-        let record = get(structs, r)?;
-        let c = "runtime.memRecordCycle";
-        let cycle = get(structs, c)?;
-        let s = "runtime.special";
-        let special = get(structs, s)?;
-        let p = "runtime.specialprofile";
-        let profile = get(structs, p)?;
-        let kind_profile = *constants
-            .get("runtime._KindSpecialProfile")
-            .ok_or("its DWARF has no constant runtime._KindSpecialProfile")?;
-        Ok(Self {
-            mbuckets: symbols.need("runtime.mbuckets")?,
-            cycle: symbols.need("runtime.mProfCycle")?,
-            rate: symbols.need("runtime.MemProfileRate")?,
-            disabled: symbols.get("runtime.disableMemoryProfiling"),
-            bucket_size: bucket.size,
-            allnext: sized(bucket, b, "allnext", &[8])?,
-            typ: sized(bucket, b, "typ", &[8, 4])?,
-            nstk: sized(bucket, b, "nstk", &[8])?,
-            record_size: record.size,
-            active: sized(record, r, "active", &[cycle.size])?,
-            future: sized(record, r, "future", &[3 * cycle.size])?,
-            cycle_size: cycle.size,
-            allocs: sized(cycle, c, "allocs", &[8])?,
-            frees: sized(cycle, c, "frees", &[8])?,
-            size: sized(bucket, b, "size", &[8])?,
-            specials,
-            special_next: sized(special, s, "next", &[8])?,
-            special_offset: sized(special, s, "offset", &[2, 8])?,
-            special_kind: sized(special, s, "kind", &[1])?,
-            special_bucket: sized(profile, p, "b", &[8])?,
-            kind_profile,
-        })
-    }
-}
-
 /// A bucket's allocations and frees in one profile cycle (`memRecordCycle`).
-fn cycle_counts(l: &ProfileLayout, b: &[u8]) -> [u64; 2] {
+fn cycle_counts(l: &ProfileStructs, b: &[u8]) -> [u64; 2] {
     [read_field(b, l.allocs), read_field(b, l.frees)]
 }
 
@@ -571,12 +278,13 @@ fn add_counts(a: &mut [u64; 2], b: [u64; 2]) {
 fn read_profile(
     mem: &mut ProcessMemory,
     reader: &mut RecordReader,
-    l: &ProfileLayout,
+    layout: &ProfileLayout,
     span_specials: &[(u64, u64)],
 ) -> Result<Result<GoProfile, String>, GoCensusError> {
     use GoCensusError::*;
+    let (v, l) = (&layout.variables, &layout.structs);
     let unreadable = |e: std::io::Error| Unreadable(e.to_string());
-    if let Some(at) = l.disabled {
+    if let Some(at) = v.disabled {
         if mem.read_u8(at).map_err(unreadable)? != 0 {
             return Ok(Err(
                 "the program keeps no heap profile: it was linked without \
@@ -585,17 +293,17 @@ fn read_profile(
             ));
         }
     }
-    let rate = mem.read_u64(l.rate).map_err(unreadable)?;
+    let rate = mem.read_u64(v.rate).map_err(unreadable)?;
     if rate == 0 {
         return Ok(Err(
             "the program keeps no heap profile: it set runtime.MemProfileRate to 0".into(),
         ));
     }
-    let index = ((mem.read_u32(l.cycle).map_err(unreadable)? >> 1) % 3) as usize;
+    let index = ((mem.read_u32(v.cycle).map_err(unreadable)? >> 1) % 3) as usize;
     let mut buckets = Vec::new();
     let mut futures = Vec::new();
     let mut by_address = HashMap::new();
-    let mut at = mem.read_u64(l.mbuckets).map_err(unreadable)?;
+    let mut at = mem.read_u64(v.mbuckets).map_err(unreadable)?;
     let mut header = vec![0u8; l.bucket_size];
     while at != 0 {
         if buckets.len() >= MAX_BUCKETS {
@@ -752,7 +460,7 @@ pub fn census(mem: &mut ProcessMemory, rt: &GoRuntime) -> Result<GoHeap, GoCensu
     let mut bytes = vec![0u8; l.size];
     // (start, first special) of every span of objects with specials.
     let mut span_specials = Vec::new();
-    let specials = rt.profile.as_ref().ok().map(|p| p.specials);
+    let specials = rt.profile.as_ref().ok().map(|p| p.structs.specials);
     for p in pointers.chunks_exact(8) {
         let at = le_u64(p, 0);
         reader

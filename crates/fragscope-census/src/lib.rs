@@ -7,7 +7,7 @@
 //! included). A runtime's census is built on those three: `ghc` (the GHC RTS's block
 //! descriptors), `pymalloc` (CPython's pool headers), `glibc` (malloc's arenas),
 //! `sbcl` (SBCL's gencgc page table and heap objects), `golang` (the Go runtime's
-//! spans, its layouts from the program's DWARF) and `jvm` (a HotSpot JVM's regions or
+//! spans, its layouts from the program's DWARF or a table per release) and `jvm` (a HotSpot JVM's regions or
 //! spaces, its layouts from the tables libjvm.so exports for debuggers); `tcmalloc` and `jemalloc` read those
 //! allocators' metadata, found by its shape in their library's data. `allocators` names
 //! the allocator a process really uses, a copy linked into the program included.

@@ -30,6 +30,29 @@ impl Symbols {
         Self::resolve_with(elf, names, |_| Ok(Some(base)))
     }
 
+    /// Addresses of the executable (as linked) found some other way than by its symbol
+    /// table (in its code, for a stripped Go program), placed as [`Symbols::resolve`]
+    /// places symbols.
+    pub fn place(
+        elf: &[u8],
+        found: HashMap<String, u64>,
+        pid: Option<u32>,
+    ) -> Result<Self, String> {
+        let file = object::File::parse(elf).map_err(|e| format!("not an ELF file ({e})"))?;
+        let bias = load_bias(&file, || match pid {
+            Some(pid) => image_base(pid).map(Some),
+            None => Ok(None),
+        })?;
+        let addresses = found
+            .into_iter()
+            .map(|(name, a)| (name, a.wrapping_add(bias)))
+            .collect();
+        Ok(Self {
+            addresses,
+            ambiguous: Vec::new(),
+        })
+    }
+
     /// `base`: where the image's first page is mapped, for a position-independent one
     /// (None: not placed).
     fn resolve_with(
@@ -55,17 +78,7 @@ impl Symbols {
         for name in &ambiguous {
             addresses.remove(name);
         }
-        let bias = match file.kind() {
-            object::ObjectKind::Dynamic => match base(())? {
-                Some(base) => {
-                    let first_vaddr =
-                        file.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
-                    base.wrapping_sub(first_vaddr)
-                }
-                None => 0,
-            },
-            _ => 0,
-        };
+        let bias = load_bias(&file, || base(()))?;
         for a in addresses.values_mut() {
             *a = a.wrapping_add(bias);
         }
@@ -89,6 +102,24 @@ impl Symbols {
             }
         })
     }
+}
+
+/// What to add to the image's addresses as linked for where they run: zero but for a
+/// position-independent image placed at `base` (its first page's address).
+fn load_bias(
+    file: &object::File,
+    base: impl FnOnce() -> Result<Option<u64>, String>,
+) -> Result<u64, String> {
+    Ok(match file.kind() {
+        object::ObjectKind::Dynamic => match base()? {
+            Some(base) => {
+                let first_vaddr = file.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
+                base.wrapping_sub(first_vaddr)
+            }
+            None => 0,
+        },
+        _ => 0,
+    })
 }
 
 /// Where the executable's first page is mapped in `pid`: the lowest mapping of the file

@@ -11,6 +11,11 @@ use common::{fragscope, report_json, stderr};
 
 /// tests/go/NAME built with the installed Go into `dir` (None when Go is not installed).
 fn build_go(dir: &Path, name: &str) -> Option<PathBuf> {
+    build_go_with(dir, name, &[])
+}
+
+/// As [`build_go`], with `go build`'s `flags`.
+fn build_go_with(dir: &Path, name: &str, flags: &[&str]) -> Option<PathBuf> {
     let Some(go) = common::go() else {
         eprintln!("skipped: go is not installed (scripts/install-deps.sh installs it)");
         return None;
@@ -24,6 +29,7 @@ fn build_go(dir: &Path, name: &str) -> Option<PathBuf> {
         )
         .args(["build", "-o"])
         .arg(&out)
+        .args(flags)
         .arg(".")
         .output()
         .unwrap();
@@ -85,8 +91,19 @@ fn within(what: &str, ours: u64, theirs: u64, pct: f64) {
 
 #[test]
 fn a_snapshot_of_a_go_program_splits_its_heap_by_span_as_its_runtime_counts_it() {
+    snapshot_splits_keep_tenth_as_its_runtime_counts_it(&[]);
+}
+
+/// As shipped, without symbol table or DWARF: the same split, the same figures.
+#[test]
+fn a_snapshot_of_a_stripped_go_program_splits_its_heap_as_its_runtime_counts_it() {
+    snapshot_splits_keep_tenth_as_its_runtime_counts_it(&["-ldflags=-s -w"]);
+}
+
+/// keep_tenth built with `flags`, its snapshot's Go heap held to its runtime.MemStats.
+fn snapshot_splits_keep_tenth_as_its_runtime_counts_it(flags: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
-    let Some(exe) = build_go(dir.path(), "keep_tenth") else {
+    let Some(exe) = build_go_with(dir.path(), "keep_tenth", flags) else {
         return;
     };
     let (running, m) = keep_tenth(dir.path(), &exe);
