@@ -254,6 +254,43 @@ fn pprof_in_use_by_function(
         .collect()
 }
 
+/// A program stripped of its symbol table and DWARF still carries its function table,
+/// which names its allocation sites: the same two functions keep its memory.
+#[test]
+fn a_stripped_go_programs_allocation_sites_are_named_by_its_function_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_go_with(dir.path(), "sites", &["-ldflags=-s -w"]) else {
+        return;
+    };
+    let mut child = Command::new(&exe)
+        .arg(dir.path().join("memstats.json"))
+        .arg(dir.path().join("heap.pprof"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let running = Running(child);
+    let ready = out
+        .lines()
+        .map_while(Result::ok)
+        .any(|l| l.starts_with("ready"));
+    assert!(ready, "sites never said it was ready");
+    let trace = dir.path().join("go.fsc");
+    snapshot(running.0.id(), &trace);
+    let r = report_json(&trace);
+    let mut ours: std::collections::HashMap<String, u64> = Default::default();
+    for s in r["go_sites"]["sites"].as_array().unwrap() {
+        let label = s["stack"][0].as_str().unwrap();
+        let function = label.split(" (").next().unwrap().to_string();
+        *ours.entry(function).or_default() += s["in_use_bytes"].as_u64().unwrap();
+    }
+    let mut top: Vec<(u64, String)> = ours.into_iter().map(|(f, b)| (b, f)).collect();
+    top.sort_unstable_by(|a, b| b.cmp(a));
+    let mut names: Vec<&str> = top.iter().take(2).map(|t| t.1.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["main.buildIndex", "main.fillCache"], "{top:?}");
+}
+
 #[test]
 fn the_go_allocation_sites_are_the_heap_profiles_and_name_who_keeps_sparse_spans() {
     let dir = tempfile::tempdir().unwrap();

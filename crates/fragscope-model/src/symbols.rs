@@ -56,6 +56,19 @@ struct Module {
     symbols: Option<addr2line::Loader>,
     /// (file offset, file size, virtual address) of each loadable segment.
     segments: Vec<(u64, u64, u64)>,
+    /// A Go program's functions by entry (as linked), from its function table: the
+    /// names of a program stripped of its symbol table and DWARF. Empty for others.
+    go_functions: Vec<(u64, String)>,
+}
+
+impl Module {
+    /// The Go function whose code holds `probe` (as linked).
+    fn go_function(&self, probe: u64) -> Option<String> {
+        let i = self
+            .go_functions
+            .partition_point(|&(entry, _)| entry <= probe);
+        Some(self.go_functions.get(i.checked_sub(1)?)?.1.clone())
+    }
 }
 
 /// Symbolizes the addresses of one process, given every memory map recorded for it.
@@ -166,7 +179,8 @@ impl Symbolizer {
                 .into_iter()
                 .flatten()
                 .find_map(|l| l.find_symbol(probe))
-                .map(demangle_symbol);
+                .map(demangle_symbol)
+                .or_else(|| module.go_function(probe));
             if symbol.is_some() || out.is_empty() {
                 let (file, line) = out
                     .first()
@@ -217,10 +231,24 @@ fn load_module(m: &Mapping, debug_root: &Path) -> Option<Module> {
     let symbols = addr2line::Loader::new(path).ok();
     let debug_file = debug_file_for(&m.build_id, debug_root);
     let dwarf = debug_file.and_then(|p| addr2line::Loader::new(p).ok());
+    // Only a program without a symbol table needs them (a Go program's symbols name the
+    // same functions).
+    let go_functions = if obj.symbols().next().is_none() {
+        fragscope_gofunc::Functions::read(&obj)
+            .map(|f| {
+                (f.entries().iter())
+                    .map(|&(entry, name)| (entry, String::from_utf8_lossy(name).into_owned()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
     Some(Module {
         dwarf: dwarf.or_else(|| addr2line::Loader::new(path).ok()),
         symbols,
         segments,
+        go_functions,
     })
 }
 
