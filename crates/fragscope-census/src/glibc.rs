@@ -486,12 +486,57 @@ fn census_walk(
         blocks: want_blocks.then(Vec::new),
         cached: HashSet::new(),
     };
-    // The arenas, from the main one round its `next` list.
+    let states = arena_states(w.mem, layout)?;
+    let main_top = le(&states[0].1, MS_TOP);
+    if main_top == layout.main_arena + MS_TOP as u64 - 2 * SIZE_SZ || main_top == 0 {
+        // The initial top is the unsorted bin: malloc never ran.
+        return Err(CensusError::NoHeap);
+    }
+    w.fastbins(&states)?;
+    for (i, (addr, b)) in states.iter().enumerate() {
+        let top = le(b, MS_TOP);
+        let top_size = w.mem.read_u64(top + SIZE_SZ)? & !SIZE_BITS;
+        let mut arena = GlibcArena {
+            main: i == 0,
+            system_mem: le(b, MS_SYSTEM_MEM),
+            threads: le(b, MS_ATTACHED),
+            top_bytes: top_size,
+            ..Default::default()
+        };
+        w.arenas.push(GlibcArena::default());
+        if i == 0 {
+            w.main_heap(&mut arena, mp.as_deref(), maps, top, top_size)?;
+        } else {
+            w.arena_heaps(&mut arena, i, *addr, top, top_size)?;
+        }
+        w.arenas[i] = arena;
+    }
+    let key = match layout.tcache_key {
+        Some(a) => Some(w.mem.read_u64(a)?),
+        None => None,
+    };
+    w.tcaches(key, mp.as_ref().map(|m| le(m, MP_TCACHE_COUNT)))?;
+    let (mmapped_chunks, mmapped_bytes) = w.mmapped(maps)?;
+    if let Some(mp) = &mp {
+        check_mmapped_counts(mp, mmapped_chunks, mmapped_bytes)?;
+    }
+    let blocks = w.live_blocks();
+    Ok((
+        w.finish(layout, mmapped_chunks, mmapped_bytes, started_read),
+        blocks,
+    ))
+}
+
+/// The arenas' `malloc_state`s (address, bytes), from the main one round its `next` list.
+fn arena_states(
+    mem: &mut ProcessMemory,
+    layout: &GlibcLayout,
+) -> Result<Vec<(u64, Vec<u8>)>, CensusError> {
     let mut states = Vec::new();
     let mut at = layout.main_arena;
     loop {
         let mut b = vec![0u8; MS_SIZE];
-        w.mem.read(at, &mut b)?;
+        mem.read(at, &mut b)?;
         let next = le(&b, MS_NEXT);
         states.push((at, b));
         if next == layout.main_arena {
@@ -504,162 +549,172 @@ fn census_walk(
         }
         at = next;
     }
-    let main_top = le(&states[0].1, MS_TOP);
-    if main_top == layout.main_arena + MS_TOP as u64 - 2 * SIZE_SZ || main_top == 0 {
-        // The initial top is the unsorted bin: malloc never ran.
-        return Err(CensusError::NoHeap);
+    Ok(states)
+}
+
+/// glibc's own count of its mmapped chunks (`mp_`) against those found.
+fn check_mmapped_counts(mp: &[u8], chunks: u64, bytes: u64) -> Result<(), CensusError> {
+    let n = u64::from(u32::from_le_bytes(
+        mp[MP_N_MMAPS..MP_N_MMAPS + 4].try_into().unwrap(),
+    ));
+    let counted = le(mp, MP_MMAPPED_MEM);
+    if n != chunks || counted != bytes {
+        return Err(CensusError::Inconsistent(format!(
+            "{chunks} mmapped chunks of {bytes} bytes found, glibc counts {n} of {counted}"
+        )));
     }
-    // Fastbin chunks of every arena.
-    for (_, b) in &states {
-        for i in 0..NFASTBINS {
-            let mut p = le(b, MS_FASTBINS + 8 * i);
-            let mut n = 0u64;
-            while p != 0 {
-                if !p.is_multiple_of(ALIGN) || n > MAX_LIST || !w.fastbin.insert(p) {
-                    return Err(CensusError::Inconsistent(format!(
-                        "a fastbin list does not hold together (at {p:#x})"
-                    )));
-                }
-                n += 1;
-                let stored = w.mem.read_u64(p + 2 * SIZE_SZ)?;
-                p = reveal(p + 2 * SIZE_SZ, stored);
-            }
-        }
-    }
-    for (i, (addr, b)) in states.iter().enumerate() {
-        let top = le(b, MS_TOP);
-        let top_size = w.mem.read_u64(top + SIZE_SZ)? & !SIZE_BITS;
-        let mut arena = GlibcArena {
-            main: i == 0,
-            system_mem: le(b, MS_SYSTEM_MEM),
-            threads: le(b, MS_ATTACHED),
-            top_bytes: top_size,
-            ..Default::default()
-        };
-        let top_end = top + top_size;
-        w.arenas.push(GlibcArena::default());
-        if i == 0 {
-            let start = match &mp {
-                Some(mp) => le(mp, MP_SBRK_BASE),
-                None => maps
-                    .iter()
-                    .find(|m| m.path == "[heap]")
-                    .map(|m| m.start)
-                    .ok_or_else(|| {
-                        CensusError::Inconsistent("the main arena's top is not in [heap]".into())
-                    })?,
-            };
-            let first = start.next_multiple_of(ALIGN);
-            if top < first || top_end.abs_diff(start + arena.system_mem) > ALIGN {
-                return Err(CensusError::Inconsistent(format!(
-                    "the main arena's top chunk ({top:#x}, {top_size} bytes) is not the end of \
-                     its brk heap from {start:#x} ({} bytes by its own count): the heap is not \
-                     contiguous",
-                    arena.system_mem
-                )));
-            }
-            arena.heaps = 1;
-            w.regions.push(Region::new(start, top_end, Some(i), page));
-            let r = w.regions.len() - 1;
-            // The alignment before the first chunk and its unused prev_size field.
-            w.regions[r].add(start, first + SIZE_SZ, page, 1, true);
-            w.walk(r, &mut arena, first, top, top_end, true)?;
-        } else {
-            // The heap holding the top, then each one before it.
-            let mut h = top & !(HEAP_MAX - 1);
-            let mut heaps = Vec::new();
-            loop {
-                let mut hi = [0u8; HEAP_INFO_SIZE as usize];
-                w.mem.read(h, &mut hi)?;
-                if le(&hi, HI_AR_PTR) != *addr || heaps.len() > 1 << 16 {
-                    return Err(CensusError::Inconsistent(format!(
-                        "the heap at {h:#x} does not name its arena {addr:#x}"
-                    )));
-                }
-                heaps.push((h, le(&hi, HI_SIZE)));
-                match le(&hi, HI_PREV) {
-                    0 => break,
-                    prev => h = prev,
-                }
-            }
-            let total: u64 = heaps.iter().map(|h| h.1).sum();
-            if total != arena.system_mem {
-                return Err(CensusError::Inconsistent(format!(
-                    "an arena's heaps hold {total} bytes, the arena counts {}",
-                    arena.system_mem
-                )));
-            }
-            arena.heaps = heaps.len() as u64;
-            for (k, &(h, size)) in heaps.iter().enumerate() {
-                let first_heap = k == heaps.len() - 1;
-                let header = if first_heap {
-                    // heap_info, then the arena, then the first chunk, aligned so that
-                    // its user memory is.
-                    let mut c = h + HEAP_INFO_SIZE + MS_SIZE as u64;
-                    let mis = (c + 2 * SIZE_SZ) % ALIGN;
-                    if mis != 0 {
-                        c += ALIGN - mis;
+    Ok(())
+}
+
+impl Walk<'_> {
+    /// Every arena's fastbin chunks, each list checked.
+    fn fastbins(&mut self, states: &[(u64, Vec<u8>)]) -> Result<(), CensusError> {
+        for (_, b) in states {
+            for i in 0..NFASTBINS {
+                let mut p = le(b, MS_FASTBINS + 8 * i);
+                let mut n = 0u64;
+                while p != 0 {
+                    if !p.is_multiple_of(ALIGN) || n > MAX_LIST || !self.fastbin.insert(p) {
+                        return Err(CensusError::Inconsistent(format!(
+                            "a fastbin list does not hold together (at {p:#x})"
+                        )));
                     }
-                    c - h
-                } else {
-                    HEAP_INFO_SIZE
-                };
-                arena.overhead_bytes += header;
-                w.regions.push(Region::new(h, h + size, Some(i), page));
-                let r = w.regions.len() - 1;
-                // With the first chunk's prev_size field, which no chunk before it uses.
-                w.regions[r].add(h, h + header + SIZE_SZ, page, 1, true);
-                let is_top_heap = k == 0;
-                let end = if is_top_heap { top_end } else { h + size };
-                if is_top_heap && top_end != h + size {
-                    return Err(CensusError::Inconsistent(format!(
-                        "an arena's top chunk ends at {top_end:#x}, its heap at {:#x}",
-                        h + size
-                    )));
+                    n += 1;
+                    let stored = self.mem.read_u64(p + 2 * SIZE_SZ)?;
+                    p = reveal(p + 2 * SIZE_SZ, stored);
                 }
-                w.walk(r, &mut arena, h + header, top, end, is_top_heap)?;
             }
         }
-        w.arenas[i] = arena;
+        Ok(())
     }
-    let key = match layout.tcache_key {
-        Some(a) => Some(w.mem.read_u64(a)?),
-        None => None,
-    };
-    w.tcaches(key, mp.as_ref().map(|m| le(m, MP_TCACHE_COUNT)))?;
-    let (mmapped_chunks, mmapped_bytes) = w.mmapped(maps)?;
-    if let Some(mp) = &mp {
-        let n = u64::from(u32::from_le_bytes(
-            mp[MP_N_MMAPS..MP_N_MMAPS + 4].try_into().unwrap(),
-        ));
-        let bytes = le(mp, MP_MMAPPED_MEM);
-        if n != mmapped_chunks || bytes != mmapped_bytes {
+
+    /// The main arena's brk heap, from its start to the end of its top chunk, which must
+    /// be contiguous.
+    fn main_heap(
+        &mut self,
+        arena: &mut GlibcArena,
+        mp: Option<&[u8]>,
+        maps: &[Mapping],
+        top: u64,
+        top_size: u64,
+    ) -> Result<(), CensusError> {
+        let (i, page, top_end) = (0, self.page, top + top_size);
+        let start = match mp {
+            Some(mp) => le(mp, MP_SBRK_BASE),
+            None => maps
+                .iter()
+                .find(|m| m.path == "[heap]")
+                .map(|m| m.start)
+                .ok_or_else(|| {
+                    CensusError::Inconsistent("the main arena's top is not in [heap]".into())
+                })?,
+        };
+        let first = start.next_multiple_of(ALIGN);
+        if top < first || top_end.abs_diff(start + arena.system_mem) > ALIGN {
             return Err(CensusError::Inconsistent(format!(
-                "{mmapped_chunks} mmapped chunks of {mmapped_bytes} bytes found, glibc counts \
-                 {n} of {bytes}"
+                "the main arena's top chunk ({top:#x}, {top_size} bytes) is not the end of \
+                 its brk heap from {start:#x} ({} bytes by its own count): the heap is not \
+                 contiguous",
+                arena.system_mem
             )));
         }
+        arena.heaps = 1;
+        self.regions
+            .push(Region::new(start, top_end, Some(i), page));
+        let r = self.regions.len() - 1;
+        // The alignment before the first chunk and its unused prev_size field.
+        self.regions[r].add(start, first + SIZE_SZ, page, 1, true);
+        self.walk(r, arena, first, top, top_end, true)?;
+        Ok(())
     }
-    let mut blocks: Vec<(u64, u64)> = w
-        .blocks
-        .take()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|(c, ..)| !w.cached.contains(c))
-        // User memory starts after the chunk header; an mmapped chunk lends none of its
-        // size to the next chunk's header.
-        .map(|(c, csize, mmapped)| {
-            (
-                c + 2 * SIZE_SZ,
-                csize - if mmapped { 2 * SIZE_SZ } else { SIZE_SZ },
-            )
-        })
-        .collect();
-    blocks.sort_unstable();
-    Ok((
-        w.finish(layout, mmapped_chunks, mmapped_bytes, started_read),
-        blocks,
-    ))
+
+    /// A thread arena's heaps: the one holding its top, then each one before it.
+    fn arena_heaps(
+        &mut self,
+        arena: &mut GlibcArena,
+        i: usize,
+        addr: u64,
+        top: u64,
+        top_size: u64,
+    ) -> Result<(), CensusError> {
+        let (page, top_end) = (self.page, top + top_size);
+        let mut h = top & !(HEAP_MAX - 1);
+        let mut heaps = Vec::new();
+        loop {
+            let mut hi = [0u8; HEAP_INFO_SIZE as usize];
+            self.mem.read(h, &mut hi)?;
+            if le(&hi, HI_AR_PTR) != addr || heaps.len() > 1 << 16 {
+                return Err(CensusError::Inconsistent(format!(
+                    "the heap at {h:#x} does not name its arena {addr:#x}"
+                )));
+            }
+            heaps.push((h, le(&hi, HI_SIZE)));
+            match le(&hi, HI_PREV) {
+                0 => break,
+                prev => h = prev,
+            }
+        }
+        let total: u64 = heaps.iter().map(|h| h.1).sum();
+        if total != arena.system_mem {
+            return Err(CensusError::Inconsistent(format!(
+                "an arena's heaps hold {total} bytes, the arena counts {}",
+                arena.system_mem
+            )));
+        }
+        arena.heaps = heaps.len() as u64;
+        for (k, &(h, size)) in heaps.iter().enumerate() {
+            let first_heap = k == heaps.len() - 1;
+            let header = if first_heap {
+                // heap_info, then the arena, then the first chunk, aligned so that
+                // its user memory is.
+                let mut c = h + HEAP_INFO_SIZE + MS_SIZE as u64;
+                let mis = (c + 2 * SIZE_SZ) % ALIGN;
+                if mis != 0 {
+                    c += ALIGN - mis;
+                }
+                c - h
+            } else {
+                HEAP_INFO_SIZE
+            };
+            arena.overhead_bytes += header;
+            self.regions.push(Region::new(h, h + size, Some(i), page));
+            let r = self.regions.len() - 1;
+            // With the first chunk's prev_size field, which no chunk before it uses.
+            self.regions[r].add(h, h + header + SIZE_SZ, page, 1, true);
+            let is_top_heap = k == 0;
+            let end = if is_top_heap { top_end } else { h + size };
+            if is_top_heap && top_end != h + size {
+                return Err(CensusError::Inconsistent(format!(
+                    "an arena's top chunk ends at {top_end:#x}, its heap at {:#x}",
+                    h + size
+                )));
+            }
+            self.walk(r, arena, h + header, top, end, is_top_heap)?;
+        }
+        Ok(())
+    }
+
+    /// The blocks the program holds (when asked for), as malloc_usable_size gives them,
+    /// in address order; those in threads' caches left out.
+    fn live_blocks(&mut self) -> Vec<(u64, u64)> {
+        let mut blocks: Vec<(u64, u64)> = self
+            .blocks
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(c, ..)| !self.cached.contains(c))
+            // User memory starts after the chunk header; an mmapped chunk lends none of its
+            // size to the next chunk's header.
+            .map(|(c, csize, mmapped)| {
+                (
+                    c + 2 * SIZE_SZ,
+                    csize - if mmapped { 2 * SIZE_SZ } else { SIZE_SZ },
+                )
+            })
+            .collect();
+        blocks.sort_unstable();
+        blocks
+    }
 }
 
 /// glibc's safe-linking (2.32 and later): a list pointer stored at `pos` is the pointer

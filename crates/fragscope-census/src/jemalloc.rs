@@ -635,9 +635,75 @@ fn arena(
     }
     let word = |off: usize| le_u64(&a, off);
     let active_pages = word(build.pa_shard + PA_SHARD_NACTIVE);
-    // A build configured with --disable-stats (tikv-jemallocator without its `stats`
-    // feature) keeps pages in use but no count of its slabs or large extents, which are
-    // what the census is checked against: it cannot be read.
+    check_statistics(layout, &a, active_pages)?;
+    let slab_pages = bins(mem, extents, layout, &a, tally, index)?;
+    // Large extents: allocations less deallocations per class; each takes its size in
+    // pages, and one more when jemalloc offsets large objects within their first page
+    // (`cache_oblivious`, on by default).
+    let (large_pages, large_extents) = large_extents(&a, build, tally, index)?;
+    let pad = active_pages
+        .checked_sub(slab_pages + large_pages)
+        .filter(|&p| p == 0 || p == large_extents)
+        .ok_or_else(|| {
+            format!(
+                "arena {index} counts {active_pages} active pages; its slabs take {slab_pages} \
+                 and its large extents {large_pages} ({large_extents} extents): the heap \
+                 changed while it was read"
+            )
+        })?;
+    tally.occupancy_pages[OCCUPANCY_BUCKETS - 1] += pad;
+    let ecache = |k: usize, part: usize| build.ecache_dirty + k * ECACHE_SIZE + part;
+    let pages_of = |k: usize| {
+        word(ecache(k, ECACHE_ESET + ESET_NPAGES))
+            .saturating_add(word(ecache(k, ECACHE_GUARDED_ESET + ESET_NPAGES)))
+    };
+    let (dirty_pages, muzzy_pages, retained_pages) = (pages_of(0), pages_of(1), pages_of(2));
+    let (dirty_extents, dirty_listed, dirty_by_pagemap) = extent_list(
+        mem,
+        extents,
+        residency,
+        word(ecache(0, ECACHE_ESET + ESET_LRU)),
+    )?;
+    let guarded_dirty = word(ecache(0, ECACHE_GUARDED_ESET + ESET_NPAGES));
+    if dirty_listed.checked_add(guarded_dirty) != Some(dirty_pages) {
+        return Err(format!(
+            "arena {index}'s dirty extents hold {dirty_listed} pages, it counts {dirty_pages}"
+        ));
+    }
+    tally.occupancy_pages[0] += dirty_pages;
+    let mapped_bytes = word(build.pac_mapped);
+    let held_pages = active_pages
+        .saturating_add(dirty_pages)
+        .saturating_add(muzzy_pages);
+    if mapped_bytes / PAGE < held_pages {
+        return Err(format!("arena {index} maps fewer pages than it holds"));
+    }
+    let (metadata_allocated, metadata_resident, metadata_mapped, metadata_by_pagemap) =
+        metadata(mem, residency, build, word(build.arena_base), index)?;
+    let thread_caches = thread_caches(mem, tally, word(build.tcache_descriptors), index, build)?;
+    Ok(JemallocArena {
+        index: index as u32,
+        active_pages,
+        dirty_pages,
+        muzzy_pages,
+        retained_pages,
+        dirty_extents,
+        dirty_by_pagemap,
+        mapped_bytes,
+        metadata_allocated,
+        metadata_resident,
+        metadata_mapped,
+        metadata_by_pagemap,
+        thread_caches,
+    })
+}
+
+/// Refuses a build configured with --disable-stats (tikv-jemallocator without its `stats`
+/// feature): it keeps pages in use but no count of its slabs or large extents, which are
+/// what the census is checked against.
+fn check_statistics(layout: &JemallocLayout, a: &[u8], active_pages: u64) -> Result<(), String> {
+    let build = layout.build;
+    let word = |off: usize| le_u64(a, off);
     let counted = layout.bins.iter().enumerate().any(|(b, info)| {
         (0..info.shards).any(|shard| {
             let bin = layout.bin_offsets[b] as usize + shard as usize * BIN_SIZE;
@@ -652,6 +718,21 @@ fn arena(
             layout.library.rsplit('/').next().unwrap_or(&layout.library)
         ));
     }
+    Ok(())
+}
+
+/// An arena's bins (`a`: the arena's bytes): each shard's slabs, the current one and
+/// the non-full ones walked, checked against the bin's counts and added to `tally`; the
+/// pages its slabs take.
+fn bins(
+    mem: &mut ProcessMemory,
+    extents: &mut RecordReader,
+    layout: &JemallocLayout,
+    a: &[u8],
+    tally: &mut Tally,
+    index: usize,
+) -> Result<u64, String> {
+    let word = |off: usize| le_u64(a, off);
     let mut slab_pages = 0u64;
     for (b, info) in layout.bins.iter().enumerate() {
         for shard in 0..info.shards {
@@ -719,9 +800,17 @@ fn arena(
             t.free_regions += free;
         }
     }
-    // Large extents: allocations less deallocations per class; each takes its size in
-    // pages, and one more when jemalloc offsets large objects within their first page
-    // (`cache_oblivious`, on by default).
+    Ok(slab_pages)
+}
+
+/// An arena's large extents by class, added to `tally`: their pages, and how many.
+fn large_extents(
+    a: &[u8],
+    build: &Release,
+    tally: &mut Tally,
+    index: usize,
+) -> Result<(u64, u64), String> {
+    let word = |off: usize| le_u64(a, off);
     let mut large_pages = 0u64;
     let mut large_extents = 0u64;
     for j in 0..tally.large.len() {
@@ -746,45 +835,20 @@ fn arena(
         tally.occupancy_pages[OCCUPANCY_BUCKETS - 1] += bytes / PAGE;
         tally.occupancy_in_use[OCCUPANCY_BUCKETS - 1] += bytes;
     }
-    let pad = active_pages
-        .checked_sub(slab_pages + large_pages)
-        .filter(|&p| p == 0 || p == large_extents)
-        .ok_or_else(|| {
-            format!(
-                "arena {index} counts {active_pages} active pages; its slabs take {slab_pages} \
-                 and its large extents {large_pages} ({large_extents} extents): the heap \
-                 changed while it was read"
-            )
-        })?;
-    tally.occupancy_pages[OCCUPANCY_BUCKETS - 1] += pad;
-    let ecache = |k: usize, part: usize| build.ecache_dirty + k * ECACHE_SIZE + part;
-    let pages_of = |k: usize| {
-        word(ecache(k, ECACHE_ESET + ESET_NPAGES))
-            .saturating_add(word(ecache(k, ECACHE_GUARDED_ESET + ESET_NPAGES)))
-    };
-    let (dirty_pages, muzzy_pages, retained_pages) = (pages_of(0), pages_of(1), pages_of(2));
-    let (dirty_extents, dirty_listed, dirty_by_pagemap) = extent_list(
-        mem,
-        extents,
-        residency,
-        word(ecache(0, ECACHE_ESET + ESET_LRU)),
-    )?;
-    let guarded_dirty = word(ecache(0, ECACHE_GUARDED_ESET + ESET_NPAGES));
-    if dirty_listed.checked_add(guarded_dirty) != Some(dirty_pages) {
-        return Err(format!(
-            "arena {index}'s dirty extents hold {dirty_listed} pages, it counts {dirty_pages}"
-        ));
-    }
-    tally.occupancy_pages[0] += dirty_pages;
-    let mapped_bytes = word(build.pac_mapped);
-    let held_pages = active_pages
-        .saturating_add(dirty_pages)
-        .saturating_add(muzzy_pages);
-    if mapped_bytes / PAGE < held_pages {
-        return Err(format!("arena {index} maps fewer pages than it holds"));
-    }
+    Ok((large_pages, large_extents))
+}
+
+/// An arena's metadata (its base at `base_at`): bytes allocated, resident and mapped by
+/// jemalloc's count, and resident by pagemap; its blocks checked against the count.
+fn metadata(
+    mem: &mut ProcessMemory,
+    residency: &Residency,
+    build: &Release,
+    base_at: u64,
+    index: usize,
+) -> Result<(u64, u64, u64, u64), String> {
     let mut base = vec![0u8; build.base_size];
-    mem.read(word(build.arena_base), &mut base)
+    mem.read(base_at, &mut base)
         .map_err(|e| format!("arena {index}'s metadata could not be read ({e})"))?;
     let (metadata_allocated, metadata_resident, metadata_mapped) = (
         le_u64(&base, build.base_allocated),
@@ -802,22 +866,12 @@ fn arena(
              mapped, its blocks {blocks_bytes})"
         ));
     }
-    let thread_caches = thread_caches(mem, tally, word(build.tcache_descriptors), index, build)?;
-    Ok(JemallocArena {
-        index: index as u32,
-        active_pages,
-        dirty_pages,
-        muzzy_pages,
-        retained_pages,
-        dirty_extents,
-        dirty_by_pagemap,
-        mapped_bytes,
+    Ok((
         metadata_allocated,
         metadata_resident,
         metadata_mapped,
         metadata_by_pagemap,
-        thread_caches,
-    })
+    ))
 }
 
 /// The blocks of an arena's base (its metadata), each `size, next` at its start, from
