@@ -32,10 +32,14 @@ same() {
         local args=("${@//BIN/$bin}")
         args=("${args[@]//OUT/$out}")
         "${args[@]}" >"$work/$side.stdout" 2>"$work/$side.stderr"
-        echo "status $?" >>"$work/$side.stdout"
+        local status=$?
         sed -i "s|$bin|fragscope|g; s|$(basename "$bin")|fragscope|g; s|$out|OUT|g" \
             "$work/$side.stdout" "$work/$side.stderr"
         [ -f "$out" ] && sed -i "s/nonce\([-=\"]*\)[0-9a-f]\{32\}/nonce\1X/g" "$out"
+        if [ "$2" = replay ]; then
+            sed -Ei 's/ +[0-9.]+( [kMG])?$//' "$work/$side.stdout"
+        fi
+        echo "status $status" >>"$work/$side.stdout"
     done
     local part
     for part in stdout stderr; do
@@ -67,6 +71,7 @@ for trace in "${traces[@]}"; do
         same "report --json --pid $pid $trace" BIN report --json --pid "$pid" "$trace"
         same "report --html --pid $pid $trace" BIN report --html OUT --pid "$pid" "$trace"
     done
+    same "replay $trace" BIN replay "$trace"
     for format in pprof parquet json; do
         same "export $format $trace" BIN export "$trace" --format "$format" -o OUT
     done
