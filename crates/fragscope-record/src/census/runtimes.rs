@@ -52,6 +52,15 @@ fn finding<T>(detected: Option<Result<T, String>>, unknown: bool) -> Finding<T> 
     }
 }
 
+/// Process `pid`'s memory, the process held stopped; `None` when it is gone or not ours to
+/// read: nothing to say at this moment.
+fn held(pid: u32) -> Option<(ProcessMemory, Pause)> {
+    match (ProcessMemory::open(pid), Pause::stop(pid)) {
+        (Ok(mem), Ok(pause)) => Some((mem, pause)),
+        _ => None,
+    }
+}
+
 /// A CPython process: its pymalloc pools (a few milliseconds, taken with the snapshot
 /// itself: its residency splits them).
 pub(super) struct Python;
@@ -162,8 +171,7 @@ impl RuntimeCensus for Go {
     }
 
     fn read(&self, pid: u32, runtime: &Box<GoRuntime>) -> Reading<GoHeap> {
-        let (Ok(mut mem), Ok(pause)) = (ProcessMemory::open(pid), Pause::stop(pid)) else {
-            // Gone, or not ours to read: nothing to say at this moment.
+        let Some((mut mem, pause)) = held(pid) else {
             return Reading::Nothing;
         };
         match fragscope_census::golang::census_held(pid, runtime, &mut mem, &mut Some(pause)) {
@@ -196,8 +204,7 @@ impl RuntimeCensus for Jvm {
     }
 
     fn read(&self, pid: u32, jvm: &Box<HotSpot>) -> Reading<JvmHeap> {
-        let (Ok(mut mem), Ok(pause)) = (ProcessMemory::open(pid), Pause::stop(pid)) else {
-            // Gone, or not ours to read: nothing to say at this moment.
+        let Some((mut mem, pause)) = held(pid) else {
             return Reading::Nothing;
         };
         // Starting: no heap yet (`Reading::Nothing`).
@@ -253,8 +260,7 @@ impl RuntimeCensus for LinkedJemalloc {
     }
 
     fn read(&self, pid: u32, layout: &Arc<JemallocLayout>) -> Reading<AllocatorHeap> {
-        let (Ok(mut mem), Ok(pause)) = (ProcessMemory::open(pid), Pause::stop(pid)) else {
-            // Gone, or not ours to read: nothing to say at this moment.
+        let Some((mut mem, pause)) = held(pid) else {
             return Reading::Nothing;
         };
         // The residency that tells which of jemalloc's dirty pages and metadata are
