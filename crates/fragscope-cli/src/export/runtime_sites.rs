@@ -22,9 +22,12 @@ pub(super) struct RuntimeSites {
     /// Its sampled stacks in `r` (none for a process that does not run it), frames named
     /// for pprof when `for_pprof`.
     pub stacks: fn(r: &Report, for_pprof: bool) -> Vec<SampledStack>,
-    /// Its Parquet table's name and rows, when the process runs it.
-    pub table: fn(r: &Report) -> Option<(&'static str, Result<RecordBatch>)>,
+    /// Its Parquet table, when the process runs it.
+    pub table: fn(r: &Report) -> Option<Table>,
 }
+
+/// A Parquet table's name and rows.
+pub(super) type Table = (&'static str, Result<RecordBatch>);
 
 /// Every runtime's sites, in the order the exports write them.
 pub(super) const RUNTIMES: [RuntimeSites; 3] = [

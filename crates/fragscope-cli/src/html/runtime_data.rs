@@ -11,10 +11,13 @@ use super::flame;
 pub(super) struct RuntimeData {
     /// Adds its fields to the report's.
     pub fields: fn(&Report, &mut Map<String, Value>),
-    /// Its fill buckets (pools, pages, spans) at a snapshot, null without its census, under
-    /// this key of the snapshots' columns.
-    pub fill: Option<(&'static str, fn(&Snapshot) -> Value)>,
+    /// Its fill buckets (pools, pages, spans) at each snapshot, when it has them.
+    pub fill: Option<FillColumn>,
 }
+
+/// A column of the snapshots' data: its key, and its value at a snapshot (null without
+/// the heap's census there).
+type FillColumn = (&'static str, fn(&Snapshot) -> Value);
 
 /// Every runtime heap the page shows.
 pub(super) const RUNTIMES: [RuntimeData; 5] = [
