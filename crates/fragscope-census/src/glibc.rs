@@ -44,6 +44,9 @@ use crate::ghc::CensusError;
 use crate::residency::Residency;
 use crate::{ProcessMemory, Symbols};
 
+mod found_by_header;
+use found_by_header::anonymous;
+
 /// The releases whose layouts are checked.
 const VERIFIED: [&str; 1] = ["2.36"];
 
@@ -299,15 +302,6 @@ fn list_comes_back(mem: &mut ProcessMemory, addr: u64) -> bool {
     false
 }
 
-/// An anonymous, writable mapping: where glibc's mmapped chunks and a main arena's mmapped
-/// segments are (never fragscope's own).
-fn anonymous(m: &Mapping) -> bool {
-    m.inode == 0
-        && m.perms.starts_with("rw")
-        && (m.path.is_empty() || m.path.starts_with("[anon:"))
-        && m.path != "[anon:fragscope]"
-}
-
 fn le(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
@@ -516,12 +510,64 @@ fn census_walk(
         blocks: want_blocks.then(Vec::new),
         cached: HashSet::new(),
     };
-    // The arenas, from the main one round its `next` list.
+    let states = arena_states(w.mem, layout)?;
+    let main_top = le(&states[0].1, MS_TOP);
+    if main_top == layout.main_arena + MS_TOP as u64 - 2 * SIZE_SZ || main_top == 0 {
+        // The initial top is the unsorted bin: malloc never ran.
+        return Err(CensusError::NoHeap);
+    }
+    w.fastbins(&states)?;
+    for (i, (addr, b)) in states.iter().enumerate() {
+        let top = le(b, MS_TOP);
+        let top_size = w.mem.read_u64(top + SIZE_SZ)? & !SIZE_BITS;
+        let mut arena = GlibcArena {
+            main: i == 0,
+            system_mem: le(b, MS_SYSTEM_MEM),
+            threads: le(b, MS_ATTACHED),
+            top_bytes: top_size,
+            ..Default::default()
+        };
+        w.arenas.push(GlibcArena::default());
+        if i == 0 {
+            let grew_by_mmap = le(b, MS_FLAGS) & NONCONTIGUOUS_BIT != 0;
+            w.main_heap(
+                &mut arena,
+                mp.as_deref(),
+                maps,
+                grew_by_mmap,
+                (top, top_size),
+            )?;
+        } else {
+            w.arena_heaps(&mut arena, i, *addr, top, top_size)?;
+        }
+        w.arenas[i] = arena;
+    }
+    let key = match layout.tcache_key {
+        Some(a) => Some(w.mem.read_u64(a)?),
+        None => None,
+    };
+    w.tcaches(key, mp.as_ref().map(|m| le(m, MP_TCACHE_COUNT)))?;
+    let (mmapped_chunks, mmapped_bytes) = w.mmapped(maps)?;
+    if let Some(mp) = &mp {
+        check_mmapped_counts(mp, mmapped_chunks, mmapped_bytes)?;
+    }
+    let blocks = w.live_blocks();
+    Ok((
+        w.finish(layout, mmapped_chunks, mmapped_bytes, started_read),
+        blocks,
+    ))
+}
+
+/// The arenas' `malloc_state`s (address, bytes), from the main one round its `next` list.
+fn arena_states(
+    mem: &mut ProcessMemory,
+    layout: &GlibcLayout,
+) -> Result<Vec<(u64, Vec<u8>)>, CensusError> {
     let mut states = Vec::new();
     let mut at = layout.main_arena;
     loop {
         let mut b = vec![0u8; MS_SIZE];
-        w.mem.read(at, &mut b)?;
+        mem.read(at, &mut b)?;
         let next = le(&b, MS_NEXT);
         states.push((at, b));
         if next == layout.main_arena {
@@ -534,173 +580,183 @@ fn census_walk(
         }
         at = next;
     }
-    let main_top = le(&states[0].1, MS_TOP);
-    if main_top == layout.main_arena + MS_TOP as u64 - 2 * SIZE_SZ || main_top == 0 {
-        // The initial top is the unsorted bin: malloc never ran.
-        return Err(CensusError::NoHeap);
+    Ok(states)
+}
+
+/// glibc's own count of its mmapped chunks (`mp_`) against those found.
+fn check_mmapped_counts(mp: &[u8], chunks: u64, bytes: u64) -> Result<(), CensusError> {
+    let n = u64::from(u32::from_le_bytes(
+        mp[MP_N_MMAPS..MP_N_MMAPS + 4].try_into().unwrap(),
+    ));
+    let counted = le(mp, MP_MMAPPED_MEM);
+    if n != chunks || counted != bytes {
+        return Err(CensusError::Inconsistent(format!(
+            "{chunks} mmapped chunks of {bytes} bytes found, glibc counts {n} of {counted}"
+        )));
     }
-    // Fastbin chunks of every arena.
-    for (_, b) in &states {
-        for i in 0..NFASTBINS {
-            let mut p = le(b, MS_FASTBINS + 8 * i);
-            let mut n = 0u64;
-            while p != 0 {
-                if !p.is_multiple_of(ALIGN) || n > MAX_LIST || !w.fastbin.insert(p) {
-                    return Err(CensusError::Inconsistent(format!(
-                        "a fastbin list does not hold together (at {p:#x})"
-                    )));
-                }
-                n += 1;
-                let stored = w.mem.read_u64(p + 2 * SIZE_SZ)?;
-                p = reveal(p + 2 * SIZE_SZ, stored);
-            }
-        }
-    }
-    for (i, (addr, b)) in states.iter().enumerate() {
-        let top = le(b, MS_TOP);
-        let top_size = w.mem.read_u64(top + SIZE_SZ)? & !SIZE_BITS;
-        let mut arena = GlibcArena {
-            main: i == 0,
-            system_mem: le(b, MS_SYSTEM_MEM),
-            threads: le(b, MS_ATTACHED),
-            top_bytes: top_size,
-            ..Default::default()
-        };
-        let top_end = top + top_size;
-        w.arenas.push(GlibcArena::default());
-        if i == 0 {
-            let brk_start = match &mp {
-                Some(mp) => Some(le(mp, MP_SBRK_BASE)).filter(|&a| a != 0),
-                None => maps.iter().find(|m| m.path == "[heap]").map(|m| m.start),
-            };
-            let segments = if le(b, MS_FLAGS) & NONCONTIGUOUS_BIT != 0 {
-                w.main_arena_segments(maps, brk_start, top, top_end)?
-            } else {
-                let start = brk_start.ok_or_else(|| {
-                    CensusError::Inconsistent("the main arena's top is not in [heap]".into())
-                })?;
-                vec![(start, top_end)]
-            };
-            let span: u64 = segments.iter().map(|&(lo, hi)| hi - lo).sum();
-            let (start, end) = *segments.last().expect("the top's segment");
-            if top < start.next_multiple_of(ALIGN)
-                || end != top_end
-                || span.abs_diff(arena.system_mem) > ALIGN * segments.len() as u64
-            {
-                return Err(CensusError::Inconsistent(format!(
-                    "the main arena's top chunk ({top:#x}, {top_size} bytes) is not the end of \
-                     its heap from {start:#x}, or its {} segments of {span} bytes are not the \
-                     {} bytes it counts: the heap is not contiguous, and its other segments \
-                     were not all found",
-                    segments.len(),
-                    arena.system_mem
-                )));
-            }
-            arena.heaps = segments.len() as u64;
-            for &(lo, hi) in &segments {
-                let first = lo.next_multiple_of(ALIGN);
-                w.regions.push(Region::new(lo, hi, Some(i), page));
-                let r = w.regions.len() - 1;
-                // The alignment before the first chunk and its unused prev_size field.
-                w.regions[r].add(lo, first + SIZE_SZ, page, 1, true);
-                w.walk(r, &mut arena, first, top, hi, hi == top_end)?;
-            }
-        } else {
-            // The heap holding the top, then each one before it.
-            let mut h = top & !(HEAP_MAX - 1);
-            let mut heaps = Vec::new();
-            loop {
-                let mut hi = [0u8; HEAP_INFO_SIZE as usize];
-                w.mem.read(h, &mut hi)?;
-                if le(&hi, HI_AR_PTR) != *addr || heaps.len() > 1 << 16 {
-                    return Err(CensusError::Inconsistent(format!(
-                        "the heap at {h:#x} does not name its arena {addr:#x}"
-                    )));
-                }
-                heaps.push((h, le(&hi, HI_SIZE)));
-                match le(&hi, HI_PREV) {
-                    0 => break,
-                    prev => h = prev,
-                }
-            }
-            let total: u64 = heaps.iter().map(|h| h.1).sum();
-            if total != arena.system_mem {
-                return Err(CensusError::Inconsistent(format!(
-                    "an arena's heaps hold {total} bytes, the arena counts {}",
-                    arena.system_mem
-                )));
-            }
-            arena.heaps = heaps.len() as u64;
-            for (k, &(h, size)) in heaps.iter().enumerate() {
-                let first_heap = k == heaps.len() - 1;
-                let header = if first_heap {
-                    // heap_info, then the arena, then the first chunk, aligned so that
-                    // its user memory is.
-                    let mut c = h + HEAP_INFO_SIZE + MS_SIZE as u64;
-                    let mis = (c + 2 * SIZE_SZ) % ALIGN;
-                    if mis != 0 {
-                        c += ALIGN - mis;
+    Ok(())
+}
+
+impl Walk<'_> {
+    /// Every arena's fastbin chunks, each list checked.
+    fn fastbins(&mut self, states: &[(u64, Vec<u8>)]) -> Result<(), CensusError> {
+        for (_, b) in states {
+            for i in 0..NFASTBINS {
+                let mut p = le(b, MS_FASTBINS + 8 * i);
+                let mut n = 0u64;
+                while p != 0 {
+                    if !p.is_multiple_of(ALIGN) || n > MAX_LIST || !self.fastbin.insert(p) {
+                        return Err(CensusError::Inconsistent(format!(
+                            "a fastbin list does not hold together (at {p:#x})"
+                        )));
                     }
-                    c - h
-                } else {
-                    HEAP_INFO_SIZE
-                };
-                arena.overhead_bytes += header;
-                w.regions.push(Region::new(h, h + size, Some(i), page));
-                let r = w.regions.len() - 1;
-                // With the first chunk's prev_size field, which no chunk before it uses.
-                w.regions[r].add(h, h + header + SIZE_SZ, page, 1, true);
-                let is_top_heap = k == 0;
-                let end = if is_top_heap { top_end } else { h + size };
-                if is_top_heap && top_end != h + size {
-                    return Err(CensusError::Inconsistent(format!(
-                        "an arena's top chunk ends at {top_end:#x}, its heap at {:#x}",
-                        h + size
-                    )));
+                    n += 1;
+                    let stored = self.mem.read_u64(p + 2 * SIZE_SZ)?;
+                    p = reveal(p + 2 * SIZE_SZ, stored);
                 }
-                w.walk(r, &mut arena, h + header, top, end, is_top_heap)?;
             }
         }
-        w.arenas[i] = arena;
+        Ok(())
     }
-    let key = match layout.tcache_key {
-        Some(a) => Some(w.mem.read_u64(a)?),
-        None => None,
-    };
-    w.tcaches(key, mp.as_ref().map(|m| le(m, MP_TCACHE_COUNT)))?;
-    let (mmapped_chunks, mmapped_bytes) = w.mmapped(maps)?;
-    if let Some(mp) = &mp {
-        let n = u64::from(u32::from_le_bytes(
-            mp[MP_N_MMAPS..MP_N_MMAPS + 4].try_into().unwrap(),
-        ));
-        let bytes = le(mp, MP_MMAPPED_MEM);
-        if n != mmapped_chunks || bytes != mmapped_bytes {
+
+    /// The main arena's brk heap, from its start to the end of its top chunk; or, for an
+    /// arena that grew by mmap once the brk heap could not (`grew_by_mmap`), each of its
+    /// segments (see [`Walk::main_arena_segments`]). `top`: its top chunk and size.
+    fn main_heap(
+        &mut self,
+        arena: &mut GlibcArena,
+        mp: Option<&[u8]>,
+        maps: &[Mapping],
+        grew_by_mmap: bool,
+        (top, top_size): (u64, u64),
+    ) -> Result<(), CensusError> {
+        let (i, page, top_end) = (0, self.page, top + top_size);
+        let brk_start = match mp {
+            Some(mp) => Some(le(mp, MP_SBRK_BASE)).filter(|&a| a != 0),
+            None => maps.iter().find(|m| m.path == "[heap]").map(|m| m.start),
+        };
+        let segments = if grew_by_mmap {
+            self.main_arena_segments(maps, brk_start, top, top_end)?
+        } else {
+            let start = brk_start.ok_or_else(|| {
+                CensusError::Inconsistent("the main arena's top is not in [heap]".into())
+            })?;
+            vec![(start, top_end)]
+        };
+        let span: u64 = segments.iter().map(|&(lo, hi)| hi - lo).sum();
+        let (start, end) = *segments.last().expect("the top's segment");
+        if top < start.next_multiple_of(ALIGN)
+            || end != top_end
+            || span.abs_diff(arena.system_mem) > ALIGN * segments.len() as u64
+        {
             return Err(CensusError::Inconsistent(format!(
-                "{mmapped_chunks} mmapped chunks of {mmapped_bytes} bytes found, glibc counts \
-                 {n} of {bytes}"
+                "the main arena's top chunk ({top:#x}, {top_size} bytes) is not the end of its \
+                 heap from {start:#x}, or its {} segments of {span} bytes are not the {} bytes \
+                 it counts: the heap is not contiguous, and its other segments were not all \
+                 found",
+                segments.len(),
+                arena.system_mem
             )));
         }
+        arena.heaps = segments.len() as u64;
+        for &(lo, hi) in &segments {
+            let first = lo.next_multiple_of(ALIGN);
+            self.regions.push(Region::new(lo, hi, Some(i), page));
+            let r = self.regions.len() - 1;
+            // The alignment before the first chunk and its unused prev_size field.
+            self.regions[r].add(lo, first + SIZE_SZ, page, 1, true);
+            self.walk(r, arena, first, top, hi, hi == top_end)?;
+        }
+        Ok(())
     }
-    let mut blocks: Vec<(u64, u64)> = w
-        .blocks
-        .take()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|(c, ..)| !w.cached.contains(c))
-        // User memory starts after the chunk header; an mmapped chunk lends none of its
-        // size to the next chunk's header.
-        .map(|(c, csize, mmapped)| {
-            (
-                c + 2 * SIZE_SZ,
-                csize - if mmapped { 2 * SIZE_SZ } else { SIZE_SZ },
-            )
-        })
-        .collect();
-    blocks.sort_unstable();
-    Ok((
-        w.finish(layout, mmapped_chunks, mmapped_bytes, started_read),
-        blocks,
-    ))
+
+    /// A thread arena's heaps: the one holding its top, then each one before it.
+    fn arena_heaps(
+        &mut self,
+        arena: &mut GlibcArena,
+        i: usize,
+        addr: u64,
+        top: u64,
+        top_size: u64,
+    ) -> Result<(), CensusError> {
+        let (page, top_end) = (self.page, top + top_size);
+        let mut h = top & !(HEAP_MAX - 1);
+        let mut heaps = Vec::new();
+        loop {
+            let mut hi = [0u8; HEAP_INFO_SIZE as usize];
+            self.mem.read(h, &mut hi)?;
+            if le(&hi, HI_AR_PTR) != addr || heaps.len() > 1 << 16 {
+                return Err(CensusError::Inconsistent(format!(
+                    "the heap at {h:#x} does not name its arena {addr:#x}"
+                )));
+            }
+            heaps.push((h, le(&hi, HI_SIZE)));
+            match le(&hi, HI_PREV) {
+                0 => break,
+                prev => h = prev,
+            }
+        }
+        let total: u64 = heaps.iter().map(|h| h.1).sum();
+        if total != arena.system_mem {
+            return Err(CensusError::Inconsistent(format!(
+                "an arena's heaps hold {total} bytes, the arena counts {}",
+                arena.system_mem
+            )));
+        }
+        arena.heaps = heaps.len() as u64;
+        for (k, &(h, size)) in heaps.iter().enumerate() {
+            let first_heap = k == heaps.len() - 1;
+            let header = if first_heap {
+                // heap_info, then the arena, then the first chunk, aligned so that
+                // its user memory is.
+                let mut c = h + HEAP_INFO_SIZE + MS_SIZE as u64;
+                let mis = (c + 2 * SIZE_SZ) % ALIGN;
+                if mis != 0 {
+                    c += ALIGN - mis;
+                }
+                c - h
+            } else {
+                HEAP_INFO_SIZE
+            };
+            arena.overhead_bytes += header;
+            self.regions.push(Region::new(h, h + size, Some(i), page));
+            let r = self.regions.len() - 1;
+            // With the first chunk's prev_size field, which no chunk before it uses.
+            self.regions[r].add(h, h + header + SIZE_SZ, page, 1, true);
+            let is_top_heap = k == 0;
+            let end = if is_top_heap { top_end } else { h + size };
+            if is_top_heap && top_end != h + size {
+                return Err(CensusError::Inconsistent(format!(
+                    "an arena's top chunk ends at {top_end:#x}, its heap at {:#x}",
+                    h + size
+                )));
+            }
+            self.walk(r, arena, h + header, top, end, is_top_heap)?;
+        }
+        Ok(())
+    }
+
+    /// The blocks the program holds (when asked for), as malloc_usable_size gives them,
+    /// in address order; those in threads' caches left out.
+    fn live_blocks(&mut self) -> Vec<(u64, u64)> {
+        let mut blocks: Vec<(u64, u64)> = self
+            .blocks
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(c, ..)| !self.cached.contains(c))
+            // User memory starts after the chunk header; an mmapped chunk lends none of its
+            // size to the next chunk's header.
+            .map(|(c, csize, mmapped)| {
+                (
+                    c + 2 * SIZE_SZ,
+                    csize - if mmapped { 2 * SIZE_SZ } else { SIZE_SZ },
+                )
+            })
+            .collect();
+        blocks.sort_unstable();
+        blocks
+    }
 }
 
 /// glibc's safe-linking (2.32 and later): a list pointer stored at `pos` is the pointer
@@ -931,255 +987,6 @@ impl Walk<'_> {
             }
         }
         Ok(Some(out))
-    }
-
-    /// Chunks mmapped alone: in anonymous writable mappings outside the arenas' heaps,
-    /// page-aligned chunk headers marked IS_MMAPPED. The kernel merges neighbouring
-    /// anonymous mappings, so a mapping may hold other memory before, between or after
-    /// them (a runtime's own arenas, such as CPython's pymalloc): past the last chunk the
-    /// next one is looked for page by page, in batches.
-    fn mmapped(&mut self, maps: &[Mapping]) -> Result<(u64, u64), CensusError> {
-        let page = self.page;
-        let heaps = self.heap_ranges();
-        let (mut chunks, mut bytes) = (0, 0);
-        for m in maps.iter().filter(|m| anonymous(m)) {
-            if !self.mapping_readable(m) {
-                continue;
-            }
-            // Runs of chunks one after another: each becomes a region of counted pages.
-            let mut runs: Vec<(u64, Vec<(u64, u64)>)> = Vec::new();
-            let mut p = m.start;
-            while p + 2 * SIZE_SZ <= m.end {
-                // A main arena's segment or a thread arena's heap inside the mapping.
-                if let Some(&(_, hi)) = heaps.iter().find(|&&(lo, hi)| lo <= p && p < hi) {
-                    p = hi;
-                    continue;
-                }
-                // Mmapped chunks may run into an arena's heap, where they end.
-                let end = (heaps.iter().map(|&(lo, _)| lo))
-                    .filter(|&lo| lo > p)
-                    .min()
-                    .unwrap_or(m.end)
-                    .min(m.end);
-                let chunk_at = |h: &[u8], p: u64| {
-                    let (prev, size) = (le(h, 0), le(h, 8));
-                    let csize = size & !SIZE_BITS;
-                    (size & IS_MMAPPED != 0
-                        && prev == 0
-                        && csize != 0
-                        && csize.is_multiple_of(page)
-                        && p + csize <= end)
-                        .then_some(csize)
-                };
-                let Some((at, header)) =
-                    self.next_page_header(p, end, |h, a| chunk_at(h, a).is_some())?
-                else {
-                    p = end;
-                    continue;
-                };
-                let csize = chunk_at(&header, at).expect("the header found");
-                match runs.last_mut() {
-                    Some((_, run)) if run.last().is_some_and(|&(a, c)| a + c == at) => {
-                        run.push((at, csize))
-                    }
-                    _ => runs.push((at, vec![(at, csize)])),
-                }
-                chunks += 1;
-                bytes += csize;
-                p = at + csize;
-            }
-            for (start, run) in runs {
-                let (a, c) = *run.last().unwrap();
-                let mut r = Region::new(start, a + c, None, page);
-                for &(lo, csize) in &run {
-                    // Its header is the allocator's; it lends no bytes to the next chunk.
-                    r.add(lo, lo + 2 * SIZE_SZ, page, 1, true);
-                    r.add(lo + 2 * SIZE_SZ, lo + csize, page, 1, false);
-                    self.classes.in_use(lo, csize, page, 1);
-                    if let Some(b) = &mut self.blocks {
-                        b.push((lo, csize, true));
-                    }
-                }
-                self.regions.push(r);
-            }
-        }
-        Ok((chunks, bytes))
-    }
-
-    /// The address ranges of the arenas' heaps walked so far.
-    fn heap_ranges(&self) -> Vec<(u64, u64)> {
-        (self.regions.iter())
-            .map(|r| (r.start, r.start + r.in_use.len() as u64 * self.page))
-            .collect()
-    }
-
-    /// Whether a page may be read: only pages the snapshot found resident are. Reading a
-    /// page never touched would map the kernel's zero page there, which pagemap then shows
-    /// present (a JVM's committed, untouched heap regions and thread stacks looked
-    /// resident after a snapshot read them). A header glibc wrote is on a resident page.
-    fn readable(&self, at: u64) -> bool {
-        !self.residency.covers(at) || self.residency.resident(at)
-    }
-
-    /// Whether the memory read has mapping `m`: a forked copy lacks those marked
-    /// MADV_DONTFORK, as Node's V8 marks its heap. Such a mapping holds nothing of glibc's,
-    /// which never marks its own; glibc's own counts, checked after, still catch a chunk
-    /// or segment missed.
-    fn mapping_readable(&mut self, m: &Mapping) -> bool {
-        let mut first = [0u8; 16];
-        m.start + 2 * SIZE_SZ > m.end
-            || !self.readable(m.start)
-            || self.mem.read(m.start, &mut first).is_ok()
-    }
-
-    /// The first page from `from` (a page's start) whose first 16 bytes, `wanted` at
-    /// their address, start within `end`, with those bytes; resident pages only, read
-    /// many at once: one page first (what is looked for often follows what was found),
-    /// then batches growing to MMAPPED_SCAN_BATCH pages.
-    fn next_page_header(
-        &mut self,
-        from: u64,
-        end: u64,
-        wanted: impl Fn(&[u8], u64) -> bool,
-    ) -> Result<Option<(u64, [u8; 16])>, CensusError> {
-        let page = self.page;
-        let mut headers = Vec::new();
-        let mut p = from;
-        let mut batch_pages = 1;
-        while p + 2 * SIZE_SZ <= end {
-            let pages = (0..batch_pages)
-                .map(|i| p + i * page)
-                .take_while(|&a| a + 2 * SIZE_SZ <= end);
-            let batch: Vec<(u64, usize)> = pages
-                .filter(|&a| self.readable(a))
-                .map(|a| (a, 16))
-                .collect();
-            self.mem.read_ranges(&batch, &mut headers)?;
-            let found = batch.iter().enumerate().find_map(|(i, &(a, _))| {
-                let h = &headers[i * 16..][..16];
-                wanted(h, a).then(|| (a, h.try_into().expect("16 bytes")))
-            });
-            if found.is_some() {
-                return Ok(found);
-            }
-            p += batch_pages * page;
-            batch_pages = (batch_pages * 16).min(MMAPPED_SCAN_BATCH);
-        }
-        Ok(None)
-    }
-
-    /// The segments of a main arena that grew by mmap once its brk heap could not grow
-    /// (sysmalloc then sets NONCONTIGUOUS_BIT and never relies on contiguity again): the
-    /// brk heap from `brk_start`, and each mapping glibc took for the arena, found by the
-    /// chunk it begins with; every segment but the top's ends with two fenceposts. glibc
-    /// keeps no list of them; their sizes are checked against the arena's count after.
-    /// The top's segment comes last.
-    fn main_arena_segments(
-        &mut self,
-        maps: &[Mapping],
-        brk_start: Option<u64>,
-        top: u64,
-        top_end: u64,
-    ) -> Result<Vec<(u64, u64)>, CensusError> {
-        let page = self.page;
-        let mut found = Vec::new();
-        let brk_heap = maps.iter().find(|m| m.path == "[heap]");
-        if let (Some(start), Some(heap)) = (brk_start, brk_heap) {
-            if heap.start <= start && start < heap.end {
-                let end =
-                    self.segment_end(start.next_multiple_of(ALIGN), heap.end, top, top_end)?;
-                found.push((
-                    start,
-                    end.ok_or_else(|| {
-                        CensusError::Inconsistent(
-                            "the brk heap of a main arena that also grew by mmap does not end as \
-                         glibc ends it (two fenceposts or the top chunk)"
-                                .into(),
-                        )
-                    })?,
-                ));
-            }
-        }
-        // A segment's first chunk: prev_size never written, nothing in use before it,
-        // the main arena's.
-        let first_chunk = |h: &[u8], _: u64| {
-            let (prev, size) = (le(h, 0), le(h, 8));
-            let csize = size & !SIZE_BITS;
-            prev == 0
-                && size & (PREV_INUSE | IS_MMAPPED | NON_MAIN_ARENA) == PREV_INUSE
-                && csize >= MINSIZE
-                && csize.is_multiple_of(ALIGN)
-        };
-        for m in maps.iter().filter(|m| anonymous(m)) {
-            if !self.mapping_readable(m) {
-                continue;
-            }
-            let mut p = m.start;
-            while let Some((at, _)) = self.next_page_header(p, m.end, first_chunk)? {
-                match self.segment_end(at, m.end, top, top_end)? {
-                    Some(end) => {
-                        found.push((at, end));
-                        p = end.next_multiple_of(page);
-                    }
-                    None => p = at + page,
-                }
-            }
-        }
-        found.sort_by_key(|&(lo, hi)| (hi == top_end, lo));
-        if found.iter().filter(|&&(_, hi)| hi == top_end).count() != 1 {
-            return Err(CensusError::Inconsistent(format!(
-                "the main arena grew by mmap, and its top chunk ({top:#x}) is not in exactly one \
-                 of the {} segments found",
-                found.len()
-            )));
-        }
-        Ok(found)
-    }
-
-    /// Where the segment of the main arena whose first chunk is at `first` ends, walking
-    /// its chunk headers no further than `bound`: after two fenceposts, or at the end of
-    /// the top chunk. None: the chunks there do not hold together as such a segment (or
-    /// lie on pages not resident, which are not read).
-    fn segment_end(
-        &mut self,
-        first: u64,
-        bound: u64,
-        top: u64,
-        top_end: u64,
-    ) -> Result<Option<u64>, CensusError> {
-        let mut p = first;
-        loop {
-            if p == top {
-                return Ok((top_end <= bound).then_some(top_end));
-            }
-            if p + 2 * SIZE_SZ > bound || !self.readable(p + SIZE_SZ) {
-                return Ok(None);
-            }
-            let size = self.size_at(p, bound)?;
-            // Fenceposts, after what was the top, freed when the segment ended (a top
-            // of 48 bytes became one more 16-byte chunk before them). The next segment
-            // cannot start with one: its first chunk was a top.
-            if size & !PREV_INUSE == FENCEPOST & !PREV_INUSE {
-                let (mut at, mut last, mut count) = (p + 2 * SIZE_SZ, size, 1);
-                while at + 2 * SIZE_SZ <= bound && self.readable(at + SIZE_SZ) {
-                    let next = self.size_at(at, bound)?;
-                    if next & !PREV_INUSE != FENCEPOST & !PREV_INUSE {
-                        break;
-                    }
-                    (at, last, count) = (at + 2 * SIZE_SZ, next, count + 1);
-                }
-                return Ok((count >= 2 && last == FENCEPOST).then_some(at));
-            }
-            let csize = size & !SIZE_BITS;
-            if size & (IS_MMAPPED | NON_MAIN_ARENA) != 0
-                || csize < MINSIZE
-                || !csize.is_multiple_of(ALIGN)
-                || p + csize > bound
-            {
-                return Ok(None);
-            }
-            p += csize;
-        }
     }
 
     fn finish(

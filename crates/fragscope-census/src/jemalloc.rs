@@ -44,6 +44,8 @@ use crate::residency::Residency;
 use crate::{ProcessMemory, Symbols};
 
 mod emap;
+mod locate;
+pub use locate::locate;
 
 /// One build whose layout is verified: the version string its image carries, the
 /// release named in the census, and where its structures keep the fields read (those
@@ -231,290 +233,6 @@ pub struct JemallocLayout {
     /// The page jemalloc adds to each large extent (`sz_large_pad`), when its symbol
     /// names it.
     large_pad: Option<u64>,
-}
-
-/// Finds the jemalloc `pid` runs on and its statics: its shared library, or, when
-/// `linked` names a copy linked into the program (or into a library), that image. Err:
-/// why this process's jemalloc cannot be read (none, another build, its statics not
-/// found).
-pub fn locate(
-    pid: u32,
-    mem: &mut ProcessMemory,
-    linked: Option<&LinkedAllocator>,
-) -> Result<JemallocLayout, String> {
-    let lib = match linked {
-        Some(l) => MappedLibrary::find_path(pid, &l.image)?
-            .ok_or_else(|| format!("{} is not mapped (the process exited?)", l.image))?,
-        None => MappedLibrary::find(pid, "libjemalloc")?
-            .ok_or_else(|| "no jemalloc library is mapped".to_string())?,
-    };
-    let elf = lib.elf(pid)?;
-    let Some(build) = RELEASES
-        .iter()
-        .find(|r| memchr::memmem::find(&elf, r.version.as_bytes()).is_some())
-    else {
-        let read: Vec<&str> = RELEASES.iter().map(|r| r.name).collect();
-        return Err(format!(
-            "the process runs on {}, a jemalloc build whose layout fragscope has not \
-             verified (it reads {})",
-            lib.path,
-            read.join(" and ")
-        ));
-    };
-    let statics = match by_symbols(mem, &elf, &lib, build)? {
-        Some(found) => found,
-        // Stripped (a shared library keeps only its API): the statics by their shape.
-        None => {
-            let data = StaticData::read(mem, lib.data, "jemalloc")?;
-            let bins = find_bin_infos(&data)?;
-            let bin_offsets = find_bin_offsets(&data, &bins, build)?;
-            let arenas = find_arenas(mem, &data, build)?;
-            let emap = first_base(mem, arenas, build)
-                .and_then(|base0| emap::by_shape(&data, build.emap_root, base0));
-            Statics {
-                bins,
-                bin_offsets,
-                arenas,
-                emap,
-                large_pad: None,
-            }
-        }
-    };
-    Ok(JemallocLayout {
-        library: lib.path,
-        release: build.name,
-        build,
-        bins: statics.bins,
-        bin_offsets: statics.bin_offsets,
-        arenas: statics.arenas,
-        emap: statics.emap,
-        large_pad: statics.large_pad,
-    })
-}
-
-/// The small classes, each bin's offset in an arena, where `arenas[]` lies, the extent
-/// map's root (or why it was not found) and the large extents' offset page.
-struct Statics {
-    bins: Vec<BinInfo>,
-    bin_offsets: Vec<u64>,
-    arenas: u64,
-    emap: Result<u64, String>,
-    large_pad: Option<u64>,
-}
-
-/// The base of arena 0 (`b0`), which the extent map's nodes are carved from.
-fn first_base(mem: &mut ProcessMemory, arenas: u64, build: &Release) -> Result<u64, String> {
-    let unread = |e: std::io::Error| format!("jemalloc's first arena could not be read ({e})");
-    let first = mem.read_u64(arenas).map_err(unread)?;
-    if first == 0 {
-        return Err("jemalloc has no first arena yet".into());
-    }
-    mem.read_u64(first + build.arena_base as u64)
-        .map_err(unread)
-}
-
-/// The statics by their names, in an image that keeps its symbol table (a copy linked
-/// into a Rust program: `_rjem_je_arenas`, ...), each checked as the shape search checks
-/// it. None when the image does not name them.
-fn by_symbols(
-    mem: &mut ProcessMemory,
-    elf: &[u8],
-    lib: &MappedLibrary,
-    build: &'static Release,
-) -> Result<Option<Statics>, String> {
-    // jemalloc's private names carry the prefix it was configured with (`je_`,
-    // `_rjem_je_`): the one its bin offsets are defined under.
-    let Some(prefix) = private_prefix(elf) else {
-        return Ok(None);
-    };
-    let names = [
-        "bin_infos",
-        "arena_bin_offsets",
-        "arenas",
-        "arena_emap_global",
-        "sz_large_pad",
-    ]
-    .map(|n| format!("{prefix}{n}"));
-    let wanted: Vec<&str> = names.iter().map(String::as_str).collect();
-    let symbols = Symbols::resolve_at(elf, &wanted, lib.base)?;
-    let (Some(infos), Some(offsets), Some(arenas)) = (
-        symbols.get(&names[0]),
-        symbols.get(&names[1]),
-        symbols.get(&names[2]),
-    ) else {
-        return Ok(None);
-    };
-    let mut table = vec![0u8; BINS * BIN_INFO_SIZE];
-    mem.read(infos, &mut table)
-        .map_err(|e| format!("jemalloc's bin_infos could not be read ({e})"))?;
-    let bins = bin_table(&table, 0)
-        .ok_or_else(|| format!("{} does not hold jemalloc's size classes", names[0]))?;
-    let expected = bin_offsets(&bins, build);
-    let mut found = vec![0u8; 4 * BINS];
-    mem.read(offsets, &mut found)
-        .map_err(|e| format!("jemalloc's arena_bin_offsets could not be read ({e})"))?;
-    if found != offsets_pattern(&expected) {
-        return Err(format!(
-            "jemalloc's bins are not where its {} layout puts them",
-            build.name
-        ));
-    }
-    let first = mem
-        .read_u64(arenas)
-        .map_err(|e| format!("jemalloc's arenas could not be read ({e})"))?;
-    if first != 0 && !names_itself(mem, first, 0, build) {
-        return Err(format!("{}[0] is not jemalloc's first arena", names[2]));
-    }
-    let emap = symbols
-        .get(&names[3])
-        .ok_or_else(|| format!("{} is not named", names[3]))
-        .and_then(|at| {
-            let base0 = first_base(mem, arenas, build)?;
-            emap::by_symbol(mem, at, build.emap_root, base0)
-        });
-    let large_pad = symbols
-        .get(&names[4])
-        .and_then(|at| mem.read_u64(at).ok())
-        .filter(|&p| p == 0 || p == PAGE);
-    Ok(Some(Statics {
-        bins,
-        bin_offsets: expected,
-        arenas,
-        emap,
-        large_pad,
-    }))
-}
-
-/// The prefix of jemalloc's private names in `elf`'s symbol table, by the name its bin
-/// offsets are defined under.
-fn private_prefix(elf: &[u8]) -> Option<String> {
-    use object::{Object, ObjectSymbol};
-    let file = object::File::parse(elf).ok()?;
-    let found = file.symbols().find_map(|s| {
-        let name = s.name().ok()?;
-        (s.is_definition() && name.ends_with("je_arena_bin_offsets"))
-            .then(|| name.trim_end_matches("arena_bin_offsets").to_string())
-    });
-    found
-}
-
-/// The 36 entries of `bin_infos` at `at` in `bytes`, when their region sizes are
-/// jemalloc's small classes, each slab whole pages carved into as many regions as fit.
-fn bin_table(bytes: &[u8], at: usize) -> Option<Vec<BinInfo>> {
-    if at + BINS * BIN_INFO_SIZE > bytes.len() {
-        return None;
-    }
-    let entry = |i: usize| {
-        let e = at + i * BIN_INFO_SIZE;
-        BinInfo {
-            size: le_u64(bytes, e),
-            slab_bytes: le_u64(bytes, e + BIN_INFO_SLAB_SIZE),
-            regions: u64::from(le_u32(bytes, e + BIN_INFO_NREGS)),
-            shards: u64::from(le_u32(bytes, e + BIN_INFO_SHARDS)),
-        }
-    };
-    let table: Vec<BinInfo> = (0..BINS).map(entry).collect();
-    let holds = table.iter().zip(&size_classes()).all(|(b, &size)| {
-        b.size == size
-            && b.slab_bytes > 0
-            && b.slab_bytes.is_multiple_of(PAGE)
-            && b.regions == b.slab_bytes / size
-            && (1..=64).contains(&b.shards)
-    });
-    holds.then_some(table)
-}
-
-/// `bin_infos` found by its shape in the image's data.
-fn find_bin_infos(s: &StaticData) -> Result<Vec<BinInfo>, String> {
-    let first: Vec<u8> = 8u64.to_le_bytes().to_vec();
-    let mut found = None;
-    for at in memchr::memmem::find_iter(&s.bytes, &first) {
-        if !at.is_multiple_of(8) {
-            continue;
-        }
-        if let Some(table) = bin_table(&s.bytes, at) {
-            if found.replace(table).is_some() {
-                return Err("two tables look like jemalloc's bins".into());
-            }
-        }
-    }
-    found.ok_or_else(|| "jemalloc's size classes were not found in its data".into())
-}
-
-/// The bins' offsets in an arena, as `arena_bin_offsets` must hold them:
-/// `sizeof(arena_t)`, then one `bin_t` per shard.
-fn bin_offsets(bins: &[BinInfo], build: &Release) -> Vec<u64> {
-    let mut offsets = Vec::with_capacity(bins.len());
-    let mut at = build.arena_bins as u64;
-    for b in bins {
-        offsets.push(at);
-        at += b.shards * BIN_SIZE as u64;
-    }
-    offsets
-}
-
-fn offsets_pattern(offsets: &[u64]) -> Vec<u8> {
-    offsets
-        .iter()
-        .flat_map(|&o| (o as u32).to_le_bytes())
-        .collect()
-}
-
-/// `arena_bin_offsets` found in the image's data: only when the build's arena and bin
-/// sizes are those read.
-fn find_bin_offsets(s: &StaticData, bins: &[BinInfo], build: &Release) -> Result<Vec<u64>, String> {
-    let offsets = bin_offsets(bins, build);
-    match memchr::memmem::find_iter(&s.bytes, &offsets_pattern(&offsets)).count() {
-        1 => Ok(offsets),
-        0 => Err(format!(
-            "jemalloc's bins are not where its {} layout puts them (another build?)",
-            build.name
-        )),
-        _ => Err("two tables look like jemalloc's bin offsets".into()),
-    }
-}
-
-/// `arenas[]`: 4095 pointers, the first set, each either null or an arena (allocated on
-/// a cache line, outside the image's data) that names itself: its `ind` and its page
-/// allocator's are its index, and both name the same base.
-fn find_arenas(mem: &mut ProcessMemory, s: &StaticData, build: &Release) -> Result<u64, String> {
-    let len = MAX_ARENAS * 8;
-    let pointer = |w: u64| w.is_multiple_of(64) && w > 0xffff && !s.contains(w) && w < 1 << 47;
-    let mut found = None;
-    let mut off = 0usize;
-    while off + len <= s.bytes.len() {
-        let first = le_u64(&s.bytes, off);
-        if !pointer(first) {
-            off += 8;
-            continue;
-        }
-        let words = (0..MAX_ARENAS).map(|i| le_u64(&s.bytes, off + 8 * i));
-        if words.clone().all(|w| w == 0 || pointer(w)) {
-            let named_by_index = words
-                .enumerate()
-                .filter(|&(_, w)| w != 0)
-                .all(|(i, w)| names_itself(mem, w, i, build));
-            if named_by_index && found.replace(s.base + off as u64).is_some() {
-                return Err("two arrays look like jemalloc's arenas".into());
-            }
-        }
-        off += 8;
-    }
-    found.ok_or_else(|| "jemalloc's arenas were not found in its data".into())
-}
-
-/// The arena at `at` carries `index` as its own and its page allocator's, with one base.
-fn names_itself(mem: &mut ProcessMemory, at: u64, index: usize, build: &Release) -> bool {
-    let mut tail = vec![0u8; build.arena_bins - build.pa_shard];
-    if mem.read(at + build.pa_shard as u64, &mut tail).is_err() {
-        return false;
-    }
-    let field = |off: usize| off - build.pa_shard;
-    let base = le_u64(&tail, field(build.arena_base));
-    le_u32(&tail, field(build.arena_ind)) as usize == index
-        && le_u32(&tail, field(build.pa_shard_ind)) as usize == index
-        && base != 0
-        && le_u64(&tail, field(build.pa_shard_base)) == base
 }
 
 /// An extent descriptor's fields (`edata_t`'s `e_bits`).
@@ -772,13 +490,115 @@ fn arena(
             ))
         }
     };
+    let slab_pages = bins(mem, extents, layout, a, map.as_ref(), stats, tally, index)?;
+    let (large_pages, large_extents) = large_extents(a, layout, map.as_ref(), stats, tally, index)?;
+    let pad = active_pages
+        .checked_sub(slab_pages + large_pages)
+        .filter(|&p| p == 0 || p == large_extents)
+        .filter(|_| {
+            // The map's extents, their offset pages included, are every active page.
+            map.as_ref().is_none_or(|m| {
+                let pages: u64 = m.arena.large.iter().map(|l| l.1 / PAGE).sum();
+                slab_pages + pages == active_pages
+            })
+        })
+        .ok_or_else(|| {
+            format!(
+                "arena {index} counts {active_pages} active pages; its slabs take {slab_pages} \
+                 and its large extents {large_pages} ({large_extents} extents): the heap \
+                 changed while it was read"
+            )
+        })?;
+    tally.occupancy_pages[OCCUPANCY_BUCKETS - 1] += pad;
+    let ecache = |k: usize, part: usize| build.ecache_dirty + k * ECACHE_SIZE + part;
+    let pages_of = |k: usize| {
+        word(ecache(k, ECACHE_ESET + ESET_NPAGES))
+            .saturating_add(word(ecache(k, ECACHE_GUARDED_ESET + ESET_NPAGES)))
+    };
+    let (dirty_pages, muzzy_pages, retained_pages) = (pages_of(0), pages_of(1), pages_of(2));
+    let (dirty_extents, dirty_listed, dirty_by_pagemap) = extent_list(
+        mem,
+        extents,
+        residency,
+        word(ecache(0, ECACHE_ESET + ESET_LRU)),
+    )?;
+    let guarded_dirty = word(ecache(0, ECACHE_GUARDED_ESET + ESET_NPAGES));
+    if dirty_listed.checked_add(guarded_dirty) != Some(dirty_pages) {
+        return Err(format!(
+            "arena {index}'s dirty extents hold {dirty_listed} pages, it counts {dirty_pages}"
+        ));
+    }
+    if let Some(m) = &map {
+        let listed = [
+            m.arena.dirty_pages,
+            m.arena.muzzy_pages,
+            m.arena.retained_pages,
+        ];
+        if listed != [dirty_pages, muzzy_pages, retained_pages] {
+            return Err(format!(
+                "arena {index} counts {dirty_pages} dirty, {muzzy_pages} muzzy and \
+                 {retained_pages} retained pages; jemalloc's extent map names {}, {} and {}: \
+                 the heap changed while it was read",
+                listed[0], listed[1], listed[2]
+            ));
+        }
+    }
+    tally.occupancy_pages[0] += dirty_pages;
+    let held_pages = active_pages
+        .saturating_add(dirty_pages)
+        .saturating_add(muzzy_pages);
+    // Without statistics jemalloc counts no mapped bytes: those of the pages it holds.
+    let mapped_bytes = if stats {
+        word(build.pac_mapped)
+    } else {
+        held_pages * PAGE
+    };
+    if mapped_bytes / PAGE < held_pages {
+        return Err(format!("arena {index} maps fewer pages than it holds"));
+    }
+    let (metadata_allocated, metadata_resident, metadata_mapped, metadata_by_pagemap) =
+        metadata(mem, residency, build, stats, word(build.arena_base), index)?;
+    let thread_caches = thread_caches(mem, tally, word(build.tcache_descriptors), index, build)?;
+    Ok(JemallocArena {
+        index: index as u32,
+        active_pages,
+        dirty_pages,
+        muzzy_pages,
+        retained_pages,
+        dirty_extents,
+        dirty_by_pagemap,
+        mapped_bytes,
+        metadata_allocated,
+        metadata_resident,
+        metadata_mapped,
+        metadata_by_pagemap,
+        thread_caches,
+    })
+}
+
+/// An arena's bins (`a`: the arena's bytes): each shard's slabs, the current one and the
+/// non-full ones walked, checked against the bin's counts, or taken from the extent map
+/// (`map`) when jemalloc keeps none (`stats`), and added to `tally`; the pages its slabs
+/// take.
+#[allow(clippy::too_many_arguments)]
+fn bins(
+    mem: &mut ProcessMemory,
+    extents: &mut emap::Descriptors<'_>,
+    layout: &JemallocLayout,
+    a: &[u8],
+    map: Option<&Mapped<'_>>,
+    stats: bool,
+    tally: &mut Tally,
+    index: usize,
+) -> Result<u64, String> {
+    let word = |off: usize| le_u64(a, off);
     let mut slab_pages = 0u64;
     for (b, info) in layout.bins.iter().enumerate() {
         for shard in 0..info.shards {
             let bin = layout.bin_offsets[b] as usize + shard as usize * BIN_SIZE;
             let current = word(bin + BIN_SLABCUR);
             // The bin's slabs in the extent map: its counts when jemalloc keeps none.
-            let listed = map.as_ref().map(|m| {
+            let listed = map.map(|m| {
                 m.arena
                     .slabs
                     .get(&(b as u64, shard))
@@ -827,7 +647,7 @@ fn arena(
                     && slab.bytes == info.slab_bytes
                     && slab.free < info.regions
                     && (is_current || slab.free > 0)
-                    && map.as_ref().is_none_or(|m| m.slabs.contains(&e));
+                    && map.is_none_or(|m| m.slabs.contains(&e));
                 if !holds {
                     return Err(format!(
                         "a slab of arena {index}'s bin {b} at {e:#x} does not hold together"
@@ -893,10 +713,23 @@ fn arena(
             t.free_regions += free;
         }
     }
+    Ok(slab_pages)
+}
+
+/// An arena's large extents by class, added to `tally`: their pages, and how many.
+fn large_extents(
+    a: &[u8],
+    layout: &JemallocLayout,
+    map: Option<&Mapped<'_>>,
+    stats: bool,
+    tally: &mut Tally,
+    index: usize,
+) -> Result<(u64, u64), String> {
+    let (build, word) = (layout.build, |off: usize| le_u64(a, off));
     // Large extents: allocations less deallocations per class; each takes its size in
     // pages, and one more when jemalloc offsets large objects within their first page
     // (`cache_oblivious`, on by default). Or, from the extent map, each extent.
-    let mapped_large = match &map {
+    let mapped_large = match map {
         Some(m) => Some(large_from_map(
             &m.arena.large,
             build,
@@ -947,72 +780,21 @@ fn arena(
         tally.occupancy_pages[OCCUPANCY_BUCKETS - 1] += bytes / PAGE;
         tally.occupancy_in_use[OCCUPANCY_BUCKETS - 1] += bytes;
     }
-    let pad = active_pages
-        .checked_sub(slab_pages + large_pages)
-        .filter(|&p| p == 0 || p == large_extents)
-        .filter(|_| {
-            // The map's extents, their offset pages included, are every active page.
-            map.as_ref().is_none_or(|m| {
-                let pages: u64 = m.arena.large.iter().map(|l| l.1 / PAGE).sum();
-                slab_pages + pages == active_pages
-            })
-        })
-        .ok_or_else(|| {
-            format!(
-                "arena {index} counts {active_pages} active pages; its slabs take {slab_pages} \
-                 and its large extents {large_pages} ({large_extents} extents): the heap \
-                 changed while it was read"
-            )
-        })?;
-    tally.occupancy_pages[OCCUPANCY_BUCKETS - 1] += pad;
-    let ecache = |k: usize, part: usize| build.ecache_dirty + k * ECACHE_SIZE + part;
-    let pages_of = |k: usize| {
-        word(ecache(k, ECACHE_ESET + ESET_NPAGES))
-            .saturating_add(word(ecache(k, ECACHE_GUARDED_ESET + ESET_NPAGES)))
-    };
-    let (dirty_pages, muzzy_pages, retained_pages) = (pages_of(0), pages_of(1), pages_of(2));
-    let (dirty_extents, dirty_listed, dirty_by_pagemap) = extent_list(
-        mem,
-        extents,
-        residency,
-        word(ecache(0, ECACHE_ESET + ESET_LRU)),
-    )?;
-    let guarded_dirty = word(ecache(0, ECACHE_GUARDED_ESET + ESET_NPAGES));
-    if dirty_listed.checked_add(guarded_dirty) != Some(dirty_pages) {
-        return Err(format!(
-            "arena {index}'s dirty extents hold {dirty_listed} pages, it counts {dirty_pages}"
-        ));
-    }
-    if let Some(m) = &map {
-        let listed = [
-            m.arena.dirty_pages,
-            m.arena.muzzy_pages,
-            m.arena.retained_pages,
-        ];
-        if listed != [dirty_pages, muzzy_pages, retained_pages] {
-            return Err(format!(
-                "arena {index} counts {dirty_pages} dirty, {muzzy_pages} muzzy and \
-                 {retained_pages} retained pages; jemalloc's extent map names {}, {} and {}: \
-                 the heap changed while it was read",
-                listed[0], listed[1], listed[2]
-            ));
-        }
-    }
-    tally.occupancy_pages[0] += dirty_pages;
-    let held_pages = active_pages
-        .saturating_add(dirty_pages)
-        .saturating_add(muzzy_pages);
-    // Without statistics jemalloc counts no mapped bytes: those of the pages it holds.
-    let mapped_bytes = if stats {
-        word(build.pac_mapped)
-    } else {
-        held_pages * PAGE
-    };
-    if mapped_bytes / PAGE < held_pages {
-        return Err(format!("arena {index} maps fewer pages than it holds"));
-    }
+    Ok((large_pages, large_extents))
+}
+
+/// An arena's metadata (its base at `base_at`): allocated, resident and mapped bytes, and
+/// those pagemap finds resident.
+fn metadata(
+    mem: &mut ProcessMemory,
+    residency: &Residency<'_>,
+    build: &Release,
+    stats: bool,
+    base_at: u64,
+    index: usize,
+) -> Result<(u64, u64, u64, u64), String> {
     let mut base = vec![0u8; build.base_size];
-    mem.read(word(build.arena_base), &mut base)
+    mem.read(base_at, &mut base)
         .map_err(|e| format!("arena {index}'s metadata could not be read ({e})"))?;
     let (blocks_bytes, metadata_by_pagemap) =
         base_blocks(mem, residency, le_u64(&base, BASE_BLOCKS))?;
@@ -1036,22 +818,12 @@ fn arena(
              mapped, its blocks {blocks_bytes})"
         ));
     }
-    let thread_caches = thread_caches(mem, tally, word(build.tcache_descriptors), index, build)?;
-    Ok(JemallocArena {
-        index: index as u32,
-        active_pages,
-        dirty_pages,
-        muzzy_pages,
-        retained_pages,
-        dirty_extents,
-        dirty_by_pagemap,
-        mapped_bytes,
+    Ok((
         metadata_allocated,
         metadata_resident,
         metadata_mapped,
         metadata_by_pagemap,
-        thread_caches,
-    })
+    ))
 }
 
 /// Whether the arena `a` (its bytes, bins included) keeps jemalloc's statistics: pages in

@@ -31,6 +31,7 @@
 //! collection would, and counts what is live and what is garbage ([`SbclMark`]; the
 //! `mark` submodule says which roots and how).
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use fragscope_trace::heap_census::OCCUPANCY_BUCKETS;
@@ -40,7 +41,13 @@ use crate::memory::le_u64;
 use crate::{Pause, ProcessMemory, Symbols};
 
 mod mark;
+mod objects;
+mod pages;
 pub use mark::{MarkRoots, SbclMark};
+use objects::*;
+pub use objects::{ObjectClass, ObjectFigures, SbclObjects};
+use pages::*;
+pub use pages::{OpenRegion, PageFigures, PageType, SbclGeneration, SbclPage};
 
 /// GENCGC_PAGE_BYTES of x86-64 SBCL 2.2.x.
 pub const PAGE_BYTES: u64 = 32 << 10;
@@ -386,232 +393,6 @@ fn release_string(rodata: &[u8]) -> Option<String> {
     found
 }
 
-/// The page type, the low bits of `struct page`'s `type` (PAGE_TYPE_*).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PageType {
-    Unboxed,
-    Boxed,
-    Mixed,
-    /// Objects that do not span GC cards (symbols, fdefns, weak pointers...).
-    SmallMixed,
-    Cons,
-    Code,
-}
-
-impl PageType {
-    pub const ALL: [PageType; 6] = [
-        PageType::Unboxed,
-        PageType::Boxed,
-        PageType::Mixed,
-        PageType::SmallMixed,
-        PageType::Cons,
-        PageType::Code,
-    ];
-
-    fn of_bits(bits: u8) -> Option<Self> {
-        Some(match bits & PAGE_TYPE_MASK {
-            1 => PageType::Unboxed,
-            2 => PageType::Boxed,
-            3 => PageType::Mixed,
-            4 => PageType::SmallMixed,
-            5 => PageType::Cons,
-            7 => PageType::Code,
-            _ => return None,
-        })
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            PageType::Unboxed => "unboxed",
-            PageType::Boxed => "boxed",
-            PageType::Mixed => "mixed",
-            PageType::SmallMixed => "small mixed",
-            PageType::Cons => "cons",
-            PageType::Code => "code",
-        }
-    }
-
-    fn index(self) -> usize {
-        PageType::ALL.iter().position(|&t| t == self).unwrap_or(0)
-    }
-}
-
-/// One page of the dynamic space that is in use (its page-table entry, decoded).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SbclPage {
-    pub index: u32,
-    /// Bytes the page table counts (`words_used_` × 8): closed allocations only.
-    pub bytes_used: u32,
-    /// Bytes of an open allocation region on this page, beyond `bytes_used`.
-    pub open_bytes: u32,
-    pub gen: u8,
-    pub page_type: PageType,
-    /// Part of one large object (SINGLE_OBJECT_FLAG).
-    pub large: bool,
-    /// Part of an allocation region a thread holds open (OPEN_REGION_PAGE_FLAG).
-    pub open: bool,
-}
-
-impl SbclPage {
-    /// Where the page starts in the process, for joining with its residency.
-    pub fn address(&self, census: &SbclCensus) -> u64 {
-        census.page_address(self.index)
-    }
-}
-
-/// Pages and bytes of one kind (a generation, a page type).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct PageFigures {
-    pub pages: u64,
-    /// Bytes the page table counts as used.
-    pub bytes_used: u64,
-    /// Bytes in open allocation regions on these pages.
-    pub open_bytes: u64,
-    /// Of `pages`, those holding part of one large object, and its bytes.
-    pub large_pages: u64,
-    pub large_bytes: u64,
-}
-
-impl PageFigures {
-    /// What the pages take from the dynamic space.
-    pub fn bytes_held(&self) -> u64 {
-        self.pages * PAGE_BYTES
-    }
-
-    fn add(&mut self, p: &SbclPage) {
-        self.pages += 1;
-        self.bytes_used += u64::from(p.bytes_used);
-        self.open_bytes += u64::from(p.open_bytes);
-        if p.large {
-            self.large_pages += 1;
-            self.large_bytes += u64::from(p.bytes_used);
-        }
-    }
-}
-
-/// One generation: its pages, and the runtime's `struct generation`.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct SbclGeneration {
-    pub gen: u8,
-    pub pages: PageFigures,
-    /// `bytes_allocated`: equals `pages.bytes_used` (checked).
-    pub bytes_allocated: u64,
-    /// A collection of this generation is due when it holds this many bytes.
-    pub gc_trigger: u64,
-    pub bytes_consed_between_gc: u64,
-    /// Collections since its survivors were last raised to the next generation.
-    pub num_gc: i32,
-    /// Collections it takes before survivors are raised.
-    pub number_of_gcs_before_promotion: i32,
-    pub cum_sum_bytes_allocated: u64,
-    pub minimum_age_before_gc: f64,
-}
-
-/// An allocation region open at the moment of the census: `[start, free)` holds objects
-/// the page table and `bytes_allocated` do not count yet.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OpenRegion {
-    /// `thread 0x7f.. mixed`, or `global code` (gc_alloc_region).
-    pub owner: String,
-    pub start: u64,
-    pub free: u64,
-    pub end: u64,
-}
-
-/// What objects are, as `(room)` groups them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ObjectClass {
-    /// simple-base-string and simple-character-string.
-    Strings,
-    Conses,
-    /// (simple-array (unsigned-byte 8) (*)).
-    OctetVectors,
-    /// Every other one-dimensional simple array (simple-vector, bit vectors, numeric
-    /// vectors).
-    OtherVectors,
-    /// Structure and standard-object instances.
-    Instances,
-    Code,
-    Other,
-}
-
-impl ObjectClass {
-    pub const ALL: [ObjectClass; 7] = [
-        ObjectClass::Strings,
-        ObjectClass::Conses,
-        ObjectClass::OctetVectors,
-        ObjectClass::OtherVectors,
-        ObjectClass::Instances,
-        ObjectClass::Code,
-        ObjectClass::Other,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            ObjectClass::Strings => "strings",
-            ObjectClass::Conses => "conses",
-            ObjectClass::OctetVectors => "octet vectors",
-            ObjectClass::OtherVectors => "other vectors",
-            ObjectClass::Instances => "instances",
-            ObjectClass::Code => "code",
-            ObjectClass::Other => "other",
-        }
-    }
-
-    /// The class of an object whose header has `widetag` (conses have none).
-    pub fn of_widetag(widetag: u8) -> Self {
-        match widetag {
-            225 | 229 => ObjectClass::Strings,
-            157 => ObjectClass::OctetVectors,
-            133..=221 => ObjectClass::OtherVectors,
-            57 => ObjectClass::Instances,
-            53 => ObjectClass::Code,
-            _ => ObjectClass::Other,
-        }
-    }
-
-    /// The place of this class in [`ObjectClass::ALL`].
-    pub fn index_in_all(self) -> usize {
-        self.index()
-    }
-
-    fn index(self) -> usize {
-        ObjectClass::ALL
-            .iter()
-            .position(|&c| c == self)
-            .unwrap_or(0)
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ObjectFigures {
-    pub count: u64,
-    pub bytes: u64,
-}
-
-/// Every object of the dynamic space, by type: what `(room)` and
-/// `sb-vm:map-allocated-objects` see (fillers and pseudo-conses left out).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct SbclObjects {
-    /// By [`ObjectClass::ALL`].
-    pub classes: Vec<ObjectFigures>,
-    /// By header widetag (256 entries; conses are in `classes` only).
-    pub by_widetag: Vec<ObjectFigures>,
-    /// By generation (of the page an object starts on; open regions' objects are the
-    /// nursery's, 0), then by [`ObjectClass::ALL`].
-    pub by_generation: Vec<Vec<ObjectFigures>>,
-    /// Fillers and pseudo-conses: space inside used pages that holds no object.
-    pub filler_bytes: u64,
-    /// How long the walk took (the process stopped).
-    pub walk_us: u64,
-}
-
-impl SbclObjects {
-    pub fn class(&self, c: ObjectClass) -> ObjectFigures {
-        self.classes[c.index()]
-    }
-}
-
 impl SbclCensus {
     /// As the trace keeps it (chunk 19).
     pub fn to_record(&self) -> fragscope_trace::sbcl_heap::SbclHeap {
@@ -799,11 +580,89 @@ fn inconsistent(s: String) -> CensusError {
     CensusError::Inconsistent(s)
 }
 
+/// One census, the process held: the space's header and counters, its page table, the
+/// open regions, then the objects and the mark when asked.
 fn read_census(
     mem: &mut ProcessMemory,
     rt: &SbclRuntime,
     options: CensusOptions,
 ) -> Result<SbclCensus, CensusError> {
+    let header = read_header(mem, rt)?;
+    let SpaceHeader {
+        start,
+        size,
+        page_table,
+        npages,
+        next_free,
+        collections,
+        bytes_allocated,
+    } = header;
+    let mut gens = vec![0u8; GENERATIONS * GENERATION_SIZE as usize];
+    mem.read(rt.generations, &mut gens)?;
+
+    // One entry past next_free_page: the walk looks at the next page's scan start.
+    let entries = (next_free + 1).min(npages);
+    let mut table = PageTable(vec![0u8; (entries * 8) as usize]);
+    mem.read(page_table, &mut table.0)?;
+
+    let regions = open_regions(mem, rt, start, size)?;
+    // The runtime moves next_free_page past a region's pages when it opens one.
+    let top = start + next_free * PAGE_BYTES;
+    if let Some(r) = regions.iter().find(|r| r.free > top) {
+        return Err(inconsistent(format!(
+            "the {} allocation region reaches {:#x}, beyond next_free_page at {top:#x}",
+            r.owner, r.free
+        )));
+    }
+    let open_on_page = open_bytes_by_page(&regions, start);
+    let mut generations = generations(&gens);
+    let tally = tally_pages(rt, &table, next_free, &open_on_page, &mut generations)?;
+    let bytes_used = check_counts(&generations, bytes_allocated, &regions, &table, start)?;
+    let walked = walk_and_mark(mem, rt, options, &header, &table, &regions)?;
+    Ok(SbclCensus {
+        version: rt.version.clone(),
+        dynamic_space_start: start,
+        dynamic_space_size: size,
+        page_bytes: PAGE_BYTES,
+        page_table,
+        page_table_pages: npages,
+        next_free_page: next_free,
+        pages_in_use: tally.pages.len() as u64,
+        pages_free: tally.pages_free,
+        pages_never_used: npages - next_free,
+        bytes_allocated,
+        bytes_used,
+        open_region_bytes: regions.iter().map(|r| r.free - r.start).sum(),
+        open_regions: regions,
+        generations,
+        page_types: tally.page_types,
+        occupancy_pages: tally.occupancy_pages,
+        occupancy_bytes: tally.occupancy_bytes,
+        pages: tally.pages,
+        collections,
+        objects: walked.objects,
+        mark: walked.mark,
+        mark_refused: walked.mark_refused,
+        pause_us: 0,
+        bytes_read: 0,
+    })
+}
+
+/// The dynamic space's bounds and the runtime's counters, as a census reads them first.
+#[derive(Clone, Copy)]
+struct SpaceHeader {
+    start: u64,
+    size: u64,
+    page_table: u64,
+    npages: u64,
+    next_free: u64,
+    collections: u64,
+    bytes_allocated: u64,
+}
+
+/// Reads the space's header, refusing one that does not hold together or a moment
+/// inside a collection.
+fn read_header(mem: &mut ProcessMemory, rt: &SbclRuntime) -> Result<SpaceHeader, CensusError> {
     let start = mem.read_u64(rt.dynamic_space_start)?;
     let size = mem.read_u64(rt.dynamic_space_size)?;
     let page_table = mem.read_u64(rt.page_table)?;
@@ -831,36 +690,38 @@ fn read_census(
             "next_free_page {next_free} is beyond the page table's {npages} pages"
         )));
     }
-    let collections = u64::from(mem.read_u32(rt.collections_counter)?);
-    let bytes_allocated = mem.read_u64(rt.bytes_allocated)?;
-    let mut gens = vec![0u8; GENERATIONS * GENERATION_SIZE as usize];
-    mem.read(rt.generations, &mut gens)?;
+    Ok(SpaceHeader {
+        start,
+        size,
+        page_table,
+        npages,
+        next_free,
+        collections: u64::from(mem.read_u32(rt.collections_counter)?),
+        bytes_allocated: mem.read_u64(rt.bytes_allocated)?,
+    })
+}
 
-    // One entry past next_free_page: the walk looks at the next page's scan start.
-    let entries = (next_free + 1).min(npages);
-    let mut table = vec![0u8; (entries * 8) as usize];
-    mem.read(page_table, &mut table)?;
-    let entry = |i: u64| -> (u32, u16, u8, u8) {
-        let e = &table[(i * 8) as usize..(i * 8 + 8) as usize];
+/// The page table's 8-byte entries, as read.
+struct PageTable(Vec<u8>);
+
+impl PageTable {
+    /// Entry `i`: scan start offset, words used (and the zero-fill bit), type bits,
+    /// generation.
+    fn entry(&self, i: u64) -> (u32, u16, u8, u8) {
+        let e = &self.0[(i * 8) as usize..(i * 8 + 8) as usize];
         (
             u32::from_le_bytes(e[0..4].try_into().unwrap()),
             u16::from_le_bytes(e[4..6].try_into().unwrap()),
             e[6],
             e[7],
         )
-    };
-
-    let regions = open_regions(mem, rt, start, size)?;
-    // The runtime moves next_free_page past a region's pages when it opens one.
-    let top = start + next_free * PAGE_BYTES;
-    if let Some(r) = regions.iter().find(|r| r.free > top) {
-        return Err(inconsistent(format!(
-            "the {} allocation region reaches {:#x}, beyond next_free_page at {top:#x}",
-            r.owner, r.free
-        )));
     }
-    let mut open_on_page = std::collections::HashMap::<u64, u64>::new();
-    for r in &regions {
+}
+
+/// The bytes of the open regions on each page they cover, by page index.
+fn open_bytes_by_page(regions: &[OpenRegion], start: u64) -> HashMap<u64, u64> {
+    let mut open_on_page = HashMap::<u64, u64>::new();
+    for r in regions {
         let mut a = r.start;
         while a < r.free {
             let page = (a - start) / PAGE_BYTES;
@@ -870,9 +731,12 @@ fn read_census(
             a = upto;
         }
     }
+    open_on_page
+}
 
-    let mut pages = Vec::new();
-    let mut generations: Vec<SbclGeneration> = (0..GENERATIONS)
+/// The runtime's `struct generation`s, decoded (their pages not counted yet).
+fn generations(gens: &[u8]) -> Vec<SbclGeneration> {
+    (0..GENERATIONS)
         .map(|g| {
             let b = &gens[g * GENERATION_SIZE as usize..];
             SbclGeneration {
@@ -887,13 +751,34 @@ fn read_census(
                 ..Default::default()
             }
         })
-        .collect();
+        .collect()
+}
+
+/// The pages in use and their figures by page type and by fill.
+struct PageTally {
+    pages: Vec<SbclPage>,
+    page_types: Vec<PageFigures>,
+    occupancy_pages: Vec<u64>,
+    occupancy_bytes: Vec<u64>,
+    pages_free: u64,
+}
+
+/// Decodes every page below next_free_page, adding each in use to its generation's
+/// figures; a page that does not hold together refuses the census.
+fn tally_pages(
+    rt: &SbclRuntime,
+    table: &PageTable,
+    next_free: u64,
+    open_on_page: &HashMap<u64, u64>,
+    generations: &mut [SbclGeneration],
+) -> Result<PageTally, CensusError> {
+    let mut pages = Vec::new();
     let mut page_types = vec![PageFigures::default(); PageType::ALL.len()];
     let mut occupancy_pages = vec![0u64; OCCUPANCY_BUCKETS];
     let mut occupancy_bytes = vec![0u64; OCCUPANCY_BUCKETS];
     let mut pages_free = 0;
     for i in 0..next_free {
-        let (_, words, bits, gen) = entry(i);
+        let (_, words, bits, gen) = table.entry(i);
         let bytes_used = u64::from(words >> 1) * 8;
         if bits == 0 {
             if bytes_used != 0 {
@@ -939,7 +824,25 @@ fn read_census(
         occupancy_bytes[bucket] += filled;
         pages.push(p);
     }
-    for g in &generations {
+    Ok(PageTally {
+        pages,
+        page_types,
+        occupancy_pages,
+        occupancy_bytes,
+        pages_free,
+    })
+}
+
+/// Checks the page table against the runtime's counters and the open regions against
+/// their pages' flags; the bytes used the page table counts.
+fn check_counts(
+    generations: &[SbclGeneration],
+    bytes_allocated: u64,
+    regions: &[OpenRegion],
+    table: &PageTable,
+    start: u64,
+) -> Result<u64, CensusError> {
+    for g in generations {
         if g.pages.bytes_used != g.bytes_allocated {
             return Err(inconsistent(format!(
                 "generation {}: the page table counts {} bytes, the runtime {}",
@@ -955,7 +858,7 @@ fn read_census(
     }
     if regions.iter().any(|r| {
         r.free > r.start && {
-            let (_, _, bits, _) = entry((r.start - start) / PAGE_BYTES);
+            let (_, _, bits, _) = table.entry((r.start - start) / PAGE_BYTES);
             bits & OPEN_REGION_PAGE_FLAG == 0
         }
     }) {
@@ -963,7 +866,31 @@ fn read_census(
             "an open allocation region starts on a page not marked open".into(),
         ));
     }
+    Ok(bytes_used)
+}
 
+/// What the object walk and the mark found, when asked.
+struct Walked {
+    objects: Option<SbclObjects>,
+    mark: Option<SbclMark>,
+    /// Why a mark that was asked for was refused.
+    mark_refused: Option<String>,
+}
+
+/// Walks the objects (`options.objects`, or for the mark) and marks from the roots
+/// (`options.mark`): a refused mark leaves the census standing, with the reason.
+fn walk_and_mark(
+    mem: &mut ProcessMemory,
+    rt: &SbclRuntime,
+    options: CensusOptions,
+    header: &SpaceHeader,
+    table: &PageTable,
+    regions: &[OpenRegion],
+) -> Result<Walked, CensusError> {
+    let SpaceHeader {
+        start, next_free, ..
+    } = *header;
+    let entry = |i: u64| table.entry(i);
     let mut starts = if options.mark {
         Some(vec![
             0u64;
@@ -979,7 +906,7 @@ fn read_census(
             start,
             next_free,
             &entry,
-            &regions,
+            regions,
             starts.as_deref_mut(),
         )?;
         o.walk_us = t.elapsed().as_micros() as u64;
@@ -1000,7 +927,7 @@ fn read_census(
                 start,
                 next_free,
                 pages: &info,
-                regions: &regions,
+                regions,
                 starts: &starts,
             };
             match mark::mark(mem, rt, &space) {
@@ -1010,410 +937,11 @@ fn read_census(
             }
         }
     };
-    Ok(SbclCensus {
-        version: rt.version.clone(),
-        dynamic_space_start: start,
-        dynamic_space_size: size,
-        page_bytes: PAGE_BYTES,
-        page_table,
-        page_table_pages: npages,
-        next_free_page: next_free,
-        pages_in_use: pages.len() as u64,
-        pages_free,
-        pages_never_used: npages - next_free,
-        bytes_allocated,
-        bytes_used,
-        open_region_bytes: regions.iter().map(|r| r.free - r.start).sum(),
-        open_regions: regions,
-        generations,
-        page_types,
-        occupancy_pages,
-        occupancy_bytes,
-        pages,
-        collections,
+    Ok(Walked {
         objects,
         mark,
         mark_refused,
-        pause_us: 0,
-        bytes_read: 0,
     })
-}
-
-/// The open allocation regions: every thread's six TLABs (threads found from
-/// `all_threads`, each checked by its `this` field) and the runtime's gc_alloc_region.
-fn open_regions(
-    mem: &mut ProcessMemory,
-    rt: &SbclRuntime,
-    start: u64,
-    size: u64,
-) -> Result<Vec<OpenRegion>, CensusError> {
-    let mut out = Vec::new();
-    let mut push = |owner: String, r: &[u8]| -> Result<(), CensusError> {
-        let (free, end, begin) = (le_u64(r, 0), le_u64(r, 8), le_u64(r, 16));
-        if begin == 0 {
-            return Ok(()); // closed
-        }
-        if !(start <= begin && begin <= free && free <= end && end <= start + size) {
-            return Err(inconsistent(format!(
-                "the {owner} allocation region does not hold together (start {begin:#x}, \
-                 free {free:#x}, end {end:#x})"
-            )));
-        }
-        out.push(OpenRegion {
-            owner,
-            start: begin,
-            free,
-            end,
-        });
-        Ok(())
-    };
-    let mut global = vec![0u8; 24 * GLOBAL_REGIONS.len()];
-    mem.read(rt.gc_alloc_region, &mut global)?;
-    for (i, name) in GLOBAL_REGIONS.iter().enumerate() {
-        push(format!("global {name}"), &global[i * 24..i * 24 + 24])?;
-    }
-    let mut thread = mem.read_u64(rt.all_threads)?;
-    let mut seen = 0;
-    let mut t = vec![0u8; rt.release.thread_tlabs.iter().max().map_or(0, |m| m + 24) as usize];
-    while thread != 0 {
-        seen += 1;
-        if seen > MAX_THREADS {
-            return Err(inconsistent(
-                "the runtime's thread list does not end".into(),
-            ));
-        }
-        mem.read(thread, &mut t)?;
-        if le_u64(&t, rt.release.thread_this as usize) != thread {
-            return Err(inconsistent(format!(
-                "the thread structure at {thread:#x} does not point to itself: not the \
-                 SBCL {} layout",
-                rt.release.version
-            )));
-        }
-        for (off, name) in rt.release.thread_tlabs.iter().zip(TLAB_NAMES) {
-            let off = *off as usize;
-            push(format!("thread {thread:#x} {name}"), &t[off..off + 24])?;
-        }
-        thread = le_u64(&t, rt.release.thread_next as usize);
-    }
-    Ok(out)
-}
-
-/// How the runtime sizes an object from its header (gc-common.c, the `sizetab` entries).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Sizer {
-    /// The first word of a cons (a fixnum, pointer or immediate): no header.
-    NotHeader,
-    /// No object starts with this widetag in the heap (`size_lose`).
-    Lose,
-    /// 1 + (23-bit payload | 1): size_boxed, also size_unboxed.
-    Boxed,
-    /// 1 + (15-bit payload | 1).
-    ShortBoxed,
-    /// Numbers without pointers other than bignums (double-float, complex floats, SAP,
-    /// SIMD pack): 1 + (payload | 1), the payload a byte. 2.6's runtime sizes them with
-    /// `size_unboxed`; earlier ones with `size_boxed`, which agrees on such payloads.
-    Unboxed,
-    Bignum,
-    Symbol,
-    Code,
-    Instance,
-    WeakPointer,
-    Fdefn,
-    Filler,
-    Array,
-    VectorT,
-    VectorNil,
-    /// Bits per element.
-    Vector(u8),
-    BaseString,
-}
-
-/// The sizer of each header widetag (`4n + 1`), from SBCL 2.2.9's gc-tables.h.
-fn sizer(widetag: u8) -> Sizer {
-    use Sizer::*;
-    if widetag % 4 != 1 {
-        return NotHeader;
-    }
-    match widetag {
-        17 => Bignum,
-        21 | 33 | 77 => Boxed,
-        29 | 37 | 41 | 49 | 101 | 105 => Unboxed,
-        9 | 25 | 81 => NotHeader, // unbound marker, single-float, character: immediates
-        45 => Symbol,
-        53 => Code,
-        57 => Instance,
-        61 | 69 => ShortBoxed,
-        89 => WeakPointer,
-        93 => Fdefn,
-        109 => Filler,
-        129 | 233 | 237 | 241 | 245 | 249 => Array,
-        133 => VectorNil,
-        137 => VectorT,
-        141 => Vector(1),
-        145 => Vector(2),
-        149 => Vector(4),
-        153 | 157 | 189 => Vector(8),
-        161 | 165 | 193 => Vector(16),
-        169 | 173 | 197 | 209 | 229 => Vector(32),
-        177 | 181 | 185 | 201 | 205 | 213 | 217 => Vector(64),
-        221 => Vector(128),
-        225 => BaseString,
-        _ => Lose,
-    }
-}
-
-/// `widetag_lowtag[w]` as SBCL 2.2.9 has it: 0x80 | the pointer's lowtag for a header,
-/// 7 (a cons) for a word that can start a cons, 0 for neither.
-fn expected_lowtag(widetag: u8) -> u8 {
-    match (sizer(widetag), widetag) {
-        (Sizer::NotHeader, _) => 7,
-        (_, 65) => 0x8B, // simple-fun: a header, but only inside code objects
-        (Sizer::Lose, _) => 0,
-        (Sizer::Filler, _) => 0x80,
-        (Sizer::Instance, _) => 0x83,
-        (Sizer::ShortBoxed, _) => 0x8B,
-        _ => 0x8F,
-    }
-}
-
-/// Checks that the process's own tag table is SBCL 2.2.9's and that its size table
-/// groups widetags as [`sizer`] does: a core or runtime with other tags or sizes is
-/// refused instead of walked wrongly.
-fn check_tag_tables(mem: &mut ProcessMemory, rt: &SbclRuntime) -> Result<(), CensusError> {
-    let mut lowtags = [0u8; 256];
-    mem.read(rt.widetag_lowtag, &mut lowtags)?;
-    for w in 0..=255u8 {
-        if lowtags[usize::from(w)] != expected_lowtag(w) {
-            return Err(inconsistent(format!(
-                "the runtime's widetag_lowtag[{w}] is {:#x}, not SBCL {}'s {:#x}",
-                lowtags[usize::from(w)],
-                rt.release.version,
-                expected_lowtag(w)
-            )));
-        }
-    }
-    let mut raw = vec![0u8; 256 * 8];
-    mem.read(rt.sizetab, &mut raw)?;
-    let fns: Vec<u64> = (0..256).map(|w| le_u64(&raw, w * 8)).collect();
-    let mut by_sizer: Vec<(Sizer, u64)> = Vec::new();
-    for w in 0..=255u8 {
-        let (s, f) = match sizer(w) {
-            Sizer::Unboxed if !rt.release.size_unboxed => (Sizer::Boxed, fns[usize::from(w)]),
-            s => (s, fns[usize::from(w)]),
-        };
-        let ok = match s {
-            Sizer::NotHeader => f == 0,
-            _ if f == 0 => false,
-            _ => match by_sizer.iter().find(|(k, _)| *k == s) {
-                Some(&(_, g)) => g == f,
-                // A new sizer must have a function no other sizer has.
-                None => {
-                    let fresh = by_sizer.iter().all(|&(_, g)| g != f);
-                    by_sizer.push((s, f));
-                    fresh
-                }
-            },
-        };
-        if !ok {
-            return Err(inconsistent(format!(
-                "the runtime sizes widetag {w} unlike SBCL {}",
-                rt.release.version
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Reads the heap forward through a window, so that the payload of a large object is
-/// skipped rather than read.
-struct Window<'a> {
-    mem: &'a mut ProcessMemory,
-    base: u64,
-    buf: Vec<u8>,
-}
-
-const WINDOW: u64 = 256 << 10;
-
-impl Window<'_> {
-    /// The word at `addr`, inside `[.., limit)`.
-    fn word(&mut self, addr: u64, limit: u64) -> Result<u64, CensusError> {
-        let len = self.buf.len() as u64;
-        if addr < self.base || addr + 8 > self.base + len {
-            let n = WINDOW.min(limit.saturating_sub(addr)).max(8);
-            self.buf.resize(n as usize, 0);
-            self.mem.read_ranges(&[(addr, n as usize)], &mut self.buf)?;
-            self.base = addr;
-        }
-        Ok(le_u64(&self.buf, (addr - self.base) as usize))
-    }
-}
-
-/// Words of the object whose header is `h` at `addr` (its size in the heap).
-fn object_words(
-    read: &mut dyn FnMut(u64) -> Result<u64, CensusError>,
-    addr: u64,
-    h: u64,
-) -> Result<u64, CensusError> {
-    // Saturating: a misread length must end the walk with an error, not wrap around.
-    let align2 = |n: u64| n.saturating_add(1) & !1;
-    let value = h >> 8;
-    let mut vector_len = || -> Result<u64, CensusError> { Ok(read(addr + 8)? >> 1) };
-    let nwords = |len: u64, bits: u64| {
-        if bits <= 64 {
-            let per = 64 / bits;
-            len.div_ceil(per)
-        } else {
-            len.saturating_mul(bits / 64)
-        }
-    };
-    Ok(match sizer(h as u8) {
-        Sizer::NotHeader => 2,
-        Sizer::Lose => {
-            return Err(inconsistent(format!(
-                "an object at {addr:#x} has header {h:#x}, which no heap object has"
-            )))
-        }
-        Sizer::Boxed => 1 + ((value & 0x7F_FFFF) | 1),
-        Sizer::ShortBoxed => 1 + ((value & 0x7FFF) | 1),
-        Sizer::Unboxed => 1 + ((value & 0xFF) | 1),
-        Sizer::Bignum => 1 + ((value & 0xFFFF_FFFF) | 1),
-        Sizer::Symbol => 6,
-        Sizer::Code => h >> 32,
-        Sizer::Instance => {
-            let h = h as u32;
-            let extra = (h >> 10) & (h >> 9) & 1;
-            let len = u64::from(((h >> 10) & 0x3FFF) + extra);
-            1 + (len | 1)
-        }
-        Sizer::WeakPointer => align2(1 + ((h >> 8) & 0xF)),
-        Sizer::Fdefn => 4,
-        Sizer::Filler => h >> 32,
-        Sizer::Array => {
-            let rank = ((h >> 8) as u8).wrapping_add(1);
-            // struct array is 8 words with one dimension.
-            align2(8 + u64::from(rank) - 1)
-        }
-        Sizer::VectorT => align2(vector_len()?.saturating_add(2)),
-        Sizer::VectorNil => 2,
-        Sizer::Vector(bits) => align2(nwords(vector_len()?, u64::from(bits)).saturating_add(2)),
-        Sizer::BaseString => align2(nwords(vector_len()? + 1, 8).saturating_add(2)),
-    })
-}
-
-/// Walks every object: each contiguous block of pages as walk-dynamic-space in
-/// room.lisp finds them (a block goes on while its page is full and the next page does
-/// not start a block), then the open regions' objects.
-fn walk_objects(
-    mem: &mut ProcessMemory,
-    start: u64,
-    next_free: u64,
-    entry: &dyn Fn(u64) -> (u32, u16, u8, u8),
-    regions: &[OpenRegion],
-    mut starts: Option<&mut [u64]>,
-) -> Result<SbclObjects, CensusError> {
-    let mut o = SbclObjects {
-        classes: vec![ObjectFigures::default(); ObjectClass::ALL.len()],
-        by_widetag: vec![ObjectFigures::default(); 256],
-        by_generation: vec![vec![ObjectFigures::default(); ObjectClass::ALL.len()]; GENERATIONS],
-        ..Default::default()
-    };
-    let gen_of = |addr: u64| -> usize {
-        let page = (addr - start) / PAGE_BYTES;
-        usize::from(entry(page).3).min(GENERATIONS - 1)
-    };
-    let mut w = Window {
-        mem,
-        base: 0,
-        buf: Vec::new(),
-    };
-    let used = |i: u64| u64::from(entry(i).1 >> 1) * 8;
-    let mut first = 0;
-    while first < next_free {
-        let mut last = first;
-        while used(last) == PAGE_BYTES && last + 1 < next_free && entry(last + 1).0 != 0 {
-            last += 1;
-        }
-        let from = start + first * PAGE_BYTES;
-        let to = start + last * PAGE_BYTES + used(last);
-        if to > from && entry(first).2 != 0 {
-            walk_range(
-                &mut w,
-                from,
-                to,
-                &mut o,
-                &gen_of,
-                start,
-                starts.as_deref_mut(),
-            )?;
-        }
-        first = last + 1;
-    }
-    for r in regions {
-        if r.free > r.start {
-            walk_range(
-                &mut w,
-                r.start,
-                r.free,
-                &mut o,
-                &|_| 0,
-                start,
-                starts.as_deref_mut(),
-            )?;
-        }
-    }
-    Ok(o)
-}
-
-fn walk_range(
-    w: &mut Window,
-    from: u64,
-    to: u64,
-    o: &mut SbclObjects,
-    gen_of: &dyn Fn(u64) -> usize,
-    space_start: u64,
-    mut starts: Option<&mut [u64]>,
-) -> Result<(), CensusError> {
-    let mut addr = from;
-    while addr < to {
-        let h = w.word(addr, to)?;
-        let widetag = h as u8;
-        let words = if h == PSEUDO_CONS {
-            2
-        } else {
-            object_words(&mut |a| w.word(a, to), addr, h)?
-        };
-        let bytes = words.saturating_mul(8);
-        if words == 0 || bytes > to - addr {
-            return Err(inconsistent(format!(
-                "the object at {addr:#x} (header {h:#x}, {bytes} bytes) overruns its block \
-                 ending at {to:#x}"
-            )));
-        }
-        if h == PSEUDO_CONS || widetag == FILLER_WIDETAG {
-            o.filler_bytes += bytes;
-        } else {
-            if let Some(s) = starts.as_deref_mut() {
-                mark::set_bit(s, (addr - space_start) / 16);
-            }
-            let class = if sizer(widetag) == Sizer::NotHeader {
-                ObjectClass::Conses
-            } else {
-                let f = &mut o.by_widetag[usize::from(widetag)];
-                f.count += 1;
-                f.bytes += bytes;
-                ObjectClass::of_widetag(widetag)
-            };
-            let f = &mut o.classes[class.index()];
-            f.count += 1;
-            f.bytes += bytes;
-            let g = &mut o.by_generation[gen_of(addr)][class.index()];
-            g.count += 1;
-            g.bytes += bytes;
-        }
-        addr += bytes;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

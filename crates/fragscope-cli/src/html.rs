@@ -18,8 +18,12 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use fragscope_model::ghc::GhcReport;
-use fragscope_model::report::{Report, Site};
+use fragscope_model::report::{Decomposition, Report, Site};
 use serde_json::{json, Value};
+
+mod runtime_data;
+
+use runtime_data::RUNTIMES;
 
 const TEMPLATE: &str = include_str!("html/page.html");
 const STYLE: &str = include_str!("html/page.css");
@@ -33,23 +37,42 @@ const TABLE_CLASSES: usize = 50;
 /// parent, so that the page stays small for programs with many sites.
 const FLAME_MIN_SHARE: f64 = 1e-4;
 
+/// Reads one part of a snapshot's decomposition for the page: `None` where it is unknown
+/// (a runtime's heap at a snapshot without its census, malloc's heap without its calls).
+type PartOf = fn(&Decomposition) -> Option<u64>;
+
+/// A part of malloc's heap, unknown when a snapshot's census could not read it.
+fn malloc(d: &Decomposition, v: u64) -> Option<u64> {
+    (!d.malloc_unknown).then_some(v)
+}
+
 /// The malloc report's parts, in stacking order, with their names in the page.
-pub const PARTS: [(&str, &str); 15] = [
-    ("live", "live"),
-    ("rounding", "rounding"),
-    ("allocator_overhead", "allocator overhead"),
-    ("free_in_used_pages", "free in used pages"),
-    ("free_resident_pages", "free resident pages"),
-    ("lazy_free", "lazily freed"),
-    ("pymalloc_arenas", "pymalloc arenas"),
-    ("sbcl_dynamic_space", "SBCL dynamic space"),
-    ("go_heap", "Go heap"),
-    ("jvm_heap", "Java heap"),
-    ("jvm_runtime", "JVM runtime areas"),
-    ("v8_heap", "V8 heap"),
-    ("other_anon", "other anonymous"),
-    ("file", "file-backed"),
-    ("fragscope_own", "fragscope's buffers"),
+pub const PARTS: [(&str, &str, PartOf); 15] = [
+    ("live", "live", |d| malloc(d, d.live)),
+    ("rounding", "rounding", |d| malloc(d, d.rounding)),
+    ("allocator_overhead", "allocator overhead", |d| {
+        malloc(d, d.allocator_overhead)
+    }),
+    ("free_in_used_pages", "free in used pages", |d| {
+        malloc(d, d.free_in_used_pages)
+    }),
+    ("free_resident_pages", "free resident pages", |d| {
+        malloc(d, d.free_resident_pages)
+    }),
+    ("lazy_free", "lazily freed", |d| malloc(d, d.lazy_free)),
+    ("pymalloc_arenas", "pymalloc arenas", |d| d.pymalloc_arenas),
+    ("sbcl_dynamic_space", "SBCL dynamic space", |d| {
+        d.sbcl_dynamic_space
+    }),
+    ("go_heap", "Go heap", |d| d.go_heap),
+    ("jvm_heap", "Java heap", |d| d.jvm_heap),
+    ("jvm_runtime", "JVM runtime areas", |d| d.jvm_runtime),
+    ("v8_heap", "V8 heap", |d| d.v8_heap),
+    ("other_anon", "other anonymous", |d| Some(d.other_anon)),
+    ("file", "file-backed", |d| Some(d.file)),
+    ("fragscope_own", "fragscope's buffers", |d| {
+        Some(d.fragscope_own)
+    }),
 ];
 
 /// Writes the page for one malloc report (`r.all_sites` feeds the flame graphs).
@@ -133,40 +156,81 @@ fn nonce() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// The malloc report in columns for the page.
+/// The malloc report in columns for the page, each runtime heap's fields added by its
+/// entry of [`RUNTIMES`].
 fn malloc_data(r: &Report) -> Value {
+    let tl = &r.timeline;
+    let timeline = json!({
+        "t_ms": tl.iter().map(|p| p.t_ms).collect::<Vec<_>>(),
+        "rss": tl.iter().map(|p| p.rss).collect::<Vec<_>>(),
+        "live": tl.iter().map(|p| p.live).collect::<Vec<_>>(),
+    });
+    let phases: Vec<Value> = r
+        .phases
+        .iter()
+        .map(|p| json!({"start_ms": p.start_ms, "end_ms": p.end_ms, "kind": p.kind}))
+        .collect();
+    let mut data = json!({
+        "trace": r.trace,
+        "argv": r.argv,
+        "pid": r.pid,
+        "allocator": r.allocator,
+        "calls": r.calls,
+        "duration_ms": r.duration_ms,
+        "truncated": r.truncated,
+        "damage": r.damage,
+        "skipped": r.skipped,
+        "merge": r.merge,
+        "stacks": r.stacks,
+        "headline": r.headline,
+        "parts_names": PARTS.iter().map(|(k, n, _)| json!([k, n])).collect::<Vec<_>>(),
+        "heap_names": fragscope_model::heaps::Heap::ALL
+            .iter()
+            .map(|h| (json!(h).as_str().unwrap_or_default().to_string(), h.name()))
+            .collect::<HashMap<_, _>>(),
+        "snapshots": snapshot_columns(r),
+        "peak_snapshot": r.peak_snapshot,
+        "end_snapshot": r.end_snapshot,
+        "focus_snapshot": r.focus_snapshot,
+        "timeline": timeline,
+        "phases": phases,
+        "size_classes": r.size_classes.iter().take(TABLE_CLASSES).collect::<Vec<_>>(),
+        "class_history": class_history(r),
+        "sites": sites_data(r),
+        "leaks": r.leaks,
+        "untraced": r.untraced,
+        "snapshot": r.snapshot,
+        "flame": flame(r.all_sites.iter().map(|s| {
+            (
+                s.frames.iter().rev().map(|f| f.label()).collect(),
+                [s.allocated_bytes, s.live_bytes, s.pinned_waste],
+            )
+        })),
+        "sharing": r.sharing_snapshot.map(|i| json!({
+            "t_ms": r.snapshots[i].t_ms,
+            "sharing": r.snapshots[i].sharing,
+        })),
+        "processes": r.processes,
+        "stream": r.stream,
+    });
+    if let Value::Object(data) = &mut data {
+        for runtime in &RUNTIMES {
+            (runtime.fields)(r, data);
+        }
+    }
+    data
+}
+
+/// The snapshots' figures, a column each: the decomposition's parts by [`PARTS`], page
+/// occupancy, and each runtime heap's fill buckets (null without its census).
+fn snapshot_columns(r: &Report) -> Value {
     let snaps = &r.snapshots;
     let mut parts = serde_json::Map::new();
-    for (key, _) in PARTS {
-        // null where the part is unknown (a runtime's heap at a snapshot without its census).
-        let col: Vec<Option<u64>> = snaps
-            .iter()
-            .map(|s| {
-                let d = &s.parts;
-                let malloc = |v: u64| (!d.malloc_unknown).then_some(v);
-                match key {
-                    "live" => malloc(d.live),
-                    "rounding" => malloc(d.rounding),
-                    "allocator_overhead" => malloc(d.allocator_overhead),
-                    "free_in_used_pages" => malloc(d.free_in_used_pages),
-                    "free_resident_pages" => malloc(d.free_resident_pages),
-                    "lazy_free" => malloc(d.lazy_free),
-                    "pymalloc_arenas" => d.pymalloc_arenas,
-                    "sbcl_dynamic_space" => d.sbcl_dynamic_space,
-                    "go_heap" => d.go_heap,
-                    "jvm_heap" => d.jvm_heap,
-                    "jvm_runtime" => d.jvm_runtime,
-                    "v8_heap" => d.v8_heap,
-                    "other_anon" => Some(d.other_anon),
-                    "file" => Some(d.file),
-                    _ => Some(d.fragscope_own),
-                }
-            })
-            .collect();
+    for (key, _, part) in PARTS {
+        let col: Vec<Option<u64>> = snaps.iter().map(|s| part(&s.parts)).collect();
         parts.insert(key.into(), json!(col));
     }
-    let part_names: Vec<Value> = PARTS.iter().map(|(k, n)| json!([k, n])).collect();
-    let snapshots = json!({
+    let mut snapshots = json!({
         "t_ms": snaps.iter().map(|s| s.t_ms).collect::<Vec<_>>(),
         "reason": snaps.iter().map(|s| s.reason.as_str()).collect::<Vec<_>>(),
         "rss": snaps.iter().map(|s| s.parts.rss).collect::<Vec<_>>(),
@@ -179,23 +243,20 @@ fn malloc_data(r: &Report) -> Value {
             .map(|s| s.occupancy.iter().map(|b| json!([b.lo_pct, b.hi_pct, b.pages, b.live_bytes])).collect::<Vec<_>>())
             .collect::<Vec<_>>(),
         "page_size": snaps.iter().map(|s| s.page_size).collect::<Vec<_>>(),
-        // The runtime heaps' own fill buckets (pools, pages), null without a census.
-        "pymalloc_fill": snaps.iter().map(|s| s.pymalloc.as_ref().map(|p| json!({"unit": "pools", "unit_bytes": p.pool_size, "buckets": p.pool_fill}))).collect::<Vec<_>>(),
-        "sbcl_fill": snaps.iter().map(|s| s.sbcl.as_ref().map(|p| json!({"unit": "pages", "unit_bytes": p.page_bytes, "buckets": p.page_fill}))).collect::<Vec<_>>(),
-        "go_fill": snaps.iter().map(|s| s.go.as_ref().map(|p| json!({"unit": "spans", "unit_bytes": 8192, "buckets": p.span_fill}))).collect::<Vec<_>>(),
     });
-    let tl = &r.timeline;
-    let timeline = json!({
-        "t_ms": tl.iter().map(|p| p.t_ms).collect::<Vec<_>>(),
-        "rss": tl.iter().map(|p| p.rss).collect::<Vec<_>>(),
-        "live": tl.iter().map(|p| p.live).collect::<Vec<_>>(),
-    });
-    let phases: Vec<Value> = r
-        .phases
-        .iter()
-        .map(|p| json!({"start_ms": p.start_ms, "end_ms": p.end_ms, "kind": p.kind}))
-        .collect();
-    // The classes drawn over time: the largest by peak live plus retained bytes.
+    if let Value::Object(columns) = &mut snapshots {
+        for runtime in &RUNTIMES {
+            if let Some((key, fill)) = runtime.fill {
+                let col: Vec<Value> = snaps.iter().map(fill).collect();
+                columns.insert(key.into(), json!(col));
+            }
+        }
+    }
+    snapshots
+}
+
+/// The size classes drawn over time: the largest by peak live plus retained bytes.
+fn class_history(r: &Report) -> Value {
     let mut peak: HashMap<u64, u64> = HashMap::new();
     for h in &r.size_class_history {
         for c in &h.classes {
@@ -218,12 +279,16 @@ fn malloc_data(r: &Report) -> Value {
             })
             .collect()
     };
-    let class_history = json!({
+    json!({
         "t_ms": r.size_class_history.iter().map(|h| h.t_ms).collect::<Vec<_>>(),
         "usable": drawn,
         "retained_free": series(|c| c.retained_free),
         "live_bytes": series(|c| c.live_bytes),
-    });
+    })
+}
+
+/// The top lists of allocation sites, a row per site.
+fn sites_data(r: &Report) -> Value {
     let site_row = |s: &Site| {
         json!([
             s.label,
@@ -236,7 +301,7 @@ fn malloc_data(r: &Report) -> Value {
             s.temporary_allocations
         ])
     };
-    let sites = json!({
+    json!({
         "stacks": r.sites.stacks,
         "t_ms": r.sites.t_ms,
         "sparse_pct": r.sites.sparse_pct,
@@ -245,82 +310,7 @@ fn malloc_data(r: &Report) -> Value {
         "by_allocated_bytes": r.sites.by_allocated_bytes.iter().map(site_row).collect::<Vec<_>>(),
         "by_leaked_bytes": r.sites.by_leaked_bytes.iter().map(site_row).collect::<Vec<_>>(),
         "by_temporary_allocations": r.sites.by_temporary_allocations.iter().map(site_row).collect::<Vec<_>>(),
-    });
-    json!({
-        "trace": r.trace,
-        "argv": r.argv,
-        "pid": r.pid,
-        "allocator": r.allocator,
-        "calls": r.calls,
-        "duration_ms": r.duration_ms,
-        "truncated": r.truncated,
-        "damage": r.damage,
-        "skipped": r.skipped,
-        "merge": r.merge,
-        "stacks": r.stacks,
-        "headline": r.headline,
-        "parts_names": part_names,
-        "heap_names": fragscope_model::heaps::Heap::ALL
-            .iter()
-            .map(|h| (json!(h).as_str().unwrap_or_default().to_string(), h.name()))
-            .collect::<HashMap<_, _>>(),
-        "snapshots": snapshots,
-        "peak_snapshot": r.peak_snapshot,
-        "end_snapshot": r.end_snapshot,
-        "focus_snapshot": r.focus_snapshot,
-        "timeline": timeline,
-        "phases": phases,
-        "size_classes": r.size_classes.iter().take(TABLE_CLASSES).collect::<Vec<_>>(),
-        "class_history": class_history,
-        "sites": sites,
-        "leaks": r.leaks,
-        "untraced": r.untraced,
-        "snapshot": r.snapshot,
-        "flame": flame(r.all_sites.iter().map(|s| {
-            (
-                s.frames.iter().rev().map(|f| f.label()).collect(),
-                [s.allocated_bytes, s.live_bytes, s.pinned_waste],
-            )
-        })),
-        "lisp_flame": r.lisp_sites.as_ref().map(|l| {
-            flame(l.stacks.iter().map(|s| {
-                (
-                    s.frames.iter().rev().cloned().collect(),
-                    [s.allocated_bytes.round() as u64, 0, 0],
-                )
-            }))
-        }),
-        "sharing": r.sharing_snapshot.map(|i| json!({
-            "t_ms": r.snapshots[i].t_ms,
-            "sharing": r.snapshots[i].sharing,
-        })),
-        "processes": r.processes,
-        "stream": r.stream,
-        "pymalloc_note": r.pymalloc_note,
-        "pymalloc": pymalloc_data(r),
-        "python_sites": r.python_sites,
-        "python_sites_note": r.python_sites_note,
-        "lisp_sites": r.lisp_sites,
-        "go": r.go_snapshot.and_then(|i| r.snapshots.get(i)).and_then(|s| s.go.as_ref().map(|g| json!({"t_ms": s.t_ms, "census": g}))),
-        "go_note": r.go_note,
-        "go_sites": r.go_sites,
-        "go_sites_note": r.go_sites_note,
-        "jvm": r.jvm_snapshot.and_then(|i| r.snapshots.get(i)).and_then(|s| s.jvm.as_ref().map(|j| json!({"t_ms": s.t_ms, "census": j}))),
-        "jvm_note": r.jvm_note,
-        "v8": r.v8_snapshot.and_then(|i| r.snapshots.get(i)).and_then(|s| s.v8.as_ref().map(|v| json!({"t_ms": s.t_ms, "census": v}))),
     })
-}
-
-/// The pymalloc census the report explains (the one with the most free space), with its
-/// snapshot's time; null for other programs.
-fn pymalloc_data(r: &Report) -> Value {
-    let Some(s) = r.pymalloc_snapshot.and_then(|i| r.snapshots.get(i)) else {
-        return Value::Null;
-    };
-    match &s.pymalloc {
-        Some(p) => json!({"t_ms": s.t_ms, "census": p}),
-        None => Value::Null,
-    }
 }
 
 /// One node of the flame tree: a frame's name, its totals for three metrics (malloc

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use fragscope_trace::heap_census::AllocatorHeap;
-use fragscope_trace::summary::{summarize, TraceSummary};
+use fragscope_trace::heap_census::{AllocatorHeap, HeapCensus};
+use fragscope_trace::summary::{summarize, ProcessSummary, TraceSummary};
 use serde_json::json;
 
 use crate::units;
@@ -140,131 +140,7 @@ fn print_text(path: &std::path::Path, s: &TraceSummary) {
         println!("note       {skipped}");
     }
     for p in &s.processes {
-        println!();
-        let origin = match (p.forked, p.parent_stream) {
-            (true, Some(ps)) => format!(", forked from stream {ps}"),
-            (false, Some(ps)) => format!(", exec'd from stream {ps}"),
-            _ => String::new(),
-        };
-        println!(
-            "process    pid {} (stream {}{}): {}",
-            p.pid,
-            p.stream,
-            origin,
-            p.argv.join(" ")
-        );
-        println!("  end      {}", p.describe_end());
-        println!("  threads  {}", p.threads.len());
-        if let Some(a) = p.allocator {
-            println!("  allocator {a}");
-        }
-        let calls: Vec<String> = p
-            .calls
-            .iter()
-            .map(|(f, n)| format!("{} {}", f.name(), n))
-            .collect();
-        println!(
-            "  calls    {}",
-            if calls.is_empty() {
-                "none".into()
-            } else {
-                calls.join(", ")
-            }
-        );
-        if p.packing_resumed > 0 {
-            println!(
-                "  buffers  {} ({} packed; packing resumed {} times)",
-                p.buffers, p.packed_buffers, p.packing_resumed
-            );
-        } else {
-            println!("  buffers  {} ({} packed)", p.buffers, p.packed_buffers);
-        }
-        let peak = if p.rss_samples > 0 {
-            format!(" (peak {})", units::bytes(p.peak_rss_kib * 1024))
-        } else {
-            String::new()
-        };
-        println!(
-            "  samples  {} RSS samples{peak}, {} page-residency snapshots, {} stacks",
-            p.rss_samples, p.snapshots, p.stacks
-        );
-        if p.ghc_censuses > 0 {
-            println!(
-                "  ghc      {} block censuses of the RTS heap",
-                p.ghc_censuses
-            );
-        }
-        if let Some(note) = &p.ghc_census_note {
-            println!("  ghc      {note}");
-        }
-        if p.pymalloc_censuses > 0 {
-            println!(
-                "  python   {} censuses of pymalloc's pools",
-                p.pymalloc_censuses
-            );
-        }
-        if let Some(note) = &p.pymalloc_census_note {
-            println!("  python   {note}");
-        }
-        if p.python_samples > 0 {
-            println!(
-                "  python   {} objects sampled with their Python stacks",
-                p.python_samples
-            );
-        }
-        if p.lisp_samples > 0 {
-            println!(
-                "  sbcl     {} allocation regions sampled with their Lisp stacks",
-                p.lisp_samples
-            );
-        }
-        if let Some(l) = &p.linked_allocator {
-            println!(
-                "  linked   {} in {} ({}): its calls are not traced",
-                l.allocator, l.image, l.evidence
-            );
-        }
-        if let Some(c) = &p.heap_census {
-            let how = if c.stopped {
-                format!("stopped {:.1} ms", c.pause_us as f64 / 1e3)
-            } else {
-                "not stopped".into()
-            };
-            match &c.result {
-                Ok(AllocatorHeap::Glibc(h)) => println!(
-                    "  snapshot {} {} heap census ({how}): {} arenas, {} chunks in use",
-                    c.allocator,
-                    h.version,
-                    h.arenas.len(),
-                    h.in_use_chunks()
-                ),
-                Ok(AllocatorHeap::Tcmalloc(h)) => println!(
-                    "  snapshot tcmalloc (gperftools {}) heap census ({how}): {} size classes, \
-                     {} spans",
-                    h.release,
-                    h.classes.len(),
-                    h.classes.iter().map(|k| k.spans).sum::<u64>()
-                ),
-                Ok(AllocatorHeap::Jemalloc(h)) => println!(
-                    "  snapshot jemalloc {} heap census ({how}): {} arenas, {} size classes, \
-                     {} slabs",
-                    h.release,
-                    h.arenas.len(),
-                    h.bins.len(),
-                    h.bins.iter().map(|k| k.slabs).sum::<u64>()
-                ),
-                Ok(AllocatorHeap::Unused) => {
-                    println!("  snapshot ({how}): no malloc heap (the process maps no C library)")
-                }
-                Err(note) => println!("  snapshot {} ({how}): {note}", c.allocator),
-            }
-        }
-        if p.lost_buffers + p.lost_events > 0 {
-            println!(
-                "  lost     {} buffers, {} events",
-                p.lost_buffers, p.lost_events
-            );
-        }
+        print_process(p);
     }
     for u in &s.untraced {
         println!();
@@ -274,5 +150,144 @@ fn print_text(path: &std::path::Path, s: &TraceSummary) {
             .unwrap_or_default();
         println!("not traced {}{origin}", u.label());
         println!("  why      {}", u.reason);
+    }
+}
+
+/// One process of the trace: its identity, calls, buffers and samples.
+fn print_process(p: &ProcessSummary) {
+    println!();
+    let origin = match (p.forked, p.parent_stream) {
+        (true, Some(ps)) => format!(", forked from stream {ps}"),
+        (false, Some(ps)) => format!(", exec'd from stream {ps}"),
+        _ => String::new(),
+    };
+    println!(
+        "process    pid {} (stream {}{}): {}",
+        p.pid,
+        p.stream,
+        origin,
+        p.argv.join(" ")
+    );
+    println!("  end      {}", p.describe_end());
+    println!("  threads  {}", p.threads.len());
+    if let Some(a) = p.allocator {
+        println!("  allocator {a}");
+    }
+    let calls: Vec<String> = p
+        .calls
+        .iter()
+        .map(|(f, n)| format!("{} {}", f.name(), n))
+        .collect();
+    println!(
+        "  calls    {}",
+        if calls.is_empty() {
+            "none".into()
+        } else {
+            calls.join(", ")
+        }
+    );
+    if p.packing_resumed > 0 {
+        println!(
+            "  buffers  {} ({} packed; packing resumed {} times)",
+            p.buffers, p.packed_buffers, p.packing_resumed
+        );
+    } else {
+        println!("  buffers  {} ({} packed)", p.buffers, p.packed_buffers);
+    }
+    let peak = if p.rss_samples > 0 {
+        format!(" (peak {})", units::bytes(p.peak_rss_kib * 1024))
+    } else {
+        String::new()
+    };
+    println!(
+        "  samples  {} RSS samples{peak}, {} page-residency snapshots, {} stacks",
+        p.rss_samples, p.snapshots, p.stacks
+    );
+    print_runtimes(p);
+    if let Some(l) = &p.linked_allocator {
+        println!(
+            "  linked   {} in {} ({}): its calls are not traced",
+            l.allocator, l.image, l.evidence
+        );
+    }
+    if let Some(c) = &p.heap_census {
+        print_heap_census(c);
+    }
+    if p.lost_buffers + p.lost_events > 0 {
+        println!(
+            "  lost     {} buffers, {} events",
+            p.lost_buffers, p.lost_events
+        );
+    }
+}
+
+/// What a process's runtimes left in the trace: censuses and sampled stacks.
+fn print_runtimes(p: &ProcessSummary) {
+    if p.ghc_censuses > 0 {
+        println!(
+            "  ghc      {} block censuses of the RTS heap",
+            p.ghc_censuses
+        );
+    }
+    if let Some(note) = &p.ghc_census_note {
+        println!("  ghc      {note}");
+    }
+    if p.pymalloc_censuses > 0 {
+        println!(
+            "  python   {} censuses of pymalloc's pools",
+            p.pymalloc_censuses
+        );
+    }
+    if let Some(note) = &p.pymalloc_census_note {
+        println!("  python   {note}");
+    }
+    if p.python_samples > 0 {
+        println!(
+            "  python   {} objects sampled with their Python stacks",
+            p.python_samples
+        );
+    }
+    if p.lisp_samples > 0 {
+        println!(
+            "  sbcl     {} allocation regions sampled with their Lisp stacks",
+            p.lisp_samples
+        );
+    }
+}
+
+/// A snapshot's census of the allocator's heap, in one line.
+fn print_heap_census(c: &HeapCensus) {
+    let how = if c.stopped {
+        format!("stopped {:.1} ms", c.pause_us as f64 / 1e3)
+    } else {
+        "not stopped".into()
+    };
+    match &c.result {
+        Ok(AllocatorHeap::Glibc(h)) => println!(
+            "  snapshot {} {} heap census ({how}): {} arenas, {} chunks in use",
+            c.allocator,
+            h.version,
+            h.arenas.len(),
+            h.in_use_chunks()
+        ),
+        Ok(AllocatorHeap::Tcmalloc(h)) => println!(
+            "  snapshot tcmalloc (gperftools {}) heap census ({how}): {} size classes, \
+             {} spans",
+            h.release,
+            h.classes.len(),
+            h.classes.iter().map(|k| k.spans).sum::<u64>()
+        ),
+        Ok(AllocatorHeap::Jemalloc(h)) => println!(
+            "  snapshot jemalloc {} heap census ({how}): {} arenas, {} size classes, \
+             {} slabs",
+            h.release,
+            h.arenas.len(),
+            h.bins.len(),
+            h.bins.iter().map(|k| k.slabs).sum::<u64>()
+        ),
+        Ok(AllocatorHeap::Unused) => {
+            println!("  snapshot ({how}): no malloc heap (the process maps no C library)")
+        }
+        Err(note) => println!("  snapshot {} ({how}): {note}", c.allocator),
     }
 }

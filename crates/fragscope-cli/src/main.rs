@@ -11,9 +11,6 @@ mod progress;
 mod record;
 mod replay;
 mod report;
-mod report_go;
-mod report_jvm;
-mod report_sharing;
 mod snapshot;
 mod units;
 

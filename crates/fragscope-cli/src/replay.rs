@@ -318,6 +318,67 @@ fn render(
         bytes(r.held_live),
         secs(r.held_t_ms)
     );
+    measured_line(&mut o, r, measured);
+    let _ = writeln!(o);
+
+    // One row per model.
+    let label_w = r
+        .models
+        .iter()
+        .map(|m| m.label.chars().count())
+        .chain([12])
+        .max()
+        .unwrap_or(12);
+    model_table(&mut o, r, measured, accuracy, label_w);
+
+    // Resident heap over time, one scale for all.
+    let max = r
+        .models
+        .iter()
+        .flat_map(|m| m.rss.iter().copied())
+        .chain(r.timeline.live.iter().copied())
+        .max()
+        .unwrap_or(0);
+    let _ = writeln!(
+        o,
+        "\nresident heap over time (0 to {}, full bar = {}):",
+        secs(r.duration_ms),
+        bytes(max)
+    );
+    let _ = writeln!(
+        o,
+        "{:<label_w$}  {}",
+        "live",
+        sparkline(&r.timeline.live, max)
+    );
+    for m in &r.models {
+        let _ = writeln!(o, "{:<label_w$}  {}", m.label, sparkline(&m.rss, max));
+    }
+    if let Some(rec) = recorded_rss {
+        let rmax = rec.iter().copied().max().unwrap_or(0);
+        let _ = writeln!(
+            o,
+            "{:<label_w$}  {}  (own scale: full bar = {})",
+            "measured RSS",
+            sparkline(rec, rmax),
+            bytes(rmax)
+        );
+    }
+
+    let _ = writeln!(o, "\ncosts:");
+    for m in &r.models {
+        let _ = writeln!(o, "  {:<label_w$}  {}", m.label, costs_line(m));
+    }
+    let _ = writeln!(o, "\nsettings:");
+    for m in &r.models {
+        let s: Vec<String> = m.config.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(o, "  {:<label_w$}  {}", m.label, s.join(" "));
+    }
+    o
+}
+
+/// What the recording measured: RSS and heap resident at the peak and on the plateau.
+fn measured_line(o: &mut String, r: &Replay, measured: Option<&Measured>) {
     match measured {
         Some(m) => {
             let peak = match (m.peak_rss, m.peak_rss_t_ms) {
@@ -367,16 +428,16 @@ fn render(
             );
         }
     }
-    let _ = writeln!(o);
+}
 
-    // One row per model.
-    let label_w = r
-        .models
-        .iter()
-        .map(|m| m.label.chars().count())
-        .chain([12])
-        .max()
-        .unwrap_or(12);
+/// One row per model, with its errors against what was measured.
+fn model_table(
+    o: &mut String,
+    r: &Replay,
+    measured: Option<&Measured>,
+    accuracy: &[Accuracy],
+    label_w: usize,
+) {
     let _ = writeln!(
         o,
         "{:<label_w$}  {:>10} {:>8}  {:>10} {:>10}  {:>9} {:>9} {:>9}  {:>8}",
@@ -406,51 +467,6 @@ fn render(
              outside the heap, against the peak RSS)"
         );
     }
-
-    // Resident heap over time, one scale for all.
-    let max = r
-        .models
-        .iter()
-        .flat_map(|m| m.rss.iter().copied())
-        .chain(r.timeline.live.iter().copied())
-        .max()
-        .unwrap_or(0);
-    let _ = writeln!(
-        o,
-        "\nresident heap over time (0 to {}, full bar = {}):",
-        secs(r.duration_ms),
-        bytes(max)
-    );
-    let _ = writeln!(
-        o,
-        "{:<label_w$}  {}",
-        "live",
-        sparkline(&r.timeline.live, max)
-    );
-    for m in &r.models {
-        let _ = writeln!(o, "{:<label_w$}  {}", m.label, sparkline(&m.rss, max));
-    }
-    if let Some(rec) = recorded_rss {
-        let rmax = rec.iter().copied().max().unwrap_or(0);
-        let _ = writeln!(
-            o,
-            "{:<label_w$}  {}  (own scale: full bar = {})",
-            "measured RSS",
-            sparkline(rec, rmax),
-            bytes(rmax)
-        );
-    }
-
-    let _ = writeln!(o, "\ncosts:");
-    for m in &r.models {
-        let _ = writeln!(o, "  {:<label_w$}  {}", m.label, costs_line(m));
-    }
-    let _ = writeln!(o, "\nsettings:");
-    for m in &r.models {
-        let s: Vec<String> = m.config.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let _ = writeln!(o, "  {:<label_w$}  {}", m.label, s.join(" "));
-    }
-    o
 }
 
 #[cfg(test)]

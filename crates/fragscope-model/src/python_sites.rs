@@ -377,31 +377,51 @@ pub fn sites(
         }
     }
     if let Some(copies) = copies {
-        // Each copied arena's pages go to the sites of the samples in it then.
-        let mut in_arena: BTreeMap<u32, BTreeMap<String, f64>> = BTreeMap::new();
-        for (&address, &(size, stack)) in &live_at(log, copies.tick) {
-            let pool = address - address % copies.pool_size;
-            if let Some(&arena) = copies.pool_arena.get(&pool) {
-                let bytes = log.weight(size) * size as f64;
-                *in_arena
-                    .entry(arena)
-                    .or_default()
-                    .entry(site_of(stack))
-                    .or_default() += bytes;
-            }
-        }
-        for (arena, acc) in copies.arenas.iter().filter(|(_, a)| a.copied > 0) {
-            let Some(sites) = in_arena.get(arena) else {
-                result.copied_unattributed += acc.copied;
-                continue;
-            };
-            let total: f64 = sites.values().sum();
-            for (site, &bytes) in sites {
-                by_line.entry(site.clone()).or_default().copied +=
-                    acc.copied as f64 * bytes / total.max(1.0);
-            }
+        charge_copied(log, copies, &mut site_of, &mut by_line, &mut result);
+    }
+    result.sites = listed_sites(log, by_line);
+    result.stacks = stacks_of(log, by_stack);
+    result
+}
+
+/// Shares each copied arena's pages (a forked process's copies, by the census `copies`
+/// describes) among the sites of the samples in it then.
+fn charge_copied(
+    log: &PythonLog,
+    copies: &PoolIndex,
+    site_of: &mut impl FnMut(u32) -> String,
+    by_line: &mut HashMap<String, SiteAcc>,
+    result: &mut PythonSites,
+) {
+    // Each copied arena's pages go to the sites of the samples in it then.
+    let mut in_arena: BTreeMap<u32, BTreeMap<String, f64>> = BTreeMap::new();
+    for (&address, &(size, stack)) in &live_at(log, copies.tick) {
+        let pool = address - address % copies.pool_size;
+        if let Some(&arena) = copies.pool_arena.get(&pool) {
+            let bytes = log.weight(size) * size as f64;
+            *in_arena
+                .entry(arena)
+                .or_default()
+                .entry(site_of(stack))
+                .or_default() += bytes;
         }
     }
+    for (arena, acc) in copies.arenas.iter().filter(|(_, a)| a.copied > 0) {
+        let Some(sites) = in_arena.get(arena) else {
+            result.copied_unattributed += acc.copied;
+            continue;
+        };
+        let total: f64 = sites.values().sum();
+        for (site, &bytes) in sites {
+            by_line.entry(site.clone()).or_default().copied +=
+                acc.copied as f64 * bytes / total.max(1.0);
+        }
+    }
+}
+
+/// The sites listed: the most held first, and the lines whose arenas a forked process
+/// copied most.
+fn listed_sites(log: &PythonLog, by_line: HashMap<String, SiteAcc>) -> Vec<PythonSite> {
     let mut sites: Vec<PythonSite> = by_line
         .into_iter()
         .map(|(location, acc)| {
@@ -445,12 +465,10 @@ pub fn sites(
     let keep: std::collections::HashSet<usize> = (0..SITES_LISTED.min(sites.len()))
         .chain(by_copied.into_iter().take(SITES_LISTED / 2))
         .collect();
-    result.sites = (sites.into_iter().enumerate())
+    (sites.into_iter().enumerate())
         .filter(|(i, _)| keep.contains(i))
         .map(|(_, s)| s)
-        .collect();
-    result.stacks = stacks_of(log, by_stack);
-    result
+        .collect()
 }
 
 /// The stacks of `by_stack` by their frames (one line has a frame id per instruction, so

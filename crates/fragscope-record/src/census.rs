@@ -1,60 +1,132 @@
 //! Censuses of runtime heaps malloc never sees, taken with each page-residency snapshot
 //! and read from outside (fragscope-census): a GHC program's block descriptors (so it
-//! runs without a heap-profile census of its own; on the census thread) and a CPython
-//! process's pymalloc pools (a few milliseconds, taken with the snapshot itself: its
-//! residency splits them).
+//! runs without a heap-profile census of its own; on the census thread, [`Censuses::take`])
+//! and, with the snapshot itself, every heap in [`RUNTIMES`] (CPython's pymalloc pools,
+//! SBCL's dynamic space, Go's spans, a JVM's heap, Node's V8 heap, a jemalloc linked into
+//! the program), each one [`RuntimeCensus`]: a process is found to run it once, then read
+//! at each snapshot, its refusals counted.
 
-use std::collections::HashMap;
+mod runtimes;
+mod v8;
+
+use std::any::Any;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fragscope_census::allocators::LinkedAllocator;
 use fragscope_census::ghc::{census, CensusError, CensusLimits, GhcRts, RtsInfo};
-use fragscope_census::golang::{GoCensusError, GoRuntime};
-use fragscope_census::jemalloc::{self, JemallocLayout};
-use fragscope_census::jvm::HotSpot;
-use fragscope_census::pymalloc::{self, Pymalloc};
-use fragscope_census::sbcl::{self, SbclRuntime};
 use fragscope_census::v8_inspector::V8Inspector;
-use fragscope_census::{Pause, ProcessMemory};
-use fragscope_trace::go_heap::GoCensus;
-use fragscope_trace::heap_census::{AllocatorHeap, HeapCensus};
-use fragscope_trace::jvm_heap::JvmCensus;
-use fragscope_trace::records::{GhcBlocks, GhcCensus, PymallocCensus, SnapshotReason};
-use fragscope_trace::sbcl_heap::SbclCensus;
-use fragscope_trace::v8_heap::{V8Census, V8Heap, V8Space};
+use fragscope_trace::records::{GhcBlocks, GhcCensus, SnapshotReason};
+use fragscope_trace::ChunkKind;
+
+/// Every runtime heap read with a snapshot, in the order their chunks are written.
+const RUNTIMES: [&dyn SnapshotCensus; 6] = [
+    &runtimes::Python,
+    &runtimes::Sbcl,
+    &runtimes::Go,
+    &runtimes::Jvm,
+    &v8::V8,
+    &runtimes::LinkedJemalloc,
+];
+
+/// Where a census is taken: its chunk's stream, tick and reason.
+#[derive(Clone, Copy)]
+pub(crate) struct At {
+    pub stream: u32,
+    pub tick: u64,
+    pub reason: SnapshotReason,
+}
+
+/// One census of a process at a snapshot, as the sampler asks for it: its chunk's kind
+/// and body, or nothing to write.
+pub(crate) trait SnapshotCensus: Sync {
+    fn take(&self, censuses: &Censuses, at: At, pid: u32) -> Option<(ChunkKind, Vec<u8>)>;
+}
+
+/// What looking for a runtime in a process found.
+pub(crate) enum Finding<T> {
+    /// It runs the runtime, read this way.
+    Runs(T),
+    /// It runs the runtime, which the census cannot read: why (written once).
+    Unreadable(String),
+    /// It does not run it: not looked at again.
+    Not,
+    /// Nothing to tell yet (gone, not ours to read, the runtime not loaded yet): looked
+    /// at again at the next snapshot.
+    Unknown,
+}
+
+/// What one census of a process came to, with how long it held the program when the
+/// chunk says so.
+pub(crate) enum Reading<H> {
+    Heap(H, Option<Duration>),
+    /// Gone, not ours to read, or no heap at this moment: nothing to say.
+    Nothing,
+    /// Figures that do not hold together: refused, a note after a few in a row.
+    Refused(String, Option<Duration>),
+    /// No later census would be read either: said at once, and not tried again.
+    Final(String, Option<Duration>),
+}
+
+/// A runtime heap read at each snapshot of a recording: the generic step
+/// ([`Censuses::take_runtime`]) finds it once per process, keeps what it found, takes
+/// the census and counts refusals in a row; a runtime says only how it is found, read
+/// and written.
+pub(crate) trait RuntimeCensus: Sync {
+    /// Names it in the note on refusals in a row ("pymalloc").
+    const NAME: &'static str;
+    /// The chunk its census is written as.
+    const KIND: ChunkKind;
+    /// Whether its census is taken at the exit snapshot too (a runtime's heap is being
+    /// torn down then: no moment of the run).
+    const AT_EXIT: bool = false;
+    /// Whether it is loaded after the process starts (libjvm.so, by the java launcher): a
+    /// process another census found none of its own is looked at still, and one whose
+    /// runtime cannot be read is left to the other censuses.
+    const LOADED_LATE: bool = false;
+    /// What finding it in a process learns (its layout), kept for the process.
+    type Found: Clone + Send + 'static;
+    /// What one census reads.
+    type Heap;
+
+    fn find(&self, censuses: &Censuses, pid: u32) -> Finding<Self::Found>;
+    fn read(&self, pid: u32, found: &Self::Found) -> Reading<Self::Heap>;
+    /// What a census taught about the process, kept for the next ones.
+    fn learn(_found: &mut Self::Found, _heap: &Self::Heap) {}
+    /// Finishes a census once the program runs again.
+    fn complete(&self, _pid: u32, _found: &Self::Found, _heap: &mut Self::Heap) {}
+    /// The chunk: the census, or the note saying why there is none.
+    fn encode(at: At, result: Result<Self::Heap, String>, pause: Option<Duration>) -> Vec<u8>;
+}
+
+impl<R: RuntimeCensus> SnapshotCensus for R {
+    fn take(&self, censuses: &Censuses, at: At, pid: u32) -> Option<(ChunkKind, Vec<u8>)> {
+        censuses
+            .take_runtime(self, at, pid)
+            .map(|body| (R::KIND, body))
+    }
+}
+
+/// What a [`RuntimeCensus`] keeps of a process.
+struct Kept<T> {
+    found: T,
+    /// Censuses refused in a row.
+    refused: u32,
+}
 
 /// What a stream's census can be.
 enum Target {
     /// Not a program whose runtime heap fragscope reads (or censuses are off).
     None,
-    /// A CPython process: its pymalloc pools.
-    Python { layout: Pymalloc, refused: u32 },
-    /// An SBCL process: its dynamic space, and the object walks' budget (see
-    /// [`Censuses::take_sbcl`]).
-    Sbcl {
-        runtime: Box<SbclRuntime>,
-        refused: u32,
-        first_census: Instant,
-        /// How long the walks so far held the program.
-        walked: Duration,
-        /// What the next walk is expected to cost (none before a first census).
-        next_walk: Option<Duration>,
+    /// A heap of [`RUNTIMES`]: what finding it learnt, a `Kept<R::Found>` of the runtime
+    /// named `runtime`.
+    Runtime {
+        runtime: &'static str,
+        kept: Box<dyn Any + Send>,
     },
-    /// A Go program: its runtime's spans.
-    Go {
-        runtime: Box<GoRuntime>,
-        refused: u32,
-    },
-    /// A JVM: its collector's regions or spaces.
-    Jvm { jvm: Box<HotSpot>, refused: u32 },
-    /// A program with a jemalloc linked into it (its calls never reach the interposer):
-    /// jemalloc's own metadata.
-    Jemalloc {
-        layout: Arc<JemallocLayout>,
-        refused: u32,
-    },
+    /// A GHC program's RTS.
     Ready {
         rts: Arc<GhcRts>,
         last_long_stop: Option<Instant>,
@@ -122,12 +194,9 @@ pub struct Censuses {
     /// `+RTS --info` by executable, asked once.
     rts_info: Mutex<HashMap<PathBuf, Result<RtsInfo, String>>>,
     targets: Mutex<HashMap<u32, Target>>,
-    /// Streams found not to run SBCL (its detection reads the executable).
-    not_sbcl: Mutex<std::collections::HashSet<u32>>,
-    /// Streams found not to run Go (its detection reads the executable too).
-    not_go: Mutex<std::collections::HashSet<u32>>,
-    /// Streams running a JVM whose tables could not be read (noted once).
-    jvm_unreadable: Mutex<std::collections::HashSet<u32>>,
+    /// Streams a runtime's census does not look at again, by its name: found not to run
+    /// it, or (a runtime loaded late) to run one it cannot read.
+    passed_over: Mutex<HashSet<(&'static str, u32)>>,
     /// Where Node.js processes write their V8 heap's figures, one file per isolate named
     /// "PID-THREADID" (`runtime/v8_heap.js`).
     v8_dir: Option<PathBuf>,
@@ -136,8 +205,6 @@ pub struct Censuses {
     /// Node.js processes asked through their inspector instead (`record -p`: the module
     /// cannot be loaded into a running process), by stream; None once it failed.
     v8_inspectors: Mutex<HashMap<u32, Option<V8Inspector>>>,
-    /// Streams found to have no jemalloc linked into their program.
-    not_jemalloc: Mutex<std::collections::HashSet<u32>>,
     /// The allocator linked into each program seen, by its path.
     linked_programs: Mutex<HashMap<PathBuf, Option<LinkedAllocator>>>,
 }
@@ -148,13 +215,10 @@ impl Censuses {
             enabled,
             rts_info: Mutex::default(),
             targets: Mutex::default(),
-            not_sbcl: Mutex::default(),
-            not_go: Mutex::default(),
-            jvm_unreadable: Mutex::default(),
+            passed_over: Mutex::default(),
             v8_dir: None,
             v8_every_ms: 100,
             v8_inspectors: Mutex::default(),
-            not_jemalloc: Mutex::default(),
             linked_programs: Mutex::default(),
         }
     }
@@ -180,66 +244,6 @@ impl Censuses {
     /// Closes the inspectors opened for the recording (those open before stay open).
     pub fn close_v8_inspectors(&self) {
         self.v8_inspectors.lock().unwrap().clear();
-    }
-
-    /// The V8 heap of stream `stream` (process `pid`) as its isolates last wrote it, when
-    /// it is a Node.js process that loaded the recording's module, their figures summed;
-    /// or as its inspector gives it now, when it is asked so.
-    pub fn take_v8(
-        &self,
-        stream: u32,
-        pid: u32,
-        tick: u64,
-        reason: SnapshotReason,
-    ) -> Option<V8Census> {
-        // At exit the isolate's heap is being torn down: its last figures are no moment
-        // of the run.
-        if reason == SnapshotReason::Exit || !self.enabled {
-            return None;
-        }
-        if let Some(session) = self.v8_inspectors.lock().unwrap().get_mut(&stream) {
-            let asked = session.as_mut()?.heap();
-            if asked.is_err() {
-                // Said once: the session is not asked again.
-                *session = None;
-            }
-            return Some(V8Census {
-                stream,
-                tick,
-                reason,
-                result: asked.map_err(|e| format!("no V8 heap figures: {e}")),
-            });
-        }
-        let dir = self.v8_dir.as_ref()?;
-        let prefix = format!("{pid}-");
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let mut heap = V8Heap::default();
-        for entry in std::fs::read_dir(dir).ok()?.flatten() {
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            if !name.starts_with(&prefix) || name.ends_with(".tmp") {
-                continue;
-            }
-            let Ok(text) = std::fs::read_to_string(entry.path()) else {
-                continue;
-            };
-            if let Some(written_ms) = add_isolate(&mut heap, &text) {
-                heap.isolates += 1;
-                heap.age_ms = heap.age_ms.max(now_ms.saturating_sub(written_ms));
-            }
-        }
-        // An isolate whose event loop was busy (a long synchronous stretch) wrote its
-        // figures too long ago to be this moment's: the snapshot has none, rather than
-        // stale ones.
-        let fresh = heap.age_ms <= 2 * self.v8_every_ms + 50;
-        (heap.isolates > 0 && fresh).then_some(V8Census {
-            stream,
-            tick,
-            reason,
-            result: Ok(heap),
-        })
     }
 
     /// Asks `program`'s RTS about itself now, before the program runs: during the
@@ -279,14 +283,7 @@ impl Censuses {
         // A long stop is allowed when none was made lately, up to the heap size of the
         // census before (a heap that grows is being built, and its scan would be stale).
         let (rts, stop_when_spoilt) = match targets.get(&stream) {
-            Some(
-                Target::None
-                | Target::Python { .. }
-                | Target::Sbcl { .. }
-                | Target::Go { .. }
-                | Target::Jvm { .. }
-                | Target::Jemalloc { .. },
-            ) => return None,
+            Some(Target::None | Target::Runtime { .. }) => return None,
             Some(Target::Ready {
                 rts,
                 last_long_stop,
@@ -386,432 +383,149 @@ impl Censuses {
         }
     }
 
-    /// A pymalloc census of stream `stream` (process `pid`) if it runs CPython, or a note
-    /// saying why it has none (the first time, or after a few refusals in a row).
-    pub fn take_pymalloc(
-        &self,
-        stream: u32,
-        pid: u32,
-        tick: u64,
-        reason: SnapshotReason,
-    ) -> Option<PymallocCensus> {
-        // At exit CPython's finalization has freed part of its objects: no moment of the
-        // run.
-        if !self.enabled || reason == SnapshotReason::Exit {
-            return None;
-        }
-        let note = |result| PymallocCensus {
-            stream,
-            tick,
-            reason,
-            result,
-        };
-        let known = match self.targets.lock().unwrap().get(&stream) {
-            Some(Target::Python { layout, .. }) => Some(Some(*layout)),
-            Some(_) => Some(None),
-            None => None,
-        };
-        let layout = match known {
-            Some(Some(layout)) => layout,
-            Some(None) => return None,
-            // Not known yet: a CPython process is told here, anything else by `take`.
-            None => match Pymalloc::detect(pid)? {
-                Ok(layout) => {
-                    self.targets
-                        .lock()
-                        .unwrap()
-                        .insert(stream, Target::Python { layout, refused: 0 });
-                    layout
-                }
-                Err(why) => {
-                    self.targets.lock().unwrap().insert(stream, Target::None);
-                    return Some(note(Err(why)));
-                }
-            },
-        };
-        let result = pymalloc::census(pid, &layout);
-        let mut targets = self.targets.lock().unwrap();
-        let Some(Target::Python { refused, .. }) = targets.get_mut(&stream) else {
-            return None;
-        };
-        match result {
-            Ok(pools) => {
-                *refused = 0;
-                Some(note(Ok(pools)))
-            }
-            Err(CensusError::NoHeap | CensusError::Unreadable(_)) => None,
-            Err(CensusError::Inconsistent(why)) => {
-                refusal(refused, "pymalloc", &why).map(|n| note(Err(n)))
-            }
-        }
-    }
-
-    /// An SBCL census of stream `stream` (process `pid`) if it runs SBCL, or a note saying
-    /// why it has none (the first time, or after a few refusals in a row). The page table
-    /// is read at every snapshot (about a millisecond); the objects are walked and marked
-    /// from the roots too when the walks so far and the next one together hold the
-    /// program for at most 1/20 of the time since the first census (walk and mark read
-    /// every used byte and every reachable object; see ARCHITECTURE.md for the cost;
-    /// before a first one it is expected to take 2 ms per MiB in use).
-    pub fn take_sbcl(
-        &self,
-        stream: u32,
-        pid: u32,
-        tick: u64,
-        reason: SnapshotReason,
-    ) -> Option<SbclCensus> {
-        if !self.enabled || reason == SnapshotReason::Exit {
-            return None;
-        }
-        let note = |result| SbclCensus {
-            stream,
-            tick,
-            reason,
-            result,
-        };
-        let known = self.targets.lock().unwrap().get(&stream).map(|t| match t {
-            Target::Sbcl {
-                runtime,
-                first_census,
-                walked,
-                next_walk,
-                ..
-            } => Some((
-                runtime.clone(),
-                next_walk.is_some_and(|w| (*walked + w) * 20 <= first_census.elapsed()),
-            )),
-            _ => None,
-        });
-        let (runtime, objects) = match known {
-            Some(Some(known)) => known,
-            Some(None) => return None,
-            None => {
-                if self.not_sbcl.lock().unwrap().contains(&stream) {
-                    return None;
-                }
-                match SbclRuntime::detect(pid) {
-                    None => {
-                        self.not_sbcl.lock().unwrap().insert(stream);
-                        return None;
-                    }
-                    Some(Err(why)) => {
-                        self.targets.lock().unwrap().insert(stream, Target::None);
-                        return Some(note(Err(why)));
-                    }
-                    Some(Ok(runtime)) => {
-                        let runtime = Box::new(runtime);
-                        self.targets.lock().unwrap().insert(
-                            stream,
-                            Target::Sbcl {
-                                runtime: runtime.clone(),
-                                refused: 0,
-                                first_census: Instant::now(),
-                                walked: Duration::ZERO,
-                                next_walk: None,
-                            },
-                        );
-                        (runtime, false)
-                    }
-                }
-            }
-        };
-        // The walk goes with a mark from the roots (live and garbage by generation),
-        // within the same budget: its cost is the last one's.
-        let result = sbcl::census(
-            pid,
-            &runtime,
-            sbcl::CensusOptions {
-                objects,
-                mark: objects,
-            },
-        );
-        let mut targets = self.targets.lock().unwrap();
-        let Some(Target::Sbcl {
-            refused,
-            walked,
-            next_walk,
-            ..
-        }) = targets.get_mut(&stream)
-        else {
-            return None;
-        };
-        match result {
-            Ok(census) => {
-                *refused = 0;
-                if census.objects.is_some() {
-                    let pause = Duration::from_micros(census.pause_us);
-                    *walked += pause;
-                    *next_walk = Some(pause);
-                } else if next_walk.is_none() {
-                    // Before a first walk and mark: 2 ms per MiB in use (measured: 1.6
-                    // to 2.2, see ARCHITECTURE.md).
-                    *next_walk = Some(Duration::from_millis(2 * (census.bytes_used >> 20)));
-                }
-                Some(note(Ok(census.to_record())))
-            }
-            Err(CensusError::NoHeap | CensusError::Unreadable(_)) => None,
-            Err(CensusError::Inconsistent(why)) => {
-                refusal(refused, "SBCL", &why).map(|n| note(Err(n)))
-            }
-        }
-    }
-
-    /// A census of the jemalloc linked into stream `stream`'s program (process `pid`),
-    /// whose calls the interposer never sees, or a note saying why it has none (the first
-    /// time, or after a few refusals in a row). The program is held while jemalloc's
-    /// metadata and its heap's residency are read (a few milliseconds per 100 MiB).
-    pub fn take_jemalloc(&self, stream: u32, pid: u32, tick: u64) -> Option<HeapCensus> {
-        // At exit too: jemalloc's heap is whatever the program left in it (a census that
-        // lands inside jemalloc is refused).
-        if !self.enabled {
-            return None;
-        }
-        let note = |result, pause: Option<Duration>| HeapCensus {
-            stream,
-            tick,
-            allocator: "jemalloc".into(),
-            stopped: pause.is_some(),
-            pause_us: pause.map_or(0, |d| d.as_micros() as u64),
-            result,
-        };
-        let known = match self.targets.lock().unwrap().get(&stream) {
-            Some(Target::Jemalloc { layout, .. }) => Some(Some(layout.clone())),
-            Some(_) => Some(None),
-            None => None,
-        };
-        let layout = match known {
-            Some(Some(layout)) => layout,
-            Some(None) => return None,
-            None => {
-                if self.not_jemalloc.lock().unwrap().contains(&stream) {
-                    return None;
-                }
-                // The program's own file, read once per program: a pre-fork server's
-                // workers share it.
-                let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-                let linked = self
-                    .linked_programs
-                    .lock()
-                    .unwrap()
-                    .entry(exe.clone())
-                    .or_insert_with(|| fragscope_census::allocators::linked_allocator(&exe))
-                    .clone()
-                    .filter(|l| l.allocator == "jemalloc");
-                let Some(linked) = linked else {
-                    self.not_jemalloc.lock().unwrap().insert(stream);
-                    return None;
-                };
-                let found = ProcessMemory::open(pid)
-                    .map_err(|e| e.to_string())
-                    .and_then(|mut mem| jemalloc::locate(pid, &mut mem, Some(&linked)));
-                match found {
-                    Err(why) => {
-                        self.targets.lock().unwrap().insert(stream, Target::None);
-                        return Some(note(Err(why), None));
-                    }
-                    Ok(layout) => {
-                        let layout = Arc::new(layout);
-                        let target = Target::Jemalloc {
-                            layout: layout.clone(),
-                            refused: 0,
-                        };
-                        self.targets.lock().unwrap().insert(stream, target);
-                        layout
-                    }
-                }
-            }
-        };
-        let (Ok(mut mem), Ok(pause)) = (ProcessMemory::open(pid), Pause::stop(pid)) else {
-            // Gone, or not ours to read: nothing to say at this moment.
-            return None;
-        };
-        // The residency that tells which of jemalloc's dirty pages and metadata are
-        // resident, read while the program is held.
-        let residency = crate::procfs::read_maps(pid, &mut HashMap::new()).and_then(|maps| {
-            let heap: Vec<_> = maps
-                .iter()
-                .filter(|m| crate::procfs::may_hold_heap(m))
-                .collect();
-            crate::procfs::read_residency(pid, &heap, 4096)
-        });
-        let result = residency
-            .ok_or_else(|| "its residency could not be read".to_string())
-            .and_then(|r| jemalloc::census(&mut mem, &layout, &r));
-        let held = pause.held();
-        drop(pause);
-        let mut targets = self.targets.lock().unwrap();
-        let Some(Target::Jemalloc { refused, .. }) = targets.get_mut(&stream) else {
-            return None;
-        };
-        match result {
-            Ok(heap) => {
-                *refused = 0;
-                Some(note(Ok(AllocatorHeap::Jemalloc(heap)), Some(held)))
-            }
-            // No later census would be read: said at once, and not tried again.
-            Err(why) if why.contains(jemalloc::NO_STATISTICS) => {
-                targets.insert(stream, Target::None);
-                Some(note(Err(why), Some(held)))
-            }
-            Err(why) => refusal(refused, "jemalloc", &why).map(|n| note(Err(n), Some(held))),
-        }
-    }
-
-    /// A census of the Go heap of stream `stream` (process `pid`) if it is a Go program,
-    /// or a note saying why it has none (the first time, or after a few refusals in a
-    /// row). It holds the program for about 65 ms per GiB of heap.
-    pub fn take_go(
-        &self,
-        stream: u32,
-        pid: u32,
-        tick: u64,
-        reason: SnapshotReason,
-    ) -> Option<GoCensus> {
-        // At exit the runtime may be tearing its heap down: no moment of the run.
-        if !self.enabled || reason == SnapshotReason::Exit {
-            return None;
-        }
-        let note = |result| GoCensus {
-            stream,
-            tick,
-            reason,
-            result,
-        };
-        let known = match self.targets.lock().unwrap().get(&stream) {
-            Some(Target::Go { runtime, .. }) => Some(Some(runtime.clone())),
-            Some(_) => Some(None),
-            None => None,
-        };
-        let runtime = match known {
-            Some(Some(runtime)) => runtime,
-            Some(None) => return None,
-            None => {
-                if self.not_go.lock().unwrap().contains(&stream) {
-                    return None;
-                }
-                match GoRuntime::detect(pid) {
-                    None => {
-                        self.not_go.lock().unwrap().insert(stream);
-                        return None;
-                    }
-                    Some(Err(why)) => {
-                        self.targets.lock().unwrap().insert(stream, Target::None);
-                        return Some(note(Err(why)));
-                    }
-                    Some(Ok(runtime)) => {
-                        let runtime = Box::new(runtime);
-                        let target = Target::Go {
-                            runtime: runtime.clone(),
-                            refused: 0,
-                        };
-                        self.targets.lock().unwrap().insert(stream, target);
-                        runtime
-                    }
-                }
-            }
-        };
-        let result = match (ProcessMemory::open(pid), Pause::stop(pid)) {
-            (Ok(mut mem), Ok(pause)) => {
-                fragscope_census::golang::census_held(pid, &runtime, &mut mem, &mut Some(pause))
-            }
-            // Gone, or not ours to read: nothing to say at this moment.
-            _ => return None,
-        };
-        let mut targets = self.targets.lock().unwrap();
-        let Some(Target::Go { refused, .. }) = targets.get_mut(&stream) else {
-            return None;
-        };
-        match result {
-            Ok(heap) => {
-                *refused = 0;
-                Some(note(Ok(heap)))
-            }
-            Err(GoCensusError::Unreadable(_)) => None,
-            Err(GoCensusError::Inconsistent(why)) => {
-                refusal(refused, "Go heap", &why).map(|n| note(Err(n)))
-            }
-        }
-    }
-
-    /// A census of the Java heap of stream `stream` (process `pid`) if it runs a JVM, or
-    /// a note saying why it has none (the first time, or after a few refusals in a row).
-    /// A process is looked at again at every snapshot until it maps libjvm.so: the java
-    /// launcher loads it after it starts.
-    pub fn take_jvm(
-        &self,
-        stream: u32,
-        pid: u32,
-        tick: u64,
-        reason: SnapshotReason,
-    ) -> Option<JvmCensus> {
-        // At exit the JVM may be tearing its heap down: no moment of the run.
-        if !self.enabled || reason == SnapshotReason::Exit {
-            return None;
-        }
-        let note = |result| JvmCensus {
-            stream,
-            tick,
-            reason,
-            result,
-        };
-        // Another census's "not mine" (`Target::None`) does not say it is not a JVM.
-        let known = match self.targets.lock().unwrap().get(&stream) {
-            Some(Target::Jvm { jvm, .. }) => Some(jvm.clone()),
-            Some(Target::None) | None => None,
-            Some(_) => return None,
-        };
-        let jvm = match known {
-            Some(jvm) => jvm,
-            None if self.jvm_unreadable.lock().unwrap().contains(&stream) => return None,
-            None => match HotSpot::detect(pid)? {
-                Err(why) => {
-                    self.jvm_unreadable.lock().unwrap().insert(stream);
-                    return Some(note(Err(why)));
-                }
-                Ok(jvm) => {
-                    let jvm = Box::new(jvm);
-                    let target = Target::Jvm {
-                        jvm: jvm.clone(),
-                        refused: 0,
-                    };
-                    self.targets.lock().unwrap().insert(stream, target);
-                    jvm
-                }
-            },
-        };
-        let result = match (ProcessMemory::open(pid), Pause::stop(pid)) {
-            (Ok(mut mem), Ok(pause)) => {
-                fragscope_census::jvm::census_held(pid, &jvm, &mut mem, &mut Some(pause))
-            }
-            // Gone, or not ours to read: nothing to say at this moment.
-            _ => return None,
-        };
-        let mut targets = self.targets.lock().unwrap();
-        let Some(Target::Jvm { refused, .. }) = targets.get_mut(&stream) else {
-            return None;
-        };
-        match result {
-            Ok(mut heap) => {
-                *refused = 0;
-                drop(targets);
-                // Asked of the JVM once it runs again: it answers on a thread of its own.
-                heap.native_memory = jvm.native_memory(pid);
-                Some(note(Ok(heap)))
-            }
-            // Starting: no heap yet.
-            Err(CensusError::NoHeap | CensusError::Unreadable(_)) => None,
-            Err(CensusError::Inconsistent(why)) => {
-                refusal(refused, "JVM heap", &why).map(|n| note(Err(n)))
-            }
-        }
-    }
-
     /// Whether stream `stream` is a Go program whose heap the census reads.
     pub fn reads_go_heap(&self, stream: u32) -> bool {
         matches!(
             self.targets.lock().unwrap().get(&stream),
-            Some(Target::Go { .. })
+            Some(Target::Runtime { runtime, .. }) if *runtime == runtimes::Go::NAME
         )
+    }
+
+    /// The censuses of every heap in [`RUNTIMES`] that stream `stream` (process `pid`)
+    /// runs, or the notes saying why it has none (the first time, or after a few
+    /// refusals in a row), each handed to `write` as it is taken.
+    pub fn take_runtimes(
+        &self,
+        stream: u32,
+        pid: u32,
+        tick: u64,
+        reason: SnapshotReason,
+        mut write: impl FnMut(ChunkKind, Vec<u8>),
+    ) {
+        let at = At {
+            stream,
+            tick,
+            reason,
+        };
+        for runtime in RUNTIMES {
+            if let Some((kind, body)) = runtime.take(self, at, pid) {
+                write(kind, body);
+            }
+        }
+    }
+
+    /// The allocator linked into `program`, read once per program: a pre-fork server's
+    /// workers share it.
+    fn linked_allocator(&self, program: PathBuf) -> Option<LinkedAllocator> {
+        self.linked_programs
+            .lock()
+            .unwrap()
+            .entry(program.clone())
+            .or_insert_with(|| fragscope_census::allocators::linked_allocator(&program))
+            .clone()
+    }
+
+    /// One census of `runtime` in stream `at.stream` (process `pid`): the process looked
+    /// at (once, unless the runtime says to look again), then read; the chunk to write.
+    fn take_runtime<R: RuntimeCensus>(&self, runtime: &R, at: At, pid: u32) -> Option<Vec<u8>> {
+        if !self.enabled || (at.reason == SnapshotReason::Exit && !R::AT_EXIT) {
+            return None;
+        }
+        let found = match self.known::<R>(at.stream) {
+            Known::Mine(found) => found,
+            Known::Another => return None,
+            Known::Unknown => match self.find(runtime, at, pid) {
+                Ok(found) => found,
+                Err(note) => return note,
+            },
+        };
+        let reading = runtime.read(pid, &found);
+        let mut targets = self.targets.lock().unwrap();
+        let kept = kept_mut::<R>(targets.get_mut(&at.stream))?;
+        match reading {
+            Reading::Heap(mut heap, pause) => {
+                kept.refused = 0;
+                R::learn(&mut kept.found, &heap);
+                drop(targets);
+                runtime.complete(pid, &found, &mut heap);
+                Some(R::encode(at, Ok(heap), pause))
+            }
+            Reading::Nothing => None,
+            Reading::Refused(why, pause) => refusal(&mut kept.refused, R::NAME, &why)
+                .map(|note| R::encode(at, Err(note), pause)),
+            Reading::Final(why, pause) => {
+                targets.insert(at.stream, Target::None);
+                Some(R::encode(at, Err(why), pause))
+            }
+        }
+    }
+
+    /// What stream `stream` is to `R`'s census: found to run it, claimed by another, or
+    /// to be looked at.
+    fn known<R: RuntimeCensus>(&self, stream: u32) -> Known<R::Found> {
+        match self.targets.lock().unwrap().get_mut(&stream) {
+            Some(Target::None) if R::LOADED_LATE => {}
+            None => {}
+            mine @ Some(Target::Runtime { .. }) => {
+                if let Some(kept) = kept_mut::<R>(mine) {
+                    return Known::Mine(kept.found.clone());
+                }
+                return Known::Another;
+            }
+            Some(_) => return Known::Another,
+        }
+        if self
+            .passed_over
+            .lock()
+            .unwrap()
+            .contains(&(R::NAME, stream))
+        {
+            return Known::Another;
+        }
+        Known::Unknown
+    }
+
+    /// Looks for `R`'s runtime in stream `at.stream` (process `pid`) and keeps what it
+    /// found; else the note to write, if any.
+    fn find<R: RuntimeCensus>(
+        &self,
+        runtime: &R,
+        at: At,
+        pid: u32,
+    ) -> Result<R::Found, Option<Vec<u8>>> {
+        match runtime.find(self, pid) {
+            Finding::Runs(found) => {
+                let kept = Kept {
+                    found: found.clone(),
+                    refused: 0,
+                };
+                let target = Target::Runtime {
+                    runtime: R::NAME,
+                    kept: Box::new(kept),
+                };
+                self.targets.lock().unwrap().insert(at.stream, target);
+                Ok(found)
+            }
+            Finding::Unreadable(why) => {
+                if R::LOADED_LATE {
+                    self.passed_over
+                        .lock()
+                        .unwrap()
+                        .insert((R::NAME, at.stream));
+                } else {
+                    self.targets.lock().unwrap().insert(at.stream, Target::None);
+                }
+                Err(Some(R::encode(at, Err(why), None)))
+            }
+            Finding::Not => {
+                self.passed_over
+                    .lock()
+                    .unwrap()
+                    .insert((R::NAME, at.stream));
+                Err(None)
+            }
+            Finding::Unknown => Err(None),
+        }
     }
 
     /// `None`: not a GHC program. Err: a GHC program whose RTS the census cannot read.
@@ -836,71 +550,19 @@ impl Censuses {
     }
 }
 
-/// Adds one isolate's figures, as `runtime/v8_heap.js` writes them, to `heap`; the time
-/// they were written (ms since the epoch), or None when the text is not such figures.
-fn add_isolate(heap: &mut V8Heap, text: &str) -> Option<u64> {
-    let mut written = None;
-    for line in text.lines() {
-        let mut f = line.split_whitespace();
-        match (f.next(), f.next()) {
-            (Some("time_ms"), Some(t)) => written = t.parse().ok(),
-            (Some("node"), Some(v)) => heap.node = v.to_string(),
-            (Some("space"), Some(name)) => {
-                let n: Vec<u64> = f.filter_map(|x| x.parse().ok()).collect();
-                let [size, used, available, physical] = n[..] else {
-                    continue;
-                };
-                let space = match heap.spaces.iter_mut().find(|s| s.name == name) {
-                    Some(s) => s,
-                    None => {
-                        heap.spaces.push(V8Space {
-                            name: name.to_string(),
-                            ..V8Space::default()
-                        });
-                        heap.spaces.last_mut().unwrap()
-                    }
-                };
-                space.size += size;
-                space.used += used;
-                space.available += available;
-                space.physical += physical;
-            }
-            (Some("heap"), Some(name)) => {
-                let Some(v) = f.next().and_then(|x| x.parse::<u64>().ok()) else {
-                    continue;
-                };
-                match heap.figures.iter_mut().find(|(n, _)| n == name) {
-                    Some(x) => x.1 += v,
-                    None => heap.figures.push((name.to_string(), v)),
-                }
-            }
-            _ => {}
-        }
-    }
-    written
+/// What a stream is to one runtime's census.
+enum Known<T> {
+    Mine(T),
+    /// Another runtime's, or passed over.
+    Another,
+    /// To be looked at.
+    Unknown,
 }
 
-#[cfg(test)]
-mod v8_tests {
-    use super::*;
-
-    #[test]
-    fn isolates_figures_are_summed() {
-        let mut heap = V8Heap::default();
-        let main = "time_ms 1000\nnode v20.20.2\nspace old_space 100 60 30 90\n\
-                    heap external_memory 7\n";
-        let worker = "time_ms 900\nnode v20.20.2\nspace old_space 10 6 3 9\n\
-                      space new_space 8 1 3 8\nheap external_memory 5\nspace bad 1 2\n";
-        assert_eq!(add_isolate(&mut heap, main), Some(1000));
-        assert_eq!(add_isolate(&mut heap, worker), Some(900));
-        assert_eq!(add_isolate(&mut heap, "not figures"), None);
-        assert_eq!(heap.node, "v20.20.2");
-        let old = &heap.spaces[0];
-        assert_eq!(
-            (old.size, old.used, old.available, old.physical),
-            (110, 66, 33, 99)
-        );
-        assert_eq!(heap.spaces.len(), 2);
-        assert_eq!(heap.figure("external_memory"), 12);
+/// What `R`'s census keeps of a process, when `target` is `R`'s.
+fn kept_mut<R: RuntimeCensus>(target: Option<&mut Target>) -> Option<&mut Kept<R::Found>> {
+    match target {
+        Some(Target::Runtime { runtime, kept }) if *runtime == R::NAME => kept.downcast_mut(),
+        _ => None,
     }
 }

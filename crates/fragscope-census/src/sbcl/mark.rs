@@ -651,24 +651,75 @@ pub(super) fn mark(
     };
     let mut roots = MarkRoots::default();
 
-    // The runtime's C roots.
+    mark_c_roots(
+        &mut m,
+        sig_handlers,
+        [
+            Some(package_vector),
+            Some(init_function),
+            object_watcher,
+            Some(profile_data),
+        ],
+    )?;
+    let free_tls_at = mark_static_space(
+        &mut m,
+        rt,
+        &mut roots,
+        static_start_at,
+        static_free,
+        trailer_at,
+    )?;
+    mark_permanent_generation(&mut m, &mut roots, permgen_bounds, permgen_free)?;
+    mark_immobile_space(
+        &mut m,
+        &mut roots,
+        [
+            (
+                "fixed-object",
+                fixedobj_start,
+                fixedobj_free,
+                FIXEDOBJ_SPACE_SIZE,
+            ),
+            ("text", text_start, text_high, TEXT_SPACE_SIZE),
+        ],
+    )?;
+    mark_threads(&mut m, rt, &mut roots, free_tls_at)?;
+    mark_pseudo_static(&mut m, &mut roots)?;
+    mark_profiled_code(&mut m, sprof_enabled)?;
+    Ok(SbclMark {
+        live_by_generation: m.live,
+        roots,
+        mark_us: t.elapsed().as_micros() as u64,
+    })
+}
+
+/// The runtime's C roots: the signal handlers and the Lisp objects C variables hold.
+fn mark_c_roots(
+    m: &mut Marker,
+    sig_handlers: u64,
+    variables: [Option<u64>; 4],
+) -> Result<(), CensusError> {
     let mut words = vec![0u8; NSIG * 8];
     m.mem.read(sig_handlers, &mut words)?;
     let mut c_roots: Vec<u64> = words.chunks_exact(8).map(|c| le_u64(c, 0)).collect();
-    for a in [
-        Some(package_vector),
-        Some(init_function),
-        object_watcher,
-        Some(profile_data),
-    ]
-    .into_iter()
-    .flatten()
-    {
+    for a in variables.into_iter().flatten() {
         c_roots.push(m.mem.read_u64(a)?);
     }
     m.consider_all(&c_roots)?;
     m.drain()?;
+    Ok(())
+}
 
+/// Static space: from its start to its free pointer, and 2.6's trailer; where
+/// FREE-TLS-INDEX is (a static symbol found there by name).
+fn mark_static_space(
+    m: &mut Marker,
+    rt: &SbclRuntime,
+    roots: &mut MarkRoots,
+    static_start_at: Option<u64>,
+    static_free_at: u64,
+    trailer_at: Option<u64>,
+) -> Result<u64, CensusError> {
     // Static space: from its start to its free pointer, and 2.6's trailer of static
     // constants (NIL, T) at its end; the static symbols found there by name.
     let static_start = match (rt.release.static_space_start, static_start_at) {
@@ -683,7 +734,7 @@ pub(super) fn mark(
         }
     };
     let static_end = static_start + STATIC_SPACE_SIZE;
-    let static_free = m.mem.read_u64(static_free)?;
+    let static_free = m.mem.read_u64(static_free_at)?;
     if !(static_start < static_free && static_free <= static_end) {
         return Err(inconsistent(format!(
             "static_space_free_pointer {static_free:#x} is outside static space \
@@ -714,6 +765,16 @@ pub(super) fn mark(
         }
         roots.static_bytes += m.scan_range(trailer, static_end, None)?;
     }
+    Ok(free_tls_at)
+}
+
+/// The permanent generation (2.5 on), when a core put objects there.
+fn mark_permanent_generation(
+    m: &mut Marker,
+    roots: &mut MarkRoots,
+    permgen_bounds: Option<u64>,
+    permgen_free: Option<u64>,
+) -> Result<(), CensusError> {
     // The permanent generation (2.5 on), when a core put objects there: every word.
     if let (Some(bounds), Some(free_at)) = (permgen_bounds, permgen_free) {
         let from = m.mem.read_u64(bounds)?;
@@ -727,17 +788,17 @@ pub(super) fn mark(
             roots.static_bytes += m.scan_range(from, to, None)?;
         }
     }
+    Ok(())
+}
 
-    // Immobile space.
-    for (what, start_at, free_at, size) in [
-        (
-            "fixed-object",
-            fixedobj_start,
-            fixedobj_free,
-            FIXEDOBJ_SPACE_SIZE,
-        ),
-        ("text", text_start, text_high, TEXT_SPACE_SIZE),
-    ] {
+/// Immobile space: each of its spaces (name, start and free pointer's symbols, size)
+/// from its start to its free pointer.
+fn mark_immobile_space(
+    m: &mut Marker,
+    roots: &mut MarkRoots,
+    spaces: [(&str, u64, u64, u64); 2],
+) -> Result<(), CensusError> {
+    for (what, start_at, free_at, size) in spaces {
         let from = m.mem.read_u64(start_at)?;
         let to = m.mem.read_u64(free_at)?;
         if from == 0 || to < from || to - from > size {
@@ -748,8 +809,17 @@ pub(super) fn mark(
         }
         roots.immobile_bytes += m.scan_range(from, to, None)?;
     }
+    Ok(())
+}
 
-    // Threads: stacks, binding stacks, thread-local values.
+/// Every live thread: its stacks, binding stack and thread-local values, and the
+/// objects of its open regions when it is not in a system call.
+fn mark_threads(
+    m: &mut Marker,
+    rt: &SbclRuntime,
+    roots: &mut MarkRoots,
+    free_tls_at: u64,
+) -> Result<(), CensusError> {
     let lisp_thread = rt.release.thread_lisp_thread;
     let free_tls = m.mem.read_u64(free_tls_at)?;
     if free_tls % 8 != 0 || free_tls <= lisp_thread || free_tls > 1 << 24 {
@@ -811,7 +881,12 @@ pub(super) fn mark(
         if !in_syscall {
             roots.threads_outside_syscall += 1;
             let owner = format!("thread {thread:#x} ");
-            for r in space.regions.iter().filter(|r| r.owner.starts_with(&owner)) {
+            for r in m
+                .space
+                .regions
+                .iter()
+                .filter(|r| r.owner.starts_with(&owner))
+            {
                 roots.open_region_objects += m.mark_all(r.start, r.free)?;
             }
         }
@@ -825,9 +900,12 @@ pub(super) fn mark(
         roots.tls_bytes += free_tls - lisp_thread;
         thread = next;
     }
+    Ok(())
+}
 
-    // The pseudo-static generation: every object a root.
-    for (i, &(gen, bits)) in space.pages.iter().enumerate() {
+/// The pseudo-static generation: every object a root.
+fn mark_pseudo_static(m: &mut Marker, roots: &mut MarkRoots) -> Result<(), CensusError> {
+    for (i, &(gen, bits)) in m.space.pages.iter().enumerate() {
         if gen != PSEUDO_STATIC_GENERATION || bits == 0 {
             continue;
         }
@@ -835,7 +913,7 @@ pub(super) fn mark(
         let last = first + PAGE_BYTES / 16;
         let mut g = first;
         while g < last {
-            let w = space.starts.get((g / 64) as usize).copied().unwrap_or(0) >> (g % 64);
+            let w = m.space.starts.get((g / 64) as usize).copied().unwrap_or(0) >> (g % 64);
             if w == 0 {
                 g = (g / 64 + 1) * 64;
                 continue;
@@ -846,7 +924,7 @@ pub(super) fn mark(
             }
             if !bit(&m.marks, g) {
                 roots.pseudo_static_objects += 1;
-                let base = space.start + g * 16;
+                let base = m.space.start + g * 16;
                 let h = m.word(base)?;
                 m.set_mark(base, h);
             }
@@ -854,13 +932,16 @@ pub(super) fn mark(
         }
         m.drain()?;
     }
+    Ok(())
+}
 
-    // With sb-sprof on, the collector keeps every code object of the dynamic space (its
-    // samples may name them).
+/// With sb-sprof on, the collector keeps every code object of the dynamic space (its
+/// samples may name them).
+fn mark_profiled_code(m: &mut Marker, sprof_enabled: u64) -> Result<(), CensusError> {
     if m.mem.read_u32(sprof_enabled)? != 0 {
-        for (i, &(_, bits)) in space.pages.iter().enumerate() {
+        for (i, &(_, bits)) in m.space.pages.iter().enumerate() {
             if bits != 0 && bits & PAGE_TYPE_MASK == CODE_PAGE_TYPE {
-                let from = space.start + i as u64 * PAGE_BYTES;
+                let from = m.space.start + i as u64 * PAGE_BYTES;
                 for a in (from..from + PAGE_BYTES).step_by(16) {
                     if m.is_start(a) && !m.marked(a) {
                         let h = m.word(a)?;
@@ -875,10 +956,5 @@ pub(super) fn mark(
             }
         }
     }
-
-    Ok(SbclMark {
-        live_by_generation: m.live,
-        roots,
-        mark_us: t.elapsed().as_micros() as u64,
-    })
+    Ok(())
 }

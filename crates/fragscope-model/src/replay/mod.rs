@@ -634,7 +634,6 @@ pub fn replay_with_progress(
     let mut end_ms = 0u64;
     let mut pid = 0;
     let mut argv = Vec::new();
-    let mut recorded = Recorded::default();
     let mut rss_samples: Vec<(u64, u64)> = Vec::new();
     let mut seen_end = false;
     let mut damage: Option<String> = None;
@@ -714,51 +713,14 @@ pub fn replay_with_progress(
     let peak_live = feed.peak_live;
     let held = held_sample(&live_full, peak_live);
 
-    rss_samples.sort_by_key(|s| s.0);
-    if let Some(first) = rss_samples.first() {
-        recorded.first_rss = first.1;
-    }
-    if let Some(last) = rss_samples.last() {
-        recorded.end_rss = last.1;
-    }
-    if let Some(p) = rss_samples
-        .iter()
-        .max_by_key(|s| (s.1, std::cmp::Reverse(s.0)))
-    {
-        recorded.peak_rss = p.1;
-        recorded.peak_t_ms = p.0 as f64 * feed.tick_ms;
-    }
+    let recorded = recorded_rss(rss_samples, feed.tick_ms);
 
     let (buckets, t_ms, live_tl) = downsample(&t_full, &live_full);
     let model_seconds: f64 = tracks.iter().map(|t| t.seconds).sum();
     let calls = feed.calls;
     // What the models' time was spent on: the inherited blocks are placed as allocations.
     let ops = calls + feed.inherited_allocs;
-    let models = tracks
-        .into_iter()
-        .map(|t| {
-            let rss_full = &t.sampler.rss;
-            ModelResult {
-                label: t.spec.label.clone(),
-                model: t.spec.kind.clone(),
-                config: t.model.config(),
-                peak_rss: t
-                    .sampler
-                    .peak
-                    .max(rss_full.iter().copied().max().unwrap_or(0)),
-                peak_t_ms: t.sampler.peak_ms as f64,
-                end_rss: t.model.rss(),
-                held_rss: rss_full.get(held).copied().unwrap_or(0),
-                rss: buckets
-                    .iter()
-                    .map(|r| rss_full[r.clone()].iter().copied().max().unwrap_or(0))
-                    .collect(),
-                costs: t.model.costs(),
-                seconds: t.seconds,
-                calls_per_s: ops as f64 / t.seconds.max(1e-9),
-            }
-        })
-        .collect();
+    let models = model_results(tracks, &buckets, held, ops);
     Ok(Replay {
         trace: path.display().to_string(),
         truncated: !seen_end || damage.is_some(),
@@ -784,6 +746,61 @@ pub fn replay_with_progress(
         models,
         read_seconds: (started.elapsed().as_secs_f64() - model_seconds).max(0.0),
     })
+}
+
+/// What the recording measured of RSS, from its samples (tick, bytes).
+fn recorded_rss(mut rss_samples: Vec<(u64, u64)>, tick_ms: f64) -> Recorded {
+    let mut recorded = Recorded::default();
+    rss_samples.sort_by_key(|s| s.0);
+    if let Some(first) = rss_samples.first() {
+        recorded.first_rss = first.1;
+    }
+    if let Some(last) = rss_samples.last() {
+        recorded.end_rss = last.1;
+    }
+    if let Some(p) = rss_samples
+        .iter()
+        .max_by_key(|s| (s.1, std::cmp::Reverse(s.0)))
+    {
+        recorded.peak_rss = p.1;
+        recorded.peak_t_ms = p.0 as f64 * tick_ms;
+    }
+    recorded
+}
+
+/// Each model's result: its peak, plateau (at sample `held`) and end, its resident heap
+/// in `buckets` of samples, its costs; `ops` the operations it replayed.
+fn model_results(
+    tracks: Vec<Track>,
+    buckets: &[std::ops::Range<usize>],
+    held: usize,
+    ops: u64,
+) -> Vec<ModelResult> {
+    tracks
+        .into_iter()
+        .map(|t| {
+            let rss_full = &t.sampler.rss;
+            ModelResult {
+                label: t.spec.label.clone(),
+                model: t.spec.kind.clone(),
+                config: t.model.config(),
+                peak_rss: t
+                    .sampler
+                    .peak
+                    .max(rss_full.iter().copied().max().unwrap_or(0)),
+                peak_t_ms: t.sampler.peak_ms as f64,
+                end_rss: t.model.rss(),
+                held_rss: rss_full.get(held).copied().unwrap_or(0),
+                rss: buckets
+                    .iter()
+                    .map(|r| rss_full[r.clone()].iter().copied().max().unwrap_or(0))
+                    .collect(),
+                costs: t.model.costs(),
+                seconds: t.seconds,
+                calls_per_s: ops as f64 / t.seconds.max(1e-9),
+            }
+        })
+        .collect()
 }
 
 /// The sample before teardown: from the last sample still holding at least 1% of the

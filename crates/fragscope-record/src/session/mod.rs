@@ -53,38 +53,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let program = command
         .first()
         .ok_or_else(|| anyhow!("no program to record"))?;
-    // A Go program without cgo never connects: its stream is opened as it starts.
-    let (program_path, unconnected) = match attach_pid {
-        Some(pid) => (
-            std::fs::read_link(format!("/proc/{pid}/exe"))
-                .map_err(|e| crate::access::access_error(pid, &e))?,
-            false,
-        ),
-        None => match crate::launch::check_traceable(program) {
-            Ok(path) => (path, false),
-            Err(e) => match crate::launch::static_go_program(program) {
-                Some(path) => {
-                    eprintln!(
-                        "fragscope: {} is a Go program without cgo: it makes no malloc call \
-                         to trace. Its Go heap is read from outside at every snapshot \
-                         (spans, size classes, free pages kept and released) and its RSS \
-                         sampled; build it with cgo to trace its C allocations too.",
-                        path.display()
-                    );
-                    (path, true)
-                }
-                None => return Err(e.into()),
-            },
-        },
-    };
-    // Said before the program runs: what the trace will miss.
-    if let Some(l) = fragscope_census::allocators::linked_allocator(&program_path) {
-        eprintln!(
-            "fragscope: warning: {}. The report will show RSS over time, its phases and \
-             where the process's memory lies, not that allocator's objects.",
-            l.consequence()
-        );
-    }
+    let (program_path, unconnected) = program_to_record(program, attach_pid)?;
     // A file size limit (ulimit -f) then fails the trace's write with EFBIG, which is
     // reported, instead of killing the recorder mid-recording.
     // SAFETY: ignoring a signal.
@@ -163,21 +132,15 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let _ = sampler.join();
     acceptor.finish(&rendezvous.sock_path);
     let _ = ticker.join();
-    let (stream_count, silent) = ending::silent_processes(&shared);
-    for s in 0..stream_count {
-        shared.end_stream(s);
-    }
-    for chunk in ending::linked_allocators_of_streams(&shared) {
-        shared.send(ChunkKind::LinkedAllocator, chunk.encode());
-    }
-    let untraced = if attach_pid.is_some() {
-        Vec::new()
-    } else {
-        ending::untraced_images(&shared, child_pid, &program_path, &command, &preload)
-    };
-    for u in &untraced {
-        shared.send(ChunkKind::Untraced, u.encode());
-    }
+    let (stream_count, silent, untraced) = end_streams(
+        &shared,
+        attach_pid.is_none().then_some((
+            child_pid,
+            program_path.as_path(),
+            &command[..],
+            preload.as_path(),
+        )),
+    );
     let refused_connections = shared.refused_connections.load(Ordering::Relaxed);
     let event_bytes = shared.event_bytes.load(Ordering::Relaxed);
     shared.send(
@@ -204,6 +167,71 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         untraced,
         refused_connections,
     })
+}
+
+/// The program's file, and whether it is a Go program without cgo, which never connects
+/// (its stream is opened as it starts); warns of an allocator linked into it, whose
+/// calls the trace will miss.
+fn program_to_record(program: &OsString, attach_pid: Option<u32>) -> Result<(PathBuf, bool)> {
+    let (program_path, unconnected) = match attach_pid {
+        Some(pid) => (
+            std::fs::read_link(format!("/proc/{pid}/exe"))
+                .map_err(|e| crate::access::access_error(pid, &e))?,
+            false,
+        ),
+        None => match crate::launch::check_traceable(program) {
+            Ok(path) => (path, false),
+            Err(e) => match crate::launch::static_go_program(program) {
+                Some(path) => {
+                    eprintln!(
+                        "fragscope: {} is a Go program without cgo: it makes no malloc call \
+                         to trace. Its Go heap is read from outside at every snapshot \
+                         (spans, size classes, free pages kept and released) and its RSS \
+                         sampled; build it with cgo to trace its C allocations too.",
+                        path.display()
+                    );
+                    (path, true)
+                }
+                None => return Err(e.into()),
+            },
+        },
+    };
+    // Said before the program runs: what the trace will miss.
+    if let Some(l) = fragscope_census::allocators::linked_allocator(&program_path) {
+        eprintln!(
+            "fragscope: warning: {}. The report will show RSS over time, its phases and \
+             where the process's memory lies, not that allocator's objects.",
+            l.consequence()
+        );
+    }
+    Ok((program_path, unconnected))
+}
+
+/// Ends every stream and sends what the recording learnt of them at the end: the
+/// allocators linked into their programs and, for a program the recorder launched
+/// (`launched`: its pid, path, command line and the interposer), the images that never
+/// connected. The streams, the silent processes and the untraced images.
+fn end_streams(
+    shared: &Shared,
+    launched: Option<(u32, &Path, &[OsString], &Path)>,
+) -> (u32, Vec<SilentProcess>, Vec<fragscope_trace::Untraced>) {
+    let (stream_count, silent) = ending::silent_processes(shared);
+    for s in 0..stream_count {
+        shared.end_stream(s);
+    }
+    for chunk in ending::linked_allocators_of_streams(shared) {
+        shared.send(ChunkKind::LinkedAllocator, chunk.encode());
+    }
+    let untraced = match launched {
+        Some((child_pid, program_path, command, preload)) => {
+            ending::untraced_images(shared, child_pid, program_path, command, preload)
+        }
+        None => Vec::new(),
+    };
+    for u in &untraced {
+        shared.send(ChunkKind::Untraced, u.encode());
+    }
+    (stream_count, silent, untraced)
 }
 
 /// The GHC program: its path, what its binary says, whether a wrapper runs it.

@@ -169,8 +169,9 @@ impl Shared {
     }
 
     /// A page-residency snapshot of `pid` (smaps_rollup, memory map, residency, RSS) and
-    /// a CPython process's pymalloc census; with `census`, a GHC block census is asked of
-    /// the census thread too (see [`census_worker`]).
+    /// the censuses of the runtime heaps it runs (`Censuses::take_runtimes`); with
+    /// `census`, a GHC block census is asked of the census thread too (see
+    /// [`census_worker`]).
     pub(super) fn snapshot(
         &self,
         stream: u32,
@@ -192,24 +193,10 @@ impl Shared {
         }
         // Before the residency: a pymalloc census is split by the residency read next,
         // and the model meets the census first.
-        if let Some(census) = self.censuses.take_pymalloc(stream, pid, tick, reason) {
-            self.send(ChunkKind::PymallocCensus, census.encode());
-        }
-        if let Some(census) = self.censuses.take_sbcl(stream, pid, tick, reason) {
-            self.send(ChunkKind::SbclCensus, census.encode());
-        }
-        if let Some(census) = self.censuses.take_go(stream, pid, tick, reason) {
-            self.send(ChunkKind::GoCensus, census.encode());
-        }
-        if let Some(census) = self.censuses.take_jvm(stream, pid, tick, reason) {
-            self.send(ChunkKind::JvmCensus, census.encode());
-        }
-        if let Some(census) = self.censuses.take_v8(stream, pid, tick, reason) {
-            self.send(ChunkKind::V8Census, census.encode());
-        }
-        if let Some(census) = self.censuses.take_jemalloc(stream, pid, tick) {
-            self.send(ChunkKind::HeapCensus, census.encode());
-        }
+        self.censuses
+            .take_runtimes(stream, pid, tick, reason, |kind, body| {
+                self.send(kind, body)
+            });
         let Some(mappings) = self.write_maps(stream, pid) else {
             return;
         };

@@ -1,5 +1,8 @@
 //! `fragscope report`: the RSS decomposition, phases, timeline, page occupancy, size
-//! classes and allocation sites of a recorded run, in the terminal or as JSON.
+//! classes and allocation sites of a recorded run, in the terminal or as JSON. The
+//! allocator's census of a snapshot (`allocator_census`), the runtime heaps' sections (one
+//! module each, listed in [`RUNTIME_SECTIONS`]) and sharing (`sharing`) have modules of
+//! their own.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -9,11 +12,30 @@ use anyhow::{Context, Result};
 use clap::Args;
 use fragscope_model::heaps::{self, Heap};
 use fragscope_model::pymalloc::FillBucket;
-use fragscope_model::report::{Decomposition, Report, Site, Snapshot, SnapshotFacts};
+use fragscope_model::report::{Decomposition, Report, Site, Snapshot};
 use fragscope_model::{analyze, Options};
 
 use crate::progress;
 use crate::units::{bytes, count};
+
+mod allocator_census;
+mod go;
+mod jvm;
+mod python;
+mod sbcl;
+mod sharing;
+mod v8;
+
+/// The runtime heaps' sections, in the report's order: each says nothing of a process
+/// that does not run its runtime.
+const RUNTIME_SECTIONS: [fn(&mut String, &Report); 6] = [
+    python::section,
+    sbcl::section,
+    go::section,
+    jvm::section,
+    v8::section,
+    sbcl::lisp_sites,
+];
 
 /// Explain a recorded run's RSS: what part is live data, size-class rounding, free space
 /// in pages that live objects pin, free pages the allocator keeps, lazily freed pages,
@@ -100,6 +122,48 @@ pub(crate) fn pct(part: u64, whole: u64) -> String {
 /// The whole terminal report.
 pub fn render(r: &Report, top: usize) -> String {
     let mut o = String::new();
+    identity(&mut o, r);
+    merge_notes(&mut o, r);
+    headline(&mut o, r);
+    if let Some(s) = &r.snapshot {
+        allocator_census::snapshot_census(&mut o, s, r.duration_ms > 0.0);
+    }
+    decomposition_table(&mut o, r);
+    sharing::section(&mut o, r);
+    for section in RUNTIME_SECTIONS {
+        section(&mut o, r);
+    }
+    phases(&mut o, r);
+    timeline(&mut o, r);
+    if let Some(f) = r.focus_snapshot {
+        occupancy(&mut o, &r.snapshots[f]);
+        size_classes(&mut o, r, top);
+        allocator_view(&mut o, &r.snapshots[f]);
+    }
+    if r.snapshot.is_some() {
+        let _ = writeln!(
+            o,
+            "\nAllocation sites: none (a snapshot has no history; `fragscope record` the \
+             program to see who allocates)"
+        );
+    } else if r.calls == 0 && r.go_snapshot.is_some() {
+        let _ = writeln!(
+            o,
+            "\nAllocation sites: none (a Go program without cgo makes no malloc call; its \
+             heap above is read by census)"
+        );
+    } else {
+        sites(&mut o, r);
+        leaks_and_temporaries(&mut o, r);
+    }
+    sharing::processes(&mut o, r);
+    untraced(&mut o, r);
+    o
+}
+
+/// What was analysed: the program, its allocator, which of the trace's processes, how
+/// much of the trace.
+fn identity(o: &mut String, r: &Report) {
     let _ = writeln!(
         o,
         "fragscope report: {} (pid {}{}, {} calls, {})",
@@ -141,6 +205,11 @@ pub fn render(r: &Report, top: usize) -> String {
     if let Some(skipped) = &r.skipped {
         let _ = writeln!(o, "note: {skipped}");
     }
+}
+
+/// What the merge of the process's calls met that its figures depend on: attaching to a
+/// running process, a heap inherited at a fork, calls it could not place.
+fn merge_notes(o: &mut String, r: &Report) {
     if r.merge.attached {
         match (r.merge.starting_blocks, r.merge.starting_bytes) {
             (Some(blocks), Some(held)) => {
@@ -230,42 +299,10 @@ pub fn render(r: &Report, top: usize) -> String {
             if r.untraced.len() == 1 { "" } else { "s" }
         );
     }
-    headline(&mut o, r);
-    if let Some(s) = &r.snapshot {
-        snapshot_census(&mut o, s, r.duration_ms > 0.0);
-    }
-    decomposition_table(&mut o, r);
-    crate::report_sharing::section(&mut o, r);
-    pymalloc(&mut o, r);
-    sbcl(&mut o, r);
-    crate::report_go::section(&mut o, r);
-    crate::report_jvm::section(&mut o, r);
-    crate::report_jvm::v8_section(&mut o, r);
-    lisp_sites(&mut o, r);
-    phases(&mut o, r);
-    timeline(&mut o, r);
-    if let Some(f) = r.focus_snapshot {
-        occupancy(&mut o, &r.snapshots[f]);
-        size_classes(&mut o, r, top);
-        allocator_view(&mut o, &r.snapshots[f]);
-    }
-    if r.snapshot.is_some() {
-        let _ = writeln!(
-            o,
-            "\nAllocation sites: none (a snapshot has no history; `fragscope record` the \
-             program to see who allocates)"
-        );
-    } else if r.calls == 0 && r.go_snapshot.is_some() {
-        let _ = writeln!(
-            o,
-            "\nAllocation sites: none (a Go program without cgo makes no malloc call; its \
-             heap above is read by census)"
-        );
-    } else {
-        sites(&mut o, r);
-        leaks_and_temporaries(&mut o, r);
-    }
-    crate::report_sharing::processes(&mut o, r);
+}
+
+/// The process images that could not be traced, listed.
+fn untraced(o: &mut String, r: &Report) {
     if !r.untraced.is_empty() {
         let _ = writeln!(o, "\nNot traced (their calls are missing from this trace):");
         for u in &r.untraced {
@@ -286,201 +323,6 @@ pub fn render(r: &Report, top: usize) -> String {
                 u.reason
             );
         }
-    }
-    o
-}
-
-/// tcmalloc's heap as its own statistics count it (MallocExtension's lines), then its
-/// size classes by the bytes their central free lists hold.
-fn tcmalloc_census(o: &mut String, t: &fragscope_model::report::TcmallocFigures) {
-    let h = &t.heap;
-    let _ = writeln!(
-        o,
-        "tcmalloc (gperftools {}, {}), as its own statistics count it:\n  \
-         {:>10} in use by the program\n  {:>10} in the page heap's free spans\n  \
-         {:>10} in the central free lists\n  {:>10} in the transfer caches\n  \
-         {:>10} in {} threads' caches\n  {:>10} returned to the system (unmapped)\n  \
-         {:>10} taken from the system, in {} spans of {} size classes",
-        h.release,
-        h.library,
-        bytes(t.in_use_bytes),
-        bytes(h.pageheap_free_bytes),
-        bytes(t.central_bytes),
-        bytes(t.transfer_bytes),
-        bytes(t.thread_cache_bytes),
-        count(h.thread_caches),
-        bytes(h.unmapped_bytes),
-        bytes(h.system_bytes),
-        count(t.spans),
-        count(h.classes.len() as u64)
-    );
-    let mut classes: Vec<_> = h.classes.iter().collect();
-    classes.sort_by_key(|k| std::cmp::Reverse(h.central_bytes_of(k)));
-    let _ = writeln!(
-        o,
-        "  size classes by central free list, top 10:\n  {:>5} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10}",
-        "class", "size", "spans", "full", "in use", "free", "cached", "free bytes"
-    );
-    for k in classes.iter().take(10) {
-        let _ = writeln!(
-            o,
-            "  {:>5} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10}",
-            k.class,
-            bytes(k.size),
-            count(k.spans),
-            count(k.full_spans),
-            count(k.in_use()),
-            count(k.central_free),
-            count(k.transfer_free + k.thread_cache_free),
-            bytes(h.central_bytes_of(k))
-        );
-    }
-}
-
-/// jemalloc's heap as its own statistics count it (`stats.*`), then its size classes by
-/// the free bytes their slabs hold.
-fn jemalloc_census(o: &mut String, j: &fragscope_model::report::JemallocFigures) {
-    let h = &j.heap;
-    let _ = writeln!(
-        o,
-        "jemalloc {} ({}), as its own statistics count it:\n  \
-         {:>10} allocated ({} in use by the program, {} in {} threads' caches)\n  \
-         {:>10} active: {} of free regions inside slabs, in {} slabs ({} not full)\n  \
-         {:>10} resident: {} of dirty pages, {} of metadata ({} muzzy, not counted)\n  \
-         {:>10} mapped, in {} arenas",
-        h.release,
-        h.library,
-        bytes(j.allocated_bytes),
-        bytes(j.in_use_bytes),
-        bytes(j.tcache_bytes),
-        count(h.arenas.iter().map(|a| a.thread_caches).sum()),
-        bytes(j.active_bytes),
-        bytes(j.slab_free_bytes),
-        count(j.slabs),
-        count(j.nonfull_slabs),
-        bytes(j.resident_bytes),
-        bytes(j.dirty_bytes),
-        bytes(j.metadata_resident),
-        bytes(j.muzzy_bytes),
-        bytes(j.mapped_bytes),
-        count(h.arenas.len() as u64)
-    );
-    let mut bins: Vec<_> = h.bins.iter().collect();
-    bins.sort_by_key(|k| std::cmp::Reverse(k.free_regions * k.size));
-    let _ = writeln!(
-        o,
-        "  size classes by free bytes in slabs, top 10:\n  {:>5} {:>8} {:>9} {:>9} {:>10} {:>10} {:>9} {:>10}",
-        "bin", "size", "slabs", "full", "in use", "free", "cached", "free bytes"
-    );
-    for k in bins.iter().take(10) {
-        let _ = writeln!(
-            o,
-            "  {:>5} {:>8} {:>9} {:>9} {:>10} {:>10} {:>9} {:>10}",
-            k.bin,
-            bytes(k.size),
-            count(k.slabs),
-            count(k.full_slabs),
-            count(k.program_regions()),
-            count(k.free_regions),
-            count(k.tcache_regions),
-            bytes(k.free_regions * k.size)
-        );
-    }
-    let large: u64 = h.large.iter().map(|l| l.extents).sum();
-    if large > 0 {
-        let _ = writeln!(
-            o,
-            "  large extents: {} in {} size classes, {}",
-            count(large),
-            count(h.large.len() as u64),
-            bytes(h.large.iter().map(|l| l.extents * l.size).sum())
-        );
-    }
-}
-
-/// How a snapshot was taken, and the allocator's heap as its own metadata tells it.
-/// `recorded`: a recording's census (an allocator linked into the program, read at each
-/// snapshot), of which the report shows the one with the most waste.
-fn snapshot_census(o: &mut String, s: &SnapshotFacts, recorded: bool) {
-    let how = if s.stopped {
-        format!(
-            "the process was stopped for {:.1} ms while it was read",
-            s.pause_ms
-        )
-    } else {
-        "read without stopping the process (--no-stop): the figures may not hold together".into()
-    };
-    let what = if recorded {
-        "Census of the allocator's own metadata at the snapshot with the most waste"
-    } else {
-        "Snapshot of a running process"
-    };
-    let _ = writeln!(o, "\n{what} ({}): {how}", s.allocator);
-    if let Some(note) = &s.note {
-        let _ = writeln!(o, "note: {note}");
-    }
-    if let Some(t) = &s.tcmalloc {
-        tcmalloc_census(o, t);
-    }
-    if let Some(j) = &s.jemalloc {
-        jemalloc_census(o, j);
-    }
-    let Some(g) = &s.glibc else { return };
-    let _ = writeln!(
-        o,
-        "glibc {} malloc, read from {}\n  in use {} in {} chunks ({} in {} mmapped); free {} \
-         ({} in bins, {} in fastbins, {} in {} threads' caches, {} at the top of the heaps)\n  \
-         as mallinfo2 counts it: uordblks + hblkhd {}, fordblks {}\n  malloc_trim(0) would \
-         return {} (predicted, not done)",
-        g.version,
-        g.layout_source,
-        bytes(g.in_use_bytes),
-        count(g.in_use_chunks),
-        bytes(g.mmapped_bytes),
-        count(g.mmapped_chunks),
-        bytes(g.free_bytes + g.fastbin_bytes + g.tcache_bytes + g.top_bytes),
-        bytes(g.free_bytes),
-        bytes(g.fastbin_bytes),
-        bytes(g.tcache_bytes),
-        count(g.thread_caches),
-        bytes(g.top_bytes),
-        bytes(g.mallinfo_in_use),
-        bytes(g.mallinfo_free),
-        bytes(g.trimmable_bytes)
-    );
-    let _ = writeln!(
-        o,
-        "  {:<7} {:>7} {:>5} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11} {:>10}",
-        "arena",
-        "threads",
-        "heaps",
-        "system",
-        "in use",
-        "free",
-        "resident",
-        "free in used",
-        "free pages",
-        "trimmable"
-    );
-    for (i, a) in g.arenas.iter().enumerate() {
-        let _ = writeln!(
-            o,
-            "  {:<7} {:>7} {:>5} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11} {:>10}",
-            if a.main {
-                "main".to_string()
-            } else {
-                format!("#{i}")
-            },
-            count(a.threads),
-            count(a.heaps),
-            bytes(a.system_mem),
-            bytes(a.in_use_bytes),
-            bytes(a.free_bytes + a.fastbin_bytes + a.tcache_bytes + a.top_bytes),
-            bytes(a.resident_bytes),
-            bytes(a.free_in_used_pages),
-            bytes(a.free_pages_bytes),
-            bytes(a.trimmable_bytes)
-        );
     }
 }
 
@@ -866,62 +708,6 @@ fn timeline(o: &mut String, r: &Report) {
     }
 }
 
-/// CPython's pymalloc arenas at the snapshot where they hold the most free space.
-fn pymalloc(o: &mut String, r: &Report) {
-    if let Some(note) = &r.pymalloc_note {
-        let _ = writeln!(o, "\nnote: {note}");
-    }
-    let Some(p) = r.pymalloc_snapshot.and_then(|i| {
-        let s = &r.snapshots[i];
-        s.pymalloc.as_ref().map(|p| (s, p))
-    }) else {
-        if let Some(note) = &r.python_sites_note {
-            let _ = writeln!(o, "note: {note}");
-        }
-        return;
-    };
-    let (s, p) = p;
-    let _ = writeln!(
-        o,
-        "\nCPython {} small objects (pymalloc) at {}: {} in {} arenas of {} ({} hold a pool in \
-         use), {} pools of {}",
-        p.python,
-        secs(s.t_ms),
-        bytes(p.resident),
-        count(p.arenas),
-        bytes(p.arena_size),
-        count(p.arenas_in_use),
-        count(p.pools),
-        bytes(p.pool_size)
-    );
-    for (name, v) in [
-        ("blocks in use", p.in_use),
-        ("free in pools in use", p.free_in_used_pools),
-        ("free pools in arenas in use", p.free_pools),
-        ("arenas with no pool in use", p.empty_arenas),
-    ] {
-        let _ = writeln!(o, "  {name:<30} {:>10} {:>7}", bytes(v), pct(v, p.resident));
-    }
-    let _ = writeln!(
-        o,
-        "  pools in use by bytes in use (census paused the program {:.1} ms)",
-        p.pause_ms
-    );
-    fill_histogram(o, &p.pool_fill, "pools", "in use");
-    let _ = writeln!(o, "  size classes with the most free bytes in pools in use");
-    for c in p.classes.iter().take(5) {
-        let _ = writeln!(
-            o,
-            "    {:>5} B blocks {:>9} pools {:>11} in use {:>11} free",
-            c.block_size,
-            count(c.pools),
-            bytes(c.blocks_in_use * c.block_size),
-            bytes(c.blocks_free * c.block_size)
-        );
-    }
-    python_sites(o, r);
-}
-
 /// A runtime heap's pools or pages by fill, one bar per bucket ("pools", "in use").
 pub(crate) fn fill_histogram(o: &mut String, buckets: &[FillBucket], units: &str, used: &str) {
     let max = buckets.iter().map(|b| b.count).max().unwrap_or(1).max(1);
@@ -935,293 +721,6 @@ pub(crate) fn fill_histogram(o: &mut String, buckets: &[FillBucket], units: &str
             bytes(b.bytes_in_use),
             "#".repeat((b.count * 30).div_ceil(max) as usize)
         );
-    }
-}
-
-/// SBCL's dynamic space at the snapshot where it holds the most free space.
-fn sbcl(o: &mut String, r: &Report) {
-    if let Some(note) = &r.sbcl_note {
-        let _ = writeln!(o, "\nnote: {note}");
-    }
-    let Some((s, p)) = r
-        .sbcl_snapshot
-        .and_then(|i| r.snapshots[i].sbcl.as_ref().map(|p| (&r.snapshots[i], p)))
-    else {
-        return;
-    };
-    let _ = writeln!(
-        o,
-        "\nSBCL {} dynamic space at {}: {} in use on {} pages of {} (page table), {} \
-         resident; {} collections so far",
-        p.version,
-        secs(s.t_ms),
-        bytes(p.bytes_used),
-        count(p.pages_in_use),
-        bytes(p.page_bytes),
-        bytes(p.resident),
-        count(p.collections)
-    );
-    for (name, v) in [
-        ("objects (resident)", p.in_use),
-        ("free in pages in use", p.free_in_used_pages),
-        ("free pages kept mapped", p.free_pages),
-    ] {
-        let _ = writeln!(o, "  {name:<30} {:>10} {:>7}", bytes(v), pct(v, p.resident));
-    }
-    let _ = writeln!(
-        o,
-        "  generation      pages     in use   resident  large objects  collections (promoted after)"
-    );
-    for g in &p.generations {
-        let _ = writeln!(
-            o,
-            "  {:>10} {:>10} {:>10} {:>10} {:>14} {:>12} ({})",
-            g.gen,
-            count(g.pages),
-            bytes(g.bytes_used),
-            bytes(g.resident),
-            bytes(g.large_bytes),
-            g.collections,
-            g.collections_before_promotion
-        );
-    }
-    let _ = writeln!(
-        o,
-        "  pages in use by bytes used (census paused the program {:.1} ms)",
-        p.pause_ms
-    );
-    fill_histogram(o, &p.page_fill, "pages", "used");
-    // Objects by type come from the census that marked the most garbage, else the last
-    // one that walked them.
-    let marked = r
-        .snapshots
-        .iter()
-        .filter_map(|s| {
-            s.sbcl
-                .as_ref()
-                .filter(|p| p.garbage.is_some())
-                .map(|p| (s, p))
-        })
-        .max_by_key(|(_, p)| p.garbage);
-    let walked = marked.or_else(|| {
-        r.snapshots.iter().rev().find_map(|s| {
-            s.sbcl
-                .as_ref()
-                .filter(|p| p.objects.is_some())
-                .map(|p| (s, p))
-        })
-    });
-    if marked.is_none() {
-        // A census that asked for a mark and was refused one: say why there is no
-        // garbage by generation.
-        if let Some((rs, why)) = r.snapshots.iter().rev().find_map(|s| {
-            s.sbcl
-                .as_ref()
-                .and_then(|p| p.mark_refused.as_ref())
-                .map(|w| (s, w))
-        }) {
-            let _ = writeln!(
-                o,
-                "  no garbage by generation: the mark from the roots was refused at {} ({why})",
-                secs(rs.t_ms)
-            );
-        }
-    }
-    let Some((ws, p)) = walked else {
-        return;
-    };
-    match (p.garbage, p.mark_ms) {
-        (Some(garbage), Some(ms)) => {
-            let _ = writeln!(
-                o,
-                "  objects by type at {} (the census that found the most garbage: {} of \
-                 {} in use unreachable from the roots, which (gc :full t) would free; the \
-                 mark paused the program {ms:.1} ms more)",
-                secs(ws.t_ms),
-                bytes(garbage),
-                bytes(p.bytes_used)
-            );
-            if let Some(n @ 1..) = p.threads_in_lisp {
-                let _ = writeln!(
-                    o,
-                    "  ({n} thread(s) were stopped running Lisp code: their registers are not \
-                     read, so an object only a register held counts as garbage)"
-                );
-            }
-        }
-        _ => {
-            let _ = writeln!(
-                o,
-                "  objects by type at {} (the last census that walked the heap)",
-                secs(ws.t_ms)
-            );
-        }
-    }
-    for g in &p.generations {
-        let Some(objects) = &g.objects else { continue };
-        let mut largest: Vec<_> = objects.iter().filter(|c| c.bytes > 0).collect();
-        largest.sort_by_key(|c| std::cmp::Reverse(c.bytes));
-        let listed: Vec<String> = largest
-            .iter()
-            .take(3)
-            .map(|c| match c.garbage {
-                Some(g) if g > 0 => {
-                    format!("{} {} ({} garbage)", c.class, bytes(c.bytes), bytes(g))
-                }
-                _ => format!("{} {}", c.class, bytes(c.bytes)),
-            })
-            .collect();
-        if !listed.is_empty() {
-            let _ = writeln!(
-                o,
-                "  generation {} holds most: {}",
-                g.gen,
-                listed.join(", ")
-            );
-        }
-    }
-    if let Some(objects) = &p.objects {
-        for c in objects.iter().filter(|c| c.count > 0) {
-            let garbage = c
-                .garbage
-                .map(|g| format!(" {:>10} garbage", bytes(g)))
-                .unwrap_or_default();
-            let _ = writeln!(
-                o,
-                "    {:<16} {:>10} {:>12}{garbage}",
-                c.class,
-                bytes(c.bytes),
-                count(c.count)
-            );
-        }
-    }
-}
-
-/// The Lisp functions that allocate: sites by their own bytes, with callers, then
-/// functions by the bytes allocated while they ran.
-fn lisp_sites(o: &mut String, r: &Report) {
-    if let Some(note) = &r.lisp_sites_note {
-        let _ = writeln!(o, "\n{note}");
-    }
-    let Some(ls) = &r.lisp_sites else {
-        return;
-    };
-    let _ = writeln!(
-        o,
-        "\nLisp allocation sites ({} allocated, estimated from {} allocation regions of {} \
-         sampled, {} of them large objects)",
-        bytes(ls.allocated_bytes as u64),
-        count(ls.samples),
-        bytes(ls.region_bytes),
-        count(ls.large_samples)
-    );
-    let _ = writeln!(o, "  {:>10} {:>6}  function", "allocated", "share");
-    for s in &ls.sites {
-        let _ = writeln!(
-            o,
-            "  {:>10} {:>5.1}%  {}",
-            bytes(s.allocated_bytes as u64),
-            s.share * 100.0,
-            s.function
-        );
-        for c in s.callers.iter().take(3) {
-            let _ = writeln!(o, "  {:>18}  <- {c}", "");
-        }
-    }
-    let _ = writeln!(
-        o,
-        "  Functions by bytes allocated while they ran\n  {:>10} {:>6} {:>10} {:>6}  function",
-        "inclusive", "share", "itself", "share"
-    );
-    for f in fragscope_model::lisp_sites::listed(ls) {
-        let _ = writeln!(
-            o,
-            "  {:>10} {:>5.1}% {:>10} {:>5.1}%  {}",
-            bytes(f.inclusive_bytes as u64),
-            f.inclusive_share * 100.0,
-            bytes(f.leaf_bytes as u64),
-            f.leaf_share * 100.0,
-            f.function
-        );
-    }
-    if let Some(p) = &ls.problem {
-        let _ = writeln!(o, "  note: {p}");
-    }
-}
-
-/// The Python lines whose sampled objects survive in pymalloc's arenas.
-fn python_sites(o: &mut String, r: &Report) {
-    if let Some(note) = &r.python_sites_note {
-        let _ = writeln!(o, "  {note}");
-    }
-    let Some(ps) = &r.python_sites else {
-        return;
-    };
-    let _ = writeln!(
-        o,
-        "  Python lines whose objects keep the arenas ({} objects sampled, one per {} \
-         allocated on average; {} live at this census, in {} of the {} arenas in use)",
-        count(ps.samples),
-        bytes(ps.mean_bytes),
-        count(ps.live_samples),
-        count(ps.arenas_sampled),
-        count(ps.arenas_in_use)
-    );
-    let _ = writeln!(
-        o,
-        "    {:>10} {:>10} {:>7} {:>11}  line",
-        "holds", "live", "arenas", "allocated"
-    );
-    for s in ps.sites.iter().filter(|s| s.allocated_bytes > 0.0).take(5) {
-        let _ = writeln!(
-            o,
-            "    {:>10} {:>10} {:>7} {:>11}  {}",
-            bytes(s.held_bytes as u64),
-            bytes(s.live_bytes as u64),
-            count(s.arenas),
-            bytes(s.allocated_bytes as u64),
-            s.location
-        );
-        for c in s.callers.iter().take(2) {
-            let _ = writeln!(o, "    {:>42}  <- {c}", "");
-        }
-    }
-    if ps.held_unattributed > 0 {
-        let _ = writeln!(
-            o,
-            "    {:>10} in arenas where no sampled object lives (a smaller --sample-bytes \
-             samples more)",
-            bytes(ps.held_unattributed)
-        );
-    }
-    let mut copied: Vec<_> = ps.sites.iter().filter(|s| s.copied_bytes >= 1.0).collect();
-    if !copied.is_empty() {
-        copied.sort_by(|a, b| b.copied_bytes.total_cmp(&a.copied_bytes));
-        let _ = writeln!(
-            o,
-            "  Python lines whose objects are in the arena pages this process copied from its \
-             parent since the fork (each line's share by its objects' bytes)"
-        );
-        let _ = writeln!(o, "    {:>10} {:>10}  line", "copied", "live");
-        for s in copied.iter().take(5) {
-            let _ = writeln!(
-                o,
-                "    {:>10} {:>10}  {}",
-                bytes(s.copied_bytes as u64),
-                bytes(s.live_bytes as u64),
-                s.location
-            );
-        }
-        if ps.copied_unattributed > 0 {
-            let _ = writeln!(
-                o,
-                "    {:>10} in arenas where no sampled object lives",
-                bytes(ps.copied_unattributed)
-            );
-        }
-    }
-    if let Some(p) = &ps.problem {
-        let _ = writeln!(o, "    note: {p}");
     }
 }
 

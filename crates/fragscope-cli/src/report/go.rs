@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use fragscope_model::report::Report;
 
-use crate::report::{fill_histogram, pct, secs};
+use super::{fill_histogram, pct, secs};
 use crate::units::{bytes, count};
 
 /// Size classes listed: those with the most free bytes in their spans.

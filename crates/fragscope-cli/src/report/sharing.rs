@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use fragscope_model::report::{ProcessBrief, Report};
 use fragscope_model::sharing::Owners;
 
-use crate::report::{pct, secs};
+use super::{pct, secs};
 use crate::units::{bytes, count};
 
 /// "Shared and private": printed when the process shares heap pages with another or was

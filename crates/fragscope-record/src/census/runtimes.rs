@@ -1,0 +1,299 @@
+//! The runtime heaps a recording reads at each snapshot, one [`RuntimeCensus`] each: how
+//! a process is found to run it, and one census of it. [`super::RUNTIMES`] lists them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fragscope_census::ghc::CensusError;
+use fragscope_census::golang::{GoCensusError, GoRuntime};
+use fragscope_census::jemalloc::{self, JemallocLayout};
+use fragscope_census::jvm::HotSpot;
+use fragscope_census::pymalloc::{self, Pymalloc};
+use fragscope_census::sbcl::{self, SbclRuntime};
+use fragscope_census::{Pause, ProcessMemory};
+use fragscope_trace::go_heap::GoHeap;
+use fragscope_trace::heap_census::{AllocatorHeap, HeapCensus};
+use fragscope_trace::jvm_heap::JvmHeap;
+use fragscope_trace::records::{Census, CensusBody, PymallocPools};
+use fragscope_trace::ChunkKind;
+
+use super::{At, Censuses, Finding, Reading, RuntimeCensus};
+
+/// A runtime census's chunk: `Census<T>`'s framing around the heap, or the note.
+fn census_chunk<T: CensusBody>(at: At, result: Result<T, String>) -> Vec<u8> {
+    Census {
+        stream: at.stream,
+        tick: at.tick,
+        reason: at.reason,
+        result,
+    }
+    .encode()
+}
+
+/// What the runtime's own census crate says of a heap it could not read in full: gone or
+/// starting (nothing to say), or figures that do not hold together (refused).
+fn reading<H>(result: Result<H, CensusError>) -> Reading<H> {
+    match result {
+        Ok(heap) => Reading::Heap(heap, None),
+        Err(CensusError::NoHeap | CensusError::Unreadable(_)) => Reading::Nothing,
+        Err(CensusError::Inconsistent(why)) => Reading::Refused(why, None),
+    }
+}
+
+/// A detection's answer: `None` is not this runtime (`Finding::Not`, or `Finding::Unknown`
+/// when `unknown`: asked again at the next snapshot).
+fn finding<T>(detected: Option<Result<T, String>>, unknown: bool) -> Finding<T> {
+    match detected {
+        Some(Ok(found)) => Finding::Runs(found),
+        Some(Err(why)) => Finding::Unreadable(why),
+        None if unknown => Finding::Unknown,
+        None => Finding::Not,
+    }
+}
+
+/// Process `pid`'s memory, the process held stopped; `None` when it is gone or not ours to
+/// read: nothing to say at this moment.
+fn held(pid: u32) -> Option<(ProcessMemory, Pause)> {
+    match (ProcessMemory::open(pid), Pause::stop(pid)) {
+        (Ok(mem), Ok(pause)) => Some((mem, pause)),
+        _ => None,
+    }
+}
+
+/// A CPython process: its pymalloc pools (a few milliseconds, taken with the snapshot
+/// itself: its residency splits them).
+pub(super) struct Python;
+
+impl RuntimeCensus for Python {
+    const NAME: &'static str = "pymalloc";
+    const KIND: ChunkKind = ChunkKind::PymallocCensus;
+    type Found = Pymalloc;
+    type Heap = PymallocPools;
+
+    fn find(&self, _: &Censuses, pid: u32) -> Finding<Pymalloc> {
+        // A process not found to run CPython now is looked at again: nothing else marks
+        // it (the GHC census, once it finds it is no GHC program, does).
+        finding(Pymalloc::detect(pid), true)
+    }
+
+    fn read(&self, pid: u32, layout: &Pymalloc) -> Reading<PymallocPools> {
+        reading(pymalloc::census(pid, layout))
+    }
+
+    fn encode(at: At, result: Result<PymallocPools, String>, _: Option<Duration>) -> Vec<u8> {
+        census_chunk(at, result)
+    }
+}
+
+/// An SBCL process: its dynamic space. The page table is read at every snapshot (about a
+/// millisecond); the objects are walked and marked from the roots too when the walks so
+/// far and the next one together hold the program for at most 1/20 of the time since the
+/// first census (walk and mark read every used byte and every reachable object; see
+/// ARCHITECTURE.md for the cost; before a first one it is expected to take 2 ms per MiB
+/// in use).
+pub(super) struct Sbcl;
+
+/// An SBCL process's runtime and its object walks' budget.
+#[derive(Clone)]
+pub(super) struct SbclWalks {
+    runtime: Box<SbclRuntime>,
+    first_census: Instant,
+    /// How long the walks so far held the program.
+    walked: Duration,
+    /// What the next walk is expected to cost (none before a first census).
+    next_walk: Option<Duration>,
+}
+
+impl RuntimeCensus for Sbcl {
+    const NAME: &'static str = "SBCL";
+    const KIND: ChunkKind = ChunkKind::SbclCensus;
+    type Found = SbclWalks;
+    type Heap = sbcl::SbclCensus;
+
+    fn find(&self, _: &Censuses, pid: u32) -> Finding<SbclWalks> {
+        // Its detection reads the executable: a process found not to run SBCL is not
+        // looked at again.
+        let detected = SbclRuntime::detect(pid).map(|found| {
+            found.map(|runtime| SbclWalks {
+                runtime: Box::new(runtime),
+                first_census: Instant::now(),
+                walked: Duration::ZERO,
+                next_walk: None,
+            })
+        });
+        finding(detected, false)
+    }
+
+    fn read(&self, pid: u32, walks: &SbclWalks) -> Reading<sbcl::SbclCensus> {
+        let objects = walks
+            .next_walk
+            .is_some_and(|w| (walks.walked + w) * 20 <= walks.first_census.elapsed());
+        // The walk goes with a mark from the roots (live and garbage by generation),
+        // within the same budget: its cost is the last one's.
+        let options = sbcl::CensusOptions {
+            objects,
+            mark: objects,
+        };
+        reading(sbcl::census(pid, &walks.runtime, options))
+    }
+
+    fn learn(walks: &mut SbclWalks, census: &sbcl::SbclCensus) {
+        if census.objects.is_some() {
+            let pause = Duration::from_micros(census.pause_us);
+            walks.walked += pause;
+            walks.next_walk = Some(pause);
+        } else if walks.next_walk.is_none() {
+            // Before a first walk and mark: 2 ms per MiB in use (measured: 1.6 to 2.2,
+            // see ARCHITECTURE.md).
+            walks.next_walk = Some(Duration::from_millis(2 * (census.bytes_used >> 20)));
+        }
+    }
+
+    fn encode(at: At, result: Result<sbcl::SbclCensus, String>, _: Option<Duration>) -> Vec<u8> {
+        census_chunk(at, result.map(|census| census.to_record()))
+    }
+}
+
+/// A Go program: its runtime's spans. It holds the program for about 65 ms per GiB of
+/// heap.
+pub(super) struct Go;
+
+impl RuntimeCensus for Go {
+    const NAME: &'static str = "Go heap";
+    const KIND: ChunkKind = ChunkKind::GoCensus;
+    type Found = Box<GoRuntime>;
+    type Heap = GoHeap;
+
+    fn find(&self, _: &Censuses, pid: u32) -> Finding<Box<GoRuntime>> {
+        // Its detection reads the executable too: asked once.
+        finding(GoRuntime::detect(pid).map(|r| r.map(Box::new)), false)
+    }
+
+    fn read(&self, pid: u32, runtime: &Box<GoRuntime>) -> Reading<GoHeap> {
+        let Some((mut mem, pause)) = held(pid) else {
+            return Reading::Nothing;
+        };
+        match fragscope_census::golang::census_held(pid, runtime, &mut mem, &mut Some(pause)) {
+            Ok(heap) => Reading::Heap(heap, None),
+            Err(GoCensusError::Unreadable(_)) => Reading::Nothing,
+            Err(GoCensusError::Inconsistent(why)) => Reading::Refused(why, None),
+        }
+    }
+
+    fn encode(at: At, result: Result<GoHeap, String>, _: Option<Duration>) -> Vec<u8> {
+        census_chunk(at, result)
+    }
+}
+
+/// A JVM: its collector's regions or spaces, and native memory tracking's summary when
+/// the JVM keeps one.
+pub(super) struct Jvm;
+
+impl RuntimeCensus for Jvm {
+    const NAME: &'static str = "JVM heap";
+    const KIND: ChunkKind = ChunkKind::JvmCensus;
+    const LOADED_LATE: bool = true;
+    type Found = Box<HotSpot>;
+    type Heap = JvmHeap;
+
+    fn find(&self, _: &Censuses, pid: u32) -> Finding<Box<HotSpot>> {
+        // Looked at again at every snapshot until the process maps libjvm.so: the java
+        // launcher loads it after it starts.
+        finding(HotSpot::detect(pid).map(|j| j.map(Box::new)), true)
+    }
+
+    fn read(&self, pid: u32, jvm: &Box<HotSpot>) -> Reading<JvmHeap> {
+        let Some((mut mem, pause)) = held(pid) else {
+            return Reading::Nothing;
+        };
+        // Starting: no heap yet (`Reading::Nothing`).
+        reading(fragscope_census::jvm::census_held(
+            pid,
+            jvm,
+            &mut mem,
+            &mut Some(pause),
+        ))
+    }
+
+    fn complete(&self, pid: u32, jvm: &Box<HotSpot>, heap: &mut JvmHeap) {
+        // Asked of the JVM once it runs again: it answers on a thread of its own.
+        heap.native_memory = jvm.native_memory(pid);
+    }
+
+    fn encode(at: At, result: Result<JvmHeap, String>, _: Option<Duration>) -> Vec<u8> {
+        census_chunk(at, result)
+    }
+}
+
+/// A program with a jemalloc linked into it (its calls never reach the interposer):
+/// jemalloc's own metadata. The program is held while jemalloc's metadata and its heap's
+/// residency are read (a few milliseconds per 100 MiB).
+pub(super) struct LinkedJemalloc;
+
+impl RuntimeCensus for LinkedJemalloc {
+    const NAME: &'static str = "jemalloc";
+    const KIND: ChunkKind = ChunkKind::HeapCensus;
+    // At exit too: jemalloc's heap is whatever the program left in it (a census that
+    // lands inside jemalloc is refused).
+    const AT_EXIT: bool = true;
+    type Found = Arc<JemallocLayout>;
+    type Heap = AllocatorHeap;
+
+    fn find(&self, censuses: &Censuses, pid: u32) -> Finding<Arc<JemallocLayout>> {
+        let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
+            return Finding::Unknown;
+        };
+        let Some(linked) = censuses
+            .linked_allocator(exe)
+            .filter(|l| l.allocator == "jemalloc")
+        else {
+            return Finding::Not;
+        };
+        let found = ProcessMemory::open(pid)
+            .map_err(|e| e.to_string())
+            .and_then(|mut mem| jemalloc::locate(pid, &mut mem, Some(&linked)));
+        match found {
+            Ok(layout) => Finding::Runs(Arc::new(layout)),
+            Err(why) => Finding::Unreadable(why),
+        }
+    }
+
+    fn read(&self, pid: u32, layout: &Arc<JemallocLayout>) -> Reading<AllocatorHeap> {
+        let Some((mut mem, pause)) = held(pid) else {
+            return Reading::Nothing;
+        };
+        // The residency that tells which of jemalloc's dirty pages and metadata are
+        // resident, read while the program is held.
+        let residency = crate::procfs::read_maps(pid, &mut HashMap::new()).and_then(|maps| {
+            let heap: Vec<_> = maps
+                .iter()
+                .filter(|m| crate::procfs::may_hold_heap(m))
+                .collect();
+            crate::procfs::read_residency(pid, &heap, 4096)
+        });
+        let result = residency
+            .ok_or_else(|| "its residency could not be read".to_string())
+            .and_then(|r| jemalloc::census(&mut mem, layout, &r));
+        let held = Some(pause.held());
+        drop(pause);
+        match result {
+            Ok(heap) => Reading::Heap(AllocatorHeap::Jemalloc(heap), held),
+            // No later census would be read: said at once, and not tried again.
+            Err(why) if why.contains(jemalloc::NO_STATISTICS) => Reading::Final(why, held),
+            Err(why) => Reading::Refused(why, held),
+        }
+    }
+
+    fn encode(at: At, result: Result<AllocatorHeap, String>, pause: Option<Duration>) -> Vec<u8> {
+        HeapCensus {
+            stream: at.stream,
+            tick: at.tick,
+            allocator: "jemalloc".into(),
+            stopped: pause.is_some(),
+            pause_us: pause.map_or(0, |d| d.as_micros() as u64),
+            result,
+        }
+        .encode()
+    }
+}
