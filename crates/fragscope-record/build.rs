@@ -14,6 +14,11 @@ fn main() {
     println!("cargo:rerun-if-changed=preload/attach.h");
     println!("cargo:rerun-if-changed=preload/samples.h");
     println!("cargo:rerun-if-changed=preload/sbcl.h");
+    println!("cargo:rerun-if-changed=preload/connection.h");
+    println!("cargo:rerun-if-changed=preload/buffers.h");
+    println!("cargo:rerun-if-changed=preload/allocator_stats.h");
+    println!("cargo:rerun-if-changed=preload/init.h");
+    println!("cargo:rerun-if-changed=preload/survival.h");
     let compiler = cc::Build::new().opt_level(2).get_compiler();
     let status = Command::new(compiler.path())
         .args([
