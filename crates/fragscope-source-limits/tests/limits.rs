@@ -45,3 +45,24 @@ fn a_long_function_and_a_long_file_are_found_and_tests_are_not() {
     );
     assert_eq!(found[1].lines, MAX_FN_LINES + 2);
 }
+
+/// The interposer, in C, keeps the same limit on its files (its functions are not parsed).
+#[test]
+fn no_c_file_of_the_interposer_is_over_the_file_limit() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fragscope-record/preload");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if !matches!(path.extension().and_then(|e| e.to_str()), Some("c" | "h")) {
+            continue;
+        }
+        seen += 1;
+        let lines = std::fs::read_to_string(&path).unwrap().lines().count();
+        assert!(
+            lines <= MAX_FILE_LINES,
+            "{} has {lines} lines, over {MAX_FILE_LINES} (split it by job)",
+            path.display()
+        );
+    }
+    assert!(seen > 5, "only {seen} C files found in {}", dir.display());
+}
