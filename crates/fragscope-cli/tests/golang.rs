@@ -254,17 +254,22 @@ fn pprof_in_use_by_function(
         .collect()
 }
 
-/// A program stripped of its symbol table and DWARF still carries its function table,
-/// which names its allocation sites: the same two functions keep its memory.
-#[test]
-fn a_stripped_go_programs_allocation_sites_are_named_by_its_function_table() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(exe) = build_go_with(dir.path(), "sites", &["-ldflags=-s -w"]) else {
-        return;
-    };
-    let mut child = Command::new(&exe)
-        .arg(dir.path().join("memstats.json"))
-        .arg(dir.path().join("heap.pprof"))
+/// `sites` (built as `exe`) run until it is ready, then snapshotted: its report, and its
+/// sites' bytes in use by function as pprof's -top sums them (flat: the stack's first
+/// frame). `stats` and `profile`: where it writes its MemStats and heap profile.
+fn snapshot_of_sites(
+    dir: &Path,
+    exe: &Path,
+    stats: &Path,
+    profile: &Path,
+) -> (
+    Running,
+    serde_json::Value,
+    std::collections::HashMap<String, u64>,
+) {
+    let mut child = Command::new(exe)
+        .arg(stats)
+        .arg(profile)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -275,7 +280,7 @@ fn a_stripped_go_programs_allocation_sites_are_named_by_its_function_table() {
         .map_while(Result::ok)
         .any(|l| l.starts_with("ready"));
     assert!(ready, "sites never said it was ready");
-    let trace = dir.path().join("go.fsc");
+    let trace = dir.join("go.fsc");
     snapshot(running.0.id(), &trace);
     let r = report_json(&trace);
     let mut ours: std::collections::HashMap<String, u64> = Default::default();
@@ -284,6 +289,23 @@ fn a_stripped_go_programs_allocation_sites_are_named_by_its_function_table() {
         let function = label.split(" (").next().unwrap().to_string();
         *ours.entry(function).or_default() += s["in_use_bytes"].as_u64().unwrap();
     }
+    (running, r, ours)
+}
+
+/// A program stripped of its symbol table and DWARF still carries its function table,
+/// which names its allocation sites: the same two functions keep its memory.
+#[test]
+fn a_stripped_go_programs_allocation_sites_are_named_by_its_function_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_go_with(dir.path(), "sites", &["-ldflags=-s -w"]) else {
+        return;
+    };
+    let (_running, _, ours) = snapshot_of_sites(
+        dir.path(),
+        &exe,
+        &dir.path().join("memstats.json"),
+        &dir.path().join("heap.pprof"),
+    );
     let mut top: Vec<(u64, String)> = ours.into_iter().map(|(f, b)| (b, f)).collect();
     top.sort_unstable_by(|a, b| b.cmp(a));
     let mut names: Vec<&str> = top.iter().take(2).map(|t| t.1.as_str()).collect();
@@ -301,30 +323,8 @@ fn the_go_allocation_sites_are_the_heap_profiles_and_name_who_keeps_sparse_spans
         dir.path().join("memstats.json"),
         dir.path().join("heap.pprof"),
     );
-    let mut child = Command::new(&exe)
-        .arg(&stats)
-        .arg(&profile)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = BufReader::new(child.stdout.take().unwrap());
-    let running = Running(child);
-    let ready = out
-        .lines()
-        .map_while(Result::ok)
-        .any(|l| l.starts_with("ready"));
-    assert!(ready, "sites never said it was ready");
-    let trace = dir.path().join("go.fsc");
-    snapshot(running.0.id(), &trace);
-    let r = report_json(&trace);
+    let (running, r, ours) = snapshot_of_sites(dir.path(), &exe, &stats, &profile);
     let sites = r["go_sites"]["sites"].as_array().unwrap();
-    // Ours by function, as pprof's -top sums them (flat: the stack's first frame).
-    let mut ours: std::collections::HashMap<String, u64> = Default::default();
-    for s in sites {
-        let label = s["stack"][0].as_str().unwrap();
-        let function = label.split(" (").next().unwrap().to_string();
-        *ours.entry(function).or_default() += s["in_use_bytes"].as_u64().unwrap();
-    }
     let theirs = pprof_in_use_by_function(&common::go().unwrap(), &exe, &profile, &[]);
     // The two that keep memory, in either order (sampling decides which looks larger).
     let top: Vec<&(u64, String)> = theirs.iter().filter(|r| r.0 > 0).take(2).collect();

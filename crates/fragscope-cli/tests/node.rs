@@ -40,6 +40,24 @@ fn within(ours: u64, theirs: u64, pct: f64, what: &str) {
     );
 }
 
+/// keep_tenth.js run by `node` with `flags`, idle for a minute once ready: the process,
+/// and the line in which it printed its own V8 heap.
+fn running_keep_tenth(flags: &[&str]) -> (std::process::Child, String) {
+    let mut child = Command::new("node")
+        .args(flags)
+        .arg("--expose-gc")
+        .arg(keep_tenth())
+        .args(["1000000", "60000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut ready = String::new();
+    out.read_line(&mut ready).unwrap();
+    (child, ready)
+}
+
 #[test]
 fn record_of_a_node_program_splits_rss_by_its_v8_heap() {
     if !node_installed() {
@@ -120,18 +138,8 @@ fn snapshot_of_a_running_node_program_asks_its_inspector() {
     if !node_installed() {
         return;
     }
-    let mut child = Command::new("node")
-        .arg("--expose-gc")
-        .arg(keep_tenth())
-        .args(["1000000", "60000"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (mut child, ready) = running_keep_tenth(&[]);
     let pid = child.id();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut ready = String::new();
-    out.read_line(&mut ready).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("snap.fsc");
     let snap = fragscope(&[
@@ -217,18 +225,8 @@ fn record_p_of_a_running_node_program_asks_its_inspector_at_each_snapshot() {
         return;
     }
     // Its own port, so that the other test's inspector on 9229 is not in its way.
-    let mut child = Command::new("node")
-        .args(["--inspect-port=0", "--expose-gc"])
-        .arg(keep_tenth())
-        .args(["1000000", "60000"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (mut child, ready) = running_keep_tenth(&["--inspect-port=0"]);
     let pid = child.id();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut ready = String::new();
-    out.read_line(&mut ready).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("attached.fsc");
     let rec = fragscope(&[
