@@ -254,9 +254,10 @@ fn pprof_in_use_by_function(
         .collect()
 }
 
-/// `sites` (built as `exe`) run until it is ready, then snapshotted: its report, and its
-/// sites' bytes in use by function as pprof's -top sums them (flat: the stack's first
-/// frame). `stats` and `profile`: where it writes its MemStats and heap profile.
+/// `sites` (built as `exe`) run until it is ready, then snapshotted into DIR/go.fsc: its
+/// report, and its sites' bytes in use by function as pprof's -top sums them (flat: the
+/// stack's first frame). `stats` and `profile`: where it writes its MemStats and heap
+/// profile.
 fn snapshot_of_sites(
     dir: &Path,
     exe: &Path,
@@ -324,6 +325,7 @@ fn the_go_allocation_sites_are_the_heap_profiles_and_name_who_keeps_sparse_spans
         dir.path().join("heap.pprof"),
     );
     let (running, r, ours) = snapshot_of_sites(dir.path(), &exe, &stats, &profile);
+    let trace = dir.path().join("go.fsc");
     let sites = r["go_sites"]["sites"].as_array().unwrap();
     let theirs = pprof_in_use_by_function(&common::go().unwrap(), &exe, &profile, &[]);
     // The two that keep memory, in either order (sampling decides which looks larger).

