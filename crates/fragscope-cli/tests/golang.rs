@@ -324,7 +324,7 @@ fn the_go_allocation_sites_are_the_heap_profiles_and_name_who_keeps_sparse_spans
         dir.path().join("memstats.json"),
         dir.path().join("heap.pprof"),
     );
-    let (running, r, ours) = snapshot_of_sites(dir.path(), &exe, &stats, &profile);
+    let (_running, r, ours) = snapshot_of_sites(dir.path(), &exe, &stats, &profile);
     let trace = dir.path().join("go.fsc");
     let sites = r["go_sites"]["sites"].as_array().unwrap();
     let theirs = pprof_in_use_by_function(&common::go().unwrap(), &exe, &profile, &[]);
