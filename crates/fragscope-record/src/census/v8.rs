@@ -22,54 +22,55 @@ impl SnapshotCensus for V8 {
         if at.reason == SnapshotReason::Exit || !censuses.enabled {
             return None;
         }
-        if let Some(session) = censuses.v8_inspectors.lock().unwrap().get_mut(&at.stream) {
-            let asked = session.as_mut()?.heap();
-            if asked.is_err() {
-                // Said once: the session is not asked again.
-                *session = None;
+        let result = match censuses.v8_inspectors.lock().unwrap().get_mut(&at.stream) {
+            Some(session) => {
+                let asked = session.as_mut()?.heap();
+                if asked.is_err() {
+                    // Said once: the session is not asked again.
+                    *session = None;
+                }
+                asked.map_err(|e| format!("no V8 heap figures: {e}"))
             }
-            let census = V8Census {
-                stream: at.stream,
-                tick: at.tick,
-                reason: at.reason,
-                result: asked.map_err(|e| format!("no V8 heap figures: {e}")),
-            };
-            return Some((ChunkKind::V8Census, census.encode()));
-        }
-        let dir = censuses.v8_dir.as_ref()?;
-        let prefix = format!("{pid}-");
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let mut heap = V8Heap::default();
-        for entry in std::fs::read_dir(dir).ok()?.flatten() {
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            if !name.starts_with(&prefix) || name.ends_with(".tmp") {
-                continue;
-            }
-            let Ok(text) = std::fs::read_to_string(entry.path()) else {
-                continue;
-            };
-            if let Some(written_ms) = add_isolate(&mut heap, &text) {
-                heap.isolates += 1;
-                heap.age_ms = heap.age_ms.max(now_ms.saturating_sub(written_ms));
-            }
-        }
-        // An isolate whose event loop was busy (a long synchronous stretch) wrote its
-        // figures too long ago to be this moment's: the snapshot has none, rather than
-        // stale ones.
-        let fresh = heap.age_ms <= 2 * censuses.v8_every_ms + 50;
-        (heap.isolates > 0 && fresh).then(|| {
-            let census = V8Census {
-                stream: at.stream,
-                tick: at.tick,
-                reason: at.reason,
-                result: Ok(heap),
-            };
-            (ChunkKind::V8Census, census.encode())
-        })
+            None => Ok(written_by_the_module(censuses, pid)?),
+        };
+        let census = V8Census {
+            stream: at.stream,
+            tick: at.tick,
+            reason: at.reason,
+            result,
+        };
+        Some((ChunkKind::V8Census, census.encode()))
     }
+}
+
+/// The figures `runtime/v8_heap.js` last wrote for process `pid`'s isolates, summed; none
+/// when it wrote none, or too long ago to be this moment's.
+fn written_by_the_module(censuses: &Censuses, pid: u32) -> Option<V8Heap> {
+    let dir = censuses.v8_dir.as_ref()?;
+    let prefix = format!("{pid}-");
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let mut heap = V8Heap::default();
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if !name.starts_with(&prefix) || name.ends_with(".tmp") {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        if let Some(written_ms) = add_isolate(&mut heap, &text) {
+            heap.isolates += 1;
+            heap.age_ms = heap.age_ms.max(now_ms.saturating_sub(written_ms));
+        }
+    }
+    // An isolate whose event loop was busy (a long synchronous stretch) wrote its
+    // figures too long ago to be this moment's: the snapshot has none, rather than
+    // stale ones.
+    let fresh = heap.age_ms <= 2 * censuses.v8_every_ms + 50;
+    (heap.isolates > 0 && fresh).then_some(heap)
 }
 
 /// Adds one isolate's figures, as `runtime/v8_heap.js` writes them, to `heap`; the time
