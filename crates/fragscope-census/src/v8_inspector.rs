@@ -161,7 +161,7 @@ fn catches_sigusr1(pid: u32) -> bool {
 
 /// The TCP ports process `pid` listens on at 127.0.0.1: its sockets (/proc/PID/fd) among
 /// the listening ones of its network namespace (/proc/PID/net/tcp).
-fn listening_ports(pid: u32) -> Vec<u16> {
+pub fn listening_ports(pid: u32) -> Vec<u16> {
     let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .into_iter()
         .flatten()

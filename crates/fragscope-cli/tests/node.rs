@@ -201,27 +201,6 @@ fn snapshot_of_a_running_node_program_asks_its_inspector() {
     );
 }
 
-/// The TCP ports process `pid` listens on (its sockets among its namespace's listening
-/// ones).
-fn listening_ports(pid: u32) -> Vec<String> {
-    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .flatten()
-        .filter_map(|e| std::fs::read_link(e.path()).ok())
-        .filter_map(|l| {
-            let l = l.to_string_lossy().into_owned();
-            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
-        })
-        .collect();
-    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap();
-    (table.lines().skip(1))
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            (f[3] == "0A" && inodes.iter().any(|i| i == f[9])).then(|| f[1].to_string())
-        })
-        .collect()
-}
-
 #[test]
 fn record_p_of_a_running_node_program_asks_its_inspector_at_each_snapshot() {
     if !node_installed() {
@@ -242,7 +221,7 @@ fn record_p_of_a_running_node_program_asks_its_inspector_at_each_snapshot() {
         trace.as_os_str(),
     ]);
     let still_running = child.try_wait().unwrap().is_none();
-    let ports = listening_ports(pid);
+    let ports = fragscope_census::v8_inspector::listening_ports(pid);
     let _ = child.kill();
     let _ = child.wait();
     let err = stderr(&rec);
