@@ -302,34 +302,6 @@ static uint32_t lisp_frame_id(uintptr_t ret) {
     return id;
 }
 
-/* Return addresses -> stack id, valid while no collection ran since, as lisp_pcs: a
- * refill's stack is most often one seen before, and this spares naming its frames one by
- * one. Stack ids stay valid when the log forgets its table (the reader keeps them). */
-#define LISP_STACK_SLOTS 1024
-static struct { uint64_t hash; int gcs; uint32_t stack; } lisp_stacks[LISP_STACK_SLOTS];
-
-/* The stack id of return addresses `pcs` (innermost first; 0: none is a function's).
- * Under lisp_lock. */
-static uint32_t lisp_stack_id(const uintptr_t *pcs, int n) {
-    int gcs = lisp_n_gcs ? *lisp_n_gcs : 0;
-    uint64_t h = 0xCBF29CE484222325ULL ^ (uint64_t)n;
-    for (int i = 0; i < n; i++) h = stack_hash_step(h, pcs[i]);
-    if (!h) h = 1;
-    uint32_t slot = (uint32_t)(h >> 20) & (LISP_STACK_SLOTS - 1);
-    if (lisp_stacks[slot].hash == h && lisp_stacks[slot].gcs == gcs) return lisp_stacks[slot].stack;
-    uint32_t ids[LISP_MAX_FRAMES];
-    int k = 0;
-    for (int i = 0; i < n; i++) {
-        uint32_t id = lisp_frame_id(pcs[i]);
-        if (id) ids[k++] = id;
-    }
-    uint32_t stack = k ? log_stack_id(&lisp_log, ids, k) : 0;
-    lisp_stacks[slot].hash = h;
-    lisp_stacks[slot].gcs = gcs;
-    lisp_stacks[slot].stack = stack;
-    return stack;
-}
-
 /* ---- sampling ---- */
 
 static int lisp_site_of(uintptr_t ret) {
@@ -410,9 +382,15 @@ static __attribute__((noinline)) void lisp_sample(uintptr_t *fp, int site) {
     } else if (region == LISP_LARGE && requested) {
         bytes = requested;
     }
+    uint32_t ids[LISP_MAX_FRAMES];
     int saved_errno = errno;
     pthread_mutex_lock(&lisp_lock);
-    uint32_t stack = lisp_stack_id(pcs, n);
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        uint32_t id = lisp_frame_id(pcs[i]);
+        if (id) ids[k++] = id;
+    }
+    uint32_t stack = k ? log_stack_id(&lisp_log, ids, k) : 0;
     uint8_t *o = log_reserve(&lisp_log, 40);
     if (o) {
         *o++ = LISP_REC_SAMPLE;
