@@ -14,6 +14,7 @@ use fragscope_model::ghc::GhcReport;
 use fragscope_model::{analyze, Options};
 use serde::Serialize;
 
+use crate::input::Input;
 use crate::units::{bytes, count};
 
 /// Compare allocators on one program, or compare recorded traces.
@@ -109,7 +110,8 @@ enum Report {
 /// The GHC report of `path` when it is a GHC program's trace or an eventlog, else the
 /// malloc report.
 fn load(path: &Path) -> Result<Report> {
-    if let Some(g) = crate::ghc_report::load(path)? {
+    let input = Input::read(path, "analysing")?;
+    if let Some(g) = crate::ghc_report::load(path, &input)? {
         return Ok(Report::Ghc(Box::new(g)));
     }
     let r = analyze(path, &Options::default(), |_, _| {})

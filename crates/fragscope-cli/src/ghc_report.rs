@@ -1,22 +1,27 @@
 //! `fragscope report` for a GHC program: its eventlog (with RSS when it was recorded).
 
 use std::fmt::Write as _;
-use std::io::Read;
 use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use fragscope_model::ghc::{self, GhcDecomposition, GhcReport};
 
+use crate::input::Input;
 use crate::units::{bytes, count};
 
 /// Rows of the terminal timeline.
 const TIMELINE_ROWS: usize = 16;
 
-/// The GHC report of `path` when it is an eventlog, or a trace that references one;
-/// `None` to fall through to the malloc report.
-pub fn run_if_ghc(path: &Path, json: bool, html: Option<&Path>) -> Result<Option<ExitCode>> {
-    let Some(report) = load(path)? else {
+/// The GHC report of `path` when it is an eventlog or a GHC program's recording; `None`
+/// to fall through to the malloc report.
+pub fn run_if_ghc(
+    path: &Path,
+    input: &Input,
+    json: bool,
+    html: Option<&Path>,
+) -> Result<Option<ExitCode>> {
+    let Some(report) = load(path, input)? else {
         return Ok(None);
     };
     if let Some(out) = html {
@@ -31,40 +36,21 @@ pub fn run_if_ghc(path: &Path, json: bool, html: Option<&Path>) -> Result<Option
     Ok(Some(ExitCode::SUCCESS))
 }
 
-/// The GHC model of `path` when it is an eventlog, or a trace that references one; `None`
-/// for anything else (the malloc model's input, or not a trace: it says which).
-pub fn load(path: &Path) -> Result<Option<GhcReport>> {
-    let mut magic = [0u8; 4];
-    let is_eventlog = std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok()
-        && ghc::is_eventlog(&magic);
-    let report = if is_eventlog {
-        ghc::analyze_eventlog_file(path).with_context(|| format!("analysing {}", path.display()))?
-    } else {
-        match ghc::referenced_eventlog(path) {
-            Ok(Some(eventlog)) if eventlog.exists() => {
-                ghc::analyze_trace(path).with_context(|| format!("analysing {}", path.display()))?
-            }
-            Ok(Some(eventlog)) => {
-                eprintln!(
-                    "fragscope: warning: {} references the GHC eventlog {}, which is missing \
-                     (keep it beside the trace); showing the malloc report",
-                    path.display(),
-                    eventlog.display()
-                );
-                return Ok(None);
-            }
-            // A GHC program recorded without an eventlog: its RSS and block censuses.
-            Ok(None) if ghc::has_ghc_census(path).unwrap_or(false) => {
-                ghc::analyze_trace_without_eventlog(path)
-                    .with_context(|| format!("analysing {}", path.display()))?
-            }
-            // Not a GHC recording, or not a trace: the malloc report says which.
-            _ => return Ok(None),
-        }
+/// The GHC model of `path` when it is an eventlog or a GHC program's recording; `None`
+/// for any other trace (the malloc model's input).
+pub fn load(path: &Path, input: &Input) -> Result<Option<GhcReport>> {
+    let report = match input {
+        Input::Eventlog => ghc::analyze_eventlog_file(path),
+        Input::GhcRecording {
+            eventlog: Some(eventlog),
+            ..
+        } => ghc::analyze_trace(path, eventlog),
+        Input::GhcRecording { eventlog: None, .. } => ghc::analyze_trace_without_eventlog(path),
+        Input::Trace(_) => return Ok(None),
     };
-    Ok(Some(report))
+    report
+        .map(Some)
+        .with_context(|| format!("analysing {}", path.display()))
 }
 
 fn secs(ms: f64) -> String {

@@ -7,6 +7,7 @@ mod export;
 mod ghc_report;
 mod html;
 mod info;
+mod input;
 mod progress;
 mod record;
 mod replay;

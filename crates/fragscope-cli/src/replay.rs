@@ -12,6 +12,7 @@ use fragscope_model::replay::{self, ModelResult, ModelSpec, Replay, MODEL_NAMES}
 use fragscope_model::{analyze, Options};
 use serde::Serialize;
 
+use crate::input::Input;
 use crate::progress;
 use crate::units::{bytes, count};
 
@@ -123,6 +124,16 @@ pub fn run(a: ReplayArgs) -> Result<ExitCode> {
     for m in &models {
         replay::build(m, 4096)?;
     }
+    let contents = match Input::read(&a.trace, "replaying")? {
+        Input::Eventlog => bail!(
+            "{} is a GHC eventlog: replay needs a fragscope trace of the program's \
+             allocation calls (record it with `fragscope record`)",
+            a.trace.display()
+        ),
+        // A GHC program's malloc calls are replayed; its own heap is the RTS's.
+        // A GHC program's malloc calls are replayed like any other's.
+        Input::GhcRecording { contents, .. } | Input::Trace(contents) => contents,
+    };
     let size = std::fs::metadata(&a.trace)
         .with_context(|| format!("cannot open {}", a.trace.display()))?
         .len();
@@ -132,8 +143,9 @@ pub fn run(a: ReplayArgs) -> Result<ExitCode> {
         sample_ms: a.sample_ms,
     };
     let bar = progress::bar_over(size, 8 << 20, "replaying");
-    let result = replay::replay_with_progress(&a.trace, &opts, |done, _| bar.set_position(done))
-        .with_context(|| format!("replaying {}", a.trace.display()));
+    let result =
+        replay::replay_with_progress(&a.trace, &contents, &opts, |done, _| bar.set_position(done))
+            .with_context(|| format!("replaying {}", a.trace.display()));
     bar.finish_and_clear();
     let r = result?;
 

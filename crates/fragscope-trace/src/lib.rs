@@ -27,12 +27,13 @@ mod format;
 mod order;
 
 pub use format::{
-    chunk, event, go_heap, hash, heap_census, jvm_heap, pack, reader, records, runtime_samples,
-    sbcl_heap, summary, v8_heap, wire, TraceError,
+    chunk, contents, event, go_heap, hash, heap_census, jvm_heap, pack, reader, records,
+    runtime_samples, sbcl_heap, summary, v8_heap, wire, TraceError,
 };
 pub use order::{ahead, call, live, merge, stream_decoder};
 
 pub use chunk::{ChunkKind, ChunkReader, ChunkWriter, Damage};
+pub use contents::{StreamContents, TraceContents};
 pub use event::{ChunkDecoder, Func, Record, StatsSource, StreamTables};
 pub use pack::{PackedBuffer, Packer};
 pub use reader::{Chunk, Skipped, TraceReader};

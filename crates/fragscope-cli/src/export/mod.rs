@@ -8,7 +8,7 @@
 
 mod parquet_tables;
 mod pprof_profile;
-mod runtime_sites;
+mod runtimes;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -21,10 +21,11 @@ use fragscope_model::report::{Report, Site};
 use fragscope_model::symbols::Frame;
 use fragscope_model::{analyze, Options};
 
+use crate::input::Input;
 use crate::progress;
 use parquet_tables::parquet_tables;
 use pprof_profile::pprof;
-use runtime_sites::{SampledStack, RUNTIMES};
+use runtimes::{SampledStack, RUNTIMES};
 
 /// Export a recorded run for other tools: a pprof heap profile (go tool pprof, Grafana
 /// Pyroscope), folded stacks (FlameGraph, inferno, speedscope), Parquet tables (DuckDB,
@@ -166,7 +167,8 @@ pub fn run(a: ExportArgs) -> Result<ExitCode> {
     if !to_stdout && a.format != Format::Parquet {
         writable(&a.output)?;
     }
-    if let Some(ghc) = crate::ghc_report::load(&a.trace)? {
+    let input = Input::read(&a.trace, "analysing")?;
+    if let Some(ghc) = crate::ghc_report::load(&a.trace, &input)? {
         if a.format != Format::Json {
             bail!(
                 "{} is a GHC program's recording: its heap is the RTS's, with no malloc \

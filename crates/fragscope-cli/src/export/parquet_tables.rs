@@ -11,8 +11,6 @@ use arrow_array::{
 };
 use arrow_schema::{DataType, Field, Schema};
 use fragscope_model::calls::{self, Row};
-use fragscope_model::golang::GoParts;
-use fragscope_model::pymalloc::PymallocParts;
 use fragscope_model::report::{Report, Site};
 use fragscope_model::symbols::Frame;
 use parquet::arrow::ArrowWriter;
@@ -21,7 +19,7 @@ use parquet::file::properties::WriterProperties;
 use parquet::format::KeyValue;
 use parquet::schema::types::ColumnPath;
 
-use super::runtime_sites::RUNTIMES;
+use super::runtimes::RUNTIMES;
 use super::Value;
 use crate::progress;
 
@@ -39,6 +37,14 @@ pub(super) fn u32_col(name: &str, v: Vec<u32>) -> (Field, ArrayRef) {
     (
         Field::new(name, DataType::UInt32, false),
         Arc::new(UInt32Array::from(v)),
+    )
+}
+
+/// A column null where a figure is unknown.
+pub(super) fn optional_u64_col(name: &str, v: Vec<Option<u64>>) -> (Field, ArrayRef) {
+    (
+        Field::new(name, DataType::UInt64, true),
+        Arc::new(UInt64Array::from(v)),
     )
 }
 
@@ -220,32 +226,9 @@ fn snapshots_batch(r: &Report) -> Result<RecordBatch> {
     };
     // A part unknown at some snapshots (a runtime's heap without its census there): null.
     let unknown_or_u64 = |name: &str, f: fn(&fragscope_model::report::Snapshot) -> Option<u64>| {
-        (
-            Field::new(name, DataType::UInt64, true),
-            Arc::new(UInt64Array::from(s.iter().map(f).collect::<Vec<_>>())) as ArrayRef,
-        )
+        optional_u64_col(name, s.iter().map(f).collect())
     };
-    // The split of pymalloc's arenas: null where no census came with the snapshot.
-    let pm = |name: &str, f: fn(&PymallocParts) -> u64| -> (Field, ArrayRef) {
-        (
-            Field::new(name, DataType::UInt64, true),
-            Arc::new(UInt64Array::from(
-                s.iter()
-                    .map(|x| x.pymalloc.as_ref().map(f))
-                    .collect::<Vec<_>>(),
-            )),
-        )
-    };
-    // The split of a Go heap: null where no census came with the snapshot.
-    let go = |name: &str, f: fn(&GoParts) -> u64| -> (Field, ArrayRef) {
-        (
-            Field::new(name, DataType::UInt64, true),
-            Arc::new(UInt64Array::from(
-                s.iter().map(|x| x.go.as_ref().map(f)).collect::<Vec<_>>(),
-            )),
-        )
-    };
-    batch(vec![
+    let mut cols = vec![
         u32_col("snapshot", (0..s.len() as u32).collect()),
         f64_col("t_ms", s.iter().map(|x| x.t_ms).collect()),
         str_col("reason", s.iter().map(|x| Some(x.reason.clone())).collect()),
@@ -289,15 +272,12 @@ fn snapshots_batch(r: &Report) -> Result<RecordBatch> {
         u("page_size", |x| x.page_size),
         u("used_pages", |x| x.used_pages),
         u("empty_pages", |x| x.empty_pages),
-        pm("pymalloc_in_use", |p| p.in_use),
-        pm("pymalloc_free_in_used_pools", |p| p.free_in_used_pools),
-        pm("pymalloc_free_pools", |p| p.free_pools),
-        pm("pymalloc_empty_arenas", |p| p.empty_arenas),
-        go("go_objects", |p| p.objects),
-        go("go_free_slots", |p| p.free_slots),
-        go("go_idle_kept", |p| p.idle_kept),
-        go("go_stacks", |p| p.stacks),
-    ])
+    ];
+    // Each runtime's split of its heap, where it has one.
+    for runtime in &RUNTIMES {
+        cols.extend((runtime.snapshot_columns)(s));
+    }
+    batch(cols)
 }
 
 fn occupancy_batch(r: &Report) -> Result<RecordBatch> {

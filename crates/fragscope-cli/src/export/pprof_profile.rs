@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use fragscope_model::report::Report;
 use fragscope_model::symbols::Frame;
 
-use super::runtime_sites::python_stacks;
+use super::runtimes::python_stacks;
 use super::{named_frame, sampled_stacks, SampledStack, Value};
 
 /// pprof's profile.proto (github.com/google/pprof/proto/profile.proto), the messages this

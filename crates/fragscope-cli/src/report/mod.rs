@@ -15,6 +15,7 @@ use fragscope_model::pymalloc::FillBucket;
 use fragscope_model::report::{Decomposition, Report, Site, Snapshot};
 use fragscope_model::{analyze, Options};
 
+use crate::input::Input;
 use crate::progress;
 use crate::units::{bytes, count};
 
@@ -75,7 +76,9 @@ pub struct ReportArgs {
 }
 
 pub fn run(a: ReportArgs) -> Result<ExitCode> {
-    if let Some(code) = crate::ghc_report::run_if_ghc(&a.trace, a.json, a.html.as_deref())? {
+    let input = Input::read(&a.trace, "analysing")?;
+    if let Some(code) = crate::ghc_report::run_if_ghc(&a.trace, &input, a.json, a.html.as_deref())?
+    {
         return Ok(code);
     }
     let size = std::fs::metadata(&a.trace)

@@ -30,8 +30,7 @@ use fragscope_trace::records::{GhcBlocks, SnapshotReason};
 
 pub use decomposition::decompose;
 pub use recording::{
-    analyze_eventlog_file, analyze_trace, analyze_trace_without_eventlog, has_ghc_census,
-    is_eventlog, referenced_eventlog,
+    analyze_eventlog_file, analyze_trace, analyze_trace_without_eventlog, is_eventlog,
 };
 
 use phase_table::{add_pinned_notes, PhaseSources};
@@ -237,8 +236,6 @@ pub enum GhcError {
         path: PathBuf,
         source: fragscope_ghc::Error,
     },
-    #[error("the trace references no GHC eventlog")]
-    NoEventlog,
 }
 
 /// Points kept in the report's timeline.

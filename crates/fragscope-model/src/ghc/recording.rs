@@ -1,7 +1,7 @@
 //! The files a GHC report reads: an eventlog alone, or a trace with the eventlog it
 //! references (or none), and which of its processes ran the GHC program.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use fragscope_ghc::{EventKind, Eventlog};
 use fragscope_trace::{Chunk, TraceReader};
@@ -13,18 +13,6 @@ use super::{analyze, CensusInput, GhcError, GhcReport, RssPoint};
 /// True when `bytes` start like a GHC eventlog ("hdrb", the header-begin marker).
 pub fn is_eventlog(bytes: &[u8]) -> bool {
     bytes.starts_with(b"hdrb")
-}
-
-/// The eventlog a trace references, resolved against the trace's directory.
-pub fn referenced_eventlog(trace: &Path) -> Result<Option<PathBuf>, GhcError> {
-    let mut reader = TraceReader::open(trace)?;
-    Ok(match reader.next_chunk() {
-        Some(Chunk::Meta(m)) => m.ghc_eventlog.map(|e| {
-            let dir = trace.parent().unwrap_or(Path::new(""));
-            dir.join(e)
-        }),
-        _ => None,
-    })
 }
 
 /// The GHC report of an eventlog on its own (no RSS).
@@ -43,44 +31,13 @@ pub fn analyze_eventlog_file(path: &Path) -> Result<GhcReport, GhcError> {
     Ok(report)
 }
 
-/// The GHC report of a recorded GHC program: its eventlog with stream 0's RSS.
-pub fn analyze_trace(trace: &Path) -> Result<GhcReport, GhcError> {
-    let eventlog = referenced_eventlog(trace)?.ok_or(GhcError::NoEventlog)?;
-    let log = read_eventlog(&eventlog)?;
+/// The GHC report of a recorded GHC program: its `eventlog` (the one the trace's
+/// metadata names) with stream 0's RSS.
+pub fn analyze_trace(trace: &Path, eventlog: &Path) -> Result<GhcReport, GhcError> {
+    let log = read_eventlog(eventlog)?;
     let mut report = analyze_trace_with(trace, &log)?;
     report.eventlog = eventlog.display().to_string();
     Ok(report)
-}
-
-/// True when the trace's first snapshot of its first process came with a GHC block
-/// census (or a note that none could be taken): a GHC program, recorded without an
-/// eventlog. Reads only up to that snapshot.
-pub fn has_ghc_census(trace: &Path) -> Result<bool, GhcError> {
-    let mut reader = TraceReader::open(trace)?;
-    let mut main_stream = None;
-    // The census follows its snapshot's Pagemap chunk, from the census thread: a few
-    // chunks later.
-    let mut after_pagemap: Option<u32> = None;
-    for _ in 0..100_000 {
-        let Some(chunk) = reader.next_chunk() else {
-            break;
-        };
-        match chunk {
-            Chunk::Process(p) if main_stream.is_none() => main_stream = Some(p.stream),
-            Chunk::GhcCensus(c) if Some(c.stream) == main_stream => return Ok(true),
-            Chunk::Pagemap(p) if Some(p.stream) == main_stream => {
-                after_pagemap.get_or_insert(0);
-            }
-            _ => {}
-        }
-        if let Some(n) = after_pagemap.as_mut() {
-            *n += 1;
-            if *n > 64 {
-                break;
-            }
-        }
-    }
-    Ok(false)
 }
 
 /// Whether the trace's first process was already running when `record -p` attached.

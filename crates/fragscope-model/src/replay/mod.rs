@@ -21,16 +21,16 @@ pub mod measured;
 pub mod mesh;
 pub mod sizeclass;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
 use fragscope_trace::ahead::{AheadChunk, EventsOf, ReadAhead};
 use fragscope_trace::hash::AddrMap;
 use fragscope_trace::merge::{LiveTable, Merged, Merger};
-use fragscope_trace::reader::{Chunk, TraceReader};
+use fragscope_trace::reader::Chunk;
 use fragscope_trace::records::Process;
-use fragscope_trace::TraceError;
+use fragscope_trace::{TraceContents, TraceError};
 
 use crate::forks::{Inherited, Lineage};
 use serde::Serialize;
@@ -455,19 +455,11 @@ fn build_tracks(opts: &Options, page: u64, sample_ms: u64) -> Result<Vec<Track>,
 
 /// Picks the stream to replay: the given pid's last image, or the most event data; with
 /// the trace's processes.
-fn choose_stream(path: &Path, pid: Option<u32>) -> Result<(u32, Vec<Process>), ReplayError> {
-    let mut reader = TraceReader::open(path)?;
-    let mut processes: Vec<Process> = Vec::new();
-    let mut bytes: HashMap<u32, u64> = HashMap::new();
-    while let Some(chunk) = reader.next_chunk() {
-        match chunk {
-            Chunk::Process(p) => processes.push(p),
-            Chunk::Events(h, records) => {
-                *bytes.entry(h.stream).or_default() += records.len() as u64;
-            }
-            _ => {}
-        }
-    }
+fn choose_stream(
+    contents: &TraceContents,
+    pid: Option<u32>,
+) -> Result<(u32, Vec<Process>), ReplayError> {
+    let processes = contents.processes.clone();
     let stream = match pid {
         Some(pid) => processes
             .iter()
@@ -475,9 +467,10 @@ fn choose_stream(path: &Path, pid: Option<u32>) -> Result<(u32, Vec<Process>), R
             .find(|p| p.pid == pid)
             .map(|p| p.stream)
             .ok_or(ReplayError::NoSuchPid(pid)),
-        None => bytes
-            .iter()
-            .max_by_key(|(s, b)| (**b, std::cmp::Reverse(**s)))
+        // The process with the most calls (bytes of records).
+        None => (contents.streams.iter())
+            .filter(|(_, s)| s.event_bytes > 0)
+            .max_by_key(|(s, c)| (c.event_bytes, std::cmp::Reverse(**s)))
             .map(|(s, _)| *s)
             .ok_or(ReplayError::Empty),
     }?;
@@ -598,17 +591,19 @@ impl Feed {
 
 /// Replays the trace at `path` against the models of `opts`.
 pub fn replay(path: &Path, opts: &Options) -> Result<Replay, ReplayError> {
-    replay_with_progress(path, opts, |_, _| {})
+    replay_with_progress(path, &TraceContents::read(path)?, opts, |_, _| {})
 }
 
-/// [`replay`], telling `progress` the bytes read so far and the file's size.
+/// [`replay`] of the trace whose `contents` were read, telling `progress` the bytes read
+/// so far and the file's size.
 pub fn replay_with_progress(
     path: &Path,
+    contents: &TraceContents,
     opts: &Options,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<Replay, ReplayError> {
     let started = Instant::now();
-    let (stream, processes) = choose_stream(path, opts.pid)?;
+    let (stream, processes) = choose_stream(contents, opts.pid)?;
     let mut lineage = Lineage::new(&processes, stream);
     let mut reader = ReadAhead::open(path, EventsOf::Streams(lineage.streams()))?;
     let sample_ms = opts.sample_ms.max(1);

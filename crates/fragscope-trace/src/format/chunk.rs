@@ -25,7 +25,7 @@ pub const CHUNK_HEADER_BYTES: u64 = 20;
 pub const MAX_CHUNK_BYTES: u32 = 64 << 20;
 
 /// What a chunk holds; the payload layouts are in docs/trace-format.md.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u8)]
 pub enum ChunkKind {
     Meta = 1,
@@ -421,62 +421,127 @@ impl<R: Read> ChunkReader<R> {
         self.next_known_chunk_into(raw)
     }
 
+    /// As `next_chunk_into`, but only the first `prefix(kind)` bytes of each payload are
+    /// decompressed (all of it for `usize::MAX`, fewer when the payload is shorter): what
+    /// a reader that only wants to know what a trace holds needs, without decoding its
+    /// calls. Also gives the payload's whole length. Chunks are still checksummed, so
+    /// damage ends the walk where it ends a read.
+    pub fn next_chunk_prefix(
+        &mut self,
+        raw: &mut Vec<u8>,
+        prefix: impl Fn(ChunkKind) -> usize,
+    ) -> Option<(ChunkKind, usize)> {
+        let (kind, codec, raw_len) = self.next_stored()?;
+        let want = prefix(kind).min(raw_len as usize);
+        if want == raw_len as usize {
+            return Some((self.unpack(kind, codec, raw_len, raw)?, want));
+        }
+        raw.clear();
+        let whole = match codec {
+            0 => {
+                raw.extend_from_slice(&self.stored[..want]);
+                true
+            }
+            1 => frame_prefix(&self.stored, want, raw),
+            2 => sections_prefix(&self.stored, want, raw),
+            other => {
+                self.stop(format!("unknown chunk codec {other}"));
+                return None;
+            }
+        };
+        if !whole {
+            self.stop("a chunk does not decompress to its stated size");
+            return None;
+        }
+        Some((self.passed(kind), raw_len as usize))
+    }
+
+    /// Moves past the chunk in `stored`, read whole.
+    fn passed(&mut self, kind: ChunkKind) -> ChunkKind {
+        self.offset += CHUNK_HEADER_BYTES + self.stored.len() as u64;
+        kind
+    }
+
+    fn stop_none(&mut self, reason: impl Into<String>) -> Option<ChunkKind> {
+        self.stop(reason);
+        None
+    }
+
     fn next_known_chunk_into(&mut self, raw: &mut Vec<u8>) -> Option<ChunkKind> {
-        if self.done {
-            return None;
-        }
-        let mut header = [0u8; 20];
-        match read_full(&mut self.input, &mut header) {
-            Ok(20) => {}
-            Ok(0) => {
-                self.done = true;
+        let (kind, codec, raw_len) = self.next_stored()?;
+        self.unpack(kind, codec, raw_len, raw)
+    }
+
+    /// Reads the next chunk of a known kind into `stored`, checksummed: its kind, codec
+    /// and raw length. `None` at the end or at damage.
+    fn next_stored(&mut self) -> Option<(ChunkKind, u8, u32)> {
+        loop {
+            if self.done {
                 return None;
             }
-            Ok(_) => {
-                self.stop("the file ends inside a chunk header");
+            let mut header = [0u8; 20];
+            match read_full(&mut self.input, &mut header) {
+                Ok(20) => {}
+                Ok(0) => {
+                    self.done = true;
+                    return None;
+                }
+                Ok(_) => {
+                    self.stop("the file ends inside a chunk header");
+                    return None;
+                }
+                Err(e) => {
+                    self.stop(format!("read error: {e}"));
+                    return None;
+                }
+            }
+            if u32::from_le_bytes(header[0..4].try_into().unwrap()) != CHUNK_MAGIC {
+                self.stop("no chunk starts here (bad chunk magic)");
                 return None;
             }
-            Err(e) => {
-                self.stop(format!("read error: {e}"));
+            let fields = &header[4..16];
+            let kind_byte = fields[0];
+            let codec = fields[1];
+            let raw_len = u32::from_le_bytes(fields[4..8].try_into().unwrap());
+            let stored_len = u32::from_le_bytes(fields[8..12].try_into().unwrap());
+            let crc = u32::from_le_bytes(header[16..20].try_into().unwrap());
+            if raw_len > MAX_CHUNK_BYTES || stored_len > MAX_CHUNK_BYTES {
+                self.stop("a chunk length is beyond the format's limit");
                 return None;
             }
-        }
-        if u32::from_le_bytes(header[0..4].try_into().unwrap()) != CHUNK_MAGIC {
-            self.stop("no chunk starts here (bad chunk magic)");
-            return None;
-        }
-        let fields = &header[4..16];
-        let kind_byte = fields[0];
-        let codec = fields[1];
-        let raw_len = u32::from_le_bytes(fields[4..8].try_into().unwrap());
-        let stored_len = u32::from_le_bytes(fields[8..12].try_into().unwrap());
-        let crc = u32::from_le_bytes(header[16..20].try_into().unwrap());
-        if raw_len > MAX_CHUNK_BYTES || stored_len > MAX_CHUNK_BYTES {
-            self.stop("a chunk length is beyond the format's limit");
-            return None;
-        }
-        self.stored.resize(stored_len as usize, 0);
-        match read_full(&mut self.input, &mut self.stored) {
-            Ok(n) if n == self.stored.len() => {}
-            Ok(_) => {
-                self.stop("the file ends inside a chunk");
+            self.stored.resize(stored_len as usize, 0);
+            match read_full(&mut self.input, &mut self.stored) {
+                Ok(n) if n == self.stored.len() => {}
+                Ok(_) => {
+                    self.stop("the file ends inside a chunk");
+                    return None;
+                }
+                Err(e) => {
+                    self.stop(format!("read error: {e}"));
+                    return None;
+                }
+            }
+            if chunk_crc(fields, &self.stored) != crc {
+                self.stop("a chunk's checksum does not match (corrupt data)");
                 return None;
             }
-            Err(e) => {
-                self.stop(format!("read error: {e}"));
-                return None;
-            }
-        }
-        if chunk_crc(fields, &self.stored) != crc {
-            self.stop("a chunk's checksum does not match (corrupt data)");
-            return None;
-        }
-        let Some(kind) = ChunkKind::from_u8(kind_byte) else {
             // A kind from a later fragscope: whole and checksummed, so it can be stepped
             // over and what this reader knows still read.
-            self.offset += CHUNK_HEADER_BYTES + u64::from(stored_len);
-            return self.next_known_chunk_into(raw);
-        };
+            match ChunkKind::from_u8(kind_byte) {
+                Some(kind) => return Some((kind, codec, raw_len)),
+                None => self.offset += CHUNK_HEADER_BYTES + u64::from(stored_len),
+            }
+        }
+    }
+
+    /// The payload of the chunk in `stored`, whole, into `raw`.
+    fn unpack(
+        &mut self,
+        kind: ChunkKind,
+        codec: u8,
+        raw_len: u32,
+        raw: &mut Vec<u8>,
+    ) -> Option<ChunkKind> {
         raw.clear();
         match codec {
             0 => raw.extend_from_slice(&self.stored),
@@ -484,26 +549,55 @@ impl<R: Read> ChunkReader<R> {
                 raw.reserve(raw_len as usize);
                 match self.decompressor.decompress_to_buffer(&self.stored, raw) {
                     Ok(n) if n == raw_len as usize => {}
-                    _ => {
-                        self.stop("a chunk does not decompress to its stated size");
-                        return None;
-                    }
+                    _ => return self.stop_none("a chunk does not decompress to its stated size"),
                 }
             }
             2 => {
                 if !join_sections(&mut self.decompressor, &self.stored, raw_len as usize, raw) {
-                    self.stop("a chunk's sections do not decompress to its stated size");
-                    return None;
+                    return self
+                        .stop_none("a chunk's sections do not decompress to its stated size");
                 }
             }
-            other => {
-                self.stop(format!("unknown chunk codec {other}"));
-                return None;
-            }
+            other => return self.stop_none(format!("unknown chunk codec {other}")),
         }
-        self.offset += CHUNK_HEADER_BYTES + u64::from(stored_len);
-        Some(kind)
+        Some(self.passed(kind))
     }
+}
+
+/// The first `want` bytes of one zstd frame, appended to `raw`; false if it has fewer.
+/// Streaming, so only the frame's first blocks are decompressed.
+fn frame_prefix(frame: &[u8], want: usize, raw: &mut Vec<u8>) -> bool {
+    let Ok(decoder) = zstd::stream::read::Decoder::with_buffer(frame) else {
+        return false;
+    };
+    let at = raw.len();
+    matches!(decoder.take(want as u64).read_to_end(raw), Ok(n) if n == want && raw.len() == at + want)
+}
+
+/// The first `want` bytes of a chunk stored as sections (codec 2) into `raw`.
+fn sections_prefix(stored: &[u8], want: usize, raw: &mut Vec<u8>) -> bool {
+    let mut r = crate::format::wire::Reader::new(stored);
+    while raw.len() < want {
+        let (Ok(len), Ok(stored_len)) = (r.varint(), r.varint()) else {
+            return false;
+        };
+        let Some(body) = usize::try_from(stored_len)
+            .ok()
+            .and_then(|n| r.take(n).ok())
+        else {
+            return false;
+        };
+        let Ok(len) = usize::try_from(len) else {
+            return false;
+        };
+        let take = len.min(want - raw.len());
+        if len == body.len() {
+            raw.extend_from_slice(&body[..take]);
+        } else if !frame_prefix(body, take, raw) {
+            return false;
+        }
+    }
+    true
 }
 
 /// Fills `buf` as far as the input goes; returns the bytes read.

@@ -1,12 +1,14 @@
 //! The lower layer: the trace format and reading a chunk stream. Framing ([`chunk`]),
 //! payloads ([`records`], [`heap_census`], [`runtime_samples`], [`sbcl_heap`], [`go_heap`], [`jvm_heap`], [`v8_heap`]), a
 //! thread buffer's event records ([`event`]) and their packed form ([`pack`], on
-//! [`columns`]), typed chunks from a file ([`reader`]) and a summary ([`summary`]).
+//! [`columns`]), typed chunks from a file ([`reader`]), what a trace holds without decoding its
+//! calls ([`contents`]) and a summary ([`summary`]).
 //! Nothing here orders calls or depends on `crate::order`, so the recorder writes
 //! and a reader reads traces without the merge.
 
 pub mod chunk;
 mod columns;
+pub mod contents;
 pub mod event;
 pub mod go_heap;
 pub mod hash;

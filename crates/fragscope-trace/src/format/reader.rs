@@ -125,7 +125,7 @@ impl<R: Read> TraceReader<R> {
             }
             let offset = self.chunks.offset();
             let kind = self.chunks.next_chunk_into(&mut self.raw)?;
-            match self.decode(kind) {
+            match decode_chunk(kind, &self.raw) {
                 Ok(c) => return Some(c),
                 Err(e) => {
                     let d = Damage {
@@ -141,62 +141,57 @@ impl<R: Read> TraceReader<R> {
             }
         }
     }
+}
 
-    /// The chunk just read into `raw`, decoded as `kind`.
-    fn decode(&self, kind: ChunkKind) -> Result<Chunk, TraceError> {
-        let data = &self.raw[..];
-        match kind {
-            ChunkKind::Meta => Meta::decode(data).map(Chunk::Meta),
-            ChunkKind::Process => Process::decode(data).map(Chunk::Process),
-            ChunkKind::Events | ChunkKind::PackedEvents => {
-                EventsHeader::decode(data).map(|(mut h, rest)| {
-                    h.packed = kind == ChunkKind::PackedEvents;
-                    Chunk::Events(h, rest.to_vec())
-                })
-            }
-            ChunkKind::Maps => Maps::decode(data).map(Chunk::Maps),
-            ChunkKind::Rss => RssBatch::decode(data).map(Chunk::Rss),
-            ChunkKind::Rollup => Rollup::decode(data).map(Chunk::Rollup),
-            ChunkKind::Pagemap => Pagemap::decode(data).map(Chunk::Pagemap),
-            ChunkKind::ForkResidency => Pagemap::decode(data).map(Chunk::ForkResidency),
-            ChunkKind::ProcessEnd => ProcessEnd::decode(data).map(Chunk::ProcessEnd),
-            ChunkKind::WaitStatus => WaitStatus::decode(data).map(Chunk::WaitStatus),
-            ChunkKind::Untraced => Untraced::decode(data).map(Chunk::Untraced),
-            ChunkKind::End => End::decode(data).map(Chunk::End),
-            ChunkKind::GhcCensus => GhcCensus::decode(data).map(Chunk::GhcCensus),
-            ChunkKind::PymallocCensus => PymallocCensus::decode(data).map(Chunk::PymallocCensus),
-            ChunkKind::PythonSamples => {
-                crate::format::runtime_samples::RuntimeSamples::decode(data)
-                    .map(Chunk::PythonSamples)
-            }
-            ChunkKind::LispSamples => {
-                crate::format::runtime_samples::RuntimeSamples::decode(data).map(Chunk::LispSamples)
-            }
-            ChunkKind::SbclCensus => {
-                crate::format::sbcl_heap::SbclCensus::decode(data).map(Chunk::SbclCensus)
-            }
-            ChunkKind::GoCensus => {
-                crate::format::go_heap::GoCensus::decode(data).map(Chunk::GoCensus)
-            }
-            ChunkKind::JvmCensus => {
-                crate::format::jvm_heap::JvmCensus::decode(data).map(Chunk::JvmCensus)
-            }
-            ChunkKind::V8Census => {
-                crate::format::v8_heap::V8Census::decode(data).map(Chunk::V8Census)
-            }
-            ChunkKind::HeapCensus => {
-                crate::format::heap_census::HeapCensus::decode(data).map(Chunk::HeapCensus)
-            }
-            ChunkKind::LinkedAllocator => crate::format::heap_census::LinkedAllocator::decode(data)
-                .map(Chunk::LinkedAllocator),
-            ChunkKind::StartingHeap => {
-                crate::format::heap_census::StartingHeap::decode(data).map(Chunk::StartingHeap)
-            }
-            ChunkKind::PackedEventsV1 | ChunkKind::PackedEventsV2 => Err(TraceError::Malformed(
-                "events packed in the form of an earlier fragscope, which this one no longer \
-                 reads: record the program again"
-                    .into(),
-            )),
+/// A chunk's payload `data`, decoded as `kind`.
+pub(crate) fn decode_chunk(kind: ChunkKind, data: &[u8]) -> Result<Chunk, TraceError> {
+    match kind {
+        ChunkKind::Meta => Meta::decode(data).map(Chunk::Meta),
+        ChunkKind::Process => Process::decode(data).map(Chunk::Process),
+        ChunkKind::Events | ChunkKind::PackedEvents => {
+            EventsHeader::decode(data).map(|(mut h, rest)| {
+                h.packed = kind == ChunkKind::PackedEvents;
+                Chunk::Events(h, rest.to_vec())
+            })
         }
+        ChunkKind::Maps => Maps::decode(data).map(Chunk::Maps),
+        ChunkKind::Rss => RssBatch::decode(data).map(Chunk::Rss),
+        ChunkKind::Rollup => Rollup::decode(data).map(Chunk::Rollup),
+        ChunkKind::Pagemap => Pagemap::decode(data).map(Chunk::Pagemap),
+        ChunkKind::ForkResidency => Pagemap::decode(data).map(Chunk::ForkResidency),
+        ChunkKind::ProcessEnd => ProcessEnd::decode(data).map(Chunk::ProcessEnd),
+        ChunkKind::WaitStatus => WaitStatus::decode(data).map(Chunk::WaitStatus),
+        ChunkKind::Untraced => Untraced::decode(data).map(Chunk::Untraced),
+        ChunkKind::End => End::decode(data).map(Chunk::End),
+        ChunkKind::GhcCensus => GhcCensus::decode(data).map(Chunk::GhcCensus),
+        ChunkKind::PymallocCensus => PymallocCensus::decode(data).map(Chunk::PymallocCensus),
+        ChunkKind::PythonSamples => {
+            crate::format::runtime_samples::RuntimeSamples::decode(data).map(Chunk::PythonSamples)
+        }
+        ChunkKind::LispSamples => {
+            crate::format::runtime_samples::RuntimeSamples::decode(data).map(Chunk::LispSamples)
+        }
+        ChunkKind::SbclCensus => {
+            crate::format::sbcl_heap::SbclCensus::decode(data).map(Chunk::SbclCensus)
+        }
+        ChunkKind::GoCensus => crate::format::go_heap::GoCensus::decode(data).map(Chunk::GoCensus),
+        ChunkKind::JvmCensus => {
+            crate::format::jvm_heap::JvmCensus::decode(data).map(Chunk::JvmCensus)
+        }
+        ChunkKind::V8Census => crate::format::v8_heap::V8Census::decode(data).map(Chunk::V8Census),
+        ChunkKind::HeapCensus => {
+            crate::format::heap_census::HeapCensus::decode(data).map(Chunk::HeapCensus)
+        }
+        ChunkKind::LinkedAllocator => {
+            crate::format::heap_census::LinkedAllocator::decode(data).map(Chunk::LinkedAllocator)
+        }
+        ChunkKind::StartingHeap => {
+            crate::format::heap_census::StartingHeap::decode(data).map(Chunk::StartingHeap)
+        }
+        ChunkKind::PackedEventsV1 | ChunkKind::PackedEventsV2 => Err(TraceError::Malformed(
+            "events packed in the form of an earlier fragscope, which this one no longer \
+                 reads: record the program again"
+                .into(),
+        )),
     }
 }

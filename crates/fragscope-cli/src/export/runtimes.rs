@@ -1,37 +1,42 @@
 //! The runtimes whose sampled stacks the exports carry beside malloc's sites: CPython's
 //! Python stacks, SBCL's Lisp stacks, a Go program's heap profile. Each is one entry of
-//! [`RUNTIMES`]: its stacks for pprof and folded stacks, and its Parquet table.
+//! [`RUNTIMES`]: its stacks for pprof and folded stacks, its Parquet table, and its
+//! columns of the Parquet snapshots table.
 
 use std::sync::Arc;
 
 use anyhow::Result;
 use arrow_array::builder::{ListBuilder, StringBuilder};
-use arrow_array::{Array, RecordBatch, UInt32Array};
+use arrow_array::{Array, ArrayRef, RecordBatch, UInt32Array};
 use arrow_schema::{DataType, Field};
-use fragscope_model::golang::GoSite;
+use fragscope_model::golang::{GoParts, GoSite};
 use fragscope_model::lisp_sites::{LispStack, NO_LISP_FRAME};
+use fragscope_model::pymalloc::PymallocParts;
 use fragscope_model::python_sites::{PythonFrame, PythonStack};
-use fragscope_model::report::Report;
+use fragscope_model::report::{Report, Snapshot};
 use fragscope_model::symbols::Frame;
 
-use super::parquet_tables::{batch, f64_col, str_col, u64_col};
+use super::parquet_tables::{batch, f64_col, optional_u64_col, str_col, u64_col};
 use super::{named_frame, Value};
 
-/// A runtime's sites in the exports.
-pub(super) struct RuntimeSites {
+/// A runtime's part of the exports.
+pub(super) struct RuntimeExports {
     /// Its sampled stacks in `r` (none for a process that does not run it), frames named
     /// for pprof when `for_pprof`.
     pub stacks: fn(r: &Report, for_pprof: bool) -> Vec<SampledStack>,
     /// Its Parquet table, when the process runs it.
     pub table: fn(r: &Report) -> Option<Table>,
+    /// Its split of its heap at each snapshot, as columns of the snapshots table (null
+    /// where no census came with a snapshot).
+    pub snapshot_columns: fn(s: &[Snapshot]) -> Vec<(Field, ArrayRef)>,
 }
 
 /// A Parquet table's name and rows.
 pub(super) type Table = (&'static str, Result<RecordBatch>);
 
 /// Every runtime's sites, in the order the exports write them.
-pub(super) const RUNTIMES: [RuntimeSites; 3] = [
-    RuntimeSites {
+pub(super) const RUNTIMES: [RuntimeExports; 3] = [
+    RuntimeExports {
         stacks: python_sampled,
         table: |r| {
             let stacks = python_stacks(r);
@@ -39,8 +44,9 @@ pub(super) const RUNTIMES: [RuntimeSites; 3] = [
                 .is_some()
                 .then(|| ("python_sites", python_sites_batch(stacks)))
         },
+        snapshot_columns: pymalloc_columns,
     },
-    RuntimeSites {
+    RuntimeExports {
         stacks: lisp_sampled,
         table: |r| {
             let stacks = lisp_stacks(r);
@@ -48,15 +54,44 @@ pub(super) const RUNTIMES: [RuntimeSites; 3] = [
                 .is_some()
                 .then(|| ("lisp_sites", lisp_sites_batch(stacks)))
         },
+        // The dynamic space is one part of the decomposition, with no split of its own.
+        snapshot_columns: |_| Vec::new(),
     },
-    RuntimeSites {
+    RuntimeExports {
         stacks: go_sampled,
         table: |r| {
             let g = r.go_sites.as_ref()?;
             Some(("go_sites", go_sites_batch(&g.sites)))
         },
+        snapshot_columns: go_columns,
     },
 ];
+
+/// The split of pymalloc's arenas.
+fn pymalloc_columns(s: &[Snapshot]) -> Vec<(Field, ArrayRef)> {
+    let col = |name: &str, f: fn(&PymallocParts) -> u64| {
+        optional_u64_col(name, s.iter().map(|x| x.pymalloc.as_ref().map(f)).collect())
+    };
+    vec![
+        col("pymalloc_in_use", |p| p.in_use),
+        col("pymalloc_free_in_used_pools", |p| p.free_in_used_pools),
+        col("pymalloc_free_pools", |p| p.free_pools),
+        col("pymalloc_empty_arenas", |p| p.empty_arenas),
+    ]
+}
+
+/// The split of a Go heap.
+fn go_columns(s: &[Snapshot]) -> Vec<(Field, ArrayRef)> {
+    let col = |name: &str, f: fn(&GoParts) -> u64| {
+        optional_u64_col(name, s.iter().map(|x| x.go.as_ref().map(f)).collect())
+    };
+    vec![
+        col("go_objects", |p| p.objects),
+        col("go_free_slots", |p| p.free_slots),
+        col("go_idle_kept", |p| p.idle_kept),
+        col("go_stacks", |p| p.stacks),
+    ]
+}
 
 /// A runtime's sampled stack (CPython's, SBCL's) as frames without addresses, innermost
 /// first, with its figures in [`Value::ALL`]'s order.
