@@ -234,6 +234,14 @@ fn record_p_of_a_running_node_program_asks_its_inspector_at_each_snapshot() {
         .filter(|s| s["v8"].is_object())
         .collect();
     assert!(!asked.is_empty(), "no snapshot has V8 figures: {r}");
+    // The recording's end is taken before the detach, while the process runs: its V8
+    // heap is asked there too.
+    let last = r["snapshots"].as_array().unwrap().last().unwrap();
+    assert_eq!(last["reason"], "exit", "{last}");
+    assert!(
+        last["v8"].is_object(),
+        "the end snapshot has no V8 figures: {last}"
+    );
     for s in asked {
         let old = (s["v8"]["spaces"].as_array().unwrap().iter())
             .find(|x| x["space"] == "old_space")

@@ -31,12 +31,15 @@ const RUNTIMES: [&dyn SnapshotCensus; 6] = [
     &runtimes::LinkedJemalloc,
 ];
 
-/// Where a census is taken: its chunk's stream, tick and reason.
+/// Where a census is taken: its chunk's stream, tick and reason, and whether the process
+/// is ending (an exit snapshot, but not the last one of a process `record -p` leaves
+/// running: its runtimes' heaps are still a moment of its run).
 #[derive(Clone, Copy)]
 pub(crate) struct At {
     pub stream: u32,
     pub tick: u64,
     pub reason: SnapshotReason,
+    pub ending: bool,
 }
 
 /// One census of a process at a snapshot, as the sampler asks for it: its chunk's kind
@@ -391,22 +394,10 @@ impl Censuses {
         )
     }
 
-    /// The censuses of every heap in [`RUNTIMES`] that stream `stream` (process `pid`)
-    /// runs, or the notes saying why it has none (the first time, or after a few
-    /// refusals in a row), each handed to `write` as it is taken.
-    pub fn take_runtimes(
-        &self,
-        stream: u32,
-        pid: u32,
-        tick: u64,
-        reason: SnapshotReason,
-        mut write: impl FnMut(ChunkKind, Vec<u8>),
-    ) {
-        let at = At {
-            stream,
-            tick,
-            reason,
-        };
+    /// The censuses of every heap in [`RUNTIMES`] that process `pid` runs, at `at`, or
+    /// the notes saying why it has none (the first time, or after a few refusals in a
+    /// row), each handed to `write` as it is taken.
+    pub fn take_runtimes(&self, at: At, pid: u32, mut write: impl FnMut(ChunkKind, Vec<u8>)) {
         for runtime in RUNTIMES {
             if let Some((kind, body)) = runtime.take(self, at, pid) {
                 write(kind, body);
@@ -428,7 +419,7 @@ impl Censuses {
     /// One census of `runtime` in stream `at.stream` (process `pid`): the process looked
     /// at (once, unless the runtime says to look again), then read; the chunk to write.
     fn take_runtime<R: RuntimeCensus>(&self, runtime: &R, at: At, pid: u32) -> Option<Vec<u8>> {
-        if !self.enabled || (at.reason == SnapshotReason::Exit && !R::AT_EXIT) {
+        if !self.enabled || (at.ending && !R::AT_EXIT) {
             return None;
         }
         let found = match self.known::<R>(at.stream) {

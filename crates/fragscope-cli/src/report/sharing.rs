@@ -58,7 +58,12 @@ pub fn section(o: &mut String, r: &Report) {
         if sh.forked { "  (copied)" } else { "" }
     );
     for p in sh.parts.iter().filter(|p| p.owners.resident > 0) {
-        row(o, part_name(&p.part), &p.owners, sh.forked);
+        // V8 counts its heap in bytes, not pages: its pages are among the others here.
+        let name = match part_name(&p.part) {
+            "other anonymous" if s.v8.is_some() => "V8 heap, other anonymous",
+            name => name,
+        };
+        row(o, name, &p.owners, sh.forked);
     }
     row(o, "all heap mappings", &sh.anonymous, sh.forked);
 }

@@ -20,10 +20,11 @@ pub fn section(o: &mut String, r: &Report) {
     };
     let _ = writeln!(
         o,
-        "\nV8 heap (Node {}, {} isolates) at {}: {} physical of {} committed, as V8 counted \
+        "\nV8 heap (Node {}, {} isolate{}) at {}: {} physical of {} committed, as V8 counted \
          it {} ms before",
         p.node,
         p.isolates,
+        if p.isolates == 1 { "" } else { "s" },
         secs(s.t_ms),
         bytes(p.physical),
         bytes(p.committed),

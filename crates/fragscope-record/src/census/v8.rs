@@ -4,7 +4,6 @@
 //! process `record -p` attached to cannot load it: its inspector is asked instead
 //! ([`Censuses::ask_v8_by_inspector`]).
 
-use fragscope_trace::records::SnapshotReason;
 use fragscope_trace::v8_heap::{V8Census, V8Heap, V8Space};
 use fragscope_trace::ChunkKind;
 
@@ -19,7 +18,7 @@ impl SnapshotCensus for V8 {
     fn take(&self, censuses: &Censuses, at: At, pid: u32) -> Option<(ChunkKind, Vec<u8>)> {
         // At exit the isolate's heap is being torn down: its last figures are no moment
         // of the run.
-        if at.reason == SnapshotReason::Exit || !censuses.enabled {
+        if at.ending || !censuses.enabled {
             return None;
         }
         let result = match censuses.v8_inspectors.lock().unwrap().get_mut(&at.stream) {

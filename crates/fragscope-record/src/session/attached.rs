@@ -219,6 +219,7 @@ pub(super) fn run_attached(
         }
         thread::sleep(Duration::from_millis(10));
     }
+    shared.last_snapshot_before_detach(stream, pid);
     let detached = crate::attach::detach_library(pid, &files.library);
     let until = Instant::now() + DETACH_WAIT;
     while Instant::now() < until && !crate::access::gone(pid) {

@@ -294,13 +294,20 @@ impl Connection<'_> {
                 3 => EndHow::Detached,
                 _ => EndHow::ExitUnknownStatus,
             };
-            self.shared.procs.lock().unwrap().streams[s as usize].end = Some((how, status));
+            let taken = {
+                let mut procs = self.shared.procs.lock().unwrap();
+                let st = &mut procs.streams[s as usize];
+                st.end = Some((how, status));
+                st.last_snapshot_taken
+            };
             for (tid, (h, copy)) in self.copies.drain() {
                 self.stored_copies.insert(tid, h.seq);
                 self.store.events(h, &copy, true);
             }
-            self.shared
-                .snapshot(s, self.pid, SnapshotReason::Exit, None);
+            if !taken {
+                self.shared
+                    .snapshot(s, self.pid, SnapshotReason::Exit, None);
+            }
         }
         ack(&mut self.conn);
     }

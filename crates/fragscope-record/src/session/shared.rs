@@ -32,6 +32,9 @@ pub(super) struct ProcState {
     pub(super) last_maps: Vec<Mapping>,
     pub(super) peak_rss_at_snapshot: u64,
     pub(super) last_snapshot: Option<Instant>,
+    /// Its last snapshot was taken before `record -p` detached from it (see
+    /// [`Shared::last_snapshot_before_detach`]).
+    pub(super) last_snapshot_taken: bool,
     pub(super) event_bytes: u64,
     pub(super) label: String,
     /// The executable, as the process's interposer saw it.
@@ -171,13 +174,38 @@ impl Shared {
     /// A page-residency snapshot of `pid` (smaps_rollup, memory map, residency, RSS) and
     /// the censuses of the runtime heaps it runs (`Censuses::take_runtimes`); with
     /// `census`, a GHC block census is asked of the census thread too (see
-    /// [`census_worker`]).
+    /// [`census_worker`]). An exit snapshot is of a process that is ending.
     pub(super) fn snapshot(
         &self,
         stream: u32,
         pid: u32,
         reason: SnapshotReason,
         census: Option<&SyncSender<CensusRequest>>,
+    ) {
+        self.snapshot_of(stream, pid, reason, census, reason == SnapshotReason::Exit);
+    }
+
+    /// The last snapshot of a process `record -p` is about to leave running: taken while
+    /// it runs, with its calls up to now and its runtimes' censuses (at the detach its
+    /// threads are held, so a runtime that answers from a thread of its own, V8's
+    /// inspector, could not), it stands for the recording's end: the process's exit
+    /// message takes none after it.
+    pub(super) fn last_snapshot_before_detach(&self, stream: u32, pid: u32) {
+        // The allocator's view too, as at a periodic snapshot.
+        self.clock.request_stats_and_flush();
+        self.snapshot_of(stream, pid, SnapshotReason::Exit, None, false);
+        if let Some(st) = self.procs.lock().unwrap().streams.get_mut(stream as usize) {
+            st.last_snapshot_taken = true;
+        }
+    }
+
+    fn snapshot_of(
+        &self,
+        stream: u32,
+        pid: u32,
+        reason: SnapshotReason,
+        census: Option<&SyncSender<CensusRequest>>,
+        ending: bool,
     ) {
         let tick = self.tick();
         if let Some(fields) = procfs::read_rollup(pid) {
@@ -193,10 +221,14 @@ impl Shared {
         }
         // Before the residency: a pymalloc census is split by the residency read next,
         // and the model meets the census first.
+        let at = crate::census::At {
+            stream,
+            tick,
+            reason,
+            ending,
+        };
         self.censuses
-            .take_runtimes(stream, pid, tick, reason, |kind, body| {
-                self.send(kind, body)
-            });
+            .take_runtimes(at, pid, |kind, body| self.send(kind, body));
         let Some(mappings) = self.write_maps(stream, pid) else {
             return;
         };
@@ -313,6 +345,7 @@ impl Shared {
             last_maps: Vec::new(),
             peak_rss_at_snapshot: 0,
             last_snapshot: None,
+            last_snapshot_taken: false,
             event_bytes: 0,
             label: format!("{} (pid {pid})", argv.join(" ")),
             exe: exe.to_string(),
