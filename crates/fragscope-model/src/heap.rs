@@ -730,9 +730,29 @@ impl SiteTally {
         if w.uncertain {
             self.exact.add(n, size, pin);
         }
+        self.add_to_site(stack, w, n, size, pin);
+    }
+
+    /// [`SiteTally::add`] without the exact totals: those of blocks that pin nothing are
+    /// sums of whole numbers, the same in any order, so [`crate::heap_pages::HeapPages`]
+    /// adds them per kind of block ([`SiteTally::add_exact`]) and each site's blocks
+    /// one by one.
+    pub(crate) fn add_to_site(
+        &mut self,
+        stack: u32,
+        w: BlockWeights,
+        n: f64,
+        size: u64,
+        pin: (f64, f64, bool),
+    ) {
         if w.site > 0.0 {
             self.site(stack, w).add(n * w.site, size, pin);
         }
+    }
+
+    /// Adds `n` estimated blocks of `size` bytes that pin nothing to the exact totals.
+    pub(crate) fn add_exact(&mut self, n: f64, size: u64) {
+        self.exact.add(n, size, (0.0, 0.0, false));
     }
 
     /// Site `stack`'s blocks counted as they are or estimated, as `w` says.

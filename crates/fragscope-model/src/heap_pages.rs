@@ -16,8 +16,8 @@ use fragscope_trace::merge::{Call, LiveBlock, LiveTable, Merger};
 use fragscope_trace::records::Pagemap;
 
 use crate::heap::{
-    class_entry, classes_at, BlockHeaders, BlockWeights, HeapHistory, HeapSnapshot, PageAcc,
-    PageTally, Residency, SiteTally, SiteWeighting, INTERIOR_PAGES,
+    class_entry, classes_at, BlockHeaders, BlockWeights, ClassAtSnapshot, HeapHistory,
+    HeapSnapshot, PageAcc, PageTally, Residency, SiteTally, SiteWeighting, INTERIOR_PAGES,
 };
 
 /// [`BlockGroup::from_first`] of a group that has only its blocks' headers on the page.
@@ -68,14 +68,92 @@ struct PageBlocks {
     /// A hash of each group's blocks, looked through before the groups themselves (a
     /// page of small blocks of many sizes has dozens of groups).
     tags: Vec<u32>,
+    /// What a snapshot reads of the groups, as of the last snapshot they changed before.
+    summary: PageSummary,
+    /// The groups changed since `summary` was taken (the page is in `changed_pages`).
+    changed: bool,
 }
 
-impl PageBlocks {
-    fn live(&self) -> u64 {
-        (self.groups.iter())
-            .filter(|g| g.from_first != HEADER_ONLY)
-            .map(|g| u64::from(g.count) * u64::from(g.live_part))
-            .sum()
+/// The figures of a page's groups that a snapshot reads: a snapshot reads these, not the
+/// groups, of a page that is not sparse (most of a heap's pages, with most of its blocks).
+#[derive(Default, Debug, Clone)]
+struct PageSummary {
+    /// Requested and usable bytes of the blocks on the page (their sums wrap as
+    /// [`PageAcc`]'s do).
+    live: u64,
+    usable: u64,
+    /// The dominant class, as [`PageAcc::dominate`] picks it over every group.
+    class: u64,
+    class_bytes: u32,
+    /// Groups of blocks with a stack: a sampled site's blocks are weighed one by one.
+    stacked: u32,
+    /// The classes of its blocks (by [`ClassTotals`] index), each once.
+    classes: Vec<u32>,
+}
+
+impl PageSummary {
+    fn of(groups: &[BlockGroup], class_ids: &mut FastMap<u64, u32>) -> Self {
+        let mut acc = PageAcc::default();
+        let mut summary = Self::default();
+        for g in groups {
+            acc.dominate(g.usable_part, g.class());
+            if g.from_first == HEADER_ONLY {
+                continue;
+            }
+            summary.live += u64::from(g.count) * u64::from(g.live_part);
+            summary.usable += u64::from(g.count) * u64::from(g.usable_part);
+            summary.stacked += u32::from(g.stack != 0);
+            let next = class_ids.len() as u32;
+            let id = *class_ids.entry(g.class()).or_insert(next);
+            if !summary.classes.contains(&id) {
+                summary.classes.push(id);
+            }
+        }
+        summary.class = acc.class;
+        summary.class_bytes = acc.class_bytes;
+        summary
+    }
+
+    /// The page's figures as a snapshot adds them up, with `headers` header bytes.
+    fn acc(&self, headers: u64) -> PageAcc {
+        PageAcc {
+            live: self.live as u32,
+            usable: self.usable as u32,
+            headers: headers as u32,
+            class: self.class,
+            class_bytes: self.class_bytes,
+        }
+    }
+}
+
+/// One class's pages: how many hold a block of it, and their live bytes summed (each
+/// page's as [`PageAcc`] holds it). Its pages' mean occupancy is their sum over the page
+/// size: each page's share of a page is exact in floating point (a page size is a power
+/// of two), so the mean is the same as from the shares added page by page.
+#[derive(Default, Debug, Clone, Copy)]
+struct ClassTotals {
+    pages: u64,
+    live: u64,
+}
+
+impl ClassTotals {
+    /// Adds (`add`) or takes away the pages of `summary` for each of its classes.
+    fn count(totals: &mut Vec<ClassTotals>, summary: &PageSummary, add: bool) {
+        let live = u64::from(summary.live as u32);
+        for &id in &summary.classes {
+            let i = id as usize;
+            if i >= totals.len() {
+                totals.resize(i + 1, ClassTotals::default());
+            }
+            let t = &mut totals[i];
+            if add {
+                t.pages += 1;
+                t.live += live;
+            } else {
+                t.pages -= 1;
+                t.live -= live;
+            }
+        }
     }
 }
 
@@ -92,6 +170,16 @@ pub struct HeapPages {
     weighting: Option<SiteWeighting>,
     /// The block the last call freed, not taken away yet (see `follow`).
     freed: Option<(u64, LiveBlock)>,
+    /// Live blocks by (size, rounding, stack): their classes' objects and bytes, and the
+    /// sums over blocks that are whole numbers, whatever the pages.
+    kinds: FastMap<(u64, u32, u32), u64>,
+    /// Pages whose groups changed since the last snapshot: only their summaries are
+    /// taken again.
+    changed_pages: Vec<u64>,
+    /// Each class's index in `class_totals`.
+    class_ids: FastMap<u64, u32>,
+    /// By class index, over the pages' summaries (resident or not).
+    class_totals: Vec<ClassTotals>,
 }
 
 impl HeapPages {
@@ -106,6 +194,10 @@ impl HeapPages {
             weights: FastMap::default(),
             weighting: None,
             freed: None,
+            kinds: FastMap::default(),
+            changed_pages: Vec::new(),
+            class_ids: FastMap::default(),
+            class_totals: Vec::new(),
         };
         for (addr, b) in live {
             pages.apply(addr, &b, true);
@@ -184,6 +276,7 @@ impl HeapPages {
             self.change(header_page, header, Some(alone), add);
         }
         let header_on_first = if header_page == first { header } else { 0 };
+        self.count_kind(b, add);
         let large = last - first > 2 * INTERIOR_PAGES;
         if large {
             if add {
@@ -215,9 +308,26 @@ impl HeapPages {
         }
     }
 
+    /// Counts (`add`) or takes away block `b` in `kinds`.
+    fn count_kind(&mut self, b: &LiveBlock, add: bool) {
+        let key = (b.size, b.rounding, b.stack);
+        if add {
+            *self.kinds.entry(key).or_default() += 1;
+        } else if let Some(n) = self.kinds.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                self.kinds.remove(&key);
+            }
+        }
+    }
+
     /// Adds (`add`) or takes away `headers` bytes and one block of `group` on `page`.
     fn change(&mut self, page: u64, headers: u64, group: Option<BlockGroup>, add: bool) {
         let on = self.pages.entry(page).or_default();
+        if !on.changed {
+            on.changed = true;
+            self.changed_pages.push(page);
+        }
         if add {
             on.headers += headers;
         } else {
@@ -244,12 +354,37 @@ impl HeapPages {
             }
         }
         if on.headers == 0 && on.groups.is_empty() {
+            ClassTotals::count(&mut self.class_totals, &on.summary, false);
             self.pages.remove(&page);
+        }
+    }
+
+    /// Takes the summaries of the pages changed since the last snapshot again.
+    fn summarize_changed_pages(&mut self) {
+        for page in self.changed_pages.drain(..) {
+            // A page that went since has taken its summary away with it.
+            let Some(on) = self.pages.get_mut(&page) else {
+                continue;
+            };
+            if !on.changed {
+                continue;
+            }
+            on.changed = false;
+            ClassTotals::count(&mut self.class_totals, &on.summary, false);
+            on.summary = PageSummary::of(&on.groups, &mut self.class_ids);
+            ClassTotals::count(&mut self.class_totals, &on.summary, true);
         }
     }
 
     /// Evaluates the heap at snapshot `pm` (see [`crate::heap::evaluate`], whose figures these
     /// are, from every live block).
+    ///
+    /// Most of it costs the pages, not the blocks: a page's totals and classes come from
+    /// its summary (taken again only if its groups changed since the last snapshot), the
+    /// classes' objects and bytes and the sums over blocks that are whole numbers from
+    /// `kinds`. Only two things are read block group by block group, in the order of the
+    /// pages and their groups as ever (they are sums of fractions, whose last bits depend
+    /// on the order): the sparse pages' pins, and the blocks of sampled sites.
     pub fn evaluate(
         &mut self,
         pm: &Pagemap,
@@ -259,6 +394,7 @@ impl HeapPages {
         sparse_pct: u32,
     ) -> HeapSnapshot {
         self.settle_freed();
+        self.summarize_changed_pages();
         let mut res = Residency::new(pm).with_fork(fork);
         let shift = res.shift;
         let mut tally = PageTally::new(pm);
@@ -268,83 +404,35 @@ impl HeapPages {
             let (first, last) = (addr >> shift, (addr + usable - 1) >> shift);
             tally.interior(&mut res, (first + 1, last - 1), addr + b.size, usable);
         }
-        // Size classes and sites, by the pages their blocks sit on, in the same pass as
-        // the pages' totals: a page's groups are read from memory once (two passes over
-        // 37 000 pages' groups were two cache misses a page). A block that pins a page
-        // other than its first pins it only if none of its pages before does, which is
-        // known once every page is: those are settled after the pass.
         if self.weighting != Some(weighting) {
             self.weights.clear();
             self.weighting = Some(weighting);
         }
-        let weights = &mut self.weights;
-        let sparse_live = ps * u64::from(sparse_pct) / 100;
-        let sparse = |acc: &PageAcc| {
-            weighting != SiteWeighting::None && u64::from(acc.live) < sparse_live && acc.live > 0
-        };
         let mut classes = FastMap::default();
         let mut sites = SiteTally::default();
-        // Sparse pages' shares of blocks that started on an earlier page: (page, pages
-        // from the block's first, stack, weights, blocks, share, waste).
-        let mut pinned_later: Vec<(u64, u64, u32, BlockWeights, u64, f64, f64)> = Vec::new();
-        // The classes of the page being read, counted once each.
-        let mut page_classes: Vec<u64> = Vec::new();
-        for (&page, on) in &self.pages {
-            let acc = match res.is_resident(page) {
-                None => {
-                    tally.parts.live_not_resident += on.live();
-                    None
-                }
-                Some(ri) => {
-                    tally.held_now.insert(ri);
-                    let mut acc = PageAcc {
-                        headers: on.headers as u32,
-                        ..Default::default()
-                    };
-                    for g in &on.groups {
-                        if g.from_first != HEADER_ONLY {
-                            acc.live += g.count * g.live_part;
-                            acc.usable += g.count * g.usable_part;
-                        }
-                        acc.dominate(g.usable_part, g.class());
-                    }
-                    tally.pages.insert(page, acc);
-                    Some(acc)
-                }
+        self.add_kinds(weighting, &mut classes, &mut sites);
+        let mut class_pages = self.class_totals.clone();
+        let pinned_later = self.add_pages(
+            &mut res,
+            &mut tally,
+            &mut class_pages,
+            &mut sites,
+            (weighting, sparse_pct),
+        );
+        for (&class, &id) in &self.class_ids {
+            let Some(t) = class_pages.get(id as usize).filter(|t| t.pages > 0) else {
+                continue;
             };
-            page_classes.clear();
-            for g in on.groups.iter().filter(|g| g.from_first != HEADER_ONLY) {
-                let usable = g.class();
-                let n = u64::from(g.count);
-                let weight = *weights
-                    .entry(g.size)
-                    .or_insert_with(|| weighting.weight(g.size));
-                let w = BlockWeights::from_weight(weighting, g.stack, weight);
-                let (c, occ_sum) = class_entry(&mut classes, usable);
-                if g.from_first == 0 {
-                    c.objects += n;
-                    c.live_bytes += n * g.size;
-                    c.usable_bytes += n * usable;
-                    sites.add(g.stack, w, n as f64, g.size, (0.0, 0.0, false));
-                }
-                let Some(acc) = &acc else { continue };
-                if !page_classes.contains(&usable) {
-                    page_classes.push(usable);
-                    c.pages += 1;
-                    *occ_sum += f64::from(acc.live) / ps as f64;
-                }
-                if sparse(acc) {
-                    let share = (n * u64::from(g.live_part)) as f64 / f64::from(acc.live);
-                    let waste = share * (ps - u64::from(acc.live)) as f64;
-                    match u64::from(g.from_first) {
-                        0 => sites.add_pinning(g.stack, w, n as f64, share, waste),
-                        from => pinned_later.push((page, from, g.stack, w, n, share, waste)),
-                    }
-                }
-            }
+            let (c, occ_sum) = class_entry(&mut classes, class);
+            c.pages += t.pages;
+            *occ_sum += t.live as f64 / ps as f64;
         }
         let resident = &tally.pages;
-        let sparse_page = |page: u64| resident.get(&page).is_some_and(sparse);
+        let sparse_page = |page: u64| {
+            resident
+                .get(&page)
+                .is_some_and(|acc| is_sparse(acc, weighting, ps, sparse_pct))
+        };
         for (page, from, stack, w, n, share, waste) in pinned_later {
             // A block pins once, at the first of its pages that it pins.
             let pinned_before = if from > 2 * INTERIOR_PAGES {
@@ -362,6 +450,109 @@ impl HeapPages {
             sites: sites.finish(weighting),
         }
     }
+
+    /// The classes' objects and bytes, and the sites' sums that are whole numbers: the
+    /// exact totals of sampled blocks' live bytes, and every site's when every allocation
+    /// has its stack (each block weighs 1). A sampled site's blocks weigh fractions: those
+    /// are added block group by block group in `add_pages`.
+    fn add_kinds(
+        &mut self,
+        weighting: SiteWeighting,
+        classes: &mut FastMap<u64, (ClassAtSnapshot, f64)>,
+        sites: &mut SiteTally,
+    ) {
+        for (&(size, rounding, stack), &n) in &self.kinds {
+            let usable = (size + u64::from(rounding)).max(1);
+            let (c, _) = class_entry(classes, usable);
+            c.objects += n;
+            c.live_bytes += n * size;
+            c.usable_bytes += n * usable;
+            let weight = *self
+                .weights
+                .entry(size)
+                .or_insert_with(|| weighting.weight(size));
+            let w = BlockWeights::from_weight(weighting, stack, weight);
+            if w.uncertain {
+                sites.add_exact(n as f64, size);
+            }
+            if weighting == SiteWeighting::Every {
+                sites.add_to_site(stack, w, n as f64, size, (0.0, 0.0, false));
+            }
+        }
+    }
+
+    /// Each page's totals into `tally` (its classes that are not resident taken out of
+    /// `class_pages`), and the block groups that a sampled site weighs or a sparse page
+    /// is pinned by into `sites`, in the order of the pages and their groups. Returns the
+    /// sparse pages' shares of blocks that started on an earlier page: (page, pages from
+    /// the block's first, stack, weights, blocks, share, waste), settled once every page
+    /// is known (a block pins only the first of its pages that it pins).
+    fn add_pages(
+        &mut self,
+        res: &mut Residency,
+        tally: &mut PageTally,
+        class_pages: &mut Vec<ClassTotals>,
+        sites: &mut SiteTally,
+        (weighting, sparse_pct): (SiteWeighting, u32),
+    ) -> Vec<PinnedLater> {
+        let ps = tally.ps;
+        let sampled = matches!(weighting, SiteWeighting::Sampled { .. });
+        let weights = &mut self.weights;
+        let mut pinned_later = Vec::new();
+        for (&page, on) in &self.pages {
+            let summary = &on.summary;
+            let acc = match res.is_resident(page) {
+                None => {
+                    tally.parts.live_not_resident += summary.live;
+                    ClassTotals::count(class_pages, summary, false);
+                    None
+                }
+                Some(ri) => {
+                    tally.held_now.insert(ri);
+                    let acc = summary.acc(on.headers);
+                    tally.pages.insert(page, acc);
+                    Some(acc)
+                }
+            };
+            let sparse = acc.filter(|acc| is_sparse(acc, weighting, ps, sparse_pct));
+            if sparse.is_none() && !(sampled && summary.stacked > 0) {
+                continue;
+            }
+            for g in on.groups.iter().filter(|g| g.from_first != HEADER_ONLY) {
+                let weighs_site = sampled && g.from_first == 0 && g.stack != 0;
+                if !weighs_site && sparse.is_none() {
+                    continue;
+                }
+                let n = u64::from(g.count);
+                let weight = *weights
+                    .entry(g.size)
+                    .or_insert_with(|| weighting.weight(g.size));
+                let w = BlockWeights::from_weight(weighting, g.stack, weight);
+                if weighs_site {
+                    sites.add_to_site(g.stack, w, n as f64, g.size, (0.0, 0.0, false));
+                }
+                let Some(acc) = &sparse else { continue };
+                let share = (n * u64::from(g.live_part)) as f64 / f64::from(acc.live);
+                let waste = share * (ps - u64::from(acc.live)) as f64;
+                match u64::from(g.from_first) {
+                    0 => sites.add_pinning(g.stack, w, n as f64, share, waste),
+                    from => pinned_later.push((page, from, g.stack, w, n, share, waste)),
+                }
+            }
+        }
+        pinned_later
+    }
+}
+
+/// A sparse page's share of blocks that started on an earlier page (see
+/// `HeapPages::add_pages`).
+type PinnedLater = (u64, u64, u32, BlockWeights, u64, f64, f64);
+
+/// Whether a page of `acc` is pinned by its blocks: it holds live bytes, fewer than
+/// `sparse_pct` percent of a page of `ps` bytes, and there are sites to pin it.
+fn is_sparse(acc: &PageAcc, weighting: SiteWeighting, ps: u64, sparse_pct: u32) -> bool {
+    let sparse_live = ps * u64::from(sparse_pct) / 100;
+    weighting != SiteWeighting::None && u64::from(acc.live) < sparse_live && acc.live > 0
 }
 
 /// How a report evaluates the snapshots of a process from its live blocks.

@@ -186,6 +186,7 @@ pub fn run(a: ExportArgs) -> Result<ExitCode> {
         sparse_pct: a.sparse_pct,
         top: a.top,
         all_sites: a.format != Format::Json,
+        ..Options::default()
     };
     let bar = progress::bar(size, "analysing");
     let report = analyze(&a.trace, &opts, |done, _| bar.set_position(done))

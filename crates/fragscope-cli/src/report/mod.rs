@@ -90,6 +90,7 @@ pub fn run(a: ReportArgs) -> Result<ExitCode> {
         sparse_pct: a.sparse_pct,
         top: a.top,
         all_sites: a.html.is_some(),
+        ..Options::default()
     };
     let mut report = analyze(&a.trace, &opts, |done, _| bar.set_position(done))
         .with_context(|| format!("analysing {}", a.trace.display()))?;

@@ -18,6 +18,7 @@ use std::path::Path;
 
 use fragscope_trace::TraceError;
 
+use crate::heap_pages::Evaluation;
 use crate::report::Report;
 
 #[derive(Debug, Clone)]
@@ -31,6 +32,9 @@ pub struct Options {
     /// Also list every allocation site with its stack (`Report::all_sites`), for flame
     /// graphs and exports.
     pub all_sites: bool,
+    /// How snapshots are evaluated from the live blocks: as `FRAGSCOPE_EVALUATION` says
+    /// by default ([`Evaluation::asked`]), for the tests that compare the ways.
+    pub evaluation: Evaluation,
 }
 
 impl Default for Options {
@@ -40,6 +44,7 @@ impl Default for Options {
             sparse_pct: 10,
             top: 10,
             all_sites: false,
+            evaluation: Evaluation::asked(),
         }
     }
 }

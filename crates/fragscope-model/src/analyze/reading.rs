@@ -11,7 +11,6 @@ use fragscope_trace::Untraced;
 
 use crate::forks;
 use crate::heap::SiteWeighting;
-use crate::heap_pages::Evaluation;
 use crate::sharing::{self, RollupSharing};
 
 use super::stream::{Ctx, Stream};
@@ -51,7 +50,7 @@ pub(super) fn read_trace(
             ctx: Ctx {
                 weighting: SiteWeighting::None,
                 sparse_pct: opts.sparse_pct,
-                evaluation: Evaluation::asked(),
+                evaluation: opts.evaluation,
             },
             seen_end: false,
             last_tick: 0,

@@ -9,14 +9,10 @@
 //! freed most of what it shares, or whose own blocks dwarf it, copies what is left into
 //! its own (`flatten`).
 
-use std::alloc::Layout;
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use allocator_api2::alloc::{AllocError, Allocator, Global};
-
-use crate::format::hash::{addr_hash, AddrSet, FastMap};
+use crate::format::hash::{AddrSet, FastMap};
+use crate::order::blocks::{Blocks, BlocksIter};
 
 /// A block that is live after the merged calls so far: what the model needs of it.
 /// Kept small (24 bytes) because a heap can hold hundreds of millions of them.
@@ -53,118 +49,8 @@ pub fn is_inherited_stack(stack: u32) -> bool {
     stack & INHERITED_STACK != 0
 }
 
-type Blocks = hashbrown::HashTable<(u64, LiveBlock), HugePages>;
-
-/// Memory of the live blocks' tables: a table of 4 MiB or more on huge pages (2 MiB,
-/// asked with madvise: the kernel's transparent huge pages are "madvise" by default on
-/// Debian, and glibc asks for none). Each free looks up a block anywhere in the table,
-/// two cache misses (its control bytes, then the block), each also a TLB miss once the
-/// table spans thousands of 4 KiB pages: over a million live blocks that made the report
-/// 10-15% slower. Smaller tables are the global allocator's as they are.
-///
-/// Also where the table it serves lies, for [`LiveTable::prefetch`].
-#[derive(Default, Debug)]
-pub struct HugePages {
-    /// The table's control bytes (see `held`), 0 while it has no memory.
-    ctrl: AtomicUsize,
-    /// Its buckets less one.
-    bucket_mask: AtomicUsize,
-}
-
-/// A clone serves another table (a table's clone allocates through its allocator's).
-impl Clone for HugePages {
-    fn clone(&self) -> Self {
-        Self::default()
-    }
-}
-
-impl HugePages {
-    const PAGE: usize = 2 << 20;
-
-    /// How an allocation of `layout` is asked of the global allocator: a big one aligned
-    /// to a huge page, so that all its whole huge pages can be.
-    fn placed(layout: Layout) -> Layout {
-        if layout.size() < 2 * Self::PAGE {
-            return layout;
-        }
-        Layout::from_size_align(layout.size(), layout.align().max(Self::PAGE)).unwrap_or(layout)
-    }
-
-    /// Notes the table's memory, `bytes` at `start`: hashbrown 0.15 lays out a table of
-    /// `n` buckets (a power of two) of `(u64, LiveBlock)` as the buckets (the first
-    /// last), then `n` + 16 control bytes. Memory of any other size is not noted: only a
-    /// prefetch reads what is noted, and a prefetch of a wrong address costs nothing but
-    /// the prefetch.
-    fn held(&self, start: usize, bytes: usize) {
-        const BUCKET: usize = size_of::<(u64, LiveBlock)>();
-        let buckets = bytes.saturating_sub(16) / (BUCKET + 1);
-        let ours = buckets.is_power_of_two() && buckets * (BUCKET + 1) + 16 == bytes;
-        let ctrl = if ours { start + buckets * BUCKET } else { 0 };
-        self.ctrl.store(ctrl, Ordering::Relaxed);
-        self.bucket_mask
-            .store(buckets.saturating_sub(1), Ordering::Relaxed);
-    }
-
-    /// Asks for the cache lines of the control byte and the bucket where the probe of
-    /// `hash` starts (where its block usually is: the table is at most 7/8 full).
-    #[inline(always)]
-    fn prefetch(&self, hash: u64) {
-        let ctrl = self.ctrl.load(Ordering::Relaxed);
-        if ctrl == 0 {
-            return;
-        }
-        let i = hash as usize & self.bucket_mask.load(Ordering::Relaxed);
-        let bucket = ctrl.wrapping_sub((i + 1) * size_of::<(u64, LiveBlock)>());
-        prefetch(ctrl.wrapping_add(i));
-        prefetch(bucket);
-    }
-}
-
-/// Asks for the cache line at `addr` ahead of its use. Never faults: any address will do.
-#[inline(always)]
-fn prefetch(addr: usize) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch reads nothing and cannot fault.
-    unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>(addr as *const i8);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = addr;
-}
-
-// SAFETY: every allocation is Global's, of the layout `placed` gives, both ways.
-unsafe impl Allocator for HugePages {
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        let placed = Self::placed(layout);
-        let block = Global.allocate(placed)?;
-        if placed.align() >= Self::PAGE {
-            let whole = placed.size() & !(Self::PAGE - 1);
-            // SAFETY: advice on memory just allocated, huge-page aligned, that the
-            // allocation holds; the kernel may ignore it.
-            unsafe { libc::madvise(block.as_ptr().cast(), whole, libc::MADV_HUGEPAGE) };
-        }
-        self.held(block.as_ptr().cast::<u8>() as usize, layout.size());
-        Ok(block)
-    }
-
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        // The memory noted goes (the table dropped; a table that grows has its new
-        // memory noted before the old goes).
-        let ctrl = self.ctrl.load(Ordering::Relaxed);
-        let buckets = self.bucket_mask.load(Ordering::Relaxed).wrapping_add(1);
-        if ctrl != 0 && ptr.as_ptr() as usize == ctrl - buckets * size_of::<(u64, LiveBlock)>() {
-            self.held(0, 0);
-        }
-        // SAFETY: allocated by `allocate` with the same `layout`.
-        unsafe { Global.deallocate(ptr, Self::placed(layout)) }
-    }
-}
-
-/// The live blocks by address, in hashbrown's table with the locality hash. A block is
-/// read where it lies before its bucket is emptied: `HashMap::remove` returned it through
-/// memory, stored in pieces narrower than the copy that read it back (a store-forwarding
-/// stall, a third of the merge's time on `--stacks all` traces).
+/// The live blocks by address, in hashbrown's table with the locality hash
+/// ([`crate::order::blocks`]).
 ///
 /// After a fork, part of the blocks may be shared with the other processes of the fork
 /// (see the module's comment); blocks are then handed out by value, as this table sees
@@ -241,7 +127,7 @@ impl Shared {
     /// The base's block at `addr`, if it is still live here.
     #[inline]
     fn get(&self, addr: u64) -> Option<LiveBlock> {
-        let &(_, b) = self.base.blocks.find(addr_hash(addr), |e| e.0 == addr)?;
+        let b = self.base.blocks.get(addr)?;
         (self.gone.is_empty() || !self.gone.contains(&addr)).then(|| self.view(b))
     }
 
@@ -304,8 +190,8 @@ impl LiveTable {
     #[inline]
     pub fn get(&self, addr: &u64) -> Option<LiveBlock> {
         let addr = *addr;
-        match self.own.find(addr_hash(addr), |e| e.0 == addr) {
-            Some(&(_, b)) => Some(b),
+        match self.own.get(addr) {
+            Some(b) => Some(b),
             None => self.shared.as_ref()?.get(addr),
         }
     }
@@ -314,26 +200,18 @@ impl LiveTable {
     /// (the table's own blocks only).
     #[inline(always)]
     pub fn prefetch(&self, addr: u64) {
-        self.own.allocator().prefetch(addr_hash(addr));
+        self.own.prefetch(addr);
     }
 
     /// Makes `addr` live; returns the block it replaced.
     #[inline(always)]
     pub fn insert(&mut self, addr: u64, block: LiveBlock) -> Option<LiveBlock> {
-        match self
-            .own
-            .entry(addr_hash(addr), |e| e.0 == addr, |e| addr_hash(e.0))
-        {
-            hashbrown::hash_table::Entry::Occupied(mut o) => {
-                Some(std::mem::replace(&mut o.get_mut().1, block))
-            }
-            hashbrown::hash_table::Entry::Vacant(v) => {
-                v.insert((addr, block));
-                match &mut self.shared {
-                    None => None,
-                    Some(_) => self.insert_beside_shared(addr),
-                }
-            }
+        match self.own.insert(addr, block) {
+            Some(replaced) => Some(replaced),
+            None => match &mut self.shared {
+                None => None,
+                Some(_) => self.insert_beside_shared(addr),
+            },
         }
     }
 
@@ -353,13 +231,9 @@ impl LiveTable {
     #[inline(always)]
     pub fn remove(&mut self, addr: &u64) -> Option<LiveBlock> {
         let addr = *addr;
-        match self.own.find_entry(addr_hash(addr), |e| e.0 == addr) {
-            Ok(entry) => {
-                let block = entry.get().1;
-                entry.remove();
-                Some(block)
-            }
-            Err(_) => match &self.shared {
+        match self.own.remove(addr) {
+            Some(block) => Some(block),
+            None => match &self.shared {
                 None => None,
                 Some(_) => self.remove_shared(addr),
             },
@@ -383,11 +257,10 @@ impl LiveTable {
         let Some(shared) = self.shared.take() else {
             return;
         };
-        self.own.reserve(shared.len(), |e| addr_hash(e.0));
-        for &(addr, b) in shared.base.blocks.iter() {
+        self.own.reserve(shared.len());
+        for (addr, b) in shared.base.blocks.iter() {
             if !shared.gone.contains(&addr) {
-                self.own
-                    .insert_unique(addr_hash(addr), (addr, shared.view(b)), |e| addr_hash(e.0));
+                self.own.insert_unique(addr, shared.view(b));
             }
         }
     }
@@ -440,12 +313,12 @@ impl LiveTable {
         };
         let mut extra_stacks: Vec<Vec<u64>> = Vec::new();
         let mut extra: FastMap<u32, u32> = FastMap::default();
-        let mut own = Blocks::with_capacity_in(self.own.len(), HugePages::default());
+        let mut own = Blocks::with_capacity(self.own.len());
         let (mut bytes, mut usable_bytes) = (
             shared.base.bytes.0 - shared.gone_bytes.0,
             shared.base.bytes.1 - shared.gone_bytes.1,
         );
-        for &(addr, b) in self.own.iter() {
+        for (addr, b) in self.own.iter() {
             bytes += b.size;
             usable_bytes += b.usable();
             let stack = match b.stack {
@@ -465,7 +338,7 @@ impl LiveTable {
                 stack,
                 ..b
             };
-            own.insert_unique(addr_hash(addr), (addr, b), |e| addr_hash(e.0));
+            own.insert_unique(addr, b);
         }
         InheritedHeap {
             live: LiveTable {
@@ -497,11 +370,8 @@ impl LiveTable {
 
 /// Every live block of a [`LiveTable`], (address, block), in no particular order.
 pub struct LiveIter<'a> {
-    own: hashbrown::hash_table::Iter<'a, (u64, LiveBlock)>,
-    shared: Option<(
-        hashbrown::hash_table::Iter<'a, (u64, LiveBlock)>,
-        &'a Shared,
-    )>,
+    own: BlocksIter<'a>,
+    shared: Option<(BlocksIter<'a>, &'a Shared)>,
 }
 
 impl Iterator for LiveIter<'_> {
@@ -512,7 +382,7 @@ impl Iterator for LiveIter<'_> {
     #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
         match self.own.next() {
-            Some(&(addr, b)) => Some((addr, b)),
+            Some(block) => Some(block),
             None => self.next_shared(),
         }
     }
@@ -523,7 +393,7 @@ impl LiveIter<'_> {
     fn next_shared(&mut self) -> Option<(u64, LiveBlock)> {
         let (blocks, shared) = self.shared.as_mut()?;
         loop {
-            let &(addr, b) = blocks.next()?;
+            let (addr, b) = blocks.next()?;
             if shared.gone.is_empty() || !shared.gone.contains(&addr) {
                 return Some((addr, shared.view(b)));
             }
@@ -603,49 +473,6 @@ impl InheritedHeap {
 mod tests {
     use super::*;
     use std::collections::HashMap;
-
-    /// The memory a table's allocator notes for prefetches is the table's, laid out as
-    /// `HugePages::held` says, through its growth from empty, a clone, and after a drop.
-    #[test]
-    fn prefetches_find_the_table_where_it_lies() {
-        let noted = |t: &LiveTable| {
-            let a = t.own.allocator();
-            let ctrl = a.ctrl.load(Ordering::Relaxed);
-            (ctrl, a.bucket_mask.load(Ordering::Relaxed) + 1)
-        };
-        let in_place = |t: &LiveTable| {
-            let (ctrl, buckets) = noted(t);
-            assert_ne!(ctrl, 0);
-            if buckets >= 8 {
-                assert_eq!(buckets / 8 * 7, t.own.capacity());
-            }
-            for e in t.own.iter() {
-                let at = e as *const (u64, LiveBlock) as usize;
-                let i = (ctrl - at) / 32 - 1;
-                assert_eq!(ctrl - at, (i + 1) * 32);
-                assert!(i < buckets);
-                // Its probe starts within a group of 16 buckets of it (the table is
-                // sparse enough here for every block to be found in its first group).
-                let home = addr_hash(e.0) as usize & (buckets - 1);
-                assert!(i.wrapping_sub(home) & (buckets - 1) < 16, "{i} {home}");
-            }
-        };
-        let mut t = LiveTable::default();
-        assert_eq!(noted(&t).0, 0);
-        for k in 0..300_000u64 {
-            t.insert(0x7f00_0000_0000 + k * 48, LiveBlock::default());
-            if k.is_power_of_two() {
-                in_place(&t);
-            }
-        }
-        in_place(&t);
-        in_place(&t.clone());
-        for k in 0..300_000u64 {
-            t.prefetch(0x7f00_0000_0000 + k * 48);
-        }
-        t.own = Blocks::default();
-        assert_eq!(noted(&t).0, 0);
-    }
 
     /// A process as the merge holds it: its live table and its stacks, and beside them
     /// what its live blocks must be (by address: requested size, inherited, frames).
@@ -776,7 +603,7 @@ mod tests {
         let base = |p: &Process| p.live.shared.as_ref().unwrap().base.clone();
         for c in &children {
             assert!(Arc::ptr_eq(&base(c), &base(&parent)));
-            assert!(c.live.own.is_empty());
+            assert_eq!(c.live.own.len(), 0);
         }
         // Each frees and allocates a little: still shared, each with its own changes.
         for (i, c) in children.iter_mut().enumerate() {

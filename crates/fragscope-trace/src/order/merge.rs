@@ -28,7 +28,7 @@ use std::collections::binary_heap::PeekMut;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use crate::format::event::Func;
-use crate::format::hash::AddrSet;
+use crate::format::hash::{AddrSet, FastMap};
 use crate::format::reader::{Chunk, TraceReader};
 use crate::format::records::EventsHeader;
 use crate::format::TraceError;
@@ -216,7 +216,7 @@ impl LoneRun {
 /// Merges the threads of one process.
 pub struct Merger {
     threads: Vec<ThreadQueue>,
-    thread_index: HashMap<u32, usize>,
+    thread_index: FastMap<u32, usize>,
     live: LiveTable,
     /// Blocks the last popped call ended: the one it freed, and the one a forced
     /// allocation replaced.
@@ -286,7 +286,7 @@ impl Merger {
     pub fn with_memory_budget(items: usize) -> Self {
         Self {
             threads: Vec::new(),
-            thread_index: HashMap::new(),
+            thread_index: FastMap::default(),
             live: LiveTable::default(),
             ended: [None; 2],
             decoder: StreamDecoder::default(),

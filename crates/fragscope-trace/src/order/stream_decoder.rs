@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use crate::format::event::{ChunkDecoder, Func, Record, StatsSource, StreamTables};
+use crate::format::hash::FastMap;
 use crate::format::records::EventsHeader;
 use crate::format::TraceError;
 use crate::order::call::Call;
@@ -79,7 +80,7 @@ pub struct StreamDecoder {
     /// Process-wide stack ids (from 1) by frames.
     stack_ids: HashMap<Vec<u64>, u32>,
     /// Each thread's own stack ids.
-    threads: HashMap<u32, LocalStacks>,
+    threads: FastMap<u32, LocalStacks>,
 }
 
 impl StreamDecoder {
@@ -162,7 +163,7 @@ impl StreamDecoder {
 #[derive(Default)]
 struct LocalStacks {
     dense: Vec<u32>,
-    sparse: HashMap<u32, u32>,
+    sparse: FastMap<u32, u32>,
 }
 
 impl LocalStacks {

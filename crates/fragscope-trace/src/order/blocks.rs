@@ -1,0 +1,408 @@
+//! The table of live blocks by address that [`crate::order::live::LiveTable`] is made of:
+//! hashbrown's table with the locality hash, each block packed into 16 bytes beside its
+//! address, on huge pages once it is big.
+//!
+//! A bucket was an address and a [`LiveBlock`], 32 bytes, and a table is at most 7/8
+//! full: a million live blocks took 2^21 buckets, 66 MiB, and 99 MiB while the table grew
+//! to them (the old buckets and the new). Packed, a bucket is 24 bytes: 52 MiB and 78
+//! MiB. A block whose size or rounding does not fit (4 GiB or more, 2 GiB or more) is
+//! kept whole in a map beside the table, its bucket marked.
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use allocator_api2::alloc::{AllocError, Allocator, Global};
+
+use crate::format::hash::{addr_hash, AddrMap};
+use crate::order::live::LiveBlock;
+
+/// A live block as its bucket holds it (see the module's comment).
+#[derive(Clone, Copy, Debug)]
+struct Packed {
+    /// Requested bytes; [`Packed::WIDE`]: the block is in `Blocks::wide`.
+    size: u32,
+    /// Usable minus requested bytes, and [`Packed::INHERITED`].
+    rounding: u32,
+    stack: u32,
+    born_tick: u32,
+}
+
+impl Packed {
+    const WIDE: u32 = u32::MAX;
+    const INHERITED: u32 = 1 << 31;
+
+    /// `b` packed, or `None` when it does not fit.
+    #[inline(always)]
+    fn of(b: &LiveBlock) -> Option<Self> {
+        let fits = b.size < u64::from(Self::WIDE) && b.rounding < Self::INHERITED;
+        fits.then_some(Self {
+            size: b.size as u32,
+            rounding: b.rounding | if b.inherited { Self::INHERITED } else { 0 },
+            stack: b.stack,
+            born_tick: b.born_tick,
+        })
+    }
+
+    /// The marker of a block kept whole beside the table.
+    const fn wide() -> Self {
+        Self {
+            size: Self::WIDE,
+            rounding: 0,
+            stack: 0,
+            born_tick: 0,
+        }
+    }
+
+    fn is_wide(&self) -> bool {
+        self.size == Self::WIDE
+    }
+
+    /// The block, when it is not wide.
+    #[inline(always)]
+    fn unpacked(self) -> LiveBlock {
+        LiveBlock {
+            size: u64::from(self.size),
+            rounding: self.rounding & !Self::INHERITED,
+            stack: self.stack,
+            born_tick: self.born_tick,
+            inherited: self.rounding & Self::INHERITED != 0,
+        }
+    }
+}
+
+type Bucket = (u64, Packed);
+
+const _: () = assert!(size_of::<Bucket>() == 24);
+
+/// Live blocks by address (see the module's comment).
+#[derive(Default, Clone, Debug)]
+pub(crate) struct Blocks {
+    table: hashbrown::HashTable<Bucket, HugePages>,
+    /// The blocks that do not fit a bucket, by address.
+    wide: AddrMap<LiveBlock>,
+}
+
+impl Blocks {
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        Self {
+            table: hashbrown::HashTable::with_capacity_in(n, HugePages::default()),
+            wide: AddrMap::default(),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    #[inline(always)]
+    fn block(&self, addr: u64, p: Packed) -> LiveBlock {
+        if p.is_wide() {
+            self.wide[&addr]
+        } else {
+            p.unpacked()
+        }
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, addr: u64) -> Option<LiveBlock> {
+        let &(_, p) = self.table.find(addr_hash(addr), |e| e.0 == addr)?;
+        Some(self.block(addr, p))
+    }
+
+    /// What a bucket holds of `block` at `addr`: a wide block goes into `wide`.
+    #[inline(always)]
+    fn packed(wide: &mut AddrMap<LiveBlock>, addr: u64, block: LiveBlock) -> Packed {
+        Packed::of(&block).unwrap_or_else(|| {
+            wide.insert(addr, block);
+            Packed::wide()
+        })
+    }
+
+    /// The block of bucket `p` at `addr`, taken out of `wide` if it is there.
+    #[inline(always)]
+    fn taken(wide: &mut AddrMap<LiveBlock>, addr: u64, p: Packed) -> LiveBlock {
+        if p.is_wide() {
+            wide.remove(&addr).expect("a wide block beside the table")
+        } else {
+            p.unpacked()
+        }
+    }
+
+    /// Makes `addr` live as `block`; returns the block it replaced.
+    #[inline(always)]
+    pub(crate) fn insert(&mut self, addr: u64, block: LiveBlock) -> Option<LiveBlock> {
+        let wide = &mut self.wide;
+        match (self.table).entry(addr_hash(addr), |e| e.0 == addr, |e| addr_hash(e.0)) {
+            hashbrown::hash_table::Entry::Occupied(mut o) => {
+                let old = Self::taken(wide, addr, o.get().1);
+                o.get_mut().1 = Self::packed(wide, addr, block);
+                Some(old)
+            }
+            hashbrown::hash_table::Entry::Vacant(v) => {
+                v.insert((addr, Self::packed(wide, addr, block)));
+                None
+            }
+        }
+    }
+
+    /// Makes `addr`, which is not live, live as `block`.
+    #[inline(always)]
+    pub(crate) fn insert_unique(&mut self, addr: u64, block: LiveBlock) {
+        let p = Self::packed(&mut self.wide, addr, block);
+        self.table
+            .insert_unique(addr_hash(addr), (addr, p), |e| addr_hash(e.0));
+    }
+
+    /// Ends the block at `addr`, if it is live. The block is read where it lies before its
+    /// bucket is emptied: `HashMap::remove` returned it through memory, stored in pieces
+    /// narrower than the copy that read it back (a store-forwarding stall, a third of the
+    /// merge's time on `--stacks all` traces).
+    #[inline(always)]
+    pub(crate) fn remove(&mut self, addr: u64) -> Option<LiveBlock> {
+        let entry = self
+            .table
+            .find_entry(addr_hash(addr), |e| e.0 == addr)
+            .ok()?;
+        let p = entry.get().1;
+        entry.remove();
+        Some(Self::taken(&mut self.wide, addr, p))
+    }
+
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        self.table.reserve(additional, |e| addr_hash(e.0));
+    }
+
+    /// Asks for the memory where the block at `addr` would be, ahead of a lookup of it.
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, addr: u64) {
+        self.table.allocator().prefetch(addr_hash(addr));
+    }
+
+    pub(crate) fn iter(&self) -> BlocksIter<'_> {
+        BlocksIter {
+            buckets: self.table.iter(),
+            blocks: self,
+        }
+    }
+}
+
+/// Every block of a [`Blocks`], (address, block), in the table's order.
+pub(crate) struct BlocksIter<'a> {
+    buckets: hashbrown::hash_table::Iter<'a, Bucket>,
+    blocks: &'a Blocks,
+}
+
+impl Iterator for BlocksIter<'_> {
+    type Item = (u64, LiveBlock);
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<Self::Item> {
+        let &(addr, p) = self.buckets.next()?;
+        Some((addr, self.blocks.block(addr, p)))
+    }
+}
+
+/// Memory of the live blocks' tables: a table of 4 MiB or more on huge pages (2 MiB,
+/// asked with madvise: the kernel's transparent huge pages are "madvise" by default on
+/// Debian, and glibc asks for none). Each free looks up a block anywhere in the table,
+/// two cache misses (its control bytes, then the block), each also a TLB miss once the
+/// table spans thousands of 4 KiB pages: over a million live blocks that made the report
+/// 10-15% slower. Smaller tables are the global allocator's as they are.
+///
+/// Also where the table it serves lies, for [`LiveTable::prefetch`].
+#[derive(Default, Debug)]
+pub(crate) struct HugePages {
+    /// The table's control bytes (see `held`), 0 while it has no memory.
+    ctrl: AtomicUsize,
+    /// Its buckets less one.
+    bucket_mask: AtomicUsize,
+}
+
+/// A clone serves another table (a table's clone allocates through its allocator's).
+impl Clone for HugePages {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl HugePages {
+    const PAGE: usize = 2 << 20;
+
+    /// How an allocation of `layout` is asked of the global allocator: a big one aligned
+    /// to a huge page, so that all its whole huge pages can be.
+    fn placed(layout: Layout) -> Layout {
+        if layout.size() < 2 * Self::PAGE {
+            return layout;
+        }
+        Layout::from_size_align(layout.size(), layout.align().max(Self::PAGE)).unwrap_or(layout)
+    }
+
+    /// Notes the table's memory, `bytes` at `start`: hashbrown 0.15 lays out a table of
+    /// `n` buckets (a power of two) of [`Bucket`] as the buckets (the first last), then
+    /// `n` + 16 control bytes. Memory of any other size is not noted: only a
+    /// prefetch reads what is noted, and a prefetch of a wrong address costs nothing but
+    /// the prefetch.
+    fn held(&self, start: usize, bytes: usize) {
+        const BUCKET: usize = size_of::<Bucket>();
+        let buckets = bytes.saturating_sub(16) / (BUCKET + 1);
+        let ours = buckets.is_power_of_two() && buckets * (BUCKET + 1) + 16 == bytes;
+        let ctrl = if ours { start + buckets * BUCKET } else { 0 };
+        self.ctrl.store(ctrl, Ordering::Relaxed);
+        self.bucket_mask
+            .store(buckets.saturating_sub(1), Ordering::Relaxed);
+    }
+
+    /// Asks for the cache lines of the control byte and the bucket where the probe of
+    /// `hash` starts (where its block usually is: the table is at most 7/8 full).
+    #[inline(always)]
+    fn prefetch(&self, hash: u64) {
+        let ctrl = self.ctrl.load(Ordering::Relaxed);
+        if ctrl == 0 {
+            return;
+        }
+        let i = hash as usize & self.bucket_mask.load(Ordering::Relaxed);
+        let bucket = ctrl.wrapping_sub((i + 1) * size_of::<Bucket>());
+        prefetch(ctrl.wrapping_add(i));
+        prefetch(bucket);
+    }
+}
+
+/// Asks for the cache line at `addr` ahead of its use. Never faults: any address will do.
+#[inline(always)]
+fn prefetch(addr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing and cannot fault.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(addr as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
+}
+
+// SAFETY: every allocation is Global's, of the layout `placed` gives, both ways.
+unsafe impl Allocator for HugePages {
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        let placed = Self::placed(layout);
+        let block = Global.allocate(placed)?;
+        if placed.align() >= Self::PAGE {
+            let whole = placed.size() & !(Self::PAGE - 1);
+            // SAFETY: advice on memory just allocated, huge-page aligned, that the
+            // allocation holds; the kernel may ignore it.
+            unsafe { libc::madvise(block.as_ptr().cast(), whole, libc::MADV_HUGEPAGE) };
+        }
+        self.held(block.as_ptr().cast::<u8>() as usize, layout.size());
+        Ok(block)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        // The memory noted goes (the table dropped; a table that grows has its new
+        // memory noted before the old goes).
+        let ctrl = self.ctrl.load(Ordering::Relaxed);
+        let buckets = self.bucket_mask.load(Ordering::Relaxed).wrapping_add(1);
+        if ctrl != 0 && ptr.as_ptr() as usize == ctrl - buckets * size_of::<Bucket>() {
+            self.held(0, 0);
+        }
+        // SAFETY: allocated by `allocate` with the same `layout`.
+        unsafe { Global.deallocate(ptr, Self::placed(layout)) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The memory a table's allocator notes for prefetches is the table's, laid out as
+    /// `HugePages::held` says, through its growth from empty, a clone, and after a drop.
+    #[test]
+    fn prefetches_find_the_table_where_it_lies() {
+        const BUCKET: usize = size_of::<Bucket>();
+        let noted = |t: &Blocks| {
+            let a = t.table.allocator();
+            let ctrl = a.ctrl.load(Ordering::Relaxed);
+            (ctrl, a.bucket_mask.load(Ordering::Relaxed) + 1)
+        };
+        let in_place = |t: &Blocks| {
+            let (ctrl, buckets) = noted(t);
+            assert_ne!(ctrl, 0);
+            if buckets >= 8 {
+                assert_eq!(buckets / 8 * 7, t.table.capacity());
+            }
+            for e in t.table.iter() {
+                let at = e as *const Bucket as usize;
+                let i = (ctrl - at) / BUCKET - 1;
+                assert_eq!(ctrl - at, (i + 1) * BUCKET);
+                assert!(i < buckets);
+                // Its probe starts within a group of 16 buckets of it (the table is
+                // sparse enough here for every block to be found in its first group).
+                let home = addr_hash(e.0) as usize & (buckets - 1);
+                assert!(i.wrapping_sub(home) & (buckets - 1) < 16, "{i} {home}");
+            }
+        };
+        let mut t = Blocks::default();
+        assert_eq!(noted(&t).0, 0);
+        for k in 0..300_000u64 {
+            t.insert(0x7f00_0000_0000 + k * 48, LiveBlock::default());
+            if k.is_power_of_two() {
+                in_place(&t);
+            }
+        }
+        in_place(&t);
+        in_place(&t.clone());
+        for k in 0..300_000u64 {
+            t.prefetch(0x7f00_0000_0000 + k * 48);
+        }
+        t.table = hashbrown::HashTable::new_in(HugePages::default());
+        assert_eq!(noted(&t).0, 0);
+    }
+
+    /// Every block comes back as it went in: packed, or whole beside the table when its
+    /// size or rounding is too large, through replacement, removal and iteration.
+    #[test]
+    fn blocks_come_back_whole_packed_or_not() {
+        let block = |size: u64, rounding: u32, inherited: bool| LiveBlock {
+            size,
+            rounding,
+            stack: 7 | u32::from(inherited) << 31,
+            born_tick: u32::MAX,
+            inherited,
+        };
+        let kinds = [
+            block(0, 0, false),
+            block(24, 8, true),
+            block(u64::from(u32::MAX) - 1, (1 << 31) - 1, true),
+            block(u64::from(u32::MAX), 0, false),
+            block(1 << 40, 12, true),
+            block(100, 1 << 31, false),
+            block(100, u32::MAX, true),
+        ];
+        let mut t = Blocks::default();
+        let addr = |i: usize| 0x10_0000 + i as u64 * 16;
+        for (i, b) in kinds.iter().enumerate() {
+            assert_eq!(t.insert(addr(i), *b), None);
+        }
+        for (i, b) in kinds.iter().enumerate() {
+            assert_eq!(t.get(addr(i)), Some(*b), "{b:?}");
+        }
+        let mut seen: Vec<(u64, LiveBlock)> = t.iter().collect();
+        seen.sort_by_key(|e| e.0);
+        let expected: Vec<(u64, LiveBlock)> = kinds
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (addr(i), *b))
+            .collect();
+        assert_eq!(seen, expected);
+        // Each replaced by the next kind (a wide block by a packed one and back).
+        for i in 0..kinds.len() {
+            let next = kinds[(i + 1) % kinds.len()];
+            assert_eq!(t.insert(addr(i), next), Some(kinds[i]));
+            assert_eq!(t.get(addr(i)), Some(next));
+        }
+        for i in 0..kinds.len() {
+            assert_eq!(t.remove(addr(i)), Some(kinds[(i + 1) % kinds.len()]));
+            assert_eq!(t.remove(addr(i)), None);
+        }
+        assert!(t.len() == 0 && t.wide.is_empty());
+    }
+}
