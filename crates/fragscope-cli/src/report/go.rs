@@ -34,7 +34,7 @@ pub fn section(o: &mut String, r: &Report) {
         count(p.spans_in_use)
     );
     for (name, v) in [
-        ("objects", p.objects),
+        ("objects (at their size class)", p.objects),
         ("free slots in spans in use", p.free_slots),
         ("free pages kept", p.idle_kept),
         ("goroutine stacks", p.stacks),
@@ -43,16 +43,18 @@ pub fn section(o: &mut String, r: &Report) {
     }
     let _ = writeln!(
         o,
-        "  (released to the kernel, not in RSS: {})",
+        "  (released to the kernel, not in RSS: {}; Go's runtime keeps no object's requested \
+         size, so rounding up to the size class is counted among the objects)",
         bytes(p.released)
     );
     let _ = writeln!(
         o,
         "  as runtime.MemStats counts them: HeapAlloc {}, HeapInuse {}, HeapIdle {}, \
-         StackInuse {}",
+         HeapReleased {}, StackInuse {}",
         bytes(p.heap_alloc),
         bytes(p.heap_in_use),
         bytes(p.heap_idle),
+        bytes(p.released),
         bytes(p.stack_in_use)
     );
     if p.unswept_spans > 0 {
