@@ -47,12 +47,8 @@ for _ in range(rounds):
             m = rate.findall(said)
             size = 0
             for f in os.listdir("."):
-                if f.startswith("ht.") or f.endswith(".fsc"):
-                    if f.endswith(".fsc"):
-                        size = os.path.getsize(f)
-                    os.remove(f)
-                elif f.startswith("ht"):
-                    size = os.path.getsize(f)
+                if f.startswith("ht") or f.endswith(".fsc"):
+                    size += os.path.getsize(f)
                     os.remove(f)
             rows.setdefault((load, mode), []).append(
                 (int(m[-1]) if m else 0, ru.ru_utime + ru.ru_stime, size))
