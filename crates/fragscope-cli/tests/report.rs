@@ -816,7 +816,7 @@ fn first_difference(a: &Value, b: &Value, path: String) -> Option<String> {
 /// what evaluating every live block at each snapshot reports (fractions to rounding), and
 /// so does the report that chooses between the two per process and snapshot: on real programs
 /// with threads, reallocs, thousands of sites, leaks, edge-case sizes, a forked worker
-/// starting from its parent's heap, and the shared cases.
+/// starting from its parent's heap, the shared cases, and the stored recordings.
 #[test]
 fn snapshots_evaluated_by_page_report_what_every_block_reports() {
     let dir = tempfile::tempdir().unwrap();
@@ -892,4 +892,29 @@ fn snapshots_evaluated_by_page_report_what_every_block_reports() {
     if let Some(at) = evaluations_differ(&trace, None) {
         panic!("prefork: {at}");
     }
+    // The stored recordings: the trace crate's fixtures (threads with every stack, packed
+    // calls without stacks) and `stripe strip` with stacks sampled every 4 KiB, whose
+    // sites pin sparse pages at 186 snapshots (`fragscope record --snapshot-ms 2
+    // --sample-bytes 4096 -- stripe strip 40000`).
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for dir in [
+        "fragscope-model/tests/fixtures",
+        "fragscope-trace/tests/fixtures",
+    ] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let trace = entry.unwrap().path();
+            if trace.extension().is_some_and(|e| e == "fsc") {
+                if let Some(at) = evaluations_differ(&trace, None) {
+                    panic!("{}: {at}", trace.display());
+                }
+            }
+        }
+    }
+    let stripe = root.join("fragscope-model/tests/fixtures/stripe-strip-sampled.fsc");
+    let pinning = report_evaluated(&stripe, None, Some("pages"));
+    let pinning = pinning["sites"]["by_pinned_waste"].as_array().unwrap();
+    assert!(
+        (pinning.iter()).any(|s| s["pinned_pages"].as_f64().unwrap() > 100.0),
+        "the stripe fixture's sites pin no pages: {pinning:?}"
+    );
 }

@@ -313,19 +313,7 @@ fn join_sections(
     let mut r = crate::format::wire::Reader::new(stored);
     raw.reserve(raw_len);
     while !r.is_empty() {
-        let (Ok(len), Ok(stored_len)) = (r.varint(), r.varint()) else {
-            return false;
-        };
-        let Some(body) = usize::try_from(stored_len)
-            .ok()
-            .and_then(|n| r.take(n).ok())
-        else {
-            return false;
-        };
-        let Some(len) = usize::try_from(len)
-            .ok()
-            .filter(|&n| n <= raw_len - raw.len())
-        else {
+        let Some((len, body)) = next_section(&mut r).filter(|s| s.0 <= raw_len - raw.len()) else {
             return false;
         };
         if len == body.len() {
@@ -340,6 +328,14 @@ fn join_sections(
         }
     }
     raw.len() == raw_len
+}
+
+/// The next section of a chunk stored as sections: its raw length and its stored bytes
+/// (the raw bytes themselves when the two lengths are equal); `None` if it is cut.
+fn next_section<'a>(r: &mut crate::format::wire::Reader<'a>) -> Option<(usize, &'a [u8])> {
+    let (len, stored_len) = (r.varint().ok()?, r.varint().ok()?);
+    let body = r.take(usize::try_from(stored_len).ok()?).ok()?;
+    Some((usize::try_from(len).ok()?, body))
 }
 
 /// Where and why reading stopped before the end of the file.
@@ -578,16 +574,7 @@ fn frame_prefix(frame: &[u8], want: usize, raw: &mut Vec<u8>) -> bool {
 fn sections_prefix(stored: &[u8], want: usize, raw: &mut Vec<u8>) -> bool {
     let mut r = crate::format::wire::Reader::new(stored);
     while raw.len() < want {
-        let (Ok(len), Ok(stored_len)) = (r.varint(), r.varint()) else {
-            return false;
-        };
-        let Some(body) = usize::try_from(stored_len)
-            .ok()
-            .and_then(|n| r.take(n).ok())
-        else {
-            return false;
-        };
-        let Ok(len) = usize::try_from(len) else {
+        let Some((len, body)) = next_section(&mut r) else {
             return false;
         };
         let take = len.min(want - raw.len());
