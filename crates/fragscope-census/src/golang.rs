@@ -288,7 +288,9 @@ fn read_profile(
         if mem.read_u8(at).map_err(unreadable)? != 0 {
             return Ok(Err(
                 "the program keeps no heap profile: it was linked without \
-                 the heap profiler (it imports neither runtime/pprof nor net/http/pprof)"
+                 the heap profiler (it imports neither runtime/pprof nor net/http/pprof), \
+                 and then GODEBUG=memprofilerate cannot turn it on; importing either \
+                 (import _ \"runtime/pprof\") makes its runtime keep one"
                     .into(),
             ));
         }
