@@ -115,6 +115,14 @@ const PAGE_START: usize = 48;
 const PAGE_THREAD_FREE: usize = 56;
 const PAGE_HEAP: usize = 64;
 
+/// Blocks of a thread-free list read one by one before the page's carved blocks are read
+/// at once.
+const SHORT_LIST: u64 = 16;
+
+/// A page's carved blocks read at once for its thread-free list at most (a small page's
+/// are 64 KiB, a medium one's 512 KiB); a larger page's list is read block by block.
+const MAX_CARVED_READ: u64 = 1 << 20;
+
 /// Heaps whose delayed-free lists are read at most: more is not a heap mimalloc made.
 const MAX_HEAPS: usize = 1 << 16;
 

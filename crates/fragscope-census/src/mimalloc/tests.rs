@@ -110,6 +110,34 @@ fn a_heap_laid_out_as_mimalloc_lays_it_out_is_read() {
 }
 
 #[test]
+fn blocks_other_threads_freed_are_not_live() {
+    // Lists on the page's thread-free list (its low bits: the delayed-free state): a short
+    // one, read a block at a time, and one long enough to have the page's blocks read at
+    // once.
+    for freed in [2u64, 30] {
+        let mut fake = FakeHeap::new();
+        let block = |i: u64| fake.segment + SLICE_SIZE + (60 + i) * 64;
+        let chain: Vec<u64> = (0..freed).map(block).collect();
+        let page = SEG_SLICE_ARRAY + SLICE_STRUCT;
+        put(fake.segment_bytes(), page + PAGE_THREAD_FREE, chain[0] | 1);
+        for (i, &b) in chain.iter().enumerate() {
+            let next = chain.get(i + 1).copied().unwrap_or(0);
+            // SAFETY: every block lies in the fake segment's mapping, which `fake` owns.
+            unsafe { *(b as *mut u64) = next };
+        }
+        let heap = fake.census().unwrap();
+        let c = &heap.classes[0];
+        assert_eq!(
+            (c.blocks_in_use, c.blocks_thread_freed),
+            (40 - freed, freed)
+        );
+        // A list that loops is refused, not followed forever.
+        unsafe { *(chain[freed as usize - 1] as *mut u64) = chain[0] };
+        assert!(fake.census().unwrap_err().contains("thread-free list"));
+    }
+}
+
+#[test]
 fn a_heap_that_does_not_hold_together_is_refused_with_a_note() {
     let cases: [(usize, u64, &str); 5] = [
         (SEG_COOKIE, 1, "cookie"),
