@@ -341,7 +341,8 @@ fn page(
 /// a block at a time; a long one (its owner ended, its pages abandoned, and another thread
 /// freeing their blocks: thousands) has the page's carved blocks read at once, never
 /// beyond them, whose pages may never have been touched (reading them would map them).
-/// One read a block made a census at such a moment hold the program 145 ms.
+/// At such a moment (40-120 MB on those lists) the census held the program 1.5-2.4 ms per
+/// MB of them so, 2.1-3.0 ms one read a block (BENCHMARKS.md).
 fn thread_freed(mem: &mut ProcessMemory, page: &PageSeen, head: u64) -> Result<u64, String> {
     let carved = page.capacity * page.block_size;
     let mut blocks: Vec<u8> = Vec::new();
