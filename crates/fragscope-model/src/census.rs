@@ -768,6 +768,76 @@ mod tests {
         assert!(headline.sentence.contains("dirty_decay_ms"));
     }
 
+    /// Survivors in pages of 64-byte blocks, one empty page, a free span and segment
+    /// headers, all as pagemap found them resident.
+    #[test]
+    fn mimallocs_parts_add_up_to_its_resident_bytes() {
+        use fragscope_trace::heap_census::MimallocClass;
+        let h = MimallocHeap {
+            release: "mimalloc 2.3.2".into(),
+            segments: 1,
+            metadata_resident: 2 * 65536,
+            free_span_resident: 8 * 4096,
+            classes: vec![MimallocClass {
+                block_size: 64,
+                pages: 11,
+                empty_pages: 1,
+                resident_bytes: 10 * 65536,
+                empty_resident_bytes: 4 * 4096,
+                blocks_reserved: 11 * 1024,
+                blocks_capacity: 11 * 1024,
+                blocks_in_use: 1000,
+                blocks_free: 11 * 1024 - 1010,
+                blocks_thread_freed: 10,
+                ..Default::default()
+            }],
+            occupancy_pages: vec![4, 160, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            occupancy_in_use: vec![0, 64_000, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            ..Default::default()
+        };
+        let c = HeapCensus {
+            stream: 0,
+            tick: 1,
+            allocator: "mimalloc".into(),
+            stopped: true,
+            pause_us: 1,
+            result: Ok(AllocatorHeap::Mimalloc(h)),
+        };
+        let (p, classes) = heap_parts(&c, &pagemap());
+        assert_eq!(p.live, 64_000);
+        assert_eq!(p.free_in_used_pages, 10 * 65536 - 64_000);
+        assert_eq!(p.free_resident_pages, 4 * 4096 + 8 * 4096);
+        assert_eq!(p.allocator_overhead, 2 * 65536);
+        assert_eq!(p.heap_resident, 12 * 65536 + 12 * 4096);
+        // The empty page and the free span are pages with nothing in use.
+        assert_eq!((p.empty_pages, p.used_pages), (12, 160));
+        assert_eq!(classes[0].objects, 1000);
+        assert_eq!(classes[0].retained_free, (11 * 1024 - 1000) * 64);
+        let f = facts(&c).mimalloc.unwrap();
+        assert_eq!(f.thread_freed_bytes, 640);
+        let mut headline = Headline {
+            peak_rss: None,
+            peak_rss_t_ms: None,
+            peak_live: None,
+            peak_live_t_ms: None,
+            focus_t_ms: None,
+            fragmentation_ratio: None,
+            heap: None,
+            dominant: None,
+            sentence: String::new(),
+        };
+        headline_of(&mut headline, &c);
+        // Free blocks in pages survivors keep are most of what it holds.
+        assert!(
+            headline
+                .sentence
+                .starts_with("mimalloc's pages hold 0.6 MiB"),
+            "{}",
+            headline.sentence
+        );
+        assert!(headline.sentence.contains("64-byte blocks: 10 pages"));
+    }
+
     fn headline_of(h: &mut Headline, c: &HeapCensus) {
         headline(h, c, None);
     }
