@@ -273,6 +273,40 @@ fn a_snapshot_reads_the_mimalloc_linked_into_a_rust_program() {
     }
 }
 
+/// The same program stripped of its symbol table: mimalloc's statics are file-local, so
+/// nothing names them; the snapshot names the allocator and refuses its census with a
+/// note rather than guess where they are.
+#[test]
+fn a_snapshot_of_a_stripped_program_on_mimalloc_is_refused_with_a_note() {
+    let dir = tempfile::tempdir().unwrap();
+    let stripped = dir.path().join("linked_alloc");
+    std::fs::copy(build_linked_alloc("mimalloc-v2"), &stripped).unwrap();
+    let ok = Command::new("strip")
+        .arg("--strip-all")
+        .arg(&stripped)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "strip failed");
+    let mut cmd = Command::new(&stripped);
+    cmd.args(["20000", "10", "stdin"]);
+    let mut p = Running::start(cmd);
+    assert!(p.line().starts_with("holding 2000 boxes"));
+    let trace = dir.path().join("stripped.fsc");
+    let out = fragscope(&[
+        "snapshot".as_ref(),
+        p.pid().to_string().as_ref(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let s = &report_json(&trace)["snapshot"];
+    assert_eq!(s["allocator"], "mimalloc", "{s}");
+    let note = s["note"].as_str().unwrap_or_default();
+    assert!(note.contains("keeps no symbol for mimalloc's"), "{s}");
+    assert!(s.get("mimalloc").is_none(), "{s}");
+    p.send("");
+}
+
 /// The same program recorded, with jemalloc's statistics and as tikv-jemallocator builds
 /// it by default, without them (read from jemalloc's extent map): its jemalloc's calls
 /// never reach the interposer, so the recorder reads jemalloc's metadata at every snapshot
