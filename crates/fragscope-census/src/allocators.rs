@@ -52,11 +52,15 @@ impl LinkedAllocator {
             "the allocations it serves are not calls to the C library's malloc, so the \
              trace does not hold them (the C library's own calls are traced)"
         };
-        // jemalloc's own metadata is read at each snapshot instead, when the build is one
-        // whose layout is verified (see `jemalloc`); the other allocators' are not yet.
+        // jemalloc's and mimalloc's own metadata is read at each snapshot instead, when the
+        // build is one whose layout is verified (see `jemalloc`, `mimalloc`); tcmalloc's
+        // linked copy is not read yet.
         let shown = if self.allocator == "jemalloc" {
             "its heap is read from jemalloc's own metadata at each snapshot instead, if \
              fragscope knows its build (else it shows as other anonymous)"
+        } else if self.allocator == "mimalloc" {
+            "its heap is read from mimalloc's own segments and pages at each snapshot \
+             instead, if fragscope knows its release (else it shows as other anonymous)"
         } else {
             "its memory shows as other anonymous"
         };

@@ -9,7 +9,8 @@
 //! `sbcl` (SBCL's gencgc page table and heap objects), `golang` (the Go runtime's
 //! spans, its layouts from the program's DWARF or a table per release) and `jvm` (a HotSpot JVM's regions or
 //! spaces, its layouts from the tables libjvm.so exports for debuggers); `tcmalloc` and `jemalloc` read those
-//! allocators' metadata, found by its shape in their library's data. `allocators` names
+//! allocators' metadata, found by its shape in their library's data; `mimalloc` reads
+//! mimalloc 2.x's segments and pages, found through its arenas and segment map. `allocators` names
 //! the allocator a process really uses, a copy linked into the program included.
 
 pub mod allocators;
@@ -23,6 +24,7 @@ pub mod jvm_attach;
 mod library;
 mod maps;
 mod memory;
+pub mod mimalloc;
 mod pause;
 pub mod pymalloc;
 mod residency;

@@ -285,6 +285,13 @@ fn print_heap_census(c: &HeapCensus) {
             h.bins.len(),
             h.bins.iter().map(|k| k.slabs).sum::<u64>()
         ),
+        Ok(AllocatorHeap::Mimalloc(h)) => println!(
+            "  snapshot {} heap census ({how}): {} segments, {} pages of {} block sizes",
+            h.release,
+            h.segments,
+            h.pages(),
+            h.classes.len()
+        ),
         Ok(AllocatorHeap::Unused) => {
             println!("  snapshot ({how}): no malloc heap (the process maps no C library)")
         }

@@ -22,9 +22,11 @@ use crate::units;
 /// what malloc_trim would return (predicted; nothing is done to the process). A GHC 9.0
 /// program: the RTS's block census. Debian's tcmalloc (gperftools 2.10): its size
 /// classes, spans, free lists and page heap. Debian's jemalloc (5.3.0): its arenas, bins
-/// and slabs, large extents, dirty and muzzy pages and threads' caches. Other allocators
-/// (mimalloc, other builds, copies linked into the program): the page-level picture. A
-/// snapshot has no history, so no allocation sites.
+/// and slabs, large extents, dirty and muzzy pages and threads' caches, also linked into
+/// the program (tikv-jemallocator). mimalloc 2.3.2 linked into a Rust program (the mimalloc
+/// crate's `v2`): its segments, pages by block size and free lists. Other allocators and
+/// builds (mimalloc 3.x, Debian's libmimalloc): the page-level picture, with a note naming
+/// them. A snapshot has no history, so no allocation sites.
 ///
 /// Needs ptrace access to the process: its user with /proc/sys/kernel/yama/ptrace_scope
 /// at 0, or root / CAP_SYS_PTRACE.

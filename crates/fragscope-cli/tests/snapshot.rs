@@ -429,7 +429,8 @@ fn no_stop_reads_a_running_process_and_says_so() {
     assert!(r["snapshot"]["glibc"].is_object(), "{}", r["snapshot"]);
 }
 
-/// mimalloc's own metadata is not read yet (glibc's, tcmalloc's and jemalloc's are).
+/// Debian's mimalloc (2.0.9, stripped to its exported names) is not read: its release is
+/// not one whose layout is verified (the census reads 2.3.2), which the note names.
 #[test]
 fn another_allocator_gets_the_page_level_picture_and_a_note() {
     let dir = tempfile::tempdir().unwrap();
@@ -450,10 +451,9 @@ fn another_allocator_gets_the_page_level_picture_and_a_note() {
     let s = &r["snapshot"];
     assert_eq!(s["allocator"], "mimalloc", "{s}");
     assert!(s["glibc"].is_null());
-    assert!(
-        s["note"].as_str().unwrap().contains("page-level picture"),
-        "{s}"
-    );
+    let note = s["note"].as_str().unwrap();
+    assert!(note.contains("mimalloc 2.0.9"), "{s}");
+    assert!(note.contains("not verified"), "{s}");
     let snap = &r["snapshots"][0];
     // No live bytes claimed: the malloc heap's parts are unknown (null, not 0), and so is
     // peak live; the resident heap pages are there, as other anonymous.

@@ -509,6 +509,28 @@ pub struct SnapshotFacts {
     pub tcmalloc: Option<TcmallocFigures>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub jemalloc: Option<JemallocFigures>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mimalloc: Option<MimallocFigures>,
+}
+
+/// mimalloc's heap as its pages count it, with the census behind them. Blocks at their
+/// block size; resident bytes by pagemap.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MimallocFigures {
+    /// Blocks the program holds.
+    pub in_use_bytes: u64,
+    /// Free blocks on the pages' free lists (carved, not handed out).
+    pub free_block_bytes: u64,
+    /// Blocks other threads freed that wait on thread-free and delayed-free lists.
+    pub thread_freed_bytes: u64,
+    /// Resident bytes of the pages with a block in use, and of the free pages mimalloc
+    /// keeps (empty pages, free spans, arena blocks with no segment).
+    pub used_page_resident: u64,
+    pub free_pages_resident: u64,
+    /// Pages of every block size.
+    pub pages: u64,
+    /// The census: segments, and pages by block size.
+    pub heap: fragscope_trace::heap_census::MimallocHeap,
 }
 
 /// jemalloc's heap as its own statistics count it (`mallctl`'s `stats.*`), with the

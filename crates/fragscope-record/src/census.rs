@@ -2,8 +2,8 @@
 //! and read from outside (fragscope-census): a GHC program's block descriptors (so it
 //! runs without a heap-profile census of its own; on the census thread, [`Censuses::take`])
 //! and, with the snapshot itself, every heap in [`RUNTIMES`] (CPython's pymalloc pools,
-//! SBCL's dynamic space, Go's spans, a JVM's heap, Node's V8 heap, a jemalloc linked into
-//! the program), each one [`RuntimeCensus`]: a process is found to run it once, then read
+//! SBCL's dynamic space, Go's spans, a JVM's heap, Node's V8 heap, a jemalloc or mimalloc
+//! linked into the program), each one [`RuntimeCensus`]: a process is found to run it once, then read
 //! at each snapshot, its refusals counted.
 
 mod runtimes;
@@ -22,13 +22,14 @@ use fragscope_trace::records::{GhcBlocks, GhcCensus, SnapshotReason};
 use fragscope_trace::ChunkKind;
 
 /// Every runtime heap read with a snapshot, in the order their chunks are written.
-const RUNTIMES: [&dyn SnapshotCensus; 6] = [
+const RUNTIMES: [&dyn SnapshotCensus; 7] = [
     &runtimes::Python,
     &runtimes::Sbcl,
     &runtimes::Go,
     &runtimes::Jvm,
     &v8::V8,
     &runtimes::LinkedJemalloc,
+    &runtimes::LinkedMimalloc,
 ];
 
 /// Where a census is taken: its chunk's stream, tick and reason, and whether the process

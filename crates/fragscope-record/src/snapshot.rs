@@ -13,7 +13,7 @@ use fragscope_census::allocators::{allocator_of, linked_allocators, LinkedAlloca
 use fragscope_census::ghc::{CensusError, CensusLimits, GhcRts, RtsInfo};
 use fragscope_census::golang::{GoCensusError, GoRuntime};
 use fragscope_census::jvm::HotSpot;
-use fragscope_census::{glibc, jemalloc, tcmalloc, Pause, ProcessMemory};
+use fragscope_census::{glibc, jemalloc, mimalloc, tcmalloc, Pause, ProcessMemory};
 use fragscope_trace::go_heap::GoHeap;
 use fragscope_trace::heap_census::{AllocatorHeap, HeapCensus};
 use fragscope_trace::jvm_heap::JvmHeap;
@@ -223,7 +223,7 @@ fn open_readable(pid: u32) -> Result<(ProcessMemory, BuildIds, Vec<Mapping>)> {
     Ok((mem, build_ids, maps))
 }
 
-/// What reads the heap: the GHC RTS's census, glibc's, tcmalloc's, jemalloc's, or none
+/// What reads the heap: the GHC RTS's census, glibc's, tcmalloc's, jemalloc's, mimalloc's, or none
 /// (page level only), found before the process is stopped.
 struct HeapReader {
     pid: u32,
@@ -234,6 +234,7 @@ struct HeapReader {
     glibc: Option<Result<glibc::GlibcLayout, String>>,
     tcmalloc: Option<Result<tcmalloc::TcmallocLayout, String>>,
     jemalloc: Option<Result<jemalloc::JemallocLayout, String>>,
+    mimalloc: Option<Result<mimalloc::MimallocLayout, String>>,
     /// A Go program: its runtime's heap layout.
     go: Option<Result<GoRuntime, String>>,
     /// A JVM: its tables and collector.
@@ -283,6 +284,7 @@ impl HeapReader {
             (allocator == "tcmalloc" && linked.is_none()).then(|| tcmalloc::locate(pid, mem));
         let jemalloc =
             (allocator == "jemalloc").then(|| jemalloc::locate(pid, mem, linked.as_ref()));
+        let mimalloc = (allocator == "mimalloc").then(|| mimalloc::locate(pid, linked.as_ref()));
         Self {
             pid,
             ghc,
@@ -291,6 +293,7 @@ impl HeapReader {
             glibc,
             tcmalloc,
             jemalloc,
+            mimalloc,
             go,
             jvm,
         }
@@ -500,7 +503,7 @@ fn jvm_census_held(
 }
 
 /// The census of a malloc heap: glibc's read from the copy when there is one, else from
-/// the process (`mem`); tcmalloc's and jemalloc's from the process. Err when the process exited
+/// the process (`mem`); tcmalloc's, jemalloc's and mimalloc's from the process. Err when the process exited
 /// meanwhile; Ok(Err) says why the heap was not read.
 fn read_allocator(
     opts: &SnapshotOptions,
@@ -529,15 +532,20 @@ fn read_allocator(
             }
         }
         Some(Err(why)) => Err(why.clone()),
-        None => match (&heap.tcmalloc, &heap.jemalloc) {
-            (Some(Ok(l)), _) => allocator_census(opts, pid, "tcmalloc", || {
+        None => match (&heap.tcmalloc, &heap.jemalloc, &heap.mimalloc) {
+            (Some(Ok(l)), _, _) => allocator_census(opts, pid, "tcmalloc", || {
                 tcmalloc::census(mem, l).map(AllocatorHeap::Tcmalloc)
             })?,
-            (_, Some(Ok(l))) => allocator_census(opts, pid, "jemalloc", || {
+            (_, Some(Ok(l)), _) => allocator_census(opts, pid, "jemalloc", || {
                 jemalloc::census(mem, l, residency).map(AllocatorHeap::Jemalloc)
             })?,
-            (Some(Err(why)), _) | (_, Some(Err(why))) => Err(why.clone()),
-            (None, None) => Err(format!(
+            (_, _, Some(Ok(l))) => allocator_census(opts, pid, "mimalloc", || {
+                mimalloc::census(mem, l, residency).map(AllocatorHeap::Mimalloc)
+            })?,
+            (Some(Err(why)), _, _) | (_, Some(Err(why)), _) | (_, _, Some(Err(why))) => {
+                Err(why.clone())
+            }
+            (None, None, None) => Err(format!(
                 "the process runs on {}; fragscope does not read that allocator's own \
                  metadata yet, so this snapshot gives the page-level picture (RSS, \
                  resident heap pages, lazily freed pages), not live and free bytes",
@@ -555,7 +563,7 @@ fn read_allocator(
     })
 }
 
-/// The census of an allocator read from the process itself (tcmalloc, jemalloc): Err
+/// The census of an allocator read from the process itself (tcmalloc, jemalloc, mimalloc): Err
 /// when the process exited meanwhile; Ok(Err) says why the heap was not read.
 fn allocator_census(
     opts: &SnapshotOptions,
@@ -731,6 +739,7 @@ fn write_censuses(
             }
             AllocatorHeap::Tcmalloc(h) => h.system_bytes - h.unmapped_bytes,
             AllocatorHeap::Jemalloc(h) => h.mapped_bytes(),
+            AllocatorHeap::Mimalloc(h) => h.committed_bytes,
             AllocatorHeap::Unused => 0,
         };
     } else if allocator != "ghc" {

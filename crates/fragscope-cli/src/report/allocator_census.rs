@@ -1,6 +1,6 @@
 //! The allocator's heap as its own metadata tells it, at a snapshot of a running process
 //! or at a recording's census of an allocator linked into the program: glibc's arenas,
-//! tcmalloc's and jemalloc's own statistics.
+//! tcmalloc's and jemalloc's own statistics, mimalloc's segments and pages.
 
 use std::fmt::Write as _;
 
@@ -116,6 +116,62 @@ fn jemalloc_census(o: &mut String, j: &fragscope_model::report::JemallocFigures)
     }
 }
 
+/// mimalloc's heap as its segments and pages count it, then its block sizes by the free
+/// bytes their pages hold.
+fn mimalloc_census(o: &mut String, m: &fragscope_model::report::MimallocFigures) {
+    let h = &m.heap;
+    let _ = writeln!(
+        o,
+        "{} ({}), as its segments and pages count it:\n  \
+         {:>10} in use by the program, in {} pages of {} block sizes\n  \
+         {:>10} resident in those pages: {} of free blocks, {} freed by other threads \
+         not yet collected\n  \
+         {:>10} of free pages kept resident ({} in empty pages, {} in free spans, {} in \
+         arena blocks)\n  \
+         {:>10} of segment headers, resident\n  \
+         {:>10} committed of {} in {} segments ({} huge, {} abandoned)",
+        h.release,
+        h.library,
+        bytes(m.in_use_bytes),
+        count(m.pages),
+        count(h.classes.len() as u64),
+        bytes(m.used_page_resident),
+        bytes(m.free_block_bytes),
+        bytes(m.thread_freed_bytes),
+        bytes(m.free_pages_resident),
+        bytes(h.empty_page_resident()),
+        bytes(h.free_span_resident),
+        bytes(h.arena_free_resident),
+        bytes(h.metadata_resident),
+        bytes(h.committed_bytes),
+        bytes(h.segment_bytes),
+        count(h.segments),
+        count(h.huge_segments),
+        count(h.abandoned_segments)
+    );
+    let mut classes: Vec<_> = h.classes.iter().collect();
+    classes.sort_by_key(|k| std::cmp::Reverse(k.resident_bytes.saturating_sub(k.in_use_bytes())));
+    let _ = writeln!(
+        o,
+        "  block sizes by free bytes in their pages, top 10:\n  {:>8} {:>7} {:>7} {:>10} {:>10} {:>9} {:>10} {:>10}",
+        "block", "pages", "empty", "in use", "free", "freed", "resident", "free bytes"
+    );
+    for k in classes.iter().take(10) {
+        let _ = writeln!(
+            o,
+            "  {:>8} {:>7} {:>7} {:>10} {:>10} {:>9} {:>10} {:>10}",
+            bytes(k.block_size),
+            count(k.pages),
+            count(k.empty_pages),
+            count(k.blocks_in_use),
+            count(k.blocks_free),
+            count(k.blocks_thread_freed + k.blocks_delayed),
+            bytes(k.resident_bytes + k.empty_resident_bytes),
+            bytes(k.resident_bytes.saturating_sub(k.in_use_bytes()))
+        );
+    }
+}
+
 /// How a snapshot was taken, and the allocator's heap as its own metadata tells it.
 /// `recorded`: a recording's census (an allocator linked into the program, read at each
 /// snapshot), of which the report shows the one with the most waste.
@@ -142,6 +198,9 @@ pub(super) fn snapshot_census(o: &mut String, s: &SnapshotFacts, recorded: bool)
     }
     if let Some(j) = &s.jemalloc {
         jemalloc_census(o, j);
+    }
+    if let Some(m) = &s.mimalloc {
+        mimalloc_census(o, m);
     }
     let Some(g) = &s.glibc else { return };
     let _ = writeln!(

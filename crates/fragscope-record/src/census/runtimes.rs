@@ -9,6 +9,7 @@ use fragscope_census::ghc::CensusError;
 use fragscope_census::golang::{GoCensusError, GoRuntime};
 use fragscope_census::jemalloc::{self, JemallocLayout};
 use fragscope_census::jvm::HotSpot;
+use fragscope_census::mimalloc::{self, MimallocLayout};
 use fragscope_census::pymalloc::{self, Pymalloc};
 use fragscope_census::sbcl::{self, SbclRuntime};
 use fragscope_census::{Pause, ProcessMemory};
@@ -265,16 +266,7 @@ impl RuntimeCensus for LinkedJemalloc {
         };
         // The residency that tells which of jemalloc's dirty pages and metadata are
         // resident, read while the program is held.
-        let residency = crate::procfs::read_maps(pid, &mut HashMap::new()).and_then(|maps| {
-            let heap: Vec<_> = maps
-                .iter()
-                .filter(|m| crate::procfs::may_hold_heap(m))
-                .collect();
-            crate::procfs::read_residency(pid, &heap, 4096)
-        });
-        let result = residency
-            .ok_or_else(|| "its residency could not be read".to_string())
-            .and_then(|r| jemalloc::census(&mut mem, layout, &r));
+        let result = heap_residency(pid).and_then(|r| jemalloc::census(&mut mem, layout, &r));
         let held = Some(pause.held());
         drop(pause);
         match result {
@@ -286,14 +278,84 @@ impl RuntimeCensus for LinkedJemalloc {
     }
 
     fn encode(at: At, result: Result<AllocatorHeap, String>, pause: Option<Duration>) -> Vec<u8> {
-        HeapCensus {
-            stream: at.stream,
-            tick: at.tick,
-            allocator: "jemalloc".into(),
-            stopped: pause.is_some(),
-            pause_us: pause.map_or(0, |d| d.as_micros() as u64),
-            result,
-        }
-        .encode()
+        heap_census_chunk(Self::NAME, at, result, pause)
     }
+}
+
+/// A program with a mimalloc linked into it (the mimalloc crate): mimalloc's segments and
+/// pages. The program is held while they and its heap's residency are read.
+pub(super) struct LinkedMimalloc;
+
+impl RuntimeCensus for LinkedMimalloc {
+    const NAME: &'static str = "mimalloc";
+    const KIND: ChunkKind = ChunkKind::HeapCensus;
+    // At exit too, as jemalloc's: the heap is whatever the program left in it.
+    const AT_EXIT: bool = true;
+    type Found = Arc<MimallocLayout>;
+    type Heap = AllocatorHeap;
+
+    fn find(&self, censuses: &Censuses, pid: u32) -> Finding<Arc<MimallocLayout>> {
+        let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
+            return Finding::Unknown;
+        };
+        let Some(linked) = censuses
+            .linked_allocator(exe)
+            .filter(|l| l.allocator == Self::NAME)
+        else {
+            return Finding::Not;
+        };
+        match mimalloc::locate(pid, Some(&linked)) {
+            Ok(layout) => Finding::Runs(Arc::new(layout)),
+            Err(why) => Finding::Unreadable(why),
+        }
+    }
+
+    fn read(&self, pid: u32, layout: &Arc<MimallocLayout>) -> Reading<AllocatorHeap> {
+        let Some((mut mem, pause)) = held(pid) else {
+            return Reading::Nothing;
+        };
+        let result = heap_residency(pid).and_then(|r| mimalloc::census(&mut mem, layout, &r));
+        let held = Some(pause.held());
+        drop(pause);
+        match result {
+            Ok(heap) => Reading::Heap(AllocatorHeap::Mimalloc(heap), held),
+            Err(why) => Reading::Refused(why, held),
+        }
+    }
+
+    fn encode(at: At, result: Result<AllocatorHeap, String>, pause: Option<Duration>) -> Vec<u8> {
+        heap_census_chunk(Self::NAME, at, result, pause)
+    }
+}
+
+/// The pagemap of the mappings that may hold a heap, read while the program is held: what
+/// tells an allocator census which of its pages are resident.
+fn heap_residency(pid: u32) -> Result<Vec<fragscope_trace::ResidentRange>, String> {
+    crate::procfs::read_maps(pid, &mut HashMap::new())
+        .and_then(|maps| {
+            let heap: Vec<_> = maps
+                .iter()
+                .filter(|m| crate::procfs::may_hold_heap(m))
+                .collect();
+            crate::procfs::read_residency(pid, &heap, 4096)
+        })
+        .ok_or_else(|| "its residency could not be read".to_string())
+}
+
+/// A linked allocator's census as a HeapCensus chunk (chunk 16).
+fn heap_census_chunk(
+    allocator: &str,
+    at: At,
+    result: Result<AllocatorHeap, String>,
+    pause: Option<Duration>,
+) -> Vec<u8> {
+    HeapCensus {
+        stream: at.stream,
+        tick: at.tick,
+        allocator: allocator.into(),
+        stopped: pause.is_some(),
+        pause_us: pause.map_or(0, |d| d.as_micros() as u64),
+        result,
+    }
+    .encode()
 }

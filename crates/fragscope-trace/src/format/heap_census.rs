@@ -5,6 +5,9 @@
 use crate::format::wire::{Reader, Writer};
 use crate::format::TraceError;
 
+mod mimalloc;
+pub use mimalloc::{MimallocClass, MimallocHeap};
+
 /// Chunk 21, StartingHeap: the blocks a running process held when `record -p` attached to
 /// it, read from glibc's heap with the process stopped just before its calls were
 /// rebound. The merge starts from them (their frees are then known, and the report's
@@ -225,6 +228,7 @@ pub enum AllocatorHeap {
     Glibc(GlibcHeap),
     Tcmalloc(TcmallocHeap),
     Jemalloc(JemallocHeap),
+    Mimalloc(MimallocHeap),
     /// No malloc heap: the process maps no C library (a Go program without cgo), so its
     /// runtime's heap is its only one (chunk 25).
     Unused,
@@ -738,6 +742,10 @@ impl HeapCensus {
             Ok(AllocatorHeap::Unused) => {
                 w.u8(4);
             }
+            Ok(AllocatorHeap::Mimalloc(h)) => {
+                w.u8(5);
+                h.encode(&mut w);
+            }
             Ok(AllocatorHeap::Glibc(h)) => {
                 w.u8(1)
                     .str(&h.version)
@@ -852,6 +860,7 @@ impl HeapCensus {
             2 => Ok(AllocatorHeap::Tcmalloc(TcmallocHeap::decode(&mut r)?)),
             3 => Ok(AllocatorHeap::Jemalloc(JemallocHeap::decode(&mut r)?)),
             4 => Ok(AllocatorHeap::Unused),
+            5 => Ok(AllocatorHeap::Mimalloc(MimallocHeap::decode(&mut r)?)),
             other => {
                 return Err(TraceError::Malformed(format!(
                     "a heap census with an unknown outcome tag {other}"

@@ -4,7 +4,8 @@
 //! every KEEP-th, frees one block of 4 MiB, prints the boxes it holds and their usable
 //! bytes (the allocator's own sizes), then waits for a line on stdin (WAIT = `stdin`) or
 //! SECONDS. With `--features jemalloc-stats` (jemalloc built with its statistics) it also
-//! prints jemalloc's own figures, NAME=VALUE, after that line.
+//! prints jemalloc's own figures, NAME=VALUE, after that line; with `--features
+//! mimalloc-v2` (mimalloc 2.x), mimalloc's own account of its heap's pages the same way.
 //!
 //!   linked_alloc COUNT KEEP stdin|SECONDS [THREADS]
 
@@ -70,6 +71,8 @@ fn main() {
     println!("holding {boxes} boxes, {held} usable bytes");
     #[cfg(feature = "jemalloc-stats")]
     jemalloc_figures(held);
+    #[cfg(feature = "mimalloc-v2")]
+    mimalloc_figures(held);
     if wait == "stdin" {
         let _ = stdin.read_line(&mut line);
     } else {
@@ -125,6 +128,56 @@ fn jemalloc_figures(held: usize) {
         let name = std::str::from_utf8(&key[..key.len() - 1]).unwrap();
         println!("{name}={value}");
     }
+    println!("usable={held}");
+    println!("kept=1");
+}
+
+/// mimalloc's own account of the main thread's heap (the program's only one with THREADS
+/// 1), from its area visitor without the blocks (which would collect the pages' free
+/// lists first): pages, blocks in use, their bytes at the block size, and the pages'
+/// committed and reserved bytes, NAME=VALUE, ending with `kept=`.
+#[cfg(feature = "mimalloc-v2")]
+fn mimalloc_figures(held: usize) {
+    use libmimalloc_sys::{mi_heap_area_t, mi_heap_get_default, mi_heap_t, mi_heap_visit_blocks};
+    #[derive(Default)]
+    struct Areas {
+        pages: usize,
+        blocks: usize,
+        used_bytes: usize,
+        committed: usize,
+        reserved: usize,
+    }
+    unsafe extern "C" fn count(
+        _heap: *const mi_heap_t,
+        area: *const mi_heap_area_t,
+        block: *mut std::ffi::c_void,
+        _size: usize,
+        arg: *mut std::ffi::c_void,
+    ) -> bool {
+        if block.is_null() {
+            let (area, sums) = unsafe { (&*area, &mut *arg.cast::<Areas>()) };
+            sums.pages += 1;
+            sums.blocks += area.used;
+            sums.used_bytes += area.used * area.block_size;
+            sums.committed += area.committed;
+            sums.reserved += area.reserved;
+        }
+        true
+    }
+    let mut sums = Areas::default();
+    unsafe {
+        mi_heap_visit_blocks(
+            mi_heap_get_default(),
+            false,
+            Some(count),
+            (&mut sums as *mut Areas).cast(),
+        );
+    }
+    println!("mi.pages={}", sums.pages);
+    println!("mi.blocks={}", sums.blocks);
+    println!("mi.used_bytes={}", sums.used_bytes);
+    println!("mi.committed={}", sums.committed);
+    println!("mi.reserved={}", sums.reserved);
     println!("usable={held}");
     println!("kept=1");
 }
