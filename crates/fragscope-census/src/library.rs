@@ -27,6 +27,10 @@ impl StaticData {
     pub fn contains(&self, addr: u64) -> bool {
         addr >= self.base && addr < self.base + self.bytes.len() as u64
     }
+    /// Whether `word` is stored in the data, at an 8-byte boundary.
+    pub fn holds_word(&self, word: u64) -> bool {
+        (self.bytes.chunks_exact(8)).any(|c| u64::from_le_bytes(c.try_into().unwrap()) == word)
+    }
     pub fn at(&self, addr: u64, len: usize) -> Option<&[u8]> {
         let off = usize::try_from(addr.checked_sub(self.base)?).ok()?;
         self.bytes.get(off..off.checked_add(len)?)

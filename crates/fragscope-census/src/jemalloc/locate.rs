@@ -133,7 +133,7 @@ fn by_symbols(
     let first = mem
         .read_u64(arenas)
         .map_err(|e| format!("jemalloc's arenas could not be read ({e})"))?;
-    if first != 0 && !names_itself(mem, first, 0, build) {
+    if first != 0 && names_itself(mem, first, 0, build).is_none() {
         return Err(format!("{}[0] is not jemalloc's first arena", names[2]));
     }
     let emap = symbols
@@ -261,10 +261,13 @@ fn find_arenas(mem: &mut ProcessMemory, s: &StaticData, build: &Release) -> Resu
         }
         let words = (0..MAX_ARENAS).map(|i| le_u64(&s.bytes, off + 8 * i));
         if words.clone().all(|w| w == 0 || pointer(w)) {
-            let named_by_index = words
-                .enumerate()
-                .filter(|&(_, w)| w != 0)
-                .all(|(i, w)| names_itself(mem, w, i, build));
+            // Arena 0's fields checked against its index are zeros, which any zeroed
+            // memory has: its base must also be the one jemalloc keeps in a static of its
+            // own (`b0`). Seen without that check: a window of the page map's leaves,
+            // where the pages of one extent repeat a word, taken for a second array.
+            let named_by_index = words.enumerate().filter(|&(_, w)| w != 0).all(|(i, w)| {
+                names_itself(mem, w, i, build).is_some_and(|base| i != 0 || s.holds_word(base))
+            });
             if named_by_index && found.replace(s.base + off as u64).is_some() {
                 return Err("two arrays look like jemalloc's arenas".into());
             }
@@ -274,16 +277,16 @@ fn find_arenas(mem: &mut ProcessMemory, s: &StaticData, build: &Release) -> Resu
     found.ok_or_else(|| "jemalloc's arenas were not found in its data".into())
 }
 
-/// The arena at `at` carries `index` as its own and its page allocator's, with one base.
-fn names_itself(mem: &mut ProcessMemory, at: u64, index: usize, build: &Release) -> bool {
+/// The arena at `at` carries `index` as its own and its page allocator's, with one base:
+/// that base.
+fn names_itself(mem: &mut ProcessMemory, at: u64, index: usize, build: &Release) -> Option<u64> {
     let mut tail = vec![0u8; build.arena_bins - build.pa_shard];
-    if mem.read(at + build.pa_shard as u64, &mut tail).is_err() {
-        return false;
-    }
+    mem.read(at + build.pa_shard as u64, &mut tail).ok()?;
     let field = |off: usize| off - build.pa_shard;
     let base = le_u64(&tail, field(build.arena_base));
-    le_u32(&tail, field(build.arena_ind)) as usize == index
+    (le_u32(&tail, field(build.arena_ind)) as usize == index
         && le_u32(&tail, field(build.pa_shard_ind)) as usize == index
         && base != 0
-        && le_u64(&tail, field(build.pa_shard_base)) == base
+        && le_u64(&tail, field(build.pa_shard_base)) == base)
+        .then_some(base)
 }
