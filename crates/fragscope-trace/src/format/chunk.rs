@@ -395,7 +395,8 @@ impl<R: Read> ChunkReader<R> {
         self.offset
     }
 
-    fn stop(&mut self, reason: impl Into<String>) -> Option<(ChunkKind, Vec<u8>)> {
+    /// Ends the reading at damage: `None`, as whatever reads the next chunk returns then.
+    fn stop<T>(&mut self, reason: impl Into<String>) -> Option<T> {
         self.damage = Some(Damage {
             offset: self.offset,
             reason: reason.into(),
@@ -414,7 +415,8 @@ impl<R: Read> ChunkReader<R> {
     /// As `next_chunk`, reusing the caller's buffer. Chunks of kinds this reader does not
     /// know are skipped.
     pub fn next_chunk_into(&mut self, raw: &mut Vec<u8>) -> Option<ChunkKind> {
-        self.next_known_chunk_into(raw)
+        let (kind, codec, raw_len) = self.next_stored()?;
+        self.unpack(kind, codec, raw_len, raw)
     }
 
     /// As `next_chunk_into`, but only the first `prefix(kind)` bytes of each payload are
@@ -440,14 +442,10 @@ impl<R: Read> ChunkReader<R> {
             }
             1 => frame_prefix(&self.stored, want, raw),
             2 => sections_prefix(&self.stored, want, raw),
-            other => {
-                self.stop(format!("unknown chunk codec {other}"));
-                return None;
-            }
+            other => return self.stop(format!("unknown chunk codec {other}")),
         };
         if !whole {
-            self.stop("a chunk does not decompress to its stated size");
-            return None;
+            return self.stop("a chunk does not decompress to its stated size");
         }
         Some((self.passed(kind), raw_len as usize))
     }
@@ -456,16 +454,6 @@ impl<R: Read> ChunkReader<R> {
     fn passed(&mut self, kind: ChunkKind) -> ChunkKind {
         self.offset += CHUNK_HEADER_BYTES + self.stored.len() as u64;
         kind
-    }
-
-    fn stop_none(&mut self, reason: impl Into<String>) -> Option<ChunkKind> {
-        self.stop(reason);
-        None
-    }
-
-    fn next_known_chunk_into(&mut self, raw: &mut Vec<u8>) -> Option<ChunkKind> {
-        let (kind, codec, raw_len) = self.next_stored()?;
-        self.unpack(kind, codec, raw_len, raw)
     }
 
     /// Reads the next chunk of a known kind into `stored`, checksummed: its kind, codec
@@ -482,18 +470,11 @@ impl<R: Read> ChunkReader<R> {
                     self.done = true;
                     return None;
                 }
-                Ok(_) => {
-                    self.stop("the file ends inside a chunk header");
-                    return None;
-                }
-                Err(e) => {
-                    self.stop(format!("read error: {e}"));
-                    return None;
-                }
+                Ok(_) => return self.stop("the file ends inside a chunk header"),
+                Err(e) => return self.stop(format!("read error: {e}")),
             }
             if u32::from_le_bytes(header[0..4].try_into().unwrap()) != CHUNK_MAGIC {
-                self.stop("no chunk starts here (bad chunk magic)");
-                return None;
+                return self.stop("no chunk starts here (bad chunk magic)");
             }
             let fields = &header[4..16];
             let kind_byte = fields[0];
@@ -502,24 +483,16 @@ impl<R: Read> ChunkReader<R> {
             let stored_len = u32::from_le_bytes(fields[8..12].try_into().unwrap());
             let crc = u32::from_le_bytes(header[16..20].try_into().unwrap());
             if raw_len > MAX_CHUNK_BYTES || stored_len > MAX_CHUNK_BYTES {
-                self.stop("a chunk length is beyond the format's limit");
-                return None;
+                return self.stop("a chunk length is beyond the format's limit");
             }
             self.stored.resize(stored_len as usize, 0);
             match read_full(&mut self.input, &mut self.stored) {
                 Ok(n) if n == self.stored.len() => {}
-                Ok(_) => {
-                    self.stop("the file ends inside a chunk");
-                    return None;
-                }
-                Err(e) => {
-                    self.stop(format!("read error: {e}"));
-                    return None;
-                }
+                Ok(_) => return self.stop("the file ends inside a chunk"),
+                Err(e) => return self.stop(format!("read error: {e}")),
             }
             if chunk_crc(fields, &self.stored) != crc {
-                self.stop("a chunk's checksum does not match (corrupt data)");
-                return None;
+                return self.stop("a chunk's checksum does not match (corrupt data)");
             }
             // A kind from a later fragscope: whole and checksummed, so it can be stepped
             // over and what this reader knows still read.
@@ -545,16 +518,15 @@ impl<R: Read> ChunkReader<R> {
                 raw.reserve(raw_len as usize);
                 match self.decompressor.decompress_to_buffer(&self.stored, raw) {
                     Ok(n) if n == raw_len as usize => {}
-                    _ => return self.stop_none("a chunk does not decompress to its stated size"),
+                    _ => return self.stop("a chunk does not decompress to its stated size"),
                 }
             }
             2 => {
                 if !join_sections(&mut self.decompressor, &self.stored, raw_len as usize, raw) {
-                    return self
-                        .stop_none("a chunk's sections do not decompress to its stated size");
+                    return self.stop("a chunk's sections do not decompress to its stated size");
                 }
             }
-            other => return self.stop_none(format!("unknown chunk codec {other}")),
+            other => return self.stop(format!("unknown chunk codec {other}")),
         }
         Some(self.passed(kind))
     }
