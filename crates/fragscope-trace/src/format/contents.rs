@@ -105,21 +105,10 @@ impl TraceContents {
         first.is_some_and(|s| s.has(kind))
     }
 
-    /// Whether any process image has chunks of `kind`.
-    pub fn any_process_has(&self, kind: ChunkKind) -> bool {
-        self.streams.values().any(|s| s.has(kind))
-    }
-
     /// The GHC eventlog the recording wrote beside the trace at `trace`, if it did.
     pub fn ghc_eventlog(&self, trace: &Path) -> Option<PathBuf> {
         let name = self.meta.as_ref()?.ghc_eventlog.as_ref()?;
         Some(trace.parent().unwrap_or(Path::new("")).join(name))
-    }
-
-    /// A `fragscope snapshot` of a running process: a heap read from outside, no calls.
-    pub fn is_snapshot(&self) -> bool {
-        self.any_process_has(ChunkKind::HeapCensus)
-            && self.streams.values().all(|s| s.event_bytes == 0)
     }
 }
 
