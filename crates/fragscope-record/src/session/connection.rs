@@ -294,17 +294,14 @@ impl Connection<'_> {
                 3 => EndHow::Detached,
                 _ => EndHow::ExitUnknownStatus,
             };
-            let taken = {
-                let mut procs = self.shared.procs.lock().unwrap();
-                let st = &mut procs.streams[s as usize];
-                st.end = Some((how, status));
-                st.last_snapshot_taken
-            };
+            self.shared.procs.lock().unwrap().streams[s as usize].end = Some((how, status));
             for (tid, (h, copy)) in self.copies.drain() {
                 self.stored_copies.insert(tid, h.seq);
                 self.store.events(h, &copy, true);
             }
-            if !taken {
+            // Only `record -p` detaches a process, and it took the last snapshot before
+            // (`Shared::last_snapshot_before_detach`).
+            if how != EndHow::Detached {
                 self.shared
                     .snapshot(s, self.pid, SnapshotReason::Exit, None);
             }

@@ -32,9 +32,6 @@ pub(super) struct ProcState {
     pub(super) last_maps: Vec<Mapping>,
     pub(super) peak_rss_at_snapshot: u64,
     pub(super) last_snapshot: Option<Instant>,
-    /// Its last snapshot was taken before `record -p` detached from it (see
-    /// [`Shared::last_snapshot_before_detach`]).
-    pub(super) last_snapshot_taken: bool,
     pub(super) event_bytes: u64,
     pub(super) label: String,
     /// The executable, as the process's interposer saw it.
@@ -188,15 +185,12 @@ impl Shared {
     /// The last snapshot of a process `record -p` is about to leave running: taken while
     /// it runs, with its calls up to now and its runtimes' censuses (at the detach its
     /// threads are held, so a runtime that answers from a thread of its own, V8's
-    /// inspector, could not), it stands for the recording's end: the process's exit
-    /// message takes none after it.
+    /// inspector, could not), it stands for the recording's end: the exit message of
+    /// the detach takes none after it.
     pub(super) fn last_snapshot_before_detach(&self, stream: u32, pid: u32) {
         // The allocator's view too, as at a periodic snapshot.
         self.clock.request_stats_and_flush();
         self.snapshot_of(stream, pid, SnapshotReason::Exit, None, false);
-        if let Some(st) = self.procs.lock().unwrap().streams.get_mut(stream as usize) {
-            st.last_snapshot_taken = true;
-        }
     }
 
     fn snapshot_of(
@@ -345,7 +339,6 @@ impl Shared {
             last_maps: Vec::new(),
             peak_rss_at_snapshot: 0,
             last_snapshot: None,
-            last_snapshot_taken: false,
             event_bytes: 0,
             label: format!("{} (pid {pid})", argv.join(" ")),
             exe: exe.to_string(),
