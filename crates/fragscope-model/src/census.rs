@@ -665,26 +665,12 @@ mod tests {
         let facts = facts(&c);
         let t = facts.tcmalloc.unwrap();
         assert_eq!(t.central_bytes, 100 * 112 * 64);
-        let mut headline = Headline {
-            peak_rss: None,
-            peak_rss_t_ms: None,
-            peak_live: None,
-            peak_live_t_ms: None,
-            focus_t_ms: None,
-            fragmentation_ratio: None,
-            heap: None,
-            dominant: None,
-            sentence: String::new(),
-        };
-        headline_of(&mut headline, &c);
+        let sentence = headline_of(&c);
         assert!(
-            headline
-                .sentence
-                .starts_with("tcmalloc's central free lists hold 0.7 MiB"),
-            "{}",
-            headline.sentence
+            sentence.starts_with("tcmalloc's central free lists hold 0.7 MiB"),
+            "{sentence}"
         );
-        assert!(headline.sentence.contains("size class 5 (64 bytes)"));
+        assert!(sentence.contains("size class 5 (64 bytes)"));
     }
 
     /// Survivors in one size class's slabs, one large extent, dirty pages and metadata.
@@ -745,27 +731,13 @@ mod tests {
         assert_eq!(classes[0].retained_free, (100 * 56 + 30) * 64);
         let f = facts(&c).jemalloc.unwrap();
         assert_eq!(f.slab_free_bytes, 100 * 56 * 64);
-        let mut headline = Headline {
-            peak_rss: None,
-            peak_rss_t_ms: None,
-            peak_live: None,
-            peak_live_t_ms: None,
-            focus_t_ms: None,
-            fragmentation_ratio: None,
-            heap: None,
-            dominant: None,
-            sentence: String::new(),
-        };
-        headline_of(&mut headline, &c);
+        let sentence = headline_of(&c);
         // Dirty pages are most of what it holds: the decay and purge are the advice.
         assert!(
-            headline
-                .sentence
-                .starts_with("jemalloc keeps 1.2 MiB of dirty pages"),
-            "{}",
-            headline.sentence
+            sentence.starts_with("jemalloc keeps 1.2 MiB of dirty pages"),
+            "{sentence}"
         );
-        assert!(headline.sentence.contains("dirty_decay_ms"));
+        assert!(sentence.contains("dirty_decay_ms"));
     }
 
     /// Survivors in pages of 64-byte blocks, one empty page, a free span and segment
@@ -815,7 +787,18 @@ mod tests {
         assert_eq!(classes[0].retained_free, (11 * 1024 - 1000) * 64);
         let f = facts(&c).mimalloc.unwrap();
         assert_eq!(f.thread_freed_bytes, 640);
-        let mut headline = Headline {
+        let sentence = headline_of(&c);
+        // Free blocks in pages survivors keep are most of what it holds.
+        assert!(
+            sentence.starts_with("mimalloc's pages hold 0.6 MiB"),
+            "{sentence}"
+        );
+        assert!(sentence.contains("64-byte blocks: 10 pages"));
+    }
+
+    /// The sentence of a headline about census `c` alone.
+    fn headline_of(c: &HeapCensus) -> String {
+        let mut h = Headline {
             peak_rss: None,
             peak_rss_t_ms: None,
             peak_live: None,
@@ -826,20 +809,8 @@ mod tests {
             dominant: None,
             sentence: String::new(),
         };
-        headline_of(&mut headline, &c);
-        // Free blocks in pages survivors keep are most of what it holds.
-        assert!(
-            headline
-                .sentence
-                .starts_with("mimalloc's pages hold 0.6 MiB"),
-            "{}",
-            headline.sentence
-        );
-        assert!(headline.sentence.contains("64-byte blocks: 10 pages"));
-    }
-
-    fn headline_of(h: &mut Headline, c: &HeapCensus) {
-        headline(h, c, None);
+        headline(&mut h, c, None);
+        h.sentence
     }
 
     fn pagemap() -> Pagemap {
