@@ -79,13 +79,7 @@ fn a_snapshot_names_the_allocator_linked_into_a_running_program() {
         let mut p = Running::start(cmd);
         assert!(p.line().starts_with("holding 20000 boxes"));
         let trace = dir.path().join(format!("{allocator}-snapshot.fsc"));
-        let out = fragscope(&[
-            "snapshot".as_ref(),
-            p.pid().to_string().as_ref(),
-            "-o".as_ref(),
-            trace.as_os_str(),
-        ]);
-        assert!(out.status.success(), "{}", stderr(&out));
+        common::snapshot(p.pid(), &trace);
         let r = report_json(&trace);
         let s = &r["snapshot"];
         assert_eq!(s["allocator"], allocator, "{s}");
@@ -217,13 +211,7 @@ fn a_snapshot_reads_the_mimalloc_linked_into_a_rust_program() {
         assert!(p.line().starts_with("holding 40000 boxes"));
         let own = figures_until_kept(&mut p);
         let trace = dir.path().join(format!("mimalloc-{threads}.fsc"));
-        let out = fragscope(&[
-            "snapshot".as_ref(),
-            p.pid().to_string().as_ref(),
-            "-o".as_ref(),
-            trace.as_os_str(),
-        ]);
-        assert!(out.status.success(), "{}", stderr(&out));
+        common::snapshot(p.pid(), &trace);
         let r = report_json(&trace);
         let s = &r["snapshot"];
         assert_eq!(s["allocator"], "mimalloc", "{s}");
@@ -292,13 +280,7 @@ fn a_snapshot_of_a_stripped_program_on_mimalloc_is_refused_with_a_note() {
     let mut p = Running::start(cmd);
     assert!(p.line().starts_with("holding 2000 boxes"));
     let trace = dir.path().join("stripped.fsc");
-    let out = fragscope(&[
-        "snapshot".as_ref(),
-        p.pid().to_string().as_ref(),
-        "-o".as_ref(),
-        trace.as_os_str(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    common::snapshot(p.pid(), &trace);
     let s = &report_json(&trace)["snapshot"];
     assert_eq!(s["allocator"], "mimalloc", "{s}");
     let note = s["note"].as_str().unwrap_or_default();
@@ -460,13 +442,7 @@ fn a_snapshot_of_a_tcmalloc_program_counts_what_tcmalloc_counts() {
     let mut p = Running::start(cmd);
     let own = figures_until_kept(&mut p);
     let trace = dir.path().join("tcmalloc.fsc");
-    let out = fragscope(&[
-        "snapshot".as_ref(),
-        p.pid().to_string().as_ref(),
-        "-o".as_ref(),
-        trace.as_os_str(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    common::snapshot(p.pid(), &trace);
     let r = report_json(&trace);
     let s = &r["snapshot"];
     assert_eq!(s["allocator"], "tcmalloc");
@@ -531,13 +507,7 @@ fn snapshot_of_jemalloc_keep_tenth(exe: &std::path::Path, dir: &std::path::Path,
     assert_eq!(p.line().trim(), "start");
     let own = figures_until_kept(&mut p);
     let trace = dir.join(format!("jemalloc-{threads}.fsc"));
-    let out = fragscope(&[
-        "snapshot".as_ref(),
-        p.pid().to_string().as_ref(),
-        "-o".as_ref(),
-        trace.as_os_str(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    common::snapshot(p.pid(), &trace);
     let r = report_json(&trace);
     let s = &r["snapshot"];
     assert_eq!(s["allocator"], "jemalloc");
@@ -640,13 +610,7 @@ fn a_snapshot_of_redis_server_counts_what_its_jemalloc_counts() {
         })
         .collect();
     let trace = dir.path().join("redis.fsc");
-    let out = fragscope(&[
-        "snapshot".as_ref(),
-        server.id().to_string().as_ref(),
-        "-o".as_ref(),
-        trace.as_os_str(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    common::snapshot(server.id(), &trace);
     let r = report_json(&trace);
     let s = &r["snapshot"];
     assert!(s["note"].is_null(), "{s}");
@@ -691,13 +655,7 @@ fn a_snapshot_of_another_jemalloc_build_is_refused_with_a_note() {
     assert_eq!(p.line().trim(), "start");
     figures_until_kept(&mut p);
     let trace = dir.path().join("other.fsc");
-    let out = fragscope(&[
-        "snapshot".as_ref(),
-        p.pid().to_string().as_ref(),
-        "-o".as_ref(),
-        trace.as_os_str(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    common::snapshot(p.pid(), &trace);
     let r = report_json(&trace);
     let note = r["snapshot"]["note"].as_str().unwrap_or_default();
     assert!(

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use common::{fragscope, report_json, stderr};
+use common::{fragscope, report_json, snapshot, stderr};
 
 /// tests/go/NAME built with the installed Go into `dir` (None when Go is not installed).
 fn build_go(dir: &Path, name: &str) -> Option<PathBuf> {
@@ -48,19 +48,6 @@ fn build_go_by(dir: &Path, name: &str, flags: &[&str], toolchain: &str) -> Optio
         String::from_utf8_lossy(&built.stderr)
     );
     Some(out)
-}
-
-/// `fragscope snapshot PID -o trace`, which must succeed: its stderr.
-fn snapshot(pid: u32, trace: &Path) -> String {
-    let out = fragscope(&[
-        "snapshot".as_ref(),
-        pid.to_string().as_ref(),
-        "-o".as_ref(),
-        trace.as_os_str(),
-    ]);
-    let err = stderr(&out);
-    assert!(out.status.success(), "{err}");
-    err
 }
 
 struct Running(Child);

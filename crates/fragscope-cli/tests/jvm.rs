@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use common::{fragscope, report_json, report_text, stderr};
+use common::{report_json, report_text, stderr};
 
 /// tests/java/KeepTenth.java compiled into `dir`; None (with a note) without a JDK.
 fn classes(dir: &Path) -> Option<PathBuf> {
@@ -103,13 +103,7 @@ fn snapshot_of_a_running_jvm_splits_rss_by_its_java_heap() {
     // jcmd first: its attach makes a thread that allocates in eden, before the snapshot.
     let (committed, used) = jcmd_g1(pid);
     let trace = dir.path().join("jvm.fsc");
-    let out = fragscope(&[
-        "snapshot".as_ref(),
-        pid.to_string().as_ref(),
-        "-o".as_ref(),
-        trace.as_os_str(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    common::snapshot(pid, &trace);
     let r = report_json(&trace);
     let s = &r["snapshots"][0];
     let jvm = &s["jvm"];
@@ -156,13 +150,7 @@ fn snapshot_of_a_running_jvm_splits_rss_by_its_java_heap() {
     // glibc census's search for mmapped chunks once made 16 MiB of untouched regions and
     // thread stacks look resident to the next snapshot).
     let again = dir.path().join("again.fsc");
-    let out = fragscope(&[
-        "snapshot".as_ref(),
-        pid.to_string().as_ref(),
-        "-o".as_ref(),
-        again.as_os_str(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    common::snapshot(pid, &again);
     let second = report_json(&again);
     let resident = |r: &serde_json::Value| -> u64 {
         r["snapshots"][0]["jvm_heap"].as_u64().unwrap()
@@ -257,13 +245,7 @@ fn humongous_objects_are_counted_with_their_regions() {
         &["10000", "humongous"],
     );
     let trace = dir.path().join("humongous.fsc");
-    let out = fragscope(&[
-        "snapshot".as_ref(),
-        running.0.id().to_string().as_ref(),
-        "-o".as_ref(),
-        trace.as_os_str(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    common::snapshot(running.0.id(), &trace);
     let r = report_json(&trace);
     let jvm = &r["snapshots"][0]["jvm"];
     assert_eq!(jvm["humongous_objects"], 16, "{jvm}");

@@ -130,6 +130,19 @@ pub fn build_ghc(dir: &Path, src: &Path, name: &str, extra: &[&str]) -> Option<P
     Some(exe)
 }
 
+/// `fragscope snapshot PID -o trace`, which must succeed: its stderr.
+pub fn snapshot(pid: u32, trace: &Path) -> String {
+    let out = fragscope(&[
+        "snapshot".as_ref(),
+        pid.to_string().as_ref(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+    ]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    err
+}
+
 pub fn fragscope(args: &[&OsStr]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fragscope"))
         .args(args)
