@@ -110,6 +110,9 @@ static char lisp_unsampled[200];
 #define LISP_PC_SLOTS 4096
 #define LISP_PC_PROBES 8
 static struct { uintptr_t pc; int gcs; uint32_t frame; } lisp_pcs[LISP_PC_SLOTS];
+/* Code position (`lisp_code_key`) -> frame id, kept across collections. Under lisp_lock. */
+#define LISP_CODE_SLOTS 4096
+static struct { uint64_t key; uint32_t frame; } lisp_code_frames[LISP_CODE_SLOTS];
 
 static char *lisp_thread(void) {
     return *(char **)((char *)__builtin_thread_pointer() + lisp_current_thread_offset);
@@ -233,11 +236,9 @@ static void name_put_object(struct lisp_name *o, uintptr_t obj, int depth) {
     }
 }
 
-/* The name of the function whose code holds `pc`, as SBCL's backtrace prints it; 0 for
- * code without functions (assembly routines: the trampolines). */
-static int lisp_function_name(uintptr_t pc, struct lisp_name *o) {
-    uintptr_t *code = lisp_component_ptr_from_pc((char *)pc);
-    if (!code || (code[0] & 0xff) != LISP_CODE_WIDETAG) return 0;
+/* The name of the function at `pc` in `code` (a code object), as SBCL's backtrace prints
+ * it; 0 for code without functions (assembly routines: the trampolines). */
+static int lisp_function_name(const uintptr_t *code, uintptr_t pc, struct lisp_name *o) {
     /* The code's trailer (its last bytes) counts its functions. */
     const char *end = (const char *)code + (code[0] >> 32) * 8;
     uint16_t trailer = *(const uint16_t *)(end - 2);
@@ -245,9 +246,9 @@ static int lisp_function_name(uintptr_t pc, struct lisp_name *o) {
     if (!functions) return 0;
     uintptr_t name = 0;
     if (lisp_debug_function_name_from_pc) {
-        name = lisp_debug_function_name_from_pc(code, (void *)pc);
+        name = lisp_debug_function_name_from_pc((uintptr_t *)code, (void *)pc);
     } else {
-        uintptr_t *debug_fun = lisp_debug_function_from_pc(code, (void *)pc);
+        uintptr_t *debug_fun = lisp_debug_function_from_pc((uintptr_t *)code, (void *)pc);
         if (debug_fun) name = debug_fun[1];
     }
     if (!name) {
@@ -266,6 +267,43 @@ static int lisp_function_name(uintptr_t pc, struct lisp_name *o) {
     return o->n;
 }
 
+/* Where `pc` is in `code`, as a key that no collection changes: the code's serial number
+ * (the high half of the first word of its text, unique to each code object) and the
+ * offset from its start. 0 when the code has no serial number. */
+static uint64_t lisp_code_key(const uintptr_t *code, uintptr_t pc) {
+    uint32_t boxed_bytes = (uint32_t)code[1];
+    if (!boxed_bytes) return 0;
+    uint64_t serial = *(const uint64_t *)((const char *)code + boxed_bytes) >> 32;
+    uint64_t offset = pc - (uintptr_t)code;
+    return serial && offset >> 32 == 0 ? serial << 32 | offset : 0;
+}
+
+/* The slot of `key` in lisp_code_frames: where it is, or where it goes. */
+static uint32_t lisp_code_slot(uint64_t key) {
+    uint32_t first = (uint32_t)((key * 0x9E3779B97F4A7C15ULL) >> 52) & (LISP_CODE_SLOTS - 1);
+    for (uint32_t probe = 0; probe < LISP_PC_PROBES; probe++) {
+        uint32_t s = (first + probe) & (LISP_CODE_SLOTS - 1);
+        if (lisp_code_frames[s].key == key || !lisp_code_frames[s].key) return s;
+    }
+    return first; /* full around it: the first is replaced */
+}
+
+/* The frame id of a function's code at `pc` (0: not a function's), its name asked of
+ * the runtime. */
+static uint32_t lisp_named_frame(const uintptr_t *code, uintptr_t pc) {
+    char buf[LISP_NAME_CAP];
+    struct lisp_name name = {buf, 0, sizeof buf};
+    if (!lisp_function_name(code, pc, &name)) return 0;
+    /* A frame is its name (code moves; names stay). */
+    uint64_t h = 0xCBF29CE484222325ULL;
+    for (int i = 0; i < name.n; i++) h = (h ^ (uint8_t)buf[i]) * 0x100000001B3ULL;
+    uint32_t slot;
+    uint32_t id = log_frame_id(&lisp_log, h, (uint64_t)name.n, &slot);
+    if (!id)
+        id = log_define_frame(&lisp_log, slot, h, (uint64_t)name.n, 0, "", 0, buf, (size_t)name.n);
+    return id;
+}
+
 /* The frame id of a return address (0: not a function's). Under lisp_lock. */
 static uint32_t lisp_frame_id(uintptr_t ret) {
     int gcs = lisp_n_gcs ? *lisp_n_gcs : 0;
@@ -282,19 +320,22 @@ static uint32_t lisp_frame_id(uintptr_t ret) {
             break;
         }
     }
-    char buf[LISP_NAME_CAP];
-    struct lisp_name name = {buf, 0, sizeof buf};
     /* The return address may be just past the function's last instruction. */
+    uintptr_t pc = ret - 1;
     uint32_t id = 0;
-    if (lisp_function_name(ret - 1, &name)) {
-        /* A frame is its name (code moves; names stay). */
-        uint64_t h = 0xCBF29CE484222325ULL;
-        for (int i = 0; i < name.n; i++) h = (h ^ (uint8_t)buf[i]) * 0x100000001B3ULL;
-        uint32_t slot;
-        id = log_frame_id(&lisp_log, h, (uint64_t)name.n, &slot);
-        if (!id)
-            id = log_define_frame(&lisp_log, slot, h, (uint64_t)name.n, 0, "", 0, buf,
-                                  (size_t)name.n);
+    uintptr_t *code = lisp_component_ptr_from_pc((char *)pc);
+    if (code && (code[0] & 0xff) == LISP_CODE_WIDETAG) {
+        /* After a collection every return address is looked up again, but its code's key
+         * finds the name found before: asking the runtime again costs a decompression of
+         * the code's whole debug map from 2.5 on (zstd, seen at 3% of a busy job). */
+        uint64_t key = lisp_code_key(code, pc);
+        uint32_t slot = key ? lisp_code_slot(key) : 0;
+        if (key && lisp_code_frames[slot].key == key) {
+            id = lisp_code_frames[slot].frame;
+        } else {
+            id = lisp_named_frame(code, pc);
+            if (key && id) lisp_code_frames[slot].key = key, lisp_code_frames[slot].frame = id;
+        }
     }
     lisp_pcs[cached].pc = ret;
     lisp_pcs[cached].gcs = gcs;
