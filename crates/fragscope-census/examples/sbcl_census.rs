@@ -30,7 +30,16 @@ fn run() -> Result<(), String> {
     let objects = args.iter().any(|a| a == "--objects");
     let mark = args.iter().any(|a| a == "--mark");
     let rt = SbclRuntime::of_process(pid)?;
-    let c = census(pid, &rt, CensusOptions { objects, mark }).map_err(|e| e.to_string())?;
+    let c = census(
+        pid,
+        &rt,
+        CensusOptions {
+            objects,
+            mark,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
     println!(
         "SBCL {}: dynamic space {:#x}, {:.1} MiB in {} pages of {} KiB",
         c.version,

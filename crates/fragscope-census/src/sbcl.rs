@@ -544,6 +544,25 @@ pub struct CensusOptions {
     /// the objects too): live and garbage bytes by generation and class
     /// ([`SbclCensus::mark`]).
     pub mark: bool,
+    /// Walk and mark only when the space holds at most this many bytes in use (read as
+    /// the process is held): a caller's pause budget at its cost per byte, so a heap
+    /// that grew since the last census does not overspend it. None: whatever the size.
+    pub walk_only_up_to: Option<u64>,
+}
+
+impl CensusOptions {
+    /// These options for a space holding `bytes_used`.
+    fn for_space_of(self, bytes_used: u64) -> CensusOptions {
+        if self.walk_only_up_to.is_some_and(|limit| bytes_used > limit) {
+            CensusOptions {
+                objects: false,
+                mark: false,
+                ..self
+            }
+        } else {
+            self
+        }
+    }
 }
 
 /// Takes a census of process `pid`, held stopped meanwhile. A moment inside a
@@ -618,6 +637,7 @@ fn read_census(
     let mut generations = generations(&gens);
     let tally = tally_pages(rt, &table, next_free, &open_on_page, &mut generations)?;
     let bytes_used = check_counts(&generations, bytes_allocated, &regions, &table, start)?;
+    let options = options.for_space_of(bytes_used);
     let walked = walk_and_mark(mem, rt, options, &header, &table, &regions)?;
     Ok(SbclCensus {
         version: rt.version.clone(),

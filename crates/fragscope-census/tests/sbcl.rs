@@ -374,6 +374,20 @@ fn the_census_agrees_with_the_lisps_own_figures() {
         quick.bytes_read,
         c.bytes_read
     );
+    // A walk asked for a smaller space than this one is left out; for this one, taken.
+    let limited = |limit| {
+        let options = CensusOptions {
+            objects: true,
+            mark: true,
+            walk_only_up_to: Some(limit),
+        };
+        census(lisp.pid(), &rt, options).unwrap()
+    };
+    let over = limited(c.bytes_used - 1);
+    assert!(over.objects.is_none() && over.mark.is_none() && over.mark_refused.is_none());
+    assert_eq!(over.pages, c.pages);
+    let within = limited(c.bytes_used);
+    assert!(within.objects.is_some() && (within.mark.is_some() || within.mark_refused.is_some()));
 
     // A full collection frees what was waiting for one; the census sees the same heap
     // as the Lisp again.

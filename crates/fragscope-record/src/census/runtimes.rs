@@ -89,10 +89,11 @@ impl RuntimeCensus for Python {
 
 /// An SBCL process: its dynamic space. The page table is read at every snapshot (about a
 /// millisecond); the objects are walked and marked from the roots too when the walks so
-/// far and the next one together hold the program for at most 1/20 of the time since the
-/// first census (walk and mark read every used byte and every reachable object; see
-/// ARCHITECTURE.md for the cost; before a first one it is expected to take 2 ms per MiB
-/// in use).
+/// far and this one together hold the program for at most 1/20 of the time since the
+/// first census: the census walks only a space small enough for what is left of that
+/// budget at the last walk's cost per byte (walk and mark read every used byte and every
+/// reachable object; see ARCHITECTURE.md for the cost; before a first one it is expected
+/// to take 2 ms per MiB in use).
 pub(super) struct Sbcl;
 
 /// An SBCL process's runtime and its object walks' budget.
@@ -102,9 +103,13 @@ pub(super) struct SbclWalks {
     first_census: Instant,
     /// How long the walks so far held the program.
     walked: Duration,
-    /// What the next walk is expected to cost (none before a first census).
-    next_walk: Option<Duration>,
+    /// What a walk costs per byte in use, in nanoseconds: the last one's.
+    walk_ns_per_byte: f64,
 }
+
+/// A walk's cost before a first one: 2 ms per MiB in use (measured: 1.6 to 2.2, see
+/// ARCHITECTURE.md).
+const FIRST_WALK_NS_PER_BYTE: f64 = 2e6 / (1 << 20) as f64;
 
 impl RuntimeCensus for Sbcl {
     const NAME: &'static str = "SBCL";
@@ -120,21 +125,21 @@ impl RuntimeCensus for Sbcl {
                 runtime: Box::new(runtime),
                 first_census: Instant::now(),
                 walked: Duration::ZERO,
-                next_walk: None,
+                walk_ns_per_byte: FIRST_WALK_NS_PER_BYTE,
             })
         });
         finding(detected, false)
     }
 
     fn read(&self, pid: u32, walks: &SbclWalks) -> Reading<sbcl::SbclCensus> {
-        let objects = walks
-            .next_walk
-            .is_some_and(|w| (walks.walked + w) * 20 <= walks.first_census.elapsed());
+        let budget = (walks.first_census.elapsed() / 20).saturating_sub(walks.walked);
         // The walk goes with a mark from the roots (live and garbage by generation),
-        // within the same budget: its cost is the last one's.
+        // within the same budget.
+        let walk = !budget.is_zero();
         let options = sbcl::CensusOptions {
-            objects,
-            mark: objects,
+            objects: walk,
+            mark: walk,
+            walk_only_up_to: Some((budget.as_nanos() as f64 / walks.walk_ns_per_byte) as u64),
         };
         reading(sbcl::census(pid, &walks.runtime, options))
     }
@@ -143,11 +148,7 @@ impl RuntimeCensus for Sbcl {
         if census.objects.is_some() {
             let pause = Duration::from_micros(census.pause_us);
             walks.walked += pause;
-            walks.next_walk = Some(pause);
-        } else if walks.next_walk.is_none() {
-            // Before a first walk and mark: 2 ms per MiB in use (measured: 1.6 to 2.2,
-            // see ARCHITECTURE.md).
-            walks.next_walk = Some(Duration::from_millis(2 * (census.bytes_used >> 20)));
+            walks.walk_ns_per_byte = pause.as_nanos() as f64 / census.bytes_used.max(1) as f64;
         }
     }
 
