@@ -23,6 +23,11 @@
 # SBCL ones (the host runs them on Debian 12's 9.0 in the suite itself). $GHC_SUITES
 # (default "trixie sid") chooses them; empty skips them.
 #
+# And the tcmalloc snapshot test of the command (crates/fragscope-cli/tests/allocators.rs:
+# the census against MallocExtension's figures) on Debian 13's gperftools 2.16, its
+# program built on the host (FRAGSCOPE_TEST_PROGRAMS) and run inside the chroot on the
+# chroot's libtcmalloc. $TCMALLOC_SUITES (default "trixie") chooses them.
+#
 # Default: bookworm:python3.11 trixie:python3.13 sid:python3.14. ":note" expects a
 # release without Python lines: no python_sites, and python_sites_note saying why.
 # Chroots are kept in $FRAGSCOPE_CHROOTS (default /var/tmp/fragscope-chroots) and reused.
@@ -131,11 +136,15 @@ for line in sys.stdin:
 binds="$root $(realpath "$target")"
 [[ -d $root/../shared ]] && binds+=" $(realpath "$root/../shared")"
 # Runs a test binary of the command inside a chroot, the repository bound at its own
-# path, and counts the outcome: run_in_chroot DIR LABEL BINARY (LABEL: "trixie GHC 9.6.6").
+# path, and counts the outcome: run_in_chroot DIR LABEL COMMAND... (LABEL: "trixie GHC
+# 9.6.6"; COMMAND: the binary, with its test filter, behind `env VAR=...` if need be). No
+# test run is a failure: a filter that matched nothing.
 run_in_chroot() {
-  local dir=$1 label=$2 binary=$3 log start=$SECONDS
-  if log=$(FRAGSCOPE_CHROOT_BIND="$binds" scripts/chroot.sh run "$dir" "$binary" --test-threads 1 2>&1); then
-    echo "ok   $label: $(grep -c '^test .* ok$' <<<"$log") tests of the command passed ($((SECONDS - start)) s)"
+  local dir=$1 label=$2 log ran start=$SECONDS
+  shift 2
+  if log=$(FRAGSCOPE_CHROOT_BIND="$binds" scripts/chroot.sh run "$dir" "$@" --test-threads 1 2>&1) &&
+    ran=$(grep -c '^test .* ok$' <<<"$log"); then
+    echo "ok   $label: $ran tests of the command passed ($((SECONDS - start)) s)"
     passed=$((passed + 1))
   else
     echo "FAIL $label: the tests of the command:" >&2
@@ -169,6 +178,23 @@ for suite in $ghc_suites; do
   scripts/chroot.sh "$suite" "$dir" ghc libunwind8
   release=$(scripts/chroot.sh run "$dir" ghc --numeric-version 2>/dev/null || echo "?")
   run_in_chroot "$dir" "$suite GHC $release" "$ghc_tests"
+done
+# gperftools' tcmalloc of Debian 13 (2.16; Debian 12's 2.10 is the host's): the test
+# program is built here, as the suite builds it, and run inside the chroot on its
+# libtcmalloc.so.4.
+tcmalloc_suites=${TCMALLOC_SUITES-trixie}
+if [[ -n $tcmalloc_suites ]]; then
+  allocators_tests=$(tests_binary allocators)
+  programs=$target/test-programs
+  mkdir -p "$programs"
+  cc -O1 -pthread -o "$programs/tcmalloc_keep_tenth" tests/c/tcmalloc_keep_tenth.c -ltcmalloc
+fi
+for suite in $tcmalloc_suites; do
+  dir=$chroots/$suite
+  scripts/chroot.sh "$suite" "$dir" libgoogle-perftools4t64
+  release=$(chroot "$dir" dpkg-query -W -f='${Version}' libgoogle-perftools4t64 2>/dev/null || echo "?")
+  run_in_chroot "$dir" "$suite gperftools $release" env FRAGSCOPE_TEST_PROGRAMS="$programs" \
+    "$allocators_tests" a_snapshot_of_a_tcmalloc_program
 done
 echo "version matrix: $passed passed, $failed failed"
 ((failed == 0))

@@ -8,7 +8,7 @@
 //! *page heap* only when all of its objects are free. One survivor keeps its span, and
 //! the span's free objects wait in the central free list: the fragmentation of seed 002.
 //!
-//! Where each figure is read (layouts of gperftools 2.10, x86-64, checked against its
+//! Where each figure is read (layouts of gperftools 2.10 and 2.16, x86-64, checked against their
 //! headers; the library is stripped to its exported symbols, so the hidden statics are
 //! found by their shape in its writable data and checked against each other):
 //! - `Static::sizemap_`'s `class_to_size_` (int32 per class: 0, 8, 16, 32, 48, ...) by
@@ -37,10 +37,36 @@ use crate::library::{MappedLibrary, StaticData};
 use crate::memory::{le_u32, le_u64, RecordReader};
 use crate::{ProcessMemory, Symbols};
 
-/// Library releases whose layout is checked: gperftools 2.10 (Debian 12).
-const VERIFIED: [(&str, &str); 2] = [
-    ("libtcmalloc.so.4.5.10", "2.10"),
-    ("libtcmalloc_minimal.so.4.5.10", "2.10"),
+/// One gperftools release whose layout is checked: its libraries' file names, what
+/// `SizeMap` keeps between `class_to_pages_` and `num_size_classes` (2.16:
+/// `min_span_size_in_pages_`), and where its `ThreadCache` links the caches (`next_`,
+/// `prev_`: 2.16 dropped a field before them). The rest of the layout is the same in both
+/// (the constants below), and the statics are found by their shape in either.
+struct Release {
+    name: &'static str,
+    libraries: [&'static str; 2],
+    size_map_gap: usize,
+    thread_cache_next: usize,
+    thread_cache_prev: usize,
+}
+
+/// The releases read: 2.10 (Debian 12) and 2.16 (Debian 13), offsets from each one's
+/// headers (`offsetof`, x86-64).
+const RELEASES: [Release; 2] = [
+    Release {
+        name: "2.10",
+        libraries: ["libtcmalloc.so.4.5.10", "libtcmalloc_minimal.so.4.5.10"],
+        size_map_gap: 0,
+        thread_cache_next: 4144,
+        thread_cache_prev: 4152,
+    },
+    Release {
+        name: "2.16",
+        libraries: ["libtcmalloc.so.4.5.18", "libtcmalloc_minimal.so.4.5.18"],
+        size_map_gap: 8,
+        thread_cache_next: 4128,
+        thread_cache_prev: 4136,
+    },
 ];
 
 const PAGE: u64 = 8192;
@@ -68,8 +94,6 @@ const TC_FREELIST: u64 = 32;
 const TC_FREELIST_LENGTH: usize = 8;
 const TC_FREELIST_SIZE: usize = 24;
 const TC_SIZE: usize = 4096;
-const TC_NEXT: usize = 4144;
-const TC_PREV: usize = 4152;
 const TC_BYTES: usize = 4160;
 
 // PageHeap: free_[kMaxPages] of {Span normal; Span returned;}, then stats_.
@@ -88,6 +112,10 @@ pub struct TcmallocLayout {
     /// The library's file and the gperftools release its layout is.
     pub library: String,
     pub release: &'static str,
+    /// Where a thread cache links the next and the previous one.
+    thread_cache_links: (usize, usize),
+    /// The release's `Release::size_map_gap`.
+    size_map_gap: usize,
     /// The library's writable data: where it lies and how long it is.
     statics: (u64, usize),
     /// Where the hidden statics are, found by their shape before the process is stopped:
@@ -109,10 +137,17 @@ pub fn locate(pid: u32, mem: &mut ProcessMemory) -> Result<TcmallocLayout, Strin
         );
     };
     let name = &lib.name;
-    let Some(&(_, release)) = VERIFIED.iter().find(|(f, _)| f == name) else {
+    let Some(release) = RELEASES
+        .iter()
+        .find(|r| r.libraries.contains(&name.as_str()))
+    else {
+        let read: Vec<String> = RELEASES
+            .iter()
+            .map(|r| format!("gperftools {}'s {}", r.name, r.libraries[0]))
+            .collect();
         return Err(format!(
-            "the process runs on {name}, whose layout fragscope has not verified (it reads \
-             gperftools 2.10's, libtcmalloc.so.4.5.10)"
+            "the process runs on {name}, whose layout fragscope has not verified (it reads {})",
+            read.join(" and ")
         ));
     };
     let statics = StaticData::read(mem, lib.data, "tcmalloc")?;
@@ -122,7 +157,7 @@ pub fn locate(pid: u32, mem: &mut ProcessMemory) -> Result<TcmallocLayout, Strin
         "_ZN8tcmalloc11ThreadCache18thread_heap_count_E",
     ];
     let symbols = Symbols::resolve_at(&elf, &names, lib.base)?;
-    let (size_map, map) = find_size_map(&statics)?;
+    let (size_map, map) = find_size_map(&statics, release.size_map_gap)?;
     let central_cache = find_central_cache(&statics, map.sizes.len())?;
     let pageheap_stats = find_page_heap_stats(&statics)?;
     let anchor = |name: &str| -> Result<u64, String> {
@@ -134,7 +169,9 @@ pub fn locate(pid: u32, mem: &mut ProcessMemory) -> Result<TcmallocLayout, Strin
     };
     Ok(TcmallocLayout {
         library: lib.path,
-        release,
+        release: release.name,
+        thread_cache_links: (release.thread_cache_next, release.thread_cache_prev),
+        size_map_gap: release.size_map_gap,
         statics: lib.data,
         size_map,
         central_cache,
@@ -154,14 +191,14 @@ struct SizeMap {
 /// `class_to_size_` begins with these sizes in gperftools' classes.
 const FIRST_SIZES: [i32; 6] = [0, 8, 16, 32, 48, 64];
 
-fn find_size_map(s: &StaticData) -> Result<(usize, SizeMap), String> {
+fn find_size_map(s: &StaticData, gap: usize) -> Result<(usize, SizeMap), String> {
     let pattern: Vec<u8> = FIRST_SIZES.iter().flat_map(|v| v.to_le_bytes()).collect();
     let mut found = None;
     for at in memchr::memmem::find_iter(&s.bytes, &pattern) {
         if at % 4 != 0 {
             continue;
         }
-        if let Some(map) = size_map_at(s, at) {
+        if let Some(map) = size_map_at(s, at, gap) {
             if found.replace((at, map)).is_some() {
                 return Err("two tables look like tcmalloc's size classes".into());
             }
@@ -171,12 +208,12 @@ fn find_size_map(s: &StaticData) -> Result<(usize, SizeMap), String> {
 }
 
 /// The size map whose `class_to_size_` starts at byte `at` of the data, when its fields
-/// hold together.
-fn size_map_at(s: &StaticData, at: usize) -> Option<SizeMap> {
+/// hold together; `gap`: the release's bytes between the pages per class and the count.
+fn size_map_at(s: &StaticData, at: usize, gap: usize) -> Option<SizeMap> {
     let sizes_at = at;
     let batch_at = at.checked_sub(4 * MAX_CLASSES)?;
     let pages_at = (sizes_at + 4 * MAX_CLASSES).next_multiple_of(8);
-    let count_at = pages_at + 8 * MAX_CLASSES;
+    let count_at = pages_at + 8 * MAX_CLASSES + gap;
     let b = &s.bytes;
     if count_at + 8 > b.len() {
         return None;
@@ -332,7 +369,8 @@ fn thread_caches(
         }
         mem.read(at, &mut cache)
             .map_err(|e| format!("a thread cache at {at:#x} could not be read ({e})"))?;
-        if le_u64(&cache, TC_PREV) != prev {
+        let (next_link, prev_link) = layout.thread_cache_links;
+        if le_u64(&cache, prev_link) != prev {
             return Err(format!("the thread cache at {at:#x} does not point back"));
         }
         let mut bytes = 0u64;
@@ -352,7 +390,7 @@ fn thread_caches(
         }
         count += 1;
         prev = at;
-        at = le_u64(&cache, TC_NEXT);
+        at = le_u64(&cache, next_link);
     }
     if count != heap_count {
         return Err(format!(
@@ -368,7 +406,8 @@ pub fn census(mem: &mut ProcessMemory, layout: &TcmallocLayout) -> Result<Tcmall
     let start_read = mem.bytes_read();
     // The data as it is now, the process stopped: where things are was found before.
     let s = &StaticData::read(mem, layout.statics, "tcmalloc")?;
-    let map = size_map_at(s, layout.size_map).ok_or("tcmalloc's size classes changed")?;
+    let map = size_map_at(s, layout.size_map, layout.size_map_gap)
+        .ok_or("tcmalloc's size classes changed")?;
     let n = map.sizes.len();
     let central = layout.central_cache;
     let (system_bytes, pageheap_free_bytes, unmapped_bytes) =
