@@ -62,7 +62,7 @@ fn start_listener(pid: u32, ns: u32, socket: &Path, wait: Duration) -> Result<()
     ];
     let trigger = candidates
         .iter()
-        .find(|p| std::fs::File::create(p).is_ok())
+        .find_map(|p| Trigger::make(p))
         .ok_or("no .attach_pid file could be made where the JVM looks for one")?;
     // SAFETY: kill has no memory effects; the caller checked the JVM handles SIGQUIT.
     let sent = unsafe { libc::kill(pid as libc::pid_t, libc::SIGQUIT) } == 0;
@@ -70,7 +70,7 @@ fn start_listener(pid: u32, ns: u32, socket: &Path, wait: Duration) -> Result<()
     while sent && !socket.exists() && started.elapsed() < wait {
         std::thread::sleep(Duration::from_millis(10));
     }
-    let _ = std::fs::remove_file(trigger);
+    trigger.remove();
     if socket.exists() {
         Ok(())
     } else {
@@ -78,6 +78,46 @@ fn start_listener(pid: u32, ns: u32, socket: &Path, wait: Duration) -> Result<()
             "the JVM did not start its attach listener within {} ms",
             wait.as_millis()
         ))
+    }
+}
+
+/// The .attach_pid file made in the JVM's directory, and where it lies as this process
+/// sees it: a JVM that ends meanwhile takes its /proc/PID paths with it, and the file
+/// would stay behind in its working directory.
+struct Trigger {
+    through_proc: PathBuf,
+    /// Its path once resolved, with its device and inode to recognise it there.
+    resolved: Option<(PathBuf, u64, u64)>,
+}
+
+impl Trigger {
+    fn make(through_proc: &Path) -> Option<Trigger> {
+        use std::os::unix::fs::MetadataExt;
+        let file = std::fs::File::create(through_proc).ok()?;
+        let resolved = file.metadata().ok().and_then(|m| {
+            let path = std::fs::canonicalize(through_proc).ok()?;
+            Some((path, m.dev(), m.ino()))
+        });
+        Some(Trigger {
+            through_proc: through_proc.to_path_buf(),
+            resolved,
+        })
+    }
+
+    /// Removes it, by its resolved path when the process is gone, if the file there is
+    /// still the one made (another mount namespace may show another file at that path).
+    fn remove(&self) {
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::remove_file(&self.through_proc).is_ok() {
+            return;
+        }
+        if let Some((path, dev, ino)) = &self.resolved {
+            let same =
+                std::fs::symlink_metadata(path).is_ok_and(|m| m.dev() == *dev && m.ino() == *ino);
+            if same {
+                let _ = std::fs::remove_file(path);
+            }
+        }
     }
 }
 
@@ -112,6 +152,26 @@ pub fn parse_native_memory(summary: &str) -> Vec<NativeCategory> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A trigger made in a process's working directory is removed even when the
+    /// process ended before it was (its /proc paths gone with it).
+    #[test]
+    fn a_trigger_is_removed_after_its_process_ended() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .current_dir(dir.path())
+            .spawn()
+            .unwrap();
+        let through_proc = PathBuf::from(format!("/proc/{}/cwd/.attach_pid1", child.id()));
+        let trigger = Trigger::make(&through_proc).unwrap();
+        assert!(dir.path().join(".attach_pid1").exists());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!through_proc.exists(), "the process's paths outlived it");
+        trigger.remove();
+        assert!(!dir.path().join(".attach_pid1").exists());
+    }
 
     #[test]
     fn native_memory_categories_are_read_from_a_summary() {
