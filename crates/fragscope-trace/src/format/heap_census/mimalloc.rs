@@ -107,6 +107,10 @@ impl MimallocHeap {
     pub fn pages(&self) -> u64 {
         self.classes.iter().map(|c| c.pages).sum()
     }
+    /// Whether this is mimalloc 3.x's heap (arenas, no segments), by its release.
+    pub fn is_v3(&self) -> bool {
+        self.release.starts_with("mimalloc 3.")
+    }
 
     pub(super) fn encode(&self, w: &mut Writer) {
         w.str(&self.release).str(&self.library);
