@@ -59,7 +59,7 @@ impl LinkedAllocator {
             "its heap is read from jemalloc's own metadata at each snapshot instead, if \
              fragscope knows its build (else it shows as other anonymous)"
         } else if self.allocator == "mimalloc" {
-            "its heap is read from mimalloc's own segments and pages at each snapshot \
+            "its heap is read from mimalloc's own pages and their metadata at each snapshot \
              instead, if fragscope knows its release (else it shows as other anonymous)"
         } else {
             "its memory shows as other anonymous"

@@ -10,7 +10,8 @@
 //! spans, its layouts from the program's DWARF or a table per release) and `jvm` (a HotSpot JVM's regions or
 //! spaces, its layouts from the tables libjvm.so exports for debuggers); `tcmalloc` and `jemalloc` read those
 //! allocators' metadata, found by its shape in their library's data; `mimalloc` reads
-//! mimalloc 2.x's segments and pages, found through its arenas and segment map. `allocators` names
+//! mimalloc's pages (2.x: in segments found through its arenas and segment map; 3.x: found
+//! through its heaps' maps of their pages in its arenas). `allocators` names
 //! the allocator a process really uses, a copy linked into the program included.
 
 pub mod allocators;

@@ -1,6 +1,8 @@
-//! mimalloc's heap (2.x), read from outside a running process.
+//! mimalloc's heap, read from outside a running process: one reader per release family
+//! (2.x here and in `read`, 3.x in `v3`), each with the layouts of the releases it has
+//! verified.
 //!
-//! mimalloc takes memory from the OS in *segments* of 32 MiB (aligned to their size; a
+//! mimalloc 2.x takes memory from the OS in *segments* of 32 MiB (aligned to their size; a
 //! *huge* segment holds one block too large for a normal one), usually carved from
 //! *arenas* it reserves (1 GiB at a time). A segment is 512 *slices* of 64 KiB: the first
 //! ones hold the segment's header (its info slices), the rest form *pages*, each serving
@@ -44,7 +46,7 @@ use crate::memory::{le_u32, le_u64};
 use crate::residency::Residency;
 use crate::{ProcessMemory, Symbols};
 
-/// The release whose layout is verified, as `mi_version` gives it.
+/// The 2.x release whose layout is verified, as `mi_version` gives it.
 const RELEASE: (u32, &str) = (20302, "mimalloc 2.3.2");
 
 /// The statics read, with their sizes in the verified build (`sizeof(mi_heap_t)`,
@@ -127,7 +129,7 @@ const MAX_CARVED_READ: u64 = 1 << 20;
 const MAX_HEAPS: usize = 1 << 16;
 
 mod read;
-pub use read::census;
+mod v3;
 
 /// Where a process's mimalloc keeps the statics the census starts from.
 #[derive(Debug, Clone)]
@@ -135,10 +137,32 @@ pub struct MimallocLayout {
     /// The image it is in (the program, or libmimalloc), and its release.
     pub library: String,
     pub release: &'static str,
-    heap_main: u64,
-    arenas: u64,
-    arena_count: u64,
-    segment_map: u64,
+    statics: Statics,
+}
+
+/// The statics of each release family, placed in the process.
+#[derive(Debug, Clone)]
+enum Statics {
+    V2 {
+        heap_main: u64,
+        arenas: u64,
+        arena_count: u64,
+        segment_map: u64,
+    },
+    V3(v3::Statics),
+}
+
+/// Reads the heap. The caller holds the process stopped; `residency`: its pagemap, read
+/// meanwhile, which says what of the heap is resident.
+pub fn census(
+    mem: &mut ProcessMemory,
+    layout: &MimallocLayout,
+    residency: &[ResidentRange],
+) -> Result<MimallocHeap, String> {
+    match &layout.statics {
+        Statics::V2 { .. } => read::census(mem, layout, residency),
+        Statics::V3(statics) => v3::census(mem, layout, statics, residency),
+    }
 }
 
 /// Finds the mimalloc `pid` runs on: the copy `linked` names, else a mapped libmimalloc.
@@ -151,24 +175,35 @@ pub fn locate(pid: u32, linked: Option<&LinkedAllocator>) -> Result<MimallocLayo
             .ok_or_else(|| "no mimalloc library is mapped".to_string())?,
     };
     let elf = lib.elf(pid)?;
-    let statics = statics_of(&elf, &lib.path)?;
+    let file =
+        object::File::parse(&*elf).map_err(|e| format!("{} is not an ELF file ({e})", lib.path))?;
+    if v3::is_v3(&file) {
+        let (release, statics) = v3::locate(&file, &elf, &lib.path, lib.base)?;
+        return Ok(MimallocLayout {
+            library: lib.path,
+            release,
+            statics: Statics::V3(statics),
+        });
+    }
+    let release = statics_of(&file, &lib.path)?;
     let names: Vec<&str> = STATICS.iter().map(|(n, _)| *n).collect();
     let symbols = Symbols::resolve_at(&elf, &names, lib.base)?;
     Ok(MimallocLayout {
         library: lib.path,
-        release: statics,
-        heap_main: symbols.need("_mi_heap_main")?,
-        arenas: symbols.need("mi_arenas")?,
-        arena_count: symbols.need("mi_arena_count")?,
-        segment_map: symbols.need("mi_segment_map")?,
+        release,
+        statics: Statics::V2 {
+            heap_main: symbols.need("_mi_heap_main")?,
+            arenas: symbols.need("mi_arenas")?,
+            arena_count: symbols.need("mi_arena_count")?,
+            segment_map: symbols.need("mi_segment_map")?,
+        },
     })
 }
 
-/// The release of the mimalloc in `elf` (at `path`), once its statics' sizes are those of
-/// the verified build, and its version too when the image keeps `mi_version` (a program
+/// The release of the mimalloc 2.x in `file` (at `path`), once its statics' sizes are those
+/// of the verified build, and its version too when the image keeps `mi_version` (a program
 /// that never calls it has it dropped by the linker: its statics then tell the build).
-fn statics_of(elf: &[u8], path: &str) -> Result<&'static str, String> {
-    let file = object::File::parse(elf).map_err(|e| format!("{path} is not an ELF file ({e})"))?;
+fn statics_of(file: &object::File, path: &str) -> Result<&'static str, String> {
     let (known, release) = RELEASE;
     let not_verified = |which: String| {
         format!(
@@ -176,25 +211,12 @@ fn statics_of(elf: &[u8], path: &str) -> Result<&'static str, String> {
              (it reads {release}, as the mimalloc crate's `v2` feature builds it)"
         )
     };
-    match version_of(&file) {
+    match version_of(file) {
         Some(v) if v != known => return Err(not_verified(format!("mimalloc {}", version_name(v)))),
         _ => {}
     }
-    let size_of = |name: &str| {
-        file.symbols()
-            .find(|s| s.name() == Ok(name) && s.is_definition())
-            .map(|s| s.size())
-    };
-    // mimalloc 3.x (the crate's default today) has a thread-local `__mi_theap_main`
-    // (thread-local: not a definition to `object`) instead of `_mi_heap_main`.
-    let v3 = file
-        .symbols()
-        .any(|s| s.name() == Ok("__mi_theap_main") && !s.is_undefined());
-    if size_of("_mi_heap_main").is_none() && v3 {
-        return Err(not_verified("mimalloc 3.x".into()));
-    }
     for (name, size) in STATICS.iter().chain(&ALSO_SIZED) {
-        match size_of(name) {
+        match size_of(file, name) {
             None => {
                 return Err(format!(
                     "{path} keeps no symbol for mimalloc's {name} (stripped to its exported \
@@ -211,6 +233,13 @@ fn statics_of(elf: &[u8], path: &str) -> Result<&'static str, String> {
         }
     }
     Ok(release)
+}
+
+/// The size of the static `name` defines in `file`, if it keeps its symbol.
+fn size_of(file: &object::File, name: &str) -> Option<u64> {
+    file.symbols()
+        .find(|s| s.name() == Ok(name) && s.is_definition())
+        .map(|s| s.size())
 }
 
 /// `MI_MALLOC_VERSION` as a release: major, two digits of minor and two of patch since
@@ -271,6 +300,89 @@ struct Tally {
     pages: Vec<PageSeen>,
     /// The heaps the pages name (`xheap`), whose delayed-free lists are read.
     heaps: BTreeSet<u64>,
+}
+
+impl Tally {
+    fn new(layout: &MimallocLayout) -> Self {
+        Self {
+            heap: MimallocHeap {
+                release: layout.release.into(),
+                library: layout.library.clone(),
+                occupancy_pages: vec![0; OCCUPANCY_BUCKETS],
+                occupancy_in_use: vec![0; OCCUPANCY_BUCKETS],
+                ..MimallocHeap::default()
+            },
+            ..Tally::default()
+        }
+    }
+
+    /// One page into its class: `reserved` blocks fit in it, its slices span `span` bytes
+    /// of which `resident` are resident; `abandoned`: no thread owns it.
+    fn add_page(
+        &mut self,
+        seen: PageSeen,
+        reserved: u64,
+        span: u64,
+        resident: u64,
+        abandoned: bool,
+    ) {
+        let class = self
+            .classes
+            .entry(seen.block_size)
+            .or_insert_with(|| MimallocClass {
+                block_size: seen.block_size,
+                ..MimallocClass::default()
+            });
+        class.pages += 1;
+        class.abandoned_pages += u64::from(abandoned);
+        class.span_bytes += span;
+        class.blocks_reserved += reserved;
+        class.blocks_capacity += seen.capacity;
+        class.blocks_in_use += seen.used;
+        class.blocks_free += seen.capacity - seen.used;
+        if seen.used == 0 {
+            class.empty_pages += 1;
+            class.empty_resident_bytes += resident;
+        } else {
+            class.resident_bytes += resident;
+        }
+        // Placed by the blocks the program holds once the lists are read: the thread-free
+        // blocks are known now, the delayed ones (2.x) later; occupancy takes the first (a
+        // block on a heap's delayed list is rare and brief).
+        let held = seen.used - seen.thread_freed;
+        let b = bucket(held, reserved);
+        self.heap.occupancy_pages[b] += resident / PAGE;
+        self.heap.occupancy_in_use[b] += held * seen.block_size;
+        self.pages.push(seen);
+    }
+
+    /// The heap, once every page is in: the blocks other threads freed taken out of those
+    /// in use (mimalloc counts them in `used` until the owner collects them).
+    fn finish(self, bytes_read: u64) -> Result<MimallocHeap, String> {
+        let mut tally = self;
+        for p in &tally.pages {
+            if p.thread_freed + p.delayed > p.used {
+                return Err(format!(
+                    "a page at {:#x} counts {} blocks in use, fewer than the {} other threads \
+                     freed on its lists",
+                    p.start,
+                    p.used,
+                    p.thread_freed + p.delayed
+                ));
+            }
+            let class = tally
+                .classes
+                .get_mut(&p.block_size)
+                .expect("tallied with its page");
+            class.blocks_in_use -= p.thread_freed + p.delayed;
+            class.blocks_thread_freed += p.thread_freed;
+            class.blocks_delayed += p.delayed;
+        }
+        let mut heap = tally.heap;
+        heap.classes = tally.classes.into_values().collect();
+        heap.bytes_read = bytes_read;
+        Ok(heap)
+    }
 }
 
 /// The occupancy bucket of a page with `in_use` of `blocks`: none, then tenths.

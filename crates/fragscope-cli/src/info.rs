@@ -286,9 +286,10 @@ fn print_heap_census(c: &HeapCensus) {
             h.bins.iter().map(|k| k.slabs).sum::<u64>()
         ),
         Ok(AllocatorHeap::Mimalloc(h)) => println!(
-            "  snapshot {} heap census ({how}): {} segments, {} pages of {} block sizes",
+            "  snapshot {} heap census ({how}): {} {}, {} pages of {} block sizes",
             h.release,
-            h.segments,
+            if h.is_v3() { h.arenas } else { h.segments },
+            if h.is_v3() { "arenas" } else { "segments" },
             h.pages(),
             h.classes.len()
         ),

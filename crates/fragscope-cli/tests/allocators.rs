@@ -40,22 +40,18 @@ fn a_rust_program_on_a_linked_allocator_is_named_before_it_runs_and_in_the_repor
         assert_eq!(linked["allocator"], allocator, "{linked}");
         assert_eq!(linked["serves_malloc"], false, "{linked}");
         let headline = r["headline"]["sentence"].as_str().unwrap();
-        if allocator == "jemalloc" {
-            // tikv-jemallocator's default build keeps no statistics: its census is read
-            // from jemalloc's extent map (the tests below check its figures), and the
-            // headline is jemalloc's own.
-            assert!(headline.starts_with("jemalloc "), "{headline}");
-            assert!(!headline.contains("not read"), "{headline}");
-        } else {
-            assert!(
-                headline.contains(&format!("allocates through a {allocator} linked into it")),
-                "{allocator}: {headline}"
-            );
-            // Never malloc's advice for memory malloc does not hold.
-            for advice in ["purge", "trim", "pinned by a few live objects"] {
-                assert!(!headline.contains(advice), "{allocator}: {headline}");
-            }
-            assert_eq!(r["headline"]["dominant"], "other_anon");
+        // Both crates' default builds are read (tikv-jemallocator's, without statistics,
+        // from jemalloc's extent map; the mimalloc crate's 3.x from its arenas; the tests
+        // below check their figures): the headline is the allocator's own, never malloc's
+        // advice for memory malloc does not hold.
+        assert!(
+            headline.starts_with(&format!("{allocator} "))
+                || headline.starts_with(&format!("{allocator}'s ")),
+            "{headline}"
+        );
+        assert!(!headline.contains("not read"), "{headline}");
+        for advice in ["malloc_trim", "pinned by a few live objects"] {
+            assert!(!headline.contains(advice), "{allocator}: {headline}");
         }
         let text = report_text(&trace);
         assert!(
@@ -83,16 +79,15 @@ fn a_snapshot_names_the_allocator_linked_into_a_running_program() {
         let r = report_json(&trace);
         let s = &r["snapshot"];
         assert_eq!(s["allocator"], allocator, "{s}");
-        let note = s["note"].as_str().unwrap_or_default();
         if allocator == "jemalloc" {
             // Built by default, without statistics: read from its extent map, and said.
             assert!(s["note"].is_null(), "{s}");
             let release = s["jemalloc"]["heap"]["release"].as_str().unwrap();
             assert!(release.contains("built without statistics"), "{release}");
         } else {
-            // The mimalloc crate's default, mimalloc 3.x, whose layout is not verified.
-            assert!(note.contains("mimalloc 3."), "{note}");
-            assert!(note.contains("not verified"), "{note}");
+            // The mimalloc crate's default, mimalloc 3.x: read from its arenas.
+            assert!(s["note"].is_null(), "{s}");
+            assert_eq!(s["mimalloc"]["heap"]["release"], "mimalloc 3.3.2", "{s}");
         }
         assert_eq!(r["linked_allocator"]["allocator"], allocator);
         p.send("");
@@ -194,99 +189,172 @@ fn a_snapshot_reads_the_jemalloc_linked_into_a_rust_program() {
     }
 }
 
-/// A Rust program on the mimalloc crate's mimalloc 2.x, a tenth of its boxes kept:
-/// `snapshot PID` reads its segments and pages — one thread, whose heap mimalloc's own
-/// area visitor counts (pages, blocks in use, their bytes, committed and reserved bytes:
-/// the census must find the same), then four, whose workers' segments are abandoned when
-/// they end — and counts what the program holds within 5%, leaving under 10% of RSS to
-/// "other anonymous".
+/// A Rust program on the mimalloc crate, a tenth of its boxes kept, with mimalloc 2.x (its
+/// `v2`) and 3.x (its default): `snapshot PID` reads its pages — one thread, then four,
+/// whose workers' pages are abandoned when they end — and finds what mimalloc's own area
+/// visitor counts (pages, blocks in use with those other threads freed not yet collected,
+/// their bytes, committed and reserved bytes: 2.x's of the main thread's heap, with one
+/// thread; 3.x's of the main heap, every thread's pages and the abandoned ones), counts
+/// what the program holds within 5%, leaving under 10% of RSS to "other anonymous".
 #[test]
 fn a_snapshot_reads_the_mimalloc_linked_into_a_rust_program() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = build_linked_alloc("mimalloc-v2");
-    for threads in [1, 4] {
-        let mut cmd = Command::new(&exe);
-        cmd.args(["400000", "10", "stdin", &threads.to_string()]);
-        let mut p = Running::start(cmd);
-        assert!(p.line().starts_with("holding 40000 boxes"));
-        let own = figures_until_kept(&mut p);
-        let trace = dir.path().join(format!("mimalloc-{threads}.fsc"));
-        common::snapshot(p.pid(), &trace);
-        let r = report_json(&trace);
-        let s = &r["snapshot"];
-        assert_eq!(s["allocator"], "mimalloc", "{s}");
-        assert!(s["note"].is_null(), "{threads} threads: {s}");
-        assert_eq!(r["linked_allocator"]["allocator"], "mimalloc");
-        let m = &s["mimalloc"];
-        let figure = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("{m}"));
-        let classes = m["heap"]["classes"].as_array().unwrap();
-        let sum = |f: &dyn Fn(&serde_json::Value) -> u64| classes.iter().map(f).sum::<u64>();
-        let size = |k: &serde_json::Value| figure(&k["block_size"]);
-        if threads == 1 {
-            let within = |ours: u64, name: &str| assert_within(&own, ours, name, 0.0);
-            within(figure(&m["pages"]), "mi.pages");
-            within(sum(&|k| figure(&k["blocks_in_use"])), "mi.blocks");
-            within(figure(&m["in_use_bytes"]), "mi.used_bytes");
-            within(
-                sum(&|k| figure(&k["blocks_capacity"]) * size(k)),
-                "mi.committed",
+    for (feature, release) in [
+        ("mimalloc-v2", "mimalloc 2.3.2"),
+        ("mimalloc", "mimalloc 3.3.2"),
+    ] {
+        let exe = build_linked_alloc(feature);
+        let v3 = release.starts_with("mimalloc 3");
+        for threads in [1, 4] {
+            let case = format!("{release}, {threads} threads");
+            let mut cmd = Command::new(&exe);
+            cmd.args(["400000", "10", "stdin", &threads.to_string()]);
+            let mut p = Running::start(cmd);
+            assert!(p.line().starts_with("holding 40000 boxes"));
+            let own = figures_until_kept(&mut p);
+            let trace = dir.path().join(format!("{feature}-{threads}.fsc"));
+            common::snapshot(p.pid(), &trace);
+            let r = report_json(&trace);
+            let s = &r["snapshot"];
+            assert_eq!(s["allocator"], "mimalloc", "{s}");
+            assert!(s["note"].is_null(), "{case}: {s}");
+            assert_eq!(r["linked_allocator"]["allocator"], "mimalloc");
+            let m = &s["mimalloc"];
+            let figure = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("{m}"));
+            let classes = m["heap"]["classes"].as_array().unwrap();
+            let sum = |f: &dyn Fn(&serde_json::Value) -> u64| classes.iter().map(f).sum::<u64>();
+            let size = |k: &serde_json::Value| figure(&k["block_size"]);
+            // mimalloc counts the blocks other threads freed until their owner collects them.
+            let used = |k: &serde_json::Value| {
+                figure(&k["blocks_in_use"])
+                    + figure(&k["blocks_thread_freed"])
+                    + figure(&k["blocks_delayed"])
+            };
+            if threads == 1 || v3 {
+                let within = |ours: u64, name: &str| assert_within(&own, ours, name, 0.0);
+                within(figure(&m["pages"]), "mi.pages");
+                within(sum(&used), "mi.blocks");
+                within(sum(&|k| used(k) * size(k)), "mi.used_bytes");
+                within(
+                    sum(&|k| figure(&k["blocks_capacity"]) * size(k)),
+                    "mi.committed",
+                );
+                within(
+                    sum(&|k| figure(&k["blocks_reserved"]) * size(k)),
+                    "mi.reserved",
+                );
+            }
+            if threads > 1 && v3 {
+                assert!(sum(&|k| figure(&k["abandoned_pages"])) > 0, "{case}: {m}");
+            } else if threads > 1 {
+                assert!(figure(&m["heap"]["abandoned_segments"]) > 0, "{case}: {m}");
+            }
+            if v3 {
+                assert_eq!(figure(&m["heap"]["arenas"]), 1, "{case}: {m}");
+                assert!(figure(&m["heap"]["thread_heaps"]) >= 1, "{case}: {m}");
+            }
+            let d = &r["snapshots"][0];
+            assert_within(
+                &own,
+                figure(&d["live"]) + figure(&d["rounding"]),
+                "usable",
+                0.05,
             );
-            within(
-                sum(&|k| figure(&k["blocks_reserved"]) * size(k)),
-                "mi.reserved",
+            let rss = figure(&d["rss"]);
+            assert!(figure(&d["other_anon"]) * 10 < rss, "{case}: {d}");
+            // Every tenth box kept: the free blocks the survivors keep dominate.
+            assert!(
+                figure(&d["free_in_used_pages"]) > figure(&d["live"]),
+                "{case}: {d}"
             );
-        } else {
-            assert!(figure(&m["heap"]["abandoned_segments"]) > 0, "{m}");
+            let headline = r["headline"]["sentence"].as_str().unwrap();
+            assert!(headline.starts_with("mimalloc's pages hold"), "{headline}");
+            let text = report_text(&trace);
+            assert!(text.contains(release), "{text}");
+            assert!(text.contains("block sizes by free bytes"), "{text}");
+            let counted_by = if v3 {
+                "as its arenas and pages"
+            } else {
+                "as its segments and pages"
+            };
+            assert!(text.contains(counted_by), "{text}");
+            p.send("");
         }
-        let d = &r["snapshots"][0];
-        assert_within(
-            &own,
-            figure(&d["live"]) + figure(&d["rounding"]),
-            "usable",
-            0.05,
-        );
-        let rss = figure(&d["rss"]);
-        assert!(
-            figure(&d["other_anon"]) * 10 < rss,
-            "{threads} threads: {d}"
-        );
-        // Every tenth box kept: the free blocks the survivors keep dominate.
-        assert!(figure(&d["free_in_used_pages"]) > figure(&d["live"]), "{d}");
-        let headline = r["headline"]["sentence"].as_str().unwrap();
-        assert!(headline.starts_with("mimalloc's pages hold"), "{headline}");
-        let text = report_text(&trace);
-        assert!(text.contains("mimalloc 2.3.2"), "{text}");
-        assert!(text.contains("block sizes by free bytes"), "{text}");
-        p.send("");
     }
 }
 
 /// The same program stripped of its symbol table: mimalloc's statics are file-local, so
 /// nothing names them; the snapshot names the allocator and refuses its census with a
-/// note rather than guess where they are.
+/// note rather than guess where they are (2.x and 3.x).
 #[test]
 fn a_snapshot_of_a_stripped_program_on_mimalloc_is_refused_with_a_note() {
     let dir = tempfile::tempdir().unwrap();
-    let stripped = dir.path().join("linked_alloc");
-    std::fs::copy(build_linked_alloc("mimalloc-v2"), &stripped).unwrap();
-    let ok = Command::new("strip")
-        .arg("--strip-all")
-        .arg(&stripped)
-        .status()
-        .unwrap();
-    assert!(ok.success(), "strip failed");
-    let mut cmd = Command::new(&stripped);
+    for feature in ["mimalloc-v2", "mimalloc"] {
+        let stripped = dir.path().join(format!("linked_alloc-{feature}"));
+        std::fs::copy(build_linked_alloc(feature), &stripped).unwrap();
+        let ok = Command::new("strip")
+            .arg("--strip-all")
+            .arg(&stripped)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "strip failed");
+        let s = snapshot_of_linked_alloc(&stripped, &dir.path().join(format!("{feature}.fsc")));
+        assert_eq!(s["allocator"], "mimalloc", "{s}");
+        let note = s["note"].as_str().unwrap_or_default();
+        assert!(
+            note.contains("keeps no symbol for mimalloc's"),
+            "{feature}: {s}"
+        );
+        assert!(s.get("mimalloc").is_none(), "{s}");
+    }
+}
+
+/// A mimalloc 3.x whose statics are not those of a verified build (the program's symbol
+/// table given another size for `subproc_main`, as another release or a `secure` build
+/// would have it): refused with a note naming what differs, never read with a layout
+/// that may not be its own.
+#[test]
+fn a_snapshot_of_an_unverified_mimalloc_3_build_is_refused_with_a_note() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_linked_alloc("mimalloc");
+    let other = dir.path().join("linked_alloc-other");
+    let mut bytes = std::fs::read(&exe).unwrap();
+    let at = {
+        use object::{Object, ObjectSection, ObjectSymbol};
+        let file = object::File::parse(&*bytes).unwrap();
+        let sym = file
+            .symbols()
+            .find(|s| s.name() == Ok("subproc_main"))
+            .expect("subproc_main in the symbol table");
+        let (symtab, _) = file
+            .section_by_name(".symtab")
+            .and_then(|s| s.file_range())
+            .unwrap();
+        // Elf64_Sym: st_size at byte 16 of 24.
+        symtab as usize + sym.index().0 * 24 + 16
+    };
+    bytes[at..at + 8].copy_from_slice(&5904u64.to_le_bytes());
+    std::fs::write(&other, &bytes).unwrap();
+    std::fs::set_permissions(&other, std::fs::metadata(&exe).unwrap().permissions()).unwrap();
+    let s = snapshot_of_linked_alloc(&other, &dir.path().join("other.fsc"));
+    let note = s["note"].as_str().unwrap_or_default();
+    assert!(note.contains("a mimalloc 3.x"), "{s}");
+    assert!(note.contains("not verified"), "{s}");
+    assert!(note.contains("subproc_main 5904 bytes"), "{s}");
+    assert!(s.get("mimalloc").is_none(), "{s}");
+}
+
+/// `snapshot PID` of `exe` (tests/rust/linked_alloc) holding 2000 boxes, written to
+/// `trace`: its report's snapshot facts.
+fn snapshot_of_linked_alloc(exe: &std::path::Path, trace: &std::path::Path) -> serde_json::Value {
+    let mut cmd = Command::new(exe);
     cmd.args(["20000", "10", "stdin"]);
     let mut p = Running::start(cmd);
     assert!(p.line().starts_with("holding 2000 boxes"));
-    let trace = dir.path().join("stripped.fsc");
-    common::snapshot(p.pid(), &trace);
-    let s = &report_json(&trace)["snapshot"];
-    assert_eq!(s["allocator"], "mimalloc", "{s}");
-    let note = s["note"].as_str().unwrap_or_default();
-    assert!(note.contains("keeps no symbol for mimalloc's"), "{s}");
-    assert!(s.get("mimalloc").is_none(), "{s}");
+    common::snapshot(p.pid(), trace);
+    let s = report_json(trace)["snapshot"].clone();
     p.send("");
+    s
 }
 
 /// The same program recorded, with jemalloc's statistics and as tikv-jemallocator builds
@@ -302,11 +370,13 @@ fn a_recording_reads_the_jemalloc_linked_into_a_rust_program_at_each_snapshot() 
     }
 }
 
-/// The same for the program on the mimalloc crate's mimalloc 2.x: its segments and pages
-/// read at every snapshot.
+/// The same for the program on the mimalloc crate, its mimalloc 2.x (segments and pages)
+/// and 3.x (arenas and pages) read at every snapshot.
 #[test]
 fn a_recording_reads_the_mimalloc_linked_into_a_rust_program_at_each_snapshot() {
-    recording_of_linked_alloc("mimalloc-v2", "mimalloc");
+    for feature in ["mimalloc-v2", "mimalloc"] {
+        recording_of_linked_alloc(feature, "mimalloc");
+    }
 }
 
 fn recording_of_linked_alloc(feature: &str, allocator: &str) {

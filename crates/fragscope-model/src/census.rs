@@ -151,8 +151,9 @@ fn jemalloc_parts(h: &JemallocHeap, page: u64) -> (HeapParts, Vec<ClassAtSnapsho
 /// mimalloc's heap as the parts: blocks the program holds at their block size (rounding
 /// inside `live`), the rest of the resident bytes of pages with a block in use (free
 /// blocks, blocks other threads freed not yet collected, the uncarved tail), the free
-/// pages it keeps resident (empty pages, free spans, arena blocks not yet purged), and
-/// the segments' headers; all as pagemap finds them resident.
+/// pages it keeps resident (empty pages, free spans, arena blocks or slices not yet
+/// purged), and its metadata (2.x: the segments' headers; 3.x: the arenas' page tables and
+/// bitmaps, thread heaps); all as pagemap finds them resident.
 fn mimalloc_parts(h: &MimallocHeap, page: u64) -> (HeapParts, Vec<ClassAtSnapshot>) {
     let mut parts = HeapParts {
         live: h.in_use_bytes(),
@@ -165,7 +166,8 @@ fn mimalloc_parts(h: &MimallocHeap, page: u64) -> (HeapParts, Vec<ClassAtSnapsho
         parts.occupancy_pages[b] = h.occupancy_pages.get(b).copied().unwrap_or(0);
         parts.occupancy_live[b] = h.occupancy_in_use.get(b).copied().unwrap_or(0);
     }
-    // Free spans and arena blocks are pages with nothing in use, as empty pages are.
+    // Free spans and arena blocks or slices are pages with nothing in use, as empty pages
+    // are.
     parts.occupancy_pages[0] += (h.free_span_resident + h.arena_free_resident) / page;
     parts.empty_pages = parts.occupancy_pages[0];
     parts.used_pages = parts.occupancy_pages[1..].iter().sum();
@@ -524,23 +526,37 @@ fn mimalloc_sentence(h: &MimallocHeap) -> String {
             k.blocks_free + k.blocks_thread_freed + k.blocks_delayed
         ),
         _ if free_pages * 4 >= resident => format!(
-            "mimalloc keeps {} of free pages resident ({}% of its {} resident): empty pages, \
-             free spans and arena blocks it has not purged yet. It purges them once \
-             purge_delay has passed (MIMALLOC_PURGE_DELAY, 10 ms by default, ten times that \
-             in arenas), but only while the program calls into it; mi_collect(true) returns \
-             them at once.",
+            "mimalloc keeps {} of free pages resident ({}% of its {} resident): {} it has not \
+             purged yet. It purges them once purge_delay has passed (MIMALLOC_PURGE_DELAY, \
+             {} by default), but only while the program calls into it; mi_collect(true) \
+             returns them at once.",
             crate::mib(free_pages),
             share(free_pages),
-            crate::mib(resident)
+            crate::mib(resident),
+            if h.is_v3() {
+                "empty pages and free arena slices"
+            } else {
+                "empty pages, free spans and arena blocks"
+            },
+            if h.is_v3() {
+                "1 s"
+            } else {
+                "10 ms, ten times that in arenas"
+            }
         ),
         _ => format!(
             "mimalloc holds {} resident, {} of it in use by the program; the rest is {} of \
-             free space in pages in use, {} of free pages and {} of segment headers.",
+             free space in pages in use, {} of free pages and {} of {}.",
             crate::mib(resident),
             crate::mib(in_use),
             crate::mib(in_pages),
             crate::mib(free_pages),
-            crate::mib(h.metadata_resident)
+            crate::mib(h.metadata_resident),
+            if h.is_v3() {
+                "arena metadata"
+            } else {
+                "segment headers"
+            }
         ),
     }
 }

@@ -739,6 +739,11 @@ fn write_censuses(
             }
             AllocatorHeap::Tcmalloc(h) => h.system_bytes - h.unmapped_bytes,
             AllocatorHeap::Jemalloc(h) => h.mapped_bytes(),
+            // 3.x commits its arenas whole where the OS overcommits: its heap is what
+            // it holds resident.
+            AllocatorHeap::Mimalloc(h) if h.is_v3() => {
+                h.used_page_resident() + h.free_pages_resident() + h.metadata_resident
+            }
             AllocatorHeap::Mimalloc(h) => h.committed_bytes,
             AllocatorHeap::Unused => 0,
         };

@@ -4,32 +4,25 @@
 
 use super::*;
 
-/// Reads the heap. The caller holds the process stopped; `residency`: its pagemap, read
-/// meanwhile, which says what of the segments is resident.
-pub fn census(
+/// Reads a 2.x heap (see [`super::census`]).
+pub(super) fn census(
     mem: &mut ProcessMemory,
     layout: &MimallocLayout,
     residency: &[ResidentRange],
 ) -> Result<MimallocHeap, String> {
     let residency = &Residency::new(residency, PAGE);
     let start_read = mem.bytes_read();
+    let Statics::V2 { heap_main, .. } = layout.statics else {
+        return Err("not a mimalloc 2.x layout".into());
+    };
     let mut main = [0u8; 40];
-    mem.read(layout.heap_main, &mut main)
+    mem.read(heap_main, &mut main)
         .map_err(|e| format!("mimalloc's main heap could not be read ({e})"))?;
     let cookie = le_u64(&main, HEAP_COOKIE);
     if cookie == 0 {
         return Err("mimalloc has not been initialised yet in this process".into());
     }
-    let mut tally = Tally {
-        heap: MimallocHeap {
-            release: layout.release.into(),
-            library: layout.library.clone(),
-            occupancy_pages: vec![0; OCCUPANCY_BUCKETS],
-            occupancy_in_use: vec![0; OCCUPANCY_BUCKETS],
-            ..MimallocHeap::default()
-        },
-        ..Tally::default()
-    };
+    let mut tally = Tally::new(layout);
     let mut segments = BTreeSet::new();
     arena_segments(mem, layout, residency, &mut segments, &mut tally.heap)?;
     map_segments(mem, layout, &mut segments)?;
@@ -37,28 +30,8 @@ pub fn census(
         segment(mem, residency, cookie, at, &mut tally)?;
     }
     delayed_frees(mem, &mut tally)?;
-    for p in &tally.pages {
-        if p.thread_freed + p.delayed > p.used {
-            return Err(format!(
-                "a page at {:#x} counts {} blocks in use, fewer than the {} other threads \
-                 freed on its lists",
-                p.start,
-                p.used,
-                p.thread_freed + p.delayed
-            ));
-        }
-        let class = tally
-            .classes
-            .get_mut(&p.block_size)
-            .expect("tallied with its page");
-        class.blocks_in_use -= p.thread_freed + p.delayed;
-        class.blocks_thread_freed += p.thread_freed;
-        class.blocks_delayed += p.delayed;
-    }
-    let mut heap = tally.heap;
-    heap.classes = tally.classes.into_values().collect();
-    heap.bytes_read = mem.bytes_read() - start_read;
-    Ok(heap)
+    let read = mem.bytes_read() - start_read;
+    tally.finish(read)
 }
 
 /// The segments of every arena: at each run of blocks in use, a segment (a huge one
@@ -71,10 +44,18 @@ fn arena_segments(
     segments: &mut BTreeSet<u64>,
     heap: &mut MimallocHeap,
 ) -> Result<(), String> {
+    let Statics::V2 {
+        arenas,
+        arena_count,
+        ..
+    } = layout.statics
+    else {
+        return Ok(());
+    };
     let unread =
         |what: &str, e: std::io::Error| format!("mimalloc's {what} could not be read ({e})");
     let count = mem
-        .read_u64(layout.arena_count)
+        .read_u64(arena_count)
         .map_err(|e| unread("arena count", e))?;
     if count > MAX_ARENAS {
         return Err(format!(
@@ -82,7 +63,7 @@ fn arena_segments(
         ));
     }
     let mut table = vec![0u8; count as usize * 8];
-    mem.read(layout.arenas, &mut table)
+    mem.read(arenas, &mut table)
         .map_err(|e| unread("arenas", e))?;
     for i in 0..count as usize {
         let at = le_u64(&table, 8 * i);
@@ -147,8 +128,11 @@ fn map_segments(
     layout: &MimallocLayout,
     segments: &mut BTreeSet<u64>,
 ) -> Result<(), String> {
+    let Statics::V2 { segment_map, .. } = layout.statics else {
+        return Ok(());
+    };
     let mut parts = vec![0u8; MAP_PARTS * 8];
-    mem.read(layout.segment_map, &mut parts)
+    mem.read(segment_map, &mut parts)
         .map_err(|e| format!("mimalloc's segment map could not be read ({e})"))?;
     for p in 0..MAP_PARTS {
         let at = le_u64(&parts, 8 * p);
@@ -306,33 +290,7 @@ fn page(
         tally.heaps.insert(heap_at);
     }
     let resident = residency.resident_bytes(lo, hi);
-    let class = tally
-        .classes
-        .entry(block_size)
-        .or_insert_with(|| MimallocClass {
-            block_size,
-            ..MimallocClass::default()
-        });
-    class.pages += 1;
-    class.abandoned_pages += u64::from(thread == 0);
-    class.span_bytes += hi - lo;
-    class.blocks_reserved += reserved;
-    class.blocks_capacity += capacity;
-    class.blocks_in_use += used;
-    class.blocks_free += capacity - used;
-    if used == 0 {
-        class.empty_pages += 1;
-        class.empty_resident_bytes += resident;
-    } else {
-        class.resident_bytes += resident;
-    }
-    // Placed by the blocks the program holds once the lists are read: the thread-free
-    // blocks are known now, the delayed ones later; occupancy takes the first (a block
-    // on a heap's delayed list is rare and brief).
-    let b = bucket(used - seen.thread_freed, reserved);
-    tally.heap.occupancy_pages[b] += resident / PAGE;
-    tally.heap.occupancy_in_use[b] += (used - seen.thread_freed) * block_size;
-    tally.pages.push(seen);
+    tally.add_page(seen, reserved, hi - lo, resident, thread == 0);
     Ok(())
 }
 
@@ -343,7 +301,11 @@ fn page(
 /// beyond them, whose pages may never have been touched (reading them would map them).
 /// At such a moment (40-120 MB on those lists) the census held the program 1.5-2.4 ms per
 /// MB of them so, 2.1-3.0 ms one read a block (BENCHMARKS.md).
-fn thread_freed(mem: &mut ProcessMemory, page: &PageSeen, head: u64) -> Result<u64, String> {
+pub(super) fn thread_freed(
+    mem: &mut ProcessMemory,
+    page: &PageSeen,
+    head: u64,
+) -> Result<u64, String> {
     let carved = page.capacity * page.block_size;
     let mut blocks: Vec<u8> = Vec::new();
     let (mut block, mut count) = (head, 0u64);

@@ -76,10 +76,12 @@ impl FakeHeap {
         MimallocLayout {
             library: "/test".into(),
             release: "mimalloc 2.3.2",
-            heap_main: self.main.as_ptr() as u64,
-            arenas: self.arenas.as_ptr() as u64,
-            arena_count: self.count.as_ptr() as u64,
-            segment_map: self.map.as_ptr() as u64,
+            statics: Statics::V2 {
+                heap_main: self.main.as_ptr() as u64,
+                arenas: self.arenas.as_ptr() as u64,
+                arena_count: self.count.as_ptr() as u64,
+                segment_map: self.map.as_ptr() as u64,
+            },
         }
     }
 

@@ -116,39 +116,63 @@ fn jemalloc_census(o: &mut String, j: &fragscope_model::report::JemallocFigures)
     }
 }
 
-/// mimalloc's heap as its segments and pages count it, then its block sizes by the free
-/// bytes their pages hold.
+/// mimalloc's heap as its segments (2.x) or arenas (3.x) and pages count it, then its
+/// block sizes by the free bytes their pages hold.
 fn mimalloc_census(o: &mut String, m: &fragscope_model::report::MimallocFigures) {
     let h = &m.heap;
     let _ = writeln!(
         o,
-        "{} ({}), as its segments and pages count it:\n  \
+        "{} ({}), as its {} and pages count it:\n  \
          {:>10} in use by the program, in {} pages of {} block sizes\n  \
          {:>10} resident in those pages: {} of free blocks, {} freed by other threads \
-         not yet collected\n  \
-         {:>10} of free pages kept resident ({} in empty pages, {} in free spans, {} in \
-         arena blocks)\n  \
-         {:>10} of segment headers, resident\n  \
-         {:>10} committed of {} in {} segments ({} huge, {} abandoned)",
+         not yet collected",
         h.release,
         h.library,
+        if h.is_v3() { "arenas" } else { "segments" },
         bytes(m.in_use_bytes),
         count(m.pages),
         count(h.classes.len() as u64),
         bytes(m.used_page_resident),
         bytes(m.free_block_bytes),
         bytes(m.thread_freed_bytes),
-        bytes(m.free_pages_resident),
-        bytes(h.empty_page_resident()),
-        bytes(h.free_span_resident),
-        bytes(h.arena_free_resident),
-        bytes(h.metadata_resident),
-        bytes(h.committed_bytes),
-        bytes(h.segment_bytes),
-        count(h.segments),
-        count(h.huge_segments),
-        count(h.abandoned_segments)
     );
+    if h.is_v3() {
+        let abandoned: u64 = h.classes.iter().map(|k| k.abandoned_pages).sum();
+        let _ = writeln!(
+            o,
+            "  {:>10} of free pages kept resident ({} in empty pages, {} in free arena \
+             slices)\n  \
+             {:>10} of arena metadata (page tables, bitmaps, thread heaps), resident\n  \
+             {:>10} committed of {} in {} arenas; {} thread heaps, {} pages abandoned",
+            bytes(m.free_pages_resident),
+            bytes(h.empty_page_resident()),
+            bytes(h.arena_free_resident),
+            bytes(h.metadata_resident),
+            bytes(h.committed_bytes),
+            bytes(h.arena_bytes),
+            count(h.arenas),
+            count(h.thread_heaps),
+            count(abandoned)
+        );
+    } else {
+        let _ = writeln!(
+            o,
+            "  {:>10} of free pages kept resident ({} in empty pages, {} in free spans, {} \
+             in arena blocks)\n  \
+             {:>10} of segment headers, resident\n  \
+             {:>10} committed of {} in {} segments ({} huge, {} abandoned)",
+            bytes(m.free_pages_resident),
+            bytes(h.empty_page_resident()),
+            bytes(h.free_span_resident),
+            bytes(h.arena_free_resident),
+            bytes(h.metadata_resident),
+            bytes(h.committed_bytes),
+            bytes(h.segment_bytes),
+            count(h.segments),
+            count(h.huge_segments),
+            count(h.abandoned_segments)
+        );
+    }
     let mut classes: Vec<_> = h.classes.iter().collect();
     classes.sort_by_key(|k| std::cmp::Reverse(k.resident_bytes.saturating_sub(k.in_use_bytes())));
     let _ = writeln!(

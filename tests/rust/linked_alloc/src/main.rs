@@ -71,7 +71,7 @@ fn main() {
     println!("holding {boxes} boxes, {held} usable bytes");
     #[cfg(feature = "jemalloc-stats")]
     jemalloc_figures(held);
-    #[cfg(feature = "mimalloc-v2")]
+    #[cfg(feature = "mimalloc")]
     mimalloc_figures(held);
     if wait == "stdin" {
         let _ = stdin.read_line(&mut line);
@@ -132,13 +132,15 @@ fn jemalloc_figures(held: usize) {
     println!("kept=1");
 }
 
-/// mimalloc's own account of the main thread's heap (the program's only one with THREADS
-/// 1), from its area visitor without the blocks (which would collect the pages' free
-/// lists first): pages, blocks in use, their bytes at the block size, and the pages'
-/// committed and reserved bytes, NAME=VALUE, ending with `kept=`.
-#[cfg(feature = "mimalloc-v2")]
+/// mimalloc's own account of its heap, from its area visitor without the blocks (which
+/// would collect the pages' free lists first): pages, blocks in use (those other threads
+/// freed and the owner has not collected included, as mimalloc counts them), their bytes at
+/// the block size, and the pages' committed and reserved bytes, NAME=VALUE, ending with
+/// `kept=`. 2.x visits the main thread's heap (the program's only one with THREADS 1);
+/// 3.x the main heap, every thread's pages and the abandoned ones.
+#[cfg(feature = "mimalloc")]
 fn mimalloc_figures(held: usize) {
-    use libmimalloc_sys::{mi_heap_area_t, mi_heap_get_default, mi_heap_t, mi_heap_visit_blocks};
+    use libmimalloc_sys::{mi_heap_area_t, mi_heap_t, mi_heap_visit_blocks};
     #[derive(Default)]
     struct Areas {
         pages: usize,
@@ -158,20 +160,20 @@ fn mimalloc_figures(held: usize) {
             let (area, sums) = unsafe { (&*area, &mut *arg.cast::<Areas>()) };
             sums.pages += 1;
             sums.blocks += area.used;
-            sums.used_bytes += area.used * area.block_size;
+            sums.used_bytes += area.used * area.full_block_size;
             sums.committed += area.committed;
             sums.reserved += area.reserved;
         }
         true
     }
+    // 3.x: null is the main heap.
+    #[cfg(feature = "mimalloc-v2")]
+    let heap = unsafe { libmimalloc_sys::mi_heap_get_default() };
+    #[cfg(not(feature = "mimalloc-v2"))]
+    let heap = std::ptr::null_mut();
     let mut sums = Areas::default();
     unsafe {
-        mi_heap_visit_blocks(
-            mi_heap_get_default(),
-            false,
-            Some(count),
-            (&mut sums as *mut Areas).cast(),
-        );
+        mi_heap_visit_blocks(heap, false, Some(count), (&mut sums as *mut Areas).cast());
     }
     println!("mi.pages={}", sums.pages);
     println!("mi.blocks={}", sums.blocks);

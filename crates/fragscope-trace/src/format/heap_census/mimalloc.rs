@@ -4,27 +4,30 @@
 use crate::format::wire::{Reader, Writer};
 use crate::format::TraceError;
 
-/// mimalloc's heap (2.x): every segment the process holds (found through mimalloc's arenas
-/// and its segment map, so threads' heaps need not be reached), its pages grouped by block
-/// size, and the bytes resident by pagemap that no page holds. Blocks are counted at their
-/// block size, as mimalloc hands them out.
+/// mimalloc's heap: every page the process holds (2.x: inside the segments found through
+/// mimalloc's arenas and its segment map; 3.x: in its arenas, found through each heap's map
+/// of its pages there), its pages grouped by block size, and the bytes resident by pagemap
+/// that no page holds. Blocks are counted at their block size, as mimalloc hands them out.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct MimallocHeap {
     /// The mimalloc release whose layout was read, and the image it is in.
     pub release: String,
     pub library: String,
-    /// Segments (32 MiB each, more for a huge one), the huge ones among them (one huge
+    /// 2.x: segments (32 MiB each, more for a huge one), the huge ones among them (one huge
     /// block each), and those whose thread ended without freeing them (abandoned: their
-    /// pages wait for another thread to reclaim them).
+    /// pages wait for another thread to reclaim them). 3.x has none.
     pub segments: u64,
     pub huge_segments: u64,
     pub abandoned_segments: u64,
-    /// The segments' address space, and what of it mimalloc has committed.
+    /// The segments' address space (2.x), and what mimalloc has committed (2.x: of its
+    /// segments; 3.x: of its arenas, and pages taken from the OS outside them).
     pub segment_bytes: u64,
     pub committed_bytes: u64,
-    /// Resident bytes (by pagemap) of the segments' own headers (their info slices), of
-    /// the free spans inside segments, and of the arenas' blocks that hold no segment
-    /// (freed segments not yet purged).
+    /// Resident bytes (by pagemap) of mimalloc's own metadata (2.x: the segments' headers,
+    /// their info slices; 3.x: the arenas' info slices, with their bitmaps and page
+    /// descriptors, and the arena slices neither free nor a page: thread heaps' and other
+    /// metadata), of the free spans inside segments (2.x), and of the arenas' free room
+    /// (2.x: blocks that hold no segment; 3.x: free slices), not yet purged.
     pub metadata_resident: u64,
     pub free_span_resident: u64,
     pub arena_free_resident: u64,
@@ -35,6 +38,12 @@ pub struct MimallocHeap {
     pub occupancy_pages: Vec<u64>,
     pub occupancy_in_use: Vec<u64>,
     pub bytes_read: u64,
+    /// 3.x: its arenas, their address space, and its thread heaps (`theap`s, one per
+    /// thread and heap; a thread that ended leaves its pages abandoned). 0 for 2.x, and in
+    /// traces written before 3.x was read.
+    pub arenas: u64,
+    pub arena_bytes: u64,
+    pub thread_heaps: u64,
 }
 
 /// mimalloc's pages of one block size.
@@ -98,6 +107,10 @@ impl MimallocHeap {
     pub fn pages(&self) -> u64 {
         self.classes.iter().map(|c| c.pages).sum()
     }
+    /// Whether this is mimalloc 3.x's heap (arenas, no segments), by its release.
+    pub fn is_v3(&self) -> bool {
+        self.release.starts_with("mimalloc 3.")
+    }
 
     pub(super) fn encode(&self, w: &mut Writer) {
         w.str(&self.release).str(&self.library);
@@ -126,6 +139,10 @@ impl MimallocHeap {
                 w.varint(v);
             }
         }
+        // Added with mimalloc 3.x, at the end: older readers stop before them.
+        for v in [self.arenas, self.arena_bytes, self.thread_heaps] {
+            w.varint(v);
+        }
     }
 
     pub(super) fn decode(r: &mut Reader) -> Result<Self, TraceError> {
@@ -150,6 +167,14 @@ impl MimallocHeap {
             }
             classes.push(class_from(v));
         }
+        // Absent from traces written before mimalloc 3.x was read.
+        let mut v3 = [0u64; 3];
+        if !r.is_empty() {
+            for x in &mut v3 {
+                *x = r.varint()?;
+            }
+        }
+        let [arenas, arena_bytes, thread_heaps] = v3;
         let [segments, huge_segments, abandoned_segments, segment_bytes, committed_bytes, metadata_resident, free_span_resident, arena_free_resident, bytes_read] =
             f;
         Ok(Self {
@@ -167,6 +192,9 @@ impl MimallocHeap {
             occupancy_pages,
             occupancy_in_use,
             bytes_read,
+            arenas,
+            arena_bytes,
+            thread_heaps,
         })
     }
 }
@@ -216,6 +244,13 @@ mod tests {
     use super::*;
     use crate::heap_census::{AllocatorHeap, HeapCensus, OCCUPANCY_BUCKETS};
 
+    fn census_classes(c: &HeapCensus) -> Vec<MimallocClass> {
+        match &c.result {
+            Ok(AllocatorHeap::Mimalloc(h)) => h.classes.clone(),
+            _ => Vec::new(),
+        }
+    }
+
     #[test]
     fn a_mimalloc_census_round_trips_and_a_cut_or_garbled_one_is_an_error_not_a_panic() {
         let class = MimallocClass {
@@ -248,6 +283,9 @@ mod tests {
             occupancy_pages: vec![1; OCCUPANCY_BUCKETS],
             occupancy_in_use: vec![64; OCCUPANCY_BUCKETS],
             bytes_read: 4242,
+            arenas: 1,
+            arena_bytes: 1 << 30,
+            thread_heaps: 3,
         };
         assert_eq!(heap.in_use_bytes(), 8000);
         assert_eq!(heap.used_page_resident(), 2 << 16);
@@ -262,7 +300,22 @@ mod tests {
         };
         let bytes = census.encode();
         assert_eq!(HeapCensus::decode(&bytes).unwrap(), census);
-        assert!((0..bytes.len()).all(|cut| HeapCensus::decode(&bytes[..cut]).is_err()));
+        // Cut anywhere, an error; except just before the fields 3.x added (7 bytes of
+        // varints here), where it reads as a trace written before them.
+        let before_v3 = bytes.len() - 7;
+        assert!((0..bytes.len())
+            .filter(|&cut| cut != before_v3)
+            .all(|cut| HeapCensus::decode(&bytes[..cut]).is_err()));
+        let Ok(AllocatorHeap::Mimalloc(older)) =
+            HeapCensus::decode(&bytes[..before_v3]).unwrap().result
+        else {
+            panic!("not read as a mimalloc census")
+        };
+        assert_eq!(
+            (older.arenas, older.arena_bytes, older.thread_heaps),
+            (0, 0, 0)
+        );
+        assert_eq!(older.classes, census_classes(&census));
         // Every byte garbled in turn: read or refused, never a panic.
         for i in 0..bytes.len() {
             let mut garbled = bytes.clone();
