@@ -41,10 +41,11 @@ static void flush_thread(struct thread_state *ts) {
 }
 
 /* Sends a retired thread's last buffer, flagged: the thread is gone, so the merge stops
- * waiting for it. Not at its exit (thread_exited): glibc still frees after the last key
- * destructor, and such a call, recorded and then preempted before it is sent, would
- * reach the merge after later calls of other threads had gone. Under registry_lock, so
- * that no new thread claims the state meanwhile. */
+ * waiting for it. It holds the calls the thread made since its last full buffer, and
+ * what glibc freed after its last key destructor. Not at its exit (thread_exited): such
+ * a call, recorded and then preempted before it is sent, would reach the merge after
+ * later calls of other threads had gone. Under registry_lock, so that no new thread
+ * claims the state meanwhile. */
 static void tell_gone(struct thread_state *ts) {
     if (ts->gone_told) return;
     send_thread_buffer(ts, SEQ_THREAD_EXITED);
@@ -133,7 +134,6 @@ static struct thread_state *thread_state_new(void) {
             tell_gone(r);
             r->gone_told = 0;
             r->retired = 0; /* claimed under the lock: no other new thread can take it */
-            r->exited = 0;
             r->idle = 0;
             r->flags_of_holder = &tls_flags;
             departed[departed_next++ % DEPARTED_CAP] =
@@ -185,8 +185,9 @@ static void thread_exited(void *arg) {
     tls_flags |= TF_FORWARD;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     wait_until_not_taken(ts);
-    flush_thread(ts);
-    ts->exited = 1;
+    /* Its buffer is not sent here but once the thread is gone (tell_gone), with what glibc
+     * frees after this: the merge waits for that last buffer anyway, and a thread per
+     * request sent five buffers in its short life, most of them a call or two. */
     /* Under the lock: send_idle_buffers reads the flags of a thread it sees unretired. */
     pthread_mutex_lock(&registry_lock);
     ts->retired = 1;

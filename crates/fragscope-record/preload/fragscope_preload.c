@@ -243,16 +243,13 @@ struct thread_state {
     /* This thread claimed a statistics request: it answers at its current call (see
      * write_event for where). */
     /* `taken`: another thread is sending this one's buffer (see send_idle_buffers), and
-     * the holder waits for it to be cleared before it touches its buffer. `exited`: the
-     * thread sent its last buffer; what glibc frees after that is sent call by call.
-     * `idle`: another thread told the recorder this one was idle, so its next call is
-     * sent at once. One word with `stats_due`, so that the fast path tests all four with
-     * one load. */
+     * the holder waits for it to be cleared before it touches its buffer. `idle`: another
+     * thread told the recorder this one was idle, so its next call is sent at once. One
+     * word with `stats_due`, so that the fast path tests all three with one load. */
     union {
         struct {
             uint8_t stats_due;
             uint8_t taken;
-            uint8_t exited;
             uint8_t idle;
         };
         uint32_t attention;
@@ -728,7 +725,7 @@ static void record(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size
     if (UNLIKELY(ts->nested_head != ts->nested_tail || ts->nested_lost)) drain_nested(ts);
     write_event(ts, kind, addr, old_addr, size, align);
     if (UNLIKELY(ts->nested_head != ts->nested_tail || ts->nested_lost)) drain_nested(ts);
-    if (UNLIKELY(finished || ts->exited || woke)) flush_thread(ts);
+    if (UNLIKELY(finished || woke)) flush_thread(ts);
 out:
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     tls_flags &= ~TF_BUSY;
