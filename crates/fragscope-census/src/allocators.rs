@@ -143,12 +143,37 @@ pub fn linked_allocator_in(data: &[u8], image: &str) -> Option<LinkedAllocator> 
             });
     }
     let (allocator, evidence) = found?;
+    if allocator == "mimalloc" && unused_cpython_mimalloc(&obj, data) {
+        return None;
+    }
     Some(LinkedAllocator {
         allocator,
         image: image.to_string(),
         evidence,
         serves_malloc,
     })
+}
+
+/// Whether `obj` is a CPython image (it defines `_PyRuntime`) of the default build, whose
+/// mimalloc (compiled in from 3.13) serves nothing: its objects come from pymalloc and
+/// the rest from the C library's malloc. The free-threaded build, whose extension
+/// modules' ABI tag ends in `t` (`.cpython-313t-x86_64-linux-gnu.so`), serves its objects
+/// from it. (PYTHONMALLOC=mimalloc would select it in the default build too; the image
+/// cannot say so.)
+fn unused_cpython_mimalloc(obj: &object::File, data: &[u8]) -> bool {
+    let cpython = obj
+        .dynamic_symbols()
+        .chain(obj.symbols())
+        .any(|s| !s.is_undefined() && s.name() == Ok("_PyRuntime"));
+    if !cpython {
+        return false;
+    }
+    let free_threaded = memchr::memmem::find_iter(data, b".cpython-3").any(|at| {
+        let tag = &data[at + b".cpython-3".len()..];
+        let digits = tag.iter().take_while(|b| b.is_ascii_digit()).count();
+        digits > 0 && tag[digits..].starts_with(b"t-")
+    });
+    !free_threaded
 }
 
 /// The shared library of an allocator a process maps, by file name, else "glibc" when it
@@ -207,6 +232,49 @@ pub fn linked_allocators(maps: &[Mapping]) -> Vec<LinkedAllocator> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A shared object of `source` built with the system's C compiler, mapped.
+    fn built(dir: &Path, name: &str, source: &str) -> Vec<u8> {
+        let src = dir.join(format!("{name}.c"));
+        let out = dir.join(format!("{name}.so"));
+        std::fs::write(&src, source).unwrap();
+        let ok = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "cc {name}.c");
+        std::fs::read(out).unwrap()
+    }
+
+    /// CPython links mimalloc from 3.13 but serves from it only in its free-threaded
+    /// build: a default build's image is not taken for a process on mimalloc.
+    #[test]
+    fn cpythons_mimalloc_counts_only_in_its_free_threaded_build() {
+        let dir = tempfile::tempdir().unwrap();
+        let image = |name: &str, tag: &str| {
+            let source = format!(
+                "int _PyRuntime[4];\nvoid *mi_malloc(unsigned long n) {{ return 0; }}\n\
+                 const char *suffix = \".cpython-313{tag}-x86_64-linux-gnu.so\";\n"
+            );
+            built(dir.path(), name, &source)
+        };
+        assert_eq!(linked_allocator_in(&image("default", ""), "default"), None);
+        let free_threaded = linked_allocator_in(&image("nogil", "t"), "nogil").unwrap();
+        assert_eq!(free_threaded.allocator, "mimalloc");
+        // Not CPython: a program linking mimalloc is on it, whatever its strings say.
+        let plain = built(
+            dir.path(),
+            "plain",
+            "void *mi_malloc(unsigned long n) { return 0; }\n\
+             const char *s = \".cpython-313-x86_64-linux-gnu.so\";\n",
+        );
+        assert_eq!(
+            linked_allocator_in(&plain, "plain").unwrap().allocator,
+            "mimalloc"
+        );
+    }
 
     fn mapping(path: &str) -> Mapping {
         Mapping {
