@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use allocator_api2::alloc::{AllocError, Allocator, Global};
 
-use crate::format::hash::{addr_hash, AddrMap};
+use crate::format::hash::{addr_hash, prefetch, AddrMap};
 use crate::order::live::LiveBlock;
 
 /// A live block as its bucket holds it (see the module's comment).
@@ -266,19 +266,6 @@ impl HugePages {
         prefetch(ctrl.wrapping_add(i));
         prefetch(bucket);
     }
-}
-
-/// Asks for the cache line at `addr` ahead of its use. Never faults: any address will do.
-#[inline(always)]
-fn prefetch(addr: usize) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch reads nothing and cannot fault.
-    unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>(addr as *const i8);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = addr;
 }
 
 // SAFETY: every allocation is Global's, of the layout `placed` gives, both ways.
