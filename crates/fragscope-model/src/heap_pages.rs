@@ -11,7 +11,7 @@
 //! parent's blocks (kept as a copy of its table and evaluated later, see `analyze`), and
 //! as the reference the tests compare with ([`Evaluation`]).
 
-use fragscope_trace::hash::{fold_multiply, AddrMap, FastMap, PageMap};
+use fragscope_trace::hash::{AddrMap, FastMap, PageMap};
 use fragscope_trace::merge::{Call, LiveBlock, LiveTable, Merger};
 use fragscope_trace::records::Pagemap;
 
@@ -26,6 +26,7 @@ const HEADER_ONLY: u32 = u32::MAX;
 /// Blocks on one page that a snapshot's evaluation tells apart by nothing but their
 /// number: same site, size and rounding, the page at the same place in them and the same
 /// bytes of them on it. Blocks of one site and size side by side in a page are one group.
+/// What a page keeps of it is a [`Group`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct BlockGroup {
     size: u64,
@@ -45,18 +46,148 @@ impl BlockGroup {
         (self.size + u64::from(self.rounding)).max(1)
     }
 
-    fn tag(&self) -> u32 {
-        let a = self.size ^ u64::from(self.rounding) << 20 ^ u64::from(self.stack) << 40;
-        let b = u64::from(self.from_first)
-            ^ u64::from(self.usable_part) << 16
-            ^ u64::from(self.live_part) << 40;
-        (fold_multiply(a ^ fold_multiply(b)) >> 32) as u32
+    fn kind(&self) -> Kind {
+        (self.size, self.rounding, self.stack)
     }
 
-    fn same_blocks(&self, o: &BlockGroup) -> bool {
-        (self.size, self.rounding, self.stack, self.from_first)
-            == (o.size, o.rounding, o.stack, o.from_first)
-            && (self.usable_part, self.live_part) == (o.usable_part, o.live_part)
+    /// Where on the page its blocks lie, unless they lie wholly on it (`None`), as most
+    /// blocks of a heap of small blocks do.
+    fn place(&self) -> Option<Place> {
+        let whole = self.from_first == 0
+            && u64::from(self.usable_part) == self.class()
+            && u64::from(self.live_part) == self.size;
+        (!whole).then_some((self.from_first, self.usable_part, self.live_part))
+    }
+}
+
+/// A group's blocks' requested size, rounding and stack.
+type Kind = (u64, u32, u32);
+/// Where on a page a group's blocks lie: [`BlockGroup`]'s `from_first`, `usable_part`
+/// and `live_part`.
+type Place = (u32, u32, u32);
+
+/// A [`BlockGroup`] as its page keeps it: its kind and place by their index in the
+/// [`GroupParts`], 12 bytes. The groups were kept whole with a hash of each beside them,
+/// 36 bytes: over a million blocks of a few hundred sizes nearly every block is a group of
+/// its own, and the blocks by page took 41 MiB.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Group {
+    kind: u32,
+    /// [`Group::WHOLE`]: the blocks lie wholly on the page.
+    place: u32,
+    count: u32,
+}
+
+impl Group {
+    const WHOLE: u32 = u32::MAX;
+}
+
+/// The kinds and places the pages' groups name by index, each kept while a group names it.
+#[derive(Default, Debug)]
+struct GroupParts {
+    kinds: Interned<Kind>,
+    places: Interned<Place>,
+}
+
+impl GroupParts {
+    /// The group `g` as a page keeps it, its parts found or (`add`) made; `None` when a
+    /// part is not there to be found (no such group).
+    fn group_of(&mut self, g: &BlockGroup, add: bool) -> Option<Group> {
+        let place = match g.place() {
+            None => Group::WHOLE,
+            Some(p) => self.places.id(p, add)?,
+        };
+        Some(Group {
+            kind: self.kinds.id(g.kind(), add)?,
+            place,
+            count: g.count,
+        })
+    }
+
+    /// A page's group starts (`named`) or stops naming its parts.
+    fn name(&mut self, g: &Group, named: bool) {
+        self.kinds.name(g.kind, named);
+        if g.place != Group::WHOLE {
+            self.places.name(g.place, named);
+        }
+    }
+
+    /// The group a page keeps as `g`.
+    #[inline]
+    fn block_group(&self, g: &Group) -> BlockGroup {
+        let (size, rounding, stack) = self.kinds.get(g.kind);
+        let (from_first, usable_part, live_part) = match g.place {
+            Group::WHOLE => (0, (size + u64::from(rounding)).max(1) as u32, size as u32),
+            p => self.places.get(p),
+        };
+        BlockGroup {
+            size,
+            rounding,
+            stack,
+            from_first,
+            usable_part,
+            live_part,
+            count: g.count,
+        }
+    }
+}
+
+/// Values by index, each with the number of groups that name it: an index whose last
+/// group went is taken again by the next new value.
+#[derive(Debug)]
+struct Interned<T> {
+    index: FastMap<T, u32>,
+    values: Vec<(T, u32)>,
+    free: Vec<u32>,
+}
+
+impl<T> Default for Interned<T> {
+    fn default() -> Self {
+        Self {
+            index: FastMap::default(),
+            values: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+}
+
+impl<T: Copy + Eq + std::hash::Hash> Interned<T> {
+    /// The index of `v`, made if it has none and `add`.
+    #[inline]
+    fn id(&mut self, v: T, add: bool) -> Option<u32> {
+        if !add {
+            return self.index.get(&v).copied();
+        }
+        let (values, free) = (&mut self.values, &mut self.free);
+        Some(*self.index.entry(v).or_insert_with(|| match free.pop() {
+            Some(id) => {
+                values[id as usize] = (v, 0);
+                id
+            }
+            None => {
+                values.push((v, 0));
+                values.len() as u32 - 1
+            }
+        }))
+    }
+
+    #[inline]
+    fn get(&self, id: u32) -> T {
+        self.values[id as usize].0
+    }
+
+    /// One more group names `id` (`named`), or one fewer: with none left it goes.
+    fn name(&mut self, id: u32, named: bool) {
+        let (v, groups) = &mut self.values[id as usize];
+        if named {
+            *groups += 1;
+        } else {
+            *groups -= 1;
+            if *groups == 0 {
+                self.index.remove(v);
+                self.free.push(id);
+            }
+        }
     }
 }
 
@@ -64,10 +195,7 @@ impl BlockGroup {
 struct PageBlocks {
     /// Header bytes on the page (glibc's chunk size fields).
     headers: u64,
-    groups: Vec<BlockGroup>,
-    /// A hash of each group's blocks, looked through before the groups themselves (a
-    /// page of small blocks of many sizes has dozens of groups).
-    tags: Vec<u32>,
+    groups: Vec<Group>,
     /// What a snapshot reads of the groups, as of the last snapshot they changed before.
     summary: PageSummary,
     /// The groups changed since `summary` was taken (the page is in `changed_pages`).
@@ -92,10 +220,10 @@ struct PageSummary {
 }
 
 impl PageSummary {
-    fn of(groups: &[BlockGroup], class_ids: &mut FastMap<u64, u32>) -> Self {
+    fn of(groups: &[Group], parts: &GroupParts, class_ids: &mut FastMap<u64, u32>) -> Self {
         let mut acc = PageAcc::default();
         let mut summary = Self::default();
-        for g in groups {
+        for g in groups.iter().map(|g| parts.block_group(g)) {
             acc.dominate(g.usable_part, g.class());
             if g.from_first == HEADER_ONLY {
                 continue;
@@ -178,6 +306,8 @@ pub struct HeapPages {
     changed_pages: Vec<u64>,
     /// Each class's index in `class_totals`.
     class_ids: FastMap<u64, u32>,
+    /// What the pages' groups name.
+    group_parts: GroupParts,
     /// By class index, over the pages' summaries (resident or not).
     class_totals: Vec<ClassTotals>,
 }
@@ -197,6 +327,7 @@ impl HeapPages {
             kinds: FastMap::default(),
             changed_pages: Vec::new(),
             class_ids: FastMap::default(),
+            group_parts: GroupParts::default(),
             class_totals: Vec::new(),
         };
         for (addr, b) in live {
@@ -323,6 +454,8 @@ impl HeapPages {
 
     /// Adds (`add`) or takes away `headers` bytes and one block of `group` on `page`.
     fn change(&mut self, page: u64, headers: u64, group: Option<BlockGroup>, add: bool) {
+        let parts = &mut self.group_parts;
+        let group = group.map(|g| parts.group_of(&g, add));
         let on = self.pages.entry(page).or_default();
         if !on.changed {
             on.changed = true;
@@ -334,20 +467,20 @@ impl HeapPages {
             on.headers -= headers;
         }
         if let Some(g) = group {
-            let tag = g.tag();
-            let found = (on.tags.iter().enumerate())
-                .position(|(i, &t)| t == tag && on.groups[i].same_blocks(&g));
+            let found = g.and_then(|g| {
+                (on.groups.iter()).position(|o| (o.kind, o.place) == (g.kind, g.place))
+            });
             match (found, add) {
                 (Some(i), true) => on.groups[i].count += 1,
                 (None, true) => {
+                    let g = g.expect("made");
                     on.groups.push(g);
-                    on.tags.push(tag);
+                    parts.name(&g, true);
                 }
                 (Some(i), false) => {
                     on.groups[i].count -= 1;
                     if on.groups[i].count == 0 {
-                        on.groups.swap_remove(i);
-                        on.tags.swap_remove(i);
+                        parts.name(&on.groups.swap_remove(i), false);
                     }
                 }
                 (None, false) => debug_assert!(false, "no such block on page {page:#x}"),
@@ -371,7 +504,7 @@ impl HeapPages {
             }
             on.changed = false;
             ClassTotals::count(&mut self.class_totals, &on.summary, false);
-            on.summary = PageSummary::of(&on.groups, &mut self.class_ids);
+            on.summary = PageSummary::of(&on.groups, &self.group_parts, &mut self.class_ids);
             ClassTotals::count(&mut self.class_totals, &on.summary, true);
         }
     }
@@ -498,6 +631,7 @@ impl HeapPages {
         let ps = tally.ps;
         let sampled = matches!(weighting, SiteWeighting::Sampled { .. });
         let weights = &mut self.weights;
+        let parts = &self.group_parts;
         let mut pinned_later = Vec::new();
         for (&page, on) in &self.pages {
             let summary = &on.summary;
@@ -518,7 +652,8 @@ impl HeapPages {
             if sparse.is_none() && !(sampled && summary.stacked > 0) {
                 continue;
             }
-            for g in on.groups.iter().filter(|g| g.from_first != HEADER_ONLY) {
+            let groups = on.groups.iter().map(|g| parts.block_group(g));
+            for g in groups.filter(|g| g.from_first != HEADER_ONLY) {
                 let weighs_site = sampled && g.from_first == 0 && g.stack != 0;
                 if !weighs_site && sparse.is_none() {
                     continue;
@@ -754,5 +889,8 @@ mod tests {
         }
         assert!(pages.pages.is_empty(), "{:?}", pages.pages);
         assert!(pages.large.is_empty());
+        // Nor any kind or place of their groups.
+        let parts = &pages.group_parts;
+        assert!(parts.kinds.index.is_empty() && parts.places.index.is_empty());
     }
 }

@@ -48,6 +48,9 @@ pub(crate) struct FieldReader<'a> {
     planes: [Reader<'a>; PLANES],
     /// Everything is in `planes[0]`, in record order.
     row: bool,
+    /// A second reading of the slot planes (first bytes, continuation bytes), which runs
+    /// ahead of the records' own ([`FieldReader::slot_ahead`]).
+    slots_ahead: (usize, usize),
 }
 
 impl<'a> FieldReader<'a> {
@@ -55,6 +58,7 @@ impl<'a> FieldReader<'a> {
         Self {
             planes: std::array::from_fn(|i| Reader::new(if i == 0 { data } else { &[] })),
             row: true,
+            slots_ahead: (0, 0),
         }
     }
 
@@ -82,7 +86,36 @@ impl<'a> FieldReader<'a> {
                 "packed events: bytes after the last plane".into(),
             ));
         }
-        Ok(Self { planes, row: false })
+        Ok(Self {
+            planes,
+            row: false,
+            slots_ahead: (0, 0),
+        })
+    }
+
+    /// The next slot of the look-ahead reading of the slot planes, which goes through
+    /// the same slots as the records, as far ahead of them as its caller keeps it: what a
+    /// later free names, for the decoder to ask for its block's memory now. `None` at the
+    /// planes' end, where a slot cannot be read, and in a row (which has no slots).
+    #[inline(always)]
+    pub fn slot_ahead(&mut self) -> Option<u64> {
+        if self.row {
+            return None;
+        }
+        let (first, rest) = planes_of(Field::Slot);
+        let b = *self.planes[first].data.get(self.slots_ahead.0)?;
+        self.slots_ahead.0 += 1;
+        let mut v = u64::from(b & 0x7f);
+        let mut shift = 7;
+        let mut more = b >= 0x80;
+        while more {
+            let b = *self.planes[rest].data.get(self.slots_ahead.1)?;
+            self.slots_ahead.1 += 1;
+            v |= u64::from(b & 0x7f).checked_shl(shift).unwrap_or(0);
+            shift += 7;
+            more = b >= 0x80;
+        }
+        Some(v)
     }
 
     #[inline]
@@ -376,6 +409,30 @@ mod tests {
                 varints(planes(), Field::Size, true)
             );
         }
+    }
+
+    /// The look-ahead reading of the slot planes goes through the slots the records
+    /// hold, in their order, whatever fields lie between them; a row has none.
+    #[test]
+    fn the_slot_look_ahead_reads_the_records_slots() {
+        let slots = [0u64, 5, 127, 128, 1 << 20, 3, u64::from(u32::MAX)];
+        let mut w = ColumnWriter::default();
+        for &s in &slots {
+            w.u8(Field::Tag, 9)
+                .varint(Field::Slot, s)
+                .varint(Field::Size, s + 1);
+        }
+        let mut out = Vec::new();
+        w.finish(&mut out, &mut Vec::new());
+        let mut r = FieldReader::columns(&out).unwrap();
+        let ahead: Vec<u64> = std::iter::from_fn(|| r.slot_ahead()).collect();
+        assert_eq!(ahead, slots);
+        for &s in &slots {
+            r.u8(Field::Tag).unwrap();
+            assert_eq!(r.varint(Field::Slot).unwrap(), s);
+            assert_eq!(r.varint(Field::Size).unwrap(), s + 1);
+        }
+        assert_eq!(FieldReader::row(&out).slot_ahead(), None);
     }
 
     #[test]

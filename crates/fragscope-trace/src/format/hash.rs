@@ -1,6 +1,7 @@
 //! Hash maps and sets keyed by the integers a trace is made of: heap addresses, page
 //! numbers, and small keys such as size classes, stack ids and pairs. The event decoder's
-//! tables and the merge's both use them, so they sit below both.
+//! tables and the merge's both use them, so they sit below both, with the prefetch both
+//! ask for a table's memory ahead of a lookup with.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -76,4 +77,17 @@ pub(crate) fn addr_hash(addr: u64) -> u64 {
     let mut h = LocalityHasher::<4>::default();
     h.write_u64(addr);
     h.finish()
+}
+
+/// Asks for the cache line at `addr` ahead of its use. Never faults: any address will do.
+#[inline(always)]
+pub(crate) fn prefetch(addr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing and cannot fault.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(addr as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
 }

@@ -1,12 +1,14 @@
 //! The table of live blocks by address that [`crate::order::live::LiveTable`] is made of:
-//! hashbrown's table with the locality hash, each block packed into 16 bytes beside its
-//! address, on huge pages once it is big.
+//! hashbrown's table with the locality hash, each block packed with its address into 20
+//! bytes, on huge pages once it is big.
 //!
 //! A bucket was an address and a [`LiveBlock`], 32 bytes, and a table is at most 7/8
 //! full: a million live blocks took 2^21 buckets, 66 MiB, and 99 MiB while the table grew
-//! to them (the old buckets and the new). Packed, a bucket is 24 bytes: 52 MiB and 78
-//! MiB. A block whose size or rounding does not fit (4 GiB or more, 2 GiB or more) is
-//! kept whole in a map beside the table, its bucket marked.
+//! to them (the old buckets and the new). Packed, a bucket is 20 bytes: 42 MiB and 63 MiB.
+//! The address takes 48 bits (a user-space address on x86-64 and arm64), the rounding 15
+//! and whether the block is inherited 1, in one word. A block whose size or rounding does
+//! not fit (4 GiB or more, 32 KiB or more) is kept whole in a map beside the table, its
+//! bucket marked; one at an address above 48 bits is kept in another map, with no bucket.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
@@ -14,41 +16,64 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use allocator_api2::alloc::{AllocError, Allocator, Global};
 
-use crate::format::hash::{addr_hash, AddrMap};
+use crate::format::hash::{addr_hash, prefetch, AddrMap};
 use crate::order::live::LiveBlock;
 
-/// A live block as its bucket holds it (see the module's comment).
+/// A live block as its bucket holds it, with its address (see the module's comment).
 #[derive(Clone, Copy, Debug)]
-struct Packed {
-    /// Requested bytes; [`Packed::WIDE`]: the block is in `Blocks::wide`.
+#[repr(C, packed(4))]
+struct Bucket {
+    /// The address in the low 48 bits, above them the rounding (usable minus requested
+    /// bytes) and [`Bucket::INHERITED`].
+    addr_rounding: u64,
+    /// Requested bytes; [`Bucket::WIDE`]: the block is in `Blocks::wide`.
     size: u32,
-    /// Usable minus requested bytes, and [`Packed::INHERITED`].
-    rounding: u32,
     stack: u32,
     born_tick: u32,
 }
 
-impl Packed {
-    const WIDE: u32 = u32::MAX;
-    const INHERITED: u32 = 1 << 31;
+const _: () = assert!(size_of::<Bucket>() == 20);
 
-    /// `b` packed, or `None` when it does not fit.
+/// The bits of a bucket's first word that hold the address.
+const ADDR_BITS: u32 = 48;
+const ADDR_MASK: u64 = (1 << ADDR_BITS) - 1;
+
+/// Whether a block at `addr` is kept apart from the table (its address does not fit a
+/// bucket).
+#[inline(always)]
+fn far(addr: u64) -> bool {
+    addr > ADDR_MASK
+}
+
+impl Bucket {
+    const WIDE: u32 = u32::MAX;
+    /// Roundings below this fit a bucket.
+    const ROUNDING_FITS: u32 = 1 << 15;
+    const INHERITED: u64 = 1 << 63;
+
     #[inline(always)]
-    fn of(b: &LiveBlock) -> Option<Self> {
-        let fits = b.size < u64::from(Self::WIDE) && b.rounding < Self::INHERITED;
+    fn addr(&self) -> u64 {
+        self.addr_rounding & ADDR_MASK
+    }
+
+    /// Block `b` at `addr` (which is not far) packed, or `None` when it does not fit.
+    #[inline(always)]
+    fn of(addr: u64, b: &LiveBlock) -> Option<Self> {
+        let fits = b.size < u64::from(Self::WIDE) && b.rounding < Self::ROUNDING_FITS;
+        let inherited = if b.inherited { Self::INHERITED } else { 0 };
         fits.then_some(Self {
+            addr_rounding: addr | u64::from(b.rounding) << ADDR_BITS | inherited,
             size: b.size as u32,
-            rounding: b.rounding | if b.inherited { Self::INHERITED } else { 0 },
             stack: b.stack,
             born_tick: b.born_tick,
         })
     }
 
-    /// The marker of a block kept whole beside the table.
-    const fn wide() -> Self {
+    /// The marker of a block at `addr` kept whole beside the table.
+    const fn wide(addr: u64) -> Self {
         Self {
+            addr_rounding: addr,
             size: Self::WIDE,
-            rounding: 0,
             stack: 0,
             born_tick: 0,
         }
@@ -61,19 +86,16 @@ impl Packed {
     /// The block, when it is not wide.
     #[inline(always)]
     fn unpacked(self) -> LiveBlock {
+        let above = self.addr_rounding >> ADDR_BITS;
         LiveBlock {
             size: u64::from(self.size),
-            rounding: self.rounding & !Self::INHERITED,
+            rounding: (above as u32) & (Self::ROUNDING_FITS - 1),
             stack: self.stack,
             born_tick: self.born_tick,
-            inherited: self.rounding & Self::INHERITED != 0,
+            inherited: self.addr_rounding & Self::INHERITED != 0,
         }
     }
 }
-
-type Bucket = (u64, Packed);
-
-const _: () = assert!(size_of::<Bucket>() == 24);
 
 /// Live blocks by address (see the module's comment).
 #[derive(Default, Clone, Debug)]
@@ -81,6 +103,11 @@ pub(crate) struct Blocks {
     table: hashbrown::HashTable<Bucket, HugePages>,
     /// The blocks that do not fit a bucket, by address.
     wide: AddrMap<LiveBlock>,
+    /// The blocks at addresses that do not fit a bucket.
+    far: AddrMap<LiveBlock>,
+    /// Tests: how many times the table grew here (not by hashbrown).
+    #[cfg(test)]
+    grown_here: usize,
 }
 
 impl Blocks {
@@ -88,59 +115,73 @@ impl Blocks {
         Self {
             table: hashbrown::HashTable::with_capacity_in(n, HugePages::default()),
             wide: AddrMap::default(),
+            far: AddrMap::default(),
+            #[cfg(test)]
+            grown_here: 0,
         }
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.table.len()
+        self.table.len() + self.far.len()
     }
 
     #[inline(always)]
-    fn block(&self, addr: u64, p: Packed) -> LiveBlock {
-        if p.is_wide() {
-            self.wide[&addr]
+    fn block(&self, b: Bucket) -> LiveBlock {
+        if b.is_wide() {
+            self.wide[&b.addr()]
         } else {
-            p.unpacked()
+            b.unpacked()
         }
     }
 
     #[inline]
     pub(crate) fn get(&self, addr: u64) -> Option<LiveBlock> {
-        let &(_, p) = self.table.find(addr_hash(addr), |e| e.0 == addr)?;
-        Some(self.block(addr, p))
+        if far(addr) {
+            return self.far.get(&addr).copied();
+        }
+        let &b = self.table.find(addr_hash(addr), |e| e.addr() == addr)?;
+        Some(self.block(b))
     }
 
     /// What a bucket holds of `block` at `addr`: a wide block goes into `wide`.
     #[inline(always)]
-    fn packed(wide: &mut AddrMap<LiveBlock>, addr: u64, block: LiveBlock) -> Packed {
-        Packed::of(&block).unwrap_or_else(|| {
+    fn packed(wide: &mut AddrMap<LiveBlock>, addr: u64, block: LiveBlock) -> Bucket {
+        Bucket::of(addr, &block).unwrap_or_else(|| {
             wide.insert(addr, block);
-            Packed::wide()
+            Bucket::wide(addr)
         })
     }
 
-    /// The block of bucket `p` at `addr`, taken out of `wide` if it is there.
+    /// The block of bucket `b`, taken out of `wide` if it is there.
     #[inline(always)]
-    fn taken(wide: &mut AddrMap<LiveBlock>, addr: u64, p: Packed) -> LiveBlock {
-        if p.is_wide() {
-            wide.remove(&addr).expect("a wide block beside the table")
+    fn taken(wide: &mut AddrMap<LiveBlock>, b: Bucket) -> LiveBlock {
+        if b.is_wide() {
+            wide.remove(&b.addr())
+                .expect("a wide block beside the table")
         } else {
-            p.unpacked()
+            b.unpacked()
         }
     }
 
     /// Makes `addr` live as `block`; returns the block it replaced.
     #[inline(always)]
     pub(crate) fn insert(&mut self, addr: u64, block: LiveBlock) -> Option<LiveBlock> {
+        if far(addr) {
+            return self.far.insert(addr, block);
+        }
+        if self.table.len() == self.table.capacity() {
+            self.grow();
+        }
         let wide = &mut self.wide;
-        match (self.table).entry(addr_hash(addr), |e| e.0 == addr, |e| addr_hash(e.0)) {
+        let hash = addr_hash(addr);
+        match (self.table).entry(hash, |e| e.addr() == addr, |e| addr_hash(e.addr())) {
             hashbrown::hash_table::Entry::Occupied(mut o) => {
-                let old = Self::taken(wide, addr, o.get().1);
-                o.get_mut().1 = Self::packed(wide, addr, block);
+                let old = Self::taken(wide, *o.get());
+                *o.get_mut() = Self::packed(wide, addr, block);
                 Some(old)
             }
             hashbrown::hash_table::Entry::Vacant(v) => {
-                v.insert((addr, Self::packed(wide, addr, block)));
+                v.insert(Self::packed(wide, addr, block));
                 None
             }
         }
@@ -149,9 +190,13 @@ impl Blocks {
     /// Makes `addr`, which is not live, live as `block`.
     #[inline(always)]
     pub(crate) fn insert_unique(&mut self, addr: u64, block: LiveBlock) {
-        let p = Self::packed(&mut self.wide, addr, block);
+        if far(addr) {
+            self.far.insert(addr, block);
+            return;
+        }
+        let b = Self::packed(&mut self.wide, addr, block);
         self.table
-            .insert_unique(addr_hash(addr), (addr, p), |e| addr_hash(e.0));
+            .insert_unique(addr_hash(addr), b, |e| addr_hash(e.addr()));
     }
 
     /// Ends the block at `addr`, if it is live. The block is read where it lies before its
@@ -160,17 +205,76 @@ impl Blocks {
     /// merge's time on `--stacks all` traces).
     #[inline(always)]
     pub(crate) fn remove(&mut self, addr: u64) -> Option<LiveBlock> {
+        if far(addr) {
+            return self.far.remove(&addr);
+        }
         let entry = self
             .table
-            .find_entry(addr_hash(addr), |e| e.0 == addr)
+            .find_entry(addr_hash(addr), |e| e.addr() == addr)
             .ok()?;
-        let p = entry.get().1;
+        let b = *entry.get();
         entry.remove();
-        Some(Self::taken(&mut self.wide, addr, p))
+        Some(Self::taken(&mut self.wide, b))
+    }
+
+    /// Tables of fewer buckets grow as hashbrown grows them.
+    const GROWN_HERE: usize = if cfg!(test) { 64 } else { 1 << 16 };
+
+    /// The table is full, and hashbrown would move its blocks into one of twice as many
+    /// buckets or more at the next insertion (which looks for room before it looks for
+    /// the address): moves them here instead, the same way (in the old table's order,
+    /// each to the first free bucket of its probe in a table of as many buckets as
+    /// hashbrown would make), so that each lands where hashbrown would put it and the
+    /// blocks are read in the same order as ever, and gives back the old table's memory
+    /// as it goes. hashbrown holds all of both tables until the end: 63 MiB for a million
+    /// blocks where the new table alone is 42 MiB. A table that has room locked up in
+    /// removed buckets (hashbrown rehashes it where it is) and a small one are left to
+    /// hashbrown.
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self) {
+        const PAGE: usize = 4096;
+        let held = self.table.allocator();
+        let ctrl = held.ctrl.load(Ordering::Relaxed);
+        let buckets = held.bucket_mask.load(Ordering::Relaxed).wrapping_add(1);
+        let items = self.table.len();
+        // hashbrown's capacity of a table of `buckets` (8 or more): 7/8 of them.
+        let full = buckets / 8 * 7;
+        if ctrl == 0 || buckets < Self::GROWN_HERE || items < full / 2 {
+            return;
+        }
+        let mut grown =
+            hashbrown::HashTable::with_capacity_in(items.max(full) + 1, HugePages::default());
+        // The old buckets below `ctrl` (the first highest) that are still held.
+        let mut held_to = ctrl & !(PAGE - 1);
+        for b in self.table.iter() {
+            grown.insert_unique(addr_hash(b.addr()), *b, |e| addr_hash(e.addr()));
+            // Every bucket from this one up is copied.
+            let done = (b as *const Bucket as usize).next_multiple_of(PAGE);
+            if held_to - done.min(held_to) >= HugePages::PAGE {
+                // SAFETY: old buckets that are copied and never read again (the table's
+                // iteration reads the control bytes, above `ctrl`, and the buckets below
+                // this one; dropping the table reads none), whole pages inside its
+                // allocation; the allocator's own header is before its start.
+                unsafe {
+                    libc::madvise(
+                        done as *mut libc::c_void,
+                        held_to - done,
+                        libc::MADV_DONTNEED,
+                    )
+                };
+                held_to = done;
+            }
+        }
+        self.table = grown;
+        #[cfg(test)]
+        {
+            self.grown_here += 1;
+        }
     }
 
     pub(crate) fn reserve(&mut self, additional: usize) {
-        self.table.reserve(additional, |e| addr_hash(e.0));
+        self.table.reserve(additional, |e| addr_hash(e.addr()));
     }
 
     /// Asks for the memory where the block at `addr` would be, ahead of a lookup of it.
@@ -182,14 +286,16 @@ impl Blocks {
     pub(crate) fn iter(&self) -> BlocksIter<'_> {
         BlocksIter {
             buckets: self.table.iter(),
+            far: self.far.iter(),
             blocks: self,
         }
     }
 }
 
-/// Every block of a [`Blocks`], (address, block), in the table's order.
+/// Every block of a [`Blocks`], (address, block), in the table's order, then the far ones.
 pub(crate) struct BlocksIter<'a> {
     buckets: hashbrown::hash_table::Iter<'a, Bucket>,
+    far: std::collections::hash_map::Iter<'a, u64, LiveBlock>,
     blocks: &'a Blocks,
 }
 
@@ -198,8 +304,10 @@ impl Iterator for BlocksIter<'_> {
 
     #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
-        let &(addr, p) = self.buckets.next()?;
-        Some((addr, self.blocks.block(addr, p)))
+        match self.buckets.next() {
+            Some(&b) => Some((b.addr(), self.blocks.block(b))),
+            None => self.far.next().map(|(&addr, &b)| (addr, b)),
+        }
     }
 }
 
@@ -264,21 +372,10 @@ impl HugePages {
         let i = hash as usize & self.bucket_mask.load(Ordering::Relaxed);
         let bucket = ctrl.wrapping_sub((i + 1) * size_of::<Bucket>());
         prefetch(ctrl.wrapping_add(i));
+        // A bucket may straddle two cache lines.
         prefetch(bucket);
+        prefetch(bucket + size_of::<Bucket>() - 1);
     }
-}
-
-/// Asks for the cache line at `addr` ahead of its use. Never faults: any address will do.
-#[inline(always)]
-fn prefetch(addr: usize) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch reads nothing and cannot fault.
-    unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>(addr as *const i8);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = addr;
 }
 
 // SAFETY: every allocation is Global's, of the layout `placed` gives, both ways.
@@ -336,7 +433,7 @@ mod tests {
                 assert!(i < buckets);
                 // Its probe starts within a group of 16 buckets of it (the table is
                 // sparse enough here for every block to be found in its first group).
-                let home = addr_hash(e.0) as usize & (buckets - 1);
+                let home = addr_hash(e.addr()) as usize & (buckets - 1);
                 assert!(i.wrapping_sub(home) & (buckets - 1) < 16, "{i} {home}");
             }
         };
@@ -357,8 +454,52 @@ mod tests {
         assert_eq!(noted(&t).0, 0);
     }
 
+    /// A table grown here holds each block in the bucket hashbrown would put it in: the
+    /// same insertions and removals into a table left to hashbrown read back in the same
+    /// order, through growths of full tables with removed buckets and without.
+    #[test]
+    fn a_table_grown_here_is_laid_out_as_hashbrown_lays_it_out() {
+        let mut ours = Blocks::default();
+        let mut theirs: hashbrown::HashTable<Bucket, HugePages> = Default::default();
+        let hash = |e: &Bucket| addr_hash(e.addr());
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for step in 0..300_000u64 {
+            let r = crate::xorshift(&mut x);
+            // Addresses from a range that widens, so that the table grows with removals
+            // between its growths.
+            let addr = 0x7f00_0000_0000 + (r >> 24) % (256 << (step / 20_000)) * 16;
+            let b = LiveBlock {
+                size: r % 300,
+                ..Default::default()
+            };
+            if r.is_multiple_of(3) {
+                ours.remove(addr);
+                if let Ok(e) = theirs.find_entry(addr_hash(addr), |e| e.addr() == addr) {
+                    e.remove();
+                }
+            } else {
+                ours.insert(addr, b);
+                let packed = Bucket::of(addr, &b).unwrap();
+                match theirs.entry(addr_hash(addr), |e| e.addr() == addr, hash) {
+                    hashbrown::hash_table::Entry::Occupied(mut o) => *o.get_mut() = packed,
+                    hashbrown::hash_table::Entry::Vacant(v) => {
+                        v.insert(packed);
+                    }
+                }
+            }
+            if step % 5000 == 0 || step == 299_999 {
+                let order = |t: &hashbrown::HashTable<Bucket, HugePages>| -> Vec<u64> {
+                    t.iter().map(|b| b.addr()).collect()
+                };
+                assert_eq!(order(&ours.table), order(&theirs), "step {step}");
+            }
+        }
+        assert!(ours.grown_here >= 5, "grown here {} times", ours.grown_here);
+    }
+
     /// Every block comes back as it went in: packed, or whole beside the table when its
-    /// size or rounding is too large, through replacement, removal and iteration.
+    /// size or rounding is too large, or apart from it at an address above 48 bits,
+    /// through replacement, removal and iteration.
     #[test]
     fn blocks_come_back_whole_packed_or_not() {
         let block = |size: u64, rounding: u32, inherited: bool| LiveBlock {
@@ -371,38 +512,40 @@ mod tests {
         let kinds = [
             block(0, 0, false),
             block(24, 8, true),
-            block(u64::from(u32::MAX) - 1, (1 << 31) - 1, true),
+            block(u64::from(u32::MAX) - 1, (1 << 15) - 1, true),
             block(u64::from(u32::MAX), 0, false),
             block(1 << 40, 12, true),
+            block(100, 1 << 15, false),
             block(100, 1 << 31, false),
             block(100, u32::MAX, true),
         ];
+        // Each kind at a low address, at the highest that fits a bucket, and above it.
+        let places = [0x10_0000, ADDR_MASK & !0xfff, 1 << ADDR_BITS, !0xfff];
+        let blocks: Vec<(u64, LiveBlock)> = (places.iter())
+            .flat_map(|&at| (kinds.iter().enumerate()).map(move |(i, b)| (at + i as u64 * 16, *b)))
+            .collect();
         let mut t = Blocks::default();
-        let addr = |i: usize| 0x10_0000 + i as u64 * 16;
-        for (i, b) in kinds.iter().enumerate() {
-            assert_eq!(t.insert(addr(i), *b), None);
+        for &(addr, b) in &blocks {
+            assert_eq!(t.insert(addr, b), None);
         }
-        for (i, b) in kinds.iter().enumerate() {
-            assert_eq!(t.get(addr(i)), Some(*b), "{b:?}");
+        for &(addr, b) in &blocks {
+            assert_eq!(t.get(addr), Some(b), "{addr:#x} {b:?}");
         }
         let mut seen: Vec<(u64, LiveBlock)> = t.iter().collect();
         seen.sort_by_key(|e| e.0);
-        let expected: Vec<(u64, LiveBlock)> = kinds
-            .iter()
-            .enumerate()
-            .map(|(i, b)| (addr(i), *b))
-            .collect();
+        let mut expected = blocks.clone();
+        expected.sort_by_key(|e| e.0);
         assert_eq!(seen, expected);
         // Each replaced by the next kind (a wide block by a packed one and back).
-        for i in 0..kinds.len() {
-            let next = kinds[(i + 1) % kinds.len()];
-            assert_eq!(t.insert(addr(i), next), Some(kinds[i]));
-            assert_eq!(t.get(addr(i)), Some(next));
+        let next = |i: usize| blocks[(i + 1) % kinds.len() + i / kinds.len() * kinds.len()].1;
+        for (i, &(addr, b)) in blocks.iter().enumerate() {
+            assert_eq!(t.insert(addr, next(i)), Some(b));
+            assert_eq!(t.get(addr), Some(next(i)));
         }
-        for i in 0..kinds.len() {
-            assert_eq!(t.remove(addr(i)), Some(kinds[(i + 1) % kinds.len()]));
-            assert_eq!(t.remove(addr(i)), None);
+        for (i, &(addr, _)) in blocks.iter().enumerate() {
+            assert_eq!(t.remove(addr), Some(next(i)));
+            assert_eq!(t.remove(addr), None);
         }
-        assert!(t.len() == 0 && t.wide.is_empty());
+        assert!(t.len() == 0 && t.wide.is_empty() && t.far.is_empty());
     }
 }
