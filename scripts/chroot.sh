@@ -10,8 +10,10 @@
 # down never reaches the host's own /dev/pts or /dev/shm), with a /dev/shm of its own.
 # $FRAGSCOPE_CHROOT_BIND (host directories, space-separated) are bound at the same paths
 # inside, so that a test built on the host runs there as it was built (its paths baked in).
-# The mounts last as long as the command and are taken down when it ends. The mirror is
-# the host's (the first Debian URI of its apt sources), or $MIRROR. Needs root.
+# The mounts of `run` are made in a mount namespace of its own (unshare), so they last as
+# long as the command, and two runs in one chroot at once never take down each other's.
+# The mirror is the host's (the first Debian URI of its apt sources), or $MIRROR. Needs
+# root.
 set -euo pipefail
 
 die() { echo "chroot.sh: $*" >&2; exit 1; }
@@ -77,6 +79,9 @@ case "${1:-}" in
     ;;
   run)
     [[ $# -ge 3 ]] || die "usage: chroot.sh run DIR COMMAND..."
+    if [[ -z ${FRAGSCOPE_CHROOT_NAMESPACE:-} ]]; then
+      FRAGSCOPE_CHROOT_NAMESPACE=1 exec unshare --mount --propagation private "$0" "$@"
+    fi
     dir=$2
     shift 2
     [[ -x "$dir/usr/bin/apt-get" ]] || die "$dir is not a chroot made by chroot.sh"
