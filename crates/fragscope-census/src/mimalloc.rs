@@ -208,7 +208,9 @@ fn statics_of(file: &object::File, path: &str) -> Result<&'static str, String> {
     let not_verified = |which: String| {
         format!(
             "the process runs on {which} ({path}), whose layout fragscope has not verified \
-             (it reads {release}, as the mimalloc crate's `v2` feature builds it)"
+             (it reads {release}, as the mimalloc crate's `v2` feature builds it, and {} as \
+             it builds it by default)",
+            v3::verified_releases().join(", ")
         )
     };
     match version_of(file) {
@@ -249,6 +251,16 @@ fn version_name(v: u32) -> String {
         format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100)
     } else {
         format!("{}.{}.{}", v / 100, v / 10 % 10, v % 10)
+    }
+}
+
+/// The major release of a `mi_version()` value, in either of its encodings (301 for 3.0.1
+/// up to 3.0, 30302 for 3.3.2).
+fn version_major(v: u32) -> u32 {
+    if v >= 1000 {
+        v / 10000
+    } else {
+        v / 100
     }
 }
 

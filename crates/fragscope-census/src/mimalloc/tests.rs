@@ -199,3 +199,14 @@ fn releases_are_named_in_both_numberings() {
     assert_eq!(version_name(30302), "3.3.2");
     assert_eq!(version_name(209), "2.0.9");
 }
+
+/// `mi_version()` counts 3.0.1 as 301 and 3.3.2 as 30302: both are the 3.x family (Debian
+/// 13's libmimalloc 3.0.1 was taken for a 2.x by the second encoding alone).
+#[test]
+fn both_version_encodings_give_the_major_release() {
+    assert_eq!(version_major(301), 3);
+    assert_eq!(version_major(30302), 3);
+    assert_eq!(version_major(209), 2);
+    assert_eq!(version_major(20302), 2);
+    assert_eq!(version_name(301), "3.0.1");
+}

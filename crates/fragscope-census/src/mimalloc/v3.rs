@@ -204,7 +204,7 @@ pub(super) struct Statics {
 /// `__mi_theap_main`: not a definition to `object`) and not 2.x's `_mi_heap_main`.
 pub(super) fn is_v3(file: &object::File) -> bool {
     if let Some(v) = version_of(file) {
-        return v / 10000 == 3;
+        return version_major(v) == 3;
     }
     let has = |name: &str| {
         file.symbols()
@@ -212,6 +212,11 @@ pub(super) fn is_v3(file: &object::File) -> bool {
             .any(|s| s.name() == Ok(name) && !s.is_undefined())
     };
     !has("_mi_heap_main") && (has("__mi_theap_main") || has("subproc_main"))
+}
+
+/// The 3.x releases read, by name.
+pub(super) fn verified_releases() -> Vec<&'static str> {
+    RELEASES.iter().map(|r| r.name).collect()
 }
 
 /// The release of the mimalloc 3.x in `file` (the image at `path`, mapped at `base`) and its
