@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fragscope_census::allocators::LinkedAllocator;
 use fragscope_census::ghc::CensusError;
 use fragscope_census::golang::{GoCensusError, GoRuntime};
 use fragscope_census::jemalloc::{self, JemallocLayout};
@@ -17,7 +18,7 @@ use fragscope_trace::go_heap::GoHeap;
 use fragscope_trace::heap_census::{AllocatorHeap, HeapCensus};
 use fragscope_trace::jvm_heap::JvmHeap;
 use fragscope_trace::records::{Census, CensusBody, PymallocPools};
-use fragscope_trace::ChunkKind;
+use fragscope_trace::{ChunkKind, ResidentRange};
 
 use super::{At, Censuses, Finding, Reading, RuntimeCensus};
 
@@ -243,14 +244,9 @@ impl RuntimeCensus for LinkedJemalloc {
     type Heap = AllocatorHeap;
 
     fn find(&self, censuses: &Censuses, pid: u32) -> Finding<Arc<JemallocLayout>> {
-        let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
-            return Finding::Unknown;
-        };
-        let Some(linked) = censuses
-            .linked_allocator(exe)
-            .filter(|l| l.allocator == "jemalloc")
-        else {
-            return Finding::Not;
+        let linked = match linked_copy(censuses, pid, Self::NAME) {
+            Ok(linked) => linked,
+            Err(finding) => return finding,
         };
         let found = ProcessMemory::open(pid)
             .map_err(|e| e.to_string())
@@ -262,20 +258,13 @@ impl RuntimeCensus for LinkedJemalloc {
     }
 
     fn read(&self, pid: u32, layout: &Arc<JemallocLayout>) -> Reading<AllocatorHeap> {
-        let Some((mut mem, pause)) = held(pid) else {
-            return Reading::Nothing;
-        };
-        // The residency that tells which of jemalloc's dirty pages and metadata are
-        // resident, read while the program is held.
-        let result = heap_residency(pid).and_then(|r| jemalloc::census(&mut mem, layout, &r));
-        let held = Some(pause.held());
-        drop(pause);
-        match result {
-            Ok(heap) => Reading::Heap(AllocatorHeap::Jemalloc(heap), held),
-            // No later census would be read: said at once, and not tried again.
-            Err(why) if why.contains(jemalloc::NO_STATISTICS) => Reading::Final(why, held),
-            Err(why) => Reading::Refused(why, held),
-        }
+        // A build without statistics whose extent map was not found: no later census
+        // would be read, said at once and not tried again.
+        held_allocator_census(
+            pid,
+            |mem, residency| jemalloc::census(mem, layout, residency).map(AllocatorHeap::Jemalloc),
+            |why| why.contains(jemalloc::NO_STATISTICS),
+        )
     }
 
     fn encode(at: At, result: Result<AllocatorHeap, String>, pause: Option<Duration>) -> Vec<u8> {
@@ -296,14 +285,9 @@ impl RuntimeCensus for LinkedMimalloc {
     type Heap = AllocatorHeap;
 
     fn find(&self, censuses: &Censuses, pid: u32) -> Finding<Arc<MimallocLayout>> {
-        let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
-            return Finding::Unknown;
-        };
-        let Some(linked) = censuses
-            .linked_allocator(exe)
-            .filter(|l| l.allocator == Self::NAME)
-        else {
-            return Finding::Not;
+        let linked = match linked_copy(censuses, pid, Self::NAME) {
+            Ok(linked) => linked,
+            Err(finding) => return finding,
         };
         match mimalloc::locate(pid, Some(&linked)) {
             Ok(layout) => Finding::Runs(Arc::new(layout)),
@@ -312,16 +296,11 @@ impl RuntimeCensus for LinkedMimalloc {
     }
 
     fn read(&self, pid: u32, layout: &Arc<MimallocLayout>) -> Reading<AllocatorHeap> {
-        let Some((mut mem, pause)) = held(pid) else {
-            return Reading::Nothing;
-        };
-        let result = heap_residency(pid).and_then(|r| mimalloc::census(&mut mem, layout, &r));
-        let held = Some(pause.held());
-        drop(pause);
-        match result {
-            Ok(heap) => Reading::Heap(AllocatorHeap::Mimalloc(heap), held),
-            Err(why) => Reading::Refused(why, held),
-        }
+        held_allocator_census(
+            pid,
+            |mem, residency| mimalloc::census(mem, layout, residency).map(AllocatorHeap::Mimalloc),
+            |_| false,
+        )
     }
 
     fn encode(at: At, result: Result<AllocatorHeap, String>, pause: Option<Duration>) -> Vec<u8> {
@@ -329,9 +308,46 @@ impl RuntimeCensus for LinkedMimalloc {
     }
 }
 
+/// The copy of allocator `name` linked into `pid`'s program; else what finding it came to
+/// (the program not known yet, or not on such a copy).
+fn linked_copy<T>(
+    censuses: &Censuses,
+    pid: u32,
+    name: &str,
+) -> Result<LinkedAllocator, Finding<T>> {
+    let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
+        return Err(Finding::Unknown);
+    };
+    censuses
+        .linked_allocator(exe)
+        .filter(|l| l.allocator == name)
+        .ok_or(Finding::Not)
+}
+
+/// A census of an allocator linked into `pid`'s program: `census` reads its metadata with
+/// the residency that tells which of its pages are resident, both while the program is
+/// held. A refusal `is_final` says no later census would be read either.
+fn held_allocator_census(
+    pid: u32,
+    census: impl Fn(&mut ProcessMemory, &[ResidentRange]) -> Result<AllocatorHeap, String>,
+    is_final: impl Fn(&str) -> bool,
+) -> Reading<AllocatorHeap> {
+    let Some((mut mem, pause)) = held(pid) else {
+        return Reading::Nothing;
+    };
+    let result = heap_residency(pid).and_then(|r| census(&mut mem, &r));
+    let held = Some(pause.held());
+    drop(pause);
+    match result {
+        Ok(heap) => Reading::Heap(heap, held),
+        Err(why) if is_final(&why) => Reading::Final(why, held),
+        Err(why) => Reading::Refused(why, held),
+    }
+}
+
 /// The pagemap of the mappings that may hold a heap, read while the program is held: what
 /// tells an allocator census which of its pages are resident.
-fn heap_residency(pid: u32) -> Result<Vec<fragscope_trace::ResidentRange>, String> {
+fn heap_residency(pid: u32) -> Result<Vec<ResidentRange>, String> {
     crate::procfs::read_maps(pid, &mut HashMap::new())
         .and_then(|maps| {
             let heap: Vec<_> = maps
