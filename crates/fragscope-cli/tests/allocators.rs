@@ -379,6 +379,32 @@ fn a_recording_reads_the_mimalloc_linked_into_a_rust_program_at_each_snapshot() 
     }
 }
 
+/// A recording of a program on a linked mimalloc whose census was refused once, early
+/// (stored, --stacks none: tests/rust/linked_alloc 400000 10 1 on the crate's default
+/// build): that snapshot's malloc heap is unknown, and only that one's; the censuses after
+/// it give the heap the program holds.
+#[test]
+fn one_refused_census_leaves_the_other_snapshots_of_a_recording_known() {
+    let trace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fragscope-model/tests/fixtures/linked_mimalloc_early_refusal.fsc");
+    let r = report_json(&trace);
+    let snapshots = r["snapshots"].as_array().unwrap();
+    let unknown: Vec<_> = snapshots
+        .iter()
+        .filter(|d| d["live"].is_null())
+        .map(|d| d["t_ms"].clone())
+        .collect();
+    assert_eq!(unknown.len(), 1, "{unknown:?}");
+    let read = snapshots
+        .iter()
+        .filter(|d| d["live"].as_u64().is_some_and(|live| live > 20 << 20))
+        .count();
+    assert!(read >= 3, "{}", r["snapshots"]);
+    assert!(snapshots
+        .iter()
+        .all(|d| d["live"].is_null() == (d["missing_census"] == serde_json::json!(["malloc"]))));
+}
+
 fn recording_of_linked_alloc(feature: &str, allocator: &str) {
     let dir = tempfile::tempdir().unwrap();
     let exe = build_linked_alloc(feature);

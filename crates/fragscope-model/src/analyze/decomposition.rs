@@ -88,7 +88,7 @@ fn snapshot(s: &Stream, e: &Evaluated, tick_ms: f64) -> Snapshot {
         unexplained: other.min(0) + (vm_rss as i64 - anon as i64 - file as i64),
         rss_anon: anon,
         heap_resident: h.heap_resident,
-        malloc_unknown: s.heap_unread(),
+        malloc_unknown: e.census_refused,
     };
     // Threads answer a stats request at their next call: close to the snapshot, on
     // either side of it.

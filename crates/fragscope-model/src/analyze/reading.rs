@@ -186,8 +186,12 @@ impl Reading<'_> {
             Chunk::HeapCensus(c) => {
                 let i = self.index(c.stream);
                 let s = &mut self.read.streams[i];
-                // Until its snapshot is evaluated, the first says whether the heap was read.
-                if s.census.is_none() {
+                // Until its snapshot is evaluated, the first says whether the heap was read;
+                // the first that read it, once one has (an early one may have been refused).
+                if s.census
+                    .as_ref()
+                    .is_none_or(|k| k.result.is_err() && c.result.is_ok())
+                {
                     s.census = Some(c.clone());
                 }
                 s.census_pending.push_back((c.tick, c));

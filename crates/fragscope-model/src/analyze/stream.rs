@@ -50,6 +50,8 @@ pub(super) struct Evaluated {
     /// Pages by owner, when the residency says which are shared (its rollup is joined
     /// when the snapshot is reported).
     pub(super) sharing: Option<Sharing>,
+    /// Its heap census could not read the allocator: its malloc heap is unknown.
+    pub(super) census_refused: bool,
 }
 
 #[derive(Default)]
@@ -145,8 +147,9 @@ pub(super) struct Stream {
     pub(super) end: Option<ProcessEnd>,
     pub(super) wait: Option<WaitStatus>,
     pub(super) allocator: Option<&'static str>,
-    /// The process's first heap census (a snapshot trace's one), which says whether its
-    /// allocator could be read. A census stands for the calls the trace has not.
+    /// The process's first heap census that read its allocator, else its first (a
+    /// snapshot trace's one): whether the allocator could be read at all. A census
+    /// stands for the calls the trace has not.
     pub(super) census: Option<HeapCensus>,
     /// Heap censuses waiting for the snapshot of their tick.
     pub(super) census_pending: VecDeque<(u64, HeapCensus)>,
@@ -236,8 +239,8 @@ impl Stream {
             .or(self.census.as_ref())
     }
 
-    /// The malloc heap is unknown: the only view of it, a snapshot's census, could not
-    /// read the allocator.
+    /// The malloc heap is unknown: its only view is censuses (a snapshot's, or a linked
+    /// allocator's in a recording), and none could read the allocator.
     pub(super) fn heap_unread(&self) -> bool {
         self.census.as_ref().is_some_and(|c| c.result.is_err())
     }
@@ -519,7 +522,8 @@ impl Stream {
         };
         let census = census_at(&mut self.census_pending, pm.tick).map(|c| {
             let (parts, classes) = crate::census::heap_parts(&c, &pm);
-            if c.result.is_ok() {
+            let refused = c.result.is_err();
+            if !refused {
                 let waste = parts.free_in_used_pages + parts.free_resident_pages;
                 self.censuses.push((pm.tick, waste, c));
                 if self.censuses.len() > CENSUSES_KEPT {
@@ -527,9 +531,9 @@ impl Stream {
                     self.censuses.remove(least.unwrap_or(0));
                 }
             }
-            (parts, classes)
+            (parts, classes, refused)
         });
-        if let Some((mut parts, classes)) = census {
+        if let Some((mut parts, classes, census_refused)) = census {
             self.evaluate_deferred(ctx);
             let runtimes = self.runtimes_at(&pm, &mut parts);
             let sharing = self.sharing_at(&pm, None, &runtimes.owners);
@@ -548,6 +552,7 @@ impl Stream {
                 jvm: runtimes.jvm,
                 v8: runtimes.v8,
                 sharing,
+                census_refused,
             });
             self.peak_live = self.peak_live.max((live, pm.tick));
             self.live_timeline.push((pm.tick / 10, live, live));
@@ -665,6 +670,7 @@ impl Stream {
             jvm: runtimes.jvm,
             v8: runtimes.v8,
             sharing,
+            census_refused: false,
         });
     }
 }
