@@ -123,7 +123,8 @@ fn snapshot_of_a_running_jvm_splits_rss_by_its_java_heap() {
     let other = d["other_anon"].as_u64().unwrap();
     assert!(
         other * 10 < rss,
-        "other anonymous {other} of RSS {rss}: {d}"
+        "other anonymous {other} of RSS {rss} (the allocator's census: {}): {d}",
+        r["snapshot"]["note"]
     );
     // The Java heap's split adds up to its resident bytes.
     let sum: u64 = ["objects", "young_free", "old_free", "free_regions"]
