@@ -111,11 +111,7 @@ fn i32_at(b: &[u8], at: usize) -> i32 {
 pub struct TcmallocLayout {
     /// The library's file and the gperftools release its layout is.
     pub library: String,
-    pub release: &'static str,
-    /// Where a thread cache links the next and the previous one.
-    thread_cache_links: (usize, usize),
-    /// The release's `Release::size_map_gap`.
-    size_map_gap: usize,
+    release: &'static Release,
     /// The library's writable data: where it lies and how long it is.
     statics: (u64, usize),
     /// Where the hidden statics are, found by their shape before the process is stopped:
@@ -169,9 +165,7 @@ pub fn locate(pid: u32, mem: &mut ProcessMemory) -> Result<TcmallocLayout, Strin
     };
     Ok(TcmallocLayout {
         library: lib.path,
-        release: release.name,
-        thread_cache_links: (release.thread_cache_next, release.thread_cache_prev),
-        size_map_gap: release.size_map_gap,
+        release,
         statics: lib.data,
         size_map,
         central_cache,
@@ -369,8 +363,7 @@ fn thread_caches(
         }
         mem.read(at, &mut cache)
             .map_err(|e| format!("a thread cache at {at:#x} could not be read ({e})"))?;
-        let (next_link, prev_link) = layout.thread_cache_links;
-        if le_u64(&cache, prev_link) != prev {
+        if le_u64(&cache, layout.release.thread_cache_prev) != prev {
             return Err(format!("the thread cache at {at:#x} does not point back"));
         }
         let mut bytes = 0u64;
@@ -390,7 +383,7 @@ fn thread_caches(
         }
         count += 1;
         prev = at;
-        at = le_u64(&cache, next_link);
+        at = le_u64(&cache, layout.release.thread_cache_next);
     }
     if count != heap_count {
         return Err(format!(
@@ -406,7 +399,7 @@ pub fn census(mem: &mut ProcessMemory, layout: &TcmallocLayout) -> Result<Tcmall
     let start_read = mem.bytes_read();
     // The data as it is now, the process stopped: where things are was found before.
     let s = &StaticData::read(mem, layout.statics, "tcmalloc")?;
-    let map = size_map_at(s, layout.size_map, layout.size_map_gap)
+    let map = size_map_at(s, layout.size_map, layout.release.size_map_gap)
         .ok_or("tcmalloc's size classes changed")?;
     let n = map.sizes.len();
     let central = layout.central_cache;
@@ -480,7 +473,7 @@ pub fn census(mem: &mut ProcessMemory, layout: &TcmallocLayout) -> Result<Tcmall
         }
     }
     let heap = TcmallocHeap {
-        release: layout.release.into(),
+        release: layout.release.name.into(),
         library: layout.library.clone(),
         page_size: PAGE,
         system_bytes,
