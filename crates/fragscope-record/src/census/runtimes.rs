@@ -135,11 +135,10 @@ impl RuntimeCensus for Sbcl {
     fn read(&self, pid: u32, walks: &SbclWalks) -> Reading<sbcl::SbclCensus> {
         let budget = (walks.first_census.elapsed() / 20).saturating_sub(walks.walked);
         // The walk goes with a mark from the roots (live and garbage by generation),
-        // within the same budget.
-        let walk = !budget.is_zero();
+        // within the same budget: none left, no space is small enough.
         let options = sbcl::CensusOptions {
-            objects: walk,
-            mark: walk,
+            objects: true,
+            mark: true,
             walk_only_up_to: Some((budget.as_nanos() as f64 / walks.walk_ns_per_byte) as u64),
         };
         reading(sbcl::census(pid, &walks.runtime, options))
