@@ -296,6 +296,34 @@ struct PageSeen {
 }
 
 impl PageSeen {
+    /// A page of `capacity` carved blocks of `block_size` from `start`, `used` in use,
+    /// owned by `thread`; its free lists not read yet.
+    fn new(start: u64, block_size: u64, capacity: u64, used: u64, thread: u64) -> Self {
+        PageSeen {
+            start,
+            block_size,
+            capacity,
+            used,
+            thread_freed: 0,
+            delayed: 0,
+            thread,
+        }
+    }
+
+    /// Checks that the free and local-free lists of its descriptor `p` (their heads at
+    /// `free` and `local_free`) start on one of its carved blocks.
+    fn check_list_heads(&self, p: &[u8], free: usize, local_free: usize) -> Result<(), String> {
+        for (list, what) in [(free, "free"), (local_free, "local free")] {
+            let head = le_u64(p, list);
+            if head != 0 && !self.holds_block(head) {
+                return Err(format!(
+                    "has its {what} list start at {head:#x}, not one of its blocks"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether `block` is the start of one of its carved blocks.
     fn holds_block(&self, block: u64) -> bool {
         block >= self.start

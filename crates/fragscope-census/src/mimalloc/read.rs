@@ -267,23 +267,8 @@ fn page(
             "places {reserved} blocks of {block_size} bytes from {start:#x}, outside its span"
         ));
     }
-    let mut seen = PageSeen {
-        start,
-        block_size,
-        capacity,
-        used,
-        thread_freed: 0,
-        delayed: 0,
-        thread,
-    };
-    for (list, what) in [(PAGE_FREE, "free"), (PAGE_LOCAL_FREE, "local free")] {
-        let head = le_u64(p, list);
-        if head != 0 && !seen.holds_block(head) {
-            return Err(format!(
-                "has its {what} list start at {head:#x}, not one of its blocks"
-            ));
-        }
-    }
+    let mut seen = PageSeen::new(start, block_size, capacity, used, thread);
+    seen.check_list_heads(p, PAGE_FREE, PAGE_LOCAL_FREE)?;
     seen.thread_freed = thread_freed(mem, &seen, le_u64(p, PAGE_THREAD_FREE) & !3)?;
     let heap_at = le_u64(p, PAGE_HEAP);
     if heap_at != 0 {

@@ -434,23 +434,8 @@ impl Census<'_> {
             };
             t.found += 1;
         }
-        let mut seen = PageSeen {
-            start,
-            block_size,
-            capacity,
-            used,
-            thread_freed: 0,
-            delayed: 0,
-            thread,
-        };
-        for (list, what) in [(l.page_free, "free"), (l.page_local_free, "local free")] {
-            let head = le_u64(p, list);
-            if head != 0 && !seen.holds_block(head) {
-                return Err(format!(
-                    "has its {what} list start at {head:#x}, not one of its blocks"
-                ));
-            }
-        }
+        let mut seen = PageSeen::new(start, block_size, capacity, used, thread);
+        seen.check_list_heads(p, l.page_free, l.page_local_free)?;
         // The low bit: the page is owned.
         let head = le_u64(p, l.page_thread_free) & !1;
         seen.thread_freed = super::super::read::thread_freed(self.mem, &seen, head)?;
