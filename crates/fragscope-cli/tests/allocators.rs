@@ -168,15 +168,7 @@ fn a_snapshot_reads_the_jemalloc_linked_into_a_rust_program() {
             .map(|l| figure(&l["extents"]) * figure(&l["size"]))
             .sum();
         within(large, "stats.arenas.4096.large.allocated", 0.001);
-        let d = &r["snapshots"][0];
-        within(figure(&d["live"]) + figure(&d["rounding"]), "usable", 0.05);
-        let rss = figure(&d["rss"]);
-        assert!(figure(&d["other_anon"]) * 10 < rss, "{found_by}: {d}");
-        // Every tenth box kept: the free regions the survivors keep dominate.
-        assert!(
-            figure(&d["free_in_used_pages"]) > figure(&d["live"]),
-            "{found_by}: {d}"
-        );
+        census_splits_what_the_program_holds(&own, &r["snapshots"][0], &found_by);
         let headline = r["headline"]["sentence"].as_str().unwrap();
         assert!(headline.starts_with("jemalloc's slabs hold"), "{headline}");
         let text = report_text(&trace);
@@ -253,20 +245,7 @@ fn a_snapshot_reads_the_mimalloc_linked_into_a_rust_program() {
                 assert_eq!(figure(&m["heap"]["arenas"]), 1, "{case}: {m}");
                 assert!(figure(&m["heap"]["thread_heaps"]) >= 1, "{case}: {m}");
             }
-            let d = &r["snapshots"][0];
-            assert_within(
-                &own,
-                figure(&d["live"]) + figure(&d["rounding"]),
-                "usable",
-                0.05,
-            );
-            let rss = figure(&d["rss"]);
-            assert!(figure(&d["other_anon"]) * 10 < rss, "{case}: {d}");
-            // Every tenth box kept: the free blocks the survivors keep dominate.
-            assert!(
-                figure(&d["free_in_used_pages"]) > figure(&d["live"]),
-                "{case}: {d}"
-            );
+            census_splits_what_the_program_holds(&own, &r["snapshots"][0], &case);
             let headline = r["headline"]["sentence"].as_str().unwrap();
             assert!(headline.starts_with("mimalloc's pages hold"), "{headline}");
             let text = report_text(&trace);
@@ -767,6 +746,21 @@ fn a_snapshot_of_another_jemalloc_build_is_refused_with_a_note() {
 }
 
 /// The census's figure `ours` is within `share` of the allocator's own figure `name`.
+/// A linked allocator's census at snapshot `d` of the program that keeps every tenth of
+/// its boxes: live and rounding within 5% of the usable bytes it holds (`own["usable"]`),
+/// under 10% of RSS left to "other anonymous", and the free blocks the survivors keep in
+/// their pages more than what lives there.
+fn census_splits_what_the_program_holds(
+    own: &std::collections::HashMap<String, u64>,
+    d: &serde_json::Value,
+    case: &str,
+) {
+    let figure = |f: &str| d[f].as_u64().unwrap_or_else(|| panic!("{case}: {d}"));
+    assert_within(own, figure("live") + figure("rounding"), "usable", 0.05);
+    assert!(figure("other_anon") * 10 < figure("rss"), "{case}: {d}");
+    assert!(figure("free_in_used_pages") > figure("live"), "{case}: {d}");
+}
+
 fn assert_within(own: &std::collections::HashMap<String, u64>, ours: u64, name: &str, share: f64) {
     let theirs = own[name];
     assert!(
