@@ -411,8 +411,8 @@ fn recording_of_linked_alloc(feature: &str, allocator: &str) {
     // A census at every snapshot while the program holds its boxes (the focus may be its
     // end, after it dropped them, its dirty pages then the most waste): three at least
     // within 5% of what it holds, each leaving under 10% of RSS to "other anonymous". A
-    // snapshot in the program's first milliseconds, before its allocator made its heap,
-    // has no census (its live bytes unknown, null): it holds nothing yet.
+    // snapshot whose census was refused (one may land while mimalloc sets its heap up)
+    // has its malloc heap unknown (live null): it is not one of them.
     let figure = |d: &serde_json::Value, f: &str| d[f].as_u64().unwrap_or_else(|| panic!("{d}"));
     let holding: Vec<_> = snapshots
         .iter()
