@@ -49,6 +49,7 @@ fn to_json(s: &TraceSummary) -> serde_json::Value {
         "duration_ms": (s.duration_ticks as f64 * tick_ms) as u64,
         "command": s.meta.as_ref().map(|m| m.argv.clone()),
         "stacks": s.meta.as_ref().map(|m| m.stacks.name()),
+        "aggregated": s.meta.as_ref().is_some_and(|m| m.aggregated),
         "processes": s.processes.iter().map(|p| json!({
             "stream": p.stream,
             "pid": p.pid,
@@ -59,6 +60,8 @@ fn to_json(s: &TraceSummary) -> serde_json::Value {
             "exe": p.exe,
             "threads": p.threads.len(),
             "calls": p.calls.iter().map(|(f, n)| (f.name().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+            "aggregated_calls": (p.aggregated_calls > 0).then_some(p.aggregated_calls),
+            "summed_allocations": (p.aggregated_calls > 0).then_some(p.summed_allocations),
             "events": p.events,
             "event_bytes": p.event_bytes,
             "buffers": p.buffers,
@@ -110,6 +113,12 @@ fn print_text(path: &std::path::Path, s: &TraceSummary) {
             m.stacks.name(),
             units::bytes(m.sample_bytes)
         );
+        if m.aggregated {
+            println!(
+                "aggregated the calls each snapshot sees are written; the blocks allocated \
+                 and freed between two snapshots are counted by site and size"
+            );
+        }
     }
     println!(
         "duration   {:.2} s",
@@ -186,6 +195,13 @@ fn print_process(p: &ProcessSummary) {
             calls.join(", ")
         }
     );
+    if p.aggregated_calls > 0 {
+        println!(
+            "           written of {} calls in all ({} blocks left out, counted by site)",
+            units::count(p.aggregated_calls),
+            units::count(p.summed_allocations)
+        );
+    }
     if p.packing_resumed > 0 {
         println!(
             "  buffers  {} ({} packed; packing resumed {} times)",

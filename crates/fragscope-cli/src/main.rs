@@ -2,6 +2,7 @@
 // info's JSON of a process has more fields than serde_json's json! macro expands by default.
 #![recursion_limit = "256"]
 
+mod aggregate;
 mod compare;
 mod export;
 mod ghc_report;
@@ -45,6 +46,7 @@ enum Command {
     Export(export::ExportArgs),
     Replay(replay::ReplayArgs),
     Snapshot(snapshot::SnapshotArgs),
+    Aggregate(aggregate::AggregateArgs),
 }
 
 fn main() -> ExitCode {
@@ -65,6 +67,7 @@ fn main() -> ExitCode {
         Command::Export(a) => export::run(a),
         Command::Replay(a) => replay::run(a),
         Command::Snapshot(a) => snapshot::run(a),
+        Command::Aggregate(a) => aggregate::run(a),
     };
     match result {
         Ok(code) => code,

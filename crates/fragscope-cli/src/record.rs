@@ -83,6 +83,15 @@ pub struct RecordArgs {
     #[arg(long, value_enum, value_name = "WHEN", default_value_t = Pack::Auto,
           num_args = 0..=1, require_equals = true, default_missing_value = "always")]
     pack: Pack,
+    /// For long runs: write the blocks each snapshot sees, not every call. A block
+    /// allocated and freed between two snapshots is counted by allocation site and size
+    /// instead of written, so the trace grows with the snapshots and the blocks that
+    /// outlive one, not with the calls; every snapshot's decomposition, occupancy, size
+    /// classes and pinning sites are as a full recording's, and so are the allocation
+    /// counts per site and the live-bytes timeline. `replay` needs a full recording.
+    /// (`fragscope aggregate` does the same to a trace already recorded.)
+    #[arg(long)]
+    aggregate: bool,
     /// Replace the output even if it is not a fragscope trace (an existing file of
     /// another kind, or a symbolic link, which is replaced, never written through).
     #[arg(long)]
@@ -143,11 +152,15 @@ pub fn run(a: RecordArgs) -> Result<ExitCode> {
         snapshot_ms: a.snapshot_ms,
         flush_ms: a.flush_ms.max(1),
         compression_level: a.compression,
+        // An aggregated recording decodes each buffer as it comes: packing it first
+        // would only cost the recorder's CPU.
         pack: match a.pack {
+            _ if a.aggregate => PackMode::Never,
             Pack::Auto => PackMode::Auto,
             Pack::Always => PackMode::Always,
             Pack::Never => PackMode::Never,
         },
+        aggregate: a.aggregate,
         command: a.command,
         force: a.force,
         ghc_census: !a.no_ghc_census,

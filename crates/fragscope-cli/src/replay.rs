@@ -134,6 +134,12 @@ pub fn run(a: ReplayArgs) -> Result<ExitCode> {
         // A GHC program's malloc calls are replayed like any other's.
         Input::GhcRecording { contents, .. } | Input::Trace(contents) => contents,
     };
+    if contents.meta.as_ref().is_some_and(|m| m.aggregated) {
+        bail!(
+            "{} is an aggregated trace (recorded with --aggregate, or written by fragscope              aggregate): it keeps only the blocks a snapshot sees, and a replay needs every              call. Record the program again without --aggregate to replay it",
+            a.trace.display()
+        );
+    }
     let size = std::fs::metadata(&a.trace)
         .with_context(|| format!("cannot open {}", a.trace.display()))?
         .len();

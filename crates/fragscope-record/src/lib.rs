@@ -29,5 +29,6 @@ mod session;
 mod snapshot;
 
 pub use launch::{check_traceable, NotTraceable};
+pub use output::create_output;
 pub use session::{record, AttachOptions, PackMode, RecordOptions, RecordOutcome, SilentProcess};
 pub use snapshot::{snapshot, ForkCopy, SnapshotOptions, SnapshotOutcome, FORK_COPY_FROM};

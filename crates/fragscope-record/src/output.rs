@@ -15,7 +15,7 @@ use fragscope_trace::{Meta, StackMode};
 /// trace is unlinked and let go by a thread of its own: truncating it in place frees its
 /// blocks inside the call (25 ms for 37 MiB on ext4), time the recording would otherwise
 /// start late by. A device (/dev/null) is written as it is.
-pub(crate) fn create_output(path: &Path, force: bool) -> Result<std::fs::File> {
+pub fn create_output(path: &Path, force: bool) -> Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     let shown = path.display();
     let meta = match std::fs::symlink_metadata(path) {
@@ -91,5 +91,6 @@ pub(crate) fn meta_now(
             .trim()
             .to_string(),
         ghc_eventlog: None,
+        aggregated: false,
     }
 }

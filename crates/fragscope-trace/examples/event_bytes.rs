@@ -32,6 +32,8 @@ fn main() {
                     Record::Tick { .. } => "tick",
                     Record::Usable { .. } => "usable size",
                     Record::Order { .. } => "order",
+                    Record::Summed { .. } => "summed",
+                    Record::Live { .. } => "live",
                 };
                 *kinds.entry(kind).or_default() += 1;
             }

@@ -30,7 +30,7 @@ pub use format::{
     chunk, contents, event, go_heap, hash, heap_census, jvm_heap, pack, reader, records,
     runtime_samples, sbcl_heap, summary, v8_heap, wire, TraceError,
 };
-pub use order::{ahead, call, live, merge, stream_decoder};
+pub use order::{aggregate, ahead, call, live, merge, stream_decoder};
 
 pub use chunk::{ChunkKind, ChunkReader, ChunkWriter, Damage};
 pub use contents::{StreamContents, TraceContents};

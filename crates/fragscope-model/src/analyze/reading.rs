@@ -51,6 +51,7 @@ pub(super) fn read_trace(
                 weighting: SiteWeighting::None,
                 sparse_pct: opts.sparse_pct,
                 evaluation: opts.evaluation,
+                aggregated: false,
             },
             seen_end: false,
             last_tick: 0,
@@ -256,6 +257,7 @@ impl Reading<'_> {
     }
 
     fn take_meta(&mut self, m: Meta) {
+        self.read.ctx.aggregated = m.aggregated;
         self.read.ctx.weighting = match m.stacks {
             StackMode::All => SiteWeighting::Every,
             StackMode::Sampled => SiteWeighting::Sampled {

@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 
+use fragscope_trace::call::Summary;
 use fragscope_trace::event::StatsSource;
 use fragscope_trace::hash::FastMap;
 use fragscope_trace::merge::{Call, LiveTable, Merged, Merger};
@@ -213,6 +214,9 @@ impl LastAllocs {
 
 pub(super) struct Ctx {
     pub(super) weighting: SiteWeighting,
+    /// An aggregated recording: its calls are those the snapshots see, and its summaries
+    /// count the others (calls, allocations, temporaries, live bytes between snapshots).
+    pub(super) aggregated: bool,
     pub(super) sparse_pct: u32,
     /// How snapshots are evaluated from the live blocks (see [`Evaluation::asked`]).
     pub(super) evaluation: Evaluation,
@@ -268,6 +272,7 @@ impl Stream {
                 Some(Merged::Forked { tick, mark }) => {
                     self.fork.forked(&mut self.merger, mark, tick);
                 }
+                Some(Merged::Summary { tick, summary }) => self.take_summary(ctx, tick, summary),
             }
         }
     }
@@ -297,9 +302,12 @@ impl Stream {
         if let Some(pages) = &mut self.heap_pages {
             pages.follow(&self.merger, &c);
         }
-        self.calls += 1;
+        // An aggregated recording counts calls and temporaries in its summaries: its
+        // calls are not all, and they are written as one thread's.
+        self.calls += u64::from(!ctx.aggregated);
         let last_alloc = self.last_alloc.of(c.tid);
-        let temporary = c.func == Func::Free && c.addr != 0 && *last_alloc == Some(c.addr);
+        let temporary =
+            c.func == Func::Free && c.addr != 0 && *last_alloc == Some(c.addr) && !ctx.aggregated;
         // As heaptrack counts them: frees of other blocks in between do not matter.
         if let Some(a) = c.allocates() {
             *last_alloc = Some(a);
@@ -340,6 +348,52 @@ impl Stream {
             _ => self
                 .live_timeline
                 .push((bucket, self.live_bytes, self.usable_bytes)),
+        }
+    }
+
+    /// What an aggregated recording says of the calls it left out.
+    fn take_summary(&mut self, ctx: &Ctx, tick: u64, summary: Summary) {
+        match summary {
+            Summary::Summed {
+                stack,
+                size,
+                allocations,
+                temporaries,
+            } => {
+                self.allocations += allocations;
+                self.temporaries.0 += temporaries;
+                self.temporaries.1 += temporaries * size;
+                if stack != 0 {
+                    let w = ctx.weighting.weight(size);
+                    if allocations > 0 {
+                        self.site_allocs.add(stack, w * allocations as f64, size);
+                    }
+                    if temporaries > 0 {
+                        self.site_temporaries
+                            .add(stack, w * temporaries as f64, size);
+                    }
+                }
+            }
+            Summary::Live {
+                live,
+                usable,
+                peak,
+                peak_tick,
+                calls,
+            } => {
+                self.calls += calls;
+                if peak > self.peak_live.0 {
+                    self.peak_live = (peak, peak_tick);
+                }
+                let bucket = tick / 10;
+                match self.live_timeline.last_mut() {
+                    Some(last) if last.0 == bucket => {
+                        last.1 = live;
+                        last.2 = usable;
+                    }
+                    _ => self.live_timeline.push((bucket, live, usable)),
+                }
+            }
         }
     }
 

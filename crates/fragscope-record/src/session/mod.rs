@@ -41,7 +41,7 @@ use crate::output::{create_output, meta_now};
 use sampler::Stop;
 use server::{Acceptor, Rendezvous};
 use shared::{Procs, Shared};
-use writer::{write_chunks, Chunk, DEFAULT_COMPRESSION_LEVEL, EVENTS_COMPRESSION_LEVEL};
+use writer::{write_chunks, Message, DEFAULT_COMPRESSION_LEVEL, EVENTS_COMPRESSION_LEVEL};
 
 /// Records `opts.command` into `opts.output`.
 pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
@@ -80,13 +80,15 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     // Room for 256 chunks (up to 32 MiB of event buffers) between the connections and
     // the writer; a writer further behind holds the program back rather than our memory
     // growing. (The channel's slots are written out when it is made.)
-    let (tx, rx) = sync_channel::<Chunk>(256);
+    let (tx, rx) = sync_channel::<Message>(256);
     let output = opts.output.clone();
+    let aggregate = opts.aggregate;
     let writer_thread = thread::Builder::new()
         .name("fragscope-writer".into())
-        .spawn(move || write_chunks(writer, rx, &output))?;
+        .spawn(move || write_chunks(writer, rx, &output, aggregate))?;
     let shared = Arc::new(Shared {
         out: tx,
+        snapshot_order: Mutex::new(()),
         clock,
         procs: Mutex::new(Procs::default()),
         build_ids: Mutex::new(HashMap::new()),
@@ -303,6 +305,7 @@ fn open_trace(
         .with_events_level(EVENTS_COMPRESSION_LEVEL),
     };
     let meta = Meta {
+        aggregated: opts.aggregate,
         ghc_eventlog: ghc.and_then(|g| g.eventlog.as_ref()).map(|e| {
             // Relative to the trace's directory, so the two can move together.
             e.file_name()

@@ -22,6 +22,9 @@ pub struct RecordOptions {
     pub compression_level: Option<i32>,
     /// When to rewrite event buffers into the packed form (fragscope_trace::pack).
     pub pack: PackMode,
+    /// Write the calls aggregated (`fragscope_trace::aggregate`): the blocks allocated
+    /// and freed between two snapshots summed by stack and size instead of written.
+    pub aggregate: bool,
     /// The program and its arguments.
     pub command: Vec<OsString>,
     /// Replace whatever is at `output` (a file that is not a trace, a symbolic link).

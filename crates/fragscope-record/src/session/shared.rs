@@ -15,7 +15,7 @@ use fragscope_trace::{
 
 use super::options::PackMode;
 use super::packing::FIRST_RESUME_AFTER;
-use super::writer::Chunk;
+use super::writer::Message;
 use crate::clock::ClockPage;
 use crate::procfs;
 use crate::protocol::{self, ExecTarget, HELLO_ATTACHED, HELLO_FORKED, HELLO_RESUMED};
@@ -52,7 +52,12 @@ pub(super) struct ProcState {
 }
 
 pub(super) struct Shared {
-    pub(super) out: SyncSender<Chunk>,
+    pub(super) out: SyncSender<Message>,
+    /// Held while a snapshot takes its time and says so to the writer, and while a
+    /// thread buffer is sent: a buffer with a call after a snapshot's time then reaches
+    /// the writer after the snapshot's start, which holds it until the snapshot is
+    /// written (see `writer::Message`).
+    pub(super) snapshot_order: Mutex<()>,
     pub(super) clock: ClockPage,
     pub(super) procs: Mutex<Procs>,
     pub(super) build_ids: Mutex<HashMap<String, Vec<u8>>>,
@@ -111,7 +116,13 @@ impl Shared {
     ) {
         // The writer only goes away after every sender is done; an error means it failed,
         // which the writer reports itself.
-        let _ = self.out.send((kind, payload, section_ends));
+        let message = Message::Chunk((kind, payload, section_ends));
+        if matches!(kind, ChunkKind::Events | ChunkKind::PackedEvents) {
+            let _order = self.snapshot_order.lock().unwrap();
+            let _ = self.out.send(message);
+        } else {
+            let _ = self.out.send(message);
+        }
     }
 
     pub(super) fn tick(&self) -> u64 {
@@ -201,7 +212,26 @@ impl Shared {
         census: Option<&SyncSender<CensusRequest>>,
         ending: bool,
     ) {
-        let tick = self.tick();
+        let tick = {
+            let _order = self.snapshot_order.lock().unwrap();
+            let tick = self.tick();
+            let _ = self.out.send(Message::SnapshotStarts { stream, tick });
+            tick
+        };
+        self.snapshot_at(stream, pid, tick, reason, census, ending);
+        let _ = self.out.send(Message::SnapshotEnds { stream, tick });
+    }
+
+    /// The chunks of a snapshot of `pid` at `tick`.
+    fn snapshot_at(
+        &self,
+        stream: u32,
+        pid: u32,
+        tick: u64,
+        reason: SnapshotReason,
+        census: Option<&SyncSender<CensusRequest>>,
+        ending: bool,
+    ) {
         if let Some(fields) = procfs::read_rollup(pid) {
             self.send(
                 ChunkKind::Rollup,

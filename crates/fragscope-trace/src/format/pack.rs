@@ -101,6 +101,20 @@ impl Packer {
         self.columns.finish(&mut out.bytes, &mut out.section_ends);
         result
     }
+
+    /// Writes thread `tid`'s `records` (tick records included, from the chunk's first
+    /// tick) into `out` in the packed form: a writer that makes records instead of
+    /// reading an interposer's buffer (an aggregated recording).
+    pub fn pack_records(&mut self, tid: u32, records: &[Record], out: &mut PackedBuffer) {
+        out.bytes.clear();
+        out.section_ends.clear();
+        out.tables_reset = std::mem::take(&mut self.reset_pending);
+        let mut w = PackedWriter::new(tid, &mut self.packed, &mut self.columns);
+        for rec in records {
+            w.record(rec);
+        }
+        self.columns.finish(&mut out.bytes, &mut out.section_ends);
+    }
 }
 
 #[cfg(test)]

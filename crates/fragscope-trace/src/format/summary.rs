@@ -20,6 +20,10 @@ pub struct ProcessSummary {
     pub exe: String,
     pub threads: BTreeSet<u32>,
     pub calls: BTreeMap<Func, u64>,
+    /// An aggregated recording's calls in all, those it left out included (0: not one).
+    pub aggregated_calls: u64,
+    /// Blocks an aggregated recording left out (allocated and freed between snapshots).
+    pub summed_allocations: u64,
     pub events: u64,
     pub event_bytes: u64,
     /// Thread buffers stored, and how many of them in the packed form.
@@ -287,6 +291,10 @@ impl Summarizer {
                     ps.own_memory_bytes = ps.own_memory_bytes.max(bytes)
                 }
                 Ok(Some(Record::Stats { source, .. })) => ps.allocator = Some(source.name()),
+                Ok(Some(Record::Summed { allocations, .. })) => {
+                    ps.summed_allocations += allocations
+                }
+                Ok(Some(Record::Live { calls, .. })) => ps.aggregated_calls += calls,
                 Ok(Some(
                     Record::Tick { .. }
                     | Record::Usable { .. }

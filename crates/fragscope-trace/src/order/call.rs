@@ -71,4 +71,45 @@ pub enum Merged {
         tick: u64,
         mark: u32,
     },
+    /// What an aggregated recording says here in place of the calls it left out.
+    Summary {
+        tick: u64,
+        summary: Summary,
+    },
+}
+
+impl Merged {
+    /// The tick it happened at.
+    pub fn tick(&self) -> u64 {
+        match self {
+            Merged::Call(c) => c.tick,
+            Merged::Stats { tick, .. }
+            | Merged::Forked { tick, .. }
+            | Merged::Summary { tick, .. } => *tick,
+        }
+    }
+}
+
+/// An aggregated recording's account of the calls it left out (see
+/// [`crate::order::aggregate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Summary {
+    /// `allocations` blocks of `stack` (a process-wide stack index, 0: none) and `size`
+    /// bytes, allocated and freed between two snapshots; `temporaries` of the stack's
+    /// blocks of that size (these or others) were temporary.
+    Summed {
+        stack: u32,
+        size: u64,
+        allocations: u64,
+        temporaries: u64,
+    },
+    /// Live and usable bytes as every call had them here, the most live bytes since the
+    /// last such summary (at tick `peak_tick`), and the calls made since it.
+    Live {
+        live: u64,
+        usable: u64,
+        peak: u64,
+        peak_tick: u64,
+        calls: u64,
+    },
 }

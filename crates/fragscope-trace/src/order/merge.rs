@@ -504,6 +504,15 @@ impl Merger {
                     self.threads[ti].joins.push_back((at_item, tid));
                 }
                 DecodedOther::OwnMemory(bytes) => self.own_memory = self.own_memory.max(bytes),
+                DecodedOther::Summary {
+                    tick,
+                    place,
+                    summary,
+                } => {
+                    let item = Merged::Summary { tick, summary };
+                    self.lone.others.push_back((at, item, place));
+                    other_items += 1;
+                }
             }
         }
         if !lone {
@@ -868,7 +877,9 @@ impl Merger {
     fn settle(&mut self, m: &mut Merged) {
         match m {
             Merged::Call(c) => self.settle_call(c),
-            Merged::Stats { tick, .. } | Merged::Forked { tick, .. } => {
+            Merged::Stats { tick, .. }
+            | Merged::Forked { tick, .. }
+            | Merged::Summary { tick, .. } => {
                 self.settle_tick(tick);
                 self.ended = [None; 2];
             }
@@ -963,10 +974,7 @@ fn head_of(t: &ThreadQueue, index: usize) -> Option<Head> {
 }
 
 fn merged_tick(m: &Merged) -> u64 {
-    match m {
-        Merged::Call(c) => c.tick,
-        Merged::Stats { tick, .. } | Merged::Forked { tick, .. } => *tick,
-    }
+    m.tick()
 }
 
 /// Reads every chunk of an in-memory trace and decodes every event record, merging each

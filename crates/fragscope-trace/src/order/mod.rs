@@ -4,6 +4,7 @@
 //! after each call ([`live`], their table by address in [`blocks`]); read and decoded
 //! ahead on a thread of its own ([`ahead`]). Built on `crate::format` alone; nothing there depends on this layer.
 
+pub mod aggregate;
 pub mod ahead;
 mod blocks;
 pub mod call;

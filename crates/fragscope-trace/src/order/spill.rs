@@ -18,7 +18,7 @@ use std::os::unix::fs::FileExt;
 use crate::format::event::{Func, StatsSource};
 use crate::format::wire::{Reader, Writer};
 use crate::format::TraceError;
-use crate::order::call::{Call, Merged};
+use crate::order::call::{Call, Merged, Summary};
 
 /// Items of one segment: small enough that every thread's head, read back a segment at a
 /// time, fits in memory (1024 threads x 1024 calls x ~80 bytes = 80 MiB at worst).
@@ -26,6 +26,8 @@ const SEGMENT_ITEMS: u32 = 1024;
 /// An item's first byte: the call's function, and which of its fields follow.
 const STATS_TAG: u8 = 0x80;
 const FORKED_TAG: u8 = 0x81;
+const SUMMED_TAG: u8 = 0x82;
+const LIVE_TAG: u8 = 0x83;
 const FUNC_BITS: u8 = 0x0f;
 const HAS_OLD_ADDR: u8 = 0x10;
 const HAS_ALIGN: u8 = 0x20;
@@ -212,10 +214,7 @@ impl ThreadSpill {
 }
 
 fn encode(w: &mut Writer, prev: &mut Previous, (item, place): &(Merged, u64)) {
-    let tick = match item {
-        Merged::Call(c) => c.tick,
-        Merged::Stats { tick, .. } | Merged::Forked { tick, .. } => *tick,
-    };
+    let tick = item.tick();
     match item {
         Merged::Call(c) => {
             let sized = c.size != 0 || c.usable != 0 || c.stack != 0;
@@ -226,6 +225,14 @@ fn encode(w: &mut Writer, prev: &mut Previous, (item, place): &(Merged, u64)) {
         }
         Merged::Stats { .. } => w.u8(STATS_TAG),
         Merged::Forked { .. } => w.u8(FORKED_TAG),
+        Merged::Summary {
+            summary: Summary::Summed { .. },
+            ..
+        } => w.u8(SUMMED_TAG),
+        Merged::Summary {
+            summary: Summary::Live { .. },
+            ..
+        } => w.u8(LIVE_TAG),
     };
     w.svarint(tick.wrapping_sub(prev.tick) as i64)
         .svarint(place.wrapping_sub(prev.place) as i64);
@@ -256,6 +263,32 @@ fn encode(w: &mut Writer, prev: &mut Previous, (item, place): &(Merged, u64)) {
         Merged::Forked { mark, .. } => {
             w.varint((*mark).into());
         }
+        Merged::Summary { summary, .. } => match *summary {
+            Summary::Summed {
+                stack,
+                size,
+                allocations,
+                temporaries,
+            } => {
+                w.varint(stack.into())
+                    .varint(size)
+                    .varint(allocations)
+                    .varint(temporaries);
+            }
+            Summary::Live {
+                live,
+                usable,
+                peak,
+                peak_tick,
+                calls,
+            } => {
+                w.varint(live)
+                    .varint(usable)
+                    .varint(peak)
+                    .varint(tick.wrapping_sub(peak_tick))
+                    .varint(calls);
+            }
+        },
     }
 }
 
@@ -284,6 +317,26 @@ fn decode_into(
                 source,
                 values,
             }
+        } else if tag == SUMMED_TAG {
+            let stack = u32::try_from(r.varint()?)
+                .map_err(|_| TraceError::Malformed("spilled summed stack".into()))?;
+            let summary = Summary::Summed {
+                stack,
+                size: r.varint()?,
+                allocations: r.varint()?,
+                temporaries: r.varint()?,
+            };
+            Merged::Summary { tick, summary }
+        } else if tag == LIVE_TAG {
+            let (live, usable, peak) = (r.varint()?, r.varint()?, r.varint()?);
+            let summary = Summary::Live {
+                live,
+                usable,
+                peak,
+                peak_tick: tick.wrapping_sub(r.varint()?),
+                calls: r.varint()?,
+            };
+            Merged::Summary { tick, summary }
         } else if tag == FORKED_TAG {
             let mark = u32::try_from(r.varint()?)
                 .map_err(|_| TraceError::Malformed("spilled fork mark".into()))?;
@@ -362,6 +415,35 @@ mod tests {
             .map(|i| {
                 if i.is_multiple_of(700) {
                     stats(i)
+                } else if i % 700 == 100 {
+                    let summary = Summary::Summed {
+                        stack: i as u32,
+                        size: i * 3,
+                        allocations: i,
+                        temporaries: i / 2,
+                    };
+                    (
+                        Merged::Summary {
+                            tick: 1000 + i / 7,
+                            summary,
+                        },
+                        0,
+                    )
+                } else if i % 700 == 200 {
+                    let summary = Summary::Live {
+                        live: i << 20,
+                        usable: (i << 20) + 7,
+                        peak: i << 21,
+                        peak_tick: 990 + i / 7,
+                        calls: i,
+                    };
+                    (
+                        Merged::Summary {
+                            tick: 1000 + i / 7,
+                            summary,
+                        },
+                        0,
+                    )
                 } else if i % 700 == 350 {
                     (
                         Merged::Forked {

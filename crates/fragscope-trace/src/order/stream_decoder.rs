@@ -9,7 +9,7 @@ use crate::format::event::{ChunkDecoder, Func, Record, StatsSource, StreamTables
 use crate::format::hash::FastMap;
 use crate::format::records::EventsHeader;
 use crate::format::TraceError;
-use crate::order::call::Call;
+use crate::order::call::{Call, Summary};
 
 /// A thread buffer's records, decoded into what the merge takes: its calls (with
 /// process-wide stack ids) in the array a lone thread's run is popped from, and the
@@ -49,6 +49,12 @@ pub(crate) enum DecodedOther {
         mark: u32,
     },
     OwnMemory(u64),
+    /// An aggregated recording's account of calls it left out.
+    Summary {
+        tick: u64,
+        place: u64,
+        summary: Summary,
+    },
 }
 
 impl DecodedEvents {
@@ -147,6 +153,38 @@ impl StreamDecoder {
                 Record::Joined { tid } => DecodedOther::Joined(tid),
                 Record::Forked { mark } => DecodedOther::Forked { tick, place, mark },
                 Record::OwnMemory { bytes } => DecodedOther::OwnMemory(bytes),
+                Record::Summed {
+                    stack,
+                    size,
+                    allocations,
+                    temporaries,
+                } => DecodedOther::Summary {
+                    tick,
+                    place,
+                    summary: Summary::Summed {
+                        stack: if stack == 0 { 0 } else { locals.get(stack) },
+                        size,
+                        allocations,
+                        temporaries,
+                    },
+                },
+                Record::Live {
+                    live,
+                    usable,
+                    peak,
+                    peak_age,
+                    calls,
+                } => DecodedOther::Summary {
+                    tick,
+                    place,
+                    summary: Summary::Live {
+                        live,
+                        usable,
+                        peak,
+                        peak_tick: tick.saturating_sub(peak_age),
+                        calls,
+                    },
+                },
                 Record::Tick { .. } | Record::Usable { .. } | Record::Order { .. } => continue,
             };
             out.others.push((out.calls.len(), other));

@@ -23,7 +23,14 @@
 //!            with flag 0x10, joined: tid:varint (this thread joined thread `tid`: all
 //!            of that thread's records come before this thread's next ones);
 //!            with flag 0x20, forked: mark:varint (this thread forked here; the child's
-//!            Process chunk names `mark`)
+//!            Process chunk names `mark`);
+//!            with flag 0x40, summed: stack:varint size:varint allocations:varint
+//!            temporaries:varint (an aggregated recording's calls of that stack and size
+//!            left out: allocated and freed between two snapshots);
+//!            with flag 0x80, live: live:varint usable:varint peak:varint
+//!            peak_age:varint calls:varint (an aggregated recording's live bytes as every
+//!            call had them here, the most since the last such record, `peak_age` ticks
+//!            before it, and the calls made since it)
 //! kind 15    own memory:  bytes:varint (the interposer's own mapped bytes, process-wide)
 //! addr delta := svarint of (address - previous address in this chunk), the previous
 //!               address being 0 at a chunk's start; in 16-byte units unless UNALIGNED.
@@ -117,6 +124,10 @@ const KIND_LOST: u8 = 14;
 const FLAG_JOINED: u8 = 0x10;
 /// With KIND_LOST: a FORKED record.
 const FLAG_FORKED: u8 = 0x20;
+/// With KIND_LOST: a SUMMED record (aggregated recordings).
+const FLAG_SUMMED: u8 = 0x40;
+/// With KIND_LOST: a LIVE record (aggregated recordings).
+const FLAG_LIVE: u8 = 0x80;
 /// With KIND_TICK: an anchor (a cycle counter reading), which older interposers wrote to
 /// estimate time inside a tick; the order counter replaced it.
 const FLAG_ANCHOR: u8 = 0x10;
@@ -219,6 +230,25 @@ pub enum Record {
     },
     OwnMemory {
         bytes: u64,
+    },
+    /// An aggregated recording left out `allocations` calls of thread-local `stack` (0:
+    /// none recorded) for `size` bytes, each freed before the next snapshot, and counts
+    /// `temporaries` of them and of its other blocks of that stack and size as temporary.
+    Summed {
+        stack: u32,
+        size: u64,
+        allocations: u64,
+        temporaries: u64,
+    },
+    /// An aggregated recording's live figures as all of the process's calls had them
+    /// here: live and usable bytes, the most live bytes since the last such record
+    /// (`peak_age` ticks before this one), and the calls made since it.
+    Live {
+        live: u64,
+        usable: u64,
+        peak: u64,
+        peak_age: u64,
+        calls: u64,
     },
     /// The clock moved on (only from [`ChunkDecoder::report_all`] decoders).
     Tick {
@@ -441,6 +471,25 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
                 return Ok(Some(Record::Forked {
                     mark: self.r.varint(Field::Other)? as u32,
                 }))
+            }
+            KIND_LOST if tag & FLAG_SUMMED != 0 => {
+                let stack = u32::try_from(self.r.varint(Field::Other)?)
+                    .map_err(|_| Self::bad("a summed record's stack out of range"))?;
+                return Ok(Some(Record::Summed {
+                    stack,
+                    size: self.r.varint(Field::Other)?,
+                    allocations: self.r.varint(Field::Other)?,
+                    temporaries: self.r.varint(Field::Other)?,
+                }));
+            }
+            KIND_LOST if tag & FLAG_LIVE != 0 => {
+                return Ok(Some(Record::Live {
+                    live: self.r.varint(Field::Other)?,
+                    usable: self.r.varint(Field::Other)?,
+                    peak: self.r.varint(Field::Other)?,
+                    peak_age: self.r.varint(Field::Other)?,
+                    calls: self.r.varint(Field::Other)?,
+                }));
             }
             KIND_LOST => {
                 return Ok(Some(Record::Lost {

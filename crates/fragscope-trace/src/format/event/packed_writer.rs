@@ -4,9 +4,10 @@
 
 use super::tables::StreamTables;
 use super::{
-    Func, Record, FLAG_FORKED, FLAG_JOINED, FLAG_NULL, FLAG_ORDER, FLAG_PREDICTED, FLAG_SLOT,
-    FLAG_STACK, FLAG_UNALIGNED, FLAG_USABLE, KIND_LOST, KIND_OWN_MEMORY, KIND_STACK, KIND_STATS,
-    KIND_TICK, KIND_USABLE, REALLOC_OLD_NULL, REALLOC_OLD_SLOT, REALLOC_OLD_UNALIGNED,
+    Func, Record, FLAG_FORKED, FLAG_JOINED, FLAG_LIVE, FLAG_NULL, FLAG_ORDER, FLAG_PREDICTED,
+    FLAG_SLOT, FLAG_STACK, FLAG_SUMMED, FLAG_UNALIGNED, FLAG_USABLE, KIND_LOST, KIND_OWN_MEMORY,
+    KIND_STACK, KIND_STATS, KIND_TICK, KIND_USABLE, REALLOC_OLD_NULL, REALLOC_OLD_SLOT,
+    REALLOC_OLD_UNALIGNED,
 };
 use crate::format::columns::{ColumnWriter, Field};
 
@@ -119,6 +120,34 @@ impl<'t> PackedWriter<'t> {
                 self.w
                     .u8(Field::Tag, KIND_LOST | FLAG_FORKED)
                     .varint(Field::Other, mark.into());
+            }
+            Record::Summed {
+                stack,
+                size,
+                allocations,
+                temporaries,
+            } => {
+                self.w
+                    .u8(Field::Tag, KIND_LOST | FLAG_SUMMED)
+                    .varint(Field::Other, stack.into())
+                    .varint(Field::Other, size)
+                    .varint(Field::Other, allocations)
+                    .varint(Field::Other, temporaries);
+            }
+            Record::Live {
+                live,
+                usable,
+                peak,
+                peak_age,
+                calls,
+            } => {
+                self.w
+                    .u8(Field::Tag, KIND_LOST | FLAG_LIVE)
+                    .varint(Field::Other, live)
+                    .varint(Field::Other, usable)
+                    .varint(Field::Other, peak)
+                    .varint(Field::Other, peak_age)
+                    .varint(Field::Other, calls);
             }
             Record::OwnMemory { bytes } => {
                 self.w

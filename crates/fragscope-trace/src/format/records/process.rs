@@ -40,6 +40,10 @@ pub struct Meta {
     /// directory (or absolute); `None` when the program is not a GHC program that could
     /// write one. Absent in traces from before this field: they read as `None`.
     pub ghc_eventlog: Option<String>,
+    /// Recorded with `--aggregate`: the calls allocated and freed between two snapshots
+    /// are summed by stack and size instead of written (see
+    /// [`crate::order::aggregate`]). Absent in older traces: false.
+    pub aggregated: bool,
 }
 
 impl Meta {
@@ -58,6 +62,7 @@ impl Meta {
         }
         w.str(&self.hostname);
         w.str(self.ghc_eventlog.as_deref().unwrap_or(""));
+        w.u8(self.aggregated.into());
         w.bytes
     }
     pub fn decode(data: &[u8]) -> Result<Self, TraceError> {
@@ -81,6 +86,7 @@ impl Meta {
         } else {
             Some(r.string()?).filter(|p| !p.is_empty())
         };
+        let aggregated = !r.is_empty() && r.u8()? != 0;
         Ok(Self {
             fragscope_version,
             start_unix_ns,
@@ -92,6 +98,7 @@ impl Meta {
             argv,
             hostname,
             ghc_eventlog,
+            aggregated,
         })
     }
 }

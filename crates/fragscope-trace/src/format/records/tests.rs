@@ -15,6 +15,7 @@ fn every_payload_round_trips() {
         argv: vec!["./a".into(), "b c".into()],
         hostname: "h".into(),
         ghc_eventlog: None,
+        aggregated: false,
     };
     assert_eq!(Meta::decode(&meta.encode()).unwrap(), meta);
     let untraced = Untraced {
@@ -31,8 +32,16 @@ fn every_payload_round_trips() {
         ..meta.clone()
     };
     assert_eq!(Meta::decode(&ghc.encode()).unwrap(), ghc);
-    // A Meta written before the field existed ends at the hostname.
-    let mut old = meta.encode();
+    let aggregated = Meta {
+        aggregated: true,
+        ..meta.clone()
+    };
+    assert_eq!(Meta::decode(&aggregated.encode()).unwrap(), aggregated);
+    // A Meta written before `aggregated` existed ends at the eventlog, and one written
+    // before that at the hostname.
+    let mut old = aggregated.encode();
+    old.pop();
+    assert_eq!(Meta::decode(&old).unwrap(), meta);
     old.pop();
     assert_eq!(Meta::decode(&old).unwrap(), meta);
     let p = Process {

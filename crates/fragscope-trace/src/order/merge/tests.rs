@@ -355,7 +355,7 @@ fn drain_with_forks(m: &mut Merger) -> (Vec<Call>, Vec<(u32, InheritedHeap)>) {
         match x {
             Merged::Call(c) => calls.push(c),
             Merged::Forked { mark, .. } => forks.push((mark, m.heap_at_fork())),
-            Merged::Stats { .. } => {}
+            Merged::Stats { .. } | Merged::Summary { .. } => {}
         }
     }
     (calls, forks)
