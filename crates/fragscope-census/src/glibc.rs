@@ -1040,6 +1040,7 @@ impl Walk<'_> {
             arenas,
             mmapped_chunks,
             mmapped_bytes,
+            mmapped_trailer: 0,
             mmapped_resident,
             occupancy_pages,
             occupancy_in_use,
