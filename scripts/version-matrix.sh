@@ -28,6 +28,14 @@
 # program built on the host (FRAGSCOPE_TEST_PROGRAMS) and run inside the chroot on the
 # chroot's libtcmalloc. $TCMALLOC_SUITES (default "trixie") chooses them.
 #
+# And the glibc snapshot tests of the command (crates/fragscope-cli/tests/snapshot.rs: the
+# census against mallinfo2 to the byte, read from a copy and from the process stopped, a
+# main arena grown by mmap, the arena found by its shape without debug symbols, a
+# recording beside a snapshot, seccomp, --no-stop) on Debian 13's glibc 2.41 and
+# unstable's (2.43), libc6-dbg installed there, their programs built on the host and run
+# inside the chroot on its libc (the host runs them on Debian 12's 2.36 in the suite
+# itself). $GLIBC_SUITES (default "trixie sid") chooses them.
+#
 # Default: bookworm:python3.11 trixie:python3.13 sid:python3.14. ":note" expects a
 # release without Python lines: no python_sites, and python_sites_note saying why.
 # Chroots are kept in $FRAGSCOPE_CHROOTS (default /var/tmp/fragscope-chroots) and reused.
@@ -195,6 +203,26 @@ for suite in $tcmalloc_suites; do
   release=$(chroot "$dir" dpkg-query -W -f='${Version}' libgoogle-perftools4t64 2>/dev/null || echo "?")
   run_in_chroot "$dir" "$suite gperftools $release" env FRAGSCOPE_TEST_PROGRAMS="$programs" \
     "$allocators_tests" a_snapshot_of_a_tcmalloc_program
+done
+# glibc's malloc of Debian 13 and unstable: the snapshot tests' programs built here, as
+# the suite builds them (tests/common's file names), and run inside each chroot on its
+# libc, the census finding the arena by libc6-dbg's symbols or, in the test that hides
+# them, by its shape.
+glibc_suites=${GLIBC_SUITES-trixie sid}
+if [[ -n $glibc_suites ]]; then
+  snapshot_tests=$(tests_binary snapshot)
+  programs=$target/test-programs
+  mkdir -p "$programs"
+  cc -O1 -pthread -pthread -o "$programs/glibc_heap-pthread" tests/c/glibc_heap.c
+  cc -O1 -pthread -o "$programs/usable_sum" tests/c/usable_sum.c
+fi
+for suite in $glibc_suites; do
+  dir=$chroots/$suite
+  scripts/chroot.sh "$suite" "$dir" libc6-dbg libunwind8
+  release=$(chroot "$dir" dpkg-query -W -f='${Version}' libc6 2>/dev/null || echo "?")
+  run_in_chroot "$dir" "$suite glibc $release" env FRAGSCOPE_TEST_PROGRAMS="$programs" \
+    "$snapshot_tests" glibc_census a_main_arena without_debug_symbols \
+    snapshot_and_recording a_process_under_seccomp no_stop_reads
 done
 echo "version matrix: $passed passed, $failed failed"
 ((failed == 0))

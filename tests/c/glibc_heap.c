@@ -1,11 +1,15 @@
 // A long-running process with a fragmented glibc heap, for `fragscope snapshot` (with the
-// argument "seccomp", under a seccomp filter that allows everything): the main
+// argument "seccomp", under a seccomp filter that allows everything): another thread
+// frees blocks the main thread allocated (`hand_over_blocks`); then the main
 // thread and THREADS threads (each in its own arena) allocate blocks of mixed sizes and
 // free most of them in a pattern that leaves holes (some in the threads' caches and the
-// fastbins), plus a few blocks above the mmap threshold. Then it prints glibc's own view,
-// one line
+// fastbins, in the glibc releases that have them), plus a few blocks above the mmap
+// threshold. Then it prints glibc's own view, one line
 //   mallinfo2 arena=A ordblks=B smblks=C hblks=D hblkhd=E uordblks=F fordblks=G keepcost=H
-// and malloc_info's XML on stderr, and waits: for each line read on stdin it prints
+//     fsmblks=I big_usable=J
+// (J: malloc_usable_size summed over its blocks above the threshold, its only ones: the
+// tables of the blocks it keeps are mapped apart) and malloc_info's XML on stderr, and
+// waits: for each line read on stdin it prints
 // the mallinfo2 line again ("trim" first calls malloc_trim(0) and prints
 // "trimmed RSS_BEFORE_KIB RSS_AFTER_KIB"; "sigchld" prints "sigchld N", the SIGCHLDs it
 // has received, instead); it exits at the end of stdin.
@@ -33,8 +37,41 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
 static int ready, done;
 
+// The blocks above the mmap threshold.
+static void *big[4];
+
+// Blocks of one size the main thread allocates and another thread frees, every other one:
+// past what that thread's cache takes, they wait in the main arena's bins (its small bins
+// in glibc 2.43, its fastbins before), and the main thread's first malloc of that size
+// fills its own cache from them. In 2.43 that is where its cache's table is made, inside
+// malloc (a chunk 16 bytes larger than one made at a thread's first free), the cache not
+// being made at the first malloc any more.
+#define HANDED 200
+static void *handed[HANDED];
+
+static void *free_handed(void *arg) {
+    (void)arg;
+    for (int i = 0; i < HANDED; i += 2) free(handed[i]);
+    return NULL;
+}
+
+static void hand_over_blocks(void) {
+    for (int i = 0; i < HANDED; i++) handed[i] = malloc(100);
+    pthread_t t;
+    pthread_create(&t, NULL, free_handed, NULL);
+    pthread_join(t, NULL);
+}
+
 static void **fragment(int n, unsigned seed) {
-    void **keep = calloc(n, sizeof(void *));
+    // The table of the blocks kept, outside the heap: whether glibc would mmap it alone or
+    // carve it from a thread's new arena depends on the release (2.43 makes a thread's
+    // arena at its first block, large enough for it).
+    void **keep = mmap(NULL, n * sizeof(void *), PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (keep == MAP_FAILED) {
+        perror("mmap");
+        exit(1);
+    }
     for (int i = 0; i < n; i++) {
         seed = seed * 1103515245u + 12345u;
         size_t size = 16 + (seed >> 16) % 2000;
@@ -79,9 +116,12 @@ static void count_sigchld(int sig) {
 
 static void print_mallinfo(void) {
     struct mallinfo2 m = mallinfo2();
+    size_t big_usable = 0;
+    for (int i = 0; i < 4; i++) big_usable += malloc_usable_size(big[i]);
     printf("mallinfo2 arena=%zu ordblks=%zu smblks=%zu hblks=%zu hblkhd=%zu uordblks=%zu "
-           "fordblks=%zu keepcost=%zu\n",
-           m.arena, m.ordblks, m.smblks, m.hblks, m.hblkhd, m.uordblks, m.fordblks, m.keepcost);
+           "fordblks=%zu keepcost=%zu fsmblks=%zu big_usable=%zu\n",
+           m.arena, m.ordblks, m.smblks, m.hblks, m.hblkhd, m.uordblks, m.fordblks, m.keepcost,
+           m.fsmblks, big_usable);
     fflush(stdout);
 }
 
@@ -121,10 +161,10 @@ int main(int argc, char **argv) {
     setvbuf(stdout, outbuf, _IOLBF, sizeof outbuf);
     struct sigaction sa = {.sa_handler = count_sigchld, .sa_flags = SA_RESTART};
     sigaction(SIGCHLD, &sa, NULL);
+    hand_over_blocks();
     pthread_t t[THREADS];
     for (long i = 0; i < THREADS; i++) pthread_create(&t[i], NULL, worker, (void *)i);
     void **keep = fragment(40000, 1);
-    void *big[4];
     for (int i = 0; i < 4; i++) {
         big[i] = malloc((size_t)(200 + 300 * i) << 10);
         memset(big[i], 1, 4096 * (i + 1)); // partly resident
@@ -155,6 +195,6 @@ int main(int argc, char **argv) {
     pthread_mutex_unlock(&lock);
     for (int i = 0; i < THREADS; i++) pthread_join(t[i], NULL);
     for (int i = 0; i < 4; i++) free(big[i]);
-    free(keep);
+    munmap(keep, 40000 * sizeof(void *));
     return 0;
 }

@@ -6,17 +6,19 @@
 //! the one before. Every heap is a run of *chunks*, each headed by its size, whose low
 //! bits say whether the chunk before it is in use (PREV_INUSE), whether it was mmapped on
 //! its own (IS_MMAPPED) and whether it belongs to a thread arena. A freed chunk goes to a
-//! thread's cache (tcache: up to 7 per size, per thread) or a fastbin, where it stays
-//! marked in use, or to the arena's bins, merged with its free neighbours. Blocks above
-//! the mmap threshold are chunks mmapped alone, outside every arena.
+//! thread's cache (tcache: up to 7 per size, per thread; 16 from 2.43) or, before 2.43, a
+//! fastbin, where it stays marked in use, or to the arena's bins, merged with its free
+//! neighbours. Blocks above the mmap threshold are chunks mmapped alone, outside every
+//! arena.
 //!
 //! The census walks every arena's heaps chunk by chunk, follows the fastbin lists and
-//! each thread's cache (found in the walk: the 640-byte table a thread allocates in its
-//! arena the first time it calls malloc), and finds the mmapped chunks in the maps. Each
-//! figure is checked against glibc's own: the walk must end exactly at the arena's top
-//! chunk, the heaps' sizes add up to the arena's `system_mem`, the mmapped chunks found
-//! are `mp_.n_mmaps` and `mp_.mmapped_mem`; a census that does not hold together is
-//! refused, never patched.
+//! each thread's cache (found in the walk: the table a thread allocates in its arena, 640
+//! bytes the first time it calls malloc up to 2.42; 760 bytes in 2.43, at its first free
+//! or the first malloc that fills its cache), and finds the mmapped chunks in the maps.
+//! Each figure is checked against glibc's own: the walk must end exactly at the arena's
+//! top chunk, the heaps' sizes add up to the arena's `system_mem`, the mmapped chunks
+//! found are `mp_.n_mmaps` and `mp_.mmapped_mem`; a census that does not hold together
+//! is refused, never patched.
 //!
 //! A main arena whose brk heap could not grow (another mapping at the break, as a Node or
 //! JVM process's many mappings can put there) grows by mmap instead, for good: glibc marks
@@ -24,16 +26,22 @@
 //! segments. The census finds them by the chunk each begins with, in the anonymous
 //! mappings' resident pages, and checks their sizes against the arena's `system_mem`.
 //!
-//! Layouts are glibc 2.36's for x86-64 (`malloc_state` 2200 bytes, `malloc_par` 136,
-//! `heap_info` 48, `tcache_perthread_struct` 640, checked with the debug information of
-//! Debian's 2.36). The arena is found by name in libc's separate debug file (libc6-dbg,
+//! The layouts read are those of the releases in `RELEASES`, x86-64, each checked
+//! with the debug information of Debian's build of it: 2.36 (`malloc_state` 2200 bytes,
+//! `malloc_par` 136, `tcache_perthread_struct` 640), 2.41 (the same) and 2.43
+//! (`malloc_state` 2112 bytes without fastbins, `malloc_par` 144,
+//! `tcache_perthread_struct` 760: 76 bins counted by their free slots; chunks mmapped
+//! alone laid out as arena chunks, 16 bytes shorter than their mapping); `heap_info` is
+//! 48 bytes in each. The release is the one glibc's banner names; another is refused with
+//! a note. The arena is found by name in libc's separate debug file (libc6-dbg,
 //! /usr/lib/debug/.build-id/xx/yyyy.debug, matched by build-id); without one, by scanning
-//! libc's writable data for the one structure that is a main arena: its 127 bins each
-//! either empty (pointing at itself) or holding chunk addresses and marked in its binmap,
-//! its `next` list coming back to it, its top chunk inside the brk heap; exactly one must
-//! match. Without the debug file, `mp_` and `tcache_key` are unknown: the mmapped chunks
-//! are not checked against glibc's count, and a thread cache is recognised by its lists
-//! alone. Another glibc release is refused.
+//! libc's writable data for the one structure that is a main arena in the release's
+//! layout: its 127 bins each either empty (pointing at itself) or holding chunk addresses
+//! and marked in its binmap, its `next` list coming back to it, its top chunk inside the
+//! brk heap; exactly one must match. Without the debug file, `mp_` and `tcache_key` are
+//! unknown: the mmapped chunks are not checked against glibc's count, and a thread cache
+//! is recognised by its lists alone (and, in 2.43, by its bins' free slots and chunks
+//! adding up to one fill count).
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -47,31 +55,265 @@ use crate::{ProcessMemory, Symbols};
 mod found_by_header;
 use found_by_header::anonymous;
 
-/// The releases whose layouts are checked.
-const VERIFIED: [&str; 1] = ["2.36"];
+/// One glibc release whose malloc layout is verified, x86-64: where the fields the census
+/// reads lie (`ptype /o` of `struct malloc_state`, `struct malloc_par` and
+/// `tcache_perthread_struct` against Debian's libc6-dbg of that release), and what the
+/// release does differently that the census relies on (read in its malloc.c). `heap_info`
+/// (48 bytes), the chunks' header and bits, HEAP_MAX_SIZE and the arena's `flags` are the
+/// same in every one (the constants below).
+#[derive(Debug)]
+struct Release {
+    /// As glibc's banner names it: "2.36".
+    name: &'static str,
+    /// `struct malloc_state`: its size, then its fields' offsets.
+    state_size: usize,
+    /// `fastbinsY[NFASTBINS]`; None: the release has no fastbins (2.43 removed them).
+    fastbins: Option<usize>,
+    top: usize,
+    bins: usize,
+    binmap: usize,
+    next: usize,
+    attached_threads: usize,
+    system_mem: usize,
+    /// `struct malloc_par` (`mp_`): its size, then its fields' offsets.
+    par_size: usize,
+    n_mmaps: usize,
+    mmapped_mem: usize,
+    sbrk_base: usize,
+    tcache_count: usize,
+    /// `tcache_perthread_struct`.
+    tcache: Tcache,
+    /// How a chunk mmapped alone is laid out in its mapping.
+    mmapped: Mmapped,
+}
 
-// struct malloc_state (2.36, x86-64).
-const MS_SIZE: usize = 2200;
+/// A release's thread cache table (`tcache_perthread_struct`: a `uint16_t` per bin, then a
+/// list head per bin).
+#[derive(Debug)]
+struct Tcache {
+    /// Its bins, and of those the first ones, each of one chunk size (32, 48, ... bytes);
+    /// each bin after them (2.43's 12 "large" bins, used only when the tunable
+    /// glibc.malloc.tcache_max raises the cache's limit) holds the chunks of one range
+    /// from a power of two to the next, in increasing size.
+    bins: usize,
+    small_bins: usize,
+    /// What the `uint16_t` of a bin counts.
+    counts: TcacheCounts,
+    /// Where the list heads (`entries`) start, after the counts.
+    entries: usize,
+    /// sizeof(tcache_perthread_struct).
+    table: usize,
+    /// The chunk sizes the table can be allocated in.
+    chunks: &'static [u64],
+}
+
+impl Tcache {
+    /// The bin a chunk of `size` bytes is cached in, if any (tcache's csize2tidx, then
+    /// large_csize2tidx above its small bins).
+    fn bin_of(&self, size: u64) -> Option<usize> {
+        if size < MINSIZE || !size.is_multiple_of(ALIGN) {
+            return None;
+        }
+        // The largest chunk of the small bins (1040 bytes): each large bin starts at a
+        // power of two above it.
+        let largest_small = MINSIZE + (self.small_bins as u64 - 1) * ALIGN;
+        let bin = if size <= largest_small {
+            ((size - MINSIZE) / ALIGN) as usize
+        } else {
+            self.small_bins + (size.ilog2() - largest_small.ilog2()) as usize
+        };
+        (bin < self.bins).then_some(bin)
+    }
+
+    /// The chunks (address, size) in a thread cache table `t`, or None when `t` is not
+    /// one: every bin's list must hold chunks of the bin's sizes (a large bin's in
+    /// increasing size), each carrying `key` when it is known, as many as the bin's count
+    /// says; where the count is of free slots, each bin's slots and chunks must add up to
+    /// the fill count (`fill`, or without it the same in every bin, and not 0).
+    fn chunks_in(
+        &self,
+        mem: &mut ProcessMemory,
+        t: &[u8],
+        key: Option<u64>,
+        fill: Option<u64>,
+    ) -> Option<Vec<(u64, u64)>> {
+        let limit = fill.unwrap_or(u64::from(u16::MAX));
+        let mut filled_to = fill;
+        let mut out = Vec::new();
+        for i in 0..self.bins {
+            let count = u64::from(u16::from_le_bytes([t[2 * i], t[2 * i + 1]]));
+            let mut e = le(t, self.entries + 8 * i);
+            if count > limit {
+                return None;
+            }
+            // The most chunks the list may hold.
+            let most = match self.counts {
+                TcacheCounts::Held if (count == 0) != (e == 0) => return None,
+                TcacheCounts::Held => count,
+                TcacheCounts::FreeSlots => limit - count,
+            };
+            let (mut n, mut last) = (0, 0);
+            while e != 0 {
+                if !e.is_multiple_of(ALIGN) || n >= most {
+                    return None;
+                }
+                let mut entry = [0u8; 16];
+                let mut hdr = [0u8; 8];
+                if mem.read(e - SIZE_SZ, &mut hdr).is_err() || mem.read(e, &mut entry).is_err() {
+                    return None;
+                }
+                let size = u64::from_le_bytes(hdr) & !SIZE_BITS;
+                if self.bin_of(size) != Some(i) || size < last {
+                    return None;
+                }
+                if let Some(key) = key {
+                    if le(&entry, 8) != key {
+                        return None;
+                    }
+                }
+                out.push((e - 2 * SIZE_SZ, size));
+                (n, last) = (n + 1, size);
+                e = reveal(e, le(&entry, 0));
+            }
+            match self.counts {
+                TcacheCounts::Held if n != count => return None,
+                TcacheCounts::Held => {}
+                TcacheCounts::FreeSlots => match filled_to {
+                    Some(to) if to != count + n => return None,
+                    Some(_) => {}
+                    None => filled_to = Some(count + n),
+                },
+            }
+        }
+        // glibc makes no table when the fill count is 0.
+        if self.counts == TcacheCounts::FreeSlots && filled_to == Some(0) {
+            return None;
+        }
+        Some(out)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TcacheCounts {
+    /// `counts[i]`: the chunks in bin i's list (0 in a new table, which is the first chunk
+    /// a thread's first malloc allocates, before the block it asked for).
+    Held,
+    /// `num_slots[i]`: the chunks bin i may still take, `mp_.tcache_count` less those in
+    /// its list (2.43: the table is made at the thread's first free or first cache fill,
+    /// anywhere in its arena's heap, every bin starting at the fill count).
+    FreeSlots,
+}
+
+/// Where a chunk mmapped alone ends, against its mapping (which glibc's `mp_.mmapped_mem`
+/// and mallinfo2's `hblkhd` count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mmapped {
+    /// Its size is its mapping's; the program has all of it after the 16-byte header.
+    Whole,
+    /// Laid out as a chunk in an arena (2.43): its size is its mapping's less 16 bytes;
+    /// the program has what follows the header up to 8 bytes into those 16, the place of
+    /// the next chunk's size field, which is the allocator's.
+    AsInArena,
+}
+
+impl Mmapped {
+    /// The bytes of its mapping after the end its size gives.
+    fn tail(self) -> u64 {
+        match self {
+            Mmapped::Whole => 0,
+            Mmapped::AsInArena => 2 * SIZE_SZ,
+        }
+    }
+    /// The allocator's bytes at the end of its mapping, after the program's.
+    fn trailer(self) -> u64 {
+        match self {
+            Mmapped::Whole => 0,
+            Mmapped::AsInArena => SIZE_SZ,
+        }
+    }
+    /// What the program can use of a chunk of `csize` bytes (malloc_usable_size).
+    fn usable(self, csize: u64) -> u64 {
+        match self {
+            Mmapped::Whole => csize - 2 * SIZE_SZ,
+            Mmapped::AsInArena => csize - SIZE_SZ,
+        }
+    }
+}
+
+/// The releases read, one entry each: 2.36 (Debian 12), 2.41 (Debian 13), 2.43 (Debian
+/// unstable, 2.43-7). 2.41 has 2.36's layout; 2.43 has no fastbins (nor
+/// `have_fastchunks`), a `thp_mode` in `mp_`, 76 tcache bins counted by free slots, and
+/// mmapped chunks laid out as arena chunks. Another release is refused with a note.
+static RELEASES: [Release; 3] = [
+    RELEASE_2_36,
+    Release {
+        name: "2.41",
+        ..RELEASE_2_36
+    },
+    Release {
+        name: "2.43",
+        state_size: 2112,
+        fastbins: None,
+        top: 8,
+        bins: 24,
+        binmap: 2056,
+        next: 2072,
+        attached_threads: 2088,
+        system_mem: 2096,
+        par_size: 144,
+        n_mmaps: 68,
+        mmapped_mem: 88,
+        sbrk_base: 104,
+        tcache_count: 128,
+        tcache: Tcache {
+            bins: 76,
+            small_bins: 64,
+            counts: TcacheCounts::FreeSlots,
+            entries: 152,
+            table: 760,
+            // tcache_init: 0x300 through __libc_malloc2 (the first free), 0x310 through
+            // _int_malloc(av, request2size (760)) when a malloc fills the cache first,
+            // the request padded twice.
+            chunks: &[0x300, 0x310],
+        },
+        mmapped: Mmapped::AsInArena,
+    },
+];
+
+const RELEASE_2_36: Release = Release {
+    name: "2.36",
+    state_size: 2200,
+    fastbins: Some(16),
+    top: 96,
+    bins: 112,
+    binmap: 2144,
+    next: 2160,
+    attached_threads: 2176,
+    system_mem: 2184,
+    par_size: 136,
+    n_mmaps: 60,
+    mmapped_mem: 80,
+    sbrk_base: 96,
+    tcache_count: 120,
+    tcache: Tcache {
+        bins: 64,
+        small_bins: 64,
+        counts: TcacheCounts::Held,
+        entries: 128,
+        table: 640,
+        chunks: &[0x290],
+    },
+    mmapped: Mmapped::Whole,
+};
+
+/// `malloc_state.flags`, at the same offset in every release.
 const MS_FLAGS: usize = 4;
 /// In `flags`: the main arena grew by mmap once its brk heap could not (sysmalloc's
 /// "non-contiguous" main arena).
 const NONCONTIGUOUS_BIT: u64 = 2;
-const MS_FASTBINS: usize = 16;
 const NFASTBINS: usize = 10;
-const MS_TOP: usize = 96;
-const MS_BINS: usize = 112;
+/// The bins' 254 pointers, two per bin (bin 0 unused).
 const NBINS_PAIRS: usize = 127;
-const MS_BINMAP: usize = 2144;
-const MS_NEXT: usize = 2160;
-const MS_ATTACHED: usize = 2176;
-const MS_SYSTEM_MEM: usize = 2184;
-
-// struct malloc_par.
-const MP_SIZE: usize = 136;
-const MP_N_MMAPS: usize = 60;
-const MP_MMAPPED_MEM: usize = 80;
-const MP_SBRK_BASE: usize = 96;
-const MP_TCACHE_COUNT: usize = 120;
 
 // heap_info.
 const HEAP_INFO_SIZE: u64 = 48;
@@ -97,13 +339,9 @@ const SIZE_BITS: u64 = 7;
 /// sizeof(struct malloc_chunk): malloc_trim keeps this much of a free chunk's start.
 const MALLOC_CHUNK: u64 = 48;
 
-/// The largest chunk a fastbin holds (MAX_FAST_SIZE 160 bytes requested, 64-bit).
+/// The largest chunk a fastbin holds (MAX_FAST_SIZE 160 bytes requested, 64-bit), in the
+/// releases that have them.
 const MAX_FAST_CHUNK: u64 = 0xb0;
-
-// tcache.
-const TCACHE_BINS: usize = 64;
-const TCACHE_STRUCT: usize = 640;
-const TCACHE_CHUNK: u64 = TCACHE_STRUCT as u64 + ALIGN;
 
 /// Bytes read at a time in the chunk walk.
 const WINDOW: u64 = 1 << 20;
@@ -113,7 +351,7 @@ const MAX_LIST: u64 = 1 << 24;
 /// Where a process's glibc keeps its malloc state.
 #[derive(Debug, Clone)]
 pub struct GlibcLayout {
-    pub version: String,
+    release: &'static Release,
     /// How the arena was found, for the report.
     pub source: String,
     main_arena: u64,
@@ -137,13 +375,7 @@ pub fn locate(pid: u32, maps: &[Mapping], mem: &mut ProcessMemory) -> Result<Gli
         .map_err(|e| format!("cannot read the process's libc {}: {e}", libc.path))?;
     let version = release_of(&bytes)
         .ok_or_else(|| format!("{} does not name its glibc release", libc.path))?;
-    if !VERIFIED.contains(&version.as_str()) {
-        return Err(format!(
-            "the process runs glibc {version}, whose malloc layout fragscope has not verified \
-             (it reads glibc {}); its heap is shown at the page level only",
-            VERIFIED.join(", ")
-        ));
-    }
+    let release = release_named(&version)?;
     let base = maps
         .iter()
         .filter(|m| m.path == libc.path && m.offset == 0)
@@ -166,7 +398,7 @@ pub fn locate(pid: u32, maps: &[Mapping], mem: &mut ProcessMemory) -> Result<Gli
             let symbols = Symbols::resolve_at(&elf, &names, base)?;
             if let (Some(main_arena), Some(mp)) = (symbols.get("main_arena"), symbols.get("mp_")) {
                 return Ok(GlibcLayout {
-                    version,
+                    release,
                     source: format!("libc's debug symbols ({debug})"),
                     main_arena,
                     mp: Some(mp),
@@ -175,15 +407,27 @@ pub fn locate(pid: u32, maps: &[Mapping], mem: &mut ProcessMemory) -> Result<Gli
             }
         }
     }
-    let main_arena = scan_for_main_arena(maps, &libc.path, mem)?;
+    let main_arena = scan_for_main_arena(release, maps, &libc.path, mem)?;
     Ok(GlibcLayout {
-        version,
+        release,
         source: "a scan of libc's data for the main arena (no debug symbols: libc6-dbg \
                  would let fragscope also check the mmapped chunks against glibc's count)"
             .into(),
         main_arena,
         mp: None,
         tcache_key: None,
+    })
+}
+
+/// The verified release named `version`; Err: the note that refuses another.
+fn release_named(version: &str) -> Result<&'static Release, String> {
+    RELEASES.iter().find(|r| r.name == version).ok_or_else(|| {
+        let read: Vec<&str> = RELEASES.iter().map(|r| r.name).collect();
+        format!(
+            "the process runs glibc {version}, whose malloc layout fragscope has not verified \
+             (it reads glibc {}); its heap is shown at the page level only",
+            read.join(", ")
+        )
     })
 }
 
@@ -204,6 +448,7 @@ fn release_of(libc: &[u8]) -> Option<String> {
 /// The main arena, found in libc's writable data (and the anonymous .bss right after it)
 /// by its shape: see the module's documentation and [`looks_like_main_arena`].
 fn scan_for_main_arena(
+    release: &Release,
     maps: &[Mapping],
     libc_path: &str,
     mem: &mut ProcessMemory,
@@ -225,10 +470,11 @@ fn scan_for_main_arena(
         let mut data = vec![0u8; (end - start) as usize];
         mem.read(start, &mut data).map_err(|e| e.to_string())?;
         let mut off = 0usize;
-        while off + MS_SIZE <= data.len() {
+        while off + release.state_size <= data.len() {
             let addr = start + off as u64;
-            if looks_like_main_arena(&data[off..off + MS_SIZE], addr, heap, maps)
-                && list_comes_back(mem, addr)
+            let state = &data[off..off + release.state_size];
+            if looks_like_main_arena(release, state, addr, heap, maps)
+                && list_comes_back(release, mem, addr)
             {
                 found.push(addr);
             }
@@ -256,13 +502,14 @@ fn scan_for_main_arena(
 /// it puts a chunk in it), the top chunk in the brk heap (or, once the arena grew by mmap,
 /// in an anonymous mapping of `anonymous_maps`).
 fn looks_like_main_arena(
+    release: &Release,
     b: &[u8],
     addr: u64,
     heap: Option<&Mapping>,
     anonymous_maps: &[Mapping],
 ) -> bool {
-    let next = le(b, MS_NEXT);
-    let top = le(b, MS_TOP);
+    let next = le(b, release.next);
+    let top = le(b, release.top);
     let in_heap = |h: &Mapping| h.start <= top && top < h.end;
     // The top of a main arena that grew by mmap may be in one of its mappings.
     let top_placed = heap.is_some_and(in_heap)
@@ -272,14 +519,18 @@ fn looks_like_main_arena(
         return false;
     }
     let marked = |bin: usize| {
-        let word = u32::from_le_bytes(b[MS_BINMAP + 4 * (bin / 32)..][..4].try_into().unwrap());
+        let word = u32::from_le_bytes(
+            b[release.binmap + 4 * (bin / 32)..][..4]
+                .try_into()
+                .unwrap(),
+        );
         word >> (bin % 32) & 1 == 1
     };
     (0..NBINS_PAIRS).all(|k| {
-        let fd = le(b, MS_BINS + 16 * k);
-        let bk = le(b, MS_BINS + 16 * k + 8);
+        let fd = le(b, release.bins + 16 * k);
+        let bk = le(b, release.bins + 16 * k + 8);
         // bin_at(k+1): the address that makes fd and bk the fields of a chunk header.
-        let own = addr + (MS_BINS + 16 * k) as u64 - 2 * SIZE_SZ;
+        let own = addr + (release.bins + 16 * k) as u64 - 2 * SIZE_SZ;
         (fd == own && bk == own)
             || (fd.is_multiple_of(ALIGN)
                 && bk.is_multiple_of(ALIGN)
@@ -290,10 +541,10 @@ fn looks_like_main_arena(
 }
 
 /// Whether the arenas' `next` list from `addr` comes back to it.
-fn list_comes_back(mem: &mut ProcessMemory, addr: u64) -> bool {
+fn list_comes_back(release: &Release, mem: &mut ProcessMemory, addr: u64) -> bool {
     let mut at = addr;
     for _ in 0..MAX_ARENAS {
-        match mem.read_u64(at + MS_NEXT as u64) {
+        match mem.read_u64(at + release.next as u64) {
             Ok(next) if next == addr => return true,
             Ok(next) if next != 0 => at = next,
             _ => return false,
@@ -431,6 +682,7 @@ impl Classes {
 
 /// The census's working state.
 struct Walk<'a> {
+    release: &'static Release,
     mem: &'a mut ProcessMemory,
     page: u64,
     residency: Residency<'a>,
@@ -439,13 +691,13 @@ struct Walk<'a> {
     classes: Classes,
     /// Fastbin chunks (addresses), found from the arenas' lists before the walk.
     fastbin: HashSet<u64>,
-    /// In-use chunks the size of a thread's cache table: (address, region, first chunk
-    /// of its heap).
-    tcache_candidates: Vec<(u64, usize, bool)>,
+    /// In-use chunks the size of a thread's cache table: (address, size, region, first
+    /// chunk of its heap).
+    tcache_candidates: Vec<(u64, u64, usize, bool)>,
     window: Vec<u8>,
     window_at: u64,
     tcache_found: u64,
-    /// The blocks in use, when asked for (`live_blocks`): (chunk, chunk size, mmapped).
+    /// The blocks in use, when asked for (`live_blocks`): (chunk, its size field, mmapped).
     blocks: Option<Vec<(u64, u64, bool)>>,
     /// Chunks found in use that a thread cache holds, or that are a cache's table.
     cached: HashSet<u64>,
@@ -486,9 +738,10 @@ fn census_walk(
     page: u64,
     want_blocks: bool,
 ) -> Result<(GlibcHeap, Vec<(u64, u64)>), CensusError> {
+    let release = layout.release;
     let mp = match layout.mp {
         Some(a) => {
-            let mut b = vec![0u8; MP_SIZE];
+            let mut b = vec![0u8; release.par_size];
             mem.read(a, &mut b)?;
             Some(b)
         }
@@ -496,6 +749,7 @@ fn census_walk(
     };
     let started_read = mem.bytes_read();
     let mut w = Walk {
+        release,
         mem,
         page,
         residency: Residency::new(residency, page),
@@ -511,19 +765,19 @@ fn census_walk(
         cached: HashSet::new(),
     };
     let states = arena_states(w.mem, layout)?;
-    let main_top = le(&states[0].1, MS_TOP);
-    if main_top == layout.main_arena + MS_TOP as u64 - 2 * SIZE_SZ || main_top == 0 {
+    let main_top = le(&states[0].1, release.top);
+    if main_top == layout.main_arena + release.top as u64 - 2 * SIZE_SZ || main_top == 0 {
         // The initial top is the unsorted bin: malloc never ran.
         return Err(CensusError::NoHeap);
     }
     w.fastbins(&states)?;
     for (i, (addr, b)) in states.iter().enumerate() {
-        let top = le(b, MS_TOP);
+        let top = le(b, release.top);
         let top_size = w.mem.read_u64(top + SIZE_SZ)? & !SIZE_BITS;
         let mut arena = GlibcArena {
             main: i == 0,
-            system_mem: le(b, MS_SYSTEM_MEM),
-            threads: le(b, MS_ATTACHED),
+            system_mem: le(b, release.system_mem),
+            threads: le(b, release.attached_threads),
             top_bytes: top_size,
             ..Default::default()
         };
@@ -546,10 +800,10 @@ fn census_walk(
         Some(a) => Some(w.mem.read_u64(a)?),
         None => None,
     };
-    w.tcaches(key, mp.as_ref().map(|m| le(m, MP_TCACHE_COUNT)))?;
+    w.tcaches(key, mp.as_ref().map(|m| le(m, release.tcache_count)))?;
     let (mmapped_chunks, mmapped_bytes) = w.mmapped(maps)?;
     if let Some(mp) = &mp {
-        check_mmapped_counts(mp, mmapped_chunks, mmapped_bytes)?;
+        check_mmapped_counts(release, mp, mmapped_chunks, mmapped_bytes)?;
     }
     let blocks = w.live_blocks();
     Ok((
@@ -566,9 +820,9 @@ fn arena_states(
     let mut states = Vec::new();
     let mut at = layout.main_arena;
     loop {
-        let mut b = vec![0u8; MS_SIZE];
+        let mut b = vec![0u8; layout.release.state_size];
         mem.read(at, &mut b)?;
-        let next = le(&b, MS_NEXT);
+        let next = le(&b, layout.release.next);
         states.push((at, b));
         if next == layout.main_arena {
             break;
@@ -584,11 +838,16 @@ fn arena_states(
 }
 
 /// glibc's own count of its mmapped chunks (`mp_`) against those found.
-fn check_mmapped_counts(mp: &[u8], chunks: u64, bytes: u64) -> Result<(), CensusError> {
+fn check_mmapped_counts(
+    release: &Release,
+    mp: &[u8],
+    chunks: u64,
+    bytes: u64,
+) -> Result<(), CensusError> {
     let n = u64::from(u32::from_le_bytes(
-        mp[MP_N_MMAPS..MP_N_MMAPS + 4].try_into().unwrap(),
+        mp[release.n_mmaps..release.n_mmaps + 4].try_into().unwrap(),
     ));
-    let counted = le(mp, MP_MMAPPED_MEM);
+    let counted = le(mp, release.mmapped_mem);
     if n != chunks || counted != bytes {
         return Err(CensusError::Inconsistent(format!(
             "{chunks} mmapped chunks of {bytes} bytes found, glibc counts {n} of {counted}"
@@ -598,11 +857,14 @@ fn check_mmapped_counts(mp: &[u8], chunks: u64, bytes: u64) -> Result<(), Census
 }
 
 impl Walk<'_> {
-    /// Every arena's fastbin chunks, each list checked.
+    /// Every arena's fastbin chunks, each list checked (none in a release without them).
     fn fastbins(&mut self, states: &[(u64, Vec<u8>)]) -> Result<(), CensusError> {
+        let Some(fastbins) = self.release.fastbins else {
+            return Ok(());
+        };
         for (_, b) in states {
             for i in 0..NFASTBINS {
-                let mut p = le(b, MS_FASTBINS + 8 * i);
+                let mut p = le(b, fastbins + 8 * i);
                 let mut n = 0u64;
                 while p != 0 {
                     if !p.is_multiple_of(ALIGN) || n > MAX_LIST || !self.fastbin.insert(p) {
@@ -632,7 +894,7 @@ impl Walk<'_> {
     ) -> Result<(), CensusError> {
         let (i, page, top_end) = (0, self.page, top + top_size);
         let brk_start = match mp {
-            Some(mp) => Some(le(mp, MP_SBRK_BASE)).filter(|&a| a != 0),
+            Some(mp) => Some(le(mp, self.release.sbrk_base)).filter(|&a| a != 0),
             None => maps.iter().find(|m| m.path == "[heap]").map(|m| m.start),
         };
         let segments = if grew_by_mmap {
@@ -709,7 +971,7 @@ impl Walk<'_> {
             let header = if first_heap {
                 // heap_info, then the arena, then the first chunk, aligned so that
                 // its user memory is.
-                let mut c = h + HEAP_INFO_SIZE + MS_SIZE as u64;
+                let mut c = h + HEAP_INFO_SIZE + self.release.state_size as u64;
                 let mis = (c + 2 * SIZE_SZ) % ALIGN;
                 if mis != 0 {
                     c += ALIGN - mis;
@@ -739,19 +1001,22 @@ impl Walk<'_> {
     /// The blocks the program holds (when asked for), as malloc_usable_size gives them,
     /// in address order; those in threads' caches left out.
     fn live_blocks(&mut self) -> Vec<(u64, u64)> {
+        let mmapped_layout = self.release.mmapped;
         let mut blocks: Vec<(u64, u64)> = self
             .blocks
             .take()
             .unwrap_or_default()
             .into_iter()
             .filter(|(c, ..)| !self.cached.contains(c))
-            // User memory starts after the chunk header; an mmapped chunk lends none of its
-            // size to the next chunk's header.
+            // User memory starts after the chunk header; an arena chunk lends its last 8
+            // bytes to the next chunk's header, an mmapped one as its release lays it out.
             .map(|(c, csize, mmapped)| {
-                (
-                    c + 2 * SIZE_SZ,
-                    csize - if mmapped { 2 * SIZE_SZ } else { SIZE_SZ },
-                )
+                let usable = if mmapped {
+                    mmapped_layout.usable(csize)
+                } else {
+                    csize - SIZE_SZ
+                };
+                (c + 2 * SIZE_SZ, usable)
             })
             .collect();
         blocks.sort_unstable();
@@ -848,8 +1113,8 @@ impl Walk<'_> {
                 if let Some(b) = &mut self.blocks {
                     b.push((p, csize, false));
                 }
-                if csize == TCACHE_CHUNK {
-                    self.tcache_candidates.push((p, r, first_chunk));
+                if self.release.tcache.chunks.contains(&csize) {
+                    self.tcache_candidates.push((p, csize, r, first_chunk));
                 }
             }
             first_chunk = false;
@@ -887,24 +1152,26 @@ impl Walk<'_> {
     }
 
     /// Checks each candidate thread cache and moves its chunks from in use to free.
-    /// `key`: the value of glibc's `tcache_key`, which every cached chunk carries.
+    /// `key`: the value of glibc's `tcache_key`, which every cached chunk carries; `fill`:
+    /// `mp_.tcache_count`, the most chunks a bin holds (both known from debug symbols only).
     fn tcaches(&mut self, key: Option<u64>, fill: Option<u64>) -> Result<(), CensusError> {
+        let tcache = &self.release.tcache;
         let candidates = std::mem::take(&mut self.tcache_candidates);
         let ranges: Vec<(u64, usize)> = candidates
             .iter()
-            .map(|&(p, _, _)| (p + 2 * SIZE_SZ, TCACHE_STRUCT))
+            .map(|&(p, ..)| (p + 2 * SIZE_SZ, tcache.table))
             .collect();
         let mut tables = Vec::new();
         self.mem.read_ranges(&ranges, &mut tables)?;
-        let fill = fill.unwrap_or(u64::from(u16::MAX));
-        for (k, &(p, r, first_chunk)) in candidates.iter().enumerate() {
-            let t = &tables[k * TCACHE_STRUCT..(k + 1) * TCACHE_STRUCT];
-            let Some(chunks) = self.tcache_chunks(t, key, fill)? else {
+        for (k, &(p, csize, r, first_chunk)) in candidates.iter().enumerate() {
+            let t = &tables[k * tcache.table..(k + 1) * tcache.table];
+            let Some(chunks) = tcache.chunks_in(self.mem, t, key, fill) else {
                 continue;
             };
-            if chunks.is_empty() && !first_chunk {
-                // An empty table that is not where a thread's first malloc puts it: as
-                // likely a zeroed block of the program's.
+            if chunks.is_empty() && tcache.counts == TcacheCounts::Held && !first_chunk {
+                // An empty table (all zero) that is not where a thread's first malloc puts
+                // it: as likely a zeroed block of the program's. An empty table that counts
+                // free slots has each at the fill count, which no zeroed block has.
                 continue;
             }
             self.tcache_found += 1;
@@ -913,14 +1180,17 @@ impl Walk<'_> {
             let arena = self.regions[r].arena.unwrap_or(0);
             let a = &mut self.arenas[arena];
             a.in_use_chunks -= 1;
-            a.in_use_bytes -= TCACHE_CHUNK;
-            a.overhead_bytes += TCACHE_CHUNK;
+            a.in_use_bytes -= csize;
+            a.overhead_bytes += csize;
             // Its user memory is the allocator's table, not the program's.
-            let table = (p + 2 * SIZE_SZ, p + TCACHE_CHUNK + SIZE_SZ);
+            let table = (p + 2 * SIZE_SZ, p + csize + SIZE_SZ);
             self.regions[r].add(table.0, table.1, page, -1, false);
             self.regions[r].add(table.0, table.1, page, 1, true);
-            self.classes.in_use(p, TCACHE_CHUNK, page, -1);
+            self.classes.in_use(p, csize, page, -1);
             for (c, size) in chunks {
+                // A chunk mmapped alone, which a large bin may hold when glibc's tunables
+                // let it cache chunks that big, is in no arena's heap: it stays counted
+                // with the mmapped chunks (as mallinfo2's hblkhd counts it).
                 let Some(cr) = self
                     .regions
                     .iter()
@@ -941,52 +1211,6 @@ impl Walk<'_> {
             }
         }
         Ok(())
-    }
-
-    /// The chunks in a thread cache table `t`, or None when `t` is not one.
-    fn tcache_chunks(
-        &mut self,
-        t: &[u8],
-        key: Option<u64>,
-        fill: u64,
-    ) -> Result<Option<Vec<(u64, u64)>>, CensusError> {
-        let mut out = Vec::new();
-        for i in 0..TCACHE_BINS {
-            let count = u64::from(u16::from_le_bytes([t[2 * i], t[2 * i + 1]]));
-            let mut e = le(t, 2 * TCACHE_BINS + 8 * i);
-            if count > fill || (count == 0) != (e == 0) {
-                return Ok(None);
-            }
-            let size = MINSIZE + ALIGN * i as u64;
-            let mut n = 0;
-            while e != 0 {
-                if !e.is_multiple_of(ALIGN) || n >= count {
-                    return Ok(None);
-                }
-                let mut entry = [0u8; 16];
-                let mut hdr = [0u8; 8];
-                if self.mem.read(e - SIZE_SZ, &mut hdr).is_err()
-                    || self.mem.read(e, &mut entry).is_err()
-                {
-                    return Ok(None);
-                }
-                if u64::from_le_bytes(hdr) & !SIZE_BITS != size {
-                    return Ok(None);
-                }
-                if let Some(key) = key {
-                    if le(&entry, 8) != key {
-                        return Ok(None);
-                    }
-                }
-                out.push((e - 2 * SIZE_SZ, size));
-                n += 1;
-                e = reveal(e, le(&entry, 0));
-            }
-            if n != count {
-                return Ok(None);
-            }
-        }
-        Ok(Some(out))
     }
 
     fn finish(
@@ -1033,13 +1257,14 @@ impl Walk<'_> {
         }
         let classes = self.classes.into_classes();
         GlibcHeap {
-            version: layout.version.clone(),
+            version: layout.release.name.to_string(),
             layout_source: layout.source.clone(),
             page_size: page,
             tcaches: self.tcache_found,
             arenas,
             mmapped_chunks,
             mmapped_bytes,
+            mmapped_trailer: layout.release.mmapped.trailer(),
             mmapped_resident,
             occupancy_pages,
             occupancy_in_use,
@@ -1083,6 +1308,144 @@ mod tests {
         assert_eq!(class_of(1280), 1280);
         assert_eq!(class_of(1296), 1536);
         assert_eq!(class_of(5000), 5120);
+    }
+
+    #[test]
+    fn each_verified_release_is_picked_by_its_name_and_another_is_refused() {
+        for name in ["2.36", "2.41", "2.43"] {
+            let banner =
+                format!("GNU C Library (Debian GLIBC {name}-1) stable release version {name}.");
+            let version = release_of(banner.as_bytes()).unwrap();
+            assert_eq!(release_named(&version).unwrap().name, name);
+        }
+        let note = release_named("2.42").unwrap_err();
+        assert!(note.contains("glibc 2.42,"), "{note}");
+        assert!(note.contains("it reads glibc 2.36, 2.41, 2.43"), "{note}");
+    }
+
+    /// The offsets of each release, taken from its debug information, against what its
+    /// structures' field order makes of them: a slip in copying one shows.
+    #[test]
+    fn each_releases_offsets_hold_together() {
+        let padded = |request: u64| (request + SIZE_SZ).next_multiple_of(ALIGN);
+        for r in &RELEASES {
+            // malloc_state: ... top, last_remainder, bins[254], binmap[4], next, next_free,
+            // attached_threads, system_mem, max_system_mem.
+            if let Some(f) = r.fastbins {
+                assert_eq!(f + 8 * NFASTBINS, r.top, "{}", r.name);
+            }
+            assert_eq!(r.top + 16, r.bins, "{}", r.name);
+            assert_eq!(r.bins + 8 * 2 * NBINS_PAIRS, r.binmap, "{}", r.name);
+            assert_eq!(r.binmap + 16, r.next, "{}", r.name);
+            assert_eq!(r.next + 16, r.attached_threads, "{}", r.name);
+            assert_eq!(r.attached_threads + 8, r.system_mem, "{}", r.name);
+            assert_eq!(r.system_mem + 16, r.state_size, "{}", r.name);
+            // malloc_par: n_mmaps and three more ints, mmapped_mem, max_mmapped_mem,
+            // sbrk_base, tcache's bins, max bytes, count, unsorted limit.
+            assert_eq!(
+                (r.n_mmaps + 16).next_multiple_of(8),
+                r.mmapped_mem,
+                "{}",
+                r.name
+            );
+            assert_eq!(r.mmapped_mem + 16, r.sbrk_base, "{}", r.name);
+            assert_eq!(r.sbrk_base + 24, r.tcache_count, "{}", r.name);
+            assert_eq!(r.tcache_count + 16, r.par_size, "{}", r.name);
+            // tcache_perthread_struct: a uint16_t per bin, then a pointer per bin; its
+            // chunk is the request padded (twice, where _int_malloc is asked for it
+            // padded already).
+            let t = &r.tcache;
+            assert_eq!((2 * t.bins).next_multiple_of(8), t.entries, "{}", r.name);
+            assert_eq!(t.entries + 8 * t.bins, t.table, "{}", r.name);
+            assert!(t.chunks.contains(&padded(t.table as u64)), "{}", r.name);
+            assert_eq!(
+                t.chunks.contains(&padded(padded(t.table as u64))),
+                t.counts == TcacheCounts::FreeSlots,
+                "{}",
+                r.name
+            );
+        }
+    }
+
+    #[test]
+    fn tcache_bins_are_one_size_each_then_powers_of_two() {
+        let old = &release_named("2.36").unwrap().tcache;
+        let new = &release_named("2.43").unwrap().tcache;
+        for t in [old, new] {
+            assert_eq!(t.bin_of(32), Some(0));
+            assert_eq!(t.bin_of(48), Some(1));
+            assert_eq!(t.bin_of(1040), Some(63));
+            assert_eq!(t.bin_of(40), None);
+            assert_eq!(t.bin_of(16), None);
+        }
+        assert_eq!(old.bin_of(1056), None);
+        assert_eq!(new.bin_of(1056), Some(64));
+        assert_eq!(new.bin_of(2032), Some(64));
+        assert_eq!(new.bin_of(2048), Some(65));
+        assert_eq!(new.bin_of((4 << 20) - 16), Some(75));
+        assert_eq!(new.bin_of(4 << 20), None);
+    }
+
+    /// Two chunks of 48 bytes in bin 1 of a thread cache table made in our own memory, as
+    /// glibc lays them out: each chunk's size field, its safe-linked next pointer and
+    /// the key; the table counts them as each release does.
+    #[test]
+    fn a_thread_caches_lists_are_read_and_checked_against_its_counts() {
+        #[repr(align(16))]
+        struct Chunks([u64; 16]);
+        const KEY: u64 = 0x5a5a_1234_8765_a5a5;
+        let mut chunks = Box::new(Chunks([0; 16]));
+        let base = chunks.0.as_ptr() as u64;
+        let (a, b) = (base, base + 48);
+        let (a_mem, b_mem) = (a + 16, b + 16);
+        chunks.0[1] = 48 | PREV_INUSE;
+        chunks.0[2] = (a_mem >> 12) ^ b_mem;
+        chunks.0[3] = KEY;
+        chunks.0[7] = 48 | PREV_INUSE;
+        chunks.0[8] = b_mem >> 12;
+        chunks.0[9] = KEY;
+        let mut mem = ProcessMemory::open(std::process::id()).unwrap();
+        let table = |t: &Tcache, count: u16| {
+            let mut bytes = vec![0u8; t.table];
+            if t.counts == TcacheCounts::FreeSlots {
+                for i in 0..t.bins {
+                    bytes[2 * i..2 * i + 2].copy_from_slice(&16u16.to_le_bytes());
+                }
+            }
+            bytes[2..4].copy_from_slice(&count.to_le_bytes());
+            bytes[t.entries + 8..t.entries + 16].copy_from_slice(&a_mem.to_le_bytes());
+            bytes
+        };
+        let both = Some(vec![(a, 48), (b, 48)]);
+
+        let new = &release_named("2.43").unwrap().tcache;
+        // 16 slots in each bin: 14 left in bin 1, which holds two.
+        let t = table(new, 14);
+        assert_eq!(new.chunks_in(&mut mem, &t, Some(KEY), Some(16)), both);
+        assert_eq!(new.chunks_in(&mut mem, &t, None, None), both);
+        assert_eq!(new.chunks_in(&mut mem, &t, Some(KEY ^ 1), Some(16)), None);
+        assert_eq!(new.chunks_in(&mut mem, &t, None, Some(7)), None);
+        assert_eq!(new.chunks_in(&mut mem, &table(new, 15), None, None), None);
+        // A zeroed block is no table; one whose every bin takes 16 more is an empty one.
+        let zeroed = vec![0u8; new.table];
+        assert_eq!(new.chunks_in(&mut mem, &zeroed, None, None), None);
+        let mut empty = table(new, 16);
+        empty[new.entries + 8..new.entries + 16].fill(0);
+        assert_eq!(new.chunks_in(&mut mem, &empty, None, None), Some(vec![]));
+
+        let old = &release_named("2.41").unwrap().tcache;
+        let t = table(old, 2);
+        assert_eq!(old.chunks_in(&mut mem, &t, Some(KEY), Some(7)), both);
+        assert_eq!(old.chunks_in(&mut mem, &t, None, None), both);
+        assert_eq!(old.chunks_in(&mut mem, &table(old, 3), None, None), None);
+        assert_eq!(old.chunks_in(&mut mem, &table(old, 1), None, None), None);
+        let zeroed = vec![0u8; old.table];
+        assert_eq!(old.chunks_in(&mut mem, &zeroed, None, None), Some(vec![]));
+
+        // A chunk of another size in the list: not a table.
+        chunks.0[7] = 64 | PREV_INUSE;
+        assert_eq!(new.chunks_in(&mut mem, &table(new, 14), None, None), None);
+        assert_eq!(old.chunks_in(&mut mem, &table(old, 2), None, None), None);
     }
 
     #[test]

@@ -785,12 +785,8 @@ fn figures_until_kept(p: &mut Running) -> std::collections::HashMap<String, u64>
 /// Compiles tests/c/`name`.c into `exe`, linked with `libs` (after the source, as the
 /// linker needs them).
 fn compile_linked(exe: &std::path::Path, name: &str, libs: &[&str]) {
-    // Inside another release's chroot, which has no compiler, the program comes built
-    // (scripts/version-matrix.sh).
-    if let Some(dir) = std::env::var_os("FRAGSCOPE_TEST_PROGRAMS") {
-        let built = std::path::Path::new(&dir).join(name);
-        std::fs::copy(&built, exe)
-            .unwrap_or_else(|e| panic!("{}: {e} (FRAGSCOPE_TEST_PROGRAMS)", built.display()));
+    // Inside another release's chroot, which has no compiler, the program comes built.
+    if common::prebuilt(exe) {
         return;
     }
     let src =

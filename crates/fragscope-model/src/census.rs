@@ -197,8 +197,8 @@ fn mimalloc_parts(h: &MimallocHeap, page: u64) -> (HeapParts, Vec<ClassAtSnapsho
 /// glibc's heap as the parts, from its chunks page by page.
 fn glibc_parts(h: &GlibcHeap, page: u64) -> (HeapParts, Vec<ClassAtSnapshot>) {
     // The allocator's own bytes: its structures inside the heaps, and each chunk's
-    // header (8 bytes in an arena, 16 for a chunk mmapped alone); the rest of the chunks
-    // in use is what the program can use, as malloc_usable_size counts it.
+    // header (`header_bytes`); the rest of the chunks in use is what the program can use,
+    // as malloc_usable_size counts it.
     let own_total = h.sum(|a| a.overhead_bytes) + header_bytes(h);
     let in_use_total = h.sum(|a| a.in_use_bytes + a.overhead_bytes) + h.mmapped_bytes;
     let mut parts = HeapParts::default();
@@ -232,8 +232,8 @@ fn glibc_parts(h: &GlibcHeap, page: u64) -> (HeapParts, Vec<ClassAtSnapshot>) {
         .saturating_sub(own_total)
         .saturating_sub(parts.live);
     // Classes by usable size, as a recording has them: a chunk less its 8-byte size field
-    // (a chunk mmapped alone lends 8 bytes less, a rounding error in its class of
-    // hundreds of KiB).
+    // (a chunk mmapped alone lends 8 bytes less, 16 from glibc 2.43, a rounding error in
+    // its class of hundreds of KiB).
     let classes = h
         .classes
         .iter()
@@ -258,10 +258,11 @@ fn glibc_parts(h: &GlibcHeap, page: u64) -> (HeapParts, Vec<ClassAtSnapshot>) {
     (parts, classes)
 }
 
-/// The headers of glibc's chunks in use: each chunk's size field (8 bytes) in an arena,
-/// 16 bytes for a chunk mmapped alone.
+/// The allocator's bytes in glibc's chunks in use: each chunk's size field (8 bytes) in
+/// an arena; for a chunk mmapped alone its 16-byte header and, from glibc 2.43, the 8
+/// bytes its mapping keeps after the program's (`mmapped_trailer`).
 fn header_bytes(h: &GlibcHeap) -> u64 {
-    8 * h.sum(|a| a.in_use_chunks) + 16 * h.mmapped_chunks
+    8 * h.sum(|a| a.in_use_chunks) + (16 + h.mmapped_trailer) * h.mmapped_chunks
 }
 
 /// The census's own figures, for the report.

@@ -23,16 +23,21 @@ impl Walk<'_> {
     /// page-aligned chunk headers marked IS_MMAPPED. The kernel merges neighbouring
     /// anonymous mappings, so a mapping may hold other memory before, between or after
     /// them (a runtime's own arenas, such as CPython's pymalloc): past the last chunk the
-    /// next one is looked for page by page, in batches.
+    /// next one is looked for page by page, in batches. Returns how many, and their
+    /// mappings' bytes (as glibc's `mp_.mmapped_mem` counts them).
     pub(super) fn mmapped(&mut self, maps: &[Mapping]) -> Result<(u64, u64), CensusError> {
         let page = self.page;
         let heaps = self.heap_ranges();
+        let layout = self.release.mmapped;
+        // The bytes of a chunk's mapping after the end its size gives.
+        let tail = layout.tail();
         let (mut chunks, mut bytes) = (0, 0);
         for m in maps.iter().filter(|m| anonymous(m)) {
             if !self.mapping_readable(m) {
                 continue;
             }
-            // Runs of chunks one after another: each becomes a region of counted pages.
+            // Runs of chunks (where, their size) one after another: each becomes a region
+            // of counted pages.
             let mut runs: Vec<(u64, Vec<(u64, u64)>)> = Vec::new();
             let mut p = m.start;
             while p + 2 * SIZE_SZ <= m.end {
@@ -47,14 +52,15 @@ impl Walk<'_> {
                     .min()
                     .unwrap_or(m.end)
                     .min(m.end);
+                // A chunk at the start of its mapping, which is whole pages.
                 let chunk_at = |h: &[u8], p: u64| {
                     let (prev, size) = (le(h, 0), le(h, 8));
                     let csize = size & !SIZE_BITS;
                     (size & IS_MMAPPED != 0
                         && prev == 0
                         && csize != 0
-                        && csize.is_multiple_of(page)
-                        && p + csize <= end)
+                        && (csize + tail).is_multiple_of(page)
+                        && p + csize + tail <= end)
                         .then_some(csize)
                 };
                 let Some((at, header)) =
@@ -65,23 +71,28 @@ impl Walk<'_> {
                 };
                 let csize = chunk_at(&header, at).expect("the header found");
                 match runs.last_mut() {
-                    Some((_, run)) if run.last().is_some_and(|&(a, c)| a + c == at) => {
+                    Some((_, run)) if run.last().is_some_and(|&(a, c)| a + c + tail == at) => {
                         run.push((at, csize))
                     }
                     _ => runs.push((at, vec![(at, csize)])),
                 }
                 chunks += 1;
-                bytes += csize;
-                p = at + csize;
+                bytes += csize + tail;
+                p = at + csize + tail;
             }
             for (start, run) in runs {
                 let (a, c) = *run.last().unwrap();
-                let mut r = Region::new(start, a + c, None, page);
+                let mut r = Region::new(start, a + c + tail, None, page);
                 for &(lo, csize) in &run {
-                    // Its header is the allocator's; it lends no bytes to the next chunk.
-                    r.add(lo, lo + 2 * SIZE_SZ, page, 1, true);
-                    r.add(lo + 2 * SIZE_SZ, lo + csize, page, 1, false);
-                    self.classes.in_use(lo, csize, page, 1);
+                    let mapped = csize + tail;
+                    // Its header is the allocator's, and what its mapping holds after the
+                    // program's bytes; it lends no bytes to the next chunk.
+                    let user = lo + 2 * SIZE_SZ;
+                    let user_end = user + layout.usable(csize);
+                    r.add(lo, user, page, 1, true);
+                    r.add(user, user_end, page, 1, false);
+                    r.add(user_end, lo + mapped, page, 1, true);
+                    self.classes.in_use(lo, mapped, page, 1);
                     if let Some(b) = &mut self.blocks {
                         b.push((lo, csize, true));
                     }

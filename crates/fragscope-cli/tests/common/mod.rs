@@ -68,8 +68,23 @@ fn compile(compiler: &str, src: &Path, out: &Path, flags: &[&str]) {
 /// Compiles tests/c/NAME.c into `dir`; `extra` flags are added (and named in the file name).
 pub fn build(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
     let exe = dir.join(format!("{name}{}", extra.join("")));
-    compile("cc", &source(&format!("{name}.c")), &exe, extra);
+    if !prebuilt(&exe) {
+        compile("cc", &source(&format!("{name}.c")), &exe, extra);
+    }
     exe
+}
+
+/// Inside another release's chroot, which has no compiler, the test programs come built
+/// (scripts/version-matrix.sh) in $FRAGSCOPE_TEST_PROGRAMS, under the file name `exe`
+/// would have: copies it there and says so; false without $FRAGSCOPE_TEST_PROGRAMS.
+pub fn prebuilt(exe: &Path) -> bool {
+    let Some(dir) = std::env::var_os("FRAGSCOPE_TEST_PROGRAMS") else {
+        return false;
+    };
+    let built = Path::new(&dir).join(exe.file_name().expect("a program's file name"));
+    std::fs::copy(&built, exe)
+        .unwrap_or_else(|e| panic!("{}: {e} (FRAGSCOPE_TEST_PROGRAMS)", built.display()));
+    true
 }
 
 /// Compiles tests/c/NAME.cpp into `dir`.

@@ -173,9 +173,16 @@ pub struct GlibcHeap {
     pub layout_source: String,
     pub page_size: u64,
     pub arenas: Vec<GlibcArena>,
-    /// Chunks glibc mmapped on their own (above the mmap threshold).
+    /// Chunks glibc mmapped on their own (above the mmap threshold), and their mappings'
+    /// bytes, as glibc counts them.
     pub mmapped_chunks: u64,
     pub mmapped_bytes: u64,
+    /// The allocator's bytes at the end of each mmapped chunk's mapping, after what the
+    /// program can use: 0 up to glibc 2.42 (the program has all of it after the 16-byte
+    /// header), 8 from 2.43 (such a chunk is laid out as one in an arena, its mapping's
+    /// last 16 bytes where the next chunk's header would be, the first 8 of them lent to
+    /// the program). 0 in traces written before it was counted.
+    pub mmapped_trailer: u64,
     pub mmapped_resident: u64,
     /// Threads' caches (tcache_perthread_struct) found.
     pub tcaches: u64,
@@ -783,6 +790,8 @@ impl HeapCensus {
                 for &v in &h.occupancy_overhead {
                     w.varint(v);
                 }
+                // Added later still.
+                w.varint(h.mmapped_trailer);
             }
         }
         w.bytes
@@ -841,6 +850,8 @@ impl HeapCensus {
                     let n = r.count(1)?;
                     (0..n).map(|_| r.varint()).collect::<Result<_, _>>()?
                 };
+                // Absent from traces written before glibc 2.43 was read.
+                let mmapped_trailer = if r.is_empty() { 0 } else { r.varint()? };
                 Ok(AllocatorHeap::Glibc(GlibcHeap {
                     version,
                     layout_source,
@@ -855,6 +866,7 @@ impl HeapCensus {
                     classes,
                     bytes_read,
                     occupancy_overhead,
+                    mmapped_trailer,
                 }))
             }
             2 => Ok(AllocatorHeap::Tcmalloc(TcmallocHeap::decode(&mut r)?)),
@@ -985,6 +997,7 @@ mod tests {
             mmapped_chunks: 1,
             mmapped_bytes: 1 << 18,
             mmapped_resident: 1 << 17,
+            mmapped_trailer: 8,
             tcaches: 2,
             occupancy_pages: vec![1; OCCUPANCY_BUCKETS],
             occupancy_in_use: vec![2; OCCUPANCY_BUCKETS],
@@ -1008,8 +1021,10 @@ mod tests {
             result: Ok(AllocatorHeap::Glibc(heap)),
         };
         // A census written before the allocator's bytes were counted apart ends before
-        // them (a count and one byte a bucket): it reads as one without them.
-        let old_end = glibc.encode().len() - 1 - OCCUPANCY_BUCKETS;
+        // them (a count and one byte a bucket), and one written before glibc 2.43 was read
+        // before the mmapped chunks' trailer (one byte): each reads as one without them.
+        let before_trailer = glibc.encode().len() - 1;
+        let old_end = before_trailer - 1 - OCCUPANCY_BUCKETS;
         let tcmalloc = HeapCensus {
             allocator: "tcmalloc".into(),
             result: Ok(AllocatorHeap::Tcmalloc(TcmallocHeap {
@@ -1106,10 +1121,13 @@ mod tests {
             assert_eq!(HeapCensus::decode(&bytes).unwrap(), c);
             for cut in 0..bytes.len() {
                 let read = HeapCensus::decode(&bytes[..cut]);
-                if c.result.is_ok() && cut == old_end {
+                if c.result.is_ok() && (cut == old_end || cut == before_trailer) {
                     let mut old = c.clone();
                     if let Ok(AllocatorHeap::Glibc(h)) = old.result.as_mut() {
-                        h.occupancy_overhead.clear();
+                        h.mmapped_trailer = 0;
+                        if cut == old_end {
+                            h.occupancy_overhead.clear();
+                        }
                     }
                     assert_eq!(read.unwrap(), old);
                 } else {
