@@ -6,7 +6,8 @@
 #                        successor thread after ROUNDS operations (frees cross threads).
 #   producer_consumer    one thread allocates, another frees what it handed over.
 #   thread_per_request   a thread started per request (8 at once), a shared cache.
-# Each program prints its own throughput; the table gives the median, how many times
+# Recorded by default, with --stacks all and with --aggregate (the calls summed between
+# snapshots by the recorder). Each program prints its own throughput; the table gives the median, how many times
 # fewer operations a second than bare, the CPU time of the whole process tree against
 # bare (the recorder's included), and the trace's size.
 #
@@ -34,6 +35,7 @@ modes = {
     "bare": lambda cmd: cmd,
     "fragscope": lambda cmd: [fs, "record", "--force", "-o", "rec.fsc", "--"] + cmd,
     "fragscope --stacks all": lambda cmd: [fs, "record", "--force", "--stacks", "all", "-o", "all.fsc", "--"] + cmd,
+    "fragscope --aggregate": lambda cmd: [fs, "record", "--force", "--aggregate", "-o", "agg.fsc", "--"] + cmd,
     "heaptrack": lambda cmd: ["heaptrack", "-o", "ht", "--"] + cmd,
 }
 rate = re.compile(rb"^(\d+) \S+/s$", re.M)

@@ -402,6 +402,10 @@ pub struct Report {
     /// Chunks passed over because they did not decode (the rest was read).
     pub skipped: Option<String>,
     pub stacks: String,
+    /// An aggregated trace (`record --aggregate`): its calls between snapshots are summed
+    /// by site; absent when false.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub aggregated: bool,
     pub duration_ms: f64,
     /// The process analysed below (the one with the highest RSS unless one was chosen).
     pub stream: u32,

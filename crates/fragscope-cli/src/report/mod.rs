@@ -170,7 +170,7 @@ pub fn render(r: &Report, top: usize) -> String {
 fn identity(o: &mut String, r: &Report) {
     let _ = writeln!(
         o,
-        "fragscope report: {} (pid {}{}, {} calls, {})",
+        "fragscope report: {} (pid {}{}, {} calls{}, {})",
         r.argv.join(" "),
         r.pid,
         r.allocator
@@ -178,6 +178,11 @@ fn identity(o: &mut String, r: &Report) {
             .map(|a| format!(", {a}"))
             .unwrap_or_default(),
         count(r.calls),
+        if r.aggregated {
+            ", aggregated between snapshots"
+        } else {
+            ""
+        },
         secs(r.duration_ms)
     );
     if let Some(l) = &r.linked_allocator {

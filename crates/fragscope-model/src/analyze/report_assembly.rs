@@ -190,6 +190,7 @@ pub(super) fn assemble(path: &Path, opts: &Options, read: &TraceRead, chosen: us
         damage: read.damage.clone(),
         skipped: read.skipped.clone(),
         stacks: stacks.into(),
+        aggregated: read.ctx.aggregated,
         duration_ms: read.last_tick as f64 * tick_ms,
         stream: s.stream,
         pid: s.pid,

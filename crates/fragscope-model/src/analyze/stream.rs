@@ -3,14 +3,12 @@
 
 use std::collections::VecDeque;
 
-use fragscope_trace::call::Summary;
+use fragscope_trace::call::{LastAllocs, Summary};
 use fragscope_trace::event::StatsSource;
-use fragscope_trace::hash::FastMap;
 use fragscope_trace::merge::{Call, LiveTable, Merged, Merger};
 use fragscope_trace::records::{
     Mapping, Pagemap, ProcessEnd, PymallocPools, RssSample, SnapshotReason, WaitStatus,
 };
-use fragscope_trace::Func;
 
 use crate::forks::{ForkLink, Forked, Inherited};
 use crate::golang::{self, GoParts};
@@ -188,30 +186,6 @@ impl StackSums {
     }
 }
 
-/// Each thread's last allocated address (see `Stream::last_alloc`). The entry of the
-/// thread of the last call is held out of the map: runs of calls are mostly one thread's,
-/// and a lookup and an insert per call cost more than the model's other work per call.
-#[derive(Default)]
-struct LastAllocs {
-    current: Option<(u32, Option<u64>)>,
-    others: FastMap<u32, u64>,
-}
-
-impl LastAllocs {
-    /// Thread `tid`'s entry.
-    #[inline]
-    fn of(&mut self, tid: u32) -> &mut Option<u64> {
-        if self.current.is_none_or(|(t, _)| t != tid) {
-            if let Some((t, Some(addr))) = self.current {
-                self.others.insert(t, addr);
-            }
-            self.current = Some((tid, self.others.remove(&tid)));
-        }
-        let (_, entry) = self.current.get_or_insert((tid, None));
-        entry
-    }
-}
-
 pub(super) struct Ctx {
     pub(super) weighting: SiteWeighting,
     /// An aggregated recording: its calls are those the snapshots see, and its summaries
@@ -305,15 +279,7 @@ impl Stream {
         // An aggregated recording counts calls and temporaries in its summaries: its
         // calls are not all, and they are written as one thread's.
         self.calls += u64::from(!ctx.aggregated);
-        let last_alloc = self.last_alloc.of(c.tid);
-        let temporary =
-            c.func == Func::Free && c.addr != 0 && *last_alloc == Some(c.addr) && !ctx.aggregated;
-        // As heaptrack counts them: frees of other blocks in between do not matter.
-        if let Some(a) = c.allocates() {
-            *last_alloc = Some(a);
-        } else if temporary {
-            *last_alloc = None;
-        }
+        let temporary = self.last_alloc.frees_last(&c) && !ctx.aggregated;
         for (_, b) in self.merger.ended_by_last_pop() {
             self.live_bytes -= b.size;
             self.usable_bytes -= b.usable();
@@ -382,7 +348,11 @@ impl Stream {
                 calls,
             } => {
                 self.calls += calls;
-                if peak > self.peak_live.0 {
+                // The first time the most was reached, as every call would have it: the
+                // calls written may have reached the same figure later, the ones left out
+                // sooner.
+                let (most, at) = self.peak_live;
+                if peak > most || (peak == most && peak_tick < at) {
                     self.peak_live = (peak, peak_tick);
                 }
                 let bucket = tick / 10;

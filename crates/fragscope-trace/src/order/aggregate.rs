@@ -27,7 +27,7 @@ use crate::format::pack::{PackedBuffer, Packer};
 use crate::format::reader::{decode_chunk, Chunk};
 use crate::format::records::{EventsHeader, Origin};
 use crate::format::TraceError;
-use crate::order::call::{Call, Merged, Summary};
+use crate::order::call::{Call, LastAllocs, Merged, Summary};
 use crate::order::live::{is_inherited_stack, InheritedHeap};
 use crate::order::merge::Merger;
 use crate::order::stream_decoder::{DecodedEvents, StreamDecoder};
@@ -205,7 +205,7 @@ struct StreamAggregate {
     born: AddrMap<(usize, Option<u64>)>,
     sums: FastMap<(u32, u64), Sums>,
     /// Each thread's last allocated address (temporaries, as the model counts them).
-    last_alloc: FastMap<u32, u64>,
+    last_alloc: LastAllocs,
     live: u64,
     usable: u64,
     /// The most live bytes since the last LIVE record, and when.
@@ -231,7 +231,7 @@ impl StreamAggregate {
             left_out: 0,
             born: AddrMap::default(),
             sums: FastMap::default(),
-            last_alloc: FastMap::default(),
+            last_alloc: LastAllocs::default(),
             live: 0,
             usable: 0,
             peak: (0, 0),
@@ -299,13 +299,7 @@ impl StreamAggregate {
     /// the last boundary (and that block's allocation with it).
     fn take_call(&mut self, c: Call) {
         self.calls += 1;
-        let last = self.last_alloc.get(&c.tid).copied();
-        let temporary = c.func == crate::Func::Free && c.addr != 0 && last == Some(c.addr);
-        if let Some(a) = c.allocates() {
-            self.last_alloc.insert(c.tid, a);
-        } else if temporary {
-            self.last_alloc.remove(&c.tid);
-        }
+        let temporary = self.last_alloc.frees_last(&c);
         let mut ended_unseen = false;
         let mut ended_seen = None;
         let mut seen_ended = 0;
@@ -317,13 +311,12 @@ impl StreamAggregate {
             } else {
                 b.stack
             };
-            let sums = self.sums.entry((stack, b.size)).or_default();
             if temporary {
-                sums.temporaries += 1;
+                self.sums.entry((stack, b.size)).or_default().temporaries += 1;
             }
             match self.born.remove(&addr) {
                 Some((i, freed_seen)) => {
-                    sums.allocations += 1;
+                    self.sums.entry((stack, b.size)).or_default().allocations += 1;
                     self.open[i] = freed_seen.map(|old| {
                         let tick = self.open[i].as_ref().map_or(c.tick, Merged::tick);
                         Merged::Call(Call::on(tick, c.tid, crate::Func::Free, old))

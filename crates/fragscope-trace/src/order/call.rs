@@ -4,6 +4,7 @@
 //! read them too.
 
 use crate::format::event::{Func, StatsSource};
+use crate::format::hash::FastMap;
 
 /// A malloc-family call in merged order. Addresses are 0 for NULL; `stack` is an index
 /// into [`Merger::stack`](crate::order::merge::Merger::stack) (0: none recorded).
@@ -112,4 +113,43 @@ pub enum Summary {
         peak_tick: u64,
         calls: u64,
     },
+}
+
+/// Each thread's last allocated address, to tell temporary allocations (freed by their
+/// thread before it allocates again, as heaptrack counts them). The entry of the thread
+/// of the last call is held out of the map: runs of calls are mostly one thread's, and a
+/// lookup and an insert per call cost more than a reader's other work per call.
+#[derive(Default)]
+pub struct LastAllocs {
+    current: Option<(u32, Option<u64>)>,
+    others: FastMap<u32, u64>,
+}
+
+impl LastAllocs {
+    /// Whether `c` frees the block its thread allocated last; follows the thread's
+    /// allocations (frees of other blocks in between do not matter).
+    #[inline]
+    pub fn frees_last(&mut self, c: &Call) -> bool {
+        let last = self.of(c.tid);
+        let temporary = c.func == Func::Free && c.addr != 0 && *last == Some(c.addr);
+        if let Some(a) = c.allocates() {
+            *last = Some(a);
+        } else if temporary {
+            *last = None;
+        }
+        temporary
+    }
+
+    /// Thread `tid`'s entry.
+    #[inline]
+    fn of(&mut self, tid: u32) -> &mut Option<u64> {
+        if self.current.is_none_or(|(t, _)| t != tid) {
+            if let Some((t, Some(addr))) = self.current {
+                self.others.insert(t, addr);
+            }
+            self.current = Some((tid, self.others.remove(&tid)));
+        }
+        let (_, entry) = self.current.get_or_insert((tid, None));
+        entry
+    }
 }

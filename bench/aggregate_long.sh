@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# A long run of a busy program, recorded in full and with --aggregate: trace size per
+# minute, wall time against the bare run, the recorder's peak RSS, and whether the
+# aggregated report's snapshots split RSS as the full one's do (live, rounding, free in
+# used pages, free pages: each run's median over its snapshots, which differ between
+# runs only by the program's own timing).
+#   held_churn LIVE N: a heap of LIVE blocks, N times a random one freed and allocated
+#   again (bench/c/held_churn.c): about 10 M calls a second on one core here, every block
+#   living a few hundred microseconds past its allocation, as a server's requests do.
+#
+# usage: bench/aggregate_long.sh [N=300000000] [LIVE=4096] [rounds=3]
+# needs: a release build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n=${1:-300000000}
+live=${2:-4096}
+rounds=${3:-3}
+out=bench/out/aggregate_long
+mkdir -p "$out"
+cc -O2 -g -pthread -o "$out/held_churn" bench/c/held_churn.c
+cd "$out"
+python3 - "$PWD/../../../target/release/fragscope" "$n" "$live" "$rounds" <<'PY'
+import json, os, statistics, subprocess, sys, time
+fs, n, live, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+cmd = ["./held_churn", live, n]
+modes = {
+    "bare": lambda: cmd,
+    "fragscope": lambda: [fs, "record", "--force", "-o", "full.fsc", "--"] + cmd,
+    "fragscope --aggregate": lambda: [fs, "record", "--force", "--aggregate", "-o", "agg.fsc", "--"] + cmd,
+}
+rows = {}
+parts = ("live", "rounding", "free_in_used_pages", "free_resident_pages")
+for _ in range(rounds):
+    for mode, argv in modes.items():
+        t = time.monotonic()
+        p = subprocess.Popen(argv(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.monotonic() - t
+        trace = {"fragscope": "full.fsc", "fragscope --aggregate": "agg.fsc"}.get(mode)
+        size, split = 0, None
+        if trace:
+            size = os.path.getsize(trace)
+            r = json.loads(subprocess.run([fs, "report", "--json", trace], capture_output=True, check=True).stdout)
+            snaps = [s for s in r["snapshots"] if s["reason"] == "periodic"]
+            split = {k: statistics.median(s[k] for s in snaps) for k in parts}
+            os.remove(trace)
+        rows.setdefault(mode, []).append((wall, size, ru.ru_maxrss, split))
+bare = statistics.median(w for w, *_ in rows["bare"])
+print(f"held_churn {live} {n}, {rounds} interleaved rounds; bare {bare:.1f} s")
+print("| run | wall time | x bare | trace | trace per minute | recorder peak RSS | median snapshot: live / rounding / free in used pages / free pages |")
+print("|---|---|---|---|---|---|---|")
+for mode, rs in rows.items():
+    w = statistics.median(x[0] for x in rs)
+    size = statistics.median(x[1] for x in rs)
+    rss = statistics.median(x[2] for x in rs) / 1024
+    split = rs[len(rs) // 2][3]
+    per_min = size / w * 60 / 1e6
+    cells = " / ".join(f"{split[k] / 2**20:.2f}" for k in parts) + " MiB" if split else "-"
+    print(f"| {mode} | {w:.1f} s | {w / bare:.2f}x | {size / 1e6:.1f} MB | {per_min:.1f} MB | {rss:.0f} MiB | {cells} |")
+PY
