@@ -159,6 +159,8 @@ pub(super) struct Stream {
     pub(super) censuses: Vec<(u64, u64, HeapCensus)>,
     /// An allocator linked into its program, whose calls the trace does not hold.
     pub(super) linked_allocator: Option<fragscope_trace::heap_census::LinkedAllocator>,
+    /// An aggregated trace: the usable bytes of its last LIVE record.
+    aggregated_usable: Option<u64>,
 }
 
 /// Weighted allocations and bytes per stack, indexed by the merge's stack ids (dense, from
@@ -240,7 +242,13 @@ impl Stream {
                 }) => {
                     if !values.is_empty() {
                         self.allocator = Some(source.name());
-                        self.stats.push((tick, source, values, self.usable_bytes));
+                        // An aggregated trace says the live bytes as every call had them
+                        // in a LIVE record just before.
+                        let usable = match self.aggregated_usable {
+                            Some(u) if ctx.aggregated => u,
+                            _ => self.usable_bytes,
+                        };
+                        self.stats.push((tick, source, values, usable));
                     }
                 }
                 Some(Merged::Forked { tick, mark }) => {
@@ -348,6 +356,7 @@ impl Stream {
                 calls,
             } => {
                 self.calls += calls;
+                self.aggregated_usable = Some(usable);
                 // The first time the most was reached, as every call would have it: the
                 // calls written may have reached the same figure later, the ones left out
                 // sooner.

@@ -10,8 +10,8 @@
 //!
 //! A pair is left out only when nothing between its two calls can see the block: no
 //! snapshot (a snapshot at tick T follows every call of a tick up to T, as the model
-//! places it), no fork (the child inherits the block), no answer of the allocator's own
-//! statistics (compared with the live bytes there). The recorder says each
+//! places it) and no fork (the child inherits the block). An answer of the allocator's
+//! own statistics, compared with the live bytes there, gets a LIVE record just before it. The recorder says each
 //! snapshot before it hands on a buffer with a call past it (`snapshot_at`, `advance`).
 //!
 //! Chunks other than thread buffers pass through unchanged. The merge is the model's
@@ -22,13 +22,13 @@ use std::collections::VecDeque;
 
 use crate::format::chunk::ChunkKind;
 use crate::format::event::Record;
-use crate::format::hash::{AddrMap, FastMap};
+use crate::format::hash::{AddrSet, FastMap};
 use crate::format::pack::{PackedBuffer, Packer};
 use crate::format::reader::{decode_chunk, Chunk};
 use crate::format::records::{EventsHeader, Origin};
 use crate::format::TraceError;
 use crate::order::call::{Call, LastAllocs, Merged, Summary};
-use crate::order::live::{is_inherited_stack, InheritedHeap};
+use crate::order::live::{is_inherited_stack, InheritedHeap, LiveBlock};
 use crate::order::merge::Merger;
 use crate::order::stream_decoder::{DecodedEvents, StreamDecoder};
 
@@ -88,6 +88,10 @@ impl Aggregator {
                     }
                     Ok(Chunk::StartingHeap(h)) => {
                         let s = self.stream(h.stream);
+                        // Its blocks are in the trace already (the model seeds them too):
+                        // seen, as everything allocated before them.
+                        s.write_unseen(None);
+                        s.seen.mid_tick(h.tick);
                         let bytes = s.merger.seed_starting_heap(h.tick, &h.blocks);
                         s.live += bytes;
                         s.usable += bytes;
@@ -125,7 +129,7 @@ impl Aggregator {
         }
         self.advance_stream(stream);
         if let Some(mut s) = self.streams.remove(&stream) {
-            s.close_interval(&mut self.out);
+            s.close_interval(None, &mut self.out);
             self.finished.push(stream);
         }
     }
@@ -184,7 +188,67 @@ struct Sums {
     temporaries: u64,
 }
 
+/// Which blocks a snapshot or fork has seen: those allocated at ticks up to
+/// `through`, but for those allocated in that tick after a fork or a starting heap took
+/// the blocks there (`late`: the tick alone cannot tell them from those before).
+#[derive(Default)]
+struct Seen {
+    through: Option<u64>,
+    late: AddrSet,
+    late_tick: Option<u64>,
+}
+
+impl Seen {
+    /// Whether block `b` at `addr` has not been seen.
+    fn not(&self, addr: u64, b: &LiveBlock) -> bool {
+        if b.inherited {
+            return false;
+        }
+        let born = u64::from(b.born_tick);
+        match self.through {
+            None => true,
+            Some(t) if born > t => true,
+            Some(t) => born == t && self.late_tick == Some(t) && self.late.contains(&addr),
+        }
+    }
+
+    /// Every block allocated up to `tick` was seen (a snapshot).
+    fn through(&mut self, tick: u64) {
+        self.through = Some(tick);
+        self.late.clear();
+        self.late_tick = None;
+    }
+
+    /// Every block live now was seen in the middle of `tick` (a fork, a starting heap):
+    /// later blocks of the same tick are told apart by address.
+    fn mid_tick(&mut self, tick: u64) {
+        self.through(tick);
+        self.late_tick = Some(tick);
+    }
+
+    /// A block allocated at `tick` (at `addr`).
+    fn allocated(&mut self, tick: u64, addr: u64) {
+        if self.late_tick == Some(tick) {
+            self.late.insert(addr);
+        }
+    }
+
+    /// An unseen block ended.
+    fn ended(&mut self, addr: u64) {
+        if self.late_tick.is_some() {
+            self.late.remove(&addr);
+        }
+    }
+}
+
 /// One process's merge and what it writes.
+///
+/// A block is *unseen* while no snapshot or fork has seen it: allocated after the last
+/// one (its allocation tick is past `seen_through`, or it is in `late`). Its allocation
+/// is not written as it comes: a snapshot (or fork) writes the unseen blocks still live,
+/// from the merge's live table, and a free of an unseen block leaves both out. A free of
+/// a block already seen is written as it comes. So what is kept per call is the merge's
+/// own table, and per interval the frees of older blocks.
 struct StreamAggregate {
     stream: u32,
     /// The thread the written calls are given to (the process's first).
@@ -196,13 +260,11 @@ struct StreamAggregate {
     awaiting_fork: Option<(u32, u32)>,
     /// Snapshots said and not yet passed.
     snapshots: VecDeque<u64>,
-    /// The items of the current interval that are written (`None`: left out since).
-    open: Vec<Option<Merged>>,
-    left_out: usize,
-    /// Blocks allocated since the last boundary, by address: their allocation's index in
-    /// `open`, left out if they are freed before the next one, and the block a snapshot
-    /// saw that the same call ended (a realloc's), whose free is then written instead.
-    born: AddrMap<(usize, Option<u64>)>,
+    /// Which blocks a snapshot or fork has seen.
+    seen: Seen,
+    /// The items written at the next snapshot, in order: frees of seen blocks, the
+    /// allocator's statistics, LIVE records.
+    open: Vec<Merged>,
     sums: FastMap<(u32, u64), Sums>,
     /// Each thread's last allocated address (temporaries, as the model counts them).
     last_alloc: LastAllocs,
@@ -227,9 +289,8 @@ impl StreamAggregate {
             merger: Merger::new(),
             awaiting_fork: None,
             snapshots: VecDeque::new(),
+            seen: Seen::default(),
             open: Vec::new(),
-            left_out: 0,
-            born: AddrMap::default(),
             sums: FastMap::default(),
             last_alloc: LastAllocs::default(),
             live: 0,
@@ -273,7 +334,12 @@ impl StreamAggregate {
         let tick = item.tick();
         while self.snapshots.front().is_some_and(|&t| tick > t) {
             self.snapshots.pop_front();
-            self.close_interval(out);
+            // The merge has applied this item already: the snapshot is before it.
+            let before = match &item {
+                Merged::Call(c) => Some(c),
+                _ => None,
+            };
+            self.close_interval(before, out);
         }
         if self.bucket.is_some_and(|b| b != tick / TIMELINE_TICKS) {
             self.push_live();
@@ -282,27 +348,28 @@ impl StreamAggregate {
         self.last_tick = tick;
         match item {
             Merged::Call(c) => self.take_call(c),
-            // The allocator's statistics are compared with the live bytes there, and a
-            // child inherits the blocks live at its fork: both see every block.
-            Merged::Stats { .. } | Merged::Forked { .. } => {
-                self.born.clear();
-                self.open.push(Some(item));
+            // Compared with the live bytes there: the LIVE record just before it says
+            // them as every call had them.
+            Merged::Stats { .. } => {
+                self.push_live();
+                self.open.push(item);
             }
-            Merged::Summary { .. } => self.open.push(Some(item)),
-        }
-        if self.left_out > 4096 && self.left_out * 2 > self.open.len() {
-            self.compact();
+            // The child inherits every block live here: all are written before it.
+            Merged::Forked { .. } => {
+                self.write_unseen(None);
+                self.seen.mid_tick(tick);
+                self.open.push(item);
+            }
+            Merged::Summary { .. } => self.open.push(item),
         }
     }
 
-    /// One call as the model takes it; left out when it frees a block allocated since
-    /// the last boundary (and that block's allocation with it).
+    /// One call as the model takes it: the frees of seen blocks are written, the blocks
+    /// it allocates wait for the next snapshot, and a free of an unseen block leaves both
+    /// out, counted by stack and size.
     fn take_call(&mut self, c: Call) {
         self.calls += 1;
         let temporary = self.last_alloc.frees_last(&c);
-        let mut ended_unseen = false;
-        let mut ended_seen = None;
-        let mut seen_ended = 0;
         for &(addr, b) in self.merger.ended_by_last_pop() {
             self.live -= b.size.min(self.live);
             self.usable -= b.usable().min(self.usable);
@@ -311,49 +378,29 @@ impl StreamAggregate {
             } else {
                 b.stack
             };
-            if temporary {
-                self.sums.entry((stack, b.size)).or_default().temporaries += 1;
+            let unseen = self.seen.not(addr, &b);
+            if temporary || unseen {
+                let sums = self.sums.entry((stack, b.size)).or_default();
+                sums.temporaries += u64::from(temporary);
+                sums.allocations += u64::from(unseen);
             }
-            match self.born.remove(&addr) {
-                Some((i, freed_seen)) => {
-                    self.sums.entry((stack, b.size)).or_default().allocations += 1;
-                    self.open[i] = freed_seen.map(|old| {
-                        let tick = self.open[i].as_ref().map_or(c.tick, Merged::tick);
-                        Merged::Call(Call::on(tick, c.tid, crate::Func::Free, old))
-                    });
-                    self.left_out += usize::from(freed_seen.is_none());
-                    ended_unseen |= c.releases() == Some(addr);
-                }
-                None => {
-                    ended_seen.get_or_insert(addr);
-                    seen_ended += 1;
-                }
+            if unseen {
+                self.seen.ended(addr);
+            } else {
+                // As a free at this call: a free, a realloc's old block, or a block a
+                // forced allocation displaced.
+                let free = Call::on(c.tick, c.tid, crate::Func::Free, addr);
+                self.open.push(Merged::Call(free));
             }
         }
-        let Some(addr) = c.allocates() else {
-            // A free (or a realloc that freed) of a block a snapshot saw is written; of
-            // one left out, or of nothing (free(NULL), a failed allocation), it is not.
-            if ended_seen.is_some() {
-                self.open.push(Some(Merged::Call(c)));
+        if c.allocates().is_some() {
+            self.live += c.size;
+            self.usable += c.usable.max(c.size);
+            if self.live > self.peak.0 {
+                self.peak = (self.live, c.tick);
             }
-            return;
-        };
-        let mut c = c;
-        if ended_unseen {
-            c.old_addr = 0; // the old block was left out: a realloc of nothing
+            self.seen.allocated(c.tick, c.addr);
         }
-        self.live += c.size;
-        self.usable += c.usable.max(c.size);
-        if self.live > self.peak.0 {
-            self.peak = (self.live, c.tick);
-        }
-        // A call that ended two blocks a snapshot saw (a realloc's old block and one its
-        // new block displaced, in a merge that had to force it) is always written: one
-        // free could not stand for it.
-        if seen_ended < 2 {
-            self.born.insert(addr, (self.open.len(), ended_seen));
-        }
-        self.open.push(Some(Merged::Call(c)));
     }
 
     fn push_live(&mut self) {
@@ -368,38 +415,75 @@ impl StreamAggregate {
             },
             calls: std::mem::take(&mut self.calls),
         };
-        self.open.push(Some(Merged::Summary {
+        self.open.push(Merged::Summary {
             tick: self.last_tick,
             summary,
-        }));
+        });
         self.peak = (self.live, self.last_tick);
     }
 
-    /// Drops the left-out items from `open`, keeping `born`'s indices right.
-    fn compact(&mut self) {
-        let mut kept = 0;
-        let mut moved = vec![usize::MAX; self.open.len()];
-        for (i, to) in moved.iter_mut().enumerate() {
-            if self.open[i].is_some() {
-                *to = kept;
-                self.open.swap(i, kept);
-                kept += 1;
+    /// The unseen blocks still live (before call `before`, which the merge applied
+    /// already), as allocations at their ticks, among the items of the interval (each
+    /// after the items of its tick that free blocks, before its LIVE records); they are
+    /// seen from here on.
+    fn write_unseen(&mut self, before: Option<&Call>) {
+        let tid = self.tid.unwrap_or(0);
+        let seen = &self.seen;
+        let unseen = |live: &crate::order::live::LiveTable| -> Vec<Merged> {
+            live.iter()
+                .filter(|(addr, b)| seen.not(*addr, b))
+                .map(|(addr, b)| {
+                    let mut c = Call::on(u64::from(b.born_tick), tid, crate::Func::Malloc, addr);
+                    c.size = b.size;
+                    c.usable = b.usable();
+                    c.stack = b.stack;
+                    Merged::Call(c)
+                })
+                .collect()
+        };
+        let mut born = match before {
+            Some(c) => self.merger.with_live_before_last_pop(c, unseen),
+            None => unseen(self.merger.live_blocks()),
+        };
+        if born.is_empty() {
+            return;
+        }
+        born.sort_unstable_by_key(|m| match m {
+            Merged::Call(c) => (c.tick, c.addr),
+            _ => (0, 0),
+        });
+        let open = std::mem::take(&mut self.open);
+        let mut merged = Vec::with_capacity(open.len() + born.len());
+        let mut born = born.into_iter().peekable();
+        for item in open {
+            let live_record = matches!(
+                item,
+                Merged::Summary {
+                    summary: Summary::Live { .. },
+                    ..
+                }
+            );
+            let tick = item.tick();
+            while born
+                .peek()
+                .is_some_and(|b| b.tick() < tick || (b.tick() == tick && live_record))
+            {
+                merged.extend(born.next());
             }
+            merged.push(item);
         }
-        self.open.truncate(kept);
-        for (i, _) in self.born.values_mut() {
-            *i = moved[*i];
-        }
-        self.left_out = 0;
+        merged.extend(born);
+        self.open = merged;
     }
 
-    /// A snapshot passed (or the process ended): every block allocated since the last
-    /// one stays, and the interval's items are written with the sums of what was left out.
-    fn close_interval(&mut self, out: &mut Vec<OutChunk>) {
+    /// A snapshot passed (or the process ended): the unseen blocks still live are
+    /// written, and the interval's items with the sums of what was left out.
+    fn close_interval(&mut self, before: Option<&Call>, out: &mut Vec<OutChunk>) {
         if self.bucket.is_some() {
             self.push_live();
         }
-        self.born.clear();
+        self.write_unseen(before);
+        self.seen.through(self.last_tick);
         let tick = self.last_tick;
         for ((stack, size), s) in self.sums.drain() {
             let summary = Summary::Summed {
@@ -408,19 +492,16 @@ impl StreamAggregate {
                 allocations: s.allocations,
                 temporaries: s.temporaries,
             };
-            if s.allocations > 0 || s.temporaries > 0 {
-                self.open.push(Some(Merged::Summary { tick, summary }));
-            }
+            self.open.push(Merged::Summary { tick, summary });
         }
         let lost = self.merger.stats().lost_events;
         let own = self.merger.own_memory();
         let items = std::mem::take(&mut self.open);
-        self.left_out = 0;
         let tid = self.tid.unwrap_or(0);
         self.writer.write(
             self.stream,
             tid,
-            items.into_iter().flatten(),
+            items.into_iter(),
             &self.merger,
             lost,
             own,
