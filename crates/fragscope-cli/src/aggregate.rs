@@ -15,7 +15,7 @@ use crate::units::bytes;
 ///
 /// Writes the trace as `fragscope record --aggregate` would have: the blocks allocated
 /// and freed between two snapshots are left out, and counted per allocation site and
-/// size instead; the blocks any snapshot (or fork, or allocator statistics) sees are
+/// size instead; the blocks any snapshot (or a fork) sees are
 /// kept with their sizes and stacks. `report`, `export` and `compare` give the same
 /// decomposition, occupancy, size classes and pinning sites at every snapshot, and the
 /// same allocation counts per site; the live-bytes timeline keeps its 10 ms resolution.
