@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
 use fragscope_trace::aggregate::{Aggregator, SnapshotsFirst};
-use fragscope_trace::{ChunkKind, ChunkWriter};
+use fragscope_trace::ChunkWriter;
 
 /// zstd levels of a trace by default: event buffers at the fastest (the recorder competes
 /// with the program for CPU; raw ones are stored so when their process makes calls faster
@@ -19,7 +19,7 @@ pub(super) const EVENTS_COMPRESSION_LEVEL: i32 = 1;
 
 /// A chunk for the writer: its kind, payload and, for one compressed in sections, where
 /// the sections end (empty: compressed whole).
-pub(super) type Chunk = (ChunkKind, Vec<u8>, Vec<usize>);
+pub(super) type Chunk = fragscope_trace::aggregate::OutChunk;
 
 /// What the writer is sent.
 pub(super) enum Message {
@@ -116,12 +116,8 @@ fn take(
     match message {
         Message::Chunk(chunk) => match aggregator {
             Some(agg) => {
-                let events = matches!(chunk.0, ChunkKind::Events | ChunkKind::PackedEvents);
+                // Every snapshot before these calls was said before them.
                 agg.chunk(chunk.0, chunk.1, chunk.2);
-                if events {
-                    // Every snapshot before these calls was said before them.
-                    agg.advance();
-                }
                 for chunk in agg.take_output() {
                     order.chunk(chunk, ready);
                 }
@@ -143,11 +139,7 @@ fn write_ready(
     ready: &mut Vec<Chunk>,
 ) -> std::io::Result<()> {
     for (kind, payload, section_ends) in ready.drain(..) {
-        if section_ends.is_empty() {
-            w.write_chunk(kind, &payload)?;
-        } else {
-            w.write_sections(kind, &payload, &section_ends)?;
-        }
+        w.write(kind, &payload, &section_ends)?;
     }
     Ok(())
 }

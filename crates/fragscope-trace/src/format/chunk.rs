@@ -195,6 +195,16 @@ impl<W: Write> ChunkWriter<W> {
         Ok(())
     }
 
+    /// Writes `raw` whole, or in sections ending at `section_ends` when there are some
+    /// (see [`ChunkWriter::write_sections`]).
+    pub fn write(&mut self, kind: ChunkKind, raw: &[u8], section_ends: &[usize]) -> io::Result<()> {
+        if section_ends.is_empty() {
+            self.write_chunk(kind, raw)
+        } else {
+            self.write_sections(kind, raw, section_ends)
+        }
+    }
+
     pub fn write_chunk(&mut self, kind: ChunkKind, raw: &[u8]) -> io::Result<()> {
         check_chunk_len(raw.len())?;
         self.set_level_for(kind)?;

@@ -12,7 +12,7 @@
 //! snapshot (a snapshot at tick T follows every call of a tick up to T, as the model
 //! places it) and no fork (the child inherits the block). An answer of the allocator's
 //! own statistics, compared with the live bytes there, gets a LIVE record just before it. The recorder says each
-//! snapshot before it hands on a buffer with a call past it (`snapshot_at`, `advance`).
+//! snapshot before it hands on a buffer with a call past it (`snapshot_at`, `chunk`).
 //!
 //! Chunks other than thread buffers pass through unchanged. The merge is the model's
 //! (forked children start from their parent's heap, a `record -p` process from the
@@ -22,7 +22,7 @@ use std::collections::VecDeque;
 
 use crate::format::chunk::ChunkKind;
 use crate::format::event::Record;
-use crate::format::hash::{AddrSet, FastMap};
+use crate::format::hash::{AddrSet, FastMap, FastSet};
 use crate::format::pack::{PackedBuffer, Packer};
 use crate::format::reader::{decode_chunk, Chunk};
 use crate::format::records::{EventsHeader, Origin};
@@ -48,13 +48,13 @@ pub struct Aggregator {
     /// Heaps at forks, by (parent stream, mark), until the child takes them.
     fork_heaps: FastMap<(u32, u32), InheritedHeap>,
     /// Streams whose calls were all taken.
-    finished: Vec<u32>,
+    finished: FastSet<u32>,
     out: Vec<OutChunk>,
 }
 
 impl Aggregator {
     /// A snapshot of `stream` is taken at `tick`: the calls of ticks up to it come before
-    /// it. Said before any call after it is handed on by [`Aggregator::advance`].
+    /// it. Said before any buffer with a call after it ([`Aggregator::chunk`]).
     pub fn snapshot_at(&mut self, stream: u32, tick: u64) {
         let s = self.stream(stream);
         if s.snapshots.back().is_none_or(|&t| t < tick) {
@@ -62,15 +62,18 @@ impl Aggregator {
         }
     }
 
-    /// Takes one chunk: a thread buffer goes into its process's merge; a chunk that
-    /// matters to the merge (a process's start, its starting heap) is read too; every
-    /// other chunk, and those, are handed on as they are.
+    /// Takes one chunk: a thread buffer goes into its process's merge, whose calls are
+    /// then taken as far as it orders them (every snapshot before them must have been
+    /// said, [`Aggregator::snapshot_at`]); a chunk that matters to the merge (a
+    /// process's start, its starting heap) is read too; every other chunk, and those,
+    /// are handed on as they are.
     pub fn chunk(&mut self, kind: ChunkKind, payload: Vec<u8>, sections: Vec<usize>) {
         match kind {
             ChunkKind::Events | ChunkKind::PackedEvents => {
-                if let Ok(Chunk::Events(h, records)) = decode_chunk(kind, &payload) {
-                    let s = self.stream(h.stream);
-                    s.push(&h, &records);
+                if let Ok((mut h, records)) = EventsHeader::decode(&payload) {
+                    h.packed = kind == ChunkKind::PackedEvents;
+                    self.stream(h.stream).push(&h, records);
+                    self.advance(h.stream);
                     return;
                 }
             }
@@ -107,12 +110,17 @@ impl Aggregator {
         self.out.push((kind, payload, sections));
     }
 
-    /// Takes every call the merges can order: every snapshot before them must have been
-    /// said ([`Aggregator::snapshot_at`]).
-    pub fn advance(&mut self) {
-        let ids: Vec<u32> = self.streams.keys().copied().collect();
-        for id in ids {
-            self.advance_stream(id);
+    /// Takes the calls `stream`'s merge can order, and those of the children waiting
+    /// for a heap it forked them with.
+    fn advance(&mut self, stream: u32) {
+        if self.advance_stream(stream) {
+            let waiting: Vec<u32> = (self.streams.iter())
+                .filter(|(_, s)| s.awaiting_fork.is_some())
+                .map(|(&id, _)| id)
+                .collect();
+            for id in waiting {
+                self.advance_stream(id);
+            }
         }
     }
 
@@ -130,7 +138,7 @@ impl Aggregator {
         self.advance_stream(stream);
         if let Some(mut s) = self.streams.remove(&stream) {
             s.close_interval(None, &mut self.out);
-            self.finished.push(stream);
+            self.finished.insert(stream);
         }
     }
 
@@ -158,9 +166,10 @@ impl Aggregator {
             .or_insert_with(|| StreamAggregate::new(stream))
     }
 
-    fn advance_stream(&mut self, id: u32) {
+    /// Takes the calls stream `id`'s merge can order; whether it forked any child.
+    fn advance_stream(&mut self, id: u32) -> bool {
         let Some(s) = self.streams.get_mut(&id) else {
-            return;
+            return false;
         };
         if let Some(key) = s.awaiting_fork {
             match self.fork_heaps.remove(&key) {
@@ -171,13 +180,15 @@ impl Aggregator {
                     s.awaiting_fork = None;
                 }
                 None if self.finished.contains(&key.0) => s.awaiting_fork = None,
-                None => return,
+                None => return false,
             }
         }
         let forks = s.take(&mut self.out);
+        let forked = !forks.is_empty();
         for (mark, heap) in forks {
             self.fork_heaps.insert((id, mark), heap);
         }
+        forked
     }
 }
 
@@ -429,7 +440,7 @@ impl StreamAggregate {
     fn write_unseen(&mut self, before: Option<&Call>) {
         let tid = self.tid.unwrap_or(0);
         let seen = &self.seen;
-        let unseen = |live: &crate::order::live::LiveTable| -> Vec<Merged> {
+        let unseen = |live: &crate::order::live::LiveTable| -> Vec<Call> {
             live.iter()
                 .filter(|(addr, b)| seen.not(*addr, b))
                 .map(|(addr, b)| {
@@ -437,7 +448,7 @@ impl StreamAggregate {
                     c.size = b.size;
                     c.usable = b.usable();
                     c.stack = b.stack;
-                    Merged::Call(c)
+                    c
                 })
                 .collect()
         };
@@ -448,10 +459,7 @@ impl StreamAggregate {
         if born.is_empty() {
             return;
         }
-        born.sort_unstable_by_key(|m| match m {
-            Merged::Call(c) => (c.tick, c.addr),
-            _ => (0, 0),
-        });
+        born.sort_unstable_by_key(|c| (c.tick, c.addr));
         let open = std::mem::take(&mut self.open);
         let mut merged = Vec::with_capacity(open.len() + born.len());
         let mut born = born.into_iter().peekable();
@@ -466,13 +474,13 @@ impl StreamAggregate {
             let tick = item.tick();
             while born
                 .peek()
-                .is_some_and(|b| b.tick() < tick || (b.tick() == tick && live_record))
+                .is_some_and(|b| b.tick < tick || (b.tick == tick && live_record))
             {
-                merged.extend(born.next());
+                merged.extend(born.next().map(Merged::Call));
             }
             merged.push(item);
         }
-        merged.extend(born);
+        merged.extend(born.map(Merged::Call));
         self.open = merged;
     }
 
@@ -789,9 +797,9 @@ pub fn aggregate_file<W: std::io::Write>(
         }
         match kind {
             ChunkKind::Pagemap => {
-                if let Ok(Chunk::Pagemap(p)) = decode_chunk(kind, &raw) {
-                    agg.snapshot_at(p.stream, p.tick);
-                    order.started(p.stream, p.tick);
+                if let Some((stream, tick)) = snapshot_moment(&raw) {
+                    agg.snapshot_at(stream, tick);
+                    order.started(stream, tick);
                 }
             }
             ChunkKind::Meta => {
@@ -812,25 +820,28 @@ pub fn aggregate_file<W: std::io::Write>(
         if chunks.is_multiple_of(256) {
             progress(file_bytes + reader.offset(), total);
         }
-        let payload = match (kind, decode_chunk(kind, &raw)) {
-            (ChunkKind::Meta, Ok(Chunk::Meta(m))) => crate::format::records::Meta {
+        let meta = match kind {
+            ChunkKind::Meta => crate::format::records::Meta::decode(&raw).ok(),
+            _ => None,
+        };
+        let payload = match meta {
+            Some(m) => crate::format::records::Meta {
                 aggregated: true,
                 ..m
             }
             .encode(),
-            _ => std::mem::take(&mut raw),
+            None => std::mem::take(&mut raw),
         };
         agg.chunk(kind, payload, Vec::new());
-        if matches!(kind, ChunkKind::Events | ChunkKind::PackedEvents) {
-            agg.advance();
-        }
         write_out(&mut agg, &mut order, out)?;
     }
     agg.finish();
     write_out(&mut agg, &mut order, out)?;
     let mut rest = Vec::new();
     order.release_all(&mut rest);
-    write_chunks(rest, out)?;
+    for (kind, payload, sections) in rest {
+        out.write(kind, &payload, &sections)?;
+    }
     out.flush()?;
     progress(total, total);
     Ok(AggregatedFile {
@@ -850,10 +861,7 @@ fn write_out<W: std::io::Write>(
     let mut ready = Vec::new();
     for chunk in agg.take_output() {
         let snapshot = match chunk.0 {
-            ChunkKind::Pagemap => match decode_chunk(chunk.0, &chunk.1) {
-                Ok(Chunk::Pagemap(p)) => Some((p.stream, p.tick)),
-                _ => None,
-            },
+            ChunkKind::Pagemap => snapshot_moment(&chunk.1),
             _ => None,
         };
         order.chunk(chunk, &mut ready);
@@ -861,19 +869,15 @@ fn write_out<W: std::io::Write>(
             order.ended(stream, tick, &mut ready);
         }
     }
-    write_chunks(ready, out)
-}
-
-fn write_chunks<W: std::io::Write>(
-    chunks: Vec<OutChunk>,
-    out: &mut crate::format::chunk::ChunkWriter<W>,
-) -> std::io::Result<()> {
-    for (kind, payload, sections) in chunks {
-        if sections.is_empty() {
-            out.write_chunk(kind, &payload)?;
-        } else {
-            out.write_sections(kind, &payload, &sections)?;
-        }
+    for (kind, payload, sections) in ready {
+        out.write(kind, &payload, &sections)?;
     }
     Ok(())
+}
+
+/// The stream and tick a Pagemap chunk's payload starts with, without its residency.
+fn snapshot_moment(payload: &[u8]) -> Option<(u32, u64)> {
+    let mut r = crate::format::wire::Reader::new(payload);
+    let stream = u32::try_from(r.varint().ok()?).ok()?;
+    Some((stream, r.varint().ok()?))
 }
