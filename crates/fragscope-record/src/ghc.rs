@@ -38,16 +38,17 @@ pub const RTS_FLAGS: &str = "-l";
 /// 000's Pinned.hs it adds collections and copying (BENCHMARKS.md).
 pub const HEAP_PROFILE_FLAGS: &str = "-hT -i0.1";
 
-/// Recognises a GHC-compiled ELF by its RTS: symbols when the binary has them, else the
-/// RTS's own strings (a stripped binary keeps those).
+/// Recognises a GHC-compiled ELF by its RTS: symbols when the binary has a symbol table,
+/// else the RTS's own strings (a stripped binary keeps those). A binary with a symbol
+/// table and none of the RTS's symbols is not GHC's, whatever strings it holds: a tool
+/// that reads GHC programs (this one) names the RTS's messages too.
 pub fn inspect(data: &[u8]) -> Option<GhcBinary> {
     let file = object::File::parse(data).ok()?;
     let mut ghc = false;
     let mut eventlog = false;
-    let mut any_symbol = false;
+    let symbol_table = file.symbols().next().is_some();
     for sym in file.symbols().chain(file.dynamic_symbols()) {
         let Ok(name) = sym.name() else { continue };
-        any_symbol = true;
         match name {
             "hs_main" | "hs_init" | "hs_init_ghc" => ghc = true,
             "postEvent" | "initEventLogging" | "endEventLogging" => eventlog = true,
@@ -55,8 +56,10 @@ pub fn inspect(data: &[u8]) -> Option<GhcBinary> {
             _ => {}
         }
     }
-    if !ghc || !any_symbol {
-        ghc = contains(data, b"RTS options are disabled") && contains(data, b"GHC RTS");
+    if !ghc && !symbol_table {
+        // `+RTS --info`'s first line, as the RTS prints it.
+        ghc = contains(data, b"RTS options are disabled")
+            && contains(data, b" [(\"GHC RTS\", \"YES\")");
         // The RTS's way name: rts_l (eventlog), rts_thr_l, rts_debug, rts_p, ...
         eventlog = [
             "rts_l\0",
@@ -315,6 +318,15 @@ fn probe(program: &Path, ghcrts: &OsString) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// This test binary has a symbol table and holds the RTS's messages that `inspect`
+    /// looks for in stripped programs.
+    #[test]
+    fn a_program_naming_the_rts_messages_is_not_ghc() {
+        let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        assert!(contains(&me, b"RTS options are disabled"));
+        assert_eq!(inspect(&me), None);
+    }
 
     #[test]
     fn a_c_program_is_not_ghc() {
