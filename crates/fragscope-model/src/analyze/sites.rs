@@ -11,26 +11,51 @@ use crate::heap::{SiteAtSnapshot, SiteWeighting};
 use crate::report::*;
 use crate::symbols::{Frame, Symbolizer};
 
-/// Wrappers whose frame says nothing about who allocated.
+/// Wrappers whose frame says nothing about who allocated: the allocator's functions, and
+/// the language's own library on the way to it (Rust's `std`, `alloc` and `core`, whose
+/// growth of a `Vec` or `String` every allocation of a Rust program goes through; C++'s
+/// containers and allocators, in its library's headers), so that a site is the program's
+/// own code that asked for the memory.
 fn is_allocator_frame(f: &Frame) -> bool {
     let Some(name) = &f.function else {
         return false;
     };
-    const WRAPPERS: [&str; 12] = [
+    const WRAPPERS: [&str; 19] = [
         "operator new",
         "operator delete",
         "malloc",
         "calloc",
         "realloc",
         "__libc_",
+        "xmalloc",
         "__rust_alloc",
         "__rust_realloc",
-        "alloc::alloc::",
-        "alloc::raw_vec::",
         "__rdl_alloc",
-        "xmalloc",
+        "__rustc::__rdl_",
+        "__rustc::__rust_",
+        // Rust's `alloc` crate: its collections and its allocator.
+        "alloc::",
+        "<alloc::",
+        "<std::alloc::System as ",
+        "std::sys::alloc::",
+        // Crates whose functions only pass an allocation on: hashbrown's (every HashMap's
+        // table) and allocator-api2's.
+        "hashbrown::raw::alloc::",
+        "allocator_api2::",
+        "<allocator_api2::",
     ];
     WRAPPERS.iter().any(|w| name.starts_with(w))
+        || f.file.as_deref().is_some_and(in_language_library)
+}
+
+/// A source file of Rust's standard library as rustc's line tables name it
+/// (`/rustc/<commit>/library/alloc/src/vec/mod.rs`, and the crates it is built with,
+/// `/rust/deps/hashbrown-0.15.2/src/raw/mod.rs`), or of the C++ library's headers
+/// (libstdc++'s `/usr/include/c++/12/bits/stl_vector.h`, libc++'s `.../include/c++/v1/`).
+fn in_language_library(file: &str) -> bool {
+    file.starts_with("/rustc/") && file.contains("/library/")
+        || file.starts_with("/rust/deps/")
+        || file.contains("/include/c++/")
 }
 
 /// What is live at the end: leaked, if the process ended (by site, weighted). Blocks
@@ -265,5 +290,85 @@ impl SiteFigures<'_> {
         site.leaked_bytes = leaked.round() as u64;
         site.temporary_allocations = temporary.round() as u64;
         site
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(function: &str, file: &str) -> Frame {
+        Frame {
+            addr: 0x5000,
+            function: Some(function.to_string()),
+            file: Some(file.to_string()),
+            line: Some(1),
+            module: "prog".to_string(),
+            offset: 0x1000,
+            inlined: true,
+        }
+    }
+
+    /// A Rust program's stack as this program's own recording symbolised it: its site is
+    /// the function that pushed, not the standard library's allocator.
+    #[test]
+    fn a_rust_site_is_the_code_that_grew_the_vec() {
+        let std = "/rustc/59807616e1fa2540724bfbac14d7976d7e4a3860/library";
+        let frames = [
+            frame(
+                "<std::alloc::System as core::alloc::global::GlobalAlloc>::realloc",
+                &format!("{std}/std/src/sys/alloc/unix.rs"),
+            ),
+            frame("__rustc::__rdl_realloc", &format!("{std}/std/src/alloc.rs")),
+            frame(
+                "alloc::alloc::realloc",
+                &format!("{std}/alloc/src/alloc.rs"),
+            ),
+            frame(
+                "<alloc::alloc::Global>::grow_impl_runtime",
+                &format!("{std}/alloc/src/alloc.rs"),
+            ),
+            frame(
+                "alloc::raw_vec::RawVecInner<A>::finish_grow",
+                &format!("{std}/alloc/src/raw_vec/mod.rs"),
+            ),
+            frame(
+                "alloc::vec::Vec<T,A>::push",
+                &format!("{std}/alloc/src/vec/mod.rs"),
+            ),
+            frame("prog::read_records", "/src/prog/src/main.rs"),
+        ];
+        assert_eq!(label_of(&frames), "prog::read_records (main.rs:1)");
+        // A frame without a file is told by its name.
+        let mut bare: Vec<Frame> = frames.to_vec();
+        bare[..6].iter_mut().for_each(|f| f.file = None);
+        assert_eq!(label_of(&bare), "prog::read_records (main.rs:1)");
+    }
+
+    #[test]
+    fn a_cpp_site_is_the_code_that_grew_the_vector() {
+        let frames = [
+            frame(
+                "operator new(unsigned long)",
+                "../../../../src/libstdc++-v3/libsupc++/new_op.cc",
+            ),
+            frame(
+                "std::__new_allocator<int>::allocate(unsigned long, void const*)",
+                "/usr/include/c++/12/bits/new_allocator.h",
+            ),
+            frame(
+                "void std::vector<int>::_M_realloc_insert<int const&>(int const&)",
+                "/usr/include/c++/12/bits/vector.tcc",
+            ),
+            frame("fill(std::vector<int>&)", "/src/fill.cc"),
+        ];
+        assert_eq!(label_of(&frames), "fill(std::vector<int>&) (fill.cc:1)");
+    }
+
+    /// A stack all inside the library is labelled by its first frame, not left blank.
+    #[test]
+    fn a_stack_all_in_the_library_keeps_its_first_frame() {
+        let frames = [frame("malloc", "malloc.c")];
+        assert_eq!(label_of(&frames), "malloc (malloc.c:1)");
     }
 }
