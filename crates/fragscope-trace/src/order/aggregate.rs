@@ -90,10 +90,11 @@ impl Aggregator {
                         }
                     }
                     Ok(Chunk::StartingHeap(h)) => {
-                        let s = self.stream(h.stream);
+                        let s = (self.streams.entry(h.stream))
+                            .or_insert_with(|| StreamAggregate::new(h.stream));
                         // Its blocks are in the trace already (the model seeds them too):
                         // seen, as everything allocated before them.
-                        s.write_changes(None);
+                        s.write_changes(None, &mut self.out);
                         s.seen.mid_tick(h.tick);
                         let bytes = s.merger.seed_starting_heap(h.tick, &h.blocks);
                         s.live += bytes;
@@ -371,7 +372,7 @@ impl StreamAggregate {
             }
             // The child inherits every block live here: all are written before it.
             Merged::Forked { .. } => {
-                self.write_changes(None);
+                self.write_changes(None, out);
                 self.seen.mid_tick(tick);
                 self.open.push(item);
             }
@@ -435,48 +436,47 @@ impl StreamAggregate {
         self.peak = (self.live, self.last_tick);
     }
 
-    /// What changed in the live blocks since the last snapshot or fork (before call
-    /// `before`, which the merge applied already), written after the interval's other
-    /// items, at its last tick: the seen blocks that ended, then the unseen blocks still
-    /// live, each in address order; all are seen from here on. Not at their own ticks:
-    /// addresses in order cost a fifth less over a heap that turns over between snapshots,
-    /// and what the calls' times gave (the live bytes over time, their peak, the
-    /// allocator's statistics beside them) is in the LIVE records.
-    fn write_changes(&mut self, before: Option<&Call>) {
-        let tid = self.tid.unwrap_or(0);
+    /// Writes the items taken since the last write, then what changed in the live blocks
+    /// since the last snapshot or fork (before call `before`, which the merge applied
+    /// already), at the last tick: the seen blocks that ended, then the unseen blocks
+    /// still live, each in address order; all are seen from here on. Not at their own
+    /// ticks: addresses in order cost a third as much over a heap that turns over between
+    /// snapshots, and what the calls' times gave (the live bytes over time, their peak,
+    /// the allocator's statistics beside them) is in the LIVE records. The blocks go to
+    /// the writer as they are read, never all held as calls.
+    fn write_changes(&mut self, before: Option<&Call>, out: &mut Vec<OutChunk>) {
         let seen = &self.seen;
-        let at = self.last_tick;
-        let unseen = |live: &crate::order::live::LiveTable| -> Vec<Call> {
-            live.iter()
-                .filter(|(addr, b)| seen.not(*addr, b))
-                .map(|(addr, b)| {
-                    let mut c = Call::on(at, tid, crate::Func::Malloc, addr);
-                    c.size = b.size;
-                    c.usable = b.usable();
-                    c.stack = b.stack;
-                    c
-                })
-                .collect()
+        let unseen = |live: &crate::order::live::LiveTable| -> Vec<(u64, LiveBlock)> {
+            live.iter().filter(|(addr, b)| seen.not(*addr, b)).collect()
         };
         let mut born = match before {
             Some(c) => self.merger.with_live_before_last_pop(c, unseen),
             None => unseen(self.merger.live_blocks()),
         };
-        born.sort_unstable_by_key(|c| c.addr);
+        born.sort_unstable_by_key(|&(addr, _)| addr);
         self.ended.sort_unstable();
-        let frees = self.ended.drain(..);
-        let frees = frees.map(|addr| Call::on(at, tid, crate::Func::Free, addr));
-        self.open.extend(frees.chain(born).map(Merged::Call));
+        let (at, tid) = (self.last_tick, self.tid.unwrap_or(0));
+        let frees = (self.ended.drain(..))
+            .map(|addr| Merged::Call(Call::on(at, tid, crate::Func::Free, addr)));
+        let born = born.into_iter().map(|(addr, b)| {
+            let mut c = Call::on(at, tid, crate::Func::Malloc, addr);
+            c.size = b.size;
+            c.usable = b.usable();
+            c.stack = b.stack;
+            Merged::Call(c)
+        });
+        let items = self.open.drain(..).chain(frees).chain(born);
+        let lost = self.merger.stats().lost_events;
+        let own = self.merger.own_memory();
+        (self.writer).write(self.stream, tid, items, &self.merger, lost, own, out);
     }
 
-    /// A snapshot passed (or the process ended): the unseen blocks still live are
-    /// written, and the interval's items with the sums of what was left out.
+    /// A snapshot passed (or the process ended): the interval's items are written, with
+    /// the sums of what was left out and the changes in the live blocks.
     fn close_interval(&mut self, before: Option<&Call>, out: &mut Vec<OutChunk>) {
         if self.bucket.is_some() {
             self.push_live();
         }
-        self.write_changes(before);
-        self.seen.through(self.last_tick);
         let tick = self.last_tick;
         for ((stack, size), s) in self.sums.drain() {
             let summary = Summary::Summed {
@@ -487,19 +487,8 @@ impl StreamAggregate {
             };
             self.open.push(Merged::Summary { tick, summary });
         }
-        let lost = self.merger.stats().lost_events;
-        let own = self.merger.own_memory();
-        let items = std::mem::take(&mut self.open);
-        let tid = self.tid.unwrap_or(0);
-        self.writer.write(
-            self.stream,
-            tid,
-            items.into_iter(),
-            &self.merger,
-            lost,
-            own,
-            out,
-        );
+        self.write_changes(before, out);
+        self.seen.through(self.last_tick);
     }
 }
 
