@@ -603,7 +603,7 @@ impl Stream {
         let at = Moment {
             headers: heap::BlockHeaders::of_process(self.allocator, &self.code_maps),
             fork_residency_read: self.fork_residency.is_some(),
-            own_memory: self.merger.own_memory(),
+            own_memory: self.merger.own_memory_at(pm.tick),
             pm,
         };
         // A table that shares nearly all its blocks with other processes (a fork's) is

@@ -94,7 +94,7 @@ impl Aggregator {
                             .or_insert_with(|| StreamAggregate::new(h.stream));
                         // Its blocks are in the trace already (the model seeds them too):
                         // seen, as everything allocated before them.
-                        s.write_changes(None, &mut self.out);
+                        s.write_changes(None, s.last_tick, &mut self.out);
                         s.seen.mid_tick(h.tick);
                         let bytes = s.merger.seed_starting_heap(h.tick, &h.blocks);
                         s.live += bytes;
@@ -138,7 +138,7 @@ impl Aggregator {
         }
         self.advance_stream(stream);
         if let Some(mut s) = self.streams.remove(&stream) {
-            s.close_interval(None, &mut self.out);
+            s.close_interval(None, u64::MAX, &mut self.out);
             self.finished.insert(stream);
         }
     }
@@ -198,6 +198,40 @@ impl Aggregator {
 struct Sums {
     allocations: u64,
     temporaries: u64,
+}
+
+/// Requested sizes below this without a stack are counted in an array: most left-out
+/// blocks are, and a map's lookup was a quarter of the aggregation's own time per call.
+const SMALL_SIZES: u64 = 4096;
+
+/// The left-out calls' sums of an interval, by stack and size.
+#[derive(Default)]
+struct IntervalSums {
+    /// Without a stack, by size below [`SMALL_SIZES`].
+    small: Vec<Sums>,
+    other: FastMap<(u32, u64), Sums>,
+}
+
+impl IntervalSums {
+    #[inline]
+    fn of(&mut self, stack: u32, size: u64) -> &mut Sums {
+        if stack == 0 && size < SMALL_SIZES {
+            if self.small.is_empty() {
+                self.small.resize(SMALL_SIZES as usize, Sums::default());
+            }
+            &mut self.small[size as usize]
+        } else {
+            self.other.entry((stack, size)).or_default()
+        }
+    }
+
+    /// Every (stack, size) counted, its sums, and none after.
+    fn drain(&mut self) -> impl Iterator<Item = ((u32, u64), Sums)> + '_ {
+        let small = (self.small.iter_mut().enumerate())
+            .filter(|(_, s)| s.allocations != 0 || s.temporaries != 0)
+            .map(|(size, s)| ((0, size as u64), std::mem::take(s)));
+        small.chain(self.other.drain())
+    }
 }
 
 /// Which blocks a snapshot or fork has seen: those allocated at ticks up to
@@ -280,7 +314,7 @@ struct StreamAggregate {
     open: Vec<Merged>,
     /// The seen blocks that ended since the last snapshot or fork.
     ended: Vec<u64>,
-    sums: FastMap<(u32, u64), Sums>,
+    sums: IntervalSums,
     /// Each thread's last allocated address (temporaries, as the model counts them).
     last_alloc: LastAllocs,
     live: u64,
@@ -307,7 +341,7 @@ impl StreamAggregate {
             seen: Seen::default(),
             open: Vec::new(),
             ended: Vec::new(),
-            sums: FastMap::default(),
+            sums: IntervalSums::default(),
             last_alloc: LastAllocs::default(),
             live: 0,
             usable: 0,
@@ -348,14 +382,14 @@ impl StreamAggregate {
 
     fn take_item(&mut self, item: Merged, out: &mut Vec<OutChunk>) {
         let tick = item.tick();
-        while self.snapshots.front().is_some_and(|&t| tick > t) {
+        while let Some(snapshot) = self.snapshots.front().copied().filter(|&t| tick > t) {
             self.snapshots.pop_front();
             // The merge has applied this item already: the snapshot is before it.
             let before = match &item {
                 Merged::Call(c) => Some(c),
                 _ => None,
             };
-            self.close_interval(before, out);
+            self.close_interval(before, snapshot, out);
         }
         if self.bucket.is_some_and(|b| b != tick / TIMELINE_TICKS) {
             self.push_live();
@@ -372,7 +406,7 @@ impl StreamAggregate {
             }
             // The child inherits every block live here: all are written before it.
             Merged::Forked { .. } => {
-                self.write_changes(None, out);
+                self.write_changes(None, tick, out);
                 self.seen.mid_tick(tick);
                 self.open.push(item);
             }
@@ -396,7 +430,7 @@ impl StreamAggregate {
             };
             let unseen = self.seen.not(addr, &b);
             if temporary || unseen {
-                let sums = self.sums.entry((stack, b.size)).or_default();
+                let sums = self.sums.of(stack, b.size);
                 sums.temporaries += u64::from(temporary);
                 sums.allocations += u64::from(unseen);
             }
@@ -444,7 +478,10 @@ impl StreamAggregate {
     /// snapshots, and what the calls' times gave (the live bytes over time, their peak,
     /// the allocator's statistics beside them) is in the LIVE records. The blocks go to
     /// the writer as they are read, never all held as calls.
-    fn write_changes(&mut self, before: Option<&Call>, out: &mut Vec<OutChunk>) {
+    ///
+    /// The interposer's own memory follows, as reported up to `moment` (the snapshot's
+    /// tick; `u64::MAX` at the end), as the model reads it there.
+    fn write_changes(&mut self, before: Option<&Call>, moment: u64, out: &mut Vec<OutChunk>) {
         let seen = &self.seen;
         let unseen = |live: &crate::order::live::LiveTable| -> Vec<(u64, LiveBlock)> {
             live.iter().filter(|(addr, b)| seen.not(*addr, b)).collect()
@@ -467,13 +504,18 @@ impl StreamAggregate {
         });
         let items = self.open.drain(..).chain(frees).chain(born);
         let lost = self.merger.stats().lost_events;
-        let own = self.merger.own_memory();
+        let own_tick = if moment == u64::MAX {
+            at
+        } else {
+            moment.max(at)
+        };
+        let own = (own_tick, self.merger.own_memory_at(moment));
         (self.writer).write(self.stream, tid, items, &self.merger, lost, own, out);
     }
 
     /// A snapshot passed (or the process ended): the interval's items are written, with
     /// the sums of what was left out and the changes in the live blocks.
-    fn close_interval(&mut self, before: Option<&Call>, out: &mut Vec<OutChunk>) {
+    fn close_interval(&mut self, before: Option<&Call>, moment: u64, out: &mut Vec<OutChunk>) {
         if self.bucket.is_some() {
             self.push_live();
         }
@@ -487,7 +529,7 @@ impl StreamAggregate {
             };
             self.open.push(Merged::Summary { tick, summary });
         }
-        self.write_changes(before, out);
+        self.write_changes(before, moment, out);
         self.seen.through(self.last_tick);
     }
 }
@@ -522,7 +564,7 @@ impl StreamWriter {
         items: impl Iterator<Item = Merged>,
         merger: &Merger,
         lost: u64,
-        own_memory: u64,
+        (own_tick, own_memory): (u64, u64),
         out: &mut Vec<OutChunk>,
     ) {
         if lost > self.lost {
@@ -530,10 +572,6 @@ impl StreamWriter {
                 count: lost - self.lost,
             });
             self.lost = lost;
-        }
-        if own_memory > self.own_memory {
-            self.push(Record::OwnMemory { bytes: own_memory });
-            self.own_memory = own_memory;
         }
         while (self.stacks_defined as usize) < merger.stack_count() {
             self.stacks_defined += 1;
@@ -549,17 +587,27 @@ impl StreamWriter {
                 self.flush(stream, tid, out);
             }
         }
+        if own_memory > self.own_memory {
+            self.advance_to(own_tick);
+            self.push(Record::OwnMemory { bytes: own_memory });
+            self.own_memory = own_memory;
+        }
         self.flush(stream, tid, out);
     }
 
-    fn item(&mut self, item: Merged) {
-        let tick = item.tick();
+    /// Moves the written thread's clock on to `tick` (never back).
+    fn advance_to(&mut self, tick: u64) {
         if tick > self.tick {
             self.push(Record::Tick {
                 delta: tick - self.tick,
             });
             self.tick = tick;
         }
+    }
+
+    fn item(&mut self, item: Merged) {
+        let tick = item.tick();
+        self.advance_to(tick);
         let record = match item {
             Merged::Call(c) if c.func == crate::Func::Free => Record::Free { addr: c.addr },
             Merged::Call(c) => {

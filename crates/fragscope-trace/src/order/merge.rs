@@ -246,7 +246,7 @@ pub struct Merger {
     spill_file: SpillFile,
     finishing: bool,
     stats: MergeStats,
-    own_memory: u64,
+    own_memory: OwnMemory,
     /// Every thread with queued calls, once, by the (tick, place) of its next call (ties
     /// by thread index): choosing the next call costs O(log threads), not a pass over
     /// hundreds of threads per call.
@@ -304,7 +304,7 @@ impl Merger {
             spill_file: SpillFile::default(),
             finishing: false,
             stats: MergeStats::default(),
-            own_memory: 0,
+            own_memory: OwnMemory::default(),
             heads: BinaryHeap::new(),
             set_aside: Vec::new(),
             watermark: None,
@@ -416,7 +416,13 @@ impl Merger {
 
     /// The interposer's own mapped bytes, as last reported.
     pub fn own_memory(&self) -> u64 {
-        self.own_memory
+        self.own_memory.at(u64::MAX)
+    }
+
+    /// The interposer's own mapped bytes as reported up to `tick`: a snapshot's, the same
+    /// however far past it the merge has read its threads' buffers.
+    pub fn own_memory_at(&self, tick: u64) -> u64 {
+        self.own_memory.at(tick)
     }
 
     /// Return addresses of a stack (innermost first); empty for 0.
@@ -503,7 +509,7 @@ impl Merger {
                     let at_item = items_before + (at + other_items) as u64;
                     self.threads[ti].joins.push_back((at_item, tid));
                 }
-                DecodedOther::OwnMemory(bytes) => self.own_memory = self.own_memory.max(bytes),
+                DecodedOther::OwnMemory { tick, bytes } => self.own_memory.said(tick, bytes),
                 DecodedOther::Summary {
                     tick,
                     place,
@@ -1002,6 +1008,31 @@ pub fn read_all_from_bytes(data: &[u8]) -> u64 {
         }
     }
     calls
+}
+
+/// The interposer's reports of its own mapped bytes, which only grow: those no earlier
+/// report exceeds, by tick (both increasing). Threads' buffers come in any order, so a
+/// report may come after a later, larger one.
+#[derive(Default, Debug)]
+struct OwnMemory {
+    reports: Vec<(u64, u64)>,
+}
+
+impl OwnMemory {
+    fn said(&mut self, tick: u64, bytes: u64) {
+        let i = self.reports.partition_point(|&(t, _)| t <= tick);
+        if i > 0 && self.reports[i - 1].1 >= bytes {
+            return;
+        }
+        let later_smaller = self.reports[i..].iter().take_while(|&&(_, b)| b <= bytes);
+        let end = i + later_smaller.count();
+        self.reports.splice(i..end, [(tick, bytes)]);
+    }
+
+    fn at(&self, tick: u64) -> u64 {
+        let i = self.reports.partition_point(|&(t, _)| t <= tick);
+        i.checked_sub(1).map_or(0, |i| self.reports[i].1)
+    }
 }
 
 #[cfg(test)]

@@ -48,7 +48,11 @@ pub(crate) enum DecodedOther {
         place: u64,
         mark: u32,
     },
-    OwnMemory(u64),
+    /// The interposer's own mapped bytes, as it said at `tick`.
+    OwnMemory {
+        tick: u64,
+        bytes: u64,
+    },
     /// An aggregated recording's account of calls it left out.
     Summary {
         tick: u64,
@@ -152,7 +156,7 @@ impl StreamDecoder {
                 Record::Lost { count } => DecodedOther::Lost(count),
                 Record::Joined { tid } => DecodedOther::Joined(tid),
                 Record::Forked { mark } => DecodedOther::Forked { tick, place, mark },
-                Record::OwnMemory { bytes } => DecodedOther::OwnMemory(bytes),
+                Record::OwnMemory { bytes } => DecodedOther::OwnMemory { tick, bytes },
                 Record::Summed {
                     stack,
                     size,

@@ -815,3 +815,24 @@ fn a_single_thread_is_merged_as_it_arrives() {
     );
     assert!(m.pop().is_none());
 }
+
+/// The interposer's own memory at a tick is the most it reported up to that tick,
+/// whichever order its threads' reports were read in.
+#[test]
+fn own_memory_at_a_tick_is_what_was_reported_up_to_it() {
+    let mut own = super::OwnMemory::default();
+    // A later, larger report read first; an earlier, smaller one after it.
+    own.said(150, 1000);
+    own.said(120, 900);
+    own.said(130, 800);
+    own.said(200, 1000);
+    own.said(90, 950);
+    assert_eq!(own.at(80), 0);
+    assert_eq!(own.at(90), 950);
+    assert_eq!(own.at(125), 950);
+    assert_eq!(own.at(149), 950);
+    assert_eq!(own.at(150), 1000);
+    assert_eq!(own.at(u64::MAX), 1000);
+    // Reports no earlier one exceeds are all that is kept.
+    assert_eq!(own.reports, [(90, 950), (150, 1000)]);
+}
