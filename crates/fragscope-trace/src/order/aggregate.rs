@@ -312,8 +312,9 @@ struct StreamAggregate {
     /// The items written at the next snapshot, in order: the allocator's statistics,
     /// LIVE records, forks with the changes before them.
     open: Vec<Merged>,
-    /// The seen blocks that ended since the last snapshot or fork.
-    ended: Vec<u64>,
+    /// The seen blocks that ended since the last snapshot or fork, and their usable
+    /// sizes.
+    ended: Vec<(u64, u64)>,
     sums: IntervalSums,
     /// Each thread's last allocated address (temporaries, as the model counts them).
     last_alloc: LastAllocs,
@@ -438,7 +439,7 @@ impl StreamAggregate {
                 self.seen.ended(addr);
             } else {
                 // A free, a realloc's old block, or a block a forced allocation displaced.
-                self.ended.push(addr);
+                self.ended.push((addr, b.usable()));
             }
         }
         if c.allocates().is_some() {
@@ -493,16 +494,17 @@ impl StreamAggregate {
         born.sort_unstable_by_key(|&(addr, _)| addr);
         self.ended.sort_unstable();
         let (at, tid) = (self.last_tick, self.tid.unwrap_or(0));
-        let frees = (self.ended.drain(..))
-            .map(|addr| Merged::Call(Call::on(at, tid, crate::Func::Free, addr)));
-        let born = born.into_iter().map(|(addr, b)| {
-            let mut c = Call::on(at, tid, crate::Func::Malloc, addr);
-            c.size = b.size;
-            c.usable = b.usable();
-            c.stack = b.stack;
-            Merged::Call(c)
+        let changes = in_written_order(&self.ended, &born).map(|change| match change {
+            Change::Ended(addr) => Merged::Call(Call::on(at, tid, crate::Func::Free, addr)),
+            Change::Born(addr, b) => {
+                let mut c = Call::on(at, tid, crate::Func::Malloc, addr);
+                c.size = b.size;
+                c.usable = b.usable();
+                c.stack = b.stack;
+                Merged::Call(c)
+            }
         });
-        let items = self.open.drain(..).chain(frees).chain(born);
+        let items = self.open.drain(..).chain(changes);
         let lost = self.merger.stats().lost_events;
         let own_tick = if moment == u64::MAX {
             at
@@ -511,6 +513,7 @@ impl StreamAggregate {
         };
         let own = (own_tick, self.merger.own_memory_at(moment));
         (self.writer).write(self.stream, tid, items, &self.merger, lost, own, out);
+        self.ended.clear();
     }
 
     /// A snapshot passed (or the process ended): the interval's items are written, with
@@ -531,6 +534,72 @@ impl StreamAggregate {
         }
         self.write_changes(before, moment, out);
         self.seen.through(self.last_tick);
+    }
+}
+
+/// A change in the live blocks between two snapshots, as written.
+enum Change {
+    Ended(u64),
+    Born(u64, LiveBlock),
+}
+
+/// The changes of an interval in the order they are written: the ended blocks by
+/// address, each followed by the block born in its place (same address and usable size:
+/// an allocator's chunk handed out again, which the packed form then names as the block
+/// its thread freed last, at no cost), then the other blocks born, by address. A block
+/// born in an ended block's place takes exactly its room, so no two live blocks ever
+/// overlap. `ended` and `born` are sorted by address.
+fn in_written_order<'a>(ended: &'a [(u64, u64)], born: &'a [(u64, LiveBlock)]) -> WrittenOrder<'a> {
+    WrittenOrder {
+        ended,
+        born,
+        in_place: vec![false; born.len()],
+        next_ended: 0,
+        match_at: 0,
+        next_born: 0,
+        pending: None,
+    }
+}
+
+struct WrittenOrder<'a> {
+    ended: &'a [(u64, u64)],
+    born: &'a [(u64, LiveBlock)],
+    /// The born blocks written after the ended one in their place.
+    in_place: Vec<bool>,
+    next_ended: usize,
+    /// The first born block not below the ended blocks written so far.
+    match_at: usize,
+    next_born: usize,
+    /// The block born in the place of the ended block just written.
+    pending: Option<Change>,
+}
+
+impl Iterator for WrittenOrder<'_> {
+    type Item = Change;
+
+    fn next(&mut self) -> Option<Change> {
+        if let Some(c) = self.pending.take() {
+            return Some(c);
+        }
+        if let Some(&(addr, usable)) = self.ended.get(self.next_ended) {
+            self.next_ended += 1;
+            while self.born.get(self.match_at).is_some_and(|&(a, _)| a < addr) {
+                self.match_at += 1;
+            }
+            let again = self.born.get(self.match_at);
+            if let Some(&(a, b)) = again.filter(|(a, b)| *a == addr && b.usable() == usable) {
+                self.in_place[self.match_at] = true;
+                self.pending = Some(Change::Born(a, b));
+            }
+            return Some(Change::Ended(addr));
+        }
+        while let Some(&(a, b)) = self.born.get(self.next_born) {
+            self.next_born += 1;
+            if !self.in_place[self.next_born - 1] {
+                return Some(Change::Born(a, b));
+            }
+        }
+        None
     }
 }
 
@@ -902,4 +971,56 @@ fn snapshot_moment(payload: &[u8]) -> Option<(u32, u64)> {
     let mut r = crate::format::wire::Reader::new(payload);
     let stream = u32::try_from(r.varint().ok()?).ok()?;
     Some((stream, r.varint().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(size: u64, rounding: u32) -> LiveBlock {
+        LiveBlock {
+            size,
+            rounding,
+            stack: 0,
+            born_tick: 0,
+            inherited: false,
+        }
+    }
+
+    fn written(ended: &[(u64, u64)], born: &[(u64, LiveBlock)]) -> Vec<String> {
+        let name = |c: Change| match c {
+            Change::Ended(a) => format!("-{a:#x}"),
+            Change::Born(a, b) => format!("+{a:#x}/{}", b.usable()),
+        };
+        in_written_order(ended, born).map(name).collect()
+    }
+
+    /// A block born where one ended, with its usable size, follows that one's end; the
+    /// others come after every end, by address.
+    #[test]
+    fn a_block_born_in_an_ended_ones_place_is_written_right_after_it() {
+        let ended = [(0x1000, 32), (0x1040, 48), (0x2000, 64)];
+        let born = [
+            (0x1000, block(30, 2)), // in 0x1000's place
+            (0x1010, block(8, 8)),  // elsewhere
+            (0x1040, block(64, 0)), // at 0x1040, but larger: not in its place
+            (0x2000, block(60, 4)), // in 0x2000's place
+            (0x3000, block(16, 0)), // elsewhere
+        ];
+        assert_eq!(
+            written(&ended, &born),
+            [
+                "-0x1000",
+                "+0x1000/32",
+                "-0x1040",
+                "-0x2000",
+                "+0x2000/64",
+                "+0x1010/16",
+                "+0x1040/64",
+                "+0x3000/16"
+            ]
+        );
+        assert_eq!(written(&[], &born[..2]), ["+0x1000/32", "+0x1010/16"]);
+        assert_eq!(written(&ended[..1], &[]), ["-0x1000"]);
+    }
 }
