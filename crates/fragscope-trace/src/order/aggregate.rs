@@ -309,8 +309,8 @@ struct StreamAggregate {
     snapshots: VecDeque<u64>,
     /// Which blocks a snapshot or fork has seen.
     seen: Seen,
-    /// The items written at the next snapshot, in order: the allocator's statistics,
-    /// LIVE records, forks with the changes before them.
+    /// The items taken since the last write (at a snapshot or fork), in order: the
+    /// allocator's statistics, LIVE records, a fork.
     open: Vec<Merged>,
     /// The seen blocks that ended since the last snapshot or fork, and their usable
     /// sizes.
@@ -473,12 +473,12 @@ impl StreamAggregate {
 
     /// Writes the items taken since the last write, then what changed in the live blocks
     /// since the last snapshot or fork (before call `before`, which the merge applied
-    /// already), at the last tick: the seen blocks that ended, then the unseen blocks
-    /// still live, each in address order; all are seen from here on. Not at their own
-    /// ticks: addresses in order cost a third as much over a heap that turns over between
-    /// snapshots, and what the calls' times gave (the live bytes over time, their peak,
-    /// the allocator's statistics beside them) is in the LIVE records. The blocks go to
-    /// the writer as they are read, never all held as calls.
+    /// already), at the last tick: the seen blocks that ended and the unseen blocks still
+    /// live, by address ([`in_written_order`]); all are seen from here on. Not at their
+    /// own ticks: so ordered they cost a quarter as much over a heap that turns over
+    /// between snapshots, and what the calls' times gave (the live bytes over time, their
+    /// peak, the allocator's statistics beside them) is in the LIVE records. The blocks go
+    /// to the writer as they are read, never all held as calls.
     ///
     /// The interposer's own memory follows, as reported up to `moment` (the snapshot's
     /// tick; `u64::MAX` at the end), as the model reads it there.
