@@ -1,5 +1,5 @@
-//! jemalloc's heap (5.3.0 as Debian 12's libjemalloc2 ships it), read from outside a
-//! running process.
+//! jemalloc's heap (5.3.0 as Debian 12's libjemalloc2 ships it, and the builds Rust's
+//! tikv-jemalloc-sys vendors: `RELEASES`), read from outside a running process.
 //!
 //! jemalloc serves small requests (up to 14 KiB) from *bins*, one per size class in each
 //! arena: a bin carves *slabs* (runs of pages) into regions of its size. A slab with a
@@ -82,32 +82,43 @@ struct Release {
     emap_root: usize,
 }
 
-/// The builds read: Debian 12's libjemalloc2 (5.3.0, `--enable-prof`; also its static
-/// libjemalloc_pic.a), and the 5.3.1 snapshot that tikv-jemalloc-sys 0.7 vendors (with
-/// or without `--enable-stats`, which leaves the layout alone), built as its build script
-/// builds it. Offsets from each source so configured (`offsetof`, x86-64).
-const RELEASES: [Release; 2] = [
+/// Debian 12's libjemalloc2 (5.3.0, `--enable-prof`; also its static libjemalloc_pic.a).
+/// Offsets from that source so configured (`offsetof`, x86-64), as for every build read.
+const DEBIAN_5_3_0: Release = Release {
+    version: "5.3.0-0-g54eaed1d8b56b1aa528be3bdd1877e59c56fa90c",
+    name: "5.3.0",
+    lstats: 24 + 952,
+    lstats_size: 48,
+    lstats_active_bytes: None,
+    pac_mapped: 24 + 88 + 8 + 56,
+    tcache_descriptors: 10400,
+    pa_shard: 10648,
+    ecache_dirty: 10648 + 24 + 56,
+    pa_shard_ind: 10648 + 68240,
+    pa_shard_base: 10648 + 68272,
+    arena_ind: 78928,
+    arena_base: 78936,
+    arena_bins: 78952,
+    base_size: 3912,
+    base_allocated: 3880,
+    base_resident: 3888,
+    base_mapped: 3896,
+    tcache_bins: 73,
+    emap_root: 120,
+};
+
+/// The builds read: Debian's 5.3.0; the 5.3.0-1-ge13ca993 that tikv-jemalloc-sys 0.6
+/// vendors (5.3.0's include/ and src/ unchanged, only its configure and install rules
+/// patched; configured as its build script configures it, with `--enable-stats` or
+/// `--disable-stats`, without `--enable-prof`, every offset above is the same); and the
+/// 5.3.1 snapshot that tikv-jemalloc-sys 0.7 vendors (with or without `--enable-stats`,
+/// which leaves the layout alone), built as its build script builds it.
+const RELEASES: [Release; 3] = [
+    DEBIAN_5_3_0,
     Release {
-        version: "5.3.0-0-g54eaed1d8b56b1aa528be3bdd1877e59c56fa90c",
-        name: "5.3.0",
-        lstats: 24 + 952,
-        lstats_size: 48,
-        lstats_active_bytes: None,
-        pac_mapped: 24 + 88 + 8 + 56,
-        tcache_descriptors: 10400,
-        pa_shard: 10648,
-        ecache_dirty: 10648 + 24 + 56,
-        pa_shard_ind: 10648 + 68240,
-        pa_shard_base: 10648 + 68272,
-        arena_ind: 78928,
-        arena_base: 78936,
-        arena_bins: 78952,
-        base_size: 3912,
-        base_allocated: 3880,
-        base_resident: 3888,
-        base_mapped: 3896,
-        tcache_bins: 73,
-        emap_root: 120,
+        version: "5.3.0-1-ge13ca993e8ccb9ba9847cc330696e02839f328f7",
+        name: "5.3.0-1-ge13ca993 (tikv-jemalloc-sys 0.6)",
+        ..DEBIAN_5_3_0
     },
     // Rounds large requests to whole pages (`opt_disable_large_size_classes`), so a
     // large class's bytes are its `active_bytes`, not its count times its size.

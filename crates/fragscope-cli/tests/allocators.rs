@@ -99,13 +99,30 @@ fn a_snapshot_names_the_allocator_linked_into_a_running_program() {
 /// thread, then four: several arenas), and stripped by the shape of its statics — and
 /// counts what the program holds (the usable sizes of its boxes and of the vectors of
 /// them) within 5%, jemalloc's own `stats.*` within 2% (resident 5%; its threads' caches
-/// and dirty pages exactly), and leaves under 10% of RSS to "other anonymous".
+/// and dirty pages exactly), and leaves under 10% of RSS to "other anonymous". Both
+/// releases of the crate services pin: 0.7 (jemalloc 5.3.1) and 0.6 (5.3.0-1-ge13ca993).
 #[test]
 fn a_snapshot_reads_the_jemalloc_linked_into_a_rust_program() {
+    for (exe, release) in [
+        (
+            build_linked_alloc("jemalloc-stats"),
+            "(tikv-jemalloc-sys 0.7)",
+        ),
+        (
+            build_linked_alloc_on_jemalloc_0_6("jemalloc-stats"),
+            "(tikv-jemalloc-sys 0.6)",
+        ),
+    ] {
+        snapshots_of_linked_jemalloc(&exe, release);
+    }
+}
+
+/// The snapshots of `a_snapshot_reads_the_jemalloc_linked_into_a_rust_program` of one
+/// build, `exe`, whose release is named ending with `release`.
+fn snapshots_of_linked_jemalloc(exe: &std::path::Path, release: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let exe = build_linked_alloc("jemalloc-stats");
     let stripped = dir.path().join("linked_alloc");
-    std::fs::copy(&exe, &stripped).unwrap();
+    std::fs::copy(exe, &stripped).unwrap();
     let ok = Command::new("strip")
         .arg("--strip-all")
         .arg(&stripped)
@@ -114,11 +131,11 @@ fn a_snapshot_reads_the_jemalloc_linked_into_a_rust_program() {
     assert!(ok.success(), "strip failed");
     // The last two: jemalloc's extent map read too, each checked against the other.
     for (program, found_by, threads, map) in [
-        (&exe, "symbols", 1, "when needed"),
-        (&exe, "symbols", 4, "when needed"),
-        (&stripped, "shape", 1, "when needed"),
-        (&exe, "symbols", 4, "always"),
-        (&stripped, "shape", 1, "always"),
+        (exe, "symbols", 1, "when needed"),
+        (exe, "symbols", 4, "when needed"),
+        (stripped.as_path(), "shape", 1, "when needed"),
+        (exe, "symbols", 4, "always"),
+        (stripped.as_path(), "shape", 1, "always"),
     ] {
         let found_by = format!("{found_by}, {threads} threads, extent map {map}");
         let mut cmd = Command::new(program);
@@ -140,6 +157,8 @@ fn a_snapshot_reads_the_jemalloc_linked_into_a_rust_program() {
         assert!(s["note"].is_null(), "{found_by}: {s}");
         assert_eq!(r["linked_allocator"]["allocator"], "jemalloc");
         let j = &s["jemalloc"];
+        let read = j["heap"]["release"].as_str().unwrap_or_default();
+        assert!(read.ends_with(release), "{found_by}: {read}");
         let figure = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("{j}"));
         let within = |ours: u64, name: &str, share: f64| assert_within(&own, ours, name, share);
         within(figure(&j["allocated_bytes"]), "stats.allocated", 0.02);
@@ -160,7 +179,7 @@ fn a_snapshot_reads_the_jemalloc_linked_into_a_rust_program() {
         if threads > 1 {
             assert!(arenas.len() > 1, "{found_by}: {h}");
         }
-        // This jemalloc rounds large requests to pages: each class at its extents' mean.
+        // 5.3.1 rounds large requests to pages: each class at its extents' mean.
         let large: u64 = h["large"]
             .as_array()
             .unwrap()
@@ -337,16 +356,18 @@ fn snapshot_of_linked_alloc(exe: &std::path::Path, trace: &std::path::Path) -> s
 }
 
 /// The same program recorded, with jemalloc's statistics and as tikv-jemallocator builds
-/// it by default, without them (read from jemalloc's extent map): its jemalloc's calls
-/// never reach the interposer, so the recorder reads jemalloc's metadata at every snapshot
-/// instead, and the report explains RSS from it — live+rounding within 5% of what the
-/// program holds, "other anonymous" under 10% of RSS at the focus snapshot — and names
-/// the allocator.
+/// it by default, without them (read from jemalloc's extent map), and on tikv-jemallocator
+/// 0.6 with its statistics: its jemalloc's calls never reach the interposer, so the
+/// recorder reads jemalloc's metadata at every snapshot instead, and the report explains
+/// RSS from it — live+rounding within 5% of what the program holds, "other anonymous"
+/// under 10% of RSS at the focus snapshot — and names the allocator.
 #[test]
 fn a_recording_reads_the_jemalloc_linked_into_a_rust_program_at_each_snapshot() {
     for feature in ["jemalloc-stats", "tikv-jemallocator"] {
-        recording_of_linked_alloc(feature, "jemalloc");
+        recording_of_linked_alloc(&build_linked_alloc(feature), feature, "jemalloc");
     }
+    let on_0_6 = build_linked_alloc_on_jemalloc_0_6("jemalloc-stats");
+    recording_of_linked_alloc(&on_0_6, "jemalloc-stats on 0.6", "jemalloc");
 }
 
 /// The same for the program on the mimalloc crate, its mimalloc 2.x (segments and pages)
@@ -354,7 +375,7 @@ fn a_recording_reads_the_jemalloc_linked_into_a_rust_program_at_each_snapshot() 
 #[test]
 fn a_recording_reads_the_mimalloc_linked_into_a_rust_program_at_each_snapshot() {
     for feature in ["mimalloc-v2", "mimalloc"] {
-        recording_of_linked_alloc(feature, "mimalloc");
+        recording_of_linked_alloc(&build_linked_alloc(feature), feature, "mimalloc");
     }
 }
 
@@ -384,15 +405,16 @@ fn one_refused_census_leaves_the_other_snapshots_of_a_recording_known() {
         .all(|d| d["live"].is_null() == (d["missing_census"] == serde_json::json!(["malloc"]))));
 }
 
-fn recording_of_linked_alloc(feature: &str, allocator: &str) {
+/// A recording of `exe`, the program built with `feature` (the case named), on its
+/// linked `allocator`.
+fn recording_of_linked_alloc(exe: &std::path::Path, feature: &str, allocator: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let exe = build_linked_alloc(feature);
     let trace = dir.path().join("linked-recorded.fsc");
     let out = record_command(
         Allocator::Glibc,
         &trace,
         &["--snapshot-ms", "100"],
-        &exe,
+        exe,
         &["400000", "10", "1"],
     )
     .output()
