@@ -130,6 +130,7 @@ const MAX_HEAPS: usize = 1 << 16;
 
 mod read;
 mod v3;
+mod v3_0;
 
 /// Where a process's mimalloc keeps the statics the census starts from.
 #[derive(Debug, Clone)]
@@ -150,6 +151,8 @@ enum Statics {
         segment_map: u64,
     },
     V3(v3::Statics),
+    /// 3.0.1: found by their shape at each census.
+    V3_0(v3_0::Statics),
 }
 
 /// Reads the heap. The caller holds the process stopped; `residency`: its pagemap, read
@@ -161,7 +164,8 @@ pub fn census(
 ) -> Result<MimallocHeap, String> {
     match &layout.statics {
         Statics::V2 { .. } => read::census(mem, layout, residency),
-        Statics::V3(statics) => v3::census(mem, layout, statics, residency),
+        Statics::V3(statics) => v3::read::census(mem, layout, statics, residency),
+        Statics::V3_0(statics) => v3_0::census(mem, layout, statics, residency),
     }
 }
 
@@ -177,6 +181,15 @@ pub fn locate(pid: u32, linked: Option<&LinkedAllocator>) -> Result<MimallocLayo
     let elf = lib.elf(pid)?;
     let file =
         object::File::parse(&*elf).map_err(|e| format!("{} is not an ELF file ({e})", lib.path))?;
+    // Debian 13's 3.0.1, stripped: its statics are found in its data at each census.
+    if version_of(&file) == Some(v3_0::RELEASE.0) {
+        let (release, statics) = v3_0::locate(&file, &lib.path, lib.data)?;
+        return Ok(MimallocLayout {
+            library: lib.path,
+            release,
+            statics: Statics::V3_0(statics),
+        });
+    }
     if v3::is_v3(&file) {
         let (release, statics) = v3::locate(&file, &elf, &lib.path, lib.base)?;
         return Ok(MimallocLayout {

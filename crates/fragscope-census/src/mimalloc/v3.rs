@@ -35,8 +35,7 @@ use object::Object;
 
 use super::*;
 
-mod read;
-pub(super) use read::census;
+pub(super) mod read;
 
 /// A verified 3.x release: its version (`mi_version`), its name, the sizes of the statics
 /// that tell its build apart when the image does not keep `mi_version`, and its layout.
