@@ -1,6 +1,6 @@
 //! mimalloc's heap, read from outside a running process: one reader per release family
-//! (2.x here and in `read`, 3.x in `v3`), each with the layouts of the releases it has
-//! verified.
+//! (2.x here and in `read`, 3.x in `v3`, Debian 13's 3.0.1, whose 3.0 keeps no list of
+//! heaps, in `v3_0`), each with the layouts of the releases it has verified.
 //!
 //! mimalloc 2.x takes memory from the OS in *segments* of 32 MiB (aligned to their size; a
 //! *huge* segment holds one block too large for a normal one), usually carved from
@@ -164,7 +164,7 @@ pub fn census(
 ) -> Result<MimallocHeap, String> {
     match &layout.statics {
         Statics::V2 { .. } => read::census(mem, layout, residency),
-        Statics::V3(statics) => v3::read::census(mem, layout, statics, residency),
+        Statics::V3(statics) => v3::census(mem, layout, statics, residency),
         Statics::V3_0(statics) => v3_0::census(mem, layout, statics, residency),
     }
 }
@@ -221,9 +221,10 @@ fn statics_of(file: &object::File, path: &str) -> Result<&'static str, String> {
     let not_verified = |which: String| {
         format!(
             "the process runs on {which} ({path}), whose layout fragscope has not verified \
-             (it reads {release}, as the mimalloc crate's `v2` feature builds it, and {} as \
-             it builds it by default)",
-            v3::verified_releases().join(", ")
+             (it reads {release}, as the mimalloc crate's `v2` feature builds it, {} as it \
+             builds it by default, and {} as Debian 13 builds it)",
+            v3::verified_releases().join(", "),
+            v3_0::RELEASE.1
         )
     };
     match version_of(file) {

@@ -498,3 +498,45 @@ impl Census<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: u64 = 0x7f00_0000_0000;
+
+    /// The library's data with `heap_main` at `heap`, `tld_main` at `tld` and the
+    /// sub-process at 0x1000 (offsets in the data).
+    fn data_with(cycles: &[(u64, u64)]) -> StaticData {
+        let mut bytes = vec![0u8; 0x2000];
+        let mut put = |at: u64, v: u64| {
+            bytes[at as usize..at as usize + 8].copy_from_slice(&v.to_le_bytes());
+        };
+        for &(heap, tld) in cycles {
+            put(heap + HEAP_TLD as u64, BASE + tld);
+            put(tld + TLD_THREAD_ID as u64, 0x7f00_1000);
+            put(tld + TLD_SUBPROC as u64, BASE + 0x1000);
+            put(tld + TLD_HEAP_BACKING as u64, BASE + heap);
+        }
+        StaticData { base: BASE, bytes }
+    }
+
+    #[test]
+    fn the_main_heap_is_found_by_its_thread_data_pointing_back_at_it() {
+        let found = find(&data_with(&[(0x100, 0x600)])).unwrap();
+        assert_eq!(found.heap_main, BASE + 0x100);
+        assert_eq!(found.subproc, BASE + 0x1000);
+        assert_eq!(found.main_thread, 0x7f00_1000);
+    }
+
+    #[test]
+    fn two_places_of_the_main_heaps_shape_or_none_are_refused() {
+        let two = find(&data_with(&[(0x100, 0x600), (0x200, 0x800)]));
+        assert!(two.is_err_and(|e| e.contains("2 places")));
+        assert!(find(&data_with(&[])).is_err_and(|e| e.contains("not found")));
+        // A sub-process that would pass the data's end is not one.
+        let mut cut = data_with(&[(0x100, 0x600)]);
+        cut.bytes.truncate(0x1000 + SUBPROC_READ - 8);
+        assert!(find(&cut).is_err());
+    }
+}
