@@ -1,7 +1,8 @@
 // A program on a mimalloc that replaces malloc (run with LD_PRELOAD=libmimalloc.so.3, as
 // Debian's package is used) that keeps one block in ten: N blocks (argv[1], 1000000 by
 // default) of 16 to 400 bytes, every tenth kept, the rest freed, so the survivors pin
-// pages whose other blocks wait on their free lists. It then prints mimalloc's own
+// pages whose other blocks wait on their free lists, and one block of 40 MiB (which
+// mimalloc 3.0 takes from the OS outside its arenas). It then prints mimalloc's own
 // account of the main thread's heap, one per line as NAME=VALUE (its area visitor:
 // pages, blocks in use, their bytes, the pages' committed and reserved bytes), the
 // usable bytes it holds (malloc_usable_size, mimalloc's), mimalloc's version, and waits
@@ -77,7 +78,9 @@ int main(int argc, char **argv) {
             free(all[i]);
         }
     }
-    size_t usable = malloc_usable_size(all);
+    char *big = malloc(40 << 20);
+    memset(big, 1, 40 << 20);
+    size_t usable = malloc_usable_size(all) + malloc_usable_size(big);
     for (long i = 0; i < kept; i++) {
         usable += malloc_usable_size(all[i]);
     }
@@ -92,5 +95,5 @@ int main(int argc, char **argv) {
     char line[64];
     while (fgets(line, sizeof line, stdin)) {
     }
-    return (int)(all[0][0] != 1);
+    return (int)(all[0][0] != 1 || big[0] != 1);
 }

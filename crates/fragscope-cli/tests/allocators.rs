@@ -343,7 +343,8 @@ fn a_snapshot_of_an_unverified_mimalloc_3_build_is_refused_with_a_note() {
 }
 
 /// A running program on Debian 13's libmimalloc3 (mimalloc 3.0.1, stripped to its exported
-/// names; preloaded, as the package is used), a tenth of its blocks kept: `snapshot PID`
+/// names; preloaded, as the package is used), a tenth of its blocks kept and one of 40 MiB
+/// (taken from the OS outside mimalloc's arenas, found in its heap's queues): `snapshot PID`
 /// finds mimalloc's statics by their shape, counts what mimalloc's own area visitor
 /// counts of the main thread's heap (pages, blocks in use, their bytes, carved and
 /// reserved bytes; within 0.1%: waiting on stdin allocates after the program printed

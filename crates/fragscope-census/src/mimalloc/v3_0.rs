@@ -7,9 +7,10 @@
 //! pages registered in it (`pages`: a bit at each page's first slice, owned or abandoned),
 //! and each page's descriptor (`mi_page_t`) is at the start of its first slice, its blocks
 //! after it. Pages taken from the OS outside arenas (blocks over 32 MiB, alignments over
-//! 64 KiB) are only in their heap's queues: the main thread's heaps are reachable from the
-//! library's statics and walked for them; other threads' are not, and such blocks of
-//! theirs are left to the decomposition's "other anonymous".
+//! 64 KiB) are only in their heap's queues: a thread's heaps are reached from the heap its
+//! pages in arenas name (the main thread's from the library's statics) and walked for
+//! them; a thread none of whose pages is in an arena is not reached, and such blocks of
+//! its are left to the decomposition's "other anonymous".
 //!
 //! Debian's library is stripped to its exported names: its statics are found by their
 //! shape in its data. `heap_main` (the main thread's heap) points to `tld_main` (its
@@ -25,10 +26,10 @@
 //! slices inside the arena and none of them free nor another page's, its blocks starting
 //! right after its descriptor (a secure or padded build starts them later), `used <=
 //! capacity <= reserved`, its free lists' heads on carved blocks and every block of its
-//! thread-free list on one; and the main thread's heaps' page counts met by the pages
-//! found as theirs.
+//! thread-free list on one; and each thread's heaps' page counts (the thread reached
+//! through its pages' heap, its thread data naming it) met by the pages found as its.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::v3::read::{bitmap, runs, take, CHUNK_BITS, MAX_ARENA_SLICES, SLICE};
 use super::*;
@@ -85,6 +86,7 @@ const PAGE_LOCAL_FREE: usize = 24;
 const PAGE_THREAD_FREE: usize = 32;
 const PAGE_BLOCK_SIZE: usize = 40;
 const PAGE_START: usize = 48;
+const PAGE_HEAP: usize = 64;
 const PAGE_NEXT: usize = 72;
 // the page's mi_memid_t: an arena and slices, or an OS base and size, then its kind
 const PAGE_MEMID_ARENA: usize = 96;
@@ -169,8 +171,9 @@ struct Census<'a> {
     mem: &'a mut ProcessMemory,
     residency: &'a Residency<'a>,
     found: Found,
-    /// Pages the main thread owns, found in arenas and outside them.
-    main_pages: u64,
+    /// Per thread that owns a page: the pages found as its (in arenas and outside them),
+    /// and a heap of its, which its pages name.
+    threads: BTreeMap<u64, (u64, u64)>,
     os_pages: BTreeSet<u64>,
     tally: Tally,
 }
@@ -199,11 +202,12 @@ pub(super) fn census(
             "mimalloc counts {count} arenas, more than it can have"
         ));
     }
+    let threads = BTreeMap::from([(found.main_thread, (0, found.heap_main))]);
     let mut c = Census {
         mem,
         residency,
         found,
-        main_pages: 0,
+        threads,
         os_pages: BTreeSet::new(),
         tally: Tally::new(layout),
     };
@@ -223,7 +227,10 @@ pub(super) fn census(
         }
         at = c.os_page(at)?;
     }
-    c.main_thread_heaps()?;
+    let owners: Vec<(u64, u64)> = c.threads.iter().map(|(&t, &(_, heap))| (t, heap)).collect();
+    for (thread, heap) in owners {
+        c.thread_heaps(thread, heap)?;
+    }
     let read = c.mem.bytes_read() - start_read;
     c.tally.finish(read)
 }
@@ -377,8 +384,12 @@ impl Census<'_> {
         }
         let thread = le_u64(p, PAGE_THREAD_ID) & !THREAD_FLAGS;
         let abandoned = thread <= ABANDONED_MAPPED;
-        if thread == self.found.main_thread {
-            self.main_pages += 1;
+        if !abandoned {
+            let entry = self
+                .threads
+                .entry(thread)
+                .or_insert((0, le_u64(p, PAGE_HEAP)));
+            entry.0 += 1;
         }
         let mut seen = PageSeen::new(start, block_size, capacity, used, thread);
         seen.check_list_heads(p, PAGE_FREE, PAGE_LOCAL_FREE)?;
@@ -421,52 +432,59 @@ impl Census<'_> {
         Ok(le_u64(&p, PAGE_NEXT))
     }
 
-    /// The main thread's heaps (its thread data's list): their pages outside arenas, from
-    /// their queues when they count more pages than were found as theirs; then their count
-    /// met.
-    fn main_thread_heaps(&mut self) -> Result<(), String> {
+    /// The heaps of `thread` (its thread data's list, reached from its heap `heap`): their
+    /// pages outside arenas, from their queues when they count more pages than were found
+    /// as the thread's; then their count met. A thread none of whose pages is in an arena
+    /// is not reached.
+    fn thread_heaps(&mut self, thread: u64, heap: u64) -> Result<(), String> {
         let mut heaps = Vec::new();
-        let main = self.found.heap_main;
-        let tld = self
+        let unread =
+            |e: std::io::Error| format!("the heaps of thread {thread:#x} could not be read ({e})");
+        let tld = self.mem.read_u64(heap + HEAP_TLD as u64).map_err(unread)?;
+        if self
             .mem
-            .read_u64(main + HEAP_TLD as u64)
-            .map_err(|e| format!("mimalloc's main heap could not be read ({e})"))?;
-        let mut listed_main = false;
-        let mut at = self
-            .mem
-            .read_u64(tld + TLD_HEAPS as u64)
-            .map_err(|e| format!("mimalloc's main thread data could not be read ({e})"))?;
+            .read_u64(tld + TLD_THREAD_ID as u64)
+            .map_err(unread)?
+            != thread
+        {
+            return Err(format!(
+                "a page of thread {thread:#x} names a heap ({heap:#x}) of another thread"
+            ));
+        }
+        let mut listed = false;
+        let mut at = self.mem.read_u64(tld + TLD_HEAPS as u64).map_err(unread)?;
         while at != 0 {
             if heaps.len() as u64 >= MAX_LIST {
-                return Err("the main thread's list of heaps loops".into());
+                return Err(format!("the list of heaps of thread {thread:#x} loops"));
             }
             let mut h = vec![0u8; HEAP_READ];
-            self.mem
-                .read(at, &mut h)
-                .map_err(|e| format!("mimalloc's heap at {at:#x} could not be read ({e})"))?;
+            self.mem.read(at, &mut h).map_err(unread)?;
             if le_u64(&h, HEAP_TLD) != tld {
                 return Err(format!(
-                    "mimalloc's heap at {at:#x} is on the main thread's list, not of its thread"
+                    "mimalloc's heap at {at:#x} is on the list of thread {thread:#x}, not of it"
                 ));
             }
-            listed_main |= at == main;
+            listed |= at == heap;
             at = le_u64(&h, HEAP_NEXT);
             heaps.push(h);
         }
-        if !listed_main {
-            return Err("the main thread's list of heaps lacks its main heap".into());
+        if !listed {
+            return Err(format!(
+                "the list of heaps of thread {thread:#x} lacks the heap its pages name"
+            ));
         }
         let counted: u64 = heaps.iter().map(|h| le_u64(h, HEAP_PAGE_COUNT)).sum();
-        if self.main_pages < counted {
+        let found_of = |c: &Self| c.threads.get(&thread).map_or(0, |t| t.0);
+        if found_of(self) < counted {
             for h in &heaps {
                 self.queued_os_pages(h, counted)?;
             }
         }
-        if self.main_pages != counted {
+        if found_of(self) != counted {
             return Err(format!(
-                "mimalloc's main thread counts {counted} pages in its heaps, and {} were \
-                 found as its",
-                self.main_pages
+                "mimalloc's thread {thread:#x} counts {counted} pages in its heaps, and {} \
+                 were found as its",
+                found_of(self)
             ));
         }
         Ok(())
