@@ -24,7 +24,9 @@
 //!   (`edata_t`: its bin, arena and free regions); its large classes' counts (`nmalloc`
 //!   less `ndalloc`); its active pages (`nactive`); the page counts of its dirty, muzzy and
 //!   retained extent caches, the dirty ones' list; its base's metadata counts; the
-//!   threads' caches bound to it (`cache_bin_array_descriptor_ql`).
+//!   threads' caches bound to it (`cache_bin_array_descriptor_ql`; a build without
+//!   statistics keeps no such list: its caches are read from its list of threads' data,
+//!   `tsd_nominal_tsds`, when its symbol names it).
 //!
 //! Checked: each bin's regions in use are its slabs' regions less the free ones walked;
 //! its non-full slabs walked are as many as it counts; the active pages are the slabs'
@@ -80,6 +82,19 @@ struct Release {
     tcache_bins: usize,
     /// `rtree_t`: where its root follows its base and lock (the extent map's).
     emap_root: usize,
+    /// A thread's data, built without statistics and with them (5.3.1 keeps more with
+    /// them).
+    tsd: TsdLayout,
+    tsd_with_stats: TsdLayout,
+}
+
+/// `tsd_t`: its link on the list of nominal threads' data, its state, its thread cache
+/// (whose bins follow a pointer) and the cache's slow part.
+struct TsdLayout {
+    link: usize,
+    state: usize,
+    tcache: usize,
+    tcache_slow: usize,
 }
 
 /// Debian 12's libjemalloc2 (5.3.0, `--enable-prof`; also its static libjemalloc_pic.a).
@@ -105,9 +120,20 @@ const DEBIAN_5_3_0: Release = Release {
     base_mapped: 3896,
     tcache_bins: 73,
     emap_root: 120,
+    tsd: TSD_5_3_0,
+    tsd_with_stats: TSD_5_3_0,
 };
 
-/// The builds read: Debian's 5.3.0; the 5.3.0-1-ge13ca993 that tikv-jemalloc-sys 0.6
+/// 5.3.0's thread data, the same with and without statistics (and with `--enable-prof`).
+const TSD_5_3_0: TsdLayout = TsdLayout {
+    link: 200,
+    state: 816,
+    tcache: 856,
+    tcache_slow: 256,
+};
+
+/// The builds read (their thread data's layouts taken the same way, with and without
+/// `--enable-stats`): Debian's 5.3.0; the 5.3.0-1-ge13ca993 that tikv-jemalloc-sys 0.6
 /// vendors (5.3.0's include/ and src/ unchanged, only its configure and install rules
 /// patched; configured as its build script configures it, with `--enable-stats` or
 /// `--disable-stats`, without `--enable-prof`, every offset above is the same); and the
@@ -143,6 +169,18 @@ const RELEASES: [Release; 3] = [
         base_mapped: 3928,
         tcache_bins: 41,
         emap_root: 120,
+        tsd: TsdLayout {
+            link: 240,
+            state: 904,
+            tcache: 944,
+            tcache_slow: 280,
+        },
+        tsd_with_stats: TsdLayout {
+            link: 256,
+            state: 920,
+            tcache: 960,
+            tcache_slow: 296,
+        },
     },
 ];
 
@@ -151,8 +189,10 @@ const RELEASES: [Release; 3] = [
 pub const NO_STATISTICS: &str = "was built without statistics";
 
 /// What the release read is named with when it keeps no statistics: its slabs and large
-/// extents come from its extent map, and its threads' caches are on no list.
+/// extents come from its extent map, and its threads' caches are on no list of its arenas
+/// (they are read from its threads' data when its symbol table names their list).
 pub const UNCOUNTED: &str = "built without statistics (threads' caches not seen)";
+pub const UNCOUNTED_CACHES_SEEN: &str = "built without statistics";
 
 const PAGE: u64 = 4096;
 /// Small size classes (`SC_NBINS`), large ones (`SC_NSIZES - SC_NBINS`), arenas
@@ -194,6 +234,12 @@ const EDATA_LRU_NEXT: usize = 64;
 
 // base_t.
 const BASE_BLOCKS: usize = 160;
+
+// tcache_t's bins, after its pointer to its slow part; tcache_slow_t's arena.
+const TCACHE_BINS: u64 = 8;
+const TCACHE_SLOW_ARENA: u64 = 40;
+/// `tsd_state_nominal_max`: a thread's data on the nominal list is in a state up to it.
+const TSD_NOMINAL_MAX: u8 = 2;
 
 // cache_bin_t and its array's descriptor.
 const CACHE_BIN_SIZE: usize = 24;
@@ -244,6 +290,10 @@ pub struct JemallocLayout {
     /// The page jemalloc adds to each large extent (`sz_large_pad`), when its symbol
     /// names it.
     large_pad: Option<u64>,
+    /// The list of threads' data in a nominal state (`tsd_nominal_tsds`, every thread with
+    /// a cache), when its symbol names it: a build without statistics keeps its threads'
+    /// caches on no other list.
+    tsds: Option<u64>,
 }
 
 /// An extent descriptor's fields (`edata_t`'s `e_bits`).
@@ -395,6 +445,50 @@ pub fn census(
             ));
         }
     }
+    // A build without statistics lists its threads' caches on its threads' data only; a
+    // build with them is checked against that list on request (the map's knob).
+    let caches_seen = match layout.tsds {
+        Some(list) if tally.uncounted => {
+            threads_data_caches(
+                mem,
+                &mut tally,
+                list,
+                &table,
+                &listed,
+                &mut arenas,
+                (layout.build, &layout.build.tsd),
+            )?;
+            true
+        }
+        Some(list) if always => {
+            let listed_by_arenas = cached(&tally);
+            for b in &mut tally.bins {
+                b.tcache_regions = 0;
+            }
+            for l in &mut tally.large {
+                l.tcache_extents = 0;
+            }
+            let mut scratch = arenas.clone();
+            threads_data_caches(
+                mem,
+                &mut tally,
+                list,
+                &table,
+                &listed,
+                &mut scratch,
+                (layout.build, &layout.build.tsd_with_stats),
+            )?;
+            if cached(&tally) != listed_by_arenas {
+                return Err(
+                    "the threads' caches read from their threads' data are not those their \
+                     arenas list"
+                        .into(),
+                );
+            }
+            false
+        }
+        _ => false,
+    };
     // A thread's cache fills from its arena, but may have moved to another since: the
     // caches are checked against the classes over every arena.
     for b in &tally.bins {
@@ -421,10 +515,10 @@ pub fn census(
         }
     }
     let mut heap = JemallocHeap {
-        release: if tally.uncounted {
-            format!("{}, {UNCOUNTED}", layout.release)
-        } else {
-            layout.release.into()
+        release: match (tally.uncounted, caches_seen) {
+            (false, _) => layout.release.into(),
+            (true, false) => format!("{}, {UNCOUNTED}", layout.release),
+            (true, true) => format!("{}, {UNCOUNTED_CACHES_SEEN}", layout.release),
         },
         library: layout.library.clone(),
         page_size: PAGE,
@@ -975,6 +1069,100 @@ fn extent_list(
 /// The threads' caches bound to an arena (a ring of their bin arrays' descriptors from
 /// `first`): their cached regions added to `tally`'s bins and large classes. Returns the
 /// caches counted.
+/// The threads' caches of a build without statistics, from the list of threads' data in a
+/// nominal state (its head at `list`): each cache's bins counted into `tally`, and into
+/// its arena's count (`table`: `arenas[]`; `listed`: the arenas read, as `arenas`).
+fn threads_data_caches(
+    mem: &mut ProcessMemory,
+    tally: &mut Tally,
+    list: u64,
+    table: &[u8],
+    listed: &[(usize, Vec<u8>)],
+    arenas: &mut [JemallocArena],
+    (build, tsd): (&Release, &TsdLayout),
+) -> Result<(), String> {
+    let unread = |e: std::io::Error| format!("a thread's data could not be read ({e})");
+    let first = mem.read_u64(list).map_err(unread)?;
+    let mut bins = vec![0u8; build.tcache_bins * CACHE_BIN_SIZE];
+    let (mut at, mut prev, mut walked) = (first, 0u64, 0u64);
+    while at != 0 {
+        walked += 1;
+        if walked > MAX_WALK {
+            return Err("jemalloc's list of threads' data does not end".into());
+        }
+        let mut link = [0u8; 16];
+        mem.read(at + tsd.link as u64, &mut link).map_err(unread)?;
+        let mut state = [0u8; 1];
+        mem.read(at + tsd.state as u64, &mut state)
+            .map_err(unread)?;
+        // A ring: each element's previous is the one walked before it (the first's, the
+        // last).
+        let (next, back) = (le_u64(&link, 0), le_u64(&link, 8));
+        if state[0] > TSD_NOMINAL_MAX || (prev != 0 && back != prev) {
+            return Err(format!(
+                "jemalloc's list of threads' data holds one at {at:#x} that is not on it \
+                 (state {}, previous {back:#x})",
+                state[0]
+            ));
+        }
+        let tcache = at + tsd.tcache as u64;
+        mem.read(tcache + TCACHE_BINS, &mut bins).map_err(unread)?;
+        count_cache_bins(tally, &bins, build, "a thread's data")?;
+        let slow = mem
+            .read_u64(at + tsd.tcache_slow as u64 + TCACHE_SLOW_ARENA)
+            .map_err(unread)?;
+        if let Some(pos) = listed
+            .iter()
+            .position(|(i, _)| slow != 0 && le_u64(table, 8 * i) == slow)
+        {
+            arenas[pos].thread_caches += 1;
+        }
+        prev = at;
+        at = next;
+        if at == first {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// What the threads' caches hold per class: regions of each small one, extents of each
+/// large one.
+fn cached(tally: &Tally) -> Vec<u64> {
+    let small = tally.bins.iter().map(|b| b.tcache_regions);
+    small
+        .chain(tally.large.iter().map(|l| l.tcache_extents))
+        .collect()
+}
+
+/// Counts the regions and extents a thread's cache holds (its bins' bytes `bins`) into
+/// `tally`; `whose`: the cache, named in a refusal.
+fn count_cache_bins(
+    tally: &mut Tally,
+    bins: &[u8],
+    build: &Release,
+    whose: &str,
+) -> Result<(), String> {
+    for i in 0..build.tcache_bins {
+        let c = i * CACHE_BIN_SIZE;
+        let head = le_u64(bins, c) as u16;
+        let full = le_u32(bins, c + CACHE_BIN_LOW_BITS_FULL) as u16;
+        let empty = le_u32(bins, c + CACHE_BIN_LOW_BITS_EMPTY) as u16;
+        // Its stack of pointers grows down from `empty` to `full`.
+        let cached = u64::from(empty.wrapping_sub(head)) / 8;
+        let capacity = u64::from(empty.wrapping_sub(full)) / 8;
+        if cached > capacity {
+            return Err(format!("{whose} holds more than its cache's bin {i} can"));
+        }
+        if i < BINS {
+            tally.bins[i].tcache_regions += cached;
+        } else {
+            tally.large[i - BINS].tcache_extents += cached;
+        }
+    }
+    Ok(())
+}
+
 fn thread_caches(
     mem: &mut ProcessMemory,
     tally: &mut Tally,
@@ -996,25 +1184,12 @@ fn thread_caches(
             .map_err(|e| format!("a thread cache at {at:#x} could not be read ({e})"))?;
         mem.read(le_u64(&descriptor, DESCRIPTOR_BINS), &mut bins)
             .map_err(|e| format!("a thread cache's bins could not be read ({e})"))?;
-        for i in 0..build.tcache_bins {
-            let c = i * CACHE_BIN_SIZE;
-            let head = le_u64(&bins, c) as u16;
-            let full = le_u32(&bins, c + CACHE_BIN_LOW_BITS_FULL) as u16;
-            let empty = le_u32(&bins, c + CACHE_BIN_LOW_BITS_EMPTY) as u16;
-            // Its stack of pointers grows down from `empty` to `full`.
-            let cached = u64::from(empty.wrapping_sub(head)) / 8;
-            let capacity = u64::from(empty.wrapping_sub(full)) / 8;
-            if cached > capacity {
-                return Err(format!(
-                    "a thread cache of arena {index} holds more than its bin {i} can"
-                ));
-            }
-            if i < BINS {
-                tally.bins[i].tcache_regions += cached;
-            } else {
-                tally.large[i - BINS].tcache_extents += cached;
-            }
-        }
+        count_cache_bins(
+            tally,
+            &bins,
+            build,
+            &format!("a thread cache of arena {index}"),
+        )?;
         count += 1;
         at = le_u64(&descriptor, 0);
         if at == first {

@@ -80,10 +80,13 @@ fn a_snapshot_names_the_allocator_linked_into_a_running_program() {
         let s = &r["snapshot"];
         assert_eq!(s["allocator"], allocator, "{s}");
         if allocator == "jemalloc" {
-            // Built by default, without statistics: read from its extent map, and said.
+            // Built by default, without statistics: read from its extent map, and said; its
+            // threads' caches (on no arena's list) from its threads' data.
             assert!(s["note"].is_null(), "{s}");
             let release = s["jemalloc"]["heap"]["release"].as_str().unwrap();
-            assert!(release.contains("built without statistics"), "{release}");
+            assert!(release.ends_with(", built without statistics"), "{release}");
+            let cached = s["jemalloc"]["tcache_bytes"].as_u64().unwrap();
+            assert!(cached > 0, "{s}");
         } else {
             // The mimalloc crate's default, mimalloc 3.x: read from its arenas.
             assert!(s["note"].is_null(), "{s}");
@@ -99,7 +102,9 @@ fn a_snapshot_names_the_allocator_linked_into_a_running_program() {
 /// thread, then four: several arenas), and stripped by the shape of its statics — and
 /// counts what the program holds (the usable sizes of its boxes and of the vectors of
 /// them) within 5%, jemalloc's own `stats.*` within 2% (resident 5%; its threads' caches
-/// and dirty pages exactly), and leaves under 10% of RSS to "other anonymous". Both
+/// and dirty pages exactly; with the extent map read too, the threads' caches are also
+/// read from the threads' data, and must be those the arenas list), and leaves under 10%
+/// of RSS to "other anonymous". Both
 /// releases of the crate services pin: 0.7 (jemalloc 5.3.1) and 0.6 (5.3.0-1-ge13ca993).
 #[test]
 fn a_snapshot_reads_the_jemalloc_linked_into_a_rust_program() {
