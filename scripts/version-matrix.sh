@@ -28,6 +28,11 @@
 # program built on the host (FRAGSCOPE_TEST_PROGRAMS) and run inside the chroot on the
 # chroot's libtcmalloc. $TCMALLOC_SUITES (default "trixie") chooses them.
 #
+# And the mimalloc snapshot test of the command (crates/fragscope-cli/tests/allocators.rs:
+# the census of Debian 13's stripped libmimalloc3 against mimalloc's own area visitor),
+# its program built on the host and run inside the chroot on the chroot's library.
+# $MIMALLOC_SUITES (default "trixie") chooses them.
+#
 # And the glibc snapshot tests of the command (crates/fragscope-cli/tests/snapshot.rs: the
 # census against mallinfo2 to the byte, read from a copy and from the process stopped, a
 # main arena grown by mmap, the arena found by its shape without debug symbols, a
@@ -203,6 +208,22 @@ for suite in $tcmalloc_suites; do
   release=$(chroot "$dir" dpkg-query -W -f='${Version}' libgoogle-perftools4t64 2>/dev/null || echo "?")
   run_in_chroot "$dir" "$suite gperftools $release" env FRAGSCOPE_TEST_PROGRAMS="$programs" \
     "$allocators_tests" a_snapshot_of_a_tcmalloc_program
+done
+# Debian 13's libmimalloc3 (mimalloc 3.0.1, stripped; Debian 12 ships none): the test
+# program is built here and run inside the chroot, preloading the chroot's library.
+mimalloc_suites=${MIMALLOC_SUITES-trixie}
+if [[ -n $mimalloc_suites ]]; then
+  allocators_tests=$(tests_binary allocators)
+  programs=$target/test-programs
+  mkdir -p "$programs"
+  cc -O1 -pthread -o "$programs/mimalloc_keep_tenth" tests/c/mimalloc_keep_tenth.c -ldl
+fi
+for suite in $mimalloc_suites; do
+  dir=$chroots/$suite
+  scripts/chroot.sh "$suite" "$dir" libmimalloc3
+  release=$(chroot "$dir" dpkg-query -W -f='${Version}' libmimalloc3 2>/dev/null || echo "?")
+  run_in_chroot "$dir" "$suite mimalloc $release" env FRAGSCOPE_TEST_PROGRAMS="$programs" \
+    "$allocators_tests" debians_mimalloc_3 --ignored
 done
 # glibc's malloc of Debian 13 and unstable: the snapshot tests' programs built here, as
 # the suite builds them (tests/common's file names), and run inside each chroot on its

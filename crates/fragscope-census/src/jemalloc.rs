@@ -1,5 +1,5 @@
-//! jemalloc's heap (5.3.0 as Debian 12's libjemalloc2 ships it), read from outside a
-//! running process.
+//! jemalloc's heap (5.3.0 as Debian 12's libjemalloc2 ships it, and the builds Rust's
+//! tikv-jemalloc-sys vendors: `RELEASES`), read from outside a running process.
 //!
 //! jemalloc serves small requests (up to 14 KiB) from *bins*, one per size class in each
 //! arena: a bin carves *slabs* (runs of pages) into regions of its size. A slab with a
@@ -24,7 +24,9 @@
 //!   (`edata_t`: its bin, arena and free regions); its large classes' counts (`nmalloc`
 //!   less `ndalloc`); its active pages (`nactive`); the page counts of its dirty, muzzy and
 //!   retained extent caches, the dirty ones' list; its base's metadata counts; the
-//!   threads' caches bound to it (`cache_bin_array_descriptor_ql`).
+//!   threads' caches bound to it (`cache_bin_array_descriptor_ql`; a build without
+//!   statistics keeps no such list: its caches are read from its list of threads' data,
+//!   `tsd_nominal_tsds`, when its symbol names it).
 //!
 //! Checked: each bin's regions in use are its slabs' regions less the free ones walked;
 //! its non-full slabs walked are as many as it counts; the active pages are the slabs'
@@ -43,6 +45,7 @@ use crate::memory::{le_u32, le_u64};
 use crate::residency::Residency;
 use crate::{ProcessMemory, Symbols};
 
+mod caches;
 mod emap;
 mod locate;
 pub use locate::locate;
@@ -80,34 +83,69 @@ struct Release {
     tcache_bins: usize,
     /// `rtree_t`: where its root follows its base and lock (the extent map's).
     emap_root: usize,
+    /// A thread's data, built without statistics and with them (5.3.1 keeps more with
+    /// them).
+    tsd: TsdLayout,
+    tsd_with_stats: TsdLayout,
 }
 
-/// The builds read: Debian 12's libjemalloc2 (5.3.0, `--enable-prof`; also its static
-/// libjemalloc_pic.a), and the 5.3.1 snapshot that tikv-jemalloc-sys 0.7 vendors (with
-/// or without `--enable-stats`, which leaves the layout alone), built as its build script
-/// builds it. Offsets from each source so configured (`offsetof`, x86-64).
-const RELEASES: [Release; 2] = [
+/// `tsd_t`: its link on the list of nominal threads' data, its state, its thread cache
+/// (whose bins follow a pointer) and the cache's slow part.
+struct TsdLayout {
+    link: usize,
+    state: usize,
+    tcache: usize,
+    tcache_slow: usize,
+}
+
+/// Debian 12's libjemalloc2 (5.3.0, `--enable-prof`; also its static libjemalloc_pic.a).
+/// Offsets from that source so configured (`offsetof`, x86-64), as for every build read.
+const DEBIAN_5_3_0: Release = Release {
+    version: "5.3.0-0-g54eaed1d8b56b1aa528be3bdd1877e59c56fa90c",
+    name: "5.3.0",
+    lstats: 24 + 952,
+    lstats_size: 48,
+    lstats_active_bytes: None,
+    pac_mapped: 24 + 88 + 8 + 56,
+    tcache_descriptors: 10400,
+    pa_shard: 10648,
+    ecache_dirty: 10648 + 24 + 56,
+    pa_shard_ind: 10648 + 68240,
+    pa_shard_base: 10648 + 68272,
+    arena_ind: 78928,
+    arena_base: 78936,
+    arena_bins: 78952,
+    base_size: 3912,
+    base_allocated: 3880,
+    base_resident: 3888,
+    base_mapped: 3896,
+    tcache_bins: 73,
+    emap_root: 120,
+    tsd: TSD_5_3_0,
+    tsd_with_stats: TSD_5_3_0,
+};
+
+/// 5.3.0's thread data, the same with and without statistics (and with `--enable-prof`).
+const TSD_5_3_0: TsdLayout = TsdLayout {
+    link: 200,
+    state: 816,
+    tcache: 856,
+    tcache_slow: 256,
+};
+
+/// The builds read (their thread data's layouts taken the same way, with and without
+/// `--enable-stats`): Debian's 5.3.0; the 5.3.0-1-ge13ca993 that tikv-jemalloc-sys 0.6
+/// vendors (5.3.0's include/ and src/ unchanged, only its configure and install rules
+/// patched; configured as its build script configures it, with `--enable-stats` or
+/// `--disable-stats`, without `--enable-prof`, every offset above is the same); and the
+/// 5.3.1 snapshot that tikv-jemalloc-sys 0.7 vendors (with or without `--enable-stats`,
+/// which leaves the layout alone), built as its build script builds it.
+const RELEASES: [Release; 3] = [
+    DEBIAN_5_3_0,
     Release {
-        version: "5.3.0-0-g54eaed1d8b56b1aa528be3bdd1877e59c56fa90c",
-        name: "5.3.0",
-        lstats: 24 + 952,
-        lstats_size: 48,
-        lstats_active_bytes: None,
-        pac_mapped: 24 + 88 + 8 + 56,
-        tcache_descriptors: 10400,
-        pa_shard: 10648,
-        ecache_dirty: 10648 + 24 + 56,
-        pa_shard_ind: 10648 + 68240,
-        pa_shard_base: 10648 + 68272,
-        arena_ind: 78928,
-        arena_base: 78936,
-        arena_bins: 78952,
-        base_size: 3912,
-        base_allocated: 3880,
-        base_resident: 3888,
-        base_mapped: 3896,
-        tcache_bins: 73,
-        emap_root: 120,
+        version: "5.3.0-1-ge13ca993e8ccb9ba9847cc330696e02839f328f7",
+        name: "5.3.0-1-ge13ca993 (tikv-jemalloc-sys 0.6)",
+        ..DEBIAN_5_3_0
     },
     // Rounds large requests to whole pages (`opt_disable_large_size_classes`), so a
     // large class's bytes are its `active_bytes`, not its count times its size.
@@ -132,6 +170,18 @@ const RELEASES: [Release; 2] = [
         base_mapped: 3928,
         tcache_bins: 41,
         emap_root: 120,
+        tsd: TsdLayout {
+            link: 240,
+            state: 904,
+            tcache: 944,
+            tcache_slow: 280,
+        },
+        tsd_with_stats: TsdLayout {
+            link: 256,
+            state: 920,
+            tcache: 960,
+            tcache_slow: 296,
+        },
     },
 ];
 
@@ -140,8 +190,10 @@ const RELEASES: [Release; 2] = [
 pub const NO_STATISTICS: &str = "was built without statistics";
 
 /// What the release read is named with when it keeps no statistics: its slabs and large
-/// extents come from its extent map, and its threads' caches are on no list.
+/// extents come from its extent map, and its threads' caches are on no list of its arenas
+/// (they are read from its threads' data when its symbol table names their list).
 pub const UNCOUNTED: &str = "built without statistics (threads' caches not seen)";
+pub const UNCOUNTED_CACHES_SEEN: &str = "built without statistics";
 
 const PAGE: u64 = 4096;
 /// Small size classes (`SC_NBINS`), large ones (`SC_NSIZES - SC_NBINS`), arenas
@@ -233,6 +285,10 @@ pub struct JemallocLayout {
     /// The page jemalloc adds to each large extent (`sz_large_pad`), when its symbol
     /// names it.
     large_pad: Option<u64>,
+    /// The list of threads' data in a nominal state (`tsd_nominal_tsds`, every thread with
+    /// a cache), when its symbol names it: a build without statistics keeps its threads'
+    /// caches on no other list.
+    tsds: Option<u64>,
 }
 
 /// An extent descriptor's fields (`edata_t`'s `e_bits`).
@@ -384,6 +440,14 @@ pub fn census(
             ));
         }
     }
+    let caches_seen = caches::from_threads_data(
+        mem,
+        &mut tally,
+        layout,
+        (&table, &listed),
+        &mut arenas,
+        always,
+    )?;
     // A thread's cache fills from its arena, but may have moved to another since: the
     // caches are checked against the classes over every arena.
     for b in &tally.bins {
@@ -410,10 +474,10 @@ pub fn census(
         }
     }
     let mut heap = JemallocHeap {
-        release: if tally.uncounted {
-            format!("{}, {UNCOUNTED}", layout.release)
-        } else {
-            layout.release.into()
+        release: match (tally.uncounted, caches_seen) {
+            (false, _) => layout.release.into(),
+            (true, false) => format!("{}, {UNCOUNTED}", layout.release),
+            (true, true) => format!("{}, {UNCOUNTED_CACHES_SEEN}", layout.release),
         },
         library: layout.library.clone(),
         page_size: PAGE,
@@ -558,7 +622,8 @@ fn arena(
     }
     let (metadata_allocated, metadata_resident, metadata_mapped, metadata_by_pagemap) =
         metadata(mem, residency, build, stats, word(build.arena_base), index)?;
-    let thread_caches = thread_caches(mem, tally, word(build.tcache_descriptors), index, build)?;
+    let thread_caches =
+        caches::thread_caches(mem, tally, word(build.tcache_descriptors), index, build)?;
     Ok(JemallocArena {
         index: index as u32,
         active_pages,
@@ -959,58 +1024,6 @@ fn extent_list(
         }
     }
     Ok((count, pages, resident))
-}
-
-/// The threads' caches bound to an arena (a ring of their bin arrays' descriptors from
-/// `first`): their cached regions added to `tally`'s bins and large classes. Returns the
-/// caches counted.
-fn thread_caches(
-    mem: &mut ProcessMemory,
-    tally: &mut Tally,
-    first: u64,
-    index: usize,
-    build: &Release,
-) -> Result<u64, String> {
-    let mut count = 0u64;
-    let mut at = first;
-    let mut bins = vec![0u8; build.tcache_bins * CACHE_BIN_SIZE];
-    while at != 0 {
-        if count >= MAX_WALK {
-            return Err(format!(
-                "arena {index}'s list of thread caches does not end"
-            ));
-        }
-        let mut descriptor = [0u8; 24];
-        mem.read(at, &mut descriptor)
-            .map_err(|e| format!("a thread cache at {at:#x} could not be read ({e})"))?;
-        mem.read(le_u64(&descriptor, DESCRIPTOR_BINS), &mut bins)
-            .map_err(|e| format!("a thread cache's bins could not be read ({e})"))?;
-        for i in 0..build.tcache_bins {
-            let c = i * CACHE_BIN_SIZE;
-            let head = le_u64(&bins, c) as u16;
-            let full = le_u32(&bins, c + CACHE_BIN_LOW_BITS_FULL) as u16;
-            let empty = le_u32(&bins, c + CACHE_BIN_LOW_BITS_EMPTY) as u16;
-            // Its stack of pointers grows down from `empty` to `full`.
-            let cached = u64::from(empty.wrapping_sub(head)) / 8;
-            let capacity = u64::from(empty.wrapping_sub(full)) / 8;
-            if cached > capacity {
-                return Err(format!(
-                    "a thread cache of arena {index} holds more than its bin {i} can"
-                ));
-            }
-            if i < BINS {
-                tally.bins[i].tcache_regions += cached;
-            } else {
-                tally.large[i - BINS].tcache_extents += cached;
-            }
-        }
-        count += 1;
-        at = le_u64(&descriptor, 0);
-        if at == first {
-            break;
-        }
-    }
-    Ok(count)
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! mimalloc's heap, read from outside a running process: one reader per release family
-//! (2.x here and in `read`, 3.x in `v3`), each with the layouts of the releases it has
-//! verified.
+//! (2.x here and in `read`, 3.x in `v3`, Debian 13's 3.0.1, whose 3.0 keeps no list of
+//! heaps, in `v3_0`), each with the layouts of the releases it has verified.
 //!
 //! mimalloc 2.x takes memory from the OS in *segments* of 32 MiB (aligned to their size; a
 //! *huge* segment holds one block too large for a normal one), usually carved from
@@ -130,6 +130,7 @@ const MAX_HEAPS: usize = 1 << 16;
 
 mod read;
 mod v3;
+mod v3_0;
 
 /// Where a process's mimalloc keeps the statics the census starts from.
 #[derive(Debug, Clone)]
@@ -150,6 +151,8 @@ enum Statics {
         segment_map: u64,
     },
     V3(v3::Statics),
+    /// 3.0.1: found by their shape at each census.
+    V3_0(v3_0::Statics),
 }
 
 /// Reads the heap. The caller holds the process stopped; `residency`: its pagemap, read
@@ -162,6 +165,7 @@ pub fn census(
     match &layout.statics {
         Statics::V2 { .. } => read::census(mem, layout, residency),
         Statics::V3(statics) => v3::census(mem, layout, statics, residency),
+        Statics::V3_0(statics) => v3_0::census(mem, layout, statics, residency),
     }
 }
 
@@ -177,6 +181,15 @@ pub fn locate(pid: u32, linked: Option<&LinkedAllocator>) -> Result<MimallocLayo
     let elf = lib.elf(pid)?;
     let file =
         object::File::parse(&*elf).map_err(|e| format!("{} is not an ELF file ({e})", lib.path))?;
+    // Debian 13's 3.0.1, stripped: its statics are found in its data at each census.
+    if version_of(&file) == Some(v3_0::RELEASE.0) {
+        let (release, statics) = v3_0::locate(&file, &lib.path, lib.data)?;
+        return Ok(MimallocLayout {
+            library: lib.path,
+            release,
+            statics: Statics::V3_0(statics),
+        });
+    }
     if v3::is_v3(&file) {
         let (release, statics) = v3::locate(&file, &elf, &lib.path, lib.base)?;
         return Ok(MimallocLayout {
@@ -208,9 +221,10 @@ fn statics_of(file: &object::File, path: &str) -> Result<&'static str, String> {
     let not_verified = |which: String| {
         format!(
             "the process runs on {which} ({path}), whose layout fragscope has not verified \
-             (it reads {release}, as the mimalloc crate's `v2` feature builds it, and {} as \
-             it builds it by default)",
-            v3::verified_releases().join(", ")
+             (it reads {release}, as the mimalloc crate's `v2` feature builds it, {} as it \
+             builds it by default, and {} as Debian 13 builds it)",
+            v3::verified_releases().join(", "),
+            v3_0::RELEASE.1
         )
     };
     match version_of(file) {

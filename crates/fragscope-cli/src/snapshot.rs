@@ -23,10 +23,11 @@ use crate::units;
 /// program: the RTS's block census. Debian's tcmalloc (gperftools 2.10): its size
 /// classes, spans, free lists and page heap. Debian's jemalloc (5.3.0): its arenas, bins
 /// and slabs, large extents, dirty and muzzy pages and threads' caches, also linked into
-/// the program (tikv-jemallocator). mimalloc linked into a Rust program (the mimalloc
-/// crate: 3.3.2, its default, or 2.3.2, its `v2`): its arenas or segments, pages by block
-/// size and free lists. Other allocators and builds (Debian's libmimalloc): the page-level
-/// picture, with a note naming them. A snapshot has no history, so no allocation sites.
+/// the program (tikv-jemallocator 0.6 and 0.7). mimalloc linked into a Rust program (the
+/// mimalloc crate: 3.3.2, its default, or 2.3.2, its `v2`): its arenas or segments, pages
+/// by block size and free lists; Debian 13's libmimalloc3 (3.0.1) too. Other allocators
+/// and builds (Debian 12's libmimalloc): the page-level picture, with a note naming them.
+/// A snapshot has no history, so no allocation sites.
 ///
 /// Needs ptrace access to the process: its user with /proc/sys/kernel/yama/ptrace_scope
 /// at 0, or root / CAP_SYS_PTRACE.

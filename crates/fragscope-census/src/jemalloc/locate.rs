@@ -48,6 +48,7 @@ pub fn locate(
                 arenas,
                 emap,
                 large_pad: None,
+                tsds: None,
             }
         }
     };
@@ -60,6 +61,7 @@ pub fn locate(
         arenas: statics.arenas,
         emap: statics.emap,
         large_pad: statics.large_pad,
+        tsds: statics.tsds,
     })
 }
 
@@ -71,6 +73,7 @@ struct Statics {
     arenas: u64,
     emap: Result<u64, String>,
     large_pad: Option<u64>,
+    tsds: Option<u64>,
 }
 
 /// The base of arena 0 (`b0`), which the extent map's nodes are carved from.
@@ -106,7 +109,10 @@ fn by_symbols(
         "sz_large_pad",
     ]
     .map(|n| format!("{prefix}{n}"));
-    let wanted: Vec<&str> = names.iter().map(String::as_str).collect();
+    // A file-local static: not under the prefix.
+    let tsds_name = "tsd_nominal_tsds";
+    let mut wanted: Vec<&str> = names.iter().map(String::as_str).collect();
+    wanted.push(tsds_name);
     let symbols = Symbols::resolve_at(elf, &wanted, lib.base)?;
     let (Some(infos), Some(offsets), Some(arenas)) = (
         symbols.get(&names[0]),
@@ -153,6 +159,7 @@ fn by_symbols(
         arenas,
         emap,
         large_pad,
+        tsds: symbols.get(tsds_name),
     }))
 }
 

@@ -35,7 +35,7 @@ use object::Object;
 
 use super::*;
 
-mod read;
+pub(super) mod read;
 pub(super) use read::census;
 
 /// A verified 3.x release: its version (`mi_version`), its name, the sizes of the statics
@@ -231,9 +231,10 @@ pub(super) fn locate(
     let not_verified = |which: String| {
         format!(
             "the process runs on {which} ({path}), whose layout fragscope has not verified \
-             (it reads {} as the mimalloc crate builds it by default, and mimalloc 2.3.2, \
-             its `v2` feature)",
-            verified.join(", ")
+             (it reads {} as the mimalloc crate builds it by default, mimalloc 2.3.2, its \
+             `v2` feature, and {} as Debian 13 builds it)",
+            verified.join(", "),
+            super::v3_0::RELEASE.1
         )
     };
     let version = version_of(file);

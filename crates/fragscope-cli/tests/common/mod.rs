@@ -688,11 +688,30 @@ pub fn pprof_top(
 /// program whose allocator is linked into it. Built once per feature, beside the
 /// workspace's own build.
 pub fn build_linked_alloc(feature: &str) -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/rust/linked_alloc");
+    build_linked_alloc_from("", feature)
+}
+
+/// The same program on tikv-jemallocator 0.6 (its manifest in linked_alloc/jemalloc-0.6),
+/// with `feature` (`tikv-jemallocator`, `jemalloc-stats`).
+pub fn build_linked_alloc_on_jemalloc_0_6(feature: &str) -> PathBuf {
+    build_linked_alloc_from("jemalloc-0.6", feature)
+}
+
+/// tests/rust/linked_alloc built from the manifest in its directory `manifest_dir` ("" for
+/// its own) with `feature`.
+fn build_linked_alloc_from(manifest_dir: &str, feature: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/rust/linked_alloc")
+        .join(manifest_dir);
+    let name = if manifest_dir.is_empty() {
+        format!("linked_alloc-{feature}")
+    } else {
+        format!("linked_alloc-{manifest_dir}-{feature}")
+    };
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"))
-        .join(format!("linked_alloc-{feature}"));
+        .join(name);
     let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args([
             "build",
@@ -711,7 +730,8 @@ pub fn build_linked_alloc(feature: &str) -> PathBuf {
         .unwrap();
     assert!(
         out.status.success(),
-        "cargo build --features {feature}: {}",
+        "cargo build --features {feature} ({}): {}",
+        root.display(),
         stderr(&out)
     );
     target.join("release/linked_alloc")

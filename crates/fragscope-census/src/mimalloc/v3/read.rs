@@ -7,11 +7,11 @@ use std::collections::BTreeSet;
 use super::*;
 use crate::memory::RecordReader;
 
-const SLICE: u64 = 64 << 10;
+pub(in crate::mimalloc) const SLICE: u64 = 64 << 10;
 /// Bits of a bitmap chunk: an arena's slices are a multiple of it.
-const CHUNK_BITS: u64 = 512;
+pub(in crate::mimalloc) const CHUNK_BITS: u64 = 512;
 /// Slices of an arena at most (16 GiB: 512 chunks of 512).
-const MAX_ARENA_SLICES: u64 = CHUNK_BITS * CHUNK_BITS;
+pub(in crate::mimalloc) const MAX_ARENA_SLICES: u64 = CHUNK_BITS * CHUNK_BITS;
 /// Heaps, and theaps of a heap, read at most: more is not a list mimalloc made.
 const MAX_HEAPS: u64 = 1 << 12;
 const MAX_THEAPS: usize = 1 << 16;
@@ -195,7 +195,7 @@ fn theaps(
 
 /// A bitmap of `bits` bits (an arena's slices) at `at`, as 64-bit words: its chunks follow
 /// its header (`chunks_at` bytes), as many as the bits need.
-fn bitmap(
+pub(in crate::mimalloc) fn bitmap(
     mem: &mut ProcessMemory,
     at: u64,
     chunks_at: u64,
@@ -217,7 +217,7 @@ fn bitmap(
 }
 
 /// The runs of set bits of `words`: (first bit, bits).
-pub(super) fn runs(words: &[u64]) -> Vec<(u64, u64)> {
+pub(in crate::mimalloc) fn runs(words: &[u64]) -> Vec<(u64, u64)> {
     let mut runs: Vec<(u64, u64)> = Vec::new();
     for (i, &w) in words.iter().enumerate() {
         let mut w = w;
@@ -235,7 +235,7 @@ pub(super) fn runs(words: &[u64]) -> Vec<(u64, u64)> {
 
 /// Marks `n` slices from `first` as accounted for; false when one already was (or they
 /// pass the arena's end).
-fn take(taken: &mut [u64], first: u64, n: u64) -> bool {
+pub(in crate::mimalloc) fn take(taken: &mut [u64], first: u64, n: u64) -> bool {
     if first + n > taken.len() as u64 * 64 {
         return false;
     }
