@@ -11,16 +11,13 @@ use crate::heap::{SiteAtSnapshot, SiteWeighting};
 use crate::report::*;
 use crate::symbols::{Frame, Symbolizer};
 
-/// Wrappers whose frame says nothing about who allocated: the allocator's functions, and
-/// the language's own library on the way to it (Rust's `std`, `alloc` and `core`, whose
-/// growth of a `Vec` or `String` every allocation of a Rust program goes through; C++'s
-/// containers and allocators, in its library's headers), so that a site is the program's
-/// own code that asked for the memory.
+/// Wrappers whose frame says nothing about who allocated: the allocator's functions and
+/// the shims that only pass an allocation on to it.
 fn is_allocator_frame(f: &Frame) -> bool {
     let Some(name) = &f.function else {
         return false;
     };
-    const WRAPPERS: [&str; 19] = [
+    const WRAPPERS: [&str; 17] = [
         "operator new",
         "operator delete",
         "malloc",
@@ -33,9 +30,6 @@ fn is_allocator_frame(f: &Frame) -> bool {
         "__rdl_alloc",
         "__rustc::__rdl_",
         "__rustc::__rust_",
-        // Rust's `alloc` crate: its collections and its allocator.
-        "alloc::",
-        "<alloc::",
         "<std::alloc::System as ",
         "std::sys::alloc::",
         // Crates whose functions only pass an allocation on: hashbrown's (every HashMap's
@@ -45,17 +39,27 @@ fn is_allocator_frame(f: &Frame) -> bool {
         "<allocator_api2::",
     ];
     WRAPPERS.iter().any(|w| name.starts_with(w))
-        || f.file.as_deref().is_some_and(in_language_library)
 }
 
-/// A source file of Rust's standard library as rustc's line tables name it
-/// (`/rustc/<commit>/library/alloc/src/vec/mod.rs`, and the crates it is built with,
-/// `/rust/deps/hashbrown-0.15.2/src/raw/mod.rs`), or of the C++ library's headers
-/// (libstdc++'s `/usr/include/c++/12/bits/stl_vector.h`, libc++'s `.../include/c++/v1/`).
-fn in_language_library(file: &str) -> bool {
-    file.starts_with("/rustc/") && file.contains("/library/")
-        || file.starts_with("/rust/deps/")
-        || file.contains("/include/c++/")
+/// A frame of the language's own library on the way to the allocator: Rust's `std`,
+/// `core` and `alloc` (whose growth of a `Vec` or `String`, or iterator adapters, every
+/// allocation of a Rust program goes through), C++'s containers and allocators in its
+/// library's headers. Told by the source file when there are line tables, else by the
+/// function's name.
+fn in_language_library(f: &Frame) -> bool {
+    const RUST_LIBRARY: [&str; 6] = [
+        "std::", "<std::", "core::", "<core::", "alloc::", "<alloc::",
+    ];
+    match &f.file {
+        Some(file) => {
+            file.starts_with("/rustc/") && file.contains("/library/")
+                || file.starts_with("/rust/deps/")
+                || file.contains("/include/c++/")
+        }
+        None => {
+            (f.function.as_deref()).is_some_and(|n| RUST_LIBRARY.iter().any(|p| n.starts_with(p)))
+        }
+    }
 }
 
 /// What is live at the end: leaked, if the process ended (by site, weighted). Blocks
@@ -206,11 +210,14 @@ impl StackFrames<'_> {
     }
 }
 
-/// The label of a stack: its first frame outside the allocator.
+/// The label of a stack: its first frame outside the allocator and the language's own
+/// library, so that a site is the program's own code that asked for the memory (a stack
+/// all in the library, such as its own buffers, is labelled by its first frame outside the
+/// allocator).
 fn label_of(frames: &[Frame]) -> String {
-    frames
-        .iter()
-        .find(|f| !is_allocator_frame(f))
+    let own = |f: &&Frame| !is_allocator_frame(f) && !in_language_library(f);
+    (frames.iter().find(own))
+        .or_else(|| frames.iter().find(|f| !is_allocator_frame(f)))
         .or(frames.first())
         .map_or_else(|| "(no stack)".to_string(), Frame::label)
 }
@@ -365,10 +372,37 @@ mod tests {
         assert_eq!(label_of(&frames), "fill(std::vector<int>&) (fill.cc:1)");
     }
 
-    /// A stack all inside the library is labelled by its first frame, not left blank.
+    /// A Rust program without line tables (a release build), as recorded: the iterator
+    /// adapter from `core` is passed over by its name.
     #[test]
-    fn a_stack_all_in_the_library_keeps_its_first_frame() {
-        let frames = [frame("malloc", "malloc.c")];
-        assert_eq!(label_of(&frames), "malloc (malloc.c:1)");
+    fn a_rust_site_without_line_tables_is_named_by_function() {
+        let mut frames = [
+            frame("__rustc::__rdl_alloc", ""),
+            frame(
+                "<core::iter::adapters::map::Map<I,F> as core::iter::traits::iterator::Iterator>::fold",
+                "",
+            ),
+            frame("linked_alloc::main", ""),
+        ];
+        frames
+            .iter_mut()
+            .for_each(|f| (f.file, f.line) = (None, None));
+        assert_eq!(label_of(&frames), "linked_alloc::main (prog)");
+    }
+
+    /// A stack all inside the allocator and the library is labelled by its first frame
+    /// outside the allocator, or its first frame, never left blank.
+    #[test]
+    fn a_stack_all_in_the_library_keeps_a_frame_of_it() {
+        let std = "/rustc/59807616e1fa2540724bfbac14d7976d7e4a3860/library";
+        let frames = [
+            frame("malloc", "malloc.c"),
+            frame(
+                "std::io::stdio::stdin",
+                &format!("{std}/std/src/io/stdio.rs"),
+            ),
+        ];
+        assert_eq!(label_of(&frames), "std::io::stdio::stdin (stdio.rs:1)");
+        assert_eq!(label_of(&frames[..1]), "malloc (malloc.c:1)");
     }
 }
