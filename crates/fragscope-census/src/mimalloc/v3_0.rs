@@ -31,7 +31,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::v3::read::{bitmap, runs, take, CHUNK_BITS, MAX_ARENA_SLICES, SLICE};
+use super::v3::read::{arena_slices, bitmap, runs, take, CHUNK_BITS, MAX_ARENA_SLICES, SLICE};
 use super::*;
 use crate::library::StaticData;
 
@@ -279,31 +279,15 @@ impl Census<'_> {
             slices,
             "page",
         )?;
-        let heap = &mut self.tally.heap;
-        heap.arenas += 1;
-        heap.arena_bytes += slices * SLICE;
-        heap.committed_bytes += committed
-            .iter()
-            .map(|w| u64::from(w.count_ones()))
-            .sum::<u64>()
-            * SLICE;
-        let mut taken = vec![0u64; (slices / 64) as usize];
-        take(&mut taken, 0, info);
-        let own = self.residency.resident_bytes(at, at + info * SLICE);
-        heap.metadata_resident += own;
-        let mut counted = own;
-        for (first, n) in runs(&free) {
-            if !take(&mut taken, first, n) {
-                return Err(format!(
-                    "mimalloc's arena {i} at {at:#x} has its own slices marked free"
-                ));
-            }
-            let r = self
-                .residency
-                .resident_bytes(at + first * SLICE, at + (first + n) * SLICE);
-            self.tally.heap.arena_free_resident += r;
-            counted += r;
-        }
+        let (mut taken, mut counted) = arena_slices(
+            &mut self.tally,
+            self.residency,
+            (i, at),
+            slices,
+            info,
+            &free,
+            &committed,
+        )?;
         for (first, n) in runs(&pages) {
             for slice in first..first + n {
                 counted += self

@@ -217,6 +217,44 @@ pub(in crate::mimalloc) fn bitmap(
 }
 
 /// The runs of set bits of `words`: (first bit, bits).
+/// Counts arena `i` at `at` as its bitmaps give it (its bytes, the committed ones, its own
+/// `info` slices and its free ones resident), the same in every 3.x release; returns the
+/// slices taken so far (its own and the free ones) and the resident bytes counted.
+pub(in crate::mimalloc) fn arena_slices(
+    tally: &mut Tally,
+    residency: &Residency<'_>,
+    (i, at): (u64, u64),
+    slices: u64,
+    info: u64,
+    free: &[u64],
+    committed: &[u64],
+) -> Result<(Vec<u64>, u64), String> {
+    let heap = &mut tally.heap;
+    heap.arenas += 1;
+    heap.arena_bytes += slices * SLICE;
+    heap.committed_bytes += committed
+        .iter()
+        .map(|w| u64::from(w.count_ones()))
+        .sum::<u64>()
+        * SLICE;
+    let mut taken = vec![0u64; (slices / 64) as usize];
+    take(&mut taken, 0, info);
+    let own = residency.resident_bytes(at, at + info * SLICE);
+    heap.metadata_resident += own;
+    let mut counted = own;
+    for (first, n) in runs(free) {
+        if !take(&mut taken, first, n) {
+            return Err(format!(
+                "mimalloc's arena {i} at {at:#x} has its own slices marked free"
+            ));
+        }
+        let r = residency.resident_bytes(at + first * SLICE, at + (first + n) * SLICE);
+        heap.arena_free_resident += r;
+        counted += r;
+    }
+    Ok((taken, counted))
+}
+
 pub(in crate::mimalloc) fn runs(words: &[u64]) -> Vec<(u64, u64)> {
     let mut runs: Vec<(u64, u64)> = Vec::new();
     for (i, &w) in words.iter().enumerate() {
@@ -294,31 +332,15 @@ impl Census<'_> {
             slices,
             "committed-slice",
         )?;
-        let heap = &mut self.tally.heap;
-        heap.arenas += 1;
-        heap.arena_bytes += slices * SLICE;
-        heap.committed_bytes += committed
-            .iter()
-            .map(|w| u64::from(w.count_ones()))
-            .sum::<u64>()
-            * SLICE;
-        let mut taken = vec![0u64; (slices / 64) as usize];
-        take(&mut taken, 0, info);
-        let own = self.residency.resident_bytes(at, at + info * SLICE);
-        heap.metadata_resident += own;
-        let mut counted = own;
-        for (first, n) in runs(&free) {
-            if !take(&mut taken, first, n) {
-                return Err(format!(
-                    "mimalloc's arena {i} at {at:#x} has its own slices marked free"
-                ));
-            }
-            let r = self
-                .residency
-                .resident_bytes(at + first * SLICE, at + (first + n) * SLICE);
-            self.tally.heap.arena_free_resident += r;
-            counted += r;
-        }
+        let (mut taken, mut counted) = arena_slices(
+            &mut self.tally,
+            self.residency,
+            (i, at),
+            slices,
+            info,
+            &free,
+            &committed,
+        )?;
         for h in 0..self.heaps.len() {
             let pages = self.heaps[h].arena_pages[i as usize];
             if pages == 0 {
