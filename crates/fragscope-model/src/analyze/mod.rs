@@ -88,7 +88,14 @@ pub fn analyze(
     let chosen = read.chosen(opts)?;
     // Its snapshots that waited for this choice; the others' are not needed.
     read.streams[chosen].evaluate_deferred(&read.ctx);
-    Ok(report_assembly::assemble(path, opts, &read, chosen))
+    // What is live at the end is all the report needs of the live blocks from here on: a
+    // big heap's tables are given back before it names sites and assembles.
+    let leaks = sites::leaks(&read.streams[chosen], read.ctx.weighting);
+    for s in &mut read.streams {
+        s.release_blocks();
+    }
+    fragscope_trace::live::return_freed_memory();
+    Ok(report_assembly::assemble(path, opts, &read, chosen, leaks))
 }
 
 /// Why a trace without any process has no report.

@@ -157,7 +157,13 @@ fn untraced_images(untraced: &[Untraced], streams: &[Stream], tick_ms: f64) -> V
 
 /// The report of process `chosen`, whose snapshots are all evaluated: each stage of the
 /// analysis of its calls and snapshots, put together.
-pub(super) fn assemble(path: &Path, opts: &Options, read: &TraceRead, chosen: usize) -> Report {
+pub(super) fn assemble(
+    path: &Path,
+    opts: &Options,
+    read: &TraceRead,
+    chosen: usize,
+    (site_leaks, leaks): (sites::SiteSums, LeakFacts),
+) -> Report {
     let streams = &read.streams;
     let tick_ms = read.tick_ms();
     let stacks = read.stacks();
@@ -172,7 +178,6 @@ pub(super) fn assemble(path: &Path, opts: &Options, read: &TraceRead, chosen: us
     let phases = timeline::phases_of(&timeline_full, &snapshots);
     let (size_classes, size_class_history) =
         decomposition::size_classes(s, focus_snapshot, tick_ms);
-    let (site_leaks, leaks) = sites::leaks(s, read.ctx.weighting);
     let (sites, all_sites) = sites::sites(s, &site_leaks, focus_snapshot, opts, stacks, tick_ms);
     let told = headline::tell(
         s,

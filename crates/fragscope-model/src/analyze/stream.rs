@@ -659,6 +659,15 @@ impl Stream {
     }
 
     /// Evaluates the snapshots kept for later (see `evaluate_next`), in order.
+    /// Lets go of the live blocks, kept by the merge, by page and for deferred snapshots,
+    /// once every snapshot that needs them is evaluated: what the report goes on to do
+    /// needs only their sums.
+    pub(super) fn release_blocks(&mut self) {
+        self.merger.release_blocks();
+        self.heap_pages = None;
+        self.deferred = VecDeque::new();
+    }
+
     pub(super) fn evaluate_deferred(&mut self, ctx: &Ctx) {
         while let Some((at, live)) = self.deferred.pop_front() {
             let fork = self.fork_residency.as_ref();

@@ -584,6 +584,24 @@ impl Merger {
         self.finishing = true;
     }
 
+    /// Gives back the memory of a finished merge's live blocks, its queues and decoder,
+    /// for a reader done with them (a report keeps only their sums from here on, while it
+    /// names sites and assembles: holding a big heap's table meanwhile was its peak).
+    /// What stays: the stacks, the statistics and the figures of its own memory.
+    pub fn release_blocks(&mut self) {
+        self.live = LiveTable::default();
+        self.starting = AddrSet::default();
+        self.decoder = StreamDecoder::default();
+        self.scratch = DecodedEvents::default();
+        self.lone = LoneRun::default();
+        for t in &mut self.threads {
+            t.queue = VecDeque::new();
+        }
+        self.queue_capacity = 0;
+        self.heads = BinaryHeap::new();
+        self.set_aside = Vec::new();
+    }
+
     /// How far each thread's calls are safe to merge: a thread's calls before
     /// `Watermark::allows` it, where every other thread active within the wait window has
     /// sent all its calls before that (tick, place).

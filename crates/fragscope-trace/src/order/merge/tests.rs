@@ -836,3 +836,21 @@ fn own_memory_at_a_tick_is_what_was_reported_up_to_it() {
     // Reports no earlier one exceeds are all that is kept.
     assert_eq!(own.reports, [(90, 950), (150, 1000)]);
 }
+
+/// A finished merge gives back its live blocks and queues for a reader done with them;
+/// what a report still asks of it (its statistics, its stacks) stays.
+#[test]
+fn a_finished_merge_releases_its_blocks_and_keeps_its_figures() {
+    let mut m = Merger::new();
+    for (h, b) in blocks_handed_between_threads() {
+        m.push_chunk(&h, &b).unwrap();
+    }
+    let calls = drain(&mut m);
+    assert!(calls.len() > 10_000);
+    assert!(!m.live_blocks().is_empty());
+    let stats = m.stats();
+    m.release_blocks();
+    assert_eq!(m.live_blocks().len(), 0);
+    assert_eq!(m.stats(), stats);
+    assert!(m.pop().is_none());
+}
