@@ -192,6 +192,7 @@ fn malloc_data(r: &Report) -> Value {
         "peak_snapshot": r.peak_snapshot,
         "end_snapshot": r.end_snapshot,
         "focus_snapshot": r.focus_snapshot,
+        "focus_phrase": crate::report::focus_phrase(r),
         "timeline": timeline,
         "phases": phases,
         "size_classes": r.size_classes.iter().take(TABLE_CLASSES).collect::<Vec<_>>(),

@@ -78,3 +78,64 @@ fn the_stored_recordings_report_as_they_did() {
         changed.join("\n")
     );
 }
+
+/// `--at` makes the report describe the snapshot asked for (by time, or the last, or the
+/// highest RSS) and says so; without it the report is the one stored; a moment that is
+/// not one is refused with what would be.
+#[test]
+fn at_asks_for_the_snapshot_the_report_describes() {
+    let json = |args: &[&str]| -> serde_json::Value {
+        let args: Vec<&str> = ["--json"].iter().chain(args).copied().collect();
+        serde_json::from_str(&report("prefork.fsc", &args)).unwrap()
+    };
+    let plain = json(&[]);
+    assert!(
+        plain.get("focus_asked").is_none(),
+        "{}",
+        plain["focus_asked"]
+    );
+    let times: Vec<f64> = (plain["snapshots"].as_array().unwrap().iter())
+        .map(|s| s["t_ms"].as_f64().unwrap())
+        .collect();
+    assert!(times.len() >= 3, "{times:?}");
+    let nearest = |ms: f64| {
+        (0..times.len())
+            .min_by(|&a, &b| (times[a] - ms).abs().total_cmp(&(times[b] - ms).abs()))
+            .unwrap()
+    };
+    let first = format!("{}ms", times[0]);
+    let second = format!("{}s", (times[1] + 1.0) / 1000.0);
+    let asked = [
+        (first.as_str(), nearest(times[0]), "nearest"),
+        (second.as_str(), 1, "nearest"),
+        ("end", times.len() - 1, "the last"),
+        (
+            "peak-rss",
+            plain["peak_snapshot"].as_u64().unwrap() as usize,
+            "highest RSS",
+        ),
+    ];
+    for (at, want, said) in asked {
+        let r = json(&["--at", at]);
+        assert_eq!(r["focus_snapshot"].as_u64(), Some(want as u64), "--at {at}");
+        let phrase = r["focus_asked"].as_str().unwrap_or_default();
+        assert!(
+            phrase.contains(said) && phrase.ends_with("as asked"),
+            "--at {at}: {phrase}"
+        );
+    }
+    let text = report("prefork.fsc", &["--at", &second]);
+    assert!(text.contains(", as asked): "), "{text}");
+    assert!(text.contains("at the snapshot asked for (--at)"), "{text}");
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["report", "--at", "soon", "prefork.fsc"])
+        .current_dir(fixtures())
+        .output()
+        .unwrap();
+    let err = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("`soon` is not a moment") && !err.contains("panicked"),
+        "{err}"
+    );
+}

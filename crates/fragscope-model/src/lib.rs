@@ -30,7 +30,7 @@ pub mod sharing;
 pub mod symbols;
 pub mod v8;
 
-pub use analyze::{analyze, AnalysisError, Options};
+pub use analyze::{analyze, AnalysisError, At, Options};
 pub use report::Report;
 
 /// Bytes in MiB for a sentence of the model ("138 MiB", "4.2 MiB").

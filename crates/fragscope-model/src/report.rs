@@ -424,6 +424,10 @@ pub struct Report {
     pub peak_snapshot: Option<usize>,
     pub end_snapshot: Option<usize>,
     pub focus_snapshot: Option<usize>,
+    /// How the focus snapshot was asked for (`--at`); `None`: the one with the most heap
+    /// waste.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub focus_asked: Option<String>,
     pub phases: Vec<Phase>,
     /// At the focus snapshot.
     pub size_classes: Vec<SizeClass>,

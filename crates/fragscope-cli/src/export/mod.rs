@@ -19,7 +19,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use fragscope_model::report::{Report, Site};
 use fragscope_model::symbols::Frame;
-use fragscope_model::{analyze, Options};
+use fragscope_model::{analyze, At, Options};
 
 use crate::input::Input;
 use crate::progress;
@@ -42,7 +42,7 @@ use runtimes::{SampledStack, RUNTIMES};
 ///
 /// pprof's sample types: alloc_objects and alloc_space (over the whole run), inuse_objects
 /// and inuse_space (live at the report's focus snapshot, the one with the most heap
-/// waste), and pinned_waste (free bytes that each site's live objects keep resident in
+/// waste, or the one `--at` asks for), and pinned_waste (free bytes that each site's live objects keep resident in
 /// sparse pages, at the same snapshot). `-o -` writes collapsed stacks or JSON to stdout.
 /// For a CPython program, pprof and collapsed also carry the sampled Python stacks
 /// (pprof: labelled kind=python, inuse_* at the pymalloc census, pinned_waste their share
@@ -79,6 +79,10 @@ pub struct ExportArgs {
     /// Rows in each table of sites and size classes of the JSON document (as `report --top`).
     #[arg(long, default_value_t = 10)]
     top: usize,
+    /// The snapshot whose live bytes and pinned waste are exported, as `report --at`:
+    /// peak-live, peak-rss, end, or a time into the recording (930ms, 1.5s, 12).
+    #[arg(long, value_name = "WHEN", value_parser = At::parse)]
+    at: Option<At>,
     /// Parquet: leave out the table of every call (events.parquet), the largest by far.
     #[arg(long)]
     no_events: bool,
@@ -186,6 +190,7 @@ pub fn run(a: ExportArgs) -> Result<ExitCode> {
         sparse_pct: a.sparse_pct,
         top: a.top,
         all_sites: a.format != Format::Json,
+        at: a.at,
         ..Options::default()
     };
     let bar = progress::bar(size, "analysing");

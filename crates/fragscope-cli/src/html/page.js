@@ -318,7 +318,7 @@
     const holder = el("div");
     const opts = S.t_ms.map((t, i) => {
       const tags = [];
-      if (i === R.focus_snapshot) tags.push("most waste");
+      if (i === R.focus_snapshot) tags.push(R.focus_phrase === "the most heap waste" ? "most waste" : "asked");
       if (i === R.peak_snapshot) tags.push("peak RSS");
       if (i === R.end_snapshot) tags.push("end");
       return [i, secs(t) + " (" + S.reason[i] + ")" + (tags.length ? " - " + tags.join(", ") : "")];
@@ -353,7 +353,7 @@
 
   function sizeClassSection(main, R) {
     const s = section(main, "Size classes", "size-classes");
-    const when = R.focus_snapshot !== null && R.focus_snapshot !== undefined ? " at " + secs(R.snapshots.t_ms[R.focus_snapshot]) + " (the most waste)" : "";
+    const when = R.focus_snapshot !== null && R.focus_snapshot !== undefined ? " at " + secs(R.snapshots.t_ms[R.focus_snapshot]) + " (" + R.focus_phrase + ")" : "";
     s.append(el("p", { class: "note" }, "Classes are the allocator's usable sizes" + when + "; retained free bytes are free bytes in resident pages the class dominates or last dominated."));
     const rows = R.size_classes.map((c) => [
       c.usable === 0 ? "(freed before seen)" : bytes(c.usable), count(c.objects), bytes(c.live_bytes), count(c.pages),
@@ -517,7 +517,7 @@
     if (S.stacks === "sampled") s.append(el("p", { class: "note" }, "Stacks were sampled: site figures are estimates scaled to the exact totals."));
     const tables = [
       ["pinned waste (pages under " + S.sparse_pct + "% live)", S.by_pinned_waste, 2],
-      ["live bytes at the most-waste snapshot", S.by_live_bytes, 1],
+      ["live bytes at " + (R.focus_phrase === "the most heap waste" ? "the most-waste snapshot" : "the snapshot asked for (--at)"), S.by_live_bytes, 1],
       ["bytes allocated over the run", S.by_allocated_bytes, 3],
     ];
     for (const [title, list, col] of tables) {
@@ -532,7 +532,7 @@
     s.append(el("h3", {}, "Temporary allocations: " + count(L.temporary_allocations) + " of " + count(L.allocations) + " (freed by their thread before it allocated anything else)"));
     if (S.by_temporary_allocations.length) s.append(table(["site", "temporary", "allocations"], S.by_temporary_allocations.map((r) => [r[0], count(r[7]), count(r[4])]), "sites"));
     if (L.temporary_allocations > 0) s.append(el("p", { class: "note" }, "A temporary block placed between long-lived ones is what leaves them scattered over pages once it is freed: allocating such blocks from a separate arena, or on the stack, keeps the survivors packed."));
-    flameGraph(s, R.flame, "Flame graph", [[0, "bytes allocated"], [1, "live at the most-waste snapshot"], [2, "pinned waste"]]);
+    flameGraph(s, R.flame, "Flame graph", [[0, "bytes allocated"], [1, "live at " + (R.focus_phrase === "the most heap waste" ? "the most-waste snapshot" : "the snapshot asked for (--at)")], [2, "pinned waste"]]);
   }
 
   // An SBCL process's Lisp allocation sites: functions that allocate, with their callers.
@@ -632,11 +632,11 @@
     for (const u of R.untraced || []) h.append(el("p", { class: "warn" }, "Not traced, its calls are missing: pid " + u.pid + " (" + (u.argv.join(" ") || u.path) + ")" + (u.exec_by_pid === null ? "" : ", exec'd by pid " + u.exec_by_pid) + ": " + u.reason));
     h.append(el("p", { class: "headline" }, R.headline.sentence));
     h.append(el("p", { class: "note" }, (R.headline.peak_rss === null ? "no RSS sample was taken" : "peak RSS " + bytes(R.headline.peak_rss) + " at " + secs(R.headline.peak_rss_t_ms)) + (R.headline.peak_live === null ? "; peak live unknown (the heap was not read)" : "; peak live " + bytes(R.headline.peak_live) + " at " + secs(R.headline.peak_live_t_ms)) +
-      (R.headline.fragmentation_ratio ? "; fragmentation ratio " + R.headline.fragmentation_ratio.toFixed(2) + " (heap resident / live at the most waste)" : "")));
+      (R.headline.fragmentation_ratio ? "; fragmentation ratio " + R.headline.fragmentation_ratio.toFixed(2) + " (heap resident / live at " + R.focus_phrase + ")" : "")));
     // The heaps apart at the most waste, when the process has more than one.
     const F = R.focus_snapshot;
     if (F !== null && F !== undefined && R.snapshots.heaps[F].length > 1) {
-      h.append(el("p", { class: "note" }, "At " + secs(R.snapshots.t_ms[F]) + " (the most heap waste): " + R.snapshots.heaps[F].filter((x) => x.resident > 0).map((x) => R.heap_names[x.heap] + " " + bytes(x.resident) + " resident for " + bytes(x.live) + " live").join("; ") + "."));
+      h.append(el("p", { class: "note" }, "At " + secs(R.snapshots.t_ms[F]) + " (" + R.focus_phrase + "): " + R.snapshots.heaps[F].filter((x) => x.resident > 0).map((x) => R.heap_names[x.heap] + " " + bytes(x.resident) + " resident for " + bytes(x.live) + " live").join("; ") + "."));
     }
     // A snapshot of the same moment (to 10 ms) that saw far less live data was read after
     // the frees that followed the peak: both times to the millisecond, as in the text.
@@ -855,7 +855,7 @@
       side.append(box);
       decompositionChart(box, R, { width: 560, height: 260, ymax });
       if (R.focus_snapshot !== null && R.focus_snapshot !== undefined) {
-        box.append(el("p", { class: "note" }, "page occupancy at " + secs(R.snapshots.t_ms[R.focus_snapshot]) + " (the most waste)"));
+        box.append(el("p", { class: "note" }, "page occupancy at " + secs(R.snapshots.t_ms[R.focus_snapshot]) + " (" + R.focus_phrase + ")"));
         occupancyChart(box, R, R.focus_snapshot, { width: 560, height: 200 });
       }
     });

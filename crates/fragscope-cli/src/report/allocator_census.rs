@@ -199,7 +199,9 @@ fn mimalloc_census(o: &mut String, m: &fragscope_model::report::MimallocFigures)
 /// How a snapshot was taken, and the allocator's heap as its own metadata tells it.
 /// `recorded`: a recording's census (an allocator linked into the program, read at each
 /// snapshot), of which the report shows the one with the most waste.
-pub(super) fn snapshot_census(o: &mut String, s: &SnapshotFacts, recorded: bool) {
+/// `recorded`: the snapshot of a recording it was taken at, as the report names it (else
+/// `fragscope snapshot` of a running process).
+pub(super) fn snapshot_census(o: &mut String, s: &SnapshotFacts, recorded: Option<&str>) {
     let how = if s.stopped {
         format!(
             "the process was stopped for {:.1} ms while it was read",
@@ -208,10 +210,11 @@ pub(super) fn snapshot_census(o: &mut String, s: &SnapshotFacts, recorded: bool)
     } else {
         "read without stopping the process (--no-stop): the figures may not hold together".into()
     };
-    let what = if recorded {
-        "Census of the allocator's own metadata at the snapshot with the most waste"
-    } else {
-        "Snapshot of a running process"
+    let what = match recorded {
+        Some(which) => {
+            format!("Census of the allocator's own metadata at the snapshot shown ({which})")
+        }
+        None => "Snapshot of a running process".into(),
     };
     let _ = writeln!(o, "\n{what} ({}): {how}", s.allocator);
     if let Some(note) = &s.note {

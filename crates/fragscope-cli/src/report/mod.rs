@@ -13,7 +13,7 @@ use clap::Args;
 use fragscope_model::heaps::{self, Heap};
 use fragscope_model::pymalloc::FillBucket;
 use fragscope_model::report::{Decomposition, Report, Site, Snapshot};
-use fragscope_model::{analyze, Options};
+use fragscope_model::{analyze, At, Options};
 
 use crate::input::Input;
 use crate::progress;
@@ -47,6 +47,7 @@ const RUNTIME_SECTIONS: [fn(&mut String, &Report); 6] = [
 ///   fragscope report run.fsc --json > report.json
 ///   fragscope report run.fsc --html report.html
 ///   fragscope report run.fsc --pid 4242 --sparse-pct 25
+///   fragscope report run.fsc --at peak-live      (who held the memory at the live peak)
 ///   fragscope report prog.eventlog
 ///
 /// A GHC program recorded with `fragscope record` gets the GHC report: its eventlog
@@ -73,6 +74,12 @@ pub struct ReportArgs {
     /// Rows in each table of allocation sites and size classes.
     #[arg(long, default_value_t = 10)]
     top: usize,
+    /// Explain this moment instead of the one with the most heap waste: the headline,
+    /// sites, size classes and page occupancy are then of the snapshot nearest it.
+    /// WHEN is peak-live, peak-rss, end, or a time into the recording (930ms, 1.5s, or
+    /// seconds: 12).
+    #[arg(long, value_name = "WHEN", value_parser = At::parse)]
+    at: Option<At>,
 }
 
 pub fn run(a: ReportArgs) -> Result<ExitCode> {
@@ -90,6 +97,7 @@ pub fn run(a: ReportArgs) -> Result<ExitCode> {
         sparse_pct: a.sparse_pct,
         top: a.top,
         all_sites: a.html.is_some(),
+        at: a.at,
         ..Options::default()
     };
     let mut report = analyze(&a.trace, &opts, |done, _| bar.set_position(done))
@@ -111,6 +119,20 @@ pub fn run(a: ReportArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Which snapshot the report describes: asked for with `--at`, or the most waste.
+pub(crate) fn focus_phrase(r: &Report) -> &str {
+    r.focus_asked.as_deref().unwrap_or("the most heap waste")
+}
+
+/// The snapshot the report describes, as its tables' titles name it.
+fn focus_noun(r: &Report) -> &'static str {
+    if r.focus_asked.is_some() {
+        "the snapshot asked for (--at)"
+    } else {
+        "the most-waste snapshot"
+    }
+}
+
 pub(crate) fn secs(ms: f64) -> String {
     format!("{:.2} s", ms / 1000.0)
 }
@@ -130,7 +152,11 @@ pub fn render(r: &Report, top: usize) -> String {
     merge_notes(&mut o, r);
     headline(&mut o, r);
     if let Some(s) = &r.snapshot {
-        allocator_census::snapshot_census(&mut o, s, r.duration_ms > 0.0);
+        allocator_census::snapshot_census(
+            &mut o,
+            s,
+            (r.duration_ms > 0.0).then(|| focus_phrase(r)),
+        );
     }
     decomposition_table(&mut o, r);
     sharing::section(&mut o, r);
@@ -371,8 +397,9 @@ fn headline(o: &mut String, r: &Report) {
         };
         let _ = writeln!(
             o,
-            "at {} (the most heap waste): {} of heap resident for {} live{}{each}",
+            "at {} ({}): {} of heap resident for {} live{}{each}",
             secs(t),
+            focus_phrase(r),
             bytes(heaps::resident(s)),
             bytes(heaps::live(s)),
             h.fragmentation_ratio
@@ -491,7 +518,14 @@ fn decomposition_table(o: &mut String, r: &Report) {
             None => cols.push((vec![role], &r.snapshots[i])),
         }
     };
-    add("most waste", r.focus_snapshot);
+    add(
+        if r.focus_asked.is_some() {
+            "asked"
+        } else {
+            "most waste"
+        },
+        r.focus_snapshot,
+    );
     add(peak_role, r.peak_snapshot);
     add("end", r.end_snapshot);
     add("pymalloc", r.pymalloc_snapshot);
@@ -776,7 +810,8 @@ fn size_classes(o: &mut String, r: &Report, top: usize) {
     }
     let _ = writeln!(
         o,
-        "\nSize classes (usable size) at the most-waste snapshot, top {top} by bytes held\n  {:>10} {:>10} {:>11} {:>9} {:>9} {:>14} {:>12}",
+        "\nSize classes (usable size) at {}, top {top} by bytes held\n  {:>10} {:>10} {:>11} {:>9} {:>9} {:>14} {:>12}",
+        focus_noun(r),
         "class", "objects", "live", "pages", "mean occ", "retained free", "growth"
     );
     for c in r.size_classes.iter().take(top) {
@@ -916,7 +951,7 @@ fn sites(o: &mut String, r: &Report) {
     );
     site_rows(
         o,
-        "live bytes at the most-waste snapshot",
+        &format!("live bytes at {}", focus_noun(r)),
         &s.by_live_bytes,
         |x| format!("{} in {}", bytes(x.live_bytes), count(x.live_objects)),
     );

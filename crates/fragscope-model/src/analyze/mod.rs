@@ -35,6 +35,60 @@ pub struct Options {
     /// How snapshots are evaluated from the live blocks: as `FRAGSCOPE_EVALUATION` says
     /// by default ([`Evaluation::asked`]), for the tests that compare the ways.
     pub evaluation: Evaluation,
+    /// The snapshot the report describes (headline, sites, size classes, occupancy):
+    /// asked for, else the one with the most heap waste.
+    pub at: Option<At>,
+}
+
+/// A snapshot asked for by the moment it describes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum At {
+    /// The snapshot nearest this many milliseconds into the recording.
+    Ms(f64),
+    /// The snapshot nearest the peak of live bytes.
+    PeakLive,
+    /// The snapshot with the highest RSS.
+    PeakRss,
+    /// The last snapshot.
+    End,
+}
+
+impl At {
+    /// `peak-live`, `peak-rss`, `end`, or a time into the recording: `930ms`, `1.5s`, or
+    /// a number of seconds; else what was wrong.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let t = text.trim();
+        match t {
+            "peak-live" => return Ok(Self::PeakLive),
+            "peak-rss" => return Ok(Self::PeakRss),
+            "end" => return Ok(Self::End),
+            _ => {}
+        }
+        let (number, ms_per_unit) = if let Some(n) = t.strip_suffix("ms") {
+            (n, 1.0)
+        } else if let Some(n) = t.strip_suffix('s') {
+            (n, 1000.0)
+        } else {
+            (t, 1000.0)
+        };
+        match number.trim().parse::<f64>() {
+            Ok(x) if x.is_finite() && x >= 0.0 => Ok(Self::Ms(x * ms_per_unit)),
+            _ => Err(format!(
+                "`{text}` is not a moment: give peak-live, peak-rss, end, or a time into \
+                 the recording such as 930ms, 1.5s or 12 (seconds)"
+            )),
+        }
+    }
+
+    /// How the report names it.
+    pub fn describe(&self) -> String {
+        match *self {
+            Self::Ms(ms) => format!("nearest {:.2} s, as asked", ms / 1000.0),
+            Self::PeakLive => "nearest the live peak, as asked".into(),
+            Self::PeakRss => "the highest RSS, as asked".into(),
+            Self::End => "the last, as asked".into(),
+        }
+    }
 }
 
 impl Default for Options {
@@ -45,6 +99,7 @@ impl Default for Options {
             top: 10,
             all_sites: false,
             evaluation: Evaluation::asked(),
+            at: None,
         }
     }
 }
@@ -108,4 +163,23 @@ fn nothing_traced(untraced: &[fragscope_trace::Untraced]) -> AnalysisError {
         .map(|u| format!("{}: {}", u.label(), u.reason))
         .collect();
     AnalysisError::NothingTraced(each.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::At;
+
+    #[test]
+    fn a_moment_is_read_as_a_time_or_a_name() {
+        assert_eq!(At::parse("930ms"), Ok(At::Ms(930.0)));
+        assert_eq!(At::parse("1.5s"), Ok(At::Ms(1500.0)));
+        assert_eq!(At::parse(" 12 "), Ok(At::Ms(12000.0)));
+        assert_eq!(At::parse("peak-live"), Ok(At::PeakLive));
+        assert_eq!(At::parse("peak-rss"), Ok(At::PeakRss));
+        assert_eq!(At::parse("end"), Ok(At::End));
+        for bad in ["", "soon", "-1s", "nan", "inf", "12 h", "ms"] {
+            let err = At::parse(bad).unwrap_err();
+            assert!(err.contains("is not a moment"), "{bad}: {err}");
+        }
+    }
 }

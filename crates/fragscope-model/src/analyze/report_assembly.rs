@@ -174,7 +174,10 @@ pub(super) fn assemble(
     let snapshots = decomposition::snapshots(s, tick_ms);
     let peak_snapshot = (0..snapshots.len()).max_by_key(|&i| snapshots[i].parts.rss);
     let end_snapshot = snapshots.len().checked_sub(1);
-    let focus_snapshot = decomposition::focus_of(&snapshots, s.peak_live.0);
+    let focus_snapshot = match opts.at {
+        None => decomposition::focus_of(&snapshots, s.peak_live.0),
+        Some(at) => decomposition::asked(&snapshots, at, s.peak_live.1 as f64 * tick_ms),
+    };
     let phases = timeline::phases_of(&timeline_full, &snapshots);
     let (size_classes, size_class_history) =
         decomposition::size_classes(s, focus_snapshot, tick_ms);
@@ -210,6 +213,10 @@ pub(super) fn assemble(
         peak_snapshot,
         end_snapshot,
         focus_snapshot,
+        focus_asked: opts
+            .at
+            .filter(|_| focus_snapshot.is_some())
+            .map(|a| a.describe()),
         phases,
         size_classes,
         size_class_history,
