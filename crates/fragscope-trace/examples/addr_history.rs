@@ -1,4 +1,5 @@
-//! Prints every recorded call on one address, per thread in program order, with ticks:
+//! Prints every recorded call on one address, per thread in program order, with ticks
+//! and places (docs/trace-format.md, "Order"; `-`: before the buffer's first order record):
 //! a debugging aid for the merge. usage: addr_history TRACE 0xADDR
 use fragscope_trace::reader::{Chunk, TraceReader};
 use fragscope_trace::{ChunkDecoder, Record, StreamTables};
@@ -15,6 +16,7 @@ fn main() {
             let mut i = 0;
             while let Ok(Some(rec)) = d.next_record() {
                 i += 1;
+                let place = d.place();
                 let hit = match &rec {
                     Record::Alloc {
                         addr: a,
@@ -25,8 +27,9 @@ fn main() {
                     _ => false,
                 };
                 if hit {
+                    let place = place.map_or("-".to_string(), |p| p.to_string());
                     println!(
-                        "file chunk #{n} tid {} seq {} rec {i} tick {}: {rec:?}",
+                        "file chunk #{n} tid {} seq {} rec {i} tick {} place {place}: {rec:?}",
                         h.tid,
                         h.seq,
                         d.tick()

@@ -6,12 +6,13 @@ fn main() {
     while let Some(c) = r.next_chunk() {
         if let Chunk::Events(h, recs) = c {
             println!(
-                "tid {} seq {} ticks {}..{} exited {} bytes {} head {:02x?}",
+                "tid {} seq {} ticks {}..{} exited {} idle {} bytes {} head {:02x?}",
                 h.tid,
                 h.seq,
                 h.first_tick,
                 h.last_tick,
                 h.thread_exited,
+                h.thread_idle,
                 recs.len(),
                 &recs[..recs.len().min(8)]
             );
