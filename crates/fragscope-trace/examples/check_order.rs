@@ -1,5 +1,6 @@
 //! Merges a trace's first process and reports the calls that break the ordering
-//! invariant; with an address, also prints every merged call on it. Ends with the
+//! invariant; with an address, also prints every merged call on it and every buffer as
+//! it is pushed. Ends with the
 //! merge's statistics and what is live at the end, split between the first thread to
 //! call (the main thread, and libc's own blocks) and the others.
 //! usage: check_order TRACE [0xADDR]
@@ -57,11 +58,24 @@ fn main() {
             }
         }
         if let Chunk::Events(h, recs) = c {
+            if watch.is_some() {
+                println!(
+                    "push tid {} seq {} ticks {}..{}",
+                    h.tid, h.seq, h.first_tick, h.last_tick
+                );
+            }
             if let Err(e) = m.push_chunk(&h, &recs) {
                 let n = recs.len().min(48);
                 println!("chunk {h:?} len {}: {e}: {:02x?}", recs.len(), &recs[..n]);
             }
+            let mut reordered = m.stats().reordered;
             while let Some(x) = m.pop() {
+                if watch.is_some() && m.stats().reordered > reordered {
+                    reordered = m.stats().reordered;
+                    if let Merged::Call(c) = &x {
+                        println!("taken past a waiting call: {c:?}");
+                    }
+                }
                 check(x, &mut live);
             }
         }
