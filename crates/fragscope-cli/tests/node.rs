@@ -327,15 +327,33 @@ fn record_of_a_node_service_under_load_follows_its_v8_heap() {
         "{with_v8} of {} periodic snapshots have V8 figures",
         periodic.len()
     );
-    for s in periodic.iter().filter(|s| s["v8"].is_object()) {
-        let (rss, other) = (
-            s["rss"].as_u64().unwrap(),
-            s["other_anon"].as_u64().unwrap(),
-        );
+    // V8's heap leaves little unexplained: other anonymous under a tenth of RSS at most
+    // snapshots. Not at every one: V8's figures are those its timer last posted, and a
+    // heap that grew since shows as other anonymous until the next (0.4% to 14.7% at the
+    // worst snapshot of a run, in 6 runs; 10.3% failed CI once when every snapshot had to
+    // be under a tenth). Without V8's heap it would be most of RSS.
+    let v8: Vec<(u64, u64, f64)> = (periodic.iter().filter(|s| s["v8"].is_object()))
+        .map(|s| {
+            let (rss, other) = (
+                s["rss"].as_u64().unwrap(),
+                s["other_anon"].as_u64().unwrap(),
+            );
+            (rss, other, s["t_ms"].as_f64().unwrap())
+        })
+        .collect();
+    let under_a_tenth = v8
+        .iter()
+        .filter(|&&(rss, other, _)| other * 10 < rss)
+        .count();
+    assert!(
+        under_a_tenth * 10 >= v8.len() * 8,
+        "{under_a_tenth} of {}: {v8:?}",
+        v8.len()
+    );
+    for &(rss, other, t) in &v8 {
         assert!(
-            other * 10 < rss,
-            "at {} ms: other anonymous {other} of RSS {rss}",
-            s["t_ms"]
+            other * 4 < rss,
+            "at {t} ms: other anonymous {other} of RSS {rss}"
         );
     }
     // The last one is in the quiet second after the load, when the service printed its
