@@ -632,8 +632,6 @@ mod tests {
         assert_eq!(unsampled_note(&sampled, true, "sampled"), None);
     }
 
-    /// Two lines: a.py:1 keeps one object in each of two arenas, b.py:2 fills a third and
-    /// frees everything it allocated in the first two.
     /// Stacks of one line (a frame id per instruction) are summed into one in the same
     /// order every time: the exports of one trace are the same file on every run.
     #[test]
@@ -670,6 +668,8 @@ mod tests {
         }
     }
 
+    /// Two lines: a.py:1 keeps one object in each of two arenas, b.py:2 fills a third and
+    /// frees everything it allocated in the first two.
     #[test]
     fn an_arenas_free_space_goes_to_the_lines_whose_objects_survive_in_it() {
         let pool = 16 << 10;

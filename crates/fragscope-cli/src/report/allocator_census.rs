@@ -198,9 +198,8 @@ fn mimalloc_census(o: &mut String, m: &fragscope_model::report::MimallocFigures)
 
 /// How a snapshot was taken, and the allocator's heap as its own metadata tells it.
 /// `recorded`: a recording's census (an allocator linked into the program, read at each
-/// snapshot), of which the report shows the one with the most waste.
-/// `recorded`: the snapshot of a recording it was taken at, as the report names it (else
-/// `fragscope snapshot` of a running process).
+/// snapshot), with the report's name for the snapshot it shows; `None`: `fragscope
+/// snapshot` of a running process.
 pub(super) fn snapshot_census(o: &mut String, s: &SnapshotFacts, recorded: Option<&str>) {
     let how = if s.stopped {
         format!(

@@ -658,7 +658,6 @@ impl Stream {
         self.add_evaluated(at, snap);
     }
 
-    /// Evaluates the snapshots kept for later (see `evaluate_next`), in order.
     /// Lets go of the live blocks, kept by the merge, by page and for deferred snapshots,
     /// once every snapshot that needs them is evaluated: what the report goes on to do
     /// needs only their sums.
@@ -668,6 +667,7 @@ impl Stream {
         self.deferred = VecDeque::new();
     }
 
+    /// Evaluates the snapshots kept for later (see `evaluate_next`), in order.
     pub(super) fn evaluate_deferred(&mut self, ctx: &Ctx) {
         while let Some((at, live)) = self.deferred.pop_front() {
             let fork = self.fork_residency.as_ref();
