@@ -193,6 +193,8 @@ fn malloc_data(r: &Report) -> Value {
         "end_snapshot": r.end_snapshot,
         "focus_snapshot": r.focus_snapshot,
         "focus_phrase": crate::report::focus_phrase(r),
+        "focus_noun": crate::report::focus_noun(r),
+        "focus_role": crate::report::focus_role(r),
         "timeline": timeline,
         "phases": phases,
         "size_classes": r.size_classes.iter().take(TABLE_CLASSES).collect::<Vec<_>>(),

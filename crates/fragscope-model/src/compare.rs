@@ -240,15 +240,12 @@ impl GhcRunFigures {
             f.free_blocks = d.free_resident_pages;
             f.lazy_free = d.lazy_free;
             f.other_anon = d.other_anon;
-            // A short phase on a loaded machine can fall between two censuses: then the
-            // last one before its end stands for it (the table shows when it was taken).
+            // The last census before the phase's end: the phase's own when it has one, and
+            // when a short phase on a loaded machine fell between two censuses, the one
+            // before it (the table shows when it was taken).
             let census = p
                 .block_census
                 .as_ref()
-                .or_else(|| {
-                    (r.block_censuses.iter().rev())
-                        .find(|c| c.t_ms >= p.start_ms && c.t_ms <= p.end_ms)
-                })
                 .or_else(|| r.block_censuses.iter().rev().find(|c| c.t_ms <= p.end_ms))
                 .or_else(|| r.block_censuses.iter().rev().find(|c| c.t_ms >= p.start_ms));
             f.census = census.map(|c| GhcCensusFigures {

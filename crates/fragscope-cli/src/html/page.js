@@ -318,7 +318,7 @@
     const holder = el("div");
     const opts = S.t_ms.map((t, i) => {
       const tags = [];
-      if (i === R.focus_snapshot) tags.push(R.focus_phrase === "the most heap waste" ? "most waste" : "asked");
+      if (i === R.focus_snapshot) tags.push(R.focus_role);
       if (i === R.peak_snapshot) tags.push("peak RSS");
       if (i === R.end_snapshot) tags.push("end");
       return [i, secs(t) + " (" + S.reason[i] + ")" + (tags.length ? " - " + tags.join(", ") : "")];
@@ -517,7 +517,7 @@
     if (S.stacks === "sampled") s.append(el("p", { class: "note" }, "Stacks were sampled: site figures are estimates scaled to the exact totals."));
     const tables = [
       ["pinned waste (pages under " + S.sparse_pct + "% live)", S.by_pinned_waste, 2],
-      ["live bytes at " + (R.focus_phrase === "the most heap waste" ? "the most-waste snapshot" : "the snapshot asked for (--at)"), S.by_live_bytes, 1],
+      ["live bytes at " + R.focus_noun, S.by_live_bytes, 1],
       ["bytes allocated over the run", S.by_allocated_bytes, 3],
     ];
     for (const [title, list, col] of tables) {
@@ -532,7 +532,7 @@
     s.append(el("h3", {}, "Temporary allocations: " + count(L.temporary_allocations) + " of " + count(L.allocations) + " (freed by their thread before it allocated anything else)"));
     if (S.by_temporary_allocations.length) s.append(table(["site", "temporary", "allocations"], S.by_temporary_allocations.map((r) => [r[0], count(r[7]), count(r[4])]), "sites"));
     if (L.temporary_allocations > 0) s.append(el("p", { class: "note" }, "A temporary block placed between long-lived ones is what leaves them scattered over pages once it is freed: allocating such blocks from a separate arena, or on the stack, keeps the survivors packed."));
-    flameGraph(s, R.flame, "Flame graph", [[0, "bytes allocated"], [1, "live at " + (R.focus_phrase === "the most heap waste" ? "the most-waste snapshot" : "the snapshot asked for (--at)")], [2, "pinned waste"]]);
+    flameGraph(s, R.flame, "Flame graph", [[0, "bytes allocated"], [1, "live at " + R.focus_noun], [2, "pinned waste"]]);
   }
 
   // An SBCL process's Lisp allocation sites: functions that allocate, with their callers.

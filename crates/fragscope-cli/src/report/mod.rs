@@ -125,11 +125,20 @@ pub(crate) fn focus_phrase(r: &Report) -> &str {
 }
 
 /// The snapshot the report describes, as its tables' titles name it.
-fn focus_noun(r: &Report) -> &'static str {
+pub(crate) fn focus_noun(r: &Report) -> &'static str {
     if r.focus_asked.is_some() {
         "the snapshot asked for (--at)"
     } else {
         "the most-waste snapshot"
+    }
+}
+
+/// Its role among the snapshots shown side by side.
+pub(crate) fn focus_role(r: &Report) -> &'static str {
+    if r.focus_asked.is_some() {
+        "asked"
+    } else {
+        "most waste"
     }
 }
 
@@ -518,14 +527,7 @@ fn decomposition_table(o: &mut String, r: &Report) {
             None => cols.push((vec![role], &r.snapshots[i])),
         }
     };
-    add(
-        if r.focus_asked.is_some() {
-            "asked"
-        } else {
-            "most waste"
-        },
-        r.focus_snapshot,
-    );
+    add(focus_role(r), r.focus_snapshot);
     add(peak_role, r.peak_snapshot);
     add("end", r.end_snapshot);
     add("pymalloc", r.pymalloc_snapshot);

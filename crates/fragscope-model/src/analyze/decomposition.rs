@@ -334,20 +334,12 @@ pub(super) fn focus_of(snapshots: &[Snapshot], peak_live: u64) -> Option<usize> 
         .max_by_key(|&i| lasting(i))
 }
 
-/// The snapshot asked for (`peak_live_ms`: when live bytes peaked).
-pub(super) fn asked(snapshots: &[Snapshot], at: super::At, peak_live_ms: f64) -> Option<usize> {
-    let nearest = |ms: f64| {
-        (0..snapshots.len()).min_by(|&a, &b| {
-            let d = |i: usize| (snapshots[i].t_ms - ms).abs();
-            d(a).total_cmp(&d(b))
-        })
-    };
-    match at {
-        super::At::Ms(ms) => nearest(ms),
-        super::At::PeakLive => nearest(peak_live_ms),
-        super::At::PeakRss => (0..snapshots.len()).max_by_key(|&i| snapshots[i].parts.rss),
-        super::At::End => snapshots.len().checked_sub(1),
-    }
+/// The snapshot nearest `ms` into the recording (`--at`).
+pub(super) fn nearest_snapshot(snapshots: &[Snapshot], ms: f64) -> Option<usize> {
+    (0..snapshots.len()).min_by(|&a, &b| {
+        let d = |i: usize| (snapshots[i].t_ms - ms).abs();
+        d(a).total_cmp(&d(b))
+    })
 }
 
 /// The size classes at the focus snapshot (largest first), and each snapshot's largest.

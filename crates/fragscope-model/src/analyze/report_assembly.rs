@@ -8,7 +8,7 @@ use fragscope_trace::records::SnapshotReason;
 use super::decomposition::nearest;
 use super::reading::TraceRead;
 use super::stream::Stream;
-use super::{decomposition, headline, sites, timeline, Options};
+use super::{decomposition, headline, sites, timeline, At, Options};
 use crate::linked_allocator;
 use crate::python_sites::PythonLog;
 use crate::report::*;
@@ -176,7 +176,12 @@ pub(super) fn assemble(
     let end_snapshot = snapshots.len().checked_sub(1);
     let focus_snapshot = match opts.at {
         None => decomposition::focus_of(&snapshots, s.peak_live.0),
-        Some(at) => decomposition::asked(&snapshots, at, s.peak_live.1 as f64 * tick_ms),
+        Some(At::Ms(ms)) => decomposition::nearest_snapshot(&snapshots, ms),
+        Some(At::PeakLive) => {
+            decomposition::nearest_snapshot(&snapshots, s.peak_live.1 as f64 * tick_ms)
+        }
+        Some(At::PeakRss) => peak_snapshot,
+        Some(At::End) => end_snapshot,
     };
     let phases = timeline::phases_of(&timeline_full, &snapshots);
     let (size_classes, size_class_history) =

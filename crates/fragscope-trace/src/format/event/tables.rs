@@ -280,8 +280,8 @@ struct Slot {
 /// [`SlotTable::SEGMENT`] slots (32 KiB): a vector of them grew by doubling, which
 /// copied every slot and held the old copy and the new, twice the memory, at each step
 /// (96 MiB for the 3.6 M live blocks of a redis-server under load). Whatever holds a
-/// block is paid for each live block of the stream: 8 bytes here instead of 12 saves
-/// 14 MiB of that redis-server's report.
+/// block is paid for each live block of the stream: 4 bytes less for each of those
+/// 3.6 M blocks.
 #[derive(Default)]
 struct SlotTable {
     segments: Vec<Box<[u64]>>,
@@ -316,17 +316,21 @@ impl SlotTable {
         Some(&mut self.segments[slot / Self::SEGMENT][slot % Self::SEGMENT])
     }
 
+    /// The block a word holds, or `None` when it is kept beside.
+    #[inline(always)]
+    fn in_word(w: u64) -> Option<Slot> {
+        (w >> Self::ADDR_BITS != Self::BESIDE).then_some(Slot {
+            addr: w & Self::ADDR_MASK,
+            usable: (w >> Self::ADDR_BITS) as u32,
+        })
+    }
+
     /// The block in `slot` (address 0: none, or no such slot).
     #[cfg(test)]
     fn get(&self, slot: usize) -> Slot {
-        match self.word(slot) {
-            None => Slot::default(),
-            Some(&w) if w >> Self::ADDR_BITS == Self::BESIDE => self.beside[&(slot as u32)],
-            Some(&w) => Slot {
-                addr: w & Self::ADDR_MASK,
-                usable: (w >> Self::ADDR_BITS) as u32,
-            },
-        }
+        self.word(slot).map_or_else(Slot::default, |&w| {
+            Self::in_word(w).unwrap_or_else(|| self.beside[&(slot as u32)])
+        })
     }
 
     /// Empties `slot` and returns what it held (address 0: nothing).
@@ -335,13 +339,7 @@ impl SlotTable {
         let Some(w) = self.word_mut(slot).map(std::mem::take) else {
             return Slot::default();
         };
-        if w >> Self::ADDR_BITS == Self::BESIDE {
-            return self.beside.remove(&(slot as u32)).unwrap_or_default();
-        }
-        Slot {
-            addr: w & Self::ADDR_MASK,
-            usable: (w >> Self::ADDR_BITS) as u32,
-        }
+        Self::in_word(w).unwrap_or_else(|| self.beside.remove(&(slot as u32)).unwrap_or_default())
     }
 
     /// Puts block `b` in `slot`, which exists.

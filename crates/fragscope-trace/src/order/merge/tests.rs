@@ -838,7 +838,7 @@ fn own_memory_at_a_tick_is_what_was_reported_up_to_it() {
 }
 
 /// A finished merge gives back its live blocks and queues for a reader done with them;
-/// what a report still asks of it (its statistics, its stacks) stays.
+/// its statistics, which a report still asks for, stay.
 #[test]
 fn a_finished_merge_releases_its_blocks_and_keeps_its_figures() {
     let mut m = Merger::new();
