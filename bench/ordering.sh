@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # How often the merge orders threads' calls without disorder: records
-# tests/c/reuse_threads.c (8 threads freeing each other's blocks, addresses reused at once)
+# tests/c/reuse_threads.c (8 threads freeing each other's blocks, addresses reused at once),
+# or with PROGRAM=realloc_ring tests/c/realloc_ring.c (4 threads reallocating blocks they
+# hand to each other: a realloc gives its old block back inside the call),
 # `rounds` times, `parallel` recordings at once (more threads than cores: threads are
 # preempted mid-buffer, which is what misleads a merge), half under glibc and half under
 # jemalloc, and counts the recordings whose merge had to force a call, or had to take a call
@@ -19,14 +21,20 @@ rm -f "$out"/*.fsc
 cargo build --release -q -p fragscope -p fragscope-trace --example check_order
 fs=$PWD/target/release/fragscope
 check=${CHECK:-$PWD/target/release/examples/check_order}
-cc -O2 -pthread -o "$out/reuse_threads" tests/c/reuse_threads.c
+program=${PROGRAM:-reuse_threads}
+case "$program" in
+  reuse_threads) args=(8 40000) ;;
+  realloc_ring) args=() ;;
+  *) echo "PROGRAM is reuse_threads or realloc_ring" >&2; exit 2 ;;
+esac
+cc -O2 -pthread -o "$out/$program" "tests/c/$program.c"
 jemalloc=$(ls /usr/lib/*/libjemalloc.so.2 2>/dev/null | head -1)
 for r in $(seq 1 "$rounds"); do
   for k in $(seq 1 "$parallel"); do
     if [ $((k % 2)) -eq 0 ] && [ -n "$jemalloc" ]; then
-      LD_PRELOAD=$jemalloc "$fs" record --stacks none -o "$out/jemalloc-$r-$k.fsc" -- "$out/reuse_threads" 8 40000 2>/dev/null &
+      LD_PRELOAD=$jemalloc "$fs" record --stacks none -o "$out/jemalloc-$r-$k.fsc" -- "$out/$program" "${args[@]}" 2>/dev/null &
     else
-      "$fs" record --stacks none -o "$out/glibc-$r-$k.fsc" -- "$out/reuse_threads" 8 40000 2>/dev/null &
+      "$fs" record --stacks none -o "$out/glibc-$r-$k.fsc" -- "$out/$program" "${args[@]}" 2>/dev/null &
     fi
   done
   wait

@@ -16,8 +16,10 @@
  * Across threads, once a process has a second thread, the word that holds the tick also
  * counts frees: a free takes a value of it (an atomic add) before the real free, an
  * allocation reads it after the real allocation returns, and an ORDER record says so
- * when the value is not the one the thread expects. The reader orders calls by (tick,
- * value): the allocation of a block always comes after the free that gave it back.
+ * when the value is not the one the thread expects; a realloc does both, and a RELEASED
+ * record places the old block's release at the value it took. The reader orders calls
+ * by (tick, value): the allocation of a block always comes after the free that gave it
+ * back.
  *
  * Record layout: docs/trace-format.md ("Event records"); the decoder is
  * crates/fragscope-trace/src/event.rs. Socket messages: the same document,
@@ -70,7 +72,16 @@ enum {
     /* KIND_TICK with this flag: ORDER, `delta:varint`: the order counter this call read
      * is `delta` above what the thread expected (see note_order). */
     FLAG_ORDER = 0x20,
+    /* KIND_TICK with this flag and 0x10 (an anchor to older readers, which skip its one
+     * varint): RELEASED, `(value << 8 | ticks_back):varint`: the realloc that follows gave
+     * its old block back at a counter value taken before the real call (see
+     * realloc_common), in the tick `ticks_back` (below 255) before this one: `value` below
+     * the call's own reading in the same tick, else the value itself. */
+    FLAG_RELEASED = 0x40,
+    KIND_RELEASED = KIND_TICK | 0x10 | FLAG_RELEASED,
 };
+/* write_event's `released` when the call gave no block back before its record. */
+#define NO_RELEASE UINT64_MAX
 enum {
     FLAG_STACK = 0x10,     /* a stack id follows */
     FLAG_UNALIGNED = 0x20, /* address deltas in bytes, not 16-byte units */
@@ -582,12 +593,23 @@ static void announce_awake(struct thread_state *ts) {
 
 /* Writes one call's record into the thread's buffer; the caller holds TF_BUSY. */
 static void write_event(struct thread_state *ts, uint8_t kind, uintptr_t addr, uintptr_t old_addr,
-                        size_t size, size_t align) {
+                        size_t size, size_t align, uint64_t released) {
     int ordering = __atomic_load_n(&ordering_on, __ATOMIC_RELAXED);
     uint64_t now = clock_for(kind, ordering);
     if (UNLIKELY(now >> TICK_SHIFT != ts->tick)) tick_changed(ts, now >> TICK_SHIFT);
-    if (UNLIKELY(ts->len + MAX_RECORD + 32 > BUF_CAP)) flush_thread(ts);
+    if (UNLIKELY(ts->len + MAX_RECORD + 48 > BUF_CAP)) flush_thread(ts);
     if (ordering) note_order(ts, now, kind == KIND_FREE);
+    /* A realloc that gave its old block back did so at the value it took before the call,
+     * which a RELEASED record places, in its own tick; the call's reading places the
+     * call. Written after any tick, order record and flush, right before the call's. */
+    if (UNLIKELY(released != NO_RELEASE) && ordering && released >> TICK_SHIFT <= ts->tick) {
+        uint64_t back = ts->tick - (released >> TICK_SHIFT), value = released & ORDER_MASK;
+        /* In the same tick the value is below the call's reading, which it preceded. */
+        if (back < 255 && (back || value < ts->order_next)) {
+            uint64_t told = back ? value : ts->order_next - value;
+            put_tagged(ts, KIND_RELEASED, told << 8 | back);
+        }
+    }
 
     uint8_t tag = kind;
     if (kind == KIND_FREE) {
@@ -672,7 +694,7 @@ static void drain_nested(struct thread_state *ts) {
         struct nested_event e = ts->nested[ts->nested_head % NESTED_CAP];
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
         ts->nested_head++;
-        write_event(ts, e.kind, e.addr, e.old_addr, e.size, e.align);
+        write_event(ts, e.kind, e.addr, e.old_addr, e.size, e.align, NO_RELEASE);
     }
     uint64_t lost = ts->nested_lost;
     if (lost) {
@@ -703,7 +725,8 @@ static void record_nested(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size
  * block given; for free `addr` is the block freed. Calls that handlers queued are
  * written first (they came before this one: queued while an earlier record was being
  * written, after its last drain) and after (queued while this one was). */
-static void record(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size, size_t align) {
+static void record_released(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size,
+                            size_t align, uint64_t released) {
     if (UNLIKELY(tls_flags & TF_BUSY)) {
         record_nested(kind, addr, old_addr, size, align);
         return;
@@ -723,12 +746,20 @@ static void record(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size
     ts->idle = 0;
     if (UNLIKELY(woke)) announce_awake(ts);
     if (UNLIKELY(ts->nested_head != ts->nested_tail || ts->nested_lost)) drain_nested(ts);
-    write_event(ts, kind, addr, old_addr, size, align);
+    /* A thread told idle after it took `released` (inside the real call, which another
+     * thread's scan does not wait for): the merge may have gone past that value since,
+     * so the call is placed by its reading alone. */
+    write_event(ts, kind, addr, old_addr, size, align, woke ? NO_RELEASE : released);
     if (UNLIKELY(ts->nested_head != ts->nested_tail || ts->nested_lost)) drain_nested(ts);
     if (UNLIKELY(finished || woke)) flush_thread(ts);
 out:
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     tls_flags &= ~TF_BUSY;
+}
+
+/* Records a call that gave no block back before its record was taken. */
+static void record(uint8_t kind, uintptr_t addr, uintptr_t old_addr, size_t size, size_t align) {
+    record_released(kind, addr, old_addr, size, align, NO_RELEASE);
 }
 
 /* The common call, written inline in the malloc, calloc and free hooks: this thread's own
@@ -872,12 +903,20 @@ static void *realloc_common(uint8_t kind, void *ptr, size_t nmemb, size_t size, 
         return p;
     }
     if (UNLIKELY(!real_realloc) && !ensure_init()) return NULL;
-    /* Recorded after the call: the reader's merge lets another thread's reuse of `ptr`
-     * wait for this record even when it carries a slightly later tick. */
+    /* Recorded after the call, but a block it moves is given back inside it, where
+     * another thread can be handed the old address and read the order counter before
+     * this call does. So, once calls are ordered, a realloc of a block takes a counter
+     * value first, as a free does, and the record places the release there when the
+     * block moved or was freed. */
+    int ordered = ptr && !nested && LIKELY(tracing) && __atomic_load_n(&ordering_on, __ATOMIC_RELAXED);
+    uint64_t before = ordered ? __atomic_fetch_add(&clock_page->now, 1, __ATOMIC_RELAXED) : NO_RELEASE;
     ENTER_REAL();
     void *p = kind == KIND_REALLOCARRAY ? real_reallocarray(ptr, nmemb, size) : real_realloc(ptr, size);
     LEAVE_REAL();
-    if (!nested && LIKELY(tracing)) record(kind, (uintptr_t)p, (uintptr_t)ptr, total, 0);
+    /* As the reader counts it: moved, or freed by a size of 0; a failure keeps `ptr`. */
+    int gave_back = p != ptr && (p || total == 0);
+    if (!nested && LIKELY(tracing))
+        record_released(kind, (uintptr_t)p, (uintptr_t)ptr, total, 0, gave_back ? before : NO_RELEASE);
     return p;
 }
 

@@ -22,6 +22,7 @@ fn main() {
             while let Ok(Some(rec)) = d.next_record() {
                 i += 1;
                 let place = d.place();
+                let released = d.take_released();
                 let hit = match (tid, &rec) {
                     (Some(t), Record::Alloc { .. } | Record::Free { .. }) => t == h.tid,
                     (Some(_), _) => false,
@@ -38,8 +39,11 @@ fn main() {
                 };
                 if hit {
                     let place = place.map_or("-".to_string(), |p| p.to_string());
+                    let released = released.map_or(String::new(), |(tick, place)| {
+                        format!(" (its old block released at tick {tick} place {place})")
+                    });
                     println!(
-                        "file chunk #{n} tid {} seq {} rec {i} tick {} place {place}: {rec:?}",
+                        "file chunk #{n} tid {} seq {} rec {i} tick {} place {place}: {rec:?}{released}",
                         h.tid,
                         h.seq,
                         d.tick()

@@ -32,6 +32,7 @@ fn main() {
                     Record::Tick { .. } => "tick",
                     Record::Usable { .. } => "usable size",
                     Record::Order { .. } => "order",
+                    Record::Released { .. } => "released",
                     Record::Summed { .. } => "summed",
                     Record::Live { .. } => "live",
                 };

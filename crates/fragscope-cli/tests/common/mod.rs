@@ -287,7 +287,12 @@ pub fn stream_calls_marked(trace: &Path, mark: Option<u64>) -> Vec<StreamCalls> 
             .fold((0, 0), |(bytes, n), &(size, _)| (bytes + size, n + 1))
     }
     fn replay(r: &mut Replay, mark: Option<u64>) {
+        let mut taken = r.merger.stats().taken_from_reallocs;
         while let Some(m) = r.merger.pop() {
+            // The call took its block from a realloc of another thread placed after it,
+            // which then releases nothing (the merge's `Call::old_taken`).
+            let took = r.merger.stats().taken_from_reallocs > taken;
+            taken = r.merger.stats().taken_from_reallocs;
             let Merged::Call(c) = m else { continue };
             r.first_tid.get_or_insert(c.tid);
             r.calls.calls += 1;
@@ -313,7 +318,7 @@ pub fn stream_calls_marked(trace: &Path, mark: Option<u64>) -> Vec<StreamCalls> 
             };
             let s = &mut r.calls;
             *s.allocs.entry((c.func, c.size)).or_default() += 1;
-            if r.live.insert(a, (c.size, c.tid)).is_some() {
+            if r.live.insert(a, (c.size, c.tid)).is_some() && !took {
                 s.live_twice += 1;
             }
             if c.align > 1 && a % c.align != 0 {

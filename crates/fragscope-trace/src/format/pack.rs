@@ -175,6 +175,13 @@ mod tests {
                         let new = if r & 0x100 != 0 { old } else { next + 3 };
                         next += 4096;
                         live[k] = new;
+                        if new != old {
+                            // Moved: the old block was given back at a value taken
+                            // before the call, the call read the counter after it.
+                            w.u8(KIND_TICK | FLAG_ORDER).varint(4 + (r >> 61));
+                            w.u8(KIND_TICK | FLAG_ANCHOR | FLAG_RELEASED)
+                                .varint((1 + (r >> 62)) << 8);
+                        }
                         w.u8(Func::Realloc as u8 | FLAG_USABLE);
                         let d = old.wrapping_sub(prev) as i64;
                         prev = old;
@@ -248,6 +255,46 @@ mod tests {
             }
         }
         got
+    }
+
+    /// A call's place, and for a realloc the (tick, place) of its RELEASED record.
+    type Places = (Option<u64>, Option<(u64, u64)>);
+
+    /// Each call's [`Places`].
+    fn places_all(buffers: &[(u32, u64, Vec<u8>)], packed: bool) -> Vec<Places> {
+        let mut tables = StreamTables::default();
+        let mut got = Vec::new();
+        for (tid, tick, records) in buffers {
+            let mut d = ChunkDecoder::with_form(records, *tick, *tid, packed, &mut tables);
+            while let Some(r) = d.next_record().unwrap() {
+                if matches!(r, Record::Alloc { .. } | Record::Free { .. }) {
+                    got.push((d.place(), d.take_released()));
+                }
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn a_reallocs_release_keeps_its_place_through_packing() {
+        let raw = raw_buffers();
+        let mut packer = Packer::default();
+        let packed: Vec<_> = raw
+            .iter()
+            .map(|(tid, tick, r)| {
+                let mut out = PackedBuffer::default();
+                packer.pack(*tid, *tick, r, &mut out).unwrap();
+                (*tid, *tick, out.bytes)
+            })
+            .collect();
+        let want = places_all(&raw, false);
+        let released: Vec<_> = want.iter().filter_map(|&(p, r)| Some((p?, r?))).collect();
+        assert!(released.len() > 100, "{} releases", released.len());
+        // Placed as a free before the call's own reading: one value below it at least.
+        assert!(released
+            .iter()
+            .all(|&(place, (_, r))| r % 2 == 1 && r < place));
+        assert_eq!(places_all(&packed, true), want);
     }
 
     #[test]

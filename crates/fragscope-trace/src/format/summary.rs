@@ -300,7 +300,8 @@ impl Summarizer {
                     | Record::Usable { .. }
                     | Record::Joined { .. }
                     | Record::Forked { .. }
-                    | Record::Order { .. },
+                    | Record::Order { .. }
+                    | Record::Released { .. },
                 )) => {}
                 Ok(None) => break,
                 Err(e) => {

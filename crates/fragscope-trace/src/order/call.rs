@@ -20,6 +20,16 @@ pub struct Call {
     pub usable: u64,
     pub align: u64,
     pub stack: u32,
+    /// A realloc that gave its old block back before its own place (its reading of the
+    /// order counter after the call): the counter value it took before the call, in the
+    /// tick `release_ticks_back` before its own ([`Call::release_when`]).
+    pub release_value: u32,
+    /// [`NO_RELEASE`] when no release is known (a call other than a realloc, a realloc
+    /// that kept its block, a trace older than releases).
+    pub release_ticks_back: u8,
+    /// A realloc whose old block an allocation of another thread took between the release
+    /// and the realloc's own place: the realloc releases nothing when it is merged.
+    pub old_taken: bool,
 }
 
 impl Call {
@@ -36,6 +46,9 @@ impl Call {
             usable: 0,
             align: 0,
             stack: 0,
+            release_value: 0,
+            release_ticks_back: NO_RELEASE,
+            old_taken: false,
         }
     }
 
@@ -43,19 +56,48 @@ impl Call {
     pub fn allocates(&self) -> Option<u64> {
         (self.func != Func::Free && self.addr != 0).then_some(self.addr)
     }
-    /// The address this call ends, if any (a realloc that moved or freed its block).
+    /// The address this call ends, if any (a realloc that moved or freed its block, unless
+    /// its old block was taken from it: [`Call::old_taken`]).
     pub fn releases(&self) -> Option<u64> {
         match self.func {
             Func::Free => (self.addr != 0).then_some(self.addr),
             Func::Realloc | Func::Reallocarray => {
                 // realloc(p, 0) may free p and return NULL; a failed realloc keeps p.
                 let freed = self.addr != 0 || self.size == 0;
-                (self.old_addr != 0 && freed).then_some(self.old_addr)
+                (self.old_addr != 0 && freed && !self.old_taken).then_some(self.old_addr)
             }
             _ => None,
         }
     }
+
+    /// The (tick, place) at which a realloc gave its old block back, when known: a place
+    /// as a free's, taken before the call.
+    pub fn release_when(&self) -> Option<(u64, u64)> {
+        (self.release_ticks_back != NO_RELEASE).then(|| {
+            let tick = self.tick.saturating_sub(self.release_ticks_back.into());
+            (tick, u64::from(self.release_value) * 2 + 1)
+        })
+    }
+
+    /// Sets the release of a realloc at `tick` to (`release_tick`, `place`), if it fits:
+    /// a counter value (half the place) fits 32 bits, as the interposer keeps it, and a
+    /// release more than 254 ticks before the call's end is left unknown.
+    pub fn set_release(&mut self, (release_tick, place): (u64, u64)) {
+        let back = self
+            .tick
+            .checked_sub(release_tick)
+            .and_then(|b| u8::try_from(b).ok());
+        if let (Some(back), Ok(value)) =
+            (back.filter(|&b| b != NO_RELEASE), u32::try_from(place / 2))
+        {
+            self.release_ticks_back = back;
+            self.release_value = value;
+        }
+    }
 }
+
+/// [`Call::release_ticks_back`] of a call with no release known.
+pub const NO_RELEASE: u8 = u8::MAX;
 
 /// Something the merge hands on, in order.
 #[derive(Debug, Clone, PartialEq)]

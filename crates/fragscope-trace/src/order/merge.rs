@@ -8,9 +8,15 @@
 //! the counter after the real allocation returns, so an allocation of a block always has
 //! a higher place than the free that gave the block back, in whichever thread.
 //!
-//! Causality backs the places up where they cannot decide (a realloc, which frees and
-//! allocates in one call and reads the counter once; calls of a thread that had not
-//! seen the counter switched on yet; traces older than the counter):
+//! A realloc frees and allocates in one call: it takes a counter value before the call,
+//! for the block it gives back inside it, and reads the counter after, which places it
+//! (its allocation comes after the free of the block it got). Another thread can be
+//! handed the old block between the two: that allocation, placed between them, takes the
+//! block from the realloc waiting at the head of its thread ([`Call::old_taken`]).
+//!
+//! Causality backs the places up where they cannot decide (a realloc of a trace older
+//! than its release's place; calls of a thread that had not seen the counter switched on
+//! yet; traces older than the counter):
 //! - an allocation returning an address that is still live waits for the free of it
 //!   (in another thread) to be merged first;
 //! - a free (or realloc) of an address not live waits for its allocation.
@@ -84,6 +90,9 @@ pub struct MergeStats {
     /// Calls merged ahead of an earlier-placed call of another thread that had to wait
     /// for causality (a realloc's blocks; calls made before ordering was switched on).
     pub reordered: u64,
+    /// Allocations that took a block a realloc of another thread gave back before they
+    /// were made but is placed after them (see [`Call::old_taken`]): ordered, not forced.
+    pub taken_from_reallocs: u64,
     /// Calls that waited past the memory budget, in their compact form and mostly on
     /// disk, for a slow thread (see [`crate::order::spill`]).
     pub spilled: u64,
@@ -633,7 +642,8 @@ impl Merger {
         }
     }
 
-    fn blocked(&self, m: &Merged) -> bool {
+    /// Whether call `m`, placed at `when`, must wait for another thread's call.
+    fn blocked(&self, m: &Merged, when: (u64, u64)) -> bool {
         let Merged::Call(c) = m else { return false };
         if let Some(old) = c.releases() {
             if !self.live.contains_key(&old) {
@@ -646,7 +656,24 @@ impl Merger {
         } else if c.func == Func::Free {
             return false; // free(NULL)
         }
-        c.allocates().is_some_and(|a| self.live.contains_key(&a))
+        c.allocates().is_some_and(|a| {
+            self.live.contains_key(&a) && self.realloc_releasing(a, c.tid, when).is_none()
+        })
+    }
+
+    /// The thread whose next call is a realloc that gave block `addr` back before `when`
+    /// (at the value it took before the call), though placed after it: an allocation of
+    /// `addr` by thread `tid` placed at `when` got the block from it. Scans every thread,
+    /// but only for an allocation of a live address, which the places make rare.
+    fn realloc_releasing(&self, addr: u64, tid: u32, when: (u64, u64)) -> Option<usize> {
+        self.threads.iter().position(|t| match t.queue.front() {
+            Some((Merged::Call(r), _)) => {
+                r.tid != tid
+                    && r.releases() == Some(addr)
+                    && r.release_when().is_some_and(|released| released < when)
+            }
+            _ => false,
+        })
     }
 
     /// Whether thread `t`'s next item must wait for a thread it joined: one that has not
@@ -693,7 +720,7 @@ impl Merger {
             }
             let t = &self.threads[i];
             let head = &t.queue.front()?.0;
-            if !alone && (self.blocked(head) || self.waits_for_join(t)) {
+            if !alone && (self.blocked(head, when) || self.waits_for_join(t)) {
                 // In an attached process the earliest call of all, blocked, waits for
                 // nothing: what would unblock it comes before it or not at all.
                 if self.attached && refused_at.is_none() && oldest_blocked.is_none() {
@@ -754,7 +781,7 @@ impl Merger {
             if !allowed {
                 continue;
             }
-            if !alone && (self.blocked(head) || self.waits_for_join(t)) {
+            if !alone && (self.blocked(head, when) || self.waits_for_join(t)) {
                 if oldest_blocked.is_none_or(|(bw, _)| when < bw) {
                     oldest_blocked = Some((when, i));
                 }
@@ -806,14 +833,15 @@ impl Merger {
         if let Some(old) = ahead.and_then(Call::releases) {
             self.live.prefetch(old);
         }
-        self.settle_call(&mut c);
+        // A lone thread's call: no other thread's realloc can have given its block back.
+        self.settle_call(&mut c, 0);
         Some(c)
     }
 
     /// [`Merger::pop`] past the lone run's calls.
     fn pop_rest(&mut self) -> Option<Merged> {
         if let Some(mut m) = self.lone.pop_other() {
-            self.settle(&mut m);
+            self.settle(&mut m, 0);
             return Some(m);
         }
         self.count_lone_pops();
@@ -847,7 +875,7 @@ impl Merger {
         let chosen = self.choose(alone);
         let (i, on_top) = chosen?;
         let t = &mut self.threads[i];
-        let (mut m, _) = t.queue.pop_front()?;
+        let (mut m, place) = t.queue.pop_front()?;
         // As in `pop_lone_call`: the block of the thread's free a few calls ahead, looked
         // up when that call is a head (whether it must wait) and when it is taken.
         if let Some((Merged::Call(ahead), _)) = t.queue.get(PREFETCH_AHEAD) {
@@ -891,16 +919,16 @@ impl Merger {
         } else if let Some(head) = next {
             self.heads.push(Reverse(head));
         }
-        self.settle(&mut m);
+        self.settle(&mut m, place);
         Some(m)
     }
 
-    /// Brings the live blocks up to date with `m`, the next item in merged order, and
-    /// keeps ticks from going back.
+    /// Brings the live blocks up to date with `m`, the next item in merged order (at
+    /// `place` in its tick), and keeps ticks from going back.
     #[inline]
-    fn settle(&mut self, m: &mut Merged) {
+    fn settle(&mut self, m: &mut Merged, place: u64) {
         match m {
-            Merged::Call(c) => self.settle_call(c),
+            Merged::Call(c) => self.settle_call(c, place),
             Merged::Stats { tick, .. }
             | Merged::Forked { tick, .. }
             | Merged::Summary { tick, .. } => {
@@ -922,7 +950,8 @@ impl Merger {
     }
 
     #[inline(always)]
-    fn settle_call(&mut self, c: &mut Call) {
+    fn settle_call(&mut self, c: &mut Call, place: u64) {
+        let when = (c.tick, place);
         self.settle_tick(&mut c.tick);
         self.ended = [None; 2];
         if let Some(old) = c.releases() {
@@ -939,7 +968,9 @@ impl Merger {
         if let Some(a) = c.allocates() {
             if let Some(displaced) = self.live.insert(a, LiveBlock::of(c)) {
                 self.ended[1] = Some((a, displaced));
-                if displaced.inherited {
+                if let Some(j) = self.realloc_releasing(a, c.tid, when) {
+                    self.take_old_block(j);
+                } else if displaced.inherited {
                     self.stats.inherited_stale += 1;
                 } else if !self.starting.is_empty() && self.starting.remove(&a) {
                     self.stats.starting_stale += 1;
@@ -947,6 +978,16 @@ impl Merger {
                     self.stats.forced_allocs += 1;
                 }
             }
+        }
+    }
+
+    /// The realloc at the head of thread `j` gave back the block the call just popped
+    /// took: it releases nothing when it is merged.
+    #[cold]
+    fn take_old_block(&mut self, j: usize) {
+        if let Some((Merged::Call(r), _)) = self.threads[j].queue.front_mut() {
+            r.old_taken = true;
+            self.stats.taken_from_reallocs += 1;
         }
     }
 

@@ -18,7 +18,7 @@ use std::os::unix::fs::FileExt;
 use crate::format::event::{Func, StatsSource};
 use crate::format::wire::{Reader, Writer};
 use crate::format::TraceError;
-use crate::order::call::{Call, Merged, Summary};
+use crate::order::call::{Call, Merged, Summary, NO_RELEASE};
 
 /// Items of one segment: small enough that every thread's head, read back a segment at a
 /// time, fits in memory (1024 threads x 1024 calls x ~80 bytes = 80 MiB at worst).
@@ -32,6 +32,9 @@ const FUNC_BITS: u8 = 0x0f;
 const HAS_OLD_ADDR: u8 = 0x10;
 const HAS_ALIGN: u8 = 0x20;
 const HAS_SIZE: u8 = 0x40;
+/// A realloc, which has no alignment: its release and whether its old block was taken
+/// follow ([`Call::release_when`], [`Call::old_taken`]).
+const HAS_RELEASE: u8 = HAS_ALIGN;
 
 /// zstd's fastest levels: a spilled call is written once and read once, soon after.
 const LEVEL: i32 = -3;
@@ -221,6 +224,11 @@ fn encode(w: &mut Writer, prev: &mut Previous, (item, place): &(Merged, u64)) {
             w.u8(c.func as u8
                 | if c.old_addr != 0 { HAS_OLD_ADDR } else { 0 }
                 | if c.align != 0 { HAS_ALIGN } else { 0 }
+                | if c.release_ticks_back != NO_RELEASE || c.old_taken {
+                    HAS_RELEASE
+                } else {
+                    0
+                }
                 | if sized { HAS_SIZE } else { 0 })
         }
         Merged::Stats { .. } => w.u8(STATS_TAG),
@@ -247,6 +255,11 @@ fn encode(w: &mut Writer, prev: &mut Previous, (item, place): &(Merged, u64)) {
             }
             if c.align != 0 {
                 w.varint(c.align);
+            }
+            if c.release_ticks_back != NO_RELEASE || c.old_taken {
+                w.u8(c.release_ticks_back)
+                    .varint(c.release_value.into())
+                    .u8(c.old_taken.into());
             }
             if c.size != 0 || c.usable != 0 || c.stack != 0 {
                 w.varint(c.size)
@@ -350,7 +363,12 @@ fn decode_into(
             if tag & HAS_OLD_ADDR != 0 {
                 c.old_addr = addr.wrapping_add(r.svarint()? as u64);
             }
-            if tag & HAS_ALIGN != 0 {
+            if tag & HAS_RELEASE != 0 && func.takes_old_block() {
+                c.release_ticks_back = r.u8()?;
+                c.release_value = u32::try_from(r.varint()?)
+                    .map_err(|_| TraceError::Malformed("spilled release value".into()))?;
+                c.old_taken = r.u8()? != 0;
+            } else if tag & HAS_ALIGN != 0 {
                 c.align = r.varint()?;
             }
             if tag & HAS_SIZE != 0 {
@@ -389,8 +407,19 @@ mod tests {
                 },
                 size: i * 3 % 5000,
                 usable: i * 3 % 5000 + 8,
-                align: if i.is_multiple_of(4) { 64 } else { 0 },
+                align: if i.is_multiple_of(4) && func != Func::Realloc {
+                    64
+                } else {
+                    0
+                },
                 stack: (i % 3) as u32,
+                release_value: if func == Func::Realloc { i as u32 } else { 0 },
+                release_ticks_back: if func == Func::Realloc {
+                    (i % 3) as u8
+                } else {
+                    NO_RELEASE
+                },
+                old_taken: func == Func::Realloc && i % 3 == 2,
             }),
             (i % 7) * 2 + u64::from(func == Func::Free),
         )
@@ -468,6 +497,9 @@ mod tests {
                 usable: 0,
                 align: u64::MAX,
                 stack: u32::MAX,
+                release_value: 0,
+                release_ticks_back: NO_RELEASE,
+                old_taken: false,
             }),
             u64::MAX,
         ));

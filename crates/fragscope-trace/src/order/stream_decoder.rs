@@ -9,6 +9,7 @@ use crate::format::event::{ChunkDecoder, Func, Record, StatsSource, StreamTables
 use crate::format::hash::FastMap;
 use crate::format::records::EventsHeader;
 use crate::format::TraceError;
+use crate::order::call::NO_RELEASE;
 use crate::order::call::{Call, Summary};
 
 /// A thread buffer's records, decoded into what the merge takes: its calls (with
@@ -120,7 +121,7 @@ impl StreamDecoder {
                     usable,
                     stack,
                 } => {
-                    let call = Call {
+                    let mut call = Call {
                         tick,
                         tid: h.tid,
                         func,
@@ -130,7 +131,15 @@ impl StreamDecoder {
                         usable: usable.unwrap_or(0),
                         align,
                         stack: if stack == 0 { 0 } else { locals.get(stack) },
+                        release_value: 0,
+                        release_ticks_back: NO_RELEASE,
+                        old_taken: false,
                     };
+                    if func.takes_old_block() {
+                        if let Some(released) = d.take_released() {
+                            call.set_release(released);
+                        }
+                    }
                     out.push_call(call, place);
                     continue;
                 }
@@ -189,7 +198,10 @@ impl StreamDecoder {
                         calls,
                     },
                 },
-                Record::Tick { .. } | Record::Usable { .. } | Record::Order { .. } => continue,
+                Record::Tick { .. }
+                | Record::Usable { .. }
+                | Record::Order { .. }
+                | Record::Released { .. } => continue,
             };
             out.others.push((out.calls.len(), other));
         }

@@ -15,7 +15,13 @@
 //!            with flag 0x20, order: delta:varint (the shared order counter, which
 //!            counts every thread's frees within the tick, moved on by `delta` since
 //!            this thread's last call: see "Order" in docs/trace-format.md);
-//!            with flag 0x10, an anchor of older traces: cycles:varint (skipped)
+//!            with flag 0x10, an anchor of older traces: cycles:varint (skipped);
+//!            with flags 0x50, released: (value << 8 | ticks_back):varint (the realloc
+//!            that follows, whose order record comes before this one, gave its old block
+//!            back at a counter value taken before the real call as a free takes its
+//!            own, in the tick `ticks_back` before this one: `value` below the realloc's
+//!            own reading when `ticks_back` is 0, else the value itself; the realloc is
+//!            placed by its reading; older readers skip it as an anchor)
 //! kind 11    stack:       id:varint depth:varint frame-delta:svarint*depth
 //! kind 12    usable:      size:varint usable:varint (for malloc/calloc of `size`)
 //! kind 13    stats:       source:u8 count:u8 (name_len:u8 name value:varint)*count
@@ -100,7 +106,8 @@ impl Func {
             Func::Free => "free",
         }
     }
-    fn takes_old_block(self) -> bool {
+    /// realloc and reallocarray: they take a block and may give it back.
+    pub fn takes_old_block(self) -> bool {
         matches!(self, Func::Realloc | Func::Reallocarray)
     }
     fn takes_alignment(self) -> bool {
@@ -130,9 +137,12 @@ const FLAG_SUMMED: u8 = 0x40;
 const FLAG_LIVE: u8 = 0x80;
 /// With KIND_TICK: an anchor (a cycle counter reading), which older interposers wrote to
 /// estimate time inside a tick; the order counter replaced it.
-const FLAG_ANCHOR: u8 = 0x10;
+pub(crate) const FLAG_ANCHOR: u8 = 0x10;
 /// With KIND_TICK: the order counter moved on.
-const FLAG_ORDER: u8 = 0x20;
+pub(crate) const FLAG_ORDER: u8 = 0x20;
+/// With KIND_TICK and FLAG_ANCHOR (which older readers skip): the realloc that follows
+/// released its old block at a place of its own ([`ChunkDecoder::take_released`]).
+pub(crate) const FLAG_RELEASED: u8 = 0x40;
 const KIND_OWN_MEMORY: u8 = 15;
 pub(crate) const FLAG_STACK: u8 = 0x10;
 pub(crate) const FLAG_UNALIGNED: u8 = 0x20;
@@ -264,6 +274,15 @@ pub enum Record {
     Order {
         delta: u64,
     },
+    /// The realloc that follows gave its old block back at a counter value taken before
+    /// the real call, in the tick `ticks_back` before this record's: `value` below the
+    /// realloc's own reading when `ticks_back` is 0, else that value (only from
+    /// [`ChunkDecoder::report_all`] decoders; others give it with the realloc:
+    /// [`ChunkDecoder::take_released`]).
+    Released {
+        ticks_back: u64,
+        value: u64,
+    },
 }
 
 /// Decodes one thread's chunk of records. `tables` are the stream's (see
@@ -289,6 +308,9 @@ pub struct ChunkDecoder<'a, 't> {
     ordered: bool,
     /// The place of the record last returned (see [`ChunkDecoder::place`]).
     place: u64,
+    /// The tick and place of a RELEASED record, until its realloc is returned and then
+    /// taken.
+    released: Option<(u64, u64)>,
     /// The slot planes' look-ahead reading is [`SLOTS_AHEAD`] slots ahead of the records.
     slots_ahead: bool,
 }
@@ -337,6 +359,7 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
             order: 0,
             ordered: false,
             place: 0,
+            released: None,
             slots_ahead: false,
         }
     }
@@ -394,6 +417,9 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
                         self.place = self.place.saturating_add(1);
                         self.order = self.order.saturating_add(1);
                     }
+                    if self.released.is_some() {
+                        self.keep_released_for(kind);
+                    }
                     return Ok(Some(call));
                 }
                 KIND_TICK if tag & FLAG_ORDER != 0 => {
@@ -402,6 +428,21 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
                     self.ordered = true;
                     if self.report_all {
                         return Ok(Some(Record::Order { delta }));
+                    }
+                }
+                KIND_TICK if tag & FLAG_RELEASED != 0 => {
+                    // Placed as a free: the value the realloc took before the call.
+                    let told = self.r.varint(Field::Other)?;
+                    let (ticks_back, value) = (told & 0xff, told >> 8);
+                    let taken = if ticks_back == 0 {
+                        self.order.saturating_sub(value)
+                    } else {
+                        value
+                    };
+                    let place = taken.saturating_mul(2).saturating_add(1);
+                    self.released = Some((self.tick.saturating_sub(ticks_back), place));
+                    if self.report_all {
+                        return Ok(Some(Record::Released { ticks_back, value }));
                     }
                 }
                 KIND_TICK if tag & FLAG_ANCHOR != 0 => {
@@ -422,6 +463,23 @@ impl<'a, 't> ChunkDecoder<'a, 't> {
                 }
             }
         }
+    }
+
+    /// A RELEASED record is for the realloc that follows it; before any other call
+    /// (which no interposer writes) it is dropped.
+    #[cold]
+    fn keep_released_for(&mut self, kind: u8) {
+        if !Func::from_kind(kind).is_some_and(Func::takes_old_block) {
+            self.released = None;
+        }
+    }
+
+    /// The tick and place at which the realloc last returned gave its old block back,
+    /// when a RELEASED record said so: before its own, which is its reading of the
+    /// counter after the call (a tick record may come between the two). Another thread
+    /// may have been handed that block between.
+    pub fn take_released(&mut self) -> Option<(u64, u64)> {
+        self.released.take()
     }
 
     /// A record of the kinds a buffer holds few of (stacks, usable sizes, statistics,

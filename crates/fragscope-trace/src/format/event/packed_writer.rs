@@ -4,10 +4,10 @@
 
 use super::tables::StreamTables;
 use super::{
-    Func, Record, FLAG_FORKED, FLAG_JOINED, FLAG_LIVE, FLAG_NULL, FLAG_ORDER, FLAG_PREDICTED,
-    FLAG_SLOT, FLAG_STACK, FLAG_SUMMED, FLAG_UNALIGNED, FLAG_USABLE, KIND_LOST, KIND_OWN_MEMORY,
-    KIND_STACK, KIND_STATS, KIND_TICK, KIND_USABLE, REALLOC_OLD_NULL, REALLOC_OLD_SLOT,
-    REALLOC_OLD_UNALIGNED,
+    Func, Record, FLAG_ANCHOR, FLAG_FORKED, FLAG_JOINED, FLAG_LIVE, FLAG_NULL, FLAG_ORDER,
+    FLAG_PREDICTED, FLAG_RELEASED, FLAG_SLOT, FLAG_STACK, FLAG_SUMMED, FLAG_UNALIGNED, FLAG_USABLE,
+    KIND_LOST, KIND_OWN_MEMORY, KIND_STACK, KIND_STATS, KIND_TICK, KIND_USABLE, REALLOC_OLD_NULL,
+    REALLOC_OLD_SLOT, REALLOC_OLD_UNALIGNED,
 };
 use crate::format::columns::{ColumnWriter, Field};
 
@@ -161,6 +161,11 @@ impl<'t> PackedWriter<'t> {
                 self.w
                     .u8(Field::Tag, KIND_TICK | FLAG_ORDER)
                     .varint(Field::Other, delta);
+            }
+            Record::Released { ticks_back, value } => {
+                self.w
+                    .u8(Field::Tag, KIND_TICK | FLAG_ANCHOR | FLAG_RELEASED)
+                    .varint(Field::Other, value << 8 | ticks_back);
             }
             Record::Usable { size, usable } => {
                 self.tables.set_usable(size, usable);

@@ -347,6 +347,73 @@ fn a_reused_address_waits_for_the_other_threads_free() {
     assert_eq!(stats, MergeStats::default());
 }
 
+/// Thread `tid`'s realloc of 0x1000 to 0x2000 at `tick`, with its reading of the order
+/// counter (2) after the call and, when `released`, the value it took before it (0).
+fn realloc_moving(tid: u32, tick: u64, released: bool) -> (EventsHeader, Vec<u8>) {
+    let mut w = Writer::new();
+    w.u8(10 | 0x20).varint(2);
+    if released {
+        w.u8(10 | 0x50).varint(2 << 8);
+    }
+    w.u8(2)
+        .u8(0)
+        .svarint(0x1000 / 16)
+        .svarint(0x1000 / 16)
+        .varint(32);
+    let (h, _) = chunk(tid, tick, &[]);
+    (h, w.bytes)
+}
+
+#[test]
+fn an_allocation_between_a_reallocs_release_and_its_reading_takes_the_block() {
+    // Thread 2's realloc moves 0x1000 away: it takes counter value 0 before the call and
+    // reads 2 after it. Meanwhile thread 3 was handed 0x1000 (its malloc read 1) and
+    // freed it (taking 1).
+    let merge = |released| {
+        let mut m = Merger::new();
+        for (h, b) in [
+            chunk(1, 1, &[(false, 0x1000)]),
+            realloc_moving(2, 2, released),
+            ordered(3, 2, &[(false, 0x1000, 1), (true, 0x1000, 1)]),
+        ] {
+            m.push_chunk(&h, &b).unwrap();
+        }
+        let calls = drain(&mut m);
+        let live: Vec<u64> = m.live_blocks().iter().map(|(a, _)| a).collect();
+        (calls, m.stats(), live)
+    };
+    let (calls, stats, live) = merge(true);
+    let order: Vec<_> = calls.iter().map(|c| (c.tid, c.func)).collect();
+    assert_eq!(
+        order,
+        [
+            (1, Func::Malloc),
+            (3, Func::Malloc),
+            (3, Func::Free),
+            (2, Func::Realloc)
+        ]
+    );
+    assert!(calls[3].old_taken && calls[3].releases().is_none());
+    assert_eq!(
+        calls[3].release_when(),
+        Some((2, 1)),
+        "released at place 1, read at 4"
+    );
+    assert_eq!(
+        stats,
+        MergeStats {
+            taken_from_reallocs: 1,
+            ..MergeStats::default()
+        }
+    );
+    assert_eq!(live, [0x2000]);
+    // Without the value taken before the call (older traces), the realloc is known
+    // only by its reading: thread 3's allocation waits for it, out of order.
+    let (_, stats, _) = merge(false);
+    assert_eq!(stats.taken_from_reallocs, 0);
+    assert_ne!(stats, MergeStats::default());
+}
+
 /// Pops everything; the heap at each fork mark, by mark.
 fn drain_with_forks(m: &mut Merger) -> (Vec<Call>, Vec<(u32, InheritedHeap)>) {
     m.finish();
