@@ -128,13 +128,14 @@ static __attribute__((noinline)) void send_idle_buffers(struct thread_state *sel
         for (struct thread_state *r = registry; r; r = r->next_in_registry) {
             if (!__atomic_load_n(&r->taken, __ATOMIC_RELAXED)) continue;
             /* Only BUSY and FORWARD mark a holder at its buffer (REAL: inside the real
-             * allocator, to record after with a later reading; TLS_RELEASE: in a join). */
+             * allocator, to record after with a later reading; TLS_RELEASE: in a join);
+             * RELEASING, a holder that will place a release at a value it took already. */
             /* Read without trusting the address: a thread that ended without retiring
              * (its key destructor not run yet) may have had its TLS unmapped already, as
              * a runtime that gives threads stacks of its own does (SBCL). */
             unsigned holder = 0;
             int readable = read_own_word(r->flags_of_holder, &holder);
-            if (fenced && readable && !(holder & (TF_BUSY | TF_FORWARD))) {
+            if (fenced && readable && !(holder & (TF_BUSY | TF_FORWARD | TF_RELEASING))) {
                 /* With nothing buffered, the merge is told not to wait for the thread
                  * until its next call, which it then sends at once. */
                 if (r->len > 0) {

@@ -281,7 +281,9 @@ static __thread struct thread_state *tls_state __attribute__((tls_model("initial
  * call is the allocator calling itself (forwarded unrecorded) or a signal handler that
  * interrupted it (the program's own call: recorded); `forward_nested` tells them apart. */
 static __thread unsigned tls_flags __attribute__((tls_model("initial-exec")));
-enum { TF_BUSY = 1, TF_FORWARD = 2, TF_REAL = 4, TF_TLS_RELEASE = 8 };
+enum { TF_BUSY = 1, TF_FORWARD = 2, TF_REAL = 4, TF_TLS_RELEASE = 8, TF_RELEASING = 16 };
+/* RELEASING: inside a realloc that took an order counter value for the block it may give
+ * back (see realloc_common): the thread is not idle, its release will be placed there. */
 /* TLS_RELEASE: glibc may free thread-local storage here (pthread_join, pthread_create
  * reusing a cached stack, a thread's own exit): a free of the unwinder's storage is ours
  * (see take_unwinder_tls). Any flag set sends calls to the general path. */
@@ -909,7 +911,13 @@ static void *realloc_common(uint8_t kind, void *ptr, size_t nmemb, size_t size, 
      * value first, as a free does, and the record places the release there when the
      * block moved or was freed. */
     int ordered = ptr && !nested && LIKELY(tracing) && __atomic_load_n(&ordering_on, __ATOMIC_RELAXED);
-    uint64_t before = ordered ? __atomic_fetch_add(&clock_page->now, 1, __ATOMIC_RELAXED) : NO_RELEASE;
+    unsigned releasing_before = tls_flags & TF_RELEASING;
+    uint64_t before = NO_RELEASE;
+    if (ordered) {
+        tls_flags |= TF_RELEASING;
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        before = __atomic_fetch_add(&clock_page->now, 1, __ATOMIC_RELAXED);
+    }
     ENTER_REAL();
     void *p = kind == KIND_REALLOCARRAY ? real_reallocarray(ptr, nmemb, size) : real_realloc(ptr, size);
     LEAVE_REAL();
@@ -917,6 +925,7 @@ static void *realloc_common(uint8_t kind, void *ptr, size_t nmemb, size_t size, 
     int gave_back = p != ptr && (p || total == 0);
     if (!nested && LIKELY(tracing))
         record_released(kind, (uintptr_t)p, (uintptr_t)ptr, total, 0, gave_back ? before : NO_RELEASE);
+    tls_flags = (tls_flags & ~TF_RELEASING) | releasing_before;
     return p;
 }
 
