@@ -171,7 +171,14 @@ static struct mallinfo2 (*glibc_mallinfo2)(void);
 /* stack unwinding: libunwind, opened RTLD_LOCAL so its _Unwind_* and backtrace symbols
  * never replace the program's own (libunwind.so exports both). */
 static int (*unwind_backtrace)(void **, int);
-static void *unwinder_lib;
+/* libunwind's TLS module id (0: none), asked once where libunwind is opened. */
+static size_t unwinder_tls_module;
+/* The dynamic loader's own lookup of a module's thread-local storage (x86-64 and
+ * aarch64 take a {module, offset} pair). */
+struct tls_index {
+    unsigned long module, offset;
+};
+extern void *__tls_get_addr(struct tls_index *);
 
 /* libunwind is opened at run time, so the dynamic loader malloc's its thread-local
  * storage in every thread on first use: inside our unwinding, under TF_FORWARD, never
@@ -184,9 +191,15 @@ static void *unwinder_lib;
 #define UNWINDER_TLS_CAP 1024
 static _Atomic uintptr_t unwinder_tls[UNWINDER_TLS_CAP];
 
+/* Right after this thread's first unwinding, so its block exists (`__tls_get_addr`
+ * allocates none). Not dlinfo: a dl* call that succeeds frees the thread's pending
+ * dlerror message and its state, which a program inside dlerror() is reading (bash's
+ * `enable -f` of a missing file, under load: a use after free that crashed it), or
+ * about to read (its dlerror() then says nothing). */
 static void note_unwinder_tls(void) {
-    void *block = NULL;
-    if (!unwinder_lib || dlinfo(unwinder_lib, RTLD_DI_TLS_DATA, &block) != 0 || !block) return;
+    if (!unwinder_tls_module) return;
+    void *block = __tls_get_addr(&(struct tls_index){unwinder_tls_module, 0});
+    if (!block) return;
     for (unsigned i = 0; i < UNWINDER_TLS_CAP; i++) {
         uintptr_t empty = 0;
         if (atomic_compare_exchange_strong(&unwinder_tls[i], &empty, (uintptr_t)block)) return;
@@ -1052,5 +1065,33 @@ static void *next_cxx_operator(void **slot, const char *name) {
 #define CXX_BODY_DELETE_ALIGNED_NOTHROW(sym, shape) CXX_DELETE_BODY(sym, shape)
 #define CXX_HOOK(sym, shape) CXX_BODY_##shape(sym, CXX_SHAPE_##shape)
 FRAGSCOPE_CXX_HOOKS(CXX_HOOK)
+
+/* Whether an object whose name holds `runtime` ("libstdc++", "libc++.") is loaded. */
+static int loaded_object_named(struct dl_phdr_info *info, size_t size, void *runtime) {
+    (void)size;
+    return info->dlpi_name && strstr(info->dlpi_name, runtime) != NULL;
+}
+
+/* Every operator's next definition, looked up where no pending dlerror message of the
+ * program can be lost (a dl* call that succeeds frees it): at load, and after a dlopen
+ * that succeeded, which cleared it; only once a C++ runtime is loaded (each lookup that
+ * fails costs a search of every object). An operator called before its runtime was found
+ * still looks it up then. */
+static void resolve_cxx_operators(void) {
+    if (!dl_iterate_phdr(loaded_object_named, "libstdc++") &&
+        !dl_iterate_phdr(loaded_object_named, "libc++."))
+        return;
+    unsigned saved = tls_flags;
+    tls_flags |= TF_FORWARD;
+#define CXX_RESOLVE(sym, shape) next_cxx_operator(&real_##sym, #sym);
+    FRAGSCOPE_CXX_HOOKS(CXX_RESOLVE)
+#undef CXX_RESOLVE
+    forget_dl_error();
+    tls_flags = saved;
+}
+
+__attribute__((constructor)) static void resolve_cxx_operators_at_load(void) {
+    if (ensure_init()) resolve_cxx_operators();
+}
 
 #include "survival.h"

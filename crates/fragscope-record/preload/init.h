@@ -303,7 +303,7 @@ __attribute__((constructor)) static void on_load(void) {
          * _Unwind_RaiseException and would take over the program's C++ exceptions.) */
         void *lib = real_dlopen ? real_dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL) : NULL;
         if (lib) {
-            unwinder_lib = lib;
+            if (dlinfo(lib, RTLD_DI_TLS_MODID, &unwinder_tls_module) != 0) unwinder_tls_module = 0;
             unwind_backtrace = dlsym(lib, "unw_backtrace");
             int (*set_policy)(void *, int) = dlsym(lib, "_ULx86_64_set_caching_policy");
             int (*set_cache_size)(void *, size_t, int) = dlsym(lib, "_ULx86_64_set_cache_size");

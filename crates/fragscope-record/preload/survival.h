@@ -390,6 +390,7 @@ EXPORT void *dlopen(const char *file, int mode) {
     if (h && file) {
         notify_maps_changed();
         attach_rebind();
+        resolve_cxx_operators();
     }
     return h;
 }
