@@ -13,6 +13,10 @@ const TRACE: &[u8] = include_bytes!("fixtures/threads.fsc");
 /// `fragscope record --pack --stacks none -- reuse_threads 3 400`: packed events, stored
 /// in sections (chunk codec 2), with order records (three threads).
 const PACKED: &[u8] = include_bytes!("fixtures/threads-packed.fsc");
+/// `fragscope record --pack --stacks none -- realloc_ring 400`: four threads reallocating
+/// blocks they hand to each other, packed, with released records (a moving realloc's
+/// counter value taken before the call).
+const REALLOCS: &[u8] = include_bytes!("fixtures/reallocs-packed.fsc");
 
 fn chunks_of(data: &[u8]) -> (usize, bool) {
     let mut r = TraceReader::<&[u8]>::from_reader(data, data.len() as u64).expect("header intact");
@@ -35,30 +39,39 @@ fn the_intact_fixtures_read_completely() {
     // Its 2473 calls (`fragscope info`) and one allocator-statistics record.
     assert_eq!(read_all_from_bytes(PACKED), 2474);
     assert!(
-        order_records(PACKED) > 0,
+        order_records(PACKED).0 > 0,
         "the fixture must carry order records"
+    );
+    let (n, clean) = chunks_of(REALLOCS);
+    assert!(n > 5 && clean);
+    // Its 4103 calls (`fragscope info`) and one allocator-statistics record.
+    assert_eq!(read_all_from_bytes(REALLOCS), 4104);
+    assert!(
+        order_records(REALLOCS).1 > 100,
+        "the fixture must carry released records"
     );
 }
 
-/// The order records of a trace's event chunks (one stream).
-fn order_records(data: &[u8]) -> usize {
+/// The order and released records of a trace's event chunks (one stream).
+fn order_records(data: &[u8]) -> (usize, usize) {
     let mut r = TraceReader::<&[u8]>::from_reader(data, data.len() as u64).expect("header intact");
     let mut tables = StreamTables::default();
-    let mut n = 0;
+    let (mut orders, mut releases) = (0, 0);
     while let Some(c) = r.next_chunk() {
         if let Chunk::Events(h, records) = c {
             let mut d = ChunkDecoder::new(&records, &h, &mut tables).report_all();
             while let Ok(Some(rec)) = d.next_record() {
-                n += usize::from(matches!(rec, Record::Order { .. }));
+                orders += usize::from(matches!(rec, Record::Order { .. }));
+                releases += usize::from(matches!(rec, Record::Released { .. }));
             }
         }
     }
-    n
+    (orders, releases)
 }
 
 #[test]
 fn a_trace_cut_at_any_byte_keeps_its_whole_chunks() {
-    for trace in [TRACE, PACKED] {
+    for trace in [TRACE, PACKED, REALLOCS] {
         let (all, _) = chunks_of(trace);
         let mut previous = 0;
         for cut in 16..trace.len() {
@@ -83,7 +96,7 @@ fn flipped_bits_and_spliced_bytes_never_panic() {
         x
     };
     for round in 0..3000 {
-        let mut data = if round / 3 % 2 == 0 { TRACE } else { PACKED }.to_vec();
+        let mut data = [TRACE, PACKED, REALLOCS][round / 3 % 3].to_vec();
         match round % 3 {
             0 => {
                 let at = (next() as usize) % data.len();
@@ -133,7 +146,7 @@ fn spliced_after_two_chunks(trace: &[u8], extra: &[u8]) -> (Vec<u8>, u64) {
 #[test]
 fn an_observation_that_does_not_decode_is_skipped_and_the_rest_read() {
     let garbage = [0xffu8; 40];
-    for trace in [TRACE, PACKED] {
+    for trace in [TRACE, PACKED, REALLOCS] {
         let (all, _) = chunks_of(trace);
         let calls = read_all_from_bytes(trace);
         let (data, at) =
