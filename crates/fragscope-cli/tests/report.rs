@@ -62,18 +62,8 @@ fn record_and_report(
         "record failed: {}",
         common::stderr(&out)
     );
-    let rep = Command::new(env!("CARGO_BIN_EXE_fragscope"))
-        .args(["report", "--json"])
-        .arg(&trace)
-        .output()
-        .unwrap();
-    assert!(
-        rep.status.success(),
-        "report failed: {}",
-        common::stderr(&rep)
-    );
     (
-        serde_json::from_slice(&rep.stdout).unwrap(),
+        common::report_json(&trace),
         String::from_utf8_lossy(&out.stdout).into_owned(),
     )
 }
@@ -110,17 +100,7 @@ fn plateau(report: &Value) -> &Value {
 /// `report --json --at` the moment of snapshot `s` of `trace`.
 fn report_at(trace: &Path, s: &Value) -> Value {
     let at = format!("{}ms", s["t_ms"].as_f64().expect("a snapshot's time"));
-    let rep = Command::new(env!("CARGO_BIN_EXE_fragscope"))
-        .args(["report", "--json", "--at", &at])
-        .arg(trace)
-        .output()
-        .unwrap();
-    assert!(
-        rep.status.success(),
-        "report --at {at}: {}",
-        common::stderr(&rep)
-    );
-    serde_json::from_slice(&rep.stdout).unwrap()
+    common::report_json_with(trace, &["--at", &at])
 }
 
 /// Every part is non-negative and the parts add up to RSS exactly.

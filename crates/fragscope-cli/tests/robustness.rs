@@ -79,23 +79,28 @@ fn exit_status_passes_through_and_a_forked_child_is_its_own_process_under_jemall
     exit_status_and_fork(Allocator::Jemalloc);
 }
 
-/// A thread's first sampled stack used to make the interposer ask the dynamic loader where
-/// the unwinder's thread-local storage lies (dlinfo), and any dl* call that succeeds frees
-/// the thread's pending dlerror message: the program's next dlerror() said nothing, and a
-/// program inside dlerror() read freed memory (bash's `enable -f` of a missing library,
-/// under load: 1 pyenv run in 20 crashed a bash process).
-#[test]
-fn a_programs_pending_dlerror_message_survives_its_threads_first_stack() {
-    let dir = tempfile::tempdir().unwrap();
-    let exe = build(dir.path(), "dlerror_kept", &["-pthread"]);
-    let trace = dir.path().join("t.fsc");
-    let out = fragscope(&[
+/// `fragscope record -o TRACE -- EXE`, with every default (sampled stacks).
+fn record_as_a_user_would(trace: &Path, exe: &Path) -> std::process::Output {
+    fragscope(&[
         "record".as_ref(),
         "-o".as_ref(),
         trace.as_os_str(),
         "--".as_ref(),
         exe.as_os_str(),
-    ]);
+    ])
+}
+
+/// A thread's first sampled stack used to make the interposer ask the dynamic loader where
+/// the unwinder's thread-local storage lies (dlinfo), and any dl* call that succeeds frees
+/// the thread's pending dlerror message: the program's next dlerror() said nothing, and a
+/// program inside dlerror() read freed memory (bash's `enable -f` of a missing library,
+/// under load: 2 of 96 recorded runs of a pyenv shim crashed a bash process).
+#[test]
+fn a_programs_pending_dlerror_message_survives_its_threads_first_stack() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build(dir.path(), "dlerror_kept", &["-pthread"]);
+    let trace = dir.path().join("t.fsc");
+    let out = record_as_a_user_would(&trace, &exe);
     assert!(
         out.status.success(),
         "{}",
@@ -111,13 +116,7 @@ fn a_statically_linked_program_is_refused_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let exe = build(dir.path(), "fork_exit", &["-static"]);
     let trace = dir.path().join("t.fsc");
-    let out = fragscope(&[
-        "record".as_ref(),
-        "-o".as_ref(),
-        trace.as_os_str(),
-        "--".as_ref(),
-        exe.as_os_str(),
-    ]);
+    let out = record_as_a_user_would(&trace, &exe);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("statically linked"), "{err}");

@@ -984,6 +984,9 @@ EXPORT int posix_memalign(void **out, size_t align, size_t size) {
 
 /* ---- C++ operators new and delete ---- */
 
+/* The C++ runtimes whose operators ours forward to, by soname. */
+static const char *const cxx_runtimes[] = {"libstdc++.so.6", "libc++.so.1"};
+
 /* The next definition of a C++ operator. A C program that dlopens a C++ library with
  * RTLD_LOCAL binds that library's operators to ours while the C++ runtime stays out of
  * RTLD_NEXT's reach: then ask the runtime's own handle. */
@@ -993,9 +996,8 @@ static void *next_cxx_operator(void **slot, const char *name) {
     unsigned saved = tls_flags;
     tls_flags |= TF_FORWARD;
     f = real_symbol(name);
-    static const char *const runtimes[] = {"libstdc++.so.6", "libc++.so.1"};
-    for (unsigned i = 0; !f && i < sizeof runtimes / sizeof *runtimes; i++) {
-        void *lib = real_dlopen ? real_dlopen(runtimes[i], RTLD_LAZY | RTLD_NOLOAD) : NULL;
+    for (unsigned i = 0; !f && i < sizeof cxx_runtimes / sizeof *cxx_runtimes; i++) {
+        void *lib = real_dlopen ? real_dlopen(cxx_runtimes[i], RTLD_LAZY | RTLD_NOLOAD) : NULL;
         if (lib) f = dlsym(lib, name);
     }
     tls_flags = saved;
@@ -1066,10 +1068,12 @@ static void *next_cxx_operator(void **slot, const char *name) {
 #define CXX_HOOK(sym, shape) CXX_BODY_##shape(sym, CXX_SHAPE_##shape)
 FRAGSCOPE_CXX_HOOKS(CXX_HOOK)
 
-/* Whether an object whose name holds `runtime` ("libstdc++", "libc++.") is loaded. */
-static int loaded_object_named(struct dl_phdr_info *info, size_t size, void *runtime) {
-    (void)size;
-    return info->dlpi_name && strstr(info->dlpi_name, runtime) != NULL;
+/* Whether the object is a C++ runtime (its path ends in one of `cxx_runtimes`). */
+static int is_cxx_runtime(struct dl_phdr_info *info, size_t size, void *unused) {
+    (void)size, (void)unused;
+    for (unsigned i = 0; info->dlpi_name && i < sizeof cxx_runtimes / sizeof *cxx_runtimes; i++)
+        if (strstr(info->dlpi_name, cxx_runtimes[i])) return 1;
+    return 0;
 }
 
 /* Every operator's next definition, looked up where no pending dlerror message of the
@@ -1078,9 +1082,7 @@ static int loaded_object_named(struct dl_phdr_info *info, size_t size, void *run
  * fails costs a search of every object). An operator called before its runtime was found
  * still looks it up then. */
 static void resolve_cxx_operators(void) {
-    if (!dl_iterate_phdr(loaded_object_named, "libstdc++") &&
-        !dl_iterate_phdr(loaded_object_named, "libc++."))
-        return;
+    if (!dl_iterate_phdr(is_cxx_runtime, NULL)) return;
     unsigned saved = tls_flags;
     tls_flags |= TF_FORWARD;
 #define CXX_RESOLVE(sym, shape) next_cxx_operator(&real_##sym, #sym);

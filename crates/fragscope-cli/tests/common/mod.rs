@@ -396,7 +396,6 @@ pub fn calls_of(all: &[StreamCalls], stream: u64) -> &StreamCalls {
         .unwrap_or_else(|| NONE.get_or_init(StreamCalls::default))
 }
 
-/// `fragscope report TRACE --json`, which must succeed.
 /// `fragscope report TRACE`'s text, which must succeed.
 pub fn report_text(trace: &Path) -> String {
     let out = fragscope(&["report".as_ref(), trace.as_os_str()]);
@@ -411,8 +410,16 @@ pub fn line_with<'a>(text: &'a str, needle: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no line with {needle:?} in:\n{text}"))
 }
 
+/// `fragscope report TRACE --json`, which must succeed.
 pub fn report_json(trace: &Path) -> serde_json::Value {
-    let out = fragscope(&["report".as_ref(), trace.as_os_str(), "--json".as_ref()]);
+    report_json_with(trace, &[])
+}
+
+/// `fragscope report TRACE --json OPTIONS...`, which must succeed.
+pub fn report_json_with(trace: &Path, options: &[&str]) -> serde_json::Value {
+    let mut args: Vec<&OsStr> = vec!["report".as_ref(), trace.as_os_str(), "--json".as_ref()];
+    args.extend(options.iter().map(OsStr::new));
+    let out = fragscope(&args);
     assert!(out.status.success(), "{}", stderr(&out));
     serde_json::from_slice(&out.stdout).unwrap()
 }
@@ -433,16 +440,7 @@ pub fn record_prefork(dir: &Path, name: &str) -> (PathBuf, Vec<String>) {
 
 /// `fragscope report TRACE --json --pid PID`: one process of a trace.
 pub fn report_json_of(trace: &Path, pid: impl std::fmt::Display) -> serde_json::Value {
-    let pid = pid.to_string();
-    let out = fragscope(&[
-        "report".as_ref(),
-        trace.as_os_str(),
-        "--json".as_ref(),
-        "--pid".as_ref(),
-        pid.as_ref(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    serde_json::from_slice(&out.stdout).unwrap()
+    report_json_with(trace, &["--pid", &pid.to_string()])
 }
 
 /// Records tests/python/keep_a_tenth.py `args` with Debian's interpreter as a user would

@@ -257,6 +257,18 @@ mod tests {
         got
     }
 
+    /// `raw` buffers packed by one packer, in order.
+    fn packed_buffers(raw: &[(u32, u64, Vec<u8>)]) -> Vec<(u32, u64, Vec<u8>)> {
+        let mut packer = Packer::default();
+        raw.iter()
+            .map(|(tid, tick, r)| {
+                let mut out = PackedBuffer::default();
+                packer.pack(*tid, *tick, r, &mut out).unwrap();
+                (*tid, *tick, out.bytes)
+            })
+            .collect()
+    }
+
     /// A call's place, and for a realloc the (tick, place) of its RELEASED record.
     type Places = (Option<u64>, Option<(u64, u64)>);
 
@@ -278,15 +290,7 @@ mod tests {
     #[test]
     fn a_reallocs_release_keeps_its_place_through_packing() {
         let raw = raw_buffers();
-        let mut packer = Packer::default();
-        let packed: Vec<_> = raw
-            .iter()
-            .map(|(tid, tick, r)| {
-                let mut out = PackedBuffer::default();
-                packer.pack(*tid, *tick, r, &mut out).unwrap();
-                (*tid, *tick, out.bytes)
-            })
-            .collect();
+        let packed = packed_buffers(&raw);
         let want = places_all(&raw, false);
         let released: Vec<_> = want.iter().filter_map(|&(p, r)| Some((p?, r?))).collect();
         assert!(released.len() > 100, "{} releases", released.len());
@@ -300,15 +304,7 @@ mod tests {
     #[test]
     fn packing_keeps_every_record_and_saves_address_bytes() {
         let raw = raw_buffers();
-        let mut packer = Packer::default();
-        let packed: Vec<_> = raw
-            .iter()
-            .map(|(tid, tick, r)| {
-                let mut out = PackedBuffer::default();
-                packer.pack(*tid, *tick, r, &mut out).unwrap();
-                (*tid, *tick, out.bytes)
-            })
-            .collect();
+        let packed = packed_buffers(&raw);
         let want = decode_all(&raw, false);
         assert!(want.len() > 20_000);
         assert!(want.iter().any(|(_, r)| matches!(

@@ -360,8 +360,7 @@ fn realloc_moving(tid: u32, tick: u64, released: bool) -> (EventsHeader, Vec<u8>
         .svarint(0x1000 / 16)
         .svarint(0x1000 / 16)
         .varint(32);
-    let (h, _) = chunk(tid, tick, &[]);
-    (h, w.bytes)
+    (h_of(tid, tick), w.bytes)
 }
 
 #[test]
