@@ -49,11 +49,23 @@ fn main() {
             }
         };
     // Each thread makes its share of the boxes (in its own arena, with several) and hands
-    // the ones it keeps to the main thread.
+    // the ones it keeps to the main thread. None frees any before all have made theirs: a
+    // thread still making boxes would otherwise fill the pages another has just left (as
+    // mimalloc 3.x reclaims them), and how sparse the survivors' pages are would depend on
+    // how the threads happened to run.
+    let all_made = std::sync::Arc::new(std::sync::Barrier::new(threads));
     let others: Vec<_> = (1..threads)
-        .map(|t| std::thread::spawn(move || make(count / threads, keep, t)))
+        .map(|t| {
+            let all_made = all_made.clone();
+            std::thread::spawn(move || make(count / threads, keep, t, &all_made))
+        })
         .collect();
-    let mut kept = vec![make(count - count / threads * (threads - 1), keep, 0)];
+    let mut kept = vec![make(
+        count - count / threads * (threads - 1),
+        keep,
+        0,
+        &all_made,
+    )];
     kept.extend(others.into_iter().map(|h| h.join().unwrap()));
     // What waiting on stdin allocates (its buffer, the line), allocated before jemalloc's
     // figures are read: a first allocation of a size fills the thread's cache with more.
@@ -83,8 +95,9 @@ fn main() {
 }
 
 /// COUNT boxes, every KEEP-th kept (the vector of them collected in place: the buffer of
-/// all); `seed` varies the sizes between threads.
-fn make(count: usize, keep: usize, seed: usize) -> Vec<Box<[u8]>> {
+/// all), the others freed once every thread has made its boxes (`all_made`); `seed`
+/// varies the sizes between threads.
+fn make(count: usize, keep: usize, seed: usize, all_made: &std::sync::Barrier) -> Vec<Box<[u8]>> {
     let all: Vec<Box<[u8]>> = (0..count)
         .map(|i| {
             let len = if i % 1000 == 0 {
@@ -95,6 +108,7 @@ fn make(count: usize, keep: usize, seed: usize) -> Vec<Box<[u8]>> {
             vec![i as u8; len].into_boxed_slice()
         })
         .collect();
+    all_made.wait();
     all.into_iter()
         .enumerate()
         .filter_map(|(i, b)| (i % keep == 0).then_some(b))
