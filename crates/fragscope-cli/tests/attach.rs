@@ -98,10 +98,11 @@ fn a_running_program_is_recorded_in_order_from_its_heap_as_it_was() {
 }
 
 /// attach_target with 4 workers that wait 5 ms between operations, ready.
-fn start_slow_target(dir: &Path) -> Running {
+/// attach_target with 4 workers, each sleeping `nap_us` microseconds after an operation.
+fn start_slow_target(dir: &Path, nap_us: &str) -> Running {
     let exe = common::build(dir, "attach_target", &["-pthread"]);
     let mut cmd = Command::new(&exe);
-    cmd.args(["4", "5000"]);
+    cmd.args(["4", nap_us]);
     let mut p = Running::start(cmd);
     assert_eq!(p.line().trim(), "ready");
     p
@@ -112,7 +113,7 @@ fn the_live_data_of_an_attached_program_holds_the_blocks_it_had_before() {
     // Workers so slow (5 ms between operations) that most of the table is still what it
     // was at the attach: without its starting heap the trace would hold a fifth of it.
     let dir = tempfile::tempdir().unwrap();
-    let mut p = start_slow_target(dir.path());
+    let mut p = start_slow_target(dir.path(), "5000");
     let trace = dir.path().join("slow.fsc");
     let out = attach(p.pid(), &trace, &["--duration", "1"]);
     assert!(out.status.success(), "{}", common::stderr(&out));
@@ -184,9 +185,11 @@ fn mappings(pid: u32) -> std::collections::BTreeMap<u64, (String, u64, u64)> {
 
 #[test]
 fn after_the_detach_the_process_holds_only_what_fragscope_brought() {
-    // Slow workers: the program's own heap barely moves meanwhile.
+    // Workers so slow (50 ms between operations) that the program's own heap barely
+    // moves meanwhile: at 5 ms each worker's arena grew by about 60 KiB over the test,
+    // and by four times that on a loaded machine, where the attach takes longer.
     let dir = tempfile::tempdir().unwrap();
-    let mut p = start_slow_target(dir.path());
+    let mut p = start_slow_target(dir.path(), "50000");
     std::thread::sleep(std::time::Duration::from_millis(300));
     let before = mappings(p.pid());
     let trace = dir.path().join("detached.fsc");
@@ -196,13 +199,17 @@ fn after_the_detach_the_process_holds_only_what_fragscope_brought() {
     let after = mappings(p.pid());
     // The program's own mappings: their anonymous memory as before (its heap, its
     // threads' stacks, which the hooks used a little).
-    let grown: u64 = after
+    let grew: Vec<(String, u64)> = after
         .iter()
-        .filter_map(|(at, (_, anon, _))| Some(anon.saturating_sub(before.get(at)?.1)))
-        .sum();
+        .filter_map(|(at, (name, anon, _))| {
+            let by = anon.saturating_sub(before.get(at)?.1);
+            (by > 0).then(|| (format!("{at:x} {name}"), by))
+        })
+        .collect();
+    let grown: u64 = grew.iter().map(|g| g.1).sum();
     assert!(
         grown <= 512,
-        "the program's own mappings grew by {grown} KiB of anonymous memory"
+        "the program's own mappings grew by {grown} KiB of anonymous memory: {grew:?}"
     );
     // The rest is what the attach brought: the interposer, the libraries it loads
     // (libunwind, libm, ...) and their memory, the clock page.
