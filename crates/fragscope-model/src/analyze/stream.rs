@@ -550,6 +550,7 @@ impl Stream {
     /// Evaluates the next pending snapshot; `past` is the call popped just after its
     /// moment (whose effect the snapshot must not see), `None` once every call is in.
     pub(super) fn evaluate_next(&mut self, ctx: &Ctx, past: Option<&Call>) {
+        self.merger.apply_held_free();
         let Some(pm) = self.pending.pop_front() else {
             return;
         };

@@ -483,6 +483,7 @@ impl StreamAggregate {
     /// The interposer's own memory follows, as reported up to `moment` (the snapshot's
     /// tick; `u64::MAX` at the end), as the model reads it there.
     fn write_changes(&mut self, before: Option<&Call>, moment: u64, out: &mut Vec<OutChunk>) {
+        self.merger.apply_held_free();
         let seen = &self.seen;
         let unseen = |live: &crate::order::live::LiveTable| -> Vec<(u64, LiveBlock)> {
             live.iter().filter(|(addr, b)| seen.not(*addr, b)).collect()

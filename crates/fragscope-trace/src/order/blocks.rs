@@ -143,6 +143,52 @@ impl Blocks {
         Some(self.block(b))
     }
 
+    /// Puts `block` in place of the live block at `addr`, and returns that one, when
+    /// removing it and inserting `block` would leave the table exactly as this does: the
+    /// emptied bucket is the first free one where the probe for `addr` starts (so the
+    /// insertion would take it again) and the table has room (so it would not be
+    /// rehashed first). The blocks are then read in the same order as ever. `None`, and
+    /// nothing changed, otherwise (or when either block is kept beside the table).
+    #[inline(always)]
+    pub(crate) fn replace_where_it_lies(
+        &mut self,
+        addr: u64,
+        block: LiveBlock,
+    ) -> Option<LiveBlock> {
+        let held = self.table.allocator();
+        let ctrl = held.ctrl.load(Ordering::Relaxed);
+        let mask = held.bucket_mask.load(Ordering::Relaxed);
+        // hashbrown probes 16 control bytes at a time; a smaller table is laid out
+        // otherwise.
+        const GROUP: usize = 16;
+        if far(addr) || ctrl == 0 || mask < GROUP - 1 || self.table.len() >= self.table.capacity() {
+            return None;
+        }
+        let new = Bucket::of(addr, &block)?;
+        let hash = addr_hash(addr);
+        let bucket = self.table.find_mut(hash, |e| e.addr() == addr)?;
+        if bucket.is_wide() {
+            return None;
+        }
+        // Buckets lie below the control bytes, the first highest.
+        let at = (ctrl - (bucket as *mut Bucket as usize)) / size_of::<Bucket>() - 1;
+        let home = hash as usize & mask;
+        let before = at.wrapping_sub(home) & mask;
+        if before >= GROUP {
+            return None;
+        }
+        // A control byte with its top bit set marks a free bucket (empty or emptied).
+        // SAFETY: control bytes of the table, which has `mask + 1` of them (and 16 more).
+        let free_before = (0..before)
+            .any(|k| unsafe { *((ctrl + ((home + k) & mask)) as *const u8) } & 0x80 != 0);
+        if free_before {
+            return None;
+        }
+        let old = bucket.unpacked();
+        *bucket = new;
+        Some(old)
+    }
+
     /// What a bucket holds of `block` at `addr`: a wide block goes into `wide`.
     #[inline(always)]
     fn packed(wide: &mut AddrMap<LiveBlock>, addr: u64, block: LiveBlock) -> Bucket {
@@ -495,6 +541,92 @@ mod tests {
             }
         }
         assert!(ours.grown_here >= 5, "grown here {} times", ours.grown_here);
+    }
+
+    /// A block ended and made live again at once (`replace_where_it_lies`, else a removal
+    /// and an insertion) leaves the table as a removal and an insertion alone do: the
+    /// same blocks read back in the same order, with the same room, through growths and
+    /// removed buckets, whether the bucket was taken where it lay or not.
+    #[test]
+    fn a_block_taken_again_where_it_lies_leaves_the_table_as_removal_and_insertion_do() {
+        let (mut ours, mut theirs) = (Blocks::default(), Blocks::default());
+        let mut live: Vec<u64> = Vec::new();
+        let (mut in_place, mut not) = (0, 0);
+        let mut take_again = |ours: &mut Blocks, theirs: &mut Blocks, addr: u64, b: LiveBlock| {
+            let old = theirs.remove(addr);
+            theirs.insert(addr, b);
+            match ours.replace_where_it_lies(addr, b) {
+                Some(was) => {
+                    assert_eq!(Some(was), old);
+                    in_place += 1;
+                }
+                None => {
+                    assert_eq!(ours.remove(addr), old);
+                    ours.insert(addr, b);
+                    not += 1;
+                }
+            }
+        };
+        let order = |t: &Blocks| -> Vec<(u64, LiveBlock)> { t.iter().collect() };
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for step in 0..400_000u64 {
+            let r = crate::xorshift(&mut x);
+            let b = LiveBlock {
+                size: r % 300,
+                stack: (r >> 40) as u32 & 0xff,
+                ..Default::default()
+            };
+            match r % 8 {
+                // Taken again: a live block's address, freed and allocated at once.
+                0..=3 if !live.is_empty() => {
+                    let addr = live[(r >> 16) as usize % live.len()];
+                    take_again(&mut ours, &mut theirs, addr, b);
+                }
+                4 if !live.is_empty() => {
+                    let addr = live.swap_remove((r >> 16) as usize % live.len());
+                    assert_eq!(ours.remove(addr), theirs.remove(addr));
+                }
+                _ => {
+                    // From a range that widens, so that the table grows.
+                    let addr = 0x7f00_0000_0000 + (r >> 24) % (4096 << (step / 50_000)) * 16;
+                    if ours.insert(addr, b).is_none() {
+                        live.push(addr);
+                    }
+                    theirs.insert(addr, b);
+                }
+            }
+            if step % 10_000 == 0 || step == 399_999 {
+                assert_eq!(order(&ours), order(&theirs), "step {step}");
+                assert_eq!(ours.table.capacity(), theirs.table.capacity());
+            }
+        }
+        // Blocks taken again in a table filled to its capacity, where a removal that
+        // marks its bucket removed rather than empty leaves no room (hashbrown then
+        // grows the table before the insertion).
+        for round in 0..64u64 {
+            while ours.len() < ours.table.capacity() {
+                let addr = 0x7e00_0000_0000 + (crate::xorshift(&mut x) >> 20) * 16;
+                if ours.insert(addr, LiveBlock::default()).is_none() {
+                    live.push(addr);
+                }
+                theirs.insert(addr, LiveBlock::default());
+            }
+            for _ in 0..8 {
+                let r = crate::xorshift(&mut x);
+                let addr = live[(r >> 16) as usize % live.len()];
+                let b = LiveBlock {
+                    size: r % 300,
+                    ..Default::default()
+                };
+                take_again(&mut ours, &mut theirs, addr, b);
+            }
+            assert_eq!(order(&ours), order(&theirs), "round {round}");
+            assert_eq!(ours.table.capacity(), theirs.table.capacity());
+        }
+        assert!(
+            in_place > 100_000 && not > 1_000,
+            "{in_place} in place, {not} not"
+        );
     }
 
     /// Every block comes back as it went in: packed, or whole beside the table when its

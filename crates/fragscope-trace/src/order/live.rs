@@ -227,6 +227,27 @@ impl LiveTable {
         displaced
     }
 
+    /// The block at `addr`, when it is the table's own and the table shares none (see
+    /// [`LiveTable::take_again`]).
+    #[inline(always)]
+    pub(crate) fn get_unshared(&self, addr: u64) -> Option<LiveBlock> {
+        if self.shared.is_some() {
+            return None;
+        }
+        self.own.get(addr)
+    }
+
+    /// Ends the block at `addr` (found by [`LiveTable::get_unshared`]) and makes `addr`
+    /// live again as `block`: as `remove` then `insert` would, in place when that leaves
+    /// the table the same.
+    #[inline(always)]
+    pub(crate) fn take_again(&mut self, addr: u64, block: LiveBlock) {
+        if self.own.replace_where_it_lies(addr, block).is_none() {
+            self.remove(&addr);
+            self.insert(addr, block);
+        }
+    }
+
     /// Ends the block at `addr`, if it is live.
     #[inline(always)]
     pub fn remove(&mut self, addr: &u64) -> Option<LiveBlock> {

@@ -230,6 +230,12 @@ pub struct Merger {
     /// Blocks the last popped call ended: the one it freed, and the one a forced
     /// allocation replaced.
     ended: [Option<(u64, LiveBlock)>; 2],
+    /// A free of the lone run popped while its block stays in the table, because the run's
+    /// next call allocates the same address again (a thread cache hands back the block
+    /// freed last): that call then takes the bucket as it lies, a lookup instead of a
+    /// removal and an insertion, unless anything else comes first (see
+    /// [`Merger::apply_held_free`]).
+    free_held: Option<u64>,
     /// Decodes the buffers given as bytes ([`Merger::push_chunk`]).
     decoder: StreamDecoder,
     /// The decoded buffer's arrays, kept for the next one.
@@ -274,6 +280,9 @@ pub struct Merger {
     /// must agree with.
     #[cfg(test)]
     no_lone_run: bool,
+    /// Tests: frees held back for the next call (see `free_held`).
+    #[cfg(test)]
+    frees_held: usize,
 }
 
 /// A thread's next call: its (tick, place), then the thread's index.
@@ -298,6 +307,7 @@ impl Merger {
             thread_index: FastMap::default(),
             live: LiveTable::default(),
             ended: [None; 2],
+            free_held: None,
             decoder: StreamDecoder::default(),
             scratch: DecodedEvents::default(),
             stacks: vec![Vec::new()],
@@ -322,6 +332,8 @@ impl Merger {
             scan_every_call: false,
             #[cfg(test)]
             no_lone_run: false,
+            #[cfg(test)]
+            frees_held: 0,
         }
     }
 
@@ -363,6 +375,7 @@ impl Merger {
     /// The live blocks after the items popped so far, as a child forked now inherits them
     /// (shared with it from here on: see [`crate::order::live`]).
     pub fn heap_at_fork(&mut self) -> InheritedHeap {
+        self.apply_held_free();
         let (stacks, inherited_stacks) = (&self.stacks, &self.inherited_stacks);
         self.live
             .hand_on(|id| stack_of(stacks, inherited_stacks, id))
@@ -379,9 +392,24 @@ impl Merger {
         self.inherited_stacks = heap.stacks;
     }
 
-    /// Every live block after the calls popped so far, by address.
+    /// Every live block after the calls popped so far, by address. Not between a pop
+    /// and [`Merger::apply_held_free`]: call that first whenever a pop may have been the
+    /// last one (reading the blocks between two pops, as a snapshot does).
     pub fn live_blocks(&self) -> &LiveTable {
+        assert!(
+            self.free_held.is_none(),
+            "the live blocks read with a free held back"
+        );
         &self.live
+    }
+
+    /// Takes the block of a free held back (see `free_held`) out of the table, as its
+    /// pop would have: before anything reads the table or another call is settled.
+    #[inline]
+    pub fn apply_held_free(&mut self) {
+        if let Some(addr) = self.free_held.take() {
+            self.live.remove(&addr);
+        }
     }
 
     /// The blocks (address, block) that the last popped call ended: a freed block, and
@@ -398,6 +426,7 @@ impl Merger {
         last: &Call,
         f: impl FnOnce(&LiveTable) -> R,
     ) -> R {
+        self.apply_held_free();
         let added = last
             .allocates()
             .and_then(|a| self.live.remove(&a).map(|b| (a, b)));
@@ -460,6 +489,7 @@ impl Merger {
         h: &EventsHeader,
         events: &mut DecodedEvents,
     ) -> Result<(), TraceError> {
+        self.apply_held_free();
         self.watermark = None;
         let ti = *self.thread_index.entry(h.tid).or_insert_with(|| {
             self.threads.push(ThreadQueue {
@@ -559,6 +589,7 @@ impl Merger {
     /// Hands the rest of the lone run to its thread's queue (in memory or, past the
     /// budget, on disk), where the general merge takes it.
     fn queue_lone_run(&mut self) {
+        self.apply_held_free();
         let ti = self.lone.thread;
         let had_head = !self.threads[ti].queue.is_empty();
         let mut run = std::mem::take(&mut self.lone);
@@ -598,6 +629,7 @@ impl Merger {
     /// names sites and assembles: holding a big heap's table meanwhile was its peak).
     /// What stays: the stacks, the statistics and the figures of its own memory.
     pub fn release_blocks(&mut self) {
+        self.free_held = None;
         self.live = LiveTable::default();
         self.starting = AddrSet::default();
         self.decoder = StreamDecoder::default();
@@ -826,20 +858,61 @@ impl Merger {
     /// memory, 72 bytes a call were written and read back). `None`: ask `pop`.
     #[inline(always)]
     pub fn pop_lone_call(&mut self) -> Option<Call> {
-        let mut c = self.lone.pop_call()?;
+        let Some(mut c) = self.lone.pop_call() else {
+            self.apply_held_free();
+            return None;
+        };
         // The block a later call frees is anywhere in the table: its memory is asked for
         // now, to be in cache by then.
         let ahead = self.lone.calls.get(self.lone.next + PREFETCH_AHEAD);
         if let Some(old) = ahead.and_then(Call::releases) {
             self.live.prefetch(old);
         }
+        if let Some(addr) = self.free_held.take() {
+            if c.allocates() == Some(addr) && c.releases().is_none() {
+                self.settle_tick(&mut c.tick);
+                self.ended = [None; 2];
+                self.live.take_again(addr, LiveBlock::of(&c));
+                return Some(c);
+            }
+            self.live.remove(&addr);
+        }
+        if self.holds_free(&mut c) {
+            return Some(c);
+        }
         // A lone thread's call: no other thread's realloc can have given its block back.
         self.settle_call(&mut c, 0);
         Some(c)
     }
 
+    /// Pops free `c` with its block left in the table (`free_held`) when the lone run's
+    /// next call allocates the same address again; whether it did.
+    #[inline(always)]
+    fn holds_free(&mut self, c: &mut Call) -> bool {
+        if c.func != Func::Free || c.addr == 0 || !self.starting.is_empty() {
+            return false;
+        }
+        let next = self.lone.next;
+        let other_first = self.lone.others.front().is_some_and(|&(at, ..)| at == next);
+        let again = self.lone.calls.get(next).is_some_and(|n| {
+            !other_first && n.allocates() == Some(c.addr) && n.releases().is_none()
+        });
+        let Some(b) = again.then(|| self.live.get_unshared(c.addr)).flatten() else {
+            return false;
+        };
+        self.settle_tick(&mut c.tick);
+        self.ended = [Some((c.addr, b)), None];
+        self.free_held = Some(c.addr);
+        #[cfg(test)]
+        {
+            self.frees_held += 1;
+        }
+        true
+    }
+
     /// [`Merger::pop`] past the lone run's calls.
     fn pop_rest(&mut self) -> Option<Merged> {
+        self.apply_held_free();
         if let Some(mut m) = self.lone.pop_other() {
             self.settle(&mut m, 0);
             return Some(m);

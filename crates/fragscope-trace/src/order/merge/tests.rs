@@ -733,39 +733,49 @@ fn assert_lone_run_merges_as_the_queues(
     queued.no_lone_run = true;
     let mut lone = Merger::new();
     let (mut want, mut got) = (Vec::new(), Vec::new());
-    let mut ended = (Vec::new(), Vec::new());
+    let mut seen = (Vec::new(), Vec::new());
     for (h, b) in arrivals {
-        for (m, out, ended) in [
-            (&mut queued, &mut want, &mut ended.0),
-            (&mut lone, &mut got, &mut ended.1),
+        for (m, out, seen) in [
+            (&mut queued, &mut want, &mut seen.0),
+            (&mut lone, &mut got, &mut seen.1),
         ] {
             m.push_chunk(h, b).unwrap();
-            if !pop_between {
-                continue;
-            }
-            while let Some(x) = m.pop() {
-                ended.push(m.ended_by_last_pop().copied().collect::<Vec<_>>());
-                out.push(x);
+            if pop_between {
+                pop_all(m, out, seen);
             }
         }
         assert_eq!(got, want);
     }
-    for (m, out, ended) in [
-        (&mut queued, &mut want, &mut ended.0),
-        (&mut lone, &mut got, &mut ended.1),
+    for (m, out, seen) in [
+        (&mut queued, &mut want, &mut seen.0),
+        (&mut lone, &mut got, &mut seen.1),
     ] {
         m.finish();
-        while let Some(x) = m.pop() {
-            ended.push(m.ended_by_last_pop().copied().collect::<Vec<_>>());
-            out.push(x);
-        }
+        pop_all(m, out, seen);
     }
     assert_eq!(got, want);
-    assert_eq!(ended.1, ended.0);
+    assert_eq!(seen.1, seen.0);
     assert_eq!(lone.stats(), queued.stats());
-    assert_eq!(lone.live_blocks(), queued.live_blocks());
+    // The same blocks, read in the same order.
+    let blocks = |m: &Merger| m.live_blocks().iter().collect::<Vec<_>>();
+    assert_eq!(blocks(&lone), blocks(&queued));
     assert_eq!(lone.own_memory(), queued.own_memory());
     got
+}
+
+/// What a reader sees of `m`'s pops, into `out` and `seen`: each item, the blocks it
+/// ended, and at every 16th call the live blocks before it, in their order, as a
+/// snapshot between two calls reads them.
+fn pop_all(m: &mut Merger, out: &mut Vec<Merged>, seen: &mut Vec<Vec<(u64, LiveBlock)>>) {
+    while let Some(x) = m.pop() {
+        seen.push(m.ended_by_last_pop().copied().collect());
+        if let Merged::Call(c) = &x {
+            if out.len().is_multiple_of(16) {
+                seen.push(m.with_live_before_last_pop(c, |l| l.iter().collect()));
+            }
+        }
+        out.push(x);
+    }
 }
 
 /// A lone thread's chunk with an answer of the allocator's statistics in it, after
@@ -797,6 +807,61 @@ fn a_lone_threads_run_merges_as_its_queue() {
         assert_eq!(merged.len(), 16);
         assert!(merged.iter().any(|m| matches!(m, Merged::Stats { .. })));
     }
+}
+
+/// A lone thread that frees a block and at once allocates it again (a thread cache's
+/// last in, first out), between snapshots, statistics and other calls: the free is held
+/// for the allocation to take its bucket where it lies, and the merge gives what its
+/// queue gave, with the blocks read in the same order before and after every call.
+#[test]
+fn a_block_freed_and_allocated_again_at_once_merges_as_ever() {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut live: Vec<u64> = Vec::new();
+    let mut next = 0x10_0000u64;
+    let arrivals: Vec<_> = (0..6u32)
+        .map(|seq| {
+            let mut calls = Vec::new();
+            for _ in 0..3000 {
+                let r = crate::xorshift(&mut x);
+                match r % 6 {
+                    0..=2 if !live.is_empty() => {
+                        let addr = live[(r >> 8) as usize % live.len()];
+                        calls.extend([(true, addr), (false, addr)]);
+                    }
+                    3 if !live.is_empty() => {
+                        calls.push((true, live.swap_remove((r >> 8) as usize % live.len())));
+                    }
+                    _ => {
+                        next += 16 * (1 + (r >> 8) % 4);
+                        live.push(next);
+                        calls.push((false, next));
+                    }
+                }
+            }
+            // A free whose allocation comes in the next chunk, and one before statistics.
+            if let Some(&addr) = live.first() {
+                calls.push((true, addr));
+                live.remove(0);
+            }
+            let tick = 1 + u64::from(seq) / 2;
+            let (h, b) = if seq == 3 {
+                with_stats(1, seq, tick, &calls)
+            } else {
+                chunk(1, tick, &calls)
+            };
+            (EventsHeader { seq, ..h }, b)
+        })
+        .collect();
+    for pop_between in [true, false] {
+        let merged = assert_lone_run_merges_as_the_queues(&arrivals, pop_between);
+        assert!(merged.len() > 20_000);
+    }
+    let mut m = Merger::new();
+    for (h, b) in &arrivals {
+        m.push_chunk(h, b).unwrap();
+        while m.pop().is_some() {}
+    }
+    assert!(m.frees_held > 5_000, "{} frees held", m.frees_held);
 }
 
 /// A second thread whose chunk comes before the first thread's run is popped: the
