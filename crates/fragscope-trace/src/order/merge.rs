@@ -58,7 +58,7 @@ pub const MEMORY_BUDGET_ITEMS: usize = 1 << 18;
 const HEAD_ITEMS: usize = 64;
 /// How many calls ahead of the one popped a thread's free has its block's memory asked
 /// for ([`Merger::pop_lone_call`], `Merger::pop_queued`).
-const PREFETCH_AHEAD: usize = 8;
+const PREFETCH_AHEAD: usize = 16;
 
 pub use crate::order::live::{is_inherited_stack, InheritedHeap, LiveBlock, LiveIter, LiveTable};
 use crate::order::live::{InheritedStackTable, INHERITED_STACK};
