@@ -134,7 +134,7 @@ impl Blocks {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn get(&self, addr: u64) -> Option<LiveBlock> {
         if far(addr) {
             return self.far.get(&addr).copied();
@@ -178,10 +178,11 @@ impl Blocks {
             return None;
         }
         // A control byte with its top bit set marks a free bucket (empty or emptied).
-        // SAFETY: control bytes of the table, which has `mask + 1` of them (and 16 more).
-        let free_before = (0..before)
-            .any(|k| unsafe { *((ctrl + ((home + k) & mask)) as *const u8) } & 0x80 != 0);
-        if free_before {
+        // SAFETY: 16 control bytes from `home`, within the table's `mask + 1` and the 16
+        // that follow them (a copy of the first, for such reads across the end).
+        let group = unsafe { ((ctrl + home) as *const u128).read_unaligned() };
+        let free = u128::from_le(group) & u128::from_le_bytes([0x80; GROUP]);
+        if free & ((1u128 << (8 * before)) - 1) != 0 {
             return None;
         }
         let old = bucket.unpacked();
