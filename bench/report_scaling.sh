@@ -8,6 +8,8 @@
 # usage: bench/report_scaling.sh [N=10000000] [BIG=1000000] [SMALL=4096]
 #   FRAGSCOPE=path/to/fragscope (default: the release build in $CARGO_TARGET_DIR or target/)
 #   BEFORE=path/to/an/older/fragscope adds its reports of the same traces.
+#   ROUNDS=5: each analysis runs that many times in a row; the table gives the median
+#   wall time and the highest peak RSS (one run alone swings with the machine).
 # needs: GNU time; heaptrack and perf optional.
 set -euo pipefail
 before=${BEFORE:+$(realpath "$BEFORE")}
@@ -15,16 +17,19 @@ cd "$(dirname "$0")/.."
 n=${1:-10000000}
 big=${2:-1000000}
 small=${3:-4096}
+rounds=${ROUNDS:-5}
 fs=${FRAGSCOPE:-${CARGO_TARGET_DIR:-$PWD/target}/release/fragscope}
 fs=$(realpath "$fs")
 out=bench/out/scaling
 mkdir -p "$out"
 cc -O2 -g -pthread -o "$out/held_churn" bench/c/held_churn.c
 cd "$out"
-measure() { # label, command...: "label wall_s peak_rss_kib"
+measure() { # label, command...: "label wall_s peak_rss_kib", a line per round
   local label=$1; shift
-  /usr/bin/time -f "%e %M" -o time.txt "$@" >/dev/null 2>&1
-  echo "$label $(cat time.txt)"
+  for _ in $(seq 1 "$rounds"); do
+    /usr/bin/time -f "%e %M" -o time.txt "$@" >/dev/null 2>&1
+    echo "$label $(cat time.txt)"
+  done
 }
 rows=()
 for live in "$big" "$small"; do
@@ -46,13 +51,16 @@ for live in "$big" "$small"; do
 done
 printf '%s\n' "${rows[@]}" > scaling.txt
 python3 - "$big" "$small" <<'PY'
-import sys
+import statistics, sys
 big, small = sys.argv[1], sys.argv[2]
-rows = {}
+runs = {}
 for line in open("scaling.txt"):
     label, wall, rss = line.split()
     tool, live = label.rsplit("-", 1)
-    rows.setdefault(tool, {})[live] = (float(wall), int(rss) / 1024)
+    runs.setdefault(tool, {}).setdefault(live, []).append((float(wall), int(rss) / 1024))
+rows = {tool: {live: (statistics.median(w for w, _ in r), max(m for _, m in r))
+               for live, r in by_live.items()}
+        for tool, by_live in runs.items()}
 print(f"\n| analysis | {big} blocks | {small} blocks | time big/small | RSS big/small |")
 print("|---|---|---|---|---|")
 for tool, r in rows.items():
