@@ -607,28 +607,32 @@ mod tests {
                 assert_eq!(ours.table.capacity(), theirs.table.capacity());
             }
         }
-        // Blocks taken again in a table filled to its capacity, where a removal that
-        // marks its bucket removed rather than empty leaves no room (hashbrown then
-        // grows the table before the insertion).
-        for round in 0..64u64 {
-            while ours.len() < ours.table.capacity() {
-                let addr = 0x7e00_0000_0000 + (crate::xorshift(&mut x) >> 20) * 16;
-                if ours.insert(addr, LiveBlock::default()).is_none() {
-                    live.push(addr);
-                }
+        // A block taken again in a table filled to its capacity: its blocks side by side
+        // fill a run of buckets side by side, where a removal marks its bucket removed
+        // rather than empty and so leaves no room (hashbrown then grows the table before
+        // the insertion; a bucket taken where it lies would not).
+        for grown in 0..6 {
+            let (mut ours, mut theirs) = (Blocks::default(), Blocks::default());
+            let mut k = 0u64;
+            loop {
+                let addr = 0x7e00_0000_0000 + k * 16;
+                ours.insert(addr, LiveBlock::default());
                 theirs.insert(addr, LiveBlock::default());
+                k += 1;
+                if ours.len() == ours.table.capacity() && ours.len() > 64 << grown {
+                    break;
+                }
             }
-            for _ in 0..8 {
-                let r = crate::xorshift(&mut x);
-                let addr = live[(r >> 16) as usize % live.len()];
-                let b = LiveBlock {
-                    size: r % 300,
-                    ..Default::default()
-                };
-                take_again(&mut ours, &mut theirs, addr, b);
-            }
-            assert_eq!(order(&ours), order(&theirs), "round {round}");
-            assert_eq!(ours.table.capacity(), theirs.table.capacity());
+            let before = theirs.table.capacity();
+            let middle = 0x7e00_0000_0000 + k / 2 * 16;
+            let b = LiveBlock {
+                size: 7,
+                ..Default::default()
+            };
+            take_again(&mut ours, &mut theirs, middle, b);
+            assert!(theirs.table.capacity() > before, "{grown}: not grown");
+            assert_eq!(order(&ours), order(&theirs), "{grown}");
+            assert_eq!(ours.table.capacity(), theirs.table.capacity(), "{grown}");
         }
         assert!(
             in_place > 100_000 && not > 1_000,
