@@ -285,6 +285,13 @@ pub struct Merger {
     frees_held: usize,
 }
 
+/// Whether call `c` makes `addr` live again without ending a block (what a held free
+/// waits for).
+#[inline(always)]
+fn allocates_again(c: &Call, addr: u64) -> bool {
+    c.allocates() == Some(addr) && c.releases().is_none()
+}
+
 /// A thread's next call: its (tick, place), then the thread's index.
 type Head = ((u64, u64), usize);
 
@@ -587,9 +594,9 @@ impl Merger {
     }
 
     /// Hands the rest of the lone run to its thread's queue (in memory or, past the
-    /// budget, on disk), where the general merge takes it.
+    /// budget, on disk), where the general merge takes it. Only from `push_decoded`, which
+    /// took any held free out.
     fn queue_lone_run(&mut self) {
-        self.apply_held_free();
         let ti = self.lone.thread;
         let had_head = !self.threads[ti].queue.is_empty();
         let mut run = std::mem::take(&mut self.lone);
@@ -868,14 +875,14 @@ impl Merger {
         if let Some(old) = ahead.and_then(Call::releases) {
             self.live.prefetch(old);
         }
+        // The call after a held free is the one that was seen to allocate its address
+        // (anything else in between took the free out).
         if let Some(addr) = self.free_held.take() {
-            if c.allocates() == Some(addr) && c.releases().is_none() {
-                self.settle_tick(&mut c.tick);
-                self.ended = [None; 2];
-                self.live.take_again(addr, LiveBlock::of(&c));
-                return Some(c);
-            }
-            self.live.remove(&addr);
+            debug_assert!(allocates_again(&c, addr));
+            self.settle_tick(&mut c.tick);
+            self.ended = [None; 2];
+            self.live.take_again(addr, LiveBlock::of(&c));
+            return Some(c);
         }
         if self.holds_free(&mut c) {
             return Some(c);
@@ -894,9 +901,8 @@ impl Merger {
         }
         let next = self.lone.next;
         let other_first = self.lone.others.front().is_some_and(|&(at, ..)| at == next);
-        let again = self.lone.calls.get(next).is_some_and(|n| {
-            !other_first && n.allocates() == Some(c.addr) && n.releases().is_none()
-        });
+        let again =
+            !other_first && (self.lone.calls.get(next)).is_some_and(|n| allocates_again(n, c.addr));
         let Some(b) = again.then(|| self.live.get_unshared(c.addr)).flatten() else {
             return false;
         };
@@ -910,9 +916,8 @@ impl Merger {
         true
     }
 
-    /// [`Merger::pop`] past the lone run's calls.
+    /// [`Merger::pop`] past the lone run's calls (`pop_lone_call` took any held free out).
     fn pop_rest(&mut self) -> Option<Merged> {
-        self.apply_held_free();
         if let Some(mut m) = self.lone.pop_other() {
             self.settle(&mut m, 0);
             return Some(m);
