@@ -101,11 +101,7 @@ fn a_programs_pending_dlerror_message_survives_its_threads_first_stack() {
     let exe = build(dir.path(), "dlerror_kept", &["-pthread"]);
     let trace = dir.path().join("t.fsc");
     let out = record_as_a_user_would(&trace, &exe);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", common::stderr(&out));
     // The thread's large allocation had its stack taken (the case in question).
     let stacks = info(&trace)["processes"][0]["stacks"].as_u64();
     assert!(stacks.is_some_and(|n| n >= 1), "{:#}", info(&trace));

@@ -31,19 +31,17 @@ fn chunks_of(data: &[u8]) -> (usize, bool) {
 
 #[test]
 fn the_intact_fixtures_read_completely() {
-    let (n, clean) = chunks_of(TRACE);
-    assert!(n > 5 && clean);
+    for trace in [TRACE, PACKED, REALLOCS] {
+        let (n, clean) = chunks_of(trace);
+        assert!(n > 5 && clean);
+    }
     assert!(read_all_from_bytes(TRACE) > 24_000);
-    let (n, clean) = chunks_of(PACKED);
-    assert!(n > 5 && clean);
     // Its 2473 calls (`fragscope info`) and one allocator-statistics record.
     assert_eq!(read_all_from_bytes(PACKED), 2474);
     assert!(
         order_records(PACKED).0 > 0,
         "the fixture must carry order records"
     );
-    let (n, clean) = chunks_of(REALLOCS);
-    assert!(n > 5 && clean);
     // Its 4103 calls (`fragscope info`) and one allocator-statistics record.
     assert_eq!(read_all_from_bytes(REALLOCS), 4104);
     assert!(
