@@ -967,7 +967,10 @@ impl Merger {
         }
         self.in_memory -= 1;
         while t.queue.is_empty() && t.spill.items() > 0 {
+            // Counted as `enqueue` counts: the shrink below subtracts what refill grew.
+            let room = t.queue.capacity();
             let read = t.spill.refill(&mut self.spill_file, t.tid, &mut t.queue);
+            self.queue_capacity += t.queue.capacity() - room;
             if let Err((lost, why)) = read {
                 self.stats.lost_events = self.stats.lost_events.saturating_add(lost);
                 self.stats.spill_lost = self.stats.spill_lost.saturating_add(lost);
@@ -979,7 +982,7 @@ impl Merger {
         }
         // Queues that once held a burst give their memory back when the threads' queues
         // together hold far more room than the budget.
-        if t.queue.is_empty() && self.queue_capacity > 2 * self.memory_budget {
+        if t.queue.is_empty() && self.queue_capacity > self.memory_budget.saturating_mul(2) {
             self.queue_capacity -= t.queue.capacity();
             t.queue.shrink_to(HEAD_ITEMS);
             self.queue_capacity += t.queue.capacity();

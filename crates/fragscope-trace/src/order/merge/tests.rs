@@ -203,11 +203,13 @@ fn calls_spilled_past_the_memory_budget_merge_as_in_memory() {
             m.push_chunk(h, b).unwrap();
             while let Some(Merged::Call(c)) = m.pop() {
                 out.push(c);
+                assert_queue_room_counted(m);
             }
         }
     }
     want.extend(drain(&mut in_memory));
     got.extend(drain(&mut spilling));
+    assert_queue_room_counted(&spilling);
     assert_eq!(got.len(), 12_000);
     assert_eq!(got, want);
     assert!(spilling.stats().spilled > 1000, "{:?}", spilling.stats());
@@ -220,6 +222,13 @@ fn calls_spilled_past_the_memory_budget_merge_as_in_memory() {
         in_memory.stats()
     );
     assert_never_live_twice(&got);
+}
+
+/// The room the merger counts in its threads' queues, which decides when they shrink,
+/// is the room they hold, calls read back from disk included.
+fn assert_queue_room_counted(m: &Merger) {
+    let held: usize = m.threads.iter().map(|t| t.queue.capacity()).sum();
+    assert_eq!(m.queue_capacity, held);
 }
 
 /// One thread allocates a block and its buffer reaches the trace only after another
