@@ -14,6 +14,7 @@
 use fragscope_trace::hash::{AddrMap, FastMap, PageMap};
 use fragscope_trace::merge::{Call, LiveBlock, LiveTable, Merger};
 use fragscope_trace::records::Pagemap;
+use thin_vec::ThinVec;
 
 use crate::heap::{
     class_entry, classes_at, BlockHeaders, BlockWeights, ClassAtSnapshot, HeapHistory,
@@ -191,11 +192,15 @@ impl<T: Copy + Eq + std::hash::Hash> Interned<T> {
     }
 }
 
+/// A page's blocks. A map of these is a big heap's second biggest part after the live
+/// blocks' table (a million blocks over 39 k pages), so the lists are thin (one word
+/// where they are kept, their length and room in their allocation) and grow by a quarter
+/// (a page's groups doubling to 32 for 17 to 32 held a fifth of their room empty).
 #[derive(Default, Debug)]
 struct PageBlocks {
     /// Header bytes on the page (glibc's chunk size fields).
     headers: u64,
-    groups: Vec<Group>,
+    groups: ThinVec<Group>,
     /// What a snapshot reads of the groups, as of the last snapshot they changed before.
     summary: PageSummary,
     /// The groups changed since `summary` was taken (the page is in `changed_pages`).
@@ -213,10 +218,11 @@ struct PageSummary {
     /// The dominant class, as [`PageAcc::dominate`] picks it over every group.
     class: u64,
     class_bytes: u32,
-    /// Groups of blocks with a stack: a sampled site's blocks are weighed one by one.
-    stacked: u32,
+    /// Whether a group of its blocks has a stack: a sampled site's blocks are weighed one
+    /// by one.
+    stacked: bool,
     /// The classes of its blocks (by [`ClassTotals`] index), each once.
-    classes: Vec<u32>,
+    classes: ThinVec<u32>,
 }
 
 impl PageSummary {
@@ -230,11 +236,11 @@ impl PageSummary {
             }
             summary.live += u64::from(g.count) * u64::from(g.live_part);
             summary.usable += u64::from(g.count) * u64::from(g.usable_part);
-            summary.stacked += u32::from(g.stack != 0);
+            summary.stacked |= g.stack != 0;
             let next = class_ids.len() as u32;
             let id = *class_ids.entry(g.class()).or_insert(next);
             if !summary.classes.contains(&id) {
-                summary.classes.push(id);
+                push_tight(&mut summary.classes, id);
             }
         }
         summary.class = acc.class;
@@ -474,7 +480,7 @@ impl HeapPages {
                 (Some(i), true) => on.groups[i].count += 1,
                 (None, true) => {
                     let g = g.expect("made");
-                    on.groups.push(g);
+                    push_tight(&mut on.groups, g);
                     parts.name(&g, true);
                 }
                 (Some(i), false) => {
@@ -649,7 +655,7 @@ impl HeapPages {
                 }
             };
             let sparse = acc.filter(|acc| is_sparse(acc, weighting, ps, sparse_pct));
-            if sparse.is_none() && !(sampled && summary.stacked > 0) {
+            if sparse.is_none() && !(sampled && summary.stacked) {
                 continue;
             }
             let groups = on.groups.iter().map(|g| parts.block_group(g));
@@ -677,6 +683,15 @@ impl HeapPages {
         }
         pinned_later
     }
+}
+
+/// Pushes `v` onto `list`, which grows by a quarter when full (see [`PageBlocks`]).
+#[inline]
+fn push_tight<T>(list: &mut ThinVec<T>, v: T) {
+    if list.len() == list.capacity() {
+        list.reserve_exact(list.len() / 4 + 1);
+    }
+    list.push(v);
 }
 
 /// A sparse page's share of blocks that started on an earlier page (see
