@@ -204,6 +204,8 @@ impl Stream {
         Self {
             stream,
             fork: ForkLink::new(stream),
+            // A report never reads when a block was born.
+            merger: Merger::without_birth_ticks(),
             ..Default::default()
         }
     }

@@ -2,6 +2,10 @@
 //! hashbrown's table with the locality hash, each block packed with its address into 20
 //! bytes, on huge pages once it is big.
 //!
+//! A report never reads a block's birth tick (replay and aggregation do): its table
+//! leaves it out, 16 bytes a bucket (`Blocks::without_birth_ticks`), 34 MiB for a million
+//! blocks instead of 42.
+//!
 //! A bucket was an address and a [`LiveBlock`], 32 bytes, and a table is at most 7/8
 //! full: a million live blocks took 2^21 buckets, 66 MiB, and 99 MiB while the table grew
 //! to them (the old buckets and the new). Packed, a bucket is 20 bytes: 42 MiB and 63 MiB.
@@ -19,20 +23,28 @@ use allocator_api2::alloc::{AllocError, Allocator, Global};
 use crate::format::hash::{addr_hash, prefetch, AddrMap};
 use crate::order::live::LiveBlock;
 
-/// A live block as its bucket holds it, with its address (see the module's comment).
+/// A live block as its bucket holds it, with its address (see the module's comment),
+/// without its birth tick.
 #[derive(Clone, Copy, Debug)]
 #[repr(C, packed(4))]
-struct Bucket {
+pub(crate) struct Untimed {
     /// The address in the low 48 bits, above them the rounding (usable minus requested
-    /// bytes) and [`Bucket::INHERITED`].
+    /// bytes) and [`Untimed::INHERITED`].
     addr_rounding: u64,
-    /// Requested bytes; [`Bucket::WIDE`]: the block is in `Blocks::wide`.
+    /// Requested bytes; [`Untimed::WIDE`]: the block is in `Table::wide`.
     size: u32,
     stack: u32,
+}
+
+/// A live block as its bucket holds it, with its birth tick.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, packed(4))]
+pub(crate) struct Timed {
+    block: Untimed,
     born_tick: u32,
 }
 
-const _: () = assert!(size_of::<Bucket>() == 20);
+const _: () = assert!(size_of::<Untimed>() == 16 && size_of::<Timed>() == 20);
 
 /// The bits of a bucket's first word that hold the address.
 const ADDR_BITS: u32 = 48;
@@ -45,18 +57,38 @@ fn far(addr: u64) -> bool {
     addr > ADDR_MASK
 }
 
-impl Bucket {
+impl Untimed {
     const WIDE: u32 = u32::MAX;
     /// Roundings below this fit a bucket.
     const ROUNDING_FITS: u32 = 1 << 15;
     const INHERITED: u64 = 1 << 63;
+}
+
+/// What a bucket holds: [`Untimed`] or [`Timed`].
+pub(crate) trait Packing: Copy + std::fmt::Debug {
+    /// Block `b` at `addr` (which is not far) packed, or `None` when it does not fit.
+    fn of(addr: u64, b: &LiveBlock) -> Option<Self>;
+
+    /// The marker of a block at `addr` kept whole beside the table.
+    fn wide(addr: u64) -> Self;
+
+    /// The bucket less its birth tick.
+    fn untimed(&self) -> Untimed;
+
+    /// The block, when it is not wide.
+    fn unpacked(self) -> LiveBlock;
 
     #[inline(always)]
     fn addr(&self) -> u64 {
-        self.addr_rounding & ADDR_MASK
+        self.untimed().addr_rounding & ADDR_MASK
     }
 
-    /// Block `b` at `addr` (which is not far) packed, or `None` when it does not fit.
+    fn is_wide(&self) -> bool {
+        self.untimed().size == Untimed::WIDE
+    }
+}
+
+impl Packing for Untimed {
     #[inline(always)]
     fn of(addr: u64, b: &LiveBlock) -> Option<Self> {
         let fits = b.size < u64::from(Self::WIDE) && b.rounding < Self::ROUNDING_FITS;
@@ -65,25 +97,22 @@ impl Bucket {
             addr_rounding: addr | u64::from(b.rounding) << ADDR_BITS | inherited,
             size: b.size as u32,
             stack: b.stack,
-            born_tick: b.born_tick,
         })
     }
 
-    /// The marker of a block at `addr` kept whole beside the table.
-    const fn wide(addr: u64) -> Self {
+    fn wide(addr: u64) -> Self {
         Self {
             addr_rounding: addr,
             size: Self::WIDE,
             stack: 0,
-            born_tick: 0,
         }
     }
 
-    fn is_wide(&self) -> bool {
-        self.size == Self::WIDE
+    #[inline(always)]
+    fn untimed(&self) -> Untimed {
+        *self
     }
 
-    /// The block, when it is not wide.
     #[inline(always)]
     fn unpacked(self) -> LiveBlock {
         let above = self.addr_rounding >> ADDR_BITS;
@@ -91,16 +120,46 @@ impl Bucket {
             size: u64::from(self.size),
             rounding: (above as u32) & (Self::ROUNDING_FITS - 1),
             stack: self.stack,
-            born_tick: self.born_tick,
+            born_tick: 0,
             inherited: self.addr_rounding & Self::INHERITED != 0,
         }
     }
 }
 
-/// Live blocks by address (see the module's comment).
-#[derive(Default, Clone, Debug)]
-pub(crate) struct Blocks {
-    table: hashbrown::HashTable<Bucket, HugePages>,
+impl Packing for Timed {
+    #[inline(always)]
+    fn of(addr: u64, b: &LiveBlock) -> Option<Self> {
+        Some(Self {
+            block: Untimed::of(addr, b)?,
+            born_tick: b.born_tick,
+        })
+    }
+
+    fn wide(addr: u64) -> Self {
+        Self {
+            block: Untimed::wide(addr),
+            born_tick: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn untimed(&self) -> Untimed {
+        self.block
+    }
+
+    #[inline(always)]
+    fn unpacked(self) -> LiveBlock {
+        LiveBlock {
+            born_tick: self.born_tick,
+            ..self.block.unpacked()
+        }
+    }
+}
+
+/// Live blocks by address, in buckets of `B` (see the module's comment).
+#[derive(Clone, Debug)]
+pub(crate) struct Table<B> {
+    table: hashbrown::HashTable<B, HugePages>,
     /// The blocks that do not fit a bucket, by address.
     wide: AddrMap<LiveBlock>,
     /// The blocks at addresses that do not fit a bucket.
@@ -110,10 +169,16 @@ pub(crate) struct Blocks {
     grown_here: usize,
 }
 
-impl Blocks {
-    pub(crate) fn with_capacity(n: usize) -> Self {
+impl<B: Packing> Default for Table<B> {
+    fn default() -> Self {
+        Self::with_capacity(0)
+    }
+}
+
+impl<B: Packing> Table<B> {
+    fn with_capacity(n: usize) -> Self {
         Self {
-            table: hashbrown::HashTable::with_capacity_in(n, HugePages::default()),
+            table: hashbrown::HashTable::with_capacity_in(n, HugePages::of::<B>()),
             wide: AddrMap::default(),
             far: AddrMap::default(),
             #[cfg(test)]
@@ -121,12 +186,12 @@ impl Blocks {
         }
     }
 
-    pub(crate) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.table.len() + self.far.len()
     }
 
     #[inline(always)]
-    fn block(&self, b: Bucket) -> LiveBlock {
+    fn block(&self, b: B) -> LiveBlock {
         if b.is_wide() {
             self.wide[&b.addr()]
         } else {
@@ -135,7 +200,7 @@ impl Blocks {
     }
 
     #[inline(always)]
-    pub(crate) fn get(&self, addr: u64) -> Option<LiveBlock> {
+    fn get(&self, addr: u64) -> Option<LiveBlock> {
         if far(addr) {
             return self.far.get(&addr).copied();
         }
@@ -150,11 +215,7 @@ impl Blocks {
     /// rehashed first). The blocks are then read in the same order as ever. `None`, and
     /// nothing changed, otherwise (or when either block is kept beside the table).
     #[inline(always)]
-    pub(crate) fn replace_where_it_lies(
-        &mut self,
-        addr: u64,
-        block: LiveBlock,
-    ) -> Option<LiveBlock> {
+    fn replace_where_it_lies(&mut self, addr: u64, block: LiveBlock) -> Option<LiveBlock> {
         let held = self.table.allocator();
         let ctrl = held.ctrl.load(Ordering::Relaxed);
         let mask = held.bucket_mask.load(Ordering::Relaxed);
@@ -164,14 +225,14 @@ impl Blocks {
         if far(addr) || ctrl == 0 || mask < GROUP - 1 || self.table.len() >= self.table.capacity() {
             return None;
         }
-        let new = Bucket::of(addr, &block)?;
+        let new = B::of(addr, &block)?;
         let hash = addr_hash(addr);
         let bucket = self.table.find_mut(hash, |e| e.addr() == addr)?;
         if bucket.is_wide() {
             return None;
         }
         // Buckets lie below the control bytes, the first highest.
-        let at = (ctrl - (bucket as *mut Bucket as usize)) / size_of::<Bucket>() - 1;
+        let at = (ctrl - (bucket as *mut B as usize)) / size_of::<B>() - 1;
         let home = hash as usize & mask;
         let before = at.wrapping_sub(home) & mask;
         if before >= GROUP {
@@ -192,16 +253,16 @@ impl Blocks {
 
     /// What a bucket holds of `block` at `addr`: a wide block goes into `wide`.
     #[inline(always)]
-    fn packed(wide: &mut AddrMap<LiveBlock>, addr: u64, block: LiveBlock) -> Bucket {
-        Bucket::of(addr, &block).unwrap_or_else(|| {
+    fn packed(wide: &mut AddrMap<LiveBlock>, addr: u64, block: LiveBlock) -> B {
+        B::of(addr, &block).unwrap_or_else(|| {
             wide.insert(addr, block);
-            Bucket::wide(addr)
+            B::wide(addr)
         })
     }
 
     /// The block of bucket `b`, taken out of `wide` if it is there.
     #[inline(always)]
-    fn taken(wide: &mut AddrMap<LiveBlock>, b: Bucket) -> LiveBlock {
+    fn taken(wide: &mut AddrMap<LiveBlock>, b: B) -> LiveBlock {
         if b.is_wide() {
             wide.remove(&b.addr())
                 .expect("a wide block beside the table")
@@ -212,7 +273,7 @@ impl Blocks {
 
     /// Makes `addr` live as `block`; returns the block it replaced.
     #[inline(always)]
-    pub(crate) fn insert(&mut self, addr: u64, block: LiveBlock) -> Option<LiveBlock> {
+    fn insert(&mut self, addr: u64, block: LiveBlock) -> Option<LiveBlock> {
         if far(addr) {
             return self.far.insert(addr, block);
         }
@@ -236,7 +297,7 @@ impl Blocks {
 
     /// Makes `addr`, which is not live, live as `block`.
     #[inline(always)]
-    pub(crate) fn insert_unique(&mut self, addr: u64, block: LiveBlock) {
+    fn insert_unique(&mut self, addr: u64, block: LiveBlock) {
         if far(addr) {
             self.far.insert(addr, block);
             return;
@@ -251,7 +312,7 @@ impl Blocks {
     /// narrower than the copy that read it back (a store-forwarding stall, a third of the
     /// merge's time on `--stacks all` traces).
     #[inline(always)]
-    pub(crate) fn remove(&mut self, addr: u64) -> Option<LiveBlock> {
+    fn remove(&mut self, addr: u64) -> Option<LiveBlock> {
         if far(addr) {
             return self.far.remove(&addr);
         }
@@ -291,13 +352,13 @@ impl Blocks {
             return;
         }
         let mut grown =
-            hashbrown::HashTable::with_capacity_in(items.max(full) + 1, HugePages::default());
+            hashbrown::HashTable::with_capacity_in(items.max(full) + 1, HugePages::of::<B>());
         // The old buckets below `ctrl` (the first highest) that are still held.
         let mut held_to = ctrl & !(PAGE - 1);
         for b in self.table.iter() {
             grown.insert_unique(addr_hash(b.addr()), *b, |e| addr_hash(e.addr()));
             // Every bucket from this one up is copied.
-            let done = (b as *const Bucket as usize).next_multiple_of(PAGE);
+            let done = (b as *const B as usize).next_multiple_of(PAGE);
             if held_to - done.min(held_to) >= HugePages::PAGE {
                 // SAFETY: old buckets that are copied and never read again (the table's
                 // iteration reads the control bytes, above `ctrl`, and the buckets below
@@ -320,18 +381,18 @@ impl Blocks {
         }
     }
 
-    pub(crate) fn reserve(&mut self, additional: usize) {
+    fn reserve(&mut self, additional: usize) {
         self.table.reserve(additional, |e| addr_hash(e.addr()));
     }
 
     /// Asks for the memory where the block at `addr` would be, ahead of a lookup of it.
     #[inline(always)]
-    pub(crate) fn prefetch(&self, addr: u64) {
+    fn prefetch(&self, addr: u64) {
         self.table.allocator().prefetch(addr_hash(addr));
     }
 
-    pub(crate) fn iter(&self) -> BlocksIter<'_> {
-        BlocksIter {
+    fn iter(&self) -> TableIter<'_, B> {
+        TableIter {
             buckets: self.table.iter(),
             far: self.far.iter(),
             blocks: self,
@@ -339,14 +400,125 @@ impl Blocks {
     }
 }
 
-/// Every block of a [`Blocks`], (address, block), in the table's order, then the far ones.
-pub(crate) struct BlocksIter<'a> {
-    buckets: hashbrown::hash_table::Iter<'a, Bucket>,
-    far: std::collections::hash_map::Iter<'a, u64, LiveBlock>,
-    blocks: &'a Blocks,
+/// Live blocks by address (see the module's comment): with their birth ticks, or (a
+/// table made `without_birth_ticks`) without.
+#[derive(Clone, Debug)]
+pub(crate) enum Blocks {
+    Timed(Table<Timed>),
+    Untimed(Table<Untimed>),
+}
+
+impl Default for Blocks {
+    fn default() -> Self {
+        Self::Timed(Table::default())
+    }
+}
+
+/// `$body` with `$t` the table of `$blocks`, whichever its buckets.
+macro_rules! each {
+    ($blocks:expr, $t:ident => $body:expr) => {
+        match $blocks {
+            Blocks::Timed($t) => $body,
+            Blocks::Untimed($t) => $body,
+        }
+    };
+}
+
+impl Blocks {
+    /// A table whose blocks read back with a birth tick of 0 (see the module's comment).
+    pub(crate) fn without_birth_ticks() -> Self {
+        Self::Untimed(Table::default())
+    }
+
+    /// An empty table for `n` blocks, with birth ticks if this one has them.
+    pub(crate) fn empty_like(&self, n: usize) -> Self {
+        match self {
+            Self::Timed(_) => Self::Timed(Table::with_capacity(n)),
+            Self::Untimed(_) => Self::Untimed(Table::with_capacity(n)),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        each!(self, t => t.len())
+    }
+
+    #[inline(always)]
+    pub(crate) fn get(&self, addr: u64) -> Option<LiveBlock> {
+        each!(self, t => t.get(addr))
+    }
+
+    /// See [`Table::replace_where_it_lies`].
+    #[inline(always)]
+    pub(crate) fn replace_where_it_lies(
+        &mut self,
+        addr: u64,
+        block: LiveBlock,
+    ) -> Option<LiveBlock> {
+        each!(self, t => t.replace_where_it_lies(addr, block))
+    }
+
+    /// Makes `addr` live as `block`; returns the block it replaced.
+    #[inline(always)]
+    pub(crate) fn insert(&mut self, addr: u64, block: LiveBlock) -> Option<LiveBlock> {
+        each!(self, t => t.insert(addr, block))
+    }
+
+    /// Makes `addr`, which is not live, live as `block`.
+    #[inline(always)]
+    pub(crate) fn insert_unique(&mut self, addr: u64, block: LiveBlock) {
+        each!(self, t => t.insert_unique(addr, block))
+    }
+
+    /// Ends the block at `addr`, if it is live.
+    #[inline(always)]
+    pub(crate) fn remove(&mut self, addr: u64) -> Option<LiveBlock> {
+        each!(self, t => t.remove(addr))
+    }
+
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        each!(self, t => t.reserve(additional))
+    }
+
+    /// Asks for the memory where the block at `addr` would be, ahead of a lookup of it.
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, addr: u64) {
+        each!(self, t => t.prefetch(addr))
+    }
+
+    pub(crate) fn iter(&self) -> BlocksIter<'_> {
+        match self {
+            Self::Timed(t) => BlocksIter::Timed(t.iter()),
+            Self::Untimed(t) => BlocksIter::Untimed(t.iter()),
+        }
+    }
+}
+
+/// Every block of a [`Blocks`], (address, block), in its table's order.
+pub(crate) enum BlocksIter<'a> {
+    Timed(TableIter<'a, Timed>),
+    Untimed(TableIter<'a, Untimed>),
 }
 
 impl Iterator for BlocksIter<'_> {
+    type Item = (u64, LiveBlock);
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Self::Timed(i) => i.next(),
+            Self::Untimed(i) => i.next(),
+        }
+    }
+}
+
+/// Every block of a [`Table`], (address, block), in the table's order, then the far ones.
+pub(crate) struct TableIter<'a, B> {
+    buckets: hashbrown::hash_table::Iter<'a, B>,
+    far: std::collections::hash_map::Iter<'a, u64, LiveBlock>,
+    blocks: &'a Table<B>,
+}
+
+impl<B: Packing> Iterator for TableIter<'_, B> {
     type Item = (u64, LiveBlock);
 
     #[inline(always)]
@@ -366,23 +538,38 @@ impl Iterator for BlocksIter<'_> {
 /// 10-15% slower. Smaller tables are the global allocator's as they are.
 ///
 /// Also where the table it serves lies, for [`LiveTable::prefetch`].
-#[derive(Default, Debug)]
+#[derive(Debug)]
 pub(crate) struct HugePages {
     /// The table's control bytes (see `held`), 0 while it has no memory.
     ctrl: AtomicUsize,
     /// Its buckets less one.
     bucket_mask: AtomicUsize,
+    /// The size of its buckets.
+    bucket: usize,
 }
 
 /// A clone serves another table (a table's clone allocates through its allocator's).
 impl Clone for HugePages {
     fn clone(&self) -> Self {
-        Self::default()
+        Self {
+            ctrl: AtomicUsize::new(0),
+            bucket_mask: AtomicUsize::new(0),
+            bucket: self.bucket,
+        }
     }
 }
 
 impl HugePages {
     const PAGE: usize = 2 << 20;
+
+    /// The memory of a table of `B`.
+    fn of<B>() -> Self {
+        Self {
+            ctrl: AtomicUsize::new(0),
+            bucket_mask: AtomicUsize::new(0),
+            bucket: size_of::<B>(),
+        }
+    }
 
     /// How an allocation of `layout` is asked of the global allocator: a big one aligned
     /// to a huge page, so that all its whole huge pages can be.
@@ -394,15 +581,15 @@ impl HugePages {
     }
 
     /// Notes the table's memory, `bytes` at `start`: hashbrown 0.15 lays out a table of
-    /// `n` buckets (a power of two) of [`Bucket`] as the buckets (the first last), then
+    /// `n` buckets (a power of two) of `self.bucket` bytes (the first last), then
     /// `n` + 16 control bytes. Memory of any other size is not noted: only a
     /// prefetch reads what is noted, and a prefetch of a wrong address costs nothing but
     /// the prefetch.
     fn held(&self, start: usize, bytes: usize) {
-        const BUCKET: usize = size_of::<Bucket>();
-        let buckets = bytes.saturating_sub(16) / (BUCKET + 1);
-        let ours = buckets.is_power_of_two() && buckets * (BUCKET + 1) + 16 == bytes;
-        let ctrl = if ours { start + buckets * BUCKET } else { 0 };
+        let bucket = self.bucket;
+        let buckets = bytes.saturating_sub(16) / (bucket + 1);
+        let ours = buckets.is_power_of_two() && buckets * (bucket + 1) + 16 == bytes;
+        let ctrl = if ours { start + buckets * bucket } else { 0 };
         self.ctrl.store(ctrl, Ordering::Relaxed);
         self.bucket_mask
             .store(buckets.saturating_sub(1), Ordering::Relaxed);
@@ -421,11 +608,11 @@ impl HugePages {
         }
         let i = hash as usize & self.bucket_mask.load(Ordering::Relaxed);
         const LINE: usize = 64;
-        let bucket = ctrl.wrapping_sub((i + 1) * size_of::<Bucket>());
+        let bucket = ctrl.wrapping_sub((i + 1) * self.bucket);
         prefetch(ctrl.wrapping_add(i));
         // A bucket may straddle two cache lines.
         prefetch(bucket);
-        prefetch(bucket + size_of::<Bucket>() - 1);
+        prefetch(bucket + self.bucket - 1);
         prefetch(bucket.wrapping_sub(LINE));
         prefetch(bucket.wrapping_sub(2 * LINE));
     }
@@ -451,7 +638,7 @@ unsafe impl Allocator for HugePages {
         // memory noted before the old goes).
         let ctrl = self.ctrl.load(Ordering::Relaxed);
         let buckets = self.bucket_mask.load(Ordering::Relaxed).wrapping_add(1);
-        if ctrl != 0 && ptr.as_ptr() as usize == ctrl - buckets * size_of::<Bucket>() {
+        if ctrl != 0 && ptr.as_ptr() as usize == ctrl - buckets * self.bucket {
             self.held(0, 0);
         }
         // SAFETY: allocated by `allocate` with the same `layout`.
@@ -467,22 +654,27 @@ mod tests {
     /// `HugePages::held` says, through its growth from empty, a clone, and after a drop.
     #[test]
     fn prefetches_find_the_table_where_it_lies() {
-        const BUCKET: usize = size_of::<Bucket>();
-        let noted = |t: &Blocks| {
+        prefetches_find_the_table::<Timed>();
+        prefetches_find_the_table::<Untimed>();
+    }
+
+    fn prefetches_find_the_table<B: Packing>() {
+        let bucket = size_of::<B>();
+        let noted = |t: &Table<B>| {
             let a = t.table.allocator();
             let ctrl = a.ctrl.load(Ordering::Relaxed);
             (ctrl, a.bucket_mask.load(Ordering::Relaxed) + 1)
         };
-        let in_place = |t: &Blocks| {
+        let in_place = |t: &Table<B>| {
             let (ctrl, buckets) = noted(t);
             assert_ne!(ctrl, 0);
             if buckets >= 8 {
                 assert_eq!(buckets / 8 * 7, t.table.capacity());
             }
             for e in t.table.iter() {
-                let at = e as *const Bucket as usize;
-                let i = (ctrl - at) / BUCKET - 1;
-                assert_eq!(ctrl - at, (i + 1) * BUCKET);
+                let at = e as *const B as usize;
+                let i = (ctrl - at) / bucket - 1;
+                assert_eq!(ctrl - at, (i + 1) * bucket);
                 assert!(i < buckets);
                 // Its probe starts within a group of 16 buckets of it (the table is
                 // sparse enough here for every block to be found in its first group).
@@ -490,7 +682,7 @@ mod tests {
                 assert!(i.wrapping_sub(home) & (buckets - 1) < 16, "{i} {home}");
             }
         };
-        let mut t = Blocks::default();
+        let mut t = Table::<B>::default();
         assert_eq!(noted(&t).0, 0);
         for k in 0..300_000u64 {
             t.insert(0x7f00_0000_0000 + k * 48, LiveBlock::default());
@@ -503,7 +695,7 @@ mod tests {
         for k in 0..300_000u64 {
             t.prefetch(0x7f00_0000_0000 + k * 48);
         }
-        t.table = hashbrown::HashTable::new_in(HugePages::default());
+        t.table = hashbrown::HashTable::new_in(HugePages::of::<B>());
         assert_eq!(noted(&t).0, 0);
     }
 
@@ -512,9 +704,10 @@ mod tests {
     /// order, through growths of full tables with removed buckets and without.
     #[test]
     fn a_table_grown_here_is_laid_out_as_hashbrown_lays_it_out() {
-        let mut ours = Blocks::default();
-        let mut theirs: hashbrown::HashTable<Bucket, HugePages> = Default::default();
-        let hash = |e: &Bucket| addr_hash(e.addr());
+        let mut ours = Table::<Timed>::default();
+        let mut theirs: hashbrown::HashTable<Timed, HugePages> =
+            hashbrown::HashTable::new_in(HugePages::of::<Timed>());
+        let hash = |e: &Timed| addr_hash(e.addr());
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         for step in 0..300_000u64 {
             let r = crate::xorshift(&mut x);
@@ -532,7 +725,7 @@ mod tests {
                 }
             } else {
                 ours.insert(addr, b);
-                let packed = Bucket::of(addr, &b).unwrap();
+                let packed = Timed::of(addr, &b).unwrap();
                 match theirs.entry(addr_hash(addr), |e| e.addr() == addr, hash) {
                     hashbrown::hash_table::Entry::Occupied(mut o) => *o.get_mut() = packed,
                     hashbrown::hash_table::Entry::Vacant(v) => {
@@ -541,7 +734,7 @@ mod tests {
                 }
             }
             if step % 5000 == 0 || step == 299_999 {
-                let order = |t: &hashbrown::HashTable<Bucket, HugePages>| -> Vec<u64> {
+                let order = |t: &hashbrown::HashTable<Timed, HugePages>| -> Vec<u64> {
                     t.iter().map(|b| b.addr()).collect()
                 };
                 assert_eq!(order(&ours.table), order(&theirs), "step {step}");
@@ -556,25 +749,31 @@ mod tests {
     /// removed buckets, whether the bucket was taken where it lay or not.
     #[test]
     fn a_block_taken_again_where_it_lies_leaves_the_table_as_removal_and_insertion_do() {
-        let (mut ours, mut theirs) = (Blocks::default(), Blocks::default());
+        taken_again_as_removed_and_inserted::<Timed>();
+        taken_again_as_removed_and_inserted::<Untimed>();
+    }
+
+    fn taken_again_as_removed_and_inserted<B: Packing>() {
+        let (mut ours, mut theirs) = (Table::<B>::default(), Table::<B>::default());
         let mut live: Vec<u64> = Vec::new();
         let (mut in_place, mut not) = (0, 0);
-        let mut take_again = |ours: &mut Blocks, theirs: &mut Blocks, addr: u64, b: LiveBlock| {
-            let old = theirs.remove(addr);
-            theirs.insert(addr, b);
-            match ours.replace_where_it_lies(addr, b) {
-                Some(was) => {
-                    assert_eq!(Some(was), old);
-                    in_place += 1;
+        let mut take_again =
+            |ours: &mut Table<B>, theirs: &mut Table<B>, addr: u64, b: LiveBlock| {
+                let old = theirs.remove(addr);
+                theirs.insert(addr, b);
+                match ours.replace_where_it_lies(addr, b) {
+                    Some(was) => {
+                        assert_eq!(Some(was), old);
+                        in_place += 1;
+                    }
+                    None => {
+                        assert_eq!(ours.remove(addr), old);
+                        ours.insert(addr, b);
+                        not += 1;
+                    }
                 }
-                None => {
-                    assert_eq!(ours.remove(addr), old);
-                    ours.insert(addr, b);
-                    not += 1;
-                }
-            }
-        };
-        let order = |t: &Blocks| -> Vec<(u64, LiveBlock)> { t.iter().collect() };
+            };
+        let order = |t: &Table<B>| -> Vec<(u64, LiveBlock)> { t.iter().collect() };
         let mut x = 0x2545_f491_4f6c_dd1du64;
         for step in 0..400_000u64 {
             let r = crate::xorshift(&mut x);
@@ -612,7 +811,7 @@ mod tests {
         // rather than empty and so leaves no room (hashbrown then grows the table before
         // the insertion; a bucket taken where it lies would not).
         for grown in 0..6 {
-            let (mut ours, mut theirs) = (Blocks::default(), Blocks::default());
+            let (mut ours, mut theirs) = (Table::<B>::default(), Table::<B>::default());
             let mut k = 0u64;
             loop {
                 let addr = 0x7e00_0000_0000 + k * 16;
@@ -642,14 +841,28 @@ mod tests {
 
     /// Every block comes back as it went in: packed, or whole beside the table when its
     /// size or rounding is too large, or apart from it at an address above 48 bits,
-    /// through replacement, removal and iteration.
+    /// through replacement, removal and iteration; in a table without birth ticks, with a
+    /// tick of 0 and all else the same.
     #[test]
     fn blocks_come_back_whole_packed_or_not() {
+        for timed in [true, false] {
+            let t = if timed {
+                Blocks::default()
+            } else {
+                Blocks::without_birth_ticks()
+            };
+            blocks_come_back_whole(t, timed);
+        }
+    }
+
+    fn blocks_come_back_whole(mut t: Blocks, timed: bool) {
+        // A table made like it (a child's at a fork) keeps ticks as it does.
+        assert_eq!(matches!(t.empty_like(4), Blocks::Timed(_)), timed);
         let block = |size: u64, rounding: u32, inherited: bool| LiveBlock {
             size,
             rounding,
             stack: 7 | u32::from(inherited) << 31,
-            born_tick: u32::MAX,
+            born_tick: u32::MAX - size as u32 % 5,
             inherited,
         };
         let kinds = [
@@ -667,28 +880,34 @@ mod tests {
         let blocks: Vec<(u64, LiveBlock)> = (places.iter())
             .flat_map(|&at| (kinds.iter().enumerate()).map(move |(i, b)| (at + i as u64 * 16, *b)))
             .collect();
-        let mut t = Blocks::default();
+        // What comes back of block `b` at `addr`: without ticks, a packed block has none.
+        let back = |addr: u64, b: LiveBlock| {
+            let packed = !far(addr) && Untimed::of(addr, &b).is_some();
+            let born_tick = if timed || !packed { b.born_tick } else { 0 };
+            LiveBlock { born_tick, ..b }
+        };
         for &(addr, b) in &blocks {
             assert_eq!(t.insert(addr, b), None);
         }
         for &(addr, b) in &blocks {
-            assert_eq!(t.get(addr), Some(b), "{addr:#x} {b:?}");
+            assert_eq!(t.get(addr), Some(back(addr, b)), "{addr:#x} {b:?}");
         }
         let mut seen: Vec<(u64, LiveBlock)> = t.iter().collect();
         seen.sort_by_key(|e| e.0);
-        let mut expected = blocks.clone();
+        let mut expected: Vec<_> = blocks.iter().map(|&(a, b)| (a, back(a, b))).collect();
         expected.sort_by_key(|e| e.0);
         assert_eq!(seen, expected);
         // Each replaced by the next kind (a wide block by a packed one and back).
         let next = |i: usize| blocks[(i + 1) % kinds.len() + i / kinds.len() * kinds.len()].1;
         for (i, &(addr, b)) in blocks.iter().enumerate() {
-            assert_eq!(t.insert(addr, next(i)), Some(b));
-            assert_eq!(t.get(addr), Some(next(i)));
+            assert_eq!(t.insert(addr, next(i)), Some(back(addr, b)));
+            assert_eq!(t.get(addr), Some(back(addr, next(i))));
         }
         for (i, &(addr, _)) in blocks.iter().enumerate() {
-            assert_eq!(t.remove(addr), Some(next(i)));
+            assert_eq!(t.remove(addr), Some(back(addr, next(i))));
             assert_eq!(t.remove(addr), None);
         }
-        assert!(t.len() == 0 && t.wide.is_empty() && t.far.is_empty());
+        assert_eq!(t.len(), 0);
+        each!(&t, t => assert!(t.wide.is_empty() && t.far.is_empty()));
     }
 }

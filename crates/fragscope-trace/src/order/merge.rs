@@ -306,6 +306,15 @@ impl Merger {
         Self::with_memory_budget(MEMORY_BUDGET_ITEMS)
     }
 
+    /// A merge whose live blocks read back with a birth tick of 0 (see
+    /// [`LiveTable::without_birth_ticks`]).
+    pub fn without_birth_ticks() -> Self {
+        Self {
+            live: LiveTable::without_birth_ticks(),
+            ..Self::new()
+        }
+    }
+
     /// A merge that holds at most about `items` waiting calls in memory (plus a few per
     /// thread), the rest on disk.
     pub fn with_memory_budget(items: usize) -> Self {
