@@ -2,10 +2,6 @@
 //! hashbrown's table with the locality hash, each block packed with its address into 20
 //! bytes, on huge pages once it is big.
 //!
-//! A report never reads a block's birth tick (replay and aggregation do): its table
-//! leaves it out, 16 bytes a bucket (`Blocks::without_birth_ticks`), 34 MiB for a million
-//! blocks instead of 42.
-//!
 //! A bucket was an address and a [`LiveBlock`], 32 bytes, and a table is at most 7/8
 //! full: a million live blocks took 2^21 buckets, 66 MiB, and 99 MiB while the table grew
 //! to them (the old buckets and the new). Packed, a bucket is 20 bytes: 42 MiB and 63 MiB.
@@ -13,6 +9,10 @@
 //! and whether the block is inherited 1, in one word. A block whose size or rounding does
 //! not fit (4 GiB or more, 32 KiB or more) is kept whole in a map beside the table, its
 //! bucket marked; one at an address above 48 bits is kept in another map, with no bucket.
+//!
+//! A report never reads a block's birth tick (replay and aggregation do): its table
+//! leaves it out, 16 bytes a bucket (`Blocks::without_birth_ticks`), 34 MiB for a million
+//! blocks instead of 42.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
