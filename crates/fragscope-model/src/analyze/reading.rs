@@ -97,8 +97,9 @@ impl Reading<'_> {
     /// The index of `stream`'s process, added when it is new.
     fn index(&mut self, stream: u32) -> usize {
         let streams = &mut self.read.streams;
+        let weighting = self.read.ctx.weighting;
         *self.by_stream.entry(stream).or_insert_with(|| {
-            streams.push(Stream::new(stream));
+            streams.push(Stream::new(stream, weighting));
             streams.len() - 1
         })
     }

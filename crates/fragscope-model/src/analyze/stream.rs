@@ -198,14 +198,26 @@ pub(super) struct Ctx {
     pub(super) evaluation: Evaluation,
 }
 
+/// Whether few live blocks carry a stack: none were recorded, or they were sampled with a
+/// mean of 64 KiB or more between samples (512 KiB by default), so that the live table
+/// keeps the few that do whole beside it (see [`LiveTable::without_birth_ticks`]).
+fn stacks_rare(weighting: SiteWeighting) -> bool {
+    match weighting {
+        SiteWeighting::Every => false,
+        SiteWeighting::Sampled { mean_bytes } => mean_bytes >= 65536.0,
+        SiteWeighting::None => true,
+    }
+}
+
 impl Stream {
-    /// The process of trace stream `stream`, before any of its records.
-    pub(super) fn new(stream: u32) -> Self {
+    /// The process of trace stream `stream`, before any of its records, whose stacks are
+    /// weighed as `weighting` says.
+    pub(super) fn new(stream: u32, weighting: SiteWeighting) -> Self {
         Self {
             stream,
             fork: ForkLink::new(stream),
             // A report never reads when a block was born.
-            merger: Merger::without_birth_ticks(),
+            merger: Merger::without_birth_ticks(stacks_rare(weighting)),
             ..Default::default()
         }
     }

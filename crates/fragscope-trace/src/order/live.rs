@@ -155,10 +155,12 @@ impl Shared {
 
 impl LiveTable {
     /// An empty table whose blocks read back with a birth tick of 0, four bytes fewer a
-    /// block, for a reader that never reads the ticks (a report).
-    pub fn without_birth_ticks() -> Self {
+    /// block, for a reader that never reads the ticks (a report); four fewer again where
+    /// few blocks have a stack (`stacks_rare`: sampled stacks), whose blocks with one are
+    /// then kept whole beside the table.
+    pub fn without_birth_ticks(stacks_rare: bool) -> Self {
         Self {
-            own: Blocks::without_birth_ticks(),
+            own: Blocks::without_birth_ticks(stacks_rare),
             shared: None,
         }
     }

@@ -308,9 +308,9 @@ impl Merger {
 
     /// A merge whose live blocks read back with a birth tick of 0 (see
     /// [`LiveTable::without_birth_ticks`]).
-    pub fn without_birth_ticks() -> Self {
+    pub fn without_birth_ticks(stacks_rare: bool) -> Self {
         Self {
-            live: LiveTable::without_birth_ticks(),
+            live: LiveTable::without_birth_ticks(stacks_rare),
             ..Self::new()
         }
     }
