@@ -122,7 +122,11 @@ fn an_aggregated_trace_reports_as_the_trace_it_came_from() {
 fn record_aggregate_writes_what_the_snapshots_see() {
     let dir = tempfile::tempdir().unwrap();
     let exe = build(dir.path(), "larson", &["-pthread"]);
-    let args = ["2", "300000"];
+    // Long enough for periodic snapshots once its array is full: with 300 000 operations
+    // a run could end before the first, its only other snapshot the one taken as RSS
+    // neared a peak, which can fall while the array is half full (a CI run saw 0.97 MB
+    // live there against 2.09 MB).
+    let args = ["2", "1000000"];
     let full = record_full(dir.path(), "full", &exe, &args, &[]);
     let small = record_full(dir.path(), "small", &exe, &args, &["--aggregate"]);
     let (a, b) = (report_json(&full), report_json(&small));

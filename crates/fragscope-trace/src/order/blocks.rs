@@ -489,7 +489,7 @@ impl Blocks {
         }
     }
 
-    /// An empty table for `n` blocks, with birth ticks if this one has them.
+    /// An empty table for `n` blocks, whose buckets hold what this one's hold.
     pub(crate) fn empty_like(&self, n: usize) -> Self {
         match self {
             Self::Timed(_) => Self::Timed(Table::with_capacity(n)),
