@@ -97,7 +97,6 @@ fn a_running_program_is_recorded_in_order_from_its_heap_as_it_was() {
     assert_eq!(r["merge"]["unknown_frees"], c.unknown_frees);
 }
 
-/// attach_target with 4 workers that wait 5 ms between operations, ready.
 /// attach_target with 4 workers, each sleeping `nap_us` microseconds after an operation.
 fn start_slow_target(dir: &Path, nap_us: &str) -> Running {
     let exe = common::build(dir, "attach_target", &["-pthread"]);
@@ -110,27 +109,32 @@ fn start_slow_target(dir: &Path, nap_us: &str) -> Running {
 
 #[test]
 fn the_live_data_of_an_attached_program_holds_the_blocks_it_had_before() {
-    // Workers so slow (5 ms between operations) that most of the table is still what it
+    // Workers so slow (50 ms between operations) that most of the table is still what it
     // was at the attach: without its starting heap the trace would hold a fifth of it.
     let dir = tempfile::tempdir().unwrap();
-    let mut p = start_slow_target(dir.path(), "5000");
+    let mut p = start_slow_target(dir.path(), "50000");
+    let (before, _) = operations(&mut p);
     let trace = dir.path().join("slow.fsc");
     let out = attach(p.pid(), &trace, &["--duration", "1"]);
     assert!(out.status.success(), "{}", common::stderr(&out));
-    // What the table holds just after (a few operations later).
-    let (_, table) = operations(&mut p);
+    // What the table holds just after, and the operations since the count before that
+    // the trace did not see: on a loaded machine seconds can pass around the attach and
+    // the detach (a CI run counted 998 KB here, against 565 KB live at the detach, with
+    // 5 ms between operations), and each operation changes the table by under 500 bytes.
+    let (after, table) = operations(&mut p);
     p.send("quit");
     assert!(p.line().starts_with("done "));
     let c = common::stream_calls(&trace).remove(0);
     assert!(c.unknown_frees <= 64, "{c:#?}");
     assert!(c.calls < 5_000, "the workers were to be slow: {c:#?}");
+    let unseen = after.saturating_sub(before + c.calls / 2);
     let r = report_json(&trace);
     let end = &r["snapshots"][r["end_snapshot"].as_u64().unwrap() as usize];
     let live = end["live"].as_u64().unwrap();
     // The table's blocks and libc's few own ones.
     assert!(
-        live.abs_diff(table) < table / 8,
-        "live {live} B at the detach, the table {table} B: {end}"
+        live.abs_diff(table) < table / 8 + unseen * 500,
+        "live {live} B at the detach, the table {table} B, {unseen} operations unseen: {end}"
     );
     // Text and HTML say where the recording began and what the heap held then.
     let text = common::fragscope(&[OsStr::new("report"), trace.as_os_str()]);
