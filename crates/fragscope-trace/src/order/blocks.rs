@@ -74,21 +74,78 @@ impl Untimed {
     /// Roundings below this fit a bucket.
     const ROUNDING_FITS: u32 = 1 << 15;
     const INHERITED: u64 = 1 << 63;
+
+    /// Block `b` at `addr` (which is not far) packed, or `None` when it does not fit.
+    #[inline(always)]
+    fn packed(addr: u64, b: &LiveBlock) -> Option<Self> {
+        let fits = b.size < u64::from(Self::WIDE) && b.rounding < Self::ROUNDING_FITS;
+        let inherited = if b.inherited { Self::INHERITED } else { 0 };
+        fits.then_some(Self {
+            addr_rounding: addr | u64::from(b.rounding) << ADDR_BITS | inherited,
+            size: b.size as u32,
+            stack: b.stack,
+        })
+    }
+
+    /// The block, with a birth tick of 0, when it is not wide.
+    #[inline(always)]
+    fn block(self) -> LiveBlock {
+        let above = self.addr_rounding >> ADDR_BITS;
+        LiveBlock {
+            size: u64::from(self.size),
+            rounding: (above as u32) & (Self::ROUNDING_FITS - 1),
+            stack: self.stack,
+            born_tick: 0,
+            inherited: self.addr_rounding & Self::INHERITED != 0,
+        }
+    }
 }
 
-/// What a bucket holds: [`Unstacked`], [`Untimed`] or [`Timed`].
+/// What a bucket holds: [`Unstacked`], [`Untimed`] or [`Timed`], each an [`Untimed`]
+/// bucket with a tick added or its stack left out.
 pub(crate) trait Packing: Copy + std::fmt::Debug {
-    /// Block `b` at `addr` (which is not far) packed, or `None` when it does not fit.
-    fn of(addr: u64, b: &LiveBlock) -> Option<Self>;
-
-    /// The marker of a block at `addr` kept whole beside the table.
-    fn wide(addr: u64) -> Self;
+    /// Bucket `u` with birth tick `born_tick`, as this kind holds it.
+    fn from_untimed(u: Untimed, born_tick: u32) -> Self;
 
     /// The bucket less its birth tick.
     fn untimed(&self) -> Untimed;
 
+    fn born_tick(&self) -> u32 {
+        0
+    }
+
+    /// Whether a bucket of this kind can hold block `b` (given it fits an [`Untimed`]).
+    fn holds(_b: &LiveBlock) -> bool {
+        true
+    }
+
+    /// Block `b` at `addr` (which is not far) packed, or `None` when it does not fit.
+    #[inline(always)]
+    fn of(addr: u64, b: &LiveBlock) -> Option<Self> {
+        if !Self::holds(b) {
+            return None;
+        }
+        Some(Self::from_untimed(Untimed::packed(addr, b)?, b.born_tick))
+    }
+
+    /// The marker of a block at `addr` kept whole beside the table.
+    fn wide(addr: u64) -> Self {
+        let marker = Untimed {
+            addr_rounding: addr,
+            size: Untimed::WIDE,
+            stack: 0,
+        };
+        Self::from_untimed(marker, 0)
+    }
+
     /// The block, when it is not wide.
-    fn unpacked(self) -> LiveBlock;
+    #[inline(always)]
+    fn unpacked(self) -> LiveBlock {
+        LiveBlock {
+            born_tick: self.born_tick(),
+            ..self.untimed().block()
+        }
+    }
 
     #[inline(always)]
     fn addr(&self) -> u64 {
@@ -102,63 +159,22 @@ pub(crate) trait Packing: Copy + std::fmt::Debug {
 
 impl Packing for Untimed {
     #[inline(always)]
-    fn of(addr: u64, b: &LiveBlock) -> Option<Self> {
-        let fits = b.size < u64::from(Self::WIDE) && b.rounding < Self::ROUNDING_FITS;
-        let inherited = if b.inherited { Self::INHERITED } else { 0 };
-        fits.then_some(Self {
-            addr_rounding: addr | u64::from(b.rounding) << ADDR_BITS | inherited,
-            size: b.size as u32,
-            stack: b.stack,
-        })
-    }
-
-    fn wide(addr: u64) -> Self {
-        Self {
-            addr_rounding: addr,
-            size: Self::WIDE,
-            stack: 0,
-        }
+    fn from_untimed(u: Untimed, _born_tick: u32) -> Self {
+        u
     }
 
     #[inline(always)]
     fn untimed(&self) -> Untimed {
         *self
     }
-
-    #[inline(always)]
-    fn unpacked(self) -> LiveBlock {
-        let above = self.addr_rounding >> ADDR_BITS;
-        LiveBlock {
-            size: u64::from(self.size),
-            rounding: (above as u32) & (Self::ROUNDING_FITS - 1),
-            stack: self.stack,
-            born_tick: 0,
-            inherited: self.addr_rounding & Self::INHERITED != 0,
-        }
-    }
 }
 
 impl Packing for Unstacked {
     #[inline(always)]
-    fn of(addr: u64, b: &LiveBlock) -> Option<Self> {
-        if b.stack != 0 {
-            return None;
-        }
-        let Untimed {
-            addr_rounding,
-            size,
-            ..
-        } = Untimed::of(addr, b)?;
-        Some(Self {
-            addr_rounding,
-            size,
-        })
-    }
-
-    fn wide(addr: u64) -> Self {
+    fn from_untimed(u: Untimed, _born_tick: u32) -> Self {
         Self {
-            addr_rounding: addr,
-            size: Untimed::WIDE,
+            addr_rounding: u.addr_rounding,
+            size: u.size,
         }
     }
 
@@ -171,26 +187,17 @@ impl Packing for Unstacked {
         }
     }
 
+    /// A block with a stack is kept whole beside the table.
     #[inline(always)]
-    fn unpacked(self) -> LiveBlock {
-        self.untimed().unpacked()
+    fn holds(b: &LiveBlock) -> bool {
+        b.stack == 0
     }
 }
 
 impl Packing for Timed {
     #[inline(always)]
-    fn of(addr: u64, b: &LiveBlock) -> Option<Self> {
-        Some(Self {
-            block: Untimed::of(addr, b)?,
-            born_tick: b.born_tick,
-        })
-    }
-
-    fn wide(addr: u64) -> Self {
-        Self {
-            block: Untimed::wide(addr),
-            born_tick: 0,
-        }
+    fn from_untimed(block: Untimed, born_tick: u32) -> Self {
+        Self { block, born_tick }
     }
 
     #[inline(always)]
@@ -199,11 +206,8 @@ impl Packing for Timed {
     }
 
     #[inline(always)]
-    fn unpacked(self) -> LiveBlock {
-        LiveBlock {
-            born_tick: self.born_tick,
-            ..self.block.unpacked()
-        }
+    fn born_tick(&self) -> u32 {
+        self.born_tick
     }
 }
 
