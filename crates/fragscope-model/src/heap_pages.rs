@@ -195,7 +195,7 @@ impl<T: Copy + Eq + std::hash::Hash> Interned<T> {
 /// A page's blocks. A map of these is a big heap's second biggest part after the live
 /// blocks' table (a million blocks over 39 k pages), so the lists are thin (one word
 /// where they are kept, their length and room in their allocation) and grow by a quarter
-/// (a page's groups doubling to 32 for 17 to 32 held a fifth of their room empty).
+/// (doubled, a page's 17 to 32 groups had room for 32).
 #[derive(Default, Debug)]
 struct PageBlocks {
     /// Header bytes on the page (glibc's chunk size fields).

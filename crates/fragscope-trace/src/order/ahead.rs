@@ -61,7 +61,7 @@ pub enum Events {
 /// Chunks in flight between the reading thread and the analysis. Each decoded buffer
 /// holds up to a few MiB (a buffer of frees, as at the exit of a program with a million
 /// blocks, decodes into 4 MiB of calls), so a short queue keeps the reader busy without
-/// holding much: with 4, a report over a million blocks peaked 9 MiB higher, no faster.
+/// holding much: with 4, a report over a million blocks peaked 8-9 MiB higher, no faster.
 const QUEUE: usize = 2;
 
 /// Reads and decodes a trace on a thread of its own, a few chunks ahead of the caller.
