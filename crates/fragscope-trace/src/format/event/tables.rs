@@ -189,7 +189,7 @@ impl StreamTables {
     #[inline(always)]
     pub(super) fn prefetch_slot(&self, slot: u64) {
         if let Some(word) = self.live.word(slot as usize) {
-            prefetch(word as *const u64 as usize);
+            prefetch(word as *const [u16; 3] as usize);
         }
     }
 
@@ -263,44 +263,60 @@ struct Slot {
     usable: u32,
 }
 
-/// The reader's live blocks by slot, each in one word: its address in the low 48 bits
-/// (a user-space address on x86-64 and arm64) and its usable size above them; a block
-/// whose address or usable size does not fit (57-bit addresses, 64 KiB or more) is
-/// kept whole in a map beside, its word marked [`SlotTable::BESIDE`]. In segments of
-/// [`SlotTable::SEGMENT`] slots (32 KiB): a vector of them grew by doubling, which
-/// copied every slot and held the old copy and the new, twice the memory, at each step
-/// (96 MiB for the 3.6 M live blocks of a redis-server under load). Whatever holds a
-/// block is paid for each live block of the stream: 4 bytes less for each of those
-/// 3.6 M blocks.
+/// The reader's live blocks by slot, 6 bytes each (see [`SlotTable::value`]): the address
+/// in 16-byte units within one of up to [`SlotTable::REGIONS`] windows of 4 GiB where the
+/// stream's blocks lie (a process's heap is in a few), and the usable size. A block whose
+/// address or usable size does not fit (another window, an address not 16-byte aligned,
+/// a usable size of 64 KiB or more) is kept whole in a map beside, its slot marked
+/// [`SlotTable::BESIDE`]. In segments of [`SlotTable::SEGMENT`] slots: a vector of them
+/// grew by doubling, which copied every slot and held the old copy and the new, twice the
+/// memory, at each step (96 MiB for the 3.6 M live blocks of a redis-server under load).
+/// Whatever holds a block is paid for each live block of the stream: a redis-server's
+/// report made 6.3 M slots, 48 MiB at 8 bytes each, 36 MiB at 6.
 ///
-/// The free slots are a list through their own words, marked [`SlotTable::FREE`], the
-/// one freed last first: a list of their numbers beside the table held 8 MiB at a
+/// The free slots are a list through their own slots, marked [`SlotTable::FREE`], the one
+/// freed last first: a list of their numbers beside the table held 8 MiB at a
 /// redis-server's exit, after 2 M of its 6 M blocks were freed.
 #[derive(Default)]
 struct SlotTable {
-    segments: Vec<Box<[u64]>>,
+    segments: Vec<Box<[[u16; 3]]>>,
     len: usize,
     beside: FastMap<u32, Slot>,
     /// The free slot a new block takes, plus one (0: none, the next new slot).
-    free_head: u64,
+    free_head: u32,
+    /// The windows blocks lie in, by their index in a slot: address >> 32.
+    regions: Vec<u64>,
 }
 
 impl SlotTable {
     const SEGMENT: usize = 1 << 12;
-    const ADDR_BITS: u32 = 48;
-    const ADDR_MASK: u64 = (1 << Self::ADDR_BITS) - 1;
+    /// Windows a slot can name; a block in another is kept beside.
+    const REGIONS: usize = 16;
+    const WINDOW_BITS: u32 = 32;
     /// The mark of a block kept beside (usable sizes below [`SlotTable::FREE`] fit).
-    const BESIDE: u64 = (1 << (64 - Self::ADDR_BITS)) - 1;
-    /// The mark of a free slot, whose low bits are the next free slot plus one.
-    const FREE: u64 = Self::BESIDE - 1;
+    const BESIDE: u16 = u16::MAX;
+    /// The mark of a free slot, whose low 32 bits are the next free slot plus one.
+    const FREE: u16 = u16::MAX - 1;
 
     #[cfg(test)]
     fn len(&self) -> usize {
         self.len
     }
 
+    /// A slot's 48 bits: its usable size or mark in the top 16; below them, for a block,
+    /// the window's index in the top 4 bits and the address's 16-byte units within it.
     #[inline(always)]
-    fn word(&self, slot: usize) -> Option<&u64> {
+    fn value(s: [u16; 3]) -> (u32, u16) {
+        (u32::from(s[0]) | u32::from(s[1]) << 16, s[2])
+    }
+
+    #[inline(always)]
+    fn slot_of(low: u32, mark: u16) -> [u16; 3] {
+        [low as u16, (low >> 16) as u16, mark]
+    }
+
+    #[inline(always)]
+    fn at(&self, slot: usize) -> Option<&[u16; 3]> {
         if slot >= self.len {
             return None;
         }
@@ -308,32 +324,65 @@ impl SlotTable {
     }
 
     #[inline(always)]
-    fn word_mut(&mut self, slot: usize) -> Option<&mut u64> {
+    fn at_mut(&mut self, slot: usize) -> Option<&mut [u16; 3]> {
         if slot >= self.len {
             return None;
         }
         Some(&mut self.segments[slot / Self::SEGMENT][slot % Self::SEGMENT])
     }
 
-    /// The block a word holds (address 0 for a free slot), or `None` when it is kept
+    /// Where `slot` lies in memory, to ask for it ahead of its use.
+    #[inline(always)]
+    fn word(&self, slot: usize) -> Option<&[u16; 3]> {
+        self.at(slot)
+    }
+
+    /// The block a slot holds (address 0 for a free slot), or `None` when it is kept
     /// beside.
     #[inline(always)]
-    fn in_word(w: u64) -> Option<Slot> {
-        match w >> Self::ADDR_BITS {
+    fn in_slot(&self, s: [u16; 3]) -> Option<Slot> {
+        let (low, mark) = Self::value(s);
+        match mark {
             Self::BESIDE => None,
             Self::FREE => Some(Slot::default()),
-            usable => Some(Slot {
-                addr: w & Self::ADDR_MASK,
-                usable: usable as u32,
-            }),
+            usable => {
+                let Some(&window) = self.regions.get((low >> 28) as usize) else {
+                    return Some(Slot::default());
+                };
+                let units = u64::from(low & ((1 << 28) - 1));
+                Some(Slot {
+                    addr: window << Self::WINDOW_BITS | units << 4,
+                    usable: u32::from(usable),
+                })
+            }
         }
+    }
+
+    /// The low 32 bits of block `b` in a slot, when it fits one.
+    #[inline(always)]
+    fn packed(&mut self, b: Slot) -> Option<u32> {
+        if b.addr & 15 != 0 || b.usable >= u32::from(Self::FREE) {
+            return None;
+        }
+        let window = b.addr >> Self::WINDOW_BITS;
+        let index = match self.regions.iter().position(|&w| w == window) {
+            Some(i) => i,
+            None if self.regions.len() < Self::REGIONS => {
+                self.regions.push(window);
+                self.regions.len() - 1
+            }
+            None => return None,
+        };
+        let units = (b.addr & ((1 << Self::WINDOW_BITS) - 1)) >> 4;
+        Some((index as u32) << 28 | units as u32)
     }
 
     /// The block in `slot` (address 0: none, or no such slot).
     #[cfg(test)]
     fn get(&self, slot: usize) -> Slot {
-        self.word(slot).map_or_else(Slot::default, |&w| {
-            Self::in_word(w).unwrap_or_else(|| self.beside[&(slot as u32)])
+        self.at(slot).map_or_else(Slot::default, |&s| {
+            self.in_slot(s)
+                .unwrap_or_else(|| self.beside[&(slot as u32)])
         })
     }
 
@@ -341,20 +390,19 @@ impl SlotTable {
     /// takes; a slot with no block is left as it is (address 0).
     #[inline(always)]
     fn release(&mut self, slot: usize) -> Slot {
-        let next_free = self.free_head;
-        let Some(word) = self.word_mut(slot) else {
+        let Some(&s) = self.at(slot) else {
             return Slot::default();
         };
-        let w = *word;
-        let block = match Self::in_word(w) {
+        let block = match self.in_slot(s) {
             Some(b) if b.addr == 0 => return b,
             Some(b) => b,
             None => self.beside.remove(&(slot as u32)).unwrap_or_default(),
         };
-        if let Some(word) = self.word_mut(slot) {
-            *word = Self::FREE << Self::ADDR_BITS | next_free;
+        let link = Self::slot_of(self.free_head, Self::FREE);
+        if let Some(s) = self.at_mut(slot) {
+            *s = link;
         }
-        self.free_head = slot as u64 + 1;
+        self.free_head = slot as u32 + 1;
         block
     }
 
@@ -362,13 +410,12 @@ impl SlotTable {
     #[inline(always)]
     fn claim(&mut self) -> usize {
         if let Some(slot) = self.free_head.checked_sub(1) {
-            let link = self.word(slot as usize).map_or(0, |&w| w & Self::ADDR_MASK);
-            self.free_head = link;
+            self.free_head = self.at(slot as usize).map_or(0, |&s| Self::value(s).0);
             return slot as usize;
         }
         if self.len.is_multiple_of(Self::SEGMENT) {
             self.segments
-                .push(vec![0; Self::SEGMENT].into_boxed_slice());
+                .push(vec![[0; 3]; Self::SEGMENT].into_boxed_slice());
         }
         self.len += 1;
         self.len - 1
@@ -377,15 +424,15 @@ impl SlotTable {
     /// Puts block `b` in `slot`, which [`SlotTable::claim`] gave.
     #[inline(always)]
     fn set(&mut self, slot: usize, b: Slot) {
-        let fits = b.addr <= Self::ADDR_MASK && u64::from(b.usable) < Self::FREE;
-        let w = if fits {
-            b.addr | u64::from(b.usable) << Self::ADDR_BITS
-        } else {
-            self.beside.insert(slot as u32, b);
-            Self::BESIDE << Self::ADDR_BITS
+        let s = match self.packed(b) {
+            Some(low) => Self::slot_of(low, b.usable as u16),
+            None => {
+                self.beside.insert(slot as u32, b);
+                Self::slot_of(0, Self::BESIDE)
+            }
         };
-        if let Some(word) = self.word_mut(slot) {
-            *word = w;
+        if let Some(at) = self.at_mut(slot) {
+            *at = s;
         }
     }
 
@@ -483,16 +530,22 @@ mod tests {
         }
     }
 
-    /// Slots across segments hold what was put in them, in their word or beside it (an
-    /// address above 48 bits, a usable size of 64 KiB or more); past the last made there
-    /// is none; a freed slot is the next taken, the one freed last first, and a slot freed
-    /// twice gives nothing the second time.
+    /// Slots across segments hold what was put in them, in their slot or beside it (an
+    /// address not 16-byte aligned or in a 4 GiB window past the first 16 seen, a usable
+    /// size of 64 KiB or more); past the last made there is none; a freed slot is the next
+    /// taken, the one freed last first, and a slot freed twice gives nothing the second
+    /// time.
     #[test]
     fn the_slot_table_keeps_each_slot_across_segments() {
         let mut t = SlotTable::default();
         let n = 2 * SlotTable::SEGMENT + 5;
         let block = |i: usize| Slot {
-            addr: if i % 7 == 3 { 0x1_0000_0000_0000 } else { 0 } + i as u64 * 16 + 1,
+            addr: match i % 7 {
+                3 => 0x1_0000_0000_0000 + i as u64 * 16,
+                5 => 0x5555_0000_0000 + i as u64 * 16 + 8,
+                // 24 windows of 4 GiB, blocks up to the top of each.
+                _ => 0x7f00_0000_0000 + (((i % 24) as u64) << 32) + (!i as u64 & 0xffff_fff0),
+            },
             usable: match i % 5 {
                 2 => 70_000 + i as u32,
                 4 => 65_534 - (i % 2) as u32,
@@ -505,7 +558,8 @@ mod tests {
             t.set(i, block(i));
         }
         assert_eq!(t.len(), n);
-        assert!(!t.beside.is_empty());
+        assert_eq!(t.regions.len(), SlotTable::REGIONS);
+        assert!(!t.beside.is_empty() && t.beside.len() < n * 2 / 3);
         for i in (0..n).rev() {
             assert_eq!(t.get(i), block(i), "slot {i}");
         }
