@@ -91,3 +91,61 @@ pub(crate) fn prefetch(addr: usize) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = addr;
 }
+
+/// Up to [`AddressWindows::COUNT`] windows of 4 GiB that a process's heap blocks lie in
+/// (a heap is in a few), so that a 16-byte-aligned address in one of them fits 32 bits:
+/// the window's index in the top 4, its 16-byte units within the window below. Tables
+/// that hold millions of blocks pay for each bit of an address.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct AddressWindows {
+    /// By index: the address's bits above the window's 32.
+    bases: Vec<u64>,
+}
+
+impl AddressWindows {
+    pub const COUNT: usize = 16;
+    const UNITS: u32 = 28;
+
+    /// `addr` in 32 bits, if it is 16-byte aligned and in a window already seen.
+    #[inline(always)]
+    pub fn short(&self, addr: u64) -> Option<u32> {
+        if addr & 15 != 0 {
+            return None;
+        }
+        let index = self.bases.iter().position(|&b| b == addr >> 32)?;
+        Some(Self::code(index, addr))
+    }
+
+    /// `addr` in 32 bits, if it is 16-byte aligned and in a window seen or that can be
+    /// added.
+    #[inline(always)]
+    pub fn short_or_add(&mut self, addr: u64) -> Option<u32> {
+        if let Some(code) = self.short(addr) {
+            return Some(code);
+        }
+        if addr & 15 != 0 || self.bases.len() == Self::COUNT {
+            return None;
+        }
+        self.bases.push(addr >> 32);
+        Some(Self::code(self.bases.len() - 1, addr))
+    }
+
+    #[inline(always)]
+    fn code(index: usize, addr: u64) -> u32 {
+        (index as u32) << Self::UNITS | ((addr & 0xffff_ffff) >> 4) as u32
+    }
+
+    /// The address a code stands for (0 for a window never seen: no block).
+    #[inline(always)]
+    pub fn addr(&self, code: u32) -> u64 {
+        let Some(&base) = self.bases.get((code >> Self::UNITS) as usize) else {
+            return 0;
+        };
+        base << 32 | u64::from(code & ((1 << Self::UNITS) - 1)) << 4
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.bases.len()
+    }
+}

@@ -14,8 +14,10 @@
 //! leaves it out, 16 bytes a bucket (`Blocks::without_birth_ticks`), 34 MiB for a million
 //! blocks instead of 42. Where stacks are sampled, as by default (a stack every 512 KiB
 //! allocated), nearly every block has none: a report's table then leaves the stack out
-//! too, and so most of the rounding and size: 10 bytes a bucket (22 MiB), a block with a
-//! stack, of 512 KiB or more or rounded up by 4 KiB or more kept whole beside it.
+//! too, and so most of the rounding and size, and the address in 32 bits
+//! ([`AddressWindows`]): 8 bytes a bucket (18 MiB), a block with a stack, of 512 KiB or
+//! more or rounded up by 4 KiB or more kept whole beside it, and one at an address that
+//! does not fit 32 bits kept with the far ones.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
@@ -23,7 +25,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use allocator_api2::alloc::{AllocError, Allocator, Global};
 
-use crate::format::hash::{addr_hash, prefetch, AddrMap};
+use crate::format::hash::{addr_hash, prefetch, AddrMap, AddressWindows};
 use crate::order::live::LiveBlock;
 
 /// A live block as its bucket holds it, with its address (see the module's comment),
@@ -47,29 +49,30 @@ pub(crate) struct Timed {
     born_tick: u32,
 }
 
-/// A live block with no stack as its bucket holds it, without its birth tick, in 10
-/// bytes: one with a stack, of [`Unstacked::WIDE`] bytes or more or rounded up by 4 KiB
-/// or more is kept whole beside the table. (A heap of millions of blocks is nearly all
-/// small ones; each of a redis-server's 2^23 buckets took 12 bytes before, 16 MiB more.)
+/// A live block with no stack as its bucket holds it, without its birth tick, in 8
+/// bytes: its address in 32 bits ([`AddressWindows`]: a block at another address is
+/// kept beside the table with the far ones), the rounding, whether it is inherited and
+/// the requested bytes. One with a stack, of [`Unstacked::WIDE`] bytes or more or rounded
+/// up by 4 KiB or more is kept whole beside the table. (A heap of millions of blocks is
+/// nearly all small ones; each of a redis-server's 2^23 buckets took 12 bytes, 32 MiB
+/// more.)
 #[derive(Clone, Copy, Debug)]
-#[repr(C, packed(2))]
+#[repr(C, packed(4))]
 pub(crate) struct Unstacked {
-    /// The address in the low 48 bits; above them the rounding, [`Unstacked::INHERITED`]
-    /// and the requested bytes' top bits.
+    /// The address's 32 bits (the key), then the rounding, [`Unstacked::INHERITED`] and
+    /// the requested bytes.
     word: u64,
-    /// The requested bytes' low 16 bits.
-    size_low: u16,
 }
 
 const _: () =
-    assert!(size_of::<Unstacked>() == 10 && size_of::<Untimed>() == 16 && size_of::<Timed>() == 20);
+    assert!(size_of::<Unstacked>() == 8 && size_of::<Untimed>() == 16 && size_of::<Timed>() == 20);
 
 /// The bits of a bucket's first word that hold the address.
 const ADDR_BITS: u32 = 48;
 const ADDR_MASK: u64 = (1 << ADDR_BITS) - 1;
 
 /// Whether a block at `addr` is kept apart from the table (its address does not fit a
-/// bucket).
+/// bucket of 48-bit addresses).
 #[inline(always)]
 fn far(addr: u64) -> bool {
     addr > ADDR_MASK
@@ -108,8 +111,29 @@ impl Untimed {
 }
 
 /// What a bucket holds: [`Unstacked`], [`Untimed`] or [`Timed`], each an [`Untimed`]
-/// bucket with a tick added or its stack left out.
+/// bucket with a tick added or its stack left out. A bucket holds its block's key: its
+/// address, or for [`Unstacked`] the address in 32 bits; an [`Untimed`] made for another
+/// kind carries the key where the address would be.
 pub(crate) trait Packing: Copy + std::fmt::Debug {
+    /// The key of a block at `addr` in a bucket of this kind, or `None` when no bucket
+    /// holds one there (it is far: kept beside the table with no bucket).
+    #[inline(always)]
+    fn key_of(addr: u64, _windows: &AddressWindows) -> Option<u64> {
+        (!far(addr)).then_some(addr)
+    }
+
+    /// [`Packing::key_of`] for a block made live at `addr`, which may take a window.
+    #[inline(always)]
+    fn new_key(addr: u64, windows: &mut AddressWindows) -> Option<u64> {
+        Self::key_of(addr, windows)
+    }
+
+    /// The address of key `key`.
+    #[inline(always)]
+    fn addr_of(key: u64, _windows: &AddressWindows) -> u64 {
+        key
+    }
+
     /// Bucket `u` with birth tick `born_tick`, as this kind holds it.
     fn from_untimed(u: Untimed, born_tick: u32) -> Self;
 
@@ -125,19 +149,19 @@ pub(crate) trait Packing: Copy + std::fmt::Debug {
         true
     }
 
-    /// Block `b` at `addr` (which is not far) packed, or `None` when it does not fit.
+    /// Block `b` of key `key` packed, or `None` when it does not fit.
     #[inline(always)]
-    fn of(addr: u64, b: &LiveBlock) -> Option<Self> {
+    fn of(key: u64, b: &LiveBlock) -> Option<Self> {
         if !Self::holds(b) {
             return None;
         }
-        Some(Self::from_untimed(Untimed::packed(addr, b)?, b.born_tick))
+        Some(Self::from_untimed(Untimed::packed(key, b)?, b.born_tick))
     }
 
-    /// The marker of a block at `addr` kept whole beside the table.
-    fn wide(addr: u64) -> Self {
+    /// The marker of a block of key `key` kept whole beside the table.
+    fn wide(key: u64) -> Self {
         let marker = Untimed {
-            addr_rounding: addr,
+            addr_rounding: key,
             size: Untimed::WIDE,
             stack: 0,
         };
@@ -154,7 +178,7 @@ pub(crate) trait Packing: Copy + std::fmt::Debug {
     }
 
     #[inline(always)]
-    fn addr(&self) -> u64 {
+    fn key(&self) -> u64 {
         self.untimed().addr_rounding & ADDR_MASK
     }
 
@@ -176,17 +200,34 @@ impl Packing for Untimed {
 }
 
 impl Unstacked {
+    const KEY_BITS: u32 = 32;
     const ROUNDING_BITS: u32 = 12;
-    const INHERITED: u64 = 1 << (ADDR_BITS + Self::ROUNDING_BITS);
-    /// Where the requested bytes' top bits start in `word`.
-    const SIZE_HIGH: u32 = ADDR_BITS + Self::ROUNDING_BITS + 1;
+    const INHERITED: u64 = 1 << (Self::KEY_BITS + Self::ROUNDING_BITS);
+    /// Where the requested bytes start in `word`.
+    const SIZE_AT: u32 = Self::KEY_BITS + Self::ROUNDING_BITS + 1;
     /// Requested bytes below this fit; this is the mark of a block kept beside.
-    const WIDE: u64 = (1 << (64 - Self::SIZE_HIGH + 16)) - 1;
+    const WIDE: u64 = (1 << (64 - Self::SIZE_AT)) - 1;
 }
 
 impl Packing for Unstacked {
     #[inline(always)]
+    fn key_of(addr: u64, windows: &AddressWindows) -> Option<u64> {
+        windows.short(addr).map(u64::from)
+    }
+
+    #[inline(always)]
+    fn new_key(addr: u64, windows: &mut AddressWindows) -> Option<u64> {
+        windows.short_or_add(addr).map(u64::from)
+    }
+
+    #[inline(always)]
+    fn addr_of(key: u64, windows: &AddressWindows) -> u64 {
+        windows.addr(key as u32)
+    }
+
+    #[inline(always)]
     fn from_untimed(u: Untimed, _born_tick: u32) -> Self {
+        let key = u.addr_rounding & ((1 << Self::KEY_BITS) - 1);
         let rounding = (u.addr_rounding >> ADDR_BITS) & u64::from(Untimed::ROUNDING_FITS - 1);
         let inherited = u.addr_rounding & Untimed::INHERITED != 0;
         let size = if u.size == Untimed::WIDE {
@@ -196,26 +237,25 @@ impl Packing for Unstacked {
         };
         debug_assert!(size <= Self::WIDE && rounding >> Self::ROUNDING_BITS == 0);
         Self {
-            word: (u.addr_rounding & ADDR_MASK)
-                | rounding << ADDR_BITS
+            word: key
+                | rounding << Self::KEY_BITS
                 | if inherited { Self::INHERITED } else { 0 }
-                | (size >> 16) << Self::SIZE_HIGH,
-            size_low: size as u16,
+                | size << Self::SIZE_AT,
         }
     }
 
     #[inline(always)]
     fn untimed(&self) -> Untimed {
         let word = self.word;
-        let size = (word >> Self::SIZE_HIGH) << 16 | u64::from(self.size_low);
-        let rounding = (word >> ADDR_BITS) & ((1 << Self::ROUNDING_BITS) - 1);
+        let size = word >> Self::SIZE_AT;
+        let rounding = (word >> Self::KEY_BITS) & ((1 << Self::ROUNDING_BITS) - 1);
         let inherited = if word & Self::INHERITED != 0 {
             Untimed::INHERITED
         } else {
             0
         };
         Untimed {
-            addr_rounding: (word & ADDR_MASK) | rounding << ADDR_BITS | inherited,
+            addr_rounding: (word & ((1 << Self::KEY_BITS) - 1)) | rounding << ADDR_BITS | inherited,
             size: if size == Self::WIDE {
                 Untimed::WIDE
             } else {
@@ -233,13 +273,13 @@ impl Packing for Unstacked {
     }
 
     #[inline(always)]
-    fn addr(&self) -> u64 {
-        self.word & ADDR_MASK
+    fn key(&self) -> u64 {
+        self.word & ((1 << Self::KEY_BITS) - 1)
     }
 
     #[inline(always)]
     fn is_wide(&self) -> bool {
-        self.word >> Self::SIZE_HIGH == Self::WIDE >> 16 && self.size_low == Self::WIDE as u16
+        self.word >> Self::SIZE_AT == Self::WIDE
     }
 }
 
@@ -264,10 +304,12 @@ impl Packing for Timed {
 #[derive(Clone, Debug)]
 pub(crate) struct Table<B> {
     table: hashbrown::HashTable<B, HugePages>,
-    /// The blocks that do not fit a bucket, by address.
+    /// The blocks that do not fit a bucket, by key.
     wide: AddrMap<LiveBlock>,
-    /// The blocks at addresses that do not fit a bucket.
+    /// The blocks at addresses that do not fit a bucket, by address.
     far: AddrMap<LiveBlock>,
+    /// Where the addresses of [`Unstacked`] buckets lie.
+    windows: AddressWindows,
     /// Tests: how many times the table grew here (not by hashbrown).
     #[cfg(test)]
     grown_here: usize,
@@ -285,6 +327,7 @@ impl<B: Packing> Table<B> {
             table: hashbrown::HashTable::with_capacity_in(n, HugePages::of::<B>()),
             wide: AddrMap::default(),
             far: AddrMap::default(),
+            windows: AddressWindows::default(),
             #[cfg(test)]
             grown_here: 0,
         }
@@ -297,18 +340,24 @@ impl<B: Packing> Table<B> {
     #[inline(always)]
     fn block(&self, b: B) -> LiveBlock {
         if b.is_wide() {
-            self.wide[&b.addr()]
+            self.wide[&b.key()]
         } else {
             b.unpacked()
         }
     }
 
+    /// The address of bucket `b`.
+    #[inline(always)]
+    fn addr(&self, b: &B) -> u64 {
+        B::addr_of(b.key(), &self.windows)
+    }
+
     #[inline(always)]
     fn get(&self, addr: u64) -> Option<LiveBlock> {
-        if far(addr) {
+        let Some(key) = B::key_of(addr, &self.windows) else {
             return self.far.get(&addr).copied();
-        }
-        let &b = self.table.find(addr_hash(addr), |e| e.addr() == addr)?;
+        };
+        let &b = self.table.find(addr_hash(addr), |e| e.key() == key)?;
         Some(self.block(b))
     }
 
@@ -326,12 +375,13 @@ impl<B: Packing> Table<B> {
         // hashbrown probes 16 control bytes at a time; a smaller table is laid out
         // otherwise.
         const GROUP: usize = 16;
-        if far(addr) || ctrl == 0 || mask < GROUP - 1 || self.table.len() >= self.table.capacity() {
+        if ctrl == 0 || mask < GROUP - 1 || self.table.len() >= self.table.capacity() {
             return None;
         }
-        let new = B::of(addr, &block)?;
+        let key = B::key_of(addr, &self.windows)?;
+        let new = B::of(key, &block)?;
         let hash = addr_hash(addr);
-        let bucket = self.table.find_mut(hash, |e| e.addr() == addr)?;
+        let bucket = self.table.find_mut(hash, |e| e.key() == key)?;
         if bucket.is_wide() {
             return None;
         }
@@ -355,12 +405,12 @@ impl<B: Packing> Table<B> {
         Some(old)
     }
 
-    /// What a bucket holds of `block` at `addr`: a wide block goes into `wide`.
+    /// What a bucket holds of `block` of key `key`: a wide block goes into `wide`.
     #[inline(always)]
-    fn packed(wide: &mut AddrMap<LiveBlock>, addr: u64, block: LiveBlock) -> B {
-        B::of(addr, &block).unwrap_or_else(|| {
-            wide.insert(addr, block);
-            B::wide(addr)
+    fn packed(wide: &mut AddrMap<LiveBlock>, key: u64, block: LiveBlock) -> B {
+        B::of(key, &block).unwrap_or_else(|| {
+            wide.insert(key, block);
+            B::wide(key)
         })
     }
 
@@ -368,7 +418,7 @@ impl<B: Packing> Table<B> {
     #[inline(always)]
     fn taken(wide: &mut AddrMap<LiveBlock>, b: B) -> LiveBlock {
         if b.is_wide() {
-            wide.remove(&b.addr())
+            wide.remove(&b.key())
                 .expect("a wide block beside the table")
         } else {
             b.unpacked()
@@ -378,22 +428,23 @@ impl<B: Packing> Table<B> {
     /// Makes `addr` live as `block`; returns the block it replaced.
     #[inline(always)]
     fn insert(&mut self, addr: u64, block: LiveBlock) -> Option<LiveBlock> {
-        if far(addr) {
+        let Some(key) = B::new_key(addr, &mut self.windows) else {
             return self.far.insert(addr, block);
-        }
+        };
         if self.table.len() == self.table.capacity() {
             self.grow();
         }
-        let wide = &mut self.wide;
+        let (wide, windows) = (&mut self.wide, &self.windows);
         let hash = addr_hash(addr);
-        match (self.table).entry(hash, |e| e.addr() == addr, |e| addr_hash(e.addr())) {
+        let rehash = |e: &B| addr_hash(B::addr_of(e.key(), windows));
+        match (self.table).entry(hash, |e| e.key() == key, rehash) {
             hashbrown::hash_table::Entry::Occupied(mut o) => {
                 let old = Self::taken(wide, *o.get());
-                *o.get_mut() = Self::packed(wide, addr, block);
+                *o.get_mut() = Self::packed(wide, key, block);
                 Some(old)
             }
             hashbrown::hash_table::Entry::Vacant(v) => {
-                v.insert(Self::packed(wide, addr, block));
+                v.insert(Self::packed(wide, key, block));
                 None
             }
         }
@@ -402,13 +453,15 @@ impl<B: Packing> Table<B> {
     /// Makes `addr`, which is not live, live as `block`.
     #[inline(always)]
     fn insert_unique(&mut self, addr: u64, block: LiveBlock) {
-        if far(addr) {
+        let Some(key) = B::new_key(addr, &mut self.windows) else {
             self.far.insert(addr, block);
             return;
-        }
-        let b = Self::packed(&mut self.wide, addr, block);
-        self.table
-            .insert_unique(addr_hash(addr), b, |e| addr_hash(e.addr()));
+        };
+        let b = Self::packed(&mut self.wide, key, block);
+        let windows = &self.windows;
+        self.table.insert_unique(addr_hash(addr), b, |e| {
+            addr_hash(B::addr_of(e.key(), windows))
+        });
     }
 
     /// Ends the block at `addr`, if it is live. The block is read where it lies before its
@@ -417,12 +470,12 @@ impl<B: Packing> Table<B> {
     /// merge's time on `--stacks all` traces).
     #[inline(always)]
     fn remove(&mut self, addr: u64) -> Option<LiveBlock> {
-        if far(addr) {
+        let Some(key) = B::key_of(addr, &self.windows) else {
             return self.far.remove(&addr);
-        }
+        };
         let entry = self
             .table
-            .find_entry(addr_hash(addr), |e| e.addr() == addr)
+            .find_entry(addr_hash(addr), |e| e.key() == key)
             .ok()?;
         let b = *entry.get();
         entry.remove();
@@ -459,8 +512,10 @@ impl<B: Packing> Table<B> {
             hashbrown::HashTable::with_capacity_in(items.max(full) + 1, HugePages::of::<B>());
         // The old buckets below `ctrl` (the first highest) that are still held.
         let mut held_to = ctrl & !(PAGE - 1);
+        let windows = &self.windows;
+        let hash = |e: &B| addr_hash(B::addr_of(e.key(), windows));
         for b in self.table.iter() {
-            grown.insert_unique(addr_hash(b.addr()), *b, |e| addr_hash(e.addr()));
+            grown.insert_unique(hash(b), *b, hash);
             // Every bucket from this one up is copied.
             let done = (b as *const B as usize).next_multiple_of(PAGE);
             if held_to - done.min(held_to) >= HugePages::PAGE {
@@ -486,7 +541,8 @@ impl<B: Packing> Table<B> {
     }
 
     fn reserve(&mut self, additional: usize) {
-        self.table.reserve(additional, |e| addr_hash(e.addr()));
+        let windows = &self.windows;
+        (self.table).reserve(additional, |e| addr_hash(B::addr_of(e.key(), windows)));
     }
 
     /// Asks for the memory where the block at `addr` would be, ahead of a lookup of it.
@@ -640,7 +696,7 @@ impl<B: Packing> Iterator for TableIter<'_, B> {
     #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
         match self.buckets.next() {
-            Some(&b) => Some((b.addr(), self.blocks.block(b))),
+            Some(b) => Some((self.blocks.addr(b), self.blocks.block(*b))),
             None => self.far.next().map(|(&addr, &b)| (addr, b)),
         }
     }
@@ -798,7 +854,7 @@ mod tests {
                 assert!(i < buckets);
                 // Its probe starts within a group of 16 buckets of it (the table is
                 // sparse enough here for every block to be found in its first group).
-                let home = addr_hash(e.addr()) as usize & (buckets - 1);
+                let home = addr_hash(t.addr(e)) as usize & (buckets - 1);
                 assert!(i.wrapping_sub(home) & (buckets - 1) < 16, "{i} {home}");
             }
         };
@@ -827,7 +883,7 @@ mod tests {
         let mut ours = Table::<Timed>::default();
         let mut theirs: hashbrown::HashTable<Timed, HugePages> =
             hashbrown::HashTable::new_in(HugePages::of::<Timed>());
-        let hash = |e: &Timed| addr_hash(e.addr());
+        let hash = |e: &Timed| addr_hash(e.key());
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         for step in 0..300_000u64 {
             let r = crate::xorshift(&mut x);
@@ -840,13 +896,13 @@ mod tests {
             };
             if r.is_multiple_of(3) {
                 ours.remove(addr);
-                if let Ok(e) = theirs.find_entry(addr_hash(addr), |e| e.addr() == addr) {
+                if let Ok(e) = theirs.find_entry(addr_hash(addr), |e| e.key() == addr) {
                     e.remove();
                 }
             } else {
                 ours.insert(addr, b);
                 let packed = Timed::of(addr, &b).unwrap();
-                match theirs.entry(addr_hash(addr), |e| e.addr() == addr, hash) {
+                match theirs.entry(addr_hash(addr), |e| e.key() == addr, hash) {
                     hashbrown::hash_table::Entry::Occupied(mut o) => *o.get_mut() = packed,
                     hashbrown::hash_table::Entry::Vacant(v) => {
                         v.insert(packed);
@@ -855,7 +911,7 @@ mod tests {
             }
             if step % 5000 == 0 || step == 299_999 {
                 let order = |t: &hashbrown::HashTable<Timed, HugePages>| -> Vec<u64> {
-                    t.iter().map(|b| b.addr()).collect()
+                    t.iter().map(|b| b.key()).collect()
                 };
                 assert_eq!(order(&ours.table), order(&theirs), "step {step}");
             }
@@ -1019,19 +1075,37 @@ mod tests {
                 ]
             })
             .collect();
-        // Each kind at a low address, at the highest that fits a bucket, and above it.
-        let places = [0x10_0000, ADDR_MASK & !0xfff, 1 << ADDR_BITS, !0xfff];
+        // Each kind at a low address, at the highest that fits a 48-bit bucket, and above
+        // it; not 16-byte aligned; and in 14 more windows of 4 GiB, 18 in all.
+        let mut places = vec![
+            0x10_0000,
+            ADDR_MASK & !0xfff,
+            1 << ADDR_BITS,
+            !0xfff,
+            0x20_0008,
+        ];
+        places.extend((0..14).map(|w| 0x7f00_0000_0000 + (w << 32)));
         let blocks: Vec<(u64, LiveBlock)> = (places.iter())
             .flat_map(|&at| (kinds.iter().enumerate()).map(move |(i, b)| (at + i as u64 * 16, *b)))
             .collect();
+        // The windows of 32-bit addresses, in the order they are taken.
+        let mut windows: Vec<u64> = Vec::new();
+        for &at in places.iter().filter(|at| at.is_multiple_of(16)) {
+            if !windows.contains(&(at >> 32)) {
+                windows.push(at >> 32);
+            }
+        }
+        let in_window = |addr: u64| {
+            let w = windows.iter().position(|&w| w == addr >> 32);
+            addr.is_multiple_of(16) && w.is_some_and(|w| w < AddressWindows::COUNT)
+        };
         // What comes back of block `b` at `addr`: without ticks, a packed block has none.
         let back = |addr: u64, b: LiveBlock| {
-            let packed = !far(addr)
-                && match layout {
-                    0 => Timed::of(addr, &b).is_some(),
-                    1 => Untimed::of(addr, &b).is_some(),
-                    _ => Unstacked::of(addr, &b).is_some(),
-                };
+            let packed = match layout {
+                0 => !far(addr) && Timed::of(addr, &b).is_some(),
+                1 => !far(addr) && Untimed::of(addr, &b).is_some(),
+                _ => in_window(addr) && Unstacked::holds(&b),
+            };
             let born_tick = if timed || !packed { b.born_tick } else { 0 };
             LiveBlock { born_tick, ..b }
         };
@@ -1058,5 +1132,6 @@ mod tests {
         }
         assert_eq!(t.len(), 0);
         each!(&t, t => assert!(t.wide.is_empty() && t.far.is_empty()));
+        assert!(windows.len() > AddressWindows::COUNT);
     }
 }

@@ -3,7 +3,7 @@
 //! call, so that the two cannot drift apart: the usable sizes of small requests, the live
 //! blocks by slot, and each thread's recently freed blocks.
 
-use crate::format::hash::{addr_hash, prefetch, FastMap};
+use crate::format::hash::{addr_hash, prefetch, AddressWindows, FastMap};
 
 /// Recently freed blocks remembered per thread and usable size (allocator thread caches
 /// hand the last freed block of a size class back first).
@@ -264,8 +264,8 @@ struct Slot {
 }
 
 /// The reader's live blocks by slot, 6 bytes each (see [`SlotTable::value`]): the address
-/// in 16-byte units within one of up to [`SlotTable::REGIONS`] windows of 4 GiB where the
-/// stream's blocks lie (a process's heap is in a few), and the usable size. A block whose
+/// in 32 bits, within one of the windows of 4 GiB where the stream's blocks lie
+/// ([`AddressWindows`]), and the usable size. A block whose
 /// address or usable size does not fit (another window, an address not 16-byte aligned,
 /// a usable size of 64 KiB or more) is kept whole in a map beside, its slot marked
 /// [`SlotTable::BESIDE`]. In segments of [`SlotTable::SEGMENT`] slots: a vector of them
@@ -284,15 +284,12 @@ struct SlotTable {
     beside: FastMap<u32, Slot>,
     /// The free slot a new block takes, plus one (0: none, the next new slot).
     free_head: u32,
-    /// The windows blocks lie in, by their index in a slot: address >> 32.
-    regions: Vec<u64>,
+    /// The windows blocks lie in.
+    windows: AddressWindows,
 }
 
 impl SlotTable {
     const SEGMENT: usize = 1 << 12;
-    /// Windows a slot can name; a block in another is kept beside.
-    const REGIONS: usize = 16;
-    const WINDOW_BITS: u32 = 32;
     /// The mark of a block kept beside (usable sizes below [`SlotTable::FREE`] fit).
     const BESIDE: u16 = u16::MAX;
     /// The mark of a free slot, whose low 32 bits are the next free slot plus one.
@@ -304,7 +301,7 @@ impl SlotTable {
     }
 
     /// A slot's 48 bits: its usable size or mark in the top 16; below them, for a block,
-    /// the window's index in the top 4 bits and the address's 16-byte units within it.
+    /// its address in 32 bits ([`AddressWindows`]).
     #[inline(always)]
     fn value(s: [u16; 3]) -> (u32, u16) {
         (u32::from(s[0]) | u32::from(s[1]) << 16, s[2])
@@ -345,36 +342,20 @@ impl SlotTable {
         match mark {
             Self::BESIDE => None,
             Self::FREE => Some(Slot::default()),
-            usable => {
-                let Some(&window) = self.regions.get((low >> 28) as usize) else {
-                    return Some(Slot::default());
-                };
-                let units = u64::from(low & ((1 << 28) - 1));
-                Some(Slot {
-                    addr: window << Self::WINDOW_BITS | units << 4,
-                    usable: u32::from(usable),
-                })
-            }
+            usable => Some(Slot {
+                addr: self.windows.addr(low),
+                usable: u32::from(usable),
+            }),
         }
     }
 
     /// The low 32 bits of block `b` in a slot, when it fits one.
     #[inline(always)]
     fn packed(&mut self, b: Slot) -> Option<u32> {
-        if b.addr & 15 != 0 || b.usable >= u32::from(Self::FREE) {
+        if b.usable >= u32::from(Self::FREE) {
             return None;
         }
-        let window = b.addr >> Self::WINDOW_BITS;
-        let index = match self.regions.iter().position(|&w| w == window) {
-            Some(i) => i,
-            None if self.regions.len() < Self::REGIONS => {
-                self.regions.push(window);
-                self.regions.len() - 1
-            }
-            None => return None,
-        };
-        let units = (b.addr & ((1 << Self::WINDOW_BITS) - 1)) >> 4;
-        Some((index as u32) << 28 | units as u32)
+        self.windows.short_or_add(b.addr)
     }
 
     /// The block in `slot` (address 0: none, or no such slot).
@@ -558,7 +539,7 @@ mod tests {
             t.set(i, block(i));
         }
         assert_eq!(t.len(), n);
-        assert_eq!(t.regions.len(), SlotTable::REGIONS);
+        assert_eq!(t.windows.len(), AddressWindows::COUNT);
         assert!(!t.beside.is_empty() && t.beside.len() < n * 2 / 3);
         for i in (0..n).rev() {
             assert_eq!(t.get(i), block(i), "slot {i}");
