@@ -658,3 +658,24 @@ fn redis_server_on_jemalloc_answers_after_its_snapshot() {
     let _ = cli(&["SHUTDOWN", "NOSAVE"]);
     let _ = server.wait();
 }
+
+/// Memory a program or a runtime maps itself (a Go heap beside a cgo program's glibc
+/// heap) can begin as glibc begins a chunk it mmaps alone. Where glibc counts no such
+/// chunk, none is looked for, and the census holds: a cgo server's snapshot was refused
+/// over a "chunk" of 7.5 MiB found in its Go heap.
+#[test]
+fn memory_that_looks_like_an_mmapped_chunk_leaves_the_glibc_census_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = Running::start(Command::new(common::build(dir.path(), "chunk_decoy", &[])));
+    assert_eq!(p.line().trim(), "ready");
+    let trace = dir.path().join("snap.fsc");
+    let out = snapshot(p.pid(), &trace, &[]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let s = &report_json(&trace)["snapshot"];
+    assert_eq!(s["note"], Value::Null, "{s:#}");
+    assert_eq!(s["glibc"]["mmapped_chunks"], 0, "{s:#}");
+    assert!(
+        s["glibc"]["mallinfo_in_use"].as_u64().unwrap() >= 64 * 100,
+        "{s:#}"
+    );
+}
