@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use allocator_api2::alloc::{AllocError, Allocator, Global};
 
-use crate::format::hash::{addr_hash, prefetch, AddrMap, AddressWindows};
+use crate::format::hash::{addr_hash, prefetch, AddrMap, AddressWindows, FastMap};
 use crate::order::live::LiveBlock;
 
 /// A live block as its bucket holds it, with its address (see the module's comment),
@@ -304,8 +304,9 @@ impl Packing for Timed {
 #[derive(Clone, Debug)]
 pub(crate) struct Table<B> {
     table: hashbrown::HashTable<B, HugePages>,
-    /// The blocks that do not fit a bucket, by key.
-    wide: AddrMap<LiveBlock>,
+    /// The blocks that do not fit a bucket, by key (an address, or [`Unstacked`]'s 32
+    /// bits, which have no locality to keep: a map with a scattering hash).
+    wide: FastMap<u64, LiveBlock>,
     /// The blocks at addresses that do not fit a bucket, by address.
     far: AddrMap<LiveBlock>,
     /// Where the addresses of [`Unstacked`] buckets lie.
@@ -325,7 +326,7 @@ impl<B: Packing> Table<B> {
     fn with_capacity(n: usize) -> Self {
         Self {
             table: hashbrown::HashTable::with_capacity_in(n, HugePages::of::<B>()),
-            wide: AddrMap::default(),
+            wide: FastMap::default(),
             far: AddrMap::default(),
             windows: AddressWindows::default(),
             #[cfg(test)]
@@ -350,6 +351,12 @@ impl<B: Packing> Table<B> {
     #[inline(always)]
     fn addr(&self, b: &B) -> u64 {
         B::addr_of(b.key(), &self.windows)
+    }
+
+    /// The hash of bucket `b`, its address's (a growing table hashes every bucket).
+    #[inline(always)]
+    fn hash_of(windows: &AddressWindows, b: &B) -> u64 {
+        addr_hash(B::addr_of(b.key(), windows))
     }
 
     #[inline(always)]
@@ -407,7 +414,7 @@ impl<B: Packing> Table<B> {
 
     /// What a bucket holds of `block` of key `key`: a wide block goes into `wide`.
     #[inline(always)]
-    fn packed(wide: &mut AddrMap<LiveBlock>, key: u64, block: LiveBlock) -> B {
+    fn packed(wide: &mut FastMap<u64, LiveBlock>, key: u64, block: LiveBlock) -> B {
         B::of(key, &block).unwrap_or_else(|| {
             wide.insert(key, block);
             B::wide(key)
@@ -416,7 +423,7 @@ impl<B: Packing> Table<B> {
 
     /// The block of bucket `b`, taken out of `wide` if it is there.
     #[inline(always)]
-    fn taken(wide: &mut AddrMap<LiveBlock>, b: B) -> LiveBlock {
+    fn taken(wide: &mut FastMap<u64, LiveBlock>, b: B) -> LiveBlock {
         if b.is_wide() {
             wide.remove(&b.key())
                 .expect("a wide block beside the table")
@@ -436,7 +443,7 @@ impl<B: Packing> Table<B> {
         }
         let (wide, windows) = (&mut self.wide, &self.windows);
         let hash = addr_hash(addr);
-        let rehash = |e: &B| addr_hash(B::addr_of(e.key(), windows));
+        let rehash = |e: &B| Self::hash_of(windows, e);
         match (self.table).entry(hash, |e| e.key() == key, rehash) {
             hashbrown::hash_table::Entry::Occupied(mut o) => {
                 let old = Self::taken(wide, *o.get());
@@ -459,9 +466,7 @@ impl<B: Packing> Table<B> {
         };
         let b = Self::packed(&mut self.wide, key, block);
         let windows = &self.windows;
-        self.table.insert_unique(addr_hash(addr), b, |e| {
-            addr_hash(B::addr_of(e.key(), windows))
-        });
+        (self.table).insert_unique(addr_hash(addr), b, |e| Self::hash_of(windows, e));
     }
 
     /// Ends the block at `addr`, if it is live. The block is read where it lies before its
@@ -513,7 +518,7 @@ impl<B: Packing> Table<B> {
         // The old buckets below `ctrl` (the first highest) that are still held.
         let mut held_to = ctrl & !(PAGE - 1);
         let windows = &self.windows;
-        let hash = |e: &B| addr_hash(B::addr_of(e.key(), windows));
+        let hash = |e: &B| Self::hash_of(windows, e);
         for b in self.table.iter() {
             grown.insert_unique(hash(b), *b, hash);
             // Every bucket from this one up is copied.
@@ -542,7 +547,7 @@ impl<B: Packing> Table<B> {
 
     fn reserve(&mut self, additional: usize) {
         let windows = &self.windows;
-        (self.table).reserve(additional, |e| addr_hash(B::addr_of(e.key(), windows)));
+        (self.table).reserve(additional, |e| Self::hash_of(windows, e));
     }
 
     /// Asks for the memory where the block at `addr` would be, ahead of a lookup of it.

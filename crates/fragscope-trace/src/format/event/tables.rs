@@ -188,8 +188,8 @@ impl StreamTables {
     /// Asks for the memory of the reader's block in `slot`, ahead of its free.
     #[inline(always)]
     pub(super) fn prefetch_slot(&self, slot: u64) {
-        if let Some(word) = self.live.word(slot as usize) {
-            prefetch(word as *const [u16; 3] as usize);
+        if let Some(at) = self.live.at(slot as usize) {
+            prefetch(at as *const [u16; 3] as usize);
         }
     }
 
@@ -265,9 +265,9 @@ struct Slot {
 
 /// The reader's live blocks by slot, 6 bytes each (see [`SlotTable::value`]): the address
 /// in 32 bits, within one of the windows of 4 GiB where the stream's blocks lie
-/// ([`AddressWindows`]), and the usable size. A block whose
-/// address or usable size does not fit (another window, an address not 16-byte aligned,
-/// a usable size of 64 KiB or more) is kept whole in a map beside, its slot marked
+/// ([`AddressWindows`]), and the usable size. A block whose address or usable size does
+/// not fit (another window, an address not 16-byte aligned, a usable size of 64 KiB or
+/// more) is kept whole in a map beside, its slot marked
 /// [`SlotTable::BESIDE`]. In segments of [`SlotTable::SEGMENT`] slots: a vector of them
 /// grew by doubling, which copied every slot and held the old copy and the new, twice the
 /// memory, at each step (96 MiB for the 3.6 M live blocks of a redis-server under load).
@@ -275,8 +275,8 @@ struct Slot {
 /// report made 6.3 M slots, 48 MiB at 8 bytes each, 36 MiB at 6.
 ///
 /// The free slots are a list through their own slots, marked [`SlotTable::FREE`], the one
-/// freed last first: a list of their numbers beside the table held 8 MiB at a
-/// redis-server's exit, after 2 M of its 6 M blocks were freed.
+/// freed last first: a vector of their numbers beside the table held 8 MiB at the peak of
+/// a redis-server trace's report.
 #[derive(Default)]
 struct SlotTable {
     segments: Vec<Box<[[u16; 3]]>>,
@@ -328,12 +328,6 @@ impl SlotTable {
         Some(&mut self.segments[slot / Self::SEGMENT][slot % Self::SEGMENT])
     }
 
-    /// Where `slot` lies in memory, to ask for it ahead of its use.
-    #[inline(always)]
-    fn word(&self, slot: usize) -> Option<&[u16; 3]> {
-        self.at(slot)
-    }
-
     /// The block a slot holds (address 0 for a free slot), or `None` when it is kept
     /// beside.
     #[inline(always)]
@@ -375,10 +369,12 @@ impl SlotTable {
             return Slot::default();
         };
         let block = match self.in_slot(s) {
-            Some(b) if b.addr == 0 => return b,
             Some(b) => b,
             None => self.beside.remove(&(slot as u32)).unwrap_or_default(),
         };
+        if block.addr == 0 {
+            return block;
+        }
         let link = Self::slot_of(self.free_head, Self::FREE);
         if let Some(s) = self.at_mut(slot) {
             *s = link;
@@ -562,7 +558,7 @@ mod tests {
             assert_eq!(t.get(i), want, "slot {i}");
         }
         t.clear();
-        assert!(t.len() == 0 && t.word(0).is_none() && t.claim() == 0);
+        assert!(t.len() == 0 && t.at(0).is_none() && t.claim() == 0);
     }
 
     #[test]
