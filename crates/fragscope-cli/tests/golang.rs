@@ -503,6 +503,7 @@ fn go_http_server_after_load_is_read_as_its_runtime_counts_it(toolchain: &str) {
     snapshot(server.0.id(), &trace);
     // Still serving after the stop.
     assert!(get(port, "/put?n=1").trim().parse::<u64>().is_ok());
+    let after: serde_json::Value = serde_json::from_str(&get(port, "/stats")).unwrap();
     let r = report_json(&trace);
     let go = &r["snapshots"][0]["go"];
     let field = |k: &str| go[k].as_u64().unwrap();
@@ -529,15 +530,27 @@ fn go_http_server_after_load_is_read_as_its_runtime_counts_it(toolchain: &str) {
         what("StackInuse")
     );
     // Idle pages are what is left: what the program allocated since its own reading
-    // came out of them, so they are held to 2% of the heap, not of themselves. Released
-    // ones are the idle pages not resident (the scavenger's, and those never touched).
-    for (ours, theirs) in [("heap_idle", "HeapIdle"), ("released", "HeapReleased")] {
-        assert!(
-            field(ours).abs_diff(stat(theirs)) * 50 <= stat("HeapSys"),
-            "{}: {go:#} against {m:#}",
-            what(theirs)
-        );
-    }
+    // came out of them, so they are held to 2% of the heap, not of themselves.
+    assert!(
+        field("heap_idle").abs_diff(stat("HeapIdle")) * 50 <= stat("HeapSys"),
+        "{}: {go:#} against {m:#}",
+        what("HeapIdle")
+    );
+    // Released pages are the idle ones not resident (the scavenger's, and those never
+    // touched). The scavenger goes on giving pages back in the background, so the stop's
+    // count is held between the runtime's readings before and after it, within 2% of the
+    // heap (a CI run's scavenger gave back 1.5 MB between the first reading and the stop).
+    let released = [&m, &after].map(|s| s["HeapReleased"].as_u64().unwrap());
+    let slack = stat("HeapSys") / 50;
+    let (low, high) = (
+        released.iter().min().unwrap(),
+        released.iter().max().unwrap(),
+    );
+    assert!(
+        (low.saturating_sub(slack)..=high + slack).contains(&field("released")),
+        "{}: {go:#} against {m:#} and after the stop {after:#}",
+        what("HeapReleased")
+    );
     assert_eq!(r["headline"]["heap"], "go", "{:#}", r["headline"]);
     // net/http/pprof is linked in: the sessions' stack holds most of the heap.
     let top = &r["go_sites"]["sites"][0];
