@@ -236,6 +236,7 @@ if [[ -n $glibc_suites ]]; then
   mkdir -p "$programs"
   cc -O1 -pthread -pthread -o "$programs/glibc_heap-pthread" tests/c/glibc_heap.c
   cc -O1 -pthread -o "$programs/usable_sum" tests/c/usable_sum.c
+  cc -O1 -o "$programs/chunk_decoy" tests/c/chunk_decoy.c
 fi
 for suite in $glibc_suites; do
   dir=$chroots/$suite

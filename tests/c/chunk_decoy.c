@@ -19,9 +19,14 @@ int main(void) {
     if (m == MAP_FAILED)
         return 1;
     memset(m, 0x5a, 4 * page);
+    // Two lookalikes: glibc 2.36 and 2.41 end a chunk's mapping where its size says
+    // (pages 1-2 here), 2.43 keeps 8 bytes after it (page 3).
     uint64_t *lookalike = (uint64_t *)(m + page);
     lookalike[0] = 0;
     lookalike[1] = (2 * page) | 2;
+    lookalike = (uint64_t *)(m + 3 * page);
+    lookalike[0] = 0;
+    lookalike[1] = (page - 8) | 2;
     printf("ready\n");
     fflush(stdout);
     char line[64];
