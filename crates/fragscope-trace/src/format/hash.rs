@@ -109,30 +109,30 @@ impl AddressWindows {
     /// `addr` in 32 bits, if it is 16-byte aligned and in a window already seen.
     #[inline(always)]
     pub fn short(&self, addr: u64) -> Option<u32> {
-        if addr & 15 != 0 {
-            return None;
-        }
         let index = self.bases.iter().position(|&b| b == addr >> 32)?;
-        Some(Self::code(index, addr))
+        Self::code(index, addr)
     }
 
     /// `addr` in 32 bits, if it is 16-byte aligned and in a window seen or that can be
     /// added.
     #[inline(always)]
     pub fn short_or_add(&mut self, addr: u64) -> Option<u32> {
-        if let Some(code) = self.short(addr) {
-            return Some(code);
-        }
-        if addr & 15 != 0 || self.bases.len() == Self::COUNT {
-            return None;
-        }
-        self.bases.push(addr >> 32);
-        Some(Self::code(self.bases.len() - 1, addr))
+        let index = match self.bases.iter().position(|&b| b == addr >> 32) {
+            Some(index) => index,
+            None if self.bases.len() < Self::COUNT && addr & 15 == 0 => {
+                self.bases.push(addr >> 32);
+                self.bases.len() - 1
+            }
+            None => return None,
+        };
+        Self::code(index, addr)
     }
 
+    /// `addr`, in the window of index `index`, in 32 bits, if it is 16-byte aligned.
     #[inline(always)]
-    fn code(index: usize, addr: u64) -> u32 {
-        (index as u32) << Self::UNITS | ((addr & 0xffff_ffff) >> 4) as u32
+    fn code(index: usize, addr: u64) -> Option<u32> {
+        (addr & 15 == 0)
+            .then_some((index as u32) << Self::UNITS | ((addr & 0xffff_ffff) >> 4) as u32)
     }
 
     /// The address a code stands for (0 for a window never seen: no block).
