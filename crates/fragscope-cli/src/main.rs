@@ -58,6 +58,9 @@ fn main() -> ExitCode {
         // because a pipe on its stderr closed.
         // SAFETY: setting a signal's disposition to its default.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        // Readers of traces hold big tables for a while and let them go: freed memory
+        // goes back to the system instead of piling up in glibc's arenas.
+        fragscope_trace::live::fix_mmap_threshold();
     }
     let result = match cli.command {
         Command::Record(a) => record::run(a),

@@ -643,6 +643,53 @@ mod tests {
         assert!(r.damage().is_none());
     }
 
+    /// Payloads' first bytes, from one zstd frame (codec 1) and from sections (codec 2),
+    /// chunk after chunk: each prefix is the payload's own first bytes.
+    #[test]
+    fn prefixes_come_from_their_own_chunk_chunk_after_chunk() {
+        let payload = |seed: u32, len: u32| -> Vec<u8> {
+            (0..len)
+                .map(|i| ((i ^ seed).wrapping_mul(2654435761) >> (13 + i % 7)) as u8)
+                .collect()
+        };
+        let payloads: Vec<Vec<u8>> = (0..6).map(|k| payload(k, 20_000 + 7_000 * k)).collect();
+        let mut w = ChunkWriter::new(Vec::new(), 3).unwrap();
+        for (k, p) in payloads.iter().enumerate() {
+            if k % 2 == 0 {
+                w.write_chunk(ChunkKind::Events, p).unwrap();
+            } else {
+                let half = p.len() / 2;
+                w.write_sections(ChunkKind::PackedEvents, p, &[100, half, p.len()])
+                    .unwrap();
+            }
+        }
+        let file = w.into_inner();
+        for want in [1, 99, 101, 5_000, 30_000, usize::MAX] {
+            let mut r = ChunkReader::new(&file[..]).unwrap();
+            let mut raw = Vec::new();
+            for (k, p) in payloads.iter().enumerate() {
+                let (_, whole_len) = r.next_chunk_prefix(&mut raw, |_| want).unwrap();
+                assert_eq!(whole_len, p.len(), "chunk {k}");
+                assert_eq!(raw, p[..want.min(p.len())], "chunk {k}, {want} bytes");
+            }
+            assert!(r.next_chunk_prefix(&mut raw, |_| want).is_none());
+            assert!(r.damage().is_none(), "{want} bytes");
+        }
+    }
+
+    /// A frame that stops short of the prefix asked for is damage, as when read whole.
+    #[test]
+    fn a_frame_short_of_its_prefix_is_damage() {
+        let frame = zstd::bulk::compress(&[5u8; 3000], 3).unwrap();
+        let mut w = ChunkWriter::new(Vec::new(), 3).unwrap();
+        // The chunk claims 4000 raw bytes; its frame holds 3000.
+        w.put_chunk(ChunkKind::Events, 1, 4000, &frame).unwrap();
+        let file = w.into_inner();
+        let mut r = ChunkReader::new(&file[..]).unwrap();
+        assert!(r.next_chunk_prefix(&mut Vec::new(), |_| 3500).is_none());
+        assert!(r.damage().unwrap().reason.contains("decompress"));
+    }
+
     #[test]
     fn sections_that_do_not_add_up_are_damage() {
         // A valid chunk whose sections claim one byte more than the chunk's raw length.
