@@ -38,6 +38,7 @@ use crate::format::hash::{AddrSet, FastMap};
 use crate::format::reader::{Chunk, TraceReader};
 use crate::format::records::EventsHeader;
 use crate::format::TraceError;
+use crate::order::call::CallArray;
 pub use crate::order::call::{Call, Merged};
 use crate::order::spill::{SpillFile, ThreadSpill};
 use crate::order::stream_decoder::{DecodedEvents, DecodedOther, StreamDecoder};
@@ -149,7 +150,7 @@ impl ThreadQueue {
 struct LoneRun {
     /// The thread's index in `Merger::threads`.
     thread: usize,
-    calls: Vec<Call>,
+    calls: CallArray,
     /// The places of `calls` (see `ThreadQueue::queue`); shorter than `calls` when the
     /// rest are 0, and empty for a chunk with none.
     places: Vec<u64>,
@@ -180,7 +181,7 @@ impl LoneRun {
     /// Takes the next item if it is a call.
     #[inline]
     fn pop_call(&mut self) -> Option<Call> {
-        let c = *self.calls.get(self.next)?;
+        let c = self.calls.get(self.next)?;
         if self.others.front().is_some_and(|&(at, ..)| at == self.next) {
             return None;
         }
@@ -218,7 +219,8 @@ impl LoneRun {
         let i = self.next;
         self.next += 1;
         let place = self.places.get(i).copied().unwrap_or(0);
-        (Merged::Call(self.calls[i]), place)
+        let c = self.calls.get(i).expect("a call of the run");
+        (Merged::Call(c), place)
     }
 }
 
@@ -881,7 +883,7 @@ impl Merger {
         // The block a later call frees is anywhere in the table: its memory is asked for
         // now, to be in cache by then.
         let ahead = self.lone.calls.get(self.lone.next + PREFETCH_AHEAD);
-        if let Some(old) = ahead.and_then(Call::releases) {
+        if let Some(old) = ahead.and_then(|c| c.releases()) {
             self.live.prefetch(old);
         }
         // The call after a held free is the one that was seen to allocate its address
@@ -910,8 +912,8 @@ impl Merger {
         }
         let next = self.lone.next;
         let other_first = self.lone.others.front().is_some_and(|&(at, ..)| at == next);
-        let again =
-            !other_first && (self.lone.calls.get(next)).is_some_and(|n| allocates_again(n, c.addr));
+        let again = !other_first
+            && (self.lone.calls.get(next)).is_some_and(|n| allocates_again(&n, c.addr));
         let Some(b) = again.then(|| self.live.get_unshared(c.addr)).flatten() else {
             return false;
         };

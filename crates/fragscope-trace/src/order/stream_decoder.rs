@@ -10,14 +10,14 @@ use crate::format::hash::FastMap;
 use crate::format::records::EventsHeader;
 use crate::format::TraceError;
 use crate::order::call::NO_RELEASE;
-use crate::order::call::{Call, Summary};
+use crate::order::call::{Call, CallArray, Summary};
 
 /// A thread buffer's records, decoded into what the merge takes: its calls (with
 /// process-wide stack ids) in the array a lone thread's run is popped from, and the
 /// rare other items beside them.
 #[derive(Debug, Default)]
 pub struct DecodedEvents {
-    pub(crate) calls: Vec<Call>,
+    pub(crate) calls: CallArray,
     /// The places of `calls`; shorter than `calls` when the rest are 0, empty for a
     /// buffer with none (see `merge::LoneRun`).
     pub(crate) places: Vec<u64>,
