@@ -60,7 +60,7 @@ fn main() -> ExitCode {
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
         // Readers of traces hold big tables for a while and let them go: freed memory
         // goes back to the system instead of piling up in glibc's arenas.
-        fragscope_trace::live::fix_mmap_threshold();
+        fragscope_trace::live::fix_malloc_thresholds();
     }
     let result = match cli.command {
         Command::Record(a) => record::run(a),

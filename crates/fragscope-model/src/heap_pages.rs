@@ -316,6 +316,11 @@ pub struct HeapPages {
     group_parts: GroupParts,
     /// By class index, over the pages' summaries (resident or not).
     class_totals: Vec<ClassTotals>,
+    /// The last snapshot's map of resident pages, emptied, for the next one to fill: made
+    /// anew at each snapshot, it grew by doubling to megabytes each time (167 MiB
+    /// allocated over 30 snapshots of a million blocks). Read by lookups and in sums of
+    /// whole numbers only, so its order does not matter.
+    spare_resident_pages: PageMap<PageAcc>,
 }
 
 impl HeapPages {
@@ -335,6 +340,7 @@ impl HeapPages {
             class_ids: FastMap::default(),
             group_parts: GroupParts::default(),
             class_totals: Vec::new(),
+            spare_resident_pages: PageMap::default(),
         };
         for (addr, b) in live {
             pages.apply(addr, &b, true);
@@ -537,6 +543,7 @@ impl HeapPages {
         let mut res = Residency::new(pm).with_fork(fork);
         let shift = res.shift;
         let mut tally = PageTally::new(pm);
+        tally.pages = std::mem::take(&mut self.spare_resident_pages);
         let ps = tally.ps;
         for (&addr, b) in &self.large {
             let usable = b.usable().max(1);
@@ -583,11 +590,14 @@ impl HeapPages {
             sites.add_pinning(stack, w, objects, share, waste);
         }
         let class_free = tally.settle(&mut res, history);
-        HeapSnapshot {
+        let snapshot = HeapSnapshot {
             classes: classes_at(classes, &tally.interior_by_class, class_free, ps),
             parts: tally.parts,
             sites: sites.finish(weighting),
-        }
+        };
+        self.spare_resident_pages = tally.pages;
+        self.spare_resident_pages.clear();
+        snapshot
     }
 
     /// The classes' objects and bytes, and the sites' sums that are whole numbers: the
