@@ -594,3 +594,42 @@ fn a_cgo_server_is_recorded_with_its_malloc_calls_and_its_go_heap() {
     assert!(censused >= 2, "{censused}");
     assert_eq!(r["headline"]["heap"], "go", "{:#}", r["headline"]);
 }
+
+/// A cgo program's Go heap can hold objects that begin as glibc begins a chunk it mmaps
+/// alone. Where glibc counts such chunks of its own, the census looks for them outside
+/// the Go heap's ranges, finds exactly glibc's, and holds: a cgo server's snapshot was
+/// refused over a "chunk" found in its Go heap.
+#[test]
+fn a_lookalike_chunk_in_a_go_heap_leaves_the_glibc_census_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_go(dir.path(), "chunk_decoy") else {
+        return;
+    };
+    let mut child = Command::new(&exe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let ready = out
+        .lines()
+        .map_while(Result::ok)
+        .any(|l| l.starts_with("ready"));
+    let running = Running(child);
+    assert!(ready, "chunk_decoy never said it was ready");
+    let trace = dir.path().join("decoy.fsc");
+    snapshot(running.0.id(), &trace);
+    let r = report_json(&trace);
+    let s = &r["snapshot"];
+    assert_eq!(s["note"], serde_json::Value::Null, "{s:#}");
+    assert_eq!(s["glibc"]["mmapped_chunks"], 1, "{s:#}");
+    assert!(
+        s["glibc"]["mmapped_bytes"].as_u64().unwrap() > 1 << 20,
+        "{s:#}"
+    );
+    assert!(
+        r["snapshots"][0]["go"].is_object(),
+        "{:#}",
+        r["snapshots"][0]
+    );
+}

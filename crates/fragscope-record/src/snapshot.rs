@@ -439,8 +439,25 @@ fn read_malloc_heap(
         held = pause.as_ref().map(Pause::held);
         drop(pause.take());
     }
+    // The malloc heap is looked for outside the runtime's: a Go heap's memory can begin
+    // as glibc begins a chunk it mmaps alone.
+    let runtime_ranges = match &go_census {
+        Some(Ok(go)) => go.ranges.as_slice(),
+        _ => &[],
+    };
+    let malloc_maps = without_ranges(&maps, runtime_ranges);
     let census = (heap.allocator != "go")
-        .then(|| read_allocator(opts, heap, mem, copy_mem.as_mut(), &maps, &residency, page))
+        .then(|| {
+            read_allocator(
+                opts,
+                heap,
+                mem,
+                copy_mem.as_mut(),
+                &malloc_maps,
+                &residency,
+                page,
+            )
+        })
         .transpose()?;
     let read_from_copy = copy.is_some();
     drop(copy_mem);
@@ -465,6 +482,41 @@ fn read_malloc_heap(
         copy_note,
     })
 }
+/// `maps` with the address `ranges` another heap holds cut out of them (a mapping split
+/// where a range lies inside it). glibc's census looks through anonymous mappings for
+/// chunks mmapped alone, by the header glibc writes at a page's start, and a runtime's
+/// objects can begin the same way: a cgo server's snapshot found such a "chunk" in its Go
+/// heap, and the census was refused.
+fn without_ranges(maps: &[Mapping], ranges: &[(u64, u64)]) -> Vec<Mapping> {
+    let mut out = Vec::with_capacity(maps.len());
+    for m in maps {
+        let mut pieces = vec![(m.start, m.end)];
+        for &(r_start, r_end) in ranges {
+            pieces = pieces
+                .into_iter()
+                .flat_map(|(start, end)| {
+                    if r_end <= start || r_start >= end {
+                        return vec![(start, end)];
+                    }
+                    [(start, r_start.max(start)), (r_end.min(end), end)]
+                        .into_iter()
+                        .filter(|(a, b)| a < b)
+                        .collect()
+                })
+                .collect();
+        }
+        for (start, end) in pieces {
+            out.push(Mapping {
+                start,
+                end,
+                offset: m.offset + (start - m.start),
+                ..m.clone()
+            });
+        }
+    }
+    out
+}
+
 /// A Go program's heap census, read while `pause` holds it (if it does). Err when the
 /// process exited.
 fn go_census_held(
@@ -780,4 +832,45 @@ fn read_residency(
     let heap: Vec<&fragscope_trace::Mapping> =
         maps.iter().filter(|m| procfs::may_hold_heap(m)).collect();
     procfs::read_residency(pid, &heap, page).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A range inside a mapping splits it; one over its end or start trims it; one over a
+    /// whole mapping takes it out; mappings outside every range stay whole.
+    #[test]
+    fn a_heaps_ranges_are_cut_out_of_the_mappings() {
+        let mapping = |start: u64, end: u64| Mapping {
+            start,
+            end,
+            perms: "rw-p".into(),
+            offset: 0,
+            inode: 0,
+            path: String::new(),
+            build_id: Vec::new(),
+        };
+        let maps = [
+            mapping(0x1000, 0x9000),
+            mapping(0xa000, 0xc000),
+            mapping(0xd000, 0xe000),
+            mapping(0xf000, 0x10000),
+        ];
+        let ranges = [(0x2000, 0x3000), (0x8000, 0xb000), (0xd000, 0xe000)];
+        let cut: Vec<(u64, u64, u64)> = without_ranges(&maps, &ranges)
+            .iter()
+            .map(|m| (m.start, m.end, m.offset))
+            .collect();
+        assert_eq!(
+            cut,
+            [
+                (0x1000, 0x2000, 0),
+                (0x3000, 0x8000, 0x2000),
+                (0xb000, 0xc000, 0x1000),
+                (0xf000, 0x10000, 0),
+            ]
+        );
+        assert_eq!(without_ranges(&maps, &[]), maps);
+    }
 }

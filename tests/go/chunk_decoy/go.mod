@@ -1,0 +1,3 @@
+module chunk_decoy
+
+go 1.22
