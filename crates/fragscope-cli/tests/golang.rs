@@ -59,12 +59,11 @@ impl Drop for Running {
     }
 }
 
-/// keep_tenth, once it says it is ready, with its runtime.MemStats.
-fn keep_tenth(dir: &Path, exe: &Path) -> (Running, serde_json::Value) {
-    let stats = dir.join("memstats.json");
-    let mut child = Command::new(exe)
-        .arg(&stats)
-        .args(["2000000", "30000000"])
+/// `command` started, once it says it is ready (a line starting "ready"); its stdin a
+/// pipe, which ends when it is dropped.
+fn started_ready(mut command: Command) -> Running {
+    let mut child = command
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -73,9 +72,19 @@ fn keep_tenth(dir: &Path, exe: &Path) -> (Running, serde_json::Value) {
         .lines()
         .map_while(Result::ok)
         .any(|l| l.starts_with("ready"));
-    assert!(ready, "keep_tenth never said it was ready");
+    let running = Running(child);
+    assert!(ready, "{command:?} never said it was ready");
+    running
+}
+
+/// keep_tenth, once it says it is ready, with its runtime.MemStats.
+fn keep_tenth(dir: &Path, exe: &Path) -> (Running, serde_json::Value) {
+    let stats = dir.join("memstats.json");
+    let mut command = Command::new(exe);
+    command.arg(&stats).args(["2000000", "30000000"]);
+    let running = started_ready(command);
     let stats = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
-    (Running(child), stats)
+    (running, stats)
 }
 
 fn within(what: &str, ours: u64, theirs: u64, pct: f64) {
@@ -605,18 +614,7 @@ fn a_lookalike_chunk_in_a_go_heap_leaves_the_glibc_census_whole() {
     let Some(exe) = build_go(dir.path(), "chunk_decoy") else {
         return;
     };
-    let mut child = Command::new(&exe)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = BufReader::new(child.stdout.take().unwrap());
-    let ready = out
-        .lines()
-        .map_while(Result::ok)
-        .any(|l| l.starts_with("ready"));
-    let running = Running(child);
-    assert!(ready, "chunk_decoy never said it was ready");
+    let running = started_ready(Command::new(&exe));
     let trace = dir.path().join("decoy.fsc");
     snapshot(running.0.id(), &trace);
     let r = report_json(&trace);
