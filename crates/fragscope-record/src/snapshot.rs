@@ -439,13 +439,9 @@ fn read_malloc_heap(
         held = pause.as_ref().map(Pause::held);
         drop(pause.take());
     }
-    // The malloc heap is looked for outside the runtime's: a Go heap's memory can begin
+    // The malloc heap is looked for outside the runtimes' heaps, whose objects can begin
     // as glibc begins a chunk it mmaps alone.
-    let runtime_ranges = match &go_census {
-        Some(Ok(go)) => go.ranges.as_slice(),
-        _ => &[],
-    };
-    let malloc_maps = without_ranges(&maps, runtime_ranges);
+    let malloc_maps = without_ranges(&maps, &runtime_heap_ranges(&go_census, &jvm_census));
     let census = (heap.allocator != "go")
         .then(|| {
             read_allocator(
@@ -482,36 +478,50 @@ fn read_malloc_heap(
         copy_note,
     })
 }
-/// `maps` with the address `ranges` another heap holds cut out of them (a mapping split
-/// where a range lies inside it). glibc's census looks through anonymous mappings for
-/// chunks mmapped alone, by the header glibc writes at a page's start, and a runtime's
-/// objects can begin the same way: a cgo server's snapshot found such a "chunk" in its Go
-/// heap, and the census was refused.
+
+/// The address ranges the runtimes' heaps the snapshot read hold: a Go heap's (its page
+/// allocator's ranges) and a JVM's (the range reserved for its Java heap).
+fn runtime_heap_ranges(
+    go: &Option<Result<GoHeap, String>>,
+    jvm: &Option<Result<JvmHeap, String>>,
+) -> Vec<(u64, u64)> {
+    let go = go.as_ref().and_then(|c| c.as_ref().ok());
+    let jvm = jvm.as_ref().and_then(|c| c.as_ref().ok());
+    let mut ranges: Vec<(u64, u64)> = (go.iter().flat_map(|g| g.ranges.iter().copied()))
+        .chain(jvm.map(|j| j.reserved))
+        .collect();
+    ranges.sort_unstable();
+    ranges
+}
+
+/// `maps` with the address `ranges` (sorted) another heap holds cut out of them (a
+/// mapping split where a range lies inside it). glibc's census looks through anonymous
+/// mappings for chunks mmapped alone, and for a main arena's segments, by the header
+/// glibc writes at a page's start, and a runtime's objects can begin the same way: a cgo
+/// server's snapshot found such a "chunk" in its Go heap, and the census was refused.
 fn without_ranges(maps: &[Mapping], ranges: &[(u64, u64)]) -> Vec<Mapping> {
     let mut out = Vec::with_capacity(maps.len());
     for m in maps {
-        let mut pieces = vec![(m.start, m.end)];
-        for &(r_start, r_end) in ranges {
-            pieces = pieces
-                .into_iter()
-                .flat_map(|(start, end)| {
-                    if r_end <= start || r_start >= end {
-                        return vec![(start, end)];
-                    }
-                    [(start, r_start.max(start)), (r_end.min(end), end)]
-                        .into_iter()
-                        .filter(|(a, b)| a < b)
-                        .collect()
-                })
-                .collect();
-        }
-        for (start, end) in pieces {
+        let mut piece = |start: u64, end: u64| {
             out.push(Mapping {
                 start,
                 end,
                 offset: m.offset + (start - m.start),
                 ..m.clone()
-            });
+            })
+        };
+        let mut from = m.start;
+        for &(lo, hi) in ranges
+            .iter()
+            .filter(|&&(lo, hi)| lo < m.end && hi > m.start)
+        {
+            if lo > from {
+                piece(from, lo);
+            }
+            from = from.max(hi);
+        }
+        if from < m.end {
+            piece(from, m.end);
         }
     }
     out
