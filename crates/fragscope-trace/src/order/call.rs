@@ -198,8 +198,8 @@ impl LastAllocs {
 
 /// A thread buffer's calls as they wait between the decoder and the merge, 32 bytes
 /// each instead of a [`Call`]'s 64: the read-ahead keeps a few buffers of tens of
-/// thousands of calls in flight (18 MiB of a redis-server recording's report, one
-/// eighth of its peak). Most calls need only their address, size, usable size, stack and
+/// thousands of calls in flight (16 MiB of a redis-server recording's report, a
+/// ninth of its peak). Most calls need only their address, size, usable size, stack and
 /// tick; the others (a realloc's old block, an alignment, a tick before the array's
 /// first, another thread's call, a rounding past 32 bits) are kept whole beside.
 #[derive(Debug, Default)]
