@@ -51,7 +51,46 @@ pub fn status_field(who: impl std::fmt::Display, field: &str) -> Option<String> 
     })
 }
 
-/// The (field, KiB) pairs of /proc/PID/smaps_rollup.
+/// What tells one program image of a process from the next it execs: its executable,
+/// and where its code and its stack start (placed anew at every exec). Fields that
+/// cannot be read are `None`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImageMark {
+    exe: Option<std::path::PathBuf>,
+    code_and_stack: Option<(u64, u64)>,
+}
+
+impl ImageMark {
+    /// Whether `now` may be the same image: no field read both times differs (a process
+    /// that dropped its privileges hides them from another user).
+    pub fn may_be(&self, now: &ImageMark) -> bool {
+        fn agree<T: PartialEq>(a: &Option<T>, b: &Option<T>) -> bool {
+            a.is_none() || b.is_none() || a == b
+        }
+        agree(&self.exe, &now.exe) && agree(&self.code_and_stack, &now.code_and_stack)
+    }
+}
+
+/// The image process `pid` runs now.
+pub fn image_mark(pid: u32) -> ImageMark {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+    ImageMark {
+        exe: std::fs::read_link(format!("/proc/{pid}/exe")).ok(),
+        code_and_stack: stat.as_deref().and_then(code_and_stack_starts),
+    }
+}
+
+/// startcode and startstack (fields 26 and 28) of a /proc/PID/stat line, after the
+/// command name, which may itself hold spaces and parentheses.
+fn code_and_stack_starts(stat: &str) -> Option<(u64, u64)> {
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    // The first field after the name is field 3.
+    let code = fields.nth(26 - 3)?.parse().ok()?;
+    let stack = fields.nth(28 - 26 - 1)?.parse().ok()?;
+    // Both read as 0 by a reader the process's memory is hidden from.
+    ((code, stack) != (0, 0)).then_some((code, stack))
+}
+
 /// The parent of `pid` (field 4 of /proc/PID/stat, after the command name, which may
 /// itself hold spaces and parentheses).
 pub fn parent_pid(pid: u32) -> Option<u32> {
@@ -60,6 +99,7 @@ pub fn parent_pid(pid: u32) -> Option<u32> {
     after_name.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// The (field, KiB) pairs of /proc/PID/smaps_rollup.
 pub fn read_rollup(pid: u32) -> Option<Vec<(String, u64)>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
     let fields: Vec<(String, u64)> = text
@@ -192,6 +232,69 @@ pub fn read_residency(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A process that execs, even its own executable again, runs another image.
+    #[test]
+    fn an_exec_changes_the_image_mark() {
+        use std::io::Write;
+        use std::process::{Command, Stdio};
+        let mut sh = Command::new("sh")
+            .args(["-c", "read line; exec sh -c 'read line; exec cat'"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = sh.id();
+        let first = image_mark(pid);
+        assert_eq!(first, image_mark(pid));
+        assert!(first.exe.is_some() && first.code_and_stack.is_some());
+        let mut stdin = sh.stdin.take().unwrap();
+        // Lets the shell exec its next image; the mark it then shows. Fails if the mark
+        // stays the same.
+        let next_image = |stdin: &mut std::process::ChildStdin, before: &ImageMark| {
+            writeln!(stdin, "go").unwrap();
+            let asked = std::time::Instant::now();
+            loop {
+                let now = image_mark(pid);
+                if now != *before {
+                    return now;
+                }
+                assert!(asked.elapsed().as_secs() < 10, "the exec left {now:?}");
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        };
+        // The same shell again is told apart by where its stack starts, unless the kernel
+        // places it where the last one was (no address randomisation).
+        let randomised = std::fs::read_to_string("/proc/sys/kernel/randomize_va_space")
+            .is_ok_and(|v| v.trim() != "0");
+        let second = if randomised {
+            let again = next_image(&mut stdin, &first);
+            assert_eq!(again.exe, first.exe);
+            again
+        } else {
+            writeln!(stdin, "go").unwrap();
+            first.clone()
+        };
+        let cat = next_image(&mut stdin, &second);
+        assert!(
+            cat.exe.as_ref().is_some_and(|e| e.ends_with("cat")),
+            "{cat:?}"
+        );
+        assert!(!first.may_be(&cat) && !second.may_be(&cat));
+        // What could not be read does not tell images apart.
+        assert!(ImageMark::default().may_be(&cat) && cat.may_be(&ImageMark::default()));
+        drop(stdin);
+        sh.wait().unwrap();
+    }
+
+    #[test]
+    fn code_and_stack_are_read_past_a_name_with_parentheses() {
+        let stat = "7 (a (b) c) S 1 7 7 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 99 9 9 \
+                    18446744073709551615 4096 8192 140000 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0";
+        assert_eq!(code_and_stack_starts(stat), Some((4096, 140000)));
+        assert_eq!(code_and_stack_starts("7 (cut) S 1 7"), None);
+        let hidden = stat.replace("4096 8192 140000", "0 0 0");
+        assert_eq!(code_and_stack_starts(&hidden), None);
+    }
 
     #[test]
     fn reads_this_processes_own_proc_files() {

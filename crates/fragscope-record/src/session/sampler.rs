@@ -6,7 +6,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use fragscope_trace::{ChunkKind, Rollup, SnapshotReason};
+use fragscope_trace::{ChunkKind, EndHow, Rollup, SnapshotReason};
 
 use super::shared::{CensusRequest, Shared};
 use crate::procfs;
@@ -47,11 +47,18 @@ impl Stop {
 /// its own hidden in it). The census's time is when it stops the program.
 pub(super) fn census_worker(shared: &Shared, requests: Receiver<CensusRequest>) {
     for r in requests {
+        // Asked before the process exec'd another image, which the census would read.
+        if !shared.runs_its_image(r.stream, r.pid) {
+            continue;
+        }
         if let Some(census) = shared
             .censuses
             .take(r.stream, r.pid, || shared.tick(), r.reason)
         {
-            shared.send(ChunkKind::GhcCensus, census.encode());
+            // The exec came while the census was taken.
+            if shared.runs_its_image(r.stream, r.pid) {
+                shared.send(ChunkKind::GhcCensus, census.encode());
+            }
         }
     }
 }
@@ -90,7 +97,9 @@ pub(super) fn sample_until_stopped(
                 .streams
                 .iter()
                 .enumerate()
-                .filter(|(_, s)| !s.ended)
+                // One that announced an exec is read no more: its pid runs the next
+                // image, or is about to.
+                .filter(|(_, s)| !s.ended && !matches!(s.end, Some((EndHow::Exec, _))))
                 .map(|(i, s)| (i as u32, s.pid))
                 .collect()
         };

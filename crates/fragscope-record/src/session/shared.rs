@@ -36,6 +36,10 @@ pub(super) struct ProcState {
     pub(super) label: String,
     /// The executable, as the process's interposer saw it.
     pub(super) exe: String,
+    /// The image the process ran when its stream began: after an exec, the process's pid
+    /// runs another image while this stream has not yet ended (its connection is read to
+    /// its end first), and what is read of it then is not this stream's.
+    pub(super) image: procfs::ImageMark,
     /// Packs this stream's buffers; shared by the stream's connections, which may follow
     /// one another, and held while a packed buffer is sent, so that buffers are stored in
     /// the order they were packed.
@@ -212,6 +216,9 @@ impl Shared {
         census: Option<&SyncSender<CensusRequest>>,
         ending: bool,
     ) {
+        if !self.runs_its_image(stream, pid) {
+            return;
+        }
         let tick = {
             let _order = self.snapshot_order.lock().unwrap();
             let tick = self.tick();
@@ -220,6 +227,22 @@ impl Shared {
         };
         self.snapshot_at(stream, pid, tick, reason, census, ending);
         let _ = self.out.send(Message::SnapshotEnds { stream, tick });
+    }
+
+    /// Whether process `pid` still runs stream `stream`'s image: not when the stream
+    /// ended, or announced an exec, or the process shows another image (an exec the
+    /// recorder has not read of yet).
+    pub(super) fn runs_its_image(&self, stream: u32, pid: u32) -> bool {
+        let image = {
+            let procs = self.procs.lock().unwrap();
+            match procs.streams.get(stream as usize) {
+                Some(st) if !st.ended && !matches!(st.end, Some((EndHow::Exec, _))) => {
+                    st.image.clone()
+                }
+                _ => return false,
+            }
+        };
+        image.may_be(&procfs::image_mark(pid))
     }
 
     /// The chunks of a snapshot of `pid` at `tick`.
@@ -372,6 +395,7 @@ impl Shared {
             event_bytes: 0,
             label: format!("{} (pid {pid})", argv.join(" ")),
             exe: exe.to_string(),
+            image: procfs::image_mark(pid),
             packer: Arc::default(),
             packing: self.pack != PackMode::Never,
             resume_after: FIRST_RESUME_AFTER,
