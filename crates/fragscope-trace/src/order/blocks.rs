@@ -17,7 +17,10 @@
 //! too, and so most of the rounding and size, and the address in 32 bits
 //! ([`AddressWindows`]): 8 bytes a bucket (18 MiB), a block with a stack, of 512 KiB or
 //! more or rounded up by 4 KiB or more kept whole beside it, and one at an address that
-//! does not fit 32 bits kept with the far ones.
+//! does not fit 32 bits kept with the far ones. When such a table grows and all but one
+//! in 64 of its blocks are under 1023 bytes and rounded up by less than 32, its buckets
+//! become 6 bytes ([`Small`]; the others kept beside), and 8 again at a growth where more
+//! do not fit: 16 MiB less of a redis-server's 2^23 buckets.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
@@ -64,8 +67,25 @@ pub(crate) struct Unstacked {
     word: u64,
 }
 
-const _: () =
-    assert!(size_of::<Unstacked>() == 8 && size_of::<Untimed>() == 16 && size_of::<Timed>() == 20);
+/// A live block with no stack, as small as nearly all of a big heap's are, in 6 bytes:
+/// its key as [`Unstacked`]'s, then the rounding (under 32 bytes), whether it is
+/// inherited and the requested bytes (under [`Small::WIDE`]). A table of blocks without
+/// stacks takes these buckets as it grows while nearly all its blocks fit them
+/// ([`Blocks::grow_unstacked`]).
+#[derive(Clone, Copy, Debug)]
+#[repr(C, packed(2))]
+pub(crate) struct Small {
+    key: u32,
+    /// The rounding, [`Small::INHERITED`], then the requested bytes.
+    rest: u16,
+}
+
+const _: () = assert!(
+    size_of::<Small>() == 6
+        && size_of::<Unstacked>() == 8
+        && size_of::<Untimed>() == 16
+        && size_of::<Timed>() == 20
+);
 
 /// The bits of a bucket's first word that hold the address.
 const ADDR_BITS: u32 = 48;
@@ -115,6 +135,10 @@ impl Untimed {
 /// address, or for [`Unstacked`] the address in 32 bits; an [`Untimed`] made for another
 /// kind carries the key where the address would be.
 pub(crate) trait Packing: Copy + std::fmt::Debug {
+    /// Whether the table keeps its blocks' birth ticks (else every block reads back with
+    /// a tick of 0, kept beside the table or not).
+    const TICKS: bool = false;
+
     /// The key of a block at `addr` in a bucket of this kind, or `None` when no bucket
     /// holds one there (it is far: kept beside the table with no bucket).
     #[inline(always)]
@@ -283,7 +307,93 @@ impl Packing for Unstacked {
     }
 }
 
+impl Small {
+    const ROUNDING_BITS: u32 = 5;
+    const INHERITED: u16 = 1 << Self::ROUNDING_BITS;
+    /// Where the requested bytes start in `rest`.
+    const SIZE_AT: u32 = Self::ROUNDING_BITS + 1;
+    /// Requested bytes below this fit; this is the mark of a block kept beside.
+    const WIDE: u16 = (1 << (16 - Self::SIZE_AT)) - 1;
+}
+
+impl Packing for Small {
+    #[inline(always)]
+    fn key_of(addr: u64, windows: &AddressWindows) -> Option<u64> {
+        Unstacked::key_of(addr, windows)
+    }
+
+    #[inline(always)]
+    fn new_key(addr: u64, windows: &mut AddressWindows) -> Option<u64> {
+        Unstacked::new_key(addr, windows)
+    }
+
+    #[inline(always)]
+    fn addr_of(key: u64, windows: &AddressWindows) -> u64 {
+        Unstacked::addr_of(key, windows)
+    }
+
+    #[inline(always)]
+    fn from_untimed(u: Untimed, _born_tick: u32) -> Self {
+        let rounding = (u.addr_rounding >> ADDR_BITS) as u16 & ((1 << Self::ROUNDING_BITS) - 1);
+        let inherited = if u.addr_rounding & Untimed::INHERITED != 0 {
+            Self::INHERITED
+        } else {
+            0
+        };
+        let size = if u.size == Untimed::WIDE {
+            Self::WIDE
+        } else {
+            u.size as u16
+        };
+        debug_assert!(u.size == Untimed::WIDE || u.size < u32::from(Self::WIDE));
+        Self {
+            key: u.addr_rounding as u32,
+            rest: rounding | inherited | size << Self::SIZE_AT,
+        }
+    }
+
+    #[inline(always)]
+    fn untimed(&self) -> Untimed {
+        let rest = self.rest;
+        let size = rest >> Self::SIZE_AT;
+        let rounding = u64::from(rest & ((1 << Self::ROUNDING_BITS) - 1));
+        let inherited = if rest & Self::INHERITED != 0 {
+            Untimed::INHERITED
+        } else {
+            0
+        };
+        Untimed {
+            addr_rounding: u64::from(self.key) | rounding << ADDR_BITS | inherited,
+            size: if size == Self::WIDE {
+                Untimed::WIDE
+            } else {
+                u32::from(size)
+            },
+            stack: 0,
+        }
+    }
+
+    /// A block with a stack, of [`Small::WIDE`] bytes or more or rounded up by 32 or
+    /// more, is kept whole beside the table.
+    #[inline(always)]
+    fn holds(b: &LiveBlock) -> bool {
+        b.stack == 0 && b.size < u64::from(Self::WIDE) && b.rounding >> Self::ROUNDING_BITS == 0
+    }
+
+    #[inline(always)]
+    fn key(&self) -> u64 {
+        u64::from(self.key)
+    }
+
+    #[inline(always)]
+    fn is_wide(&self) -> bool {
+        self.rest >> Self::SIZE_AT == Self::WIDE
+    }
+}
+
 impl Packing for Timed {
+    const TICKS: bool = true;
+
     #[inline(always)]
     fn from_untimed(block: Untimed, born_tick: u32) -> Self {
         Self { block, born_tick }
@@ -416,9 +526,22 @@ impl<B: Packing> Table<B> {
     #[inline(always)]
     fn packed(wide: &mut FastMap<u64, LiveBlock>, key: u64, block: LiveBlock) -> B {
         B::of(key, &block).unwrap_or_else(|| {
-            wide.insert(key, block);
+            wide.insert(key, Self::as_kept(block));
             B::wide(key)
         })
+    }
+
+    /// `block` as the table keeps it: without its birth tick unless it keeps them.
+    #[inline(always)]
+    fn as_kept(block: LiveBlock) -> LiveBlock {
+        if B::TICKS {
+            block
+        } else {
+            LiveBlock {
+                born_tick: 0,
+                ..block
+            }
+        }
     }
 
     /// The block of bucket `b`, taken out of `wide` if it is there.
@@ -436,7 +559,7 @@ impl<B: Packing> Table<B> {
     #[inline(always)]
     fn insert(&mut self, addr: u64, block: LiveBlock) -> Option<LiveBlock> {
         let Some(key) = B::new_key(addr, &mut self.windows) else {
-            return self.far.insert(addr, block);
+            return self.far.insert(addr, Self::as_kept(block));
         };
         if self.table.len() == self.table.capacity() {
             self.grow();
@@ -461,7 +584,7 @@ impl<B: Packing> Table<B> {
     #[inline(always)]
     fn insert_unique(&mut self, addr: u64, block: LiveBlock) {
         let Some(key) = B::new_key(addr, &mut self.windows) else {
-            self.far.insert(addr, block);
+            self.far.insert(addr, Self::as_kept(block));
             return;
         };
         let b = Self::packed(&mut self.wide, key, block);
@@ -490,19 +613,31 @@ impl<B: Packing> Table<B> {
     /// Tables of fewer buckets grow as hashbrown grows them.
     const GROWN_HERE: usize = if cfg!(test) { 64 } else { 1 << 16 };
 
+    fn is_full(&self) -> bool {
+        self.table.len() == self.table.capacity()
+    }
+
     /// The table is full, and hashbrown would move its blocks into one of twice as many
     /// buckets or more at the next insertion (which looks for room before it looks for
-    /// the address): moves them here instead, the same way (in the old table's order,
-    /// each to the first free bucket of its probe in a table of as many buckets as
-    /// hashbrown would make), so that each lands where hashbrown would put it and the
-    /// blocks are read in the same order as ever, and gives back the old table's memory
-    /// as it goes. hashbrown holds all of both tables until the end: 63 MiB for a million
-    /// blocks where the new table alone is 42 MiB. A table that has room locked up in
-    /// removed buckets (hashbrown rehashes it where it is) and a small one are left to
-    /// hashbrown.
+    /// the address): moves them here instead (see [`Table::grown`]).
     #[cold]
     #[inline(never)]
     fn grow(&mut self) {
+        if let Some(grown) = self.grown::<B>() {
+            *self = grown;
+        }
+    }
+
+    /// The blocks of a full table moved into one of buckets of `C` (this kind, or one
+    /// with the same keys: [`Unstacked`] and [`Small`]) the way hashbrown grows a table
+    /// (in the old table's order, each to the first free bucket of its probe in a table
+    /// of as many buckets as hashbrown would make), so that each lands where hashbrown
+    /// would put it and the blocks are read in the same order as ever, the old table's
+    /// memory given back as it goes. hashbrown holds all of both tables until the end:
+    /// 63 MiB for a million blocks where the new table alone is 42 MiB. `None` for a
+    /// table that has room locked up in removed buckets (hashbrown rehashes it where it
+    /// is) and a small one: they are left to hashbrown.
+    fn grown<C: Packing>(&mut self) -> Option<Table<C>> {
         const PAGE: usize = 4096;
         let held = self.table.allocator();
         let ctrl = held.ctrl.load(Ordering::Relaxed);
@@ -511,16 +646,27 @@ impl<B: Packing> Table<B> {
         // hashbrown's capacity of a table of `buckets` (8 or more): 7/8 of them.
         let full = buckets / 8 * 7;
         if ctrl == 0 || buckets < Self::GROWN_HERE || items < full / 2 {
-            return;
+            return None;
         }
-        let mut grown =
-            hashbrown::HashTable::with_capacity_in(items.max(full) + 1, HugePages::of::<B>());
+        let mut grown = Table::<C> {
+            table: hashbrown::HashTable::with_capacity_in(
+                items.max(full) + 1,
+                HugePages::of::<C>(),
+            ),
+            wide: FastMap::default(),
+            far: std::mem::take(&mut self.far),
+            windows: self.windows.clone(),
+            #[cfg(test)]
+            grown_here: self.grown_here + 1,
+        };
         // The old buckets below `ctrl` (the first highest) that are still held.
         let mut held_to = ctrl & !(PAGE - 1);
         let windows = &self.windows;
-        let hash = |e: &B| Self::hash_of(windows, e);
+        let hash = |e: &C| Table::<C>::hash_of(windows, e);
         for b in self.table.iter() {
-            grown.insert_unique(hash(b), *b, hash);
+            let block = self.block(*b);
+            let moved = Table::<C>::packed(&mut grown.wide, b.key(), block);
+            grown.table.insert_unique(hash(&moved), moved, hash);
             // Every bucket from this one up is copied.
             let done = (b as *const B as usize).next_multiple_of(PAGE);
             if held_to - done.min(held_to) >= HugePages::PAGE {
@@ -538,11 +684,7 @@ impl<B: Packing> Table<B> {
                 held_to = done;
             }
         }
-        self.table = grown;
-        #[cfg(test)]
-        {
-            self.grown_here += 1;
-        }
+        Some(grown)
     }
 
     fn reserve(&mut self, additional: usize) {
@@ -573,6 +715,7 @@ pub(crate) enum Blocks {
     Timed(Table<Timed>),
     Untimed(Table<Untimed>),
     Unstacked(Table<Unstacked>),
+    Small(Table<Small>),
 }
 
 impl Default for Blocks {
@@ -588,6 +731,7 @@ macro_rules! each {
             Blocks::Timed($t) => $body,
             Blocks::Untimed($t) => $body,
             Blocks::Unstacked($t) => $body,
+            Blocks::Small($t) => $body,
         }
     };
 }
@@ -609,6 +753,7 @@ impl Blocks {
             Self::Timed(_) => Self::Timed(Table::with_capacity(n)),
             Self::Untimed(_) => Self::Untimed(Table::with_capacity(n)),
             Self::Unstacked(_) => Self::Unstacked(Table::with_capacity(n)),
+            Self::Small(_) => Self::Small(Table::with_capacity(n)),
         }
     }
 
@@ -634,7 +779,45 @@ impl Blocks {
     /// Makes `addr` live as `block`; returns the block it replaced.
     #[inline(always)]
     pub(crate) fn insert(&mut self, addr: u64, block: LiveBlock) -> Option<LiveBlock> {
+        let unstacked_full = match self {
+            Self::Unstacked(t) => t.is_full(),
+            Self::Small(t) => t.is_full(),
+            _ => false,
+        };
+        if unstacked_full {
+            self.grow_unstacked();
+        }
         each!(self, t => t.insert(addr, block))
+    }
+
+    /// A full table of blocks without stacks grows (when it is grown here, see
+    /// [`Table::grown`]) into buckets of [`Small`] when all but one in 64 of its blocks
+    /// fit them, else of [`Unstacked`]; the buckets it has are kept when they are the
+    /// ones.
+    #[cold]
+    #[inline(never)]
+    fn grow_unstacked(&mut self) {
+        const SHARE_BESIDE: usize = 64;
+        let grown = match self {
+            Self::Unstacked(t) => {
+                // A block kept beside an [`Unstacked`] bucket does not fit a [`Small`].
+                let beside = t.wide.len()
+                    + (t.table.iter())
+                        .filter(|b| !b.is_wide() && !Small::holds(&b.unpacked()))
+                        .count();
+                if beside * SHARE_BESIDE > t.table.len() {
+                    return;
+                }
+                t.grown::<Small>().map(Self::Small)
+            }
+            Self::Small(t) if t.wide.len() * SHARE_BESIDE > t.table.len() => {
+                t.grown::<Unstacked>().map(Self::Unstacked)
+            }
+            _ => return,
+        };
+        if let Some(grown) = grown {
+            *self = grown;
+        }
     }
 
     /// Makes `addr`, which is not live, live as `block`.
@@ -664,6 +847,7 @@ impl Blocks {
             Self::Timed(t) => BlocksIter::Timed(t.iter()),
             Self::Untimed(t) => BlocksIter::Untimed(t.iter()),
             Self::Unstacked(t) => BlocksIter::Unstacked(t.iter()),
+            Self::Small(t) => BlocksIter::Small(t.iter()),
         }
     }
 }
@@ -673,6 +857,7 @@ pub(crate) enum BlocksIter<'a> {
     Timed(TableIter<'a, Timed>),
     Untimed(TableIter<'a, Untimed>),
     Unstacked(TableIter<'a, Unstacked>),
+    Small(TableIter<'a, Small>),
 }
 
 impl Iterator for BlocksIter<'_> {
@@ -684,6 +869,7 @@ impl Iterator for BlocksIter<'_> {
             Self::Timed(i) => i.next(),
             Self::Untimed(i) => i.next(),
             Self::Unstacked(i) => i.next(),
+            Self::Small(i) => i.next(),
         }
     }
 }
@@ -764,9 +950,14 @@ impl HugePages {
     /// a wrong address costs nothing but the prefetch.
     fn held(&self, start: usize, bytes: usize) {
         let bucket = self.bucket;
-        // The padding (under 16 bytes) leaves the count right for every table hashbrown
-        // makes (4 buckets or more).
-        let buckets = bytes.saturating_sub(16) / (bucket + 1);
+        // The padding is under 16 bytes, and every table hashbrown makes has 4 buckets or
+        // more: the count is the power of two at or below the quotient.
+        let quotient = bytes.saturating_sub(16) / (bucket + 1);
+        let buckets = if quotient == 0 {
+            0
+        } else {
+            1 << quotient.ilog2()
+        };
         let ctrl_at = (buckets * bucket).next_multiple_of(16);
         let ours = buckets.is_power_of_two() && ctrl_at + buckets + 16 == bytes;
         let ctrl = if ours { start + ctrl_at } else { 0 };
@@ -837,6 +1028,7 @@ mod tests {
         prefetches_find_the_table::<Timed>();
         prefetches_find_the_table::<Untimed>();
         prefetches_find_the_table::<Unstacked>();
+        prefetches_find_the_table::<Small>();
     }
 
     fn prefetches_find_the_table<B: Packing>() {
@@ -933,6 +1125,7 @@ mod tests {
         taken_again_as_removed_and_inserted::<Timed>();
         taken_again_as_removed_and_inserted::<Untimed>();
         taken_again_as_removed_and_inserted::<Unstacked>();
+        taken_again_as_removed_and_inserted::<Small>();
     }
 
     fn taken_again_as_removed_and_inserted<B: Packing>() {
@@ -1027,6 +1220,75 @@ mod tests {
         );
     }
 
+    /// A table of blocks without stacks takes 6-byte buckets as it grows while nearly all
+    /// its blocks fit them, and 8-byte ones again at a growth where too many do not: its
+    /// blocks read back as a table of 16-byte buckets reads the same ones, in the same
+    /// order, through every change of buckets.
+    #[test]
+    fn a_table_of_small_blocks_changes_buckets_as_it_grows_and_reads_the_same() {
+        let mut changing = Blocks::without_birth_ticks(true);
+        let mut whole = Blocks::without_birth_ticks(false);
+        let mut live: Vec<u64> = Vec::new();
+        let mut x = 0x5851_f42d_4c95_7f2du64;
+        let mut forms = Vec::new();
+        let form = |t: &Blocks| match t {
+            Blocks::Small(_) => "small",
+            Blocks::Unstacked(_) => "unstacked",
+            _ => "other",
+        };
+        // Small blocks; then one in 8 of 2000 bytes; then small ones again.
+        for (phase, (steps, big_every)) in [(60_000u64, 0u64), (120_000, 8), (400_000, 0)]
+            .into_iter()
+            .enumerate()
+        {
+            if phase == 2 {
+                // The big blocks end.
+                live.retain(|&addr| {
+                    let big = changing.get(addr).is_some_and(|b| b.size == 2000);
+                    if big {
+                        assert_eq!(changing.remove(addr), whole.remove(addr));
+                    }
+                    !big
+                });
+            }
+            for step in 0..steps {
+                let r = crate::xorshift(&mut x);
+                if r.is_multiple_of(4) && !live.is_empty() {
+                    let addr = live.swap_remove((r >> 8) as usize % live.len());
+                    assert_eq!(changing.remove(addr), whole.remove(addr));
+                    continue;
+                }
+                let b = LiveBlock {
+                    size: if big_every > 0 && r % big_every == 1 {
+                        2000
+                    } else {
+                        r >> 40 & 511
+                    },
+                    rounding: (r >> 20) as u32 & 15,
+                    inherited: r >> 63 == 0,
+                    ..Default::default()
+                };
+                let addr = 0x7f00_0000_0000 + (r >> 24) % (1 << 22) * 16;
+                let replaced = changing.insert(addr, b);
+                assert_eq!(replaced, whole.insert(addr, b));
+                if replaced.is_none() {
+                    live.push(addr);
+                }
+                if step % 4096 == 0 {
+                    let all = |t: &Blocks| t.iter().collect::<Vec<_>>();
+                    assert_eq!(all(&changing), all(&whole), "phase {phase} step {step}");
+                    if forms.last() != Some(&form(&changing)) {
+                        forms.push(form(&changing));
+                    }
+                }
+            }
+        }
+        assert_eq!(forms, ["unstacked", "small", "unstacked", "small"]);
+        let all = |t: &Blocks| t.iter().collect::<Vec<_>>();
+        assert_eq!(all(&changing), all(&whole));
+        assert_eq!(changing.len(), live.len());
+    }
+
     /// Every block comes back as it went in: packed, or whole beside the table when its
     /// size or rounding is too large, or apart from it at an address above 48 bits,
     /// through replacement, removal and iteration; in a table without birth ticks, with a
@@ -1036,15 +1298,11 @@ mod tests {
         blocks_come_back_whole(Blocks::default());
         blocks_come_back_whole(Blocks::without_birth_ticks(false));
         blocks_come_back_whole(Blocks::without_birth_ticks(true));
+        blocks_come_back_whole(Blocks::Small(Table::default()));
     }
 
     fn blocks_come_back_whole(mut t: Blocks) {
         let timed = matches!(t, Blocks::Timed(_));
-        let layout = match &t {
-            Blocks::Timed(_) => 0,
-            Blocks::Untimed(_) => 1,
-            Blocks::Unstacked(_) => 2,
-        };
         // A table made like it (a child's at a fork) holds what it holds.
         assert_eq!(
             std::mem::discriminant(&t.empty_like(4)),
@@ -1077,6 +1335,9 @@ mod tests {
                     block(Unstacked::WIDE, 16, false, stacked),
                     block(Unstacked::WIDE + 1, 0, true, stacked),
                     block(4000, 1 << 12, true, stacked),
+                    block(u64::from(Small::WIDE) - 1, 31, true, stacked),
+                    block(u64::from(Small::WIDE), 0, false, stacked),
+                    block(16, 32, true, stacked),
                 ]
             })
             .collect();
@@ -1100,18 +1361,9 @@ mod tests {
                 windows.push(at >> 32);
             }
         }
-        let in_window = |addr: u64| {
-            let w = windows.iter().position(|&w| w == addr >> 32);
-            addr.is_multiple_of(16) && w.is_some_and(|w| w < AddressWindows::COUNT)
-        };
-        // What comes back of block `b` at `addr`: without ticks, a packed block has none.
-        let back = |addr: u64, b: LiveBlock| {
-            let packed = match layout {
-                0 => !far(addr) && Timed::of(addr, &b).is_some(),
-                1 => !far(addr) && Untimed::of(addr, &b).is_some(),
-                _ => in_window(addr) && Unstacked::holds(&b),
-            };
-            let born_tick = if timed || !packed { b.born_tick } else { 0 };
+        // What comes back of block `b` at `addr`: without ticks, none, packed or not.
+        let back = |_addr: u64, b: LiveBlock| {
+            let born_tick = if timed { b.born_tick } else { 0 };
             LiveBlock { born_tick, ..b }
         };
         for &(addr, b) in &blocks {
