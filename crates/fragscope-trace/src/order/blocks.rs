@@ -20,7 +20,8 @@
 //! does not fit 32 bits kept with the far ones. When such a table grows and all but one
 //! in 64 of its blocks are under 1023 bytes and rounded up by less than 32, its buckets
 //! become 6 bytes ([`Small`]; the others kept beside), and 8 again at a growth where more
-//! do not fit: 16 MiB less of a redis-server's 2^23 buckets.
+//! do not fit, or at once where more than one in 16 do not: 16 MiB less of a
+//! redis-server's 2^23 buckets.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
@@ -623,9 +624,16 @@ impl<B: Packing> Table<B> {
     #[cold]
     #[inline(never)]
     fn grow(&mut self) {
-        if let Some(grown) = self.grown::<B>() {
+        if let Some(grown) = self.grown::<B>(Room::Doubled) {
             *self = grown;
         }
+    }
+
+    /// Whether more than one in [`Blocks::MOST_BESIDE`] of the blocks of a table grown
+    /// here are kept beside it.
+    fn too_many_beside(&self) -> bool {
+        self.wide.len() * Blocks::MOST_BESIDE > self.table.len()
+            && self.table.capacity() >= Self::GROWN_HERE / 8 * 7
     }
 
     /// The blocks of a full table moved into one of buckets of `C` (this kind, or one
@@ -636,8 +644,9 @@ impl<B: Packing> Table<B> {
     /// memory given back as it goes. hashbrown holds all of both tables until the end:
     /// 63 MiB for a million blocks where the new table alone is 42 MiB. `None` for a
     /// table that has room locked up in removed buckets (hashbrown rehashes it where it
-    /// is) and a small one: they are left to hashbrown.
-    fn grown<C: Packing>(&mut self) -> Option<Table<C>> {
+    /// is) and a small one: they are left to hashbrown. With [`Room::Same`], the blocks
+    /// of a table that is not full move the same way into as many buckets.
+    fn grown<C: Packing>(&mut self, room: Room) -> Option<Table<C>> {
         const PAGE: usize = 4096;
         let held = self.table.allocator();
         let ctrl = held.ctrl.load(Ordering::Relaxed);
@@ -645,14 +654,16 @@ impl<B: Packing> Table<B> {
         let items = self.table.len();
         // hashbrown's capacity of a table of `buckets` (8 or more): 7/8 of them.
         let full = buckets / 8 * 7;
-        if ctrl == 0 || buckets < Self::GROWN_HERE || items < full / 2 {
+        let capacity = match room {
+            Room::Doubled if items >= full / 2 => items.max(full) + 1,
+            Room::Doubled => return None,
+            Room::Same => full,
+        };
+        if ctrl == 0 || buckets < Self::GROWN_HERE {
             return None;
         }
         let mut grown = Table::<C> {
-            table: hashbrown::HashTable::with_capacity_in(
-                items.max(full) + 1,
-                HugePages::of::<C>(),
-            ),
+            table: hashbrown::HashTable::with_capacity_in(capacity, HugePages::of::<C>()),
             wide: FastMap::default(),
             far: std::mem::take(&mut self.far),
             windows: self.windows.clone(),
@@ -705,6 +716,15 @@ impl<B: Packing> Table<B> {
             blocks: self,
         }
     }
+}
+
+/// How many buckets a table moved into another has.
+#[derive(Clone, Copy)]
+enum Room {
+    /// As many as hashbrown would grow a full table to.
+    Doubled,
+    /// As many as it has.
+    Same,
 }
 
 /// Live blocks by address (see the module's comment): with their birth ticks, or (a
@@ -779,25 +799,34 @@ impl Blocks {
     /// Makes `addr` live as `block`; returns the block it replaced.
     #[inline(always)]
     pub(crate) fn insert(&mut self, addr: u64, block: LiveBlock) -> Option<LiveBlock> {
-        let unstacked_full = match self {
+        let regrow = match self {
             Self::Unstacked(t) => t.is_full(),
-            Self::Small(t) => t.is_full(),
+            Self::Small(t) => t.is_full() || t.too_many_beside(),
             _ => false,
         };
-        if unstacked_full {
+        if regrow {
             self.grow_unstacked();
         }
         each!(self, t => t.insert(addr, block))
     }
 
+    /// A table of [`Small`] buckets has them while at most one block in this many does
+    /// not fit one when it grows.
+    const SMALL_BESIDE: usize = 64;
+    /// ... and in between, while at most one in this many does not (each block kept
+    /// beside costs 40 bytes or more, against 9 a bucket of [`Unstacked`]).
+    const MOST_BESIDE: usize = 16;
+
     /// A full table of blocks without stacks grows (when it is grown here, see
-    /// [`Table::grown`]) into buckets of [`Small`] when all but one in 64 of its blocks
-    /// fit them, else of [`Unstacked`]; the buckets it has are kept when they are the
-    /// ones.
+    /// [`Table::grown`]) into buckets of [`Small`] when all but one in
+    /// [`Blocks::SMALL_BESIDE`] of its blocks fit them, else of [`Unstacked`]; the
+    /// buckets it has are kept when they are the ones. A table of [`Small`] buckets with
+    /// more than one block in [`Blocks::MOST_BESIDE`] beside it (its blocks grew bigger)
+    /// takes [`Unstacked`] buckets at once, as many as it has: moved so, its blocks may
+    /// be read in another order than had it grown.
     #[cold]
     #[inline(never)]
     fn grow_unstacked(&mut self) {
-        const SHARE_BESIDE: usize = 64;
         let grown = match self {
             Self::Unstacked(t) => {
                 // A block kept beside an [`Unstacked`] bucket does not fit a [`Small`].
@@ -805,13 +834,18 @@ impl Blocks {
                     + (t.table.iter())
                         .filter(|b| !b.is_wide() && !Small::holds(&b.unpacked()))
                         .count();
-                if beside * SHARE_BESIDE > t.table.len() {
+                if beside * Self::SMALL_BESIDE > t.table.len() {
                     return;
                 }
-                t.grown::<Small>().map(Self::Small)
+                t.grown::<Small>(Room::Doubled).map(Self::Small)
             }
-            Self::Small(t) if t.wide.len() * SHARE_BESIDE > t.table.len() => {
-                t.grown::<Unstacked>().map(Self::Unstacked)
+            Self::Small(t) if t.wide.len() * Self::SMALL_BESIDE > t.table.len() => {
+                let room = if t.is_full() {
+                    Room::Doubled
+                } else {
+                    Room::Same
+                };
+                t.grown::<Unstacked>(room).map(Self::Unstacked)
             }
             _ => return,
         };
@@ -1236,8 +1270,9 @@ mod tests {
             Blocks::Unstacked(_) => "unstacked",
             _ => "other",
         };
-        // Small blocks; then one in 8 of 2000 bytes; then small ones again.
-        for (phase, (steps, big_every)) in [(60_000u64, 0u64), (120_000, 8), (400_000, 0)]
+        // Small blocks; then one in 24 of 2000 bytes (more than one in 64 at the next
+        // growth, never more than one in 16); then small ones again.
+        for (phase, (steps, big_every)) in [(60_000u64, 0u64), (120_000, 24), (400_000, 0)]
             .into_iter()
             .enumerate()
         {
@@ -1287,6 +1322,44 @@ mod tests {
         let all = |t: &Blocks| t.iter().collect::<Vec<_>>();
         assert_eq!(all(&changing), all(&whole));
         assert_eq!(changing.len(), live.len());
+    }
+
+    /// A table of 6-byte buckets whose blocks grow bigger takes 8-byte buckets before it
+    /// holds more than one block in 16 beside it, without waiting to grow; every block
+    /// reads back as it went in.
+    #[test]
+    fn a_table_of_small_blocks_that_grow_bigger_changes_buckets_at_once() {
+        let mut changing = Blocks::without_birth_ticks(true);
+        let mut whole = Blocks::without_birth_ticks(false);
+        let mut x = 0x1405_7b7e_f767_814fu64;
+        let mut insert = |changing: &mut Blocks, size: u64| {
+            let r = crate::xorshift(&mut x);
+            let addr = 0x7f00_0000_0000 + (r >> 24) % (1 << 22) * 16;
+            let b = LiveBlock {
+                size,
+                ..Default::default()
+            };
+            assert_eq!(changing.insert(addr, b), whole.insert(addr, b));
+        };
+        for _ in 0..40_000 {
+            insert(&mut changing, 40);
+        }
+        assert!(matches!(changing, Blocks::Small(_)));
+        let mut big = 0;
+        while matches!(changing, Blocks::Small(_)) {
+            insert(&mut changing, 2000);
+            big += 1;
+            let Blocks::Small(t) = &changing else { break };
+            assert!(t.wide.len() <= t.table.len() / Blocks::MOST_BESIDE + 1);
+            assert!(!t.is_full(), "{big} big blocks: a full table grows");
+        }
+        assert!(matches!(changing, Blocks::Unstacked(_)), "{big}");
+        let sorted = |t: &Blocks| {
+            let mut all: Vec<_> = t.iter().collect();
+            all.sort_by_key(|e| e.0);
+            all
+        };
+        assert_eq!(sorted(&changing), sorted(&whole));
     }
 
     /// Every block comes back as it went in: packed, or whole beside the table when its
