@@ -80,23 +80,32 @@ pub fn image_mark(pid: u32) -> ImageMark {
     }
 }
 
-/// startcode and startstack (fields 26 and 28) of a /proc/PID/stat line, after the
-/// command name, which may itself hold spaces and parentheses.
-fn code_and_stack_starts(stat: &str) -> Option<(u64, u64)> {
-    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
-    // The first field after the name is field 3.
-    let code = fields.nth(26 - 3)?.parse().ok()?;
-    let stack = fields.nth(28 - 26 - 1)?.parse().ok()?;
-    // Both read as 0 by a reader the process's memory is hidden from.
-    ((code, stack) != (0, 0)).then_some((code, stack))
+/// Field `n` (numbered from 1, as proc(5) numbers them) of a /proc/PID/stat line, read
+/// past the command name (field 2), which may itself hold spaces and parentheses.
+fn stat_field<T: std::str::FromStr>(stat: &str, n: usize) -> Option<T> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name
+        .split_whitespace()
+        .nth(n.checked_sub(3)?)?
+        .parse()
+        .ok()
 }
 
-/// The parent of `pid` (field 4 of /proc/PID/stat, after the command name, which may
-/// itself hold spaces and parentheses).
+/// startcode and startstack (fields 26 and 28) of a /proc/PID/stat line.
+fn code_and_stack_starts(stat: &str) -> Option<(u64, u64)> {
+    let code = stat_field(stat, 26)?;
+    let stack = stat_field(stat, 28)?;
+    // The code's start reads as 0 to a reader the process's memory is hidden from (the
+    // stack's too), and while an exec has not yet mapped the new image's code.
+    (code != 0).then_some((code, stack))
+}
+
+/// The parent of `pid` (field 4 of /proc/PID/stat).
 pub fn parent_pid(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after_name = &stat[stat.rfind(')')? + 1..];
-    after_name.split_whitespace().nth(1)?.parse().ok()
+    stat_field(
+        &std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?,
+        4,
+    )
 }
 
 /// The (field, KiB) pairs of /proc/PID/smaps_rollup.
@@ -244,23 +253,31 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = sh.id();
-        let first = image_mark(pid);
-        assert_eq!(first, image_mark(pid));
-        assert!(first.exe.is_some() && first.code_and_stack.is_some());
-        let mut stdin = sh.stdin.take().unwrap();
-        // Lets the shell exec its next image; the mark it then shows. Fails if the mark
-        // stays the same.
-        let next_image = |stdin: &mut std::process::ChildStdin, before: &ImageMark| {
-            writeln!(stdin, "go").unwrap();
+        // The mark process `pid` shows once an exec is done: read whole (an exec under
+        // way shows its new stack's start before its code's, which reads as not known),
+        // the same twice in a row, and other than `before`. Fails if none comes.
+        let settled = |before: Option<&ImageMark>| {
             let asked = std::time::Instant::now();
+            let mut last = ImageMark::default();
             loop {
                 let now = image_mark(pid);
-                if now != *before {
+                let whole = now.exe.is_some() && now.code_and_stack.is_some();
+                if whole && now == last && Some(&now) != before {
                     return now;
                 }
                 assert!(asked.elapsed().as_secs() < 10, "the exec left {now:?}");
+                last = now;
                 std::thread::sleep(std::time::Duration::from_millis(2));
             }
+        };
+        let first = settled(None);
+        assert_eq!(first, image_mark(pid));
+        assert!(first.exe.is_some() && first.code_and_stack.is_some());
+        let mut stdin = sh.stdin.take().unwrap();
+        // Lets the shell exec its next image; the mark it then shows.
+        let next_image = |stdin: &mut std::process::ChildStdin, before: &ImageMark| {
+            writeln!(stdin, "go").unwrap();
+            settled(Some(before))
         };
         // The same shell again is told apart by where its stack starts, unless the kernel
         // places it where the last one was (no address randomisation).
@@ -291,9 +308,12 @@ mod tests {
         let stat = "7 (a (b) c) S 1 7 7 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 99 9 9 \
                     18446744073709551615 4096 8192 140000 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0";
         assert_eq!(code_and_stack_starts(stat), Some((4096, 140000)));
+        assert_eq!(stat_field::<u32>(stat, 4), Some(1));
         assert_eq!(code_and_stack_starts("7 (cut) S 1 7"), None);
         let hidden = stat.replace("4096 8192 140000", "0 0 0");
         assert_eq!(code_and_stack_starts(&hidden), None);
+        let mid_exec = stat.replace("4096 8192 140000", "0 0 140000");
+        assert_eq!(code_and_stack_starts(&mid_exec), None);
     }
 
     #[test]

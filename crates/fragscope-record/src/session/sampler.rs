@@ -6,7 +6,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use fragscope_trace::{ChunkKind, EndHow, Rollup, SnapshotReason};
+use fragscope_trace::{ChunkKind, Rollup, SnapshotReason};
 
 use super::shared::{CensusRequest, Shared};
 use crate::procfs;
@@ -97,9 +97,7 @@ pub(super) fn sample_until_stopped(
                 .streams
                 .iter()
                 .enumerate()
-                // One that announced an exec is read no more: its pid runs the next
-                // image, or is about to.
-                .filter(|(_, s)| !s.ended && !matches!(s.end, Some((EndHow::Exec, _))))
+                .filter(|(_, s)| s.sampled())
                 .map(|(i, s)| (i as u32, s.pid))
                 .collect()
         };

@@ -55,6 +55,14 @@ pub(super) struct ProcState {
     pub(super) packed_run: u32,
 }
 
+impl ProcState {
+    /// Whether the stream's process is still read from /proc: not once the stream ended,
+    /// nor once it announced an exec (its pid runs the next image, or is about to).
+    pub(super) fn sampled(&self) -> bool {
+        !self.ended && !matches!(self.end, Some((EndHow::Exec, _)))
+    }
+}
+
 pub(super) struct Shared {
     pub(super) out: SyncSender<Message>,
     /// Held while a snapshot takes its time and says so to the writer, and while a
@@ -236,9 +244,7 @@ impl Shared {
         let image = {
             let procs = self.procs.lock().unwrap();
             match procs.streams.get(stream as usize) {
-                Some(st) if !st.ended && !matches!(st.end, Some((EndHow::Exec, _))) => {
-                    st.image.clone()
-                }
+                Some(st) if st.sampled() => st.image.clone(),
                 _ => return false,
             }
         };
@@ -364,9 +370,12 @@ impl Shared {
     /// without cgo): a stream of its own, sampled and censused like any other, which ends
     /// when the process is gone.
     pub(super) fn open_unconnected_stream(&self, pid: u32, argv: Vec<String>, exe: String) {
+        let image = procfs::image_mark(pid);
         let mut procs = self.procs.lock().unwrap();
         let stream = procs.streams.len() as u32;
-        procs.streams.push(self.new_stream(pid, 0, &argv, &exe));
+        procs
+            .streams
+            .push(self.new_stream(pid, 0, &argv, &exe, image));
         drop(procs);
         let process = Process {
             stream,
@@ -382,7 +391,16 @@ impl Shared {
         self.send(ChunkKind::Process, process.encode());
     }
 
-    fn new_stream(&self, pid: u32, connections: u32, argv: &[String], exe: &str) -> ProcState {
+    /// A stream's state as it begins; `image` read before the streams are locked (two
+    /// reads of /proc the sampler and other connections need not wait for).
+    fn new_stream(
+        &self,
+        pid: u32,
+        connections: u32,
+        argv: &[String],
+        exe: &str,
+        image: procfs::ImageMark,
+    ) -> ProcState {
         ProcState {
             pid,
             connections,
@@ -395,7 +413,7 @@ impl Shared {
             event_bytes: 0,
             label: format!("{} (pid {pid})", argv.join(" ")),
             exe: exe.to_string(),
-            image: procfs::image_mark(pid),
+            image,
             packer: Arc::default(),
             packing: self.pack != PackMode::Never,
             resume_after: FIRST_RESUME_AFTER,
@@ -406,6 +424,7 @@ impl Shared {
 
     /// A new process image, or a known one reconnecting.
     pub(super) fn register(&self, hello: &protocol::Hello) -> u32 {
+        let image = procfs::image_mark(hello.pid);
         let mut procs = self.procs.lock().unwrap();
         let open_with =
             |pid: u32, procs: &Procs| procs.streams.iter().rposition(|s| s.pid == pid && !s.ended);
@@ -427,7 +446,7 @@ impl Shared {
             )
         };
         let stream = procs.streams.len() as u32;
-        let state = self.new_stream(hello.pid, 1, &hello.argv, &hello.exe);
+        let state = self.new_stream(hello.pid, 1, &hello.argv, &hello.exe, image);
         procs.streams.push(state);
         drop(procs);
         let process = Process {
