@@ -251,6 +251,25 @@ impl<B: Packing> Table<B> {
         }
     }
 
+    /// The capacity of the table [`Table::grown`] moves the blocks into with `room`, or
+    /// `None` when the table is left to hashbrown.
+    fn capacity_moved_into(&self, room: Room) -> Option<usize> {
+        let held = self.table.allocator();
+        let ctrl = held.ctrl.load(Ordering::Relaxed);
+        let buckets = held.bucket_mask.load(Ordering::Relaxed).wrapping_add(1);
+        let items = self.table.len();
+        // hashbrown's capacity of a table of `buckets` (8 or more): 7/8 of them.
+        let full = buckets / 8 * 7;
+        if ctrl == 0 || buckets < Self::GROWN_HERE {
+            return None;
+        }
+        match room {
+            Room::Doubled if items >= full / 2 => Some(items.max(full) + 1),
+            Room::Doubled => None,
+            Room::Same => Some(full),
+        }
+    }
+
     /// Whether more than one in [`Blocks::MOST_BESIDE`] of the blocks of a table grown
     /// here are kept beside it.
     fn too_many_beside(&self) -> bool {
@@ -270,20 +289,8 @@ impl<B: Packing> Table<B> {
     /// of a table that is not full move the same way into as many buckets.
     fn grown<C: Packing>(&mut self, room: Room) -> Option<Table<C>> {
         const PAGE: usize = 4096;
-        let held = self.table.allocator();
-        let ctrl = held.ctrl.load(Ordering::Relaxed);
-        let buckets = held.bucket_mask.load(Ordering::Relaxed).wrapping_add(1);
-        let items = self.table.len();
-        // hashbrown's capacity of a table of `buckets` (8 or more): 7/8 of them.
-        let full = buckets / 8 * 7;
-        let capacity = match room {
-            Room::Doubled if items >= full / 2 => items.max(full) + 1,
-            Room::Doubled => return None,
-            Room::Same => full,
-        };
-        if ctrl == 0 || buckets < Self::GROWN_HERE {
-            return None;
-        }
+        let capacity = self.capacity_moved_into(room)?;
+        let ctrl = self.table.allocator().ctrl.load(Ordering::Relaxed);
         let mut grown = Table::<C> {
             table: hashbrown::HashTable::with_capacity_in(capacity, HugePages::of::<C>()),
             wide: FastMap::default(),
@@ -450,7 +457,8 @@ impl Blocks {
     #[inline(never)]
     fn grow_unstacked(&mut self) {
         let grown = match self {
-            Self::Unstacked(t) => {
+            // Its blocks are counted only when it is moved here.
+            Self::Unstacked(t) if t.capacity_moved_into(Room::Doubled).is_some() => {
                 // A block kept beside an [`Unstacked`] bucket does not fit a [`Small`].
                 let beside = t.wide.len()
                     + (t.table.iter())
@@ -609,11 +617,7 @@ impl HugePages {
         // The padding is under 16 bytes, and every table hashbrown makes has 4 buckets or
         // more: the count is the power of two at or below the quotient.
         let quotient = bytes.saturating_sub(16) / (bucket + 1);
-        let buckets = if quotient == 0 {
-            0
-        } else {
-            1 << quotient.ilog2()
-        };
+        let buckets = quotient.checked_ilog2().map_or(0, |l| 1 << l);
         let ctrl_at = (buckets * bucket).next_multiple_of(16);
         let ours = buckets.is_power_of_two() && ctrl_at + buckets + 16 == bytes;
         let ctrl = if ours { start + ctrl_at } else { 0 };

@@ -104,9 +104,10 @@ impl Untimed {
     }
 }
 
-/// What a bucket holds: [`Unstacked`], [`Untimed`] or [`Timed`], each an [`Untimed`]
-/// bucket with a tick added or its stack left out. A bucket holds its block's key: its
-/// address, or for [`Unstacked`] the address in 32 bits; an [`Untimed`] made for another
+/// What a bucket holds: [`Small`], [`Unstacked`], [`Untimed`] or [`Timed`], each an
+/// [`Untimed`] bucket with a tick added or its stack (and for [`Small`], high bits of its
+/// size and rounding) left out. A bucket holds its block's key: its address, or for
+/// [`Unstacked`] and [`Small`] the address in 32 bits; an [`Untimed`] made for another
 /// kind carries the key where the address would be.
 pub(crate) trait Packing: Copy + std::fmt::Debug {
     /// Whether the table keeps its blocks' birth ticks (else every block reads back with
